@@ -1,0 +1,19 @@
+"""shmcache: one bounded LRU cache in POSIX shared memory, shared by every process on a host.
+
+Worker pools (pre-fork web servers, multiprocessing pools, DataLoader workers) open the same cache by name; entries,
+limits, LRU order and stats are global. No server runs: the cache is a segment in /dev/shm and a lock inside it.
+"""
+
+from .cache import SharedCache
+from .errors import (
+    ClosedError, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError, TooLargeError,
+)
+from .stats import CacheLimits, CacheStats
+from .verify import VerifyReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheLimits", "CacheStats", "ClosedError", "CorruptionError", "LayoutError", "LayoutVersionError", "LockTimeout",
+    "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
+]

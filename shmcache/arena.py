@@ -1,0 +1,105 @@
+"""Byte allocator over the arena: a ring of blocks with incremental, in-place compaction. Knows nothing of keys.
+
+Blocks are written at ``head``. When the free space at ``head`` is too small, the ring is cleaned from ``tail``:
+a dead block there is absorbed into the gap, a live one is slid down to ``head`` (its owner's ``off`` updated), so
+the gap travels forward and grows by every dead byte it passes. One full lap coalesces all free space, so an
+allocation always succeeds when ``arena_used + nbytes <= arena_nbytes`` -- the caller guarantees that by evicting,
+and the geometry guarantees it for any put within the limits.
+
+Invariants: every block of the ring lies in ``[tail, tail + fill)`` taken circularly, blocks tile that span exactly,
+and each live entry's block is one of them. A block is live iff its header names an entry whose ``off`` points back
+at it and whose ``check`` is non-zero. All methods assume the cache lock is held.
+"""
+
+from __future__ import annotations
+
+from .errors import CorruptionError
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES
+from .layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
+
+_LEN_MASK = 0xFFFFFFFF
+
+
+def block_nbytes(payload_nbytes: int) -> int:
+    """Bytes a block takes for a payload of ``payload_nbytes`` (header and padding included)."""
+    return (BLOCK_HEADER_NBYTES + payload_nbytes + BLOCK_ALIGN - 1) & -BLOCK_ALIGN
+
+
+class Arena:
+    """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base."""
+
+    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int) -> None:
+        self.h = h
+        self.ent = ent
+        self.words = memoryview(mm)[base : base + nbytes].cast("q")
+        self.move = mm.move
+        self.base = base
+        self.nbytes = nbytes
+        self.entry_slots = entry_slots
+
+    def close(self) -> None:
+        self.words.release()
+
+    def alloc(self, nb: int, e: int) -> int:
+        """Offset of a new block of ``nb`` bytes owned by entry ``e`` (the caller made room for it)."""
+        h = self.h
+        size = self.nbytes
+        head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
+        for _ in range(2 * (size // BLOCK_ALIGN) + 4):
+            if fill == 0:
+                head = tail = 0
+            if head >= tail and fill < size:  # free space is [head, size) then [0, tail)
+                room = size - head
+                if room >= nb:
+                    break
+                if room:
+                    self.words[head >> 3] = room  # a dead pad block up to the end of the arena
+                    fill += room
+                head = 0
+                continue
+            if fill < size and tail - head >= nb:  # free space is the gap [head, tail)
+                break
+            head, tail, fill = self._clean_one(head, tail, fill)
+        else:
+            raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
+        self.words[head >> 3] = nb | (e << 32)
+        off = head
+        head += nb
+        # Ordering: head, tail and fill are written together after the block; a fault before this point leaves the
+        # old ring, whose moved blocks verify() still finds through their entries' updated offsets.
+        h[H_HEAD] = 0 if head == size else head
+        h[H_TAIL] = tail
+        h[H_FILL] = fill + nb
+        h[H_ARENA_USED] += nb
+        return off
+
+    def _clean_one(self, head: int, tail: int, fill: int) -> tuple[int, int, int]:
+        hdr = self.words[tail >> 3]
+        nb = hdr & _LEN_MASK
+        if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > self.nbytes - tail or nb > fill:
+            raise CorruptionError(f"arena block at {tail} has an impossible length {nb}", what="arena alloc")
+        e = hdr >> 32
+        if 0 < e < self.entry_slots:
+            b = e * ENTRY_WORDS
+            if self.ent[b + E_OFF] == tail and self.ent[b + E_CHECK]:
+                if head != tail:
+                    self.move(self.base + head, self.base + tail, nb)  # memmove: the ranges may overlap
+                    self.ent[b + E_OFF] = head
+                head += nb
+                fill += nb  # the block stays in the ring; the fill loses it below
+        fill -= nb
+        tail += nb
+        if tail == self.nbytes:
+            tail = 0
+        if head == self.nbytes:
+            head = 0
+        return head, tail, fill
+
+    def free(self, off: int, nb: int) -> None:
+        """Mark the block at ``off`` dead; its bytes are reclaimed when the cleaner passes."""
+        self.words[off >> 3] = nb
+        self.h[H_ARENA_USED] -= nb
+
+    def reset(self) -> None:
+        h = self.h
+        h[H_HEAD] = h[H_TAIL] = h[H_FILL] = h[H_ARENA_USED] = 0

@@ -1,0 +1,223 @@
+"""Canonical key bytes and their fingerprint; the value encoding. Never pickle.
+
+Keys are encoded canonically so that equal keys built in any process give equal bytes: scalars in msgpack's (already
+unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps whose pairs are
+sorted by their encoded key, numpy arrays as an ext of little-endian dtype, shape and C-order bytes. Keys are typed,
+like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three different keys.
+
+A value starts with a one-byte tag. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
+(dtype, shape) padded to 8 bytes, then the raw C-order data, so that a get copies the data once, straight into the
+array it returns. ``M``: anything else, msgpack with ext types for arrays, tuples and big ints. Decoding builds only
+plain data (no constructor named by the data is ever called), so whoever can write the segment cannot run code in a
+reader.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import msgpack
+import numpy as np
+import xxhash
+
+_EXT_TUPLE = 1
+_EXT_NDARRAY = 2
+_EXT_BIGINT = 3
+_ARRAY_KINDS = "biufc"  # bool, int, uint, float, complex: plain numbers, no object pointers
+TAG_BYTES = ord("B")
+TAG_ARRAY = ord("A")
+TAG_MSGPACK = ord("M")
+_ARRAY_PREFIX = struct.Struct("<BxHxxxx")  # tag, header length; the header is then padded to 8 bytes
+_EXT_ARRAY_PREFIX = struct.Struct("<I")
+_MAX_NDIM = 64
+_MASK63 = (1 << 63) - 1
+
+_xxh = xxhash.xxh3_64_intdigest
+
+
+class _Packers(threading.local):
+    """One msgpack Packer of each kind per thread: a Packer keeps a buffer, so sharing one between threads (or
+    re-entering it from a ``default`` hook) would mix their output."""
+
+    def __init__(self) -> None:
+        self.plain = msgpack.Packer(use_bin_type=True, strict_types=True).pack
+        self.value = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default).pack
+
+
+def _packb(obj) -> bytes:
+    return _packers.plain(obj)
+
+
+def _packb_nested(obj) -> bytes:
+    # Called from inside the value Packer's default hook: a fresh packer, never the one that is mid-call.
+    return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)
+
+
+def fingerprint(kb: bytes) -> int:
+    """63-bit fingerprint of encoded key bytes (never Python's salted hash())."""
+    return _xxh(kb) & _MASK63
+
+
+def checksum(data) -> int:
+    """Checksum of a stored payload; never 0, so 0 can mean "no entry"."""
+    return (_xxh(data) & _MASK63) | 1
+
+
+# ---------------------------------------------------------------------------------------------------- keys
+
+
+def _container_header(n: int, fix: int, b16: int, b32: int) -> bytes:
+    if n < 16:
+        return bytes((fix | n,))
+    if n < 2**16:
+        return struct.pack(">BH", b16, n)
+    return struct.pack(">BI", b32, n)
+
+
+def _array_bytes(arr: np.ndarray, what: str) -> tuple[str, list[int], bytes]:
+    if arr.dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(f"cannot encode a numpy array of dtype {arr.dtype} as a {what}: only bool, int, uint, "
+                        "float and complex arrays are supported")
+    return arr.dtype.str, list(arr.shape), np.ascontiguousarray(arr).tobytes()
+
+
+def _key_part(k) -> bytes:
+    t = type(k)
+    if t is str or t is bytes or t is bool or t is float or k is None:
+        return _packb(k)
+    if t is int:
+        return _packb(k) if -(2**63) <= k < 2**64 else _bigint_ext(k)
+    if t is tuple:
+        return _packb(msgpack.ExtType(_EXT_TUPLE, _seq(k)))
+    if t is list:
+        return _seq(k)
+    if t is dict:
+        pairs = sorted((_key_part(a), _key_part(b)) for a, b in k.items())
+        return _container_header(len(pairs), 0x80, 0xDE, 0xDF) + b"".join(a + b for a, b in pairs)
+    if isinstance(k, np.ndarray):
+        dt = k.dtype.newbyteorder("<") if k.dtype.byteorder == ">" else k.dtype
+        dtype_str, shape, raw = _array_bytes(k.astype(dt, copy=False), "key")
+        return _packb(msgpack.ExtType(_EXT_NDARRAY, _packb([dtype_str, shape]) + raw))
+    if isinstance(k, np.generic):
+        return _key_part(k.item())
+    for base in (bool, int, float, str, bytes):
+        if isinstance(k, base):  # subclasses (IntEnum, str enums...) key as their base value
+            return _key_part(base(k))
+    raise TypeError(f"unsupported key type {t.__name__}: use str, bytes, int, float, bool, None, numpy arrays, "
+                    "or tuples, lists and dicts of these")
+
+
+def _seq(items) -> bytes:
+    return _container_header(len(items), 0x90, 0xDC, 0xDD) + b"".join(_key_part(x) for x in items)
+
+
+def _bigint_ext(n: int) -> bytes:
+    return _packb(msgpack.ExtType(_EXT_BIGINT, n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)))
+
+
+def encode_key(key) -> bytes:
+    """Canonical bytes of ``key``; raises TypeError for what cannot be a key."""
+    t = type(key)
+    if t is str or t is bytes:  # the common case, without the dispatch below
+        return _packers.plain(key)
+    return _key_part(key)
+
+
+# ---------------------------------------------------------------------------------------------------- values
+
+
+def _default(obj):
+    t = type(obj)
+    if t is tuple:
+        return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
+    if t is int:
+        return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
+    if isinstance(obj, np.ndarray):
+        dtype_str, shape, raw = _array_bytes(obj, "value")
+        header = _packb([dtype_str, shape])
+        return msgpack.ExtType(_EXT_NDARRAY, _EXT_ARRAY_PREFIX.pack(len(header)) + header + raw)
+    if isinstance(obj, np.generic) and obj.dtype.kind in _ARRAY_KINDS:
+        return obj.item()
+    for base in (bool, int, float, str, bytes, list, dict):
+        if isinstance(obj, base):
+            return base(obj)
+    if isinstance(obj, (bytearray, memoryview)):
+        return bytes(obj)
+    raise TypeError(f"cannot encode a value of type {t.__name__}: use None, bool, int, float, str, bytes, "
+                    "numpy arrays, or lists, tuples and dicts of these")
+
+
+_packers = _Packers()
+
+
+def encode_value(value) -> bytes:
+    """Encoded value bytes (tag first); raises TypeError for what cannot be stored."""
+    t = type(value)
+    if t is bytes:
+        return b"B" + value
+    if t is np.ndarray or isinstance(value, np.ndarray):
+        dtype_str, shape, raw = _array_bytes(value, "value")
+        header = _packb([dtype_str, shape])
+        return _ARRAY_PREFIX.pack(TAG_ARRAY, len(header)) + header + b"\0" * (-len(header) % 8) + raw
+    try:
+        return b"M" + _packers.value(value)
+    except (OverflowError, ValueError) as exc:  # msgpack's own limits (nesting depth, sizes)
+        raise TypeError(f"cannot encode value: {exc}") from None
+
+
+def _ext_hook(code: int, data: bytes):
+    if code == _EXT_TUPLE:
+        return tuple(_unpackb(data))
+    if code == _EXT_NDARRAY:
+        (hlen,) = _EXT_ARRAY_PREFIX.unpack_from(data)
+        dtype, shape = _array_header(data[4 : 4 + hlen])
+        return _array_from(memoryview(data)[4 + hlen :], dtype, shape)
+    if code == _EXT_BIGINT:
+        return int.from_bytes(data, "little", signed=True)
+    raise ValueError(f"unknown msgpack ext type {code}")
+
+
+def _unpackb(data):
+    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)
+
+
+def _array_header(header) -> tuple[np.dtype, tuple[int, ...]]:
+    dtype_str, shape = msgpack.unpackb(header, raw=False)
+    dtype = np.dtype(dtype_str)
+    if dtype.kind not in _ARRAY_KINDS or len(shape) > _MAX_NDIM or any(type(n) is not int or n < 0 for n in shape):
+        raise ValueError("invalid array header")
+    return dtype, tuple(shape)
+
+
+def _array_from(data, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.empty(shape, dtype)
+    if arr.nbytes != len(data):
+        raise ValueError(f"array data is {len(data)} bytes, its header says {arr.nbytes}")
+    arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+    return arr
+
+
+def decode_array(view) -> np.ndarray:
+    """A new, writable array from an ``A``-tagged value held in ``view`` (one copy of the data)."""
+    _, hlen = _ARRAY_PREFIX.unpack_from(view)
+    start = _ARRAY_PREFIX.size
+    dtype, shape = _array_header(view[start : start + hlen])
+    return _array_from(view[start + hlen + (-hlen % 8) :], dtype, shape)
+
+
+def decode_value(data: bytes):
+    """The value encoded in ``data``; raises ValueError if the bytes are not a valid encoding."""
+    tag = data[0]
+    if tag == TAG_MSGPACK:
+        try:
+            return _unpackb(memoryview(data)[1:])
+        except ValueError:
+            raise
+        except Exception as exc:  # msgpack reports malformed input through several exception types
+            raise ValueError(f"malformed value: {exc}") from None
+    if tag == TAG_BYTES:
+        return data[1:]
+    if tag == TAG_ARRAY:
+        return decode_array(memoryview(data))
+    raise ValueError(f"unknown value tag {tag}")

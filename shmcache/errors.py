@@ -1,0 +1,37 @@
+"""The exception hierarchy. Built-in exceptions (KeyError, TypeError, ValueError, FileNotFoundError,
+FileExistsError) are raised as they are wherever Python users expect them; these cover the rest."""
+
+from __future__ import annotations
+
+
+class ShmCacheError(Exception):
+    """Root of shmcache's own errors; ``what`` names the failed operation and ``hint`` says what to do."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "") -> None:
+        self.what = what
+        self.hint = hint
+        super().__init__(f"{message} ({hint})" if hint else message)
+
+
+class LayoutError(ShmCacheError):
+    """The shared-memory object is not a shmcache segment, is truncated, or its geometry is impossible."""
+
+
+class LayoutVersionError(LayoutError):
+    """The segment is a shmcache segment of another layout version or feature set."""
+
+
+class CorruptionError(ShmCacheError):
+    """Shared data failed a bound or an invariant and could not be repaired."""
+
+
+class LockTimeout(ShmCacheError, TimeoutError):
+    """The cache lock was not obtained within the timeout (its holder is alive but stuck or stopped)."""
+
+
+class TooLargeError(ShmCacheError, ValueError):
+    """An entry can never fit the cache's limits; nothing was evicted."""
+
+
+class ClosedError(ShmCacheError, ValueError):
+    """The cache handle was used after ``close()``."""

@@ -1,0 +1,73 @@
+"""Open-addressing table from key fingerprint to entry slot, over the index words: find, insert, remove.
+
+Linear probing; the table has at least twice as many slots as there are entries, so probes stay short. ``remove``
+shifts the rest of the cluster back instead of leaving tombstones, which keeps every lookup's probe sequence ending
+at an empty slot and lets each entry record the slot that points at it (``E_SLOT``) for O(1) removal.
+
+All functions assume the cache lock is held. Probe loops are bounded by the table size, so a corrupted table (no
+empty slot anywhere) raises CorruptionError instead of looping forever.
+"""
+
+from __future__ import annotations
+
+from .errors import CorruptionError
+from .layout import BLOCK_HEADER_NBYTES, EMPTY
+from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS
+
+
+def _full() -> CorruptionError:
+    return CorruptionError("the index table has no empty slot", what="index")
+
+
+def find(ix, ent, arena, mask: int, fp: int, kb: bytes) -> int:
+    """Entry slot holding key bytes ``kb`` (fingerprint ``fp``), or EMPTY."""
+    s = fp & mask
+    klen = len(kb)
+    for _ in range(mask + 1):
+        w = s << 1
+        e = ix[w + 1]
+        if e == EMPTY:
+            return EMPTY
+        if ix[w] == fp:
+            b = e * ENTRY_WORDS
+            if ent[b + E_KEY_NBYTES] == klen:
+                k0 = ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+                if arena[k0 : k0 + klen] == kb:
+                    return e
+        s = (s + 1) & mask
+    raise _full()
+
+
+def insert(ix, ent, mask: int, fp: int, e: int) -> None:
+    """Point the first free slot of ``fp``'s probe sequence at entry ``e`` (the key must not be present)."""
+    s = fp & mask
+    for _ in range(mask + 1):
+        w = s << 1
+        if ix[w + 1] == EMPTY:
+            ix[w] = fp
+            ix[w + 1] = e
+            ent[e * ENTRY_WORDS + E_SLOT] = s
+            return
+        s = (s + 1) & mask
+    raise _full()
+
+
+def remove(ix, ent, mask: int, s: int) -> None:
+    """Empty slot ``s`` and shift back the entries after it that would otherwise become unreachable."""
+    ix[(s << 1) + 1] = EMPTY
+    j = s
+    for _ in range(mask + 1):
+        j = (j + 1) & mask
+        w = j << 1
+        e = ix[w + 1]
+        if e == EMPTY:
+            return
+        # The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j].
+        if (j - ix[w]) & mask >= (j - s) & mask:
+            ws = s << 1
+            ix[ws] = ix[w]
+            ix[ws + 1] = e
+            ent[e * ENTRY_WORDS + E_SLOT] = s
+            ix[w + 1] = EMPTY
+            s = j
+    raise _full()

@@ -1,0 +1,52 @@
+"""The binary layout of a shmcache segment: the one place that says where every byte lives.
+
+A segment is one POSIX shared-memory object, ``/dev/shm/shmcache.<name>`` on Linux, sized once at creation. It holds
+four regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a cache line::
+
+    offset 0               header        HEADER_NBYTES bytes, dtype HEADER
+    geometry.index_off     index table   index_slots records of dtype INDEX_SLOT (16 bytes)
+    geometry.entries_off   entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
+    geometry.arena_off     arena         arena_nbytes bytes of entry blocks
+
+All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
+blocks by byte offset from the start of the arena, so any process may map the segment anywhere.
+
+Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (``FEATURES``), the
+total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic is in place is
+fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters, line 3 the
+occupancy, the limits and the arena ring, line 4 the entry-slot allocator. See ``dtypes.HEADER`` for each field.
+
+Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
+slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0) marks an empty
+slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of the encoded key.
+Deletion shifts the following cluster back, so there are no tombstones.
+
+Entry table. Slot 0 is the sentinel of a circular doubly linked LRU list (``SENTINEL``): ``sentinel.next`` is the
+most recently used entry and ``sentinel.prev`` the least. A resident entry records its key fingerprint, the arena
+offset of its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of its
+payload. Free slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next``
+have never been used and are free without being chained, so creation touches none of them.
+
+Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
+header packs the block length (low 32 bits) and the owning entry slot (high 32 bits, 0 for a dead block). Blocks are
+written at ``head``; ``tail`` is the oldest block and ``fill`` the bytes from ``tail`` to ``head``, live and dead.
+When there is no room at ``head``, the allocator walks from ``tail``: dead blocks are absorbed into the gap and live
+ones slid down to close it, an incremental compaction that never needs a second buffer. The arena is sized from the
+creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
+so a put that fits the retained-bytes and entry limits always finds room.
+
+Layout versions.
+    1 -- the layout described above.
+"""
+
+from .dtypes import (
+    ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURES, HEADER, HEADER_NBYTES, INDEX_SLOT,
+    LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
+)
+from .geometry import Geometry
+
+__all__ = [
+    "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURES", "Geometry",
+    "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "LAYOUT_VERSION", "LOCK_NBYTES", "MAGIC", "MAX_BLOCK_NBYTES", "NIL",
+    "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+]

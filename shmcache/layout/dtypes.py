@@ -1,0 +1,149 @@
+"""The structured dtypes of the header, the index table and the entry table.
+
+Every field is a little-endian 8-byte word (the lock excepted), so each region can also be read through one flat
+``int64`` memoryview: field ``f`` of record ``i`` is word ``i * WORDS + f``. The ``H_*``, ``I_*`` and ``E_*`` constants
+are those word numbers, derived from the dtypes so that the two views can never disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_W = "<i8"
+MAGIC = int.from_bytes(b"SHMCACHE", "little")
+LAYOUT_VERSION = 1
+FEATURES = 0  # no optional feature is defined yet; a reader must refuse any bit it does not know
+ALIGN = 64  # cache line: regions never share one
+PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
+BLOCK_ALIGN = 8  # arena blocks start on 8-byte boundaries so their headers are whole words
+BLOCK_HEADER_NBYTES = 8  # packed (entry << 32) | block length
+BLOCK_OVERHEAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN  # per-entry room reserved beyond the payload (header + padding)
+MAX_BLOCK_NBYTES = 2**32 - BLOCK_ALIGN  # a block length must fit the 32 low bits of its header
+NIL = 0  # "no slot" in the entry free list
+EMPTY = 0  # an empty index slot (entry slot 0 is the sentinel, so it can never be a real target)
+SENTINEL = 0  # entry slot of the LRU list's sentinel
+SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
+HEADER_NBYTES = 512  # 8 cache lines; lines 5-7 are reserved for later layout versions
+LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
+
+
+def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np.dtype:
+    names, formats, offsets = [], [], []
+    for line_off, fields in lines:
+        off = line_off
+        for name, fmt in fields:
+            names.append(name)
+            formats.append(fmt)
+            offsets.append(off)
+            off += np.dtype(fmt).itemsize
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize})
+
+
+HEADER = _record(
+    [
+        # Line 0: identity, written once at creation (magic last) and never again.
+        (0, [
+            ("magic", _W),           # MAGIC; written last at creation, so a half-built segment never validates
+            ("version", _W),         # LAYOUT_VERSION of the creator
+            ("features", _W),        # FEATURES bit set of the creator
+            ("total_nbytes", _W),    # size of the whole segment in bytes; checked against the object's real size
+            ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel
+            ("index_slots", _W),     # records in the index table, a power of two
+            ("arena_nbytes", _W),    # bytes in the arena
+            ("capacity_bytes", _W),  # the retained-bytes capacity asked for at creation
+        ]),
+        # Line 1: the process-shared robust mutex, alone on its line.
+        (64, [("lock", f"V{LOCK_NBYTES}")]),
+        # Line 2: counters bumped on the hot path (written under the lock).
+        (128, [
+            ("hits", _W), ("misses", _W), ("puts", _W), ("updates", _W),
+            ("deletes", _W), ("evictions", _W), ("clears", _W), ("recoveries", _W),
+        ]),
+        # Line 3: occupancy, limits and the arena ring (written under the lock).
+        (192, [
+            ("entries", _W),             # resident entries == length of the LRU list
+            ("retained_bytes", _W),      # sum of key_nbytes + val_nbytes over resident entries
+            ("max_entries", _W),         # current entry limit, <= entry_slots - 1
+            ("max_retained_bytes", _W),  # current byte limit, <= capacity_bytes
+            ("head", _W),                # arena offset where the next block is written
+            ("tail", _W),                # arena offset of the oldest block of the ring
+            ("fill", _W),                # bytes from tail to head, live and dead blocks alike
+            ("arena_used", _W),          # bytes of live blocks (headers and padding included)
+        ]),
+        # Line 4: entry-slot allocation and bookkeeping.
+        (256, [
+            ("free_head", _W),    # first free entry slot (linked through `next`), or NIL
+            ("unused_next", _W),  # first entry slot never handed out; slots above it are all free
+            ("created_ns", _W),   # wall-clock creation time, ns since the epoch (for display only)
+            ("creator_pid", _W),  # pid of the creating process (for display only)
+        ]),
+    ],
+    HEADER_NBYTES,
+)
+
+INDEX_SLOT = _record([(0, [
+    ("fp", _W),     # 63-bit xxh3 fingerprint of the encoded key
+    ("entry", _W),  # entry slot holding the key, or EMPTY
+])], 16)
+
+ENTRY = _record([(0, [
+    ("prev", _W),        # LRU neighbour towards the most recent end (slot number)
+    ("next", _W),        # LRU neighbour towards the least recent end; the free-slot link when the slot is free
+    ("fp", _W),          # fingerprint of the key, equal to the index slot's
+    ("off", _W),         # arena offset of the entry's block
+    ("key_nbytes", _W),  # length of the encoded key
+    ("val_nbytes", _W),  # length of the encoded value
+    ("slot", _W),        # index slot that points here (kept current by backward-shift deletion)
+    ("check", _W),       # xxh3 checksum of the block's payload, 0 when the slot is free
+])], 64)
+
+HEADER_WORDS = HEADER_NBYTES // 8
+INDEX_WORDS = INDEX_SLOT.itemsize // 8
+ENTRY_WORDS = ENTRY.itemsize // 8
+
+
+def _word(dtype: np.dtype, name: str) -> int:
+    return dtype.fields[name][1] // 8
+
+
+H_MAGIC = _word(HEADER, "magic")
+H_VERSION = _word(HEADER, "version")
+H_FEATURES = _word(HEADER, "features")
+H_TOTAL_NBYTES = _word(HEADER, "total_nbytes")
+H_ENTRY_SLOTS = _word(HEADER, "entry_slots")
+H_INDEX_SLOTS = _word(HEADER, "index_slots")
+H_ARENA_NBYTES = _word(HEADER, "arena_nbytes")
+H_CAPACITY_BYTES = _word(HEADER, "capacity_bytes")
+H_LOCK_OFF = HEADER.fields["lock"][1]
+H_HITS = _word(HEADER, "hits")
+H_MISSES = _word(HEADER, "misses")
+H_PUTS = _word(HEADER, "puts")
+H_UPDATES = _word(HEADER, "updates")
+H_DELETES = _word(HEADER, "deletes")
+H_EVICTIONS = _word(HEADER, "evictions")
+H_CLEARS = _word(HEADER, "clears")
+H_RECOVERIES = _word(HEADER, "recoveries")
+H_ENTRIES = _word(HEADER, "entries")
+H_RETAINED = _word(HEADER, "retained_bytes")
+H_MAX_ENTRIES = _word(HEADER, "max_entries")
+H_MAX_RETAINED = _word(HEADER, "max_retained_bytes")
+H_HEAD = _word(HEADER, "head")
+H_TAIL = _word(HEADER, "tail")
+H_FILL = _word(HEADER, "fill")
+H_ARENA_USED = _word(HEADER, "arena_used")
+H_FREE_HEAD = _word(HEADER, "free_head")
+H_UNUSED_NEXT = _word(HEADER, "unused_next")
+H_CREATED_NS = _word(HEADER, "created_ns")
+H_CREATOR_PID = _word(HEADER, "creator_pid")
+
+I_FP = _word(INDEX_SLOT, "fp")
+I_ENTRY = _word(INDEX_SLOT, "entry")
+
+E_PREV = _word(ENTRY, "prev")
+E_NEXT = _word(ENTRY, "next")
+E_FP = _word(ENTRY, "fp")
+E_OFF = _word(ENTRY, "off")
+E_KEY_NBYTES = _word(ENTRY, "key_nbytes")
+E_VAL_NBYTES = _word(ENTRY, "val_nbytes")
+E_SLOT = _word(ENTRY, "slot")
+E_CHECK = _word(ENTRY, "check")

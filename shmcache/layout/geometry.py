@@ -1,0 +1,61 @@
+"""Where each region of a segment lies, computed from the creation parameters alone (pure arithmetic, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dtypes import ALIGN, BLOCK_OVERHEAD, ENTRY, HEADER_NBYTES, INDEX_SLOT, PAGE
+
+MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Region offsets and sizes of a segment created for ``capacity_bytes`` and ``max_entries``."""
+
+    capacity_bytes: int
+    entry_slots: int
+    index_slots: int
+    arena_nbytes: int
+
+    @classmethod
+    def for_capacity(cls, capacity_bytes: int, max_entries: int) -> Geometry:
+        """The geometry a new cache gets; raises ValueError for sizes that cannot be built."""
+        for what, n in (("capacity_bytes", capacity_bytes), ("max_entries", max_entries)):
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"{what} must be an int, got {type(n).__name__}")
+            if n <= 0:
+                raise ValueError(f"{what} must be positive, got {n}")
+        if max_entries > MAX_ENTRIES_LIMIT:
+            raise ValueError(f"max_entries must be at most {MAX_ENTRIES_LIMIT}, got {max_entries}")
+        index_slots = 8
+        while index_slots < 2 * (max_entries + 1):
+            index_slots *= 2
+        # Room for every entry's block header and padding plus 1/16 slack for compaction, so that a put within the
+        # limits always fits physically (see layout/__init__.py, "Arena").
+        arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
+        return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN))
+
+    @property
+    def index_off(self) -> int:
+        return _round_up(HEADER_NBYTES, ALIGN)
+
+    @property
+    def entries_off(self) -> int:
+        return _round_up(self.index_off + self.index_slots * INDEX_SLOT.itemsize, ALIGN)
+
+    @property
+    def arena_off(self) -> int:
+        return _round_up(self.entries_off + self.entry_slots * ENTRY.itemsize, PAGE)
+
+    @property
+    def total_nbytes(self) -> int:
+        return _round_up(self.arena_off + self.arena_nbytes, PAGE)
+
+    @property
+    def max_entries(self) -> int:
+        return self.entry_slots - 1

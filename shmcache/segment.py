@@ -1,0 +1,227 @@
+"""Create, attach, close and unlink the shared-memory object of a cache; own every view of its memory.
+
+Creation is race-free without any lock file: whoever opens the object takes ``flock`` on the object's own descriptor,
+and while holding it, initialises the segment if its magic is missing. The creator and an attacher that happens to
+get there first are therefore interchangeable, and a creator that died half-way (releasing its flock with it) leaves
+a segment that the next opener initialises. The magic is written last, so a segment with its magic in place is whole.
+
+posix_ipc is used rather than ``multiprocessing.shared_memory`` so that Python's resource_tracker never sees the
+segment: a worker that exits must not unlink, or warn about, a cache that other processes still use.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import time
+
+import numpy as np
+import posix_ipc
+
+from . import layout
+from .errors import LayoutError, LayoutVersionError
+from .layout import Geometry
+from .layout import dtypes as d
+from .lock import init_mutex
+
+_NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
+_SHM_DIR = "/dev/shm"
+_INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
+
+
+def shm_name(name: str) -> str:
+    """Validate a cache name and return the POSIX shared-memory object name for it."""
+    if not isinstance(name, str):
+        raise TypeError(f"cache name must be a str, got {type(name).__name__}")
+    if not name or "/" in name or "\0" in name:
+        raise ValueError(f"invalid cache name {name!r}: it must be non-empty, without '/' or NUL")
+    limit = _NAME_MAX - len(layout.SEGMENT_PREFIX)
+    if len(name.encode()) > limit:
+        raise ValueError(f"cache name is {len(name.encode())} bytes long; the limit here is {limit}")
+    return "/" + layout.SEGMENT_PREFIX + name
+
+
+def _flock(fd: int, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError("another process has been initialising this cache for too long") from None
+            time.sleep(0.001)
+
+
+def _check_space(nbytes: int, name: str) -> None:
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return  # no /dev/shm to ask (not Linux): fallocate below still refuses what cannot be backed
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise OSError(errno.ENOSPC, _space_message(nbytes, free, name))
+
+
+def _space_message(nbytes: int, free: int | None, name: str) -> str:
+    have = f"{free / 2**20:.1f} MiB are free" if free is not None else "it could not be reserved"
+    return (
+        f"cache {name!r} needs {nbytes / 2**20:.1f} MiB of shared memory but {have} in {_SHM_DIR}; "
+        "pass a smaller capacity_bytes / max_entries, remove unused caches (`shmcache ls`, `shmcache rm`), "
+        "or give the host or container more shared memory (e.g. docker run --shm-size=1g)"
+    )
+
+
+class Segment:
+    """One process's mapping of a cache segment and the views over it."""
+
+    # Class-level defaults make close() safe on a half-built object.
+    mm: mmap.mmap | None = None
+    geometry: Geometry | None = None
+
+    def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int) -> None:
+        self.name = name
+        self.shm_name = shm_name(name)
+        self.created = False
+        deadline = time.monotonic() + _INIT_WAIT_S
+        while True:
+            shm = self._open(create, mode)
+            try:
+                if self._init_or_attach(shm, geometry, mode):
+                    return
+            finally:
+                shm.close_fd()
+            if time.monotonic() > deadline:
+                raise LayoutError(
+                    f"cache {name!r} exists but was never initialised",
+                    what="attach", hint="its creator may have died; remove it with `shmcache rm` and recreate it",
+                )
+            time.sleep(0.005)
+
+    def _open(self, create: bool | None, mode: int):
+        if create is False:
+            try:
+                return posix_ipc.SharedMemory(self.shm_name, 0)
+            except posix_ipc.ExistentialError:
+                raise FileNotFoundError(errno.ENOENT, f"no cache named {self.name!r}", self.shm_name) from None
+        try:
+            shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=mode)
+        except posix_ipc.ExistentialError:
+            if create:
+                raise FileExistsError(errno.EEXIST, f"cache {self.name!r} already exists", self.shm_name) from None
+            return self._open(False, mode)
+        os.fchmod(shm.fd, mode)  # shm_open honours the umask; the mode asked for is the mode wanted
+        self.created = True
+        return shm
+
+    def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
+        """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later."""
+        _flock(shm.fd, time.monotonic() + _INIT_WAIT_S)
+        size = os.fstat(shm.fd).st_size
+        if size >= d.HEADER_NBYTES:
+            with mmap.mmap(shm.fd, d.HEADER_NBYTES) as hm:
+                words = np.frombuffer(hm, dtype="<i8", count=8).tolist()
+            if words[d.H_MAGIC] != 0:
+                self._attach(shm.fd, size, words)
+                return True
+        if geometry is None:
+            return False
+        self._initialise(shm.fd, geometry)
+        return True
+
+    def _attach(self, fd: int, size: int, words: list[int]) -> None:
+        if words[d.H_MAGIC] != layout.MAGIC:
+            raise LayoutError(f"{self.shm_name} is not a shmcache segment (bad magic)", what="attach",
+                              hint="another program owns this name; choose another cache name")
+        if words[d.H_VERSION] != layout.LAYOUT_VERSION or words[d.H_FEATURES] != layout.FEATURES:
+            raise LayoutVersionError(
+                f"cache {self.name!r} has layout version {words[d.H_VERSION]} (features {words[d.H_FEATURES]:#x}); "
+                f"this shmcache reads version {layout.LAYOUT_VERSION} (features {layout.FEATURES:#x})",
+                what="attach", hint="use the same shmcache version in every process, or remove and recreate the cache",
+            )
+        try:
+            geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1)
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
+        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes) != (
+            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES]
+        ):
+            raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
+                              hint="the segment is damaged; remove it with `shmcache rm` and recreate it")
+        if size < geometry.total_nbytes:
+            raise LayoutError(
+                f"cache {self.name!r} is truncated: {size} bytes, its header says {geometry.total_nbytes}",
+                what="attach", hint="remove it with `shmcache rm` and recreate it",
+            )
+        self._map(fd, geometry)
+
+    def _initialise(self, fd: int, geometry: Geometry) -> None:
+        total = geometry.total_nbytes
+        _check_space(total, self.name)
+        try:
+            os.ftruncate(fd, total)
+            # Reserve every page now: a tmpfs that cannot back the segment must fail here, not SIGBUS later.
+            os.posix_fallocate(fd, 0, total)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                raise OSError(exc.errno, _space_message(total, None, self.name)) from None
+            raise
+        self._map(fd, geometry)
+        h = self.header_words
+        h[d.H_TOTAL_NBYTES] = total
+        h[d.H_ENTRY_SLOTS] = geometry.entry_slots
+        h[d.H_INDEX_SLOTS] = geometry.index_slots
+        h[d.H_ARENA_NBYTES] = geometry.arena_nbytes
+        h[d.H_CAPACITY_BYTES] = geometry.capacity_bytes
+        h[d.H_MAX_ENTRIES] = geometry.max_entries
+        h[d.H_MAX_RETAINED] = geometry.capacity_bytes
+        h[d.H_UNUSED_NEXT] = 1
+        h[d.H_CREATED_NS] = time.time_ns()
+        h[d.H_CREATOR_PID] = os.getpid()
+        init_mutex(self.mm, d.H_LOCK_OFF)
+        h[d.H_VERSION] = layout.LAYOUT_VERSION
+        h[d.H_FEATURES] = layout.FEATURES
+        # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
+        h[d.H_MAGIC] = layout.MAGIC
+
+    def _map(self, fd: int, g: Geometry) -> None:
+        self.geometry = g
+        self.mm = mmap.mmap(fd, g.total_nbytes)
+        mv = memoryview(self.mm)
+        # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
+        self.header_words = mv[: d.HEADER_NBYTES].cast("q")
+        self.index_words = mv[g.index_off : g.index_off + g.index_slots * d.INDEX_SLOT.itemsize].cast("q")
+        self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * d.ENTRY.itemsize].cast("q")
+        self.arena = mv[g.arena_off : g.arena_off + g.arena_nbytes]
+        self.arena_words = self.arena.cast("q")
+        self._mv = mv
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Structured numpy views (header, index, entries) for vectorised walks; drop them before close()."""
+        g = self.geometry
+        header = np.ndarray((), layout.HEADER, buffer=self.mm, offset=0)
+        index = np.ndarray((g.index_slots,), layout.INDEX_SLOT, buffer=self.mm, offset=g.index_off)
+        entries = np.ndarray((g.entry_slots,), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
+        return header, index, entries
+
+    def close(self) -> None:
+        if self.mm is None:
+            return
+        for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "_mv"):
+            view = self.__dict__.pop(attr, None)
+            if view is not None:
+                view.release()
+        self.mm.close()
+        self.mm = None
+
+    def unlink(self) -> None:
+        unlink_name(self.name)
+
+
+def unlink_name(name: str) -> None:
+    """Remove the named cache's segment; processes that have it mapped keep their mapping until they close it."""
+    try:
+        posix_ipc.unlink_shared_memory(shm_name(name))
+    except posix_ipc.ExistentialError:
+        raise FileNotFoundError(errno.ENOENT, f"no cache named {name!r}", shm_name(name)) from None

@@ -1,0 +1,85 @@
+"""CacheStats and CacheLimits, and reading them from the header words (the caller holds the lock)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .layout.dtypes import (
+    H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS,
+    H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
+)
+
+# Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
+RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS)
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    """The limits a cache enforces: at most ``max_entries`` entries and ``max_retained_bytes`` of encoded keys and
+    values. Both must be positive and at most the capacity the cache was created with."""
+
+    max_entries: int
+    max_retained_bytes: int
+
+    def __post_init__(self) -> None:
+        for what in ("max_entries", "max_retained_bytes"):
+            n = getattr(self, what)
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"{what} must be an int, got {type(n).__name__}")
+            if n <= 0:
+                raise ValueError(f"{what} must be positive, got {n}")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A consistent snapshot of a cache's global counters, the same from every process.
+
+    ``puts`` counts every successful put, ``updates`` those that replaced an existing key; ``evictions`` counts
+    entries dropped to respect a limit; ``retained_bytes`` is the logical payload (encoded keys plus values), while
+    ``arena_used_bytes`` is what their blocks physically take in the ``arena_bytes`` of the segment.
+    """
+
+    hits: int
+    misses: int
+    puts: int
+    updates: int
+    deletes: int
+    evictions: int
+    clears: int
+    recoveries: int
+    entries: int
+    retained_bytes: int
+    max_entries: int
+    max_retained_bytes: int
+    capacity_entries: int
+    capacity_bytes: int
+    arena_bytes: int
+    arena_used_bytes: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """hits / (hits + misses), 0.0 before the first lookup."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    def as_dict(self) -> dict:
+        """The counters as a plain dict, hit_ratio included."""
+        d = asdict(self)
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+def read_stats(h) -> CacheStats:
+    """Snapshot the counters from header words ``h``."""
+    return CacheStats(
+        hits=h[H_HITS], misses=h[H_MISSES], puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
+        evictions=h[H_EVICTIONS], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], entries=h[H_ENTRIES],
+        retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
+        capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],
+        arena_used_bytes=h[H_ARENA_USED],
+    )
+
+
+def reset_counters(h) -> None:
+    for w in RESET_BY_CLEAR:
+        h[w] = 0

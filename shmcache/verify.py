@@ -1,0 +1,276 @@
+"""Invariant walker and repair of a segment: used by SharedCache.verify(), by recovery after a holder died or an
+operation failed half-way, by the stress scripts and by the state-machine test.
+
+Every loop is bounded by the table sizes, never by a value read from the segment, so a walk over garbage ends.
+``repair`` keeps every entry whose block, key fingerprint and value checksum still agree, relinks them, rebuilds the
+index, the free list and the ring, and recomputes the occupancy counters; whatever does not check out is dropped. A
+cache may lose entries this way, never return a wrong value. All functions assume the cache lock is held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import index
+from .arena import block_nbytes
+from .codec import checksum, fingerprint
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
+from .layout.dtypes import (
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
+    H_CAPACITY_BYTES, H_ENTRIES, H_FILL, H_FREE_HEAD, H_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_TAIL,
+    H_UNUSED_NEXT,
+)
+
+_W = ENTRY_WORDS
+_MAX_PROBLEMS = 50  # a report lists this many problems at most; garbage would otherwise produce millions
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of an integrity walk: ``ok`` is True when every invariant holds; ``problems`` says which did not."""
+
+    ok: bool
+    problems: tuple[str, ...]
+    entries: int  # entries found on the LRU list
+    retained_bytes: int  # payload bytes of those entries
+    arena_used_bytes: int  # block bytes of those entries
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class _Problems(list):
+    def add(self, msg: str) -> None:
+        if len(self) < _MAX_PROBLEMS:
+            self.append(msg)
+
+
+def _block_ok(seg, e: int, deep: bool) -> bool:
+    """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says."""
+    ent, size = seg.entry_words, seg.geometry.arena_nbytes
+    b = e * _W
+    off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
+    if off < 0 or off % BLOCK_ALIGN or klen < 1 or vlen < 1 or klen + vlen > size:
+        return False
+    nb = block_nbytes(klen + vlen)
+    if off + nb > size or seg.arena_words[off >> 3] != nb | (e << 32) or ent[b + E_CHECK] == 0:
+        return False
+    if not deep:
+        return True
+    v0 = off + BLOCK_HEADER_NBYTES
+    arena = seg.arena
+    return fingerprint(arena[v0 + vlen : v0 + vlen + klen]) == ent[b + E_FP] and checksum(
+        arena[v0 : v0 + vlen]
+    ) == ent[b + E_CHECK]
+
+
+def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
+    order, seen = [], bytearray(slots)
+    prev, cur = SENTINEL, ent[E_NEXT]
+    for _ in range(slots):
+        if cur == SENTINEL:
+            break
+        if not 0 < cur < slots:
+            problems.add(f"LRU list reaches slot {cur}, outside the entry table")
+            return order
+        if seen[cur]:
+            problems.add(f"LRU list has a cycle at slot {cur}")
+            return order
+        if ent[cur * _W + E_PREV] != prev:
+            problems.add(f"LRU slot {cur}: prev is {ent[cur * _W + E_PREV]}, expected {prev}")
+        seen[cur] = 1
+        order.append(cur)
+        prev, cur = cur, ent[cur * _W + E_NEXT]
+    if ent[E_PREV] != prev:
+        problems.add(f"LRU sentinel's prev is {ent[E_PREV]}, expected {prev}")
+    return order
+
+
+def check(seg, deep: bool = True) -> VerifyReport:
+    """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
+    value (O(bytes stored)); without it the walk is O(entries + index slots + ring blocks)."""
+    h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
+    problems = _Problems()
+    slots, size, mask = g.entry_slots, g.arena_nbytes, g.index_slots - 1
+    if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
+        problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
+    order = _walk_lru(ent, slots, problems)
+    live = set(order)
+    retained = used = 0
+    blocks = []
+    for e in order:
+        b = e * _W
+        if not _block_ok(seg, e, deep):
+            problems.add(f"entry {e}: its block is out of bounds, unowned, or fails its checksum")
+            continue
+        klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
+        retained += klen + vlen
+        nb = block_nbytes(klen + vlen)
+        used += nb
+        blocks.append((off, nb))
+        s = ent[b + E_SLOT]
+        if not 0 <= s <= mask or ix[2 * s + 1] != e or ix[2 * s] != ent[b + E_FP]:
+            problems.add(f"entry {e}: its index slot {s} does not point back at it")
+    if len(order) != h[H_ENTRIES]:
+        problems.add(f"LRU list has {len(order)} entries, the header says {h[H_ENTRIES]}")
+    if len(order) > h[H_MAX_ENTRIES]:
+        problems.add(f"{len(order)} entries exceed max_entries={h[H_MAX_ENTRIES]}")
+    if retained != h[H_RETAINED] or retained > h[H_MAX_RETAINED]:
+        problems.add(f"retained bytes: entries add up to {retained}, header says {h[H_RETAINED]}, "
+                     f"limit {h[H_MAX_RETAINED]}")
+    if used != h[H_ARENA_USED]:
+        problems.add(f"arena used: blocks add up to {used}, header says {h[H_ARENA_USED]}")
+    blocks.sort()
+    for (o1, n1), (o2, _) in zip(blocks, blocks[1:]):
+        if o1 + n1 > o2:
+            problems.add(f"arena blocks at {o1} and {o2} overlap")
+    _check_index(seg, live, problems)
+    _check_ring(seg, live, problems)
+    _check_free_list(seg, live, problems)
+    return VerifyReport(not problems, tuple(problems), len(order), retained, used)
+
+
+def _check_index(seg, live: set[int], problems: _Problems) -> None:
+    ix = np.frombuffer(seg.index_words, dtype=np.int64).reshape(-1, 2)
+    mask = len(ix) - 1
+    occupied = np.flatnonzero(ix[:, 1] != EMPTY)
+    if len(occupied) != len(live):
+        problems.add(f"index holds {len(occupied)} keys, the LRU list {len(live)}")
+    # Each key must be reachable: no empty slot between its home slot and where it sits.
+    empty_before = np.concatenate(([0], np.cumsum(np.tile(ix[:, 1] == EMPTY, 2))))
+    home = ix[occupied, 0] & mask
+    pos = np.where(occupied >= home, occupied, occupied + len(ix))
+    unreachable = occupied[(empty_before[pos] - empty_before[home]) != 0]
+    for s in unreachable[:5].tolist():
+        problems.add(f"index slot {s} is cut off from its home slot by an empty slot")
+    for s in occupied.tolist():
+        e = int(ix[s, 1])
+        if e not in live or seg.entry_words[e * _W + E_SLOT] != s:
+            problems.add(f"index slot {s} points at entry {e}, which is not resident there")
+            break
+    del ix
+
+
+def _check_ring(seg, live: set[int], problems: _Problems) -> None:
+    h, aw, ent, size = seg.header_words, seg.arena_words, seg.entry_words, seg.geometry.arena_nbytes
+    head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
+    if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and head % 8 == 0 and tail % 8 == 0) or (
+        (head - tail) % size != fill % size
+    ):
+        problems.add(f"arena ring out of range: head={head} tail={tail} fill={fill}")
+        return
+    pos, left, found = tail, fill, 0
+    for _ in range(size // BLOCK_ALIGN + 1):
+        if left == 0:
+            break
+        hdr = aw[pos >> 3]
+        nb, e = hdr & 0xFFFFFFFF, hdr >> 32
+        if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > left or pos + nb > size:
+            problems.add(f"arena block at {pos} has an impossible length {nb}")
+            return
+        if e in live and ent[e * _W + E_OFF] == pos:
+            found += 1
+        pos, left = (pos + nb) % size, left - nb
+    if found != len(live):
+        problems.add(f"arena ring holds {found} live blocks, the LRU list {len(live)} entries")
+
+
+def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
+    h, ent, slots = seg.header_words, seg.entry_words, seg.geometry.entry_slots
+    unused = h[H_UNUSED_NEXT]
+    if not 1 <= unused <= slots:
+        problems.add(f"unused_next={unused} is out of range")
+        return
+    seen, cur = set(), h[H_FREE_HEAD]
+    for _ in range(slots):
+        if cur == NIL:
+            break
+        if not 0 < cur < unused or cur in seen or cur in live:
+            problems.add(f"free list reaches slot {cur}, which is out of range, repeated or resident")
+            return
+        seen.add(cur)
+        cur = ent[cur * _W + E_NEXT]
+    if len(seen) + len(live) != unused - 1:
+        problems.add(f"{len(seen)} free and {len(live)} resident slots, but {unused - 1} slots were handed out")
+
+
+def repair(seg) -> int:
+    """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
+    h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    slots = g.entry_slots
+    unused = h[H_UNUSED_NEXT] if 1 <= h[H_UNUSED_NEXT] <= slots else slots
+    listed = _walk_lru(ent, slots, _Problems())
+    rank = {e: i for i, e in enumerate(listed)}
+    candidates = []
+    for e in range(1, unused):
+        if _block_ok(seg, e, deep=True):
+            b = e * _W
+            candidates.append((ent[b + E_OFF], block_nbytes(ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]), e))
+    # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
+    candidates.sort()
+    kept: list[tuple[int, int, int]] = []
+    for off, nb, e in candidates:
+        if kept and kept[-1][0] + kept[-1][1] > off:
+            if rank.get(e, slots) >= rank.get(kept[-1][2], slots):
+                continue
+            kept.pop()
+        kept.append((off, nb, e))
+    kept_ids = sorted((e for _, _, e in kept), key=lambda e: rank.get(e, slots))
+    dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
+    _rebuild(seg, kept_ids, unused)
+    return max(dropped, 0)
+
+
+def _rebuild(seg, kept: list[int], unused: int) -> None:
+    h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    mask = g.index_slots - 1
+    np.frombuffer(seg.index_words, dtype=np.int64)[:] = EMPTY
+    keep = set(kept)
+    free = NIL
+    for e in range(unused - 1, 0, -1):
+        if e not in keep:
+            ent[e * _W + E_CHECK] = 0
+            ent[e * _W + E_NEXT] = free
+            free = e
+    h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
+    prev = SENTINEL
+    retained = 0
+    for e in kept:  # most recent first
+        b = e * _W
+        ent[prev * _W + E_NEXT] = e
+        ent[b + E_PREV] = prev
+        index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
+        retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
+        prev = e
+    ent[prev * _W + E_NEXT] = SENTINEL
+    ent[E_PREV] = prev
+    h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
+    _rebuild_ring(seg, kept)
+    # Limits that garbage pushed out of range fall back to the capacity.
+    if not 0 < h[H_MAX_ENTRIES] <= g.max_entries:
+        h[H_MAX_ENTRIES] = g.max_entries
+    if not 0 < h[H_MAX_RETAINED] <= g.capacity_bytes:
+        h[H_MAX_RETAINED] = g.capacity_bytes
+
+
+def _rebuild_ring(seg, kept: list[int]) -> None:
+    """Lay the ring over the kept blocks in address order, with dead blocks filling the gaps between them."""
+    h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.geometry.arena_nbytes
+    blocks = sorted((ent[e * _W + E_OFF], block_nbytes(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]))
+                    for e in kept)
+    if not blocks:
+        h[H_HEAD] = h[H_TAIL] = h[H_FILL] = h[H_ARENA_USED] = 0
+        return
+    pos = blocks[0][0]
+    used = 0
+    for off, nb in blocks:
+        if off > pos:
+            aw[pos >> 3] = off - pos  # a dead block over the gap
+        pos = off + nb
+        used += nb
+    h[H_TAIL] = blocks[0][0]
+    h[H_HEAD] = pos % size
+    h[H_FILL] = pos - blocks[0][0]
+    h[H_ARENA_USED] = used
