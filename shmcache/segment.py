@@ -90,6 +90,11 @@ class Segment:
             try:
                 if self._init_or_attach(shm, geometry, mode):
                     return
+            except BaseException:
+                self.close()
+                if self.created:  # creation failed half-way: remove what was made, then re-raise
+                    shm.unlink()
+                raise
             finally:
                 shm.close_fd()
             if time.monotonic() > deadline:
@@ -118,17 +123,21 @@ class Segment:
     def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
         """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later."""
         _flock(shm.fd, time.monotonic() + _INIT_WAIT_S)
-        size = os.fstat(shm.fd).st_size
-        if size >= d.HEADER_NBYTES:
-            with mmap.mmap(shm.fd, d.HEADER_NBYTES) as hm:
-                words = np.frombuffer(hm, dtype="<i8", count=8).tolist()
-            if words[d.H_MAGIC] != 0:
-                self._attach(shm.fd, size, words)
-                return True
-        if geometry is None:
-            return False
-        self._initialise(shm.fd, geometry)
-        return True
+        try:
+            size = os.fstat(shm.fd).st_size
+            if size >= d.HEADER_NBYTES:
+                with mmap.mmap(shm.fd, d.HEADER_NBYTES) as hm:
+                    words = np.frombuffer(hm, dtype="<i8", count=8).tolist()
+                if words[d.H_MAGIC] != 0:
+                    self._attach(shm.fd, size, words)
+                    return True
+            if geometry is None:
+                return False
+            self._initialise(shm.fd, geometry)
+            return True
+        finally:
+            # Explicitly: the mapping holds a duplicate of the descriptor, so closing ours would not release it.
+            fcntl.flock(shm.fd, fcntl.LOCK_UN)
 
     def _attach(self, fd: int, size: int, words: list[int]) -> None:
         if words[d.H_MAGIC] != layout.MAGIC:

@@ -1,0 +1,116 @@
+"""The binary layout: golden sizes and offsets, region alignment, and malformed headers that must each raise the
+right error on attach."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from shmcache import LayoutError, LayoutVersionError, SharedCache, layout
+from shmcache.layout import Geometry
+from shmcache.layout import dtypes as d
+
+
+def test_layout_golden_itemsizes():
+    assert layout.HEADER.itemsize == 512
+    assert layout.INDEX_SLOT.itemsize == 16
+    assert layout.ENTRY.itemsize == 64
+
+
+def test_layout_golden_offsets():
+    f = layout.HEADER.fields
+    assert [f[n][1] for n in ("magic", "version", "features", "total_nbytes")] == [0, 8, 16, 24]
+    assert f["lock"][1] == 64 and f["hits"][1] == 128 and f["entries"][1] == 192 and f["free_head"][1] == 256
+    assert [layout.ENTRY.fields[n][1] for n in layout.ENTRY.names] == [0, 8, 16, 24, 32, 40, 48, 56]
+
+
+def test_layout_all_words_little_endian():
+    for dt in (layout.HEADER, layout.INDEX_SLOT, layout.ENTRY):
+        for n in dt.names:
+            fdt = dt.fields[n][0]
+            assert fdt.kind == "V" or fdt.str == "<i8", (n, fdt)
+
+
+def test_layout_word_constants_match_dtypes():
+    assert d.H_HITS * 8 == layout.HEADER.fields["hits"][1]
+    assert d.E_CHECK * 8 == layout.ENTRY.fields["check"][1]
+    assert d.I_ENTRY * 8 == layout.INDEX_SLOT.fields["entry"][1]
+
+
+@pytest.mark.parametrize("cap,n", [(1, 1), (4096, 10), (64 << 20, 65536), (10**9, 10**6)])
+def test_layout_geometry_regions_aligned_and_disjoint(cap, n):
+    g = Geometry.for_capacity(cap, n)
+    assert g.index_off % 64 == 0 and g.entries_off % 64 == 0 and g.arena_off % 4096 == 0
+    assert g.index_off >= layout.HEADER_NBYTES
+    assert g.entries_off >= g.index_off + g.index_slots * 16
+    assert g.arena_off >= g.entries_off + g.entry_slots * 64
+    assert g.total_nbytes >= g.arena_off + g.arena_nbytes and g.total_nbytes % 4096 == 0
+    assert g.index_slots & (g.index_slots - 1) == 0 and g.index_slots >= 2 * g.entry_slots
+    # Any set of entries within the limits fits physically (header + padding per entry).
+    assert g.arena_nbytes >= cap + n * layout.BLOCK_OVERHEAD
+
+
+@pytest.mark.parametrize("cap,n", [(0, 1), (1, 0), (-5, 1), (1, 2**31)])
+def test_layout_geometry_rejects_impossible_sizes(cap, n):
+    with pytest.raises(ValueError):
+        Geometry.for_capacity(cap, n)
+
+
+def _raw_segment(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, nbytes)
+    return fd, mmap.mmap(fd, nbytes)
+
+
+def _words(mm) -> np.ndarray:
+    return np.frombuffer(mm, dtype="<i8", count=8)
+
+
+def _corrupt_and_attach(name, mutate):
+    SharedCache(name, capacity_bytes=4096, max_entries=8, create=True).close()
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR)
+    try:
+        with mmap.mmap(fd, 4096) as mm:
+            w = _words(mm)
+            mutate(w, fd)
+            del w
+    finally:
+        os.close(fd)
+    return lambda: SharedCache(name, create=False)
+
+
+MALFORMED = [
+    ("bad magic", lambda w, fd: w.__setitem__(d.H_MAGIC, 12345), LayoutError),
+    ("other version", lambda w, fd: w.__setitem__(d.H_VERSION, 99), LayoutVersionError),
+    ("unknown feature", lambda w, fd: w.__setitem__(d.H_FEATURES, 1 << 40), LayoutVersionError),
+    ("impossible geometry", lambda w, fd: w.__setitem__(d.H_ENTRY_SLOTS, -3), LayoutError),
+    ("header disagrees", lambda w, fd: w.__setitem__(d.H_ARENA_NBYTES, 17), LayoutError),
+    ("truncated", lambda w, fd: os.ftruncate(fd, 8192), LayoutError),
+]
+
+
+@pytest.mark.parametrize("what,mutate,error", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_layout_malformed_header_raises(name, what, mutate, error):
+    attach = _corrupt_and_attach(name, mutate)
+    with pytest.raises(error):
+        attach()
+
+
+def test_layout_version_error_names_both_versions(name):
+    attach = _corrupt_and_attach(name, lambda w, fd: w.__setitem__(d.H_VERSION, 99))
+    with pytest.raises(LayoutVersionError, match="99.*1|1.*99"):
+        attach()
+
+
+def test_layout_not_a_shmcache_segment(name):
+    fd, mm = _raw_segment(name, 4096)
+    try:
+        mm[:8] = b"GARBAGE!"
+        with pytest.raises(LayoutError):
+            SharedCache(name)
+    finally:
+        mm.close()
+        os.close(fd)

@@ -1,0 +1,183 @@
+"""Create, attach, close, unlink, permissions, bad input, pickling and racing creators."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing as mp
+import os
+import pickle
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from shmcache import SharedCache, segment
+from tests.conftest import unique_name
+from tests.workers import open_and_put
+
+SMALL = dict(capacity_bytes=4096, max_entries=8)
+
+
+def test_lifecycle_create_true_refuses_existing(name):
+    with SharedCache(name, create=True, **SMALL):
+        with pytest.raises(FileExistsError):
+            SharedCache(name, create=True, **SMALL)
+
+
+def test_lifecycle_create_false_needs_existing(name):
+    with pytest.raises(FileNotFoundError):
+        SharedCache(name, create=False)
+
+
+def test_lifecycle_create_none_attaches_or_creates(name):
+    with SharedCache(name, **SMALL) as a, SharedCache(name) as b:
+        a.put("k", "v")
+        assert b.get("k") == "v"
+        assert b.stats() == a.stats()
+
+
+def test_lifecycle_attach_with_matching_parameters(name):
+    with SharedCache(name, create=True, **SMALL), SharedCache(name, create=False, **SMALL) as b:
+        assert b.limits().max_entries == 8
+
+
+@pytest.mark.parametrize("param", [{"capacity_bytes": 8192}, {"max_entries": 9}])
+def test_lifecycle_attach_with_other_parameters_raises(name, param):
+    with SharedCache(name, create=True, **SMALL):
+        with pytest.raises(ValueError, match="exists with"):
+            SharedCache(name, **param)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "a\0b", "x" * 300])
+def test_lifecycle_invalid_names(bad):
+    with pytest.raises(ValueError):
+        SharedCache(bad, **SMALL)
+
+
+def test_lifecycle_name_must_be_str():
+    with pytest.raises(TypeError):
+        SharedCache(b"bytes-name", **SMALL)
+
+
+@pytest.mark.parametrize("param", [
+    {"capacity_bytes": 0}, {"capacity_bytes": -1}, {"max_entries": 0}, {"max_entries": -5},
+    {"create": "yes"}, {"mode": 0o1777}, {"mode": -1}, {"lock_timeout": 0},
+])
+def test_lifecycle_invalid_parameters_create_nothing(name, param):
+    with pytest.raises(ValueError):
+        SharedCache(name, **{**SMALL, **param})
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")
+
+
+def test_lifecycle_size_beyond_shared_memory_fails_at_once(name):
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    with pytest.raises(OSError) as info:
+        SharedCache(name, capacity_bytes=free * 2, max_entries=8)
+    assert info.value.errno == errno.ENOSPC
+    assert "MiB" in str(info.value) and "shm-size" in str(info.value)
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")
+
+
+def test_lifecycle_default_mode_is_owner_only(name):
+    with SharedCache(name, **SMALL):
+        assert stat.S_IMODE(os.stat(f"/dev/shm/shmcache.{name}").st_mode) == 0o600
+
+
+def test_lifecycle_mode_widens_on_purpose_despite_umask(name):
+    old = os.umask(0o077)
+    try:
+        with SharedCache(name, mode=0o660, **SMALL):
+            assert stat.S_IMODE(os.stat(f"/dev/shm/shmcache.{name}").st_mode) == 0o660
+    finally:
+        os.umask(old)
+
+
+def test_lifecycle_unlink_lets_attached_processes_finish(name):
+    a = SharedCache(name, **SMALL)
+    b = SharedCache(name)
+    a.put("k", 1)
+    a.unlink()
+    assert b.get("k") == 1  # still mapped
+    b.put("k2", 2)
+    with SharedCache(name, **SMALL) as fresh:  # same name, new segment
+        assert len(fresh) == 0 and fresh.get("k") is None
+        fresh.unlink()
+    a.close()
+    b.close()
+
+
+def test_lifecycle_unlink_missing_raises(name):
+    with pytest.raises(FileNotFoundError):
+        SharedCache.unlink_name(name)
+
+
+def test_lifecycle_pickles_by_name(name):
+    with SharedCache(name, **SMALL) as a:
+        a.put("k", "v")
+        data = pickle.dumps(a)
+        assert len(data) < 200  # a name, not the contents
+        with pickle.loads(data) as b:
+            assert b.get("k") == "v" and b.name == name
+
+
+def test_lifecycle_half_initialised_segment_is_initialised_by_next_creator(name):
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)  # a creator that died right after creating the object: size 0, no magic
+    with SharedCache(name, **SMALL) as c:
+        c.put("k", 1)
+        assert c.get("k") == 1 and c.verify().ok
+
+
+def test_lifecycle_attach_only_to_uninitialised_segment_gives_up(name, monkeypatch):
+    monkeypatch.setattr(segment, "_INIT_WAIT_S", 0.2)
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    with pytest.raises(segment.LayoutError, match="never initialised"):
+        SharedCache(name, create=False)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_lifecycle_racing_creators_share_one_segment(method):
+    name = unique_name("race")
+    ctx = mp.get_context(method)
+    n = 6
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=open_and_put, args=(name, i, barrier, queue)) for i in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        done = sorted(queue.get(timeout=30) for _ in range(n))
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+        assert done == list(range(n))
+        with SharedCache(name, create=False) as c:
+            assert sorted(c.get(f"w{i}") for i in range(n)) == list(range(n))
+            assert c.stats().puts == n
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        try:
+            SharedCache.unlink_name(name)
+        except FileNotFoundError:
+            pass
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_lifecycle_exiting_spawned_worker_leaves_segment_alone(name):
+    """Python's resource_tracker must neither unlink our segment nor warn about it when a worker exits."""
+    with SharedCache(name, **SMALL) as c:
+        c.put("k", 1)
+        code = (
+            "import sys; from shmcache import SharedCache\n"
+            f"c = SharedCache({name!r}, create=False); c.put('child', 2); c.close()\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr
+        assert c.get("child") == 2 and os.path.exists(f"/dev/shm/shmcache.{name}")

@@ -1,0 +1,116 @@
+"""Functions run in child processes by the multi-process tests (module level, so every start method can import
+them), and the self-checking values they exchange."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import xxhash
+
+from shmcache import SharedCache
+
+
+def make_value(key: str, seq: int, nbytes: int):
+    """A value that names its key and carries a checksum, so a wrong or torn read is caught."""
+    pad = bytes((seq + i) % 251 for i in range(nbytes))
+    body = f"{key}|{seq}".encode() + pad
+    if seq % 5 == 0:
+        arr = np.frombuffer(pad, dtype=np.uint8).copy()
+        return {"key": key, "seq": seq, "arr": arr, "sum": xxhash.xxh3_64_intdigest(body)}
+    return {"key": key, "seq": seq, "pad": pad, "sum": xxhash.xxh3_64_intdigest(body)}
+
+
+def check_value(key: str, value) -> None:
+    """Raise AssertionError unless ``value`` is one that make_value built for ``key``."""
+    assert isinstance(value, dict) and value["key"] == key, f"value for {value.get('key')!r} under key {key!r}"
+    pad = value["arr"].tobytes() if "arr" in value else value["pad"]
+    body = f"{key}|{value['seq']}".encode() + pad
+    assert xxhash.xxh3_64_intdigest(body) == value["sum"], f"torn value under key {key!r}"
+    assert pad == bytes((value["seq"] + i) % 251 for i in range(len(pad))), f"wrong bytes under key {key!r}"
+
+
+def mixed_workload(cache, worker: int, ops: int, keys: int, seed: int) -> dict:
+    """Random get/put/delete on shared keys, checking every value read; returns this worker's own counts."""
+    rng = random.Random(seed * 1000 + worker)
+    counts = dict(hits=0, misses=0, puts=0, deletes=0, wrong=0)
+    for i in range(ops):
+        key = f"k{rng.randrange(keys)}"
+        r = rng.random()
+        if r < 0.6:
+            v = cache.get(key)
+            if v is None:
+                counts["misses"] += 1
+            else:
+                counts["hits"] += 1
+                try:
+                    check_value(key, v)
+                except AssertionError:
+                    counts["wrong"] += 1
+        elif r < 0.95:
+            cache.put(key, make_value(key, worker * ops + i, rng.randrange(0, 600)))
+            counts["puts"] += 1
+        else:
+            counts["deletes"] += cache.delete(key)
+    return counts
+
+
+def workload_child(name: str, worker: int, ops: int, keys: int, seed: int, queue) -> None:
+    with SharedCache(name, create=False) as cache:
+        queue.put(mixed_workload(cache, worker, ops, keys, seed))
+
+
+def workload_on_handle(cache, worker: int, ops: int, keys: int, seed: int, queue) -> None:
+    """Same, on a handle inherited through fork or pickled to a spawned child."""
+    queue.put(mixed_workload(cache, worker, ops, keys, seed))
+    cache.close()
+
+
+def open_and_put(name: str, worker: int, barrier, queue) -> None:
+    """Wait at the barrier, then race the other workers to open-or-create the cache and write one entry."""
+    barrier.wait(timeout=30)
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=64) as cache:
+        cache.put(f"w{worker}", worker)
+        queue.put(worker)
+
+
+def hold_lock(name: str, ready, release=None, then: str = "sleep") -> None:
+    """Take the cache lock and keep it: sleep forever (to be killed), or release when told, or die holding it."""
+    cache = SharedCache(name, create=False)
+    cache._acquire()
+    ready.set()
+    if then == "exit":
+        os._exit(0)  # dies holding the lock, without any cleanup
+    if release is not None:
+        release.wait(timeout=60)
+        cache._unlock(cache._addr)
+        cache.close()
+        return
+    time.sleep(120)
+
+
+def half_put_then_die(name: str, ready) -> None:
+    """Take the lock and leave a put half done: the entry is in the index and the arena but not on the LRU list,
+    and the counters were not updated; then get SIGKILLed."""
+    from shmcache import index
+    from shmcache.codec import checksum, encode_key, encode_value, fingerprint
+    from shmcache.arena import block_nbytes
+    from shmcache.layout.dtypes import E_CHECK, E_FP, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
+
+    cache = SharedCache(name, create=False)
+    cache._acquire()
+    kb, vb = encode_key("torn"), encode_value("half-written")
+    e = cache._take_slot_locked()
+    off = cache._ring.alloc(block_nbytes(len(kb) + len(vb)), e)
+    b = e * ENTRY_WORDS
+    cache._ent[b + E_FP] = fingerprint(kb)
+    cache._ent[b + E_OFF] = off
+    cache._ent[b + E_KEY_NBYTES] = len(kb)
+    cache._ent[b + E_VAL_NBYTES] = len(vb)
+    cache._ent[b + E_CHECK] = checksum(vb)
+    index.insert(cache._ix, cache._ent, cache._mask, fingerprint(kb), e)
+    ready.set()
+    os.kill(os.getpid(), signal.SIGKILL)
