@@ -17,7 +17,7 @@ import numpy as np
 from . import index, lru
 from .arena import Arena, block_nbytes
 from .codec import TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
-from .errors import ClosedError, CorruptionError, TooLargeError
+from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, NIL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_ENTRIES,
@@ -131,28 +131,32 @@ class SharedCache:
                     self._h[H_RECOVERIES] += 1
                 self._lock.mark_consistent()
 
-    def _recover_locked(self) -> bool:
-        """Verify the segment and repair it if needed; True if anything was repaired."""
-        if check(self._seg, deep=False).ok:
+    def _recover_locked(self, deep: bool = False) -> bool:
+        """Verify the segment (``deep``: checksums too) and repair it if needed; True if anything was repaired."""
+        if check(self._seg, deep=deep).ok:
             return False
         repair(self._seg)
         self._h[H_RECOVERIES] += 1
         return True
 
     def _fault_locked(self, exc: BaseException) -> None:
-        """An operation failed with the lock held: put the segment right, then let the caller re-raise."""
-        if isinstance(exc, (TypeError, TooLargeError)):
+        """An operation failed with the lock held: put the segment right, then let the caller re-raise.
+
+        Inside a locked section only shared data can fail (arguments were encoded and checked before locking), so
+        any error other than TooLargeError means damage; an interrupt (Ctrl-C) may have cut an update in half.
+        """
+        if isinstance(exc, TooLargeError):
             return  # raised before anything was written
         with signals_deferred():
             try:
-                self._recover_locked()
+                self._recover_locked(deep=True)
             except Exception as inner:  # repair itself failed on garbage: start over with an empty cache
                 self._reset_entries_locked()
                 self._h[H_RECOVERIES] += 1
                 raise CorruptionError(f"the cache was emptied after an unrepairable fault: {inner}",
                                       what="repair") from exc
-        if isinstance(exc, (IndexError, ValueError, OverflowError)):
-            raise CorruptionError(f"shared data failed a bound check and was repaired: {exc}", what="access",
+        if isinstance(exc, Exception) and not isinstance(exc, ShmCacheError):
+            raise CorruptionError(f"shared data failed a check and the cache was repaired: {exc!r}", what="access",
                                   hint="the operation can be retried") from exc
 
     # ------------------------------------------------------------------------------------------- the dict-like API
@@ -179,7 +183,7 @@ class SharedCache:
             if self._mm[v0] == TAG_ARRAY:
                 view = self._arena[v0 - self._base : v0 - self._base + vlen]
                 if checksum(view) != check:
-                    raise CorruptionError(f"entry {e} fails its checksum", what="get")
+                    raise CorruptionError(f"entry {e} failed its checksum", what="get")
                 return decode_array(view)
             raw = self._mm[v0 : v0 + vlen]
         except BaseException as exc:
@@ -195,7 +199,8 @@ class SharedCache:
         """A value copied out failed its checksum: repair under the lock, then report."""
         self._acquire()
         try:
-            self._recover_locked()
+            with signals_deferred():
+                self._recover_locked(deep=True)
         finally:
             self._unlock(self._addr)
         raise CorruptionError(f"entry {e} failed its checksum; the cache was repaired", what="get",

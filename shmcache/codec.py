@@ -14,6 +14,7 @@ reader.
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 
@@ -191,9 +192,10 @@ def _array_header(header) -> tuple[np.dtype, tuple[int, ...]]:
 
 
 def _array_from(data, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes != len(data):  # checked before allocating: a damaged shape must not drive a huge allocation
+        raise ValueError(f"array data is {len(data)} bytes, its header says {nbytes}")
     arr = np.empty(shape, dtype)
-    if arr.nbytes != len(data):
-        raise ValueError(f"array data is {len(data)} bytes, its header says {arr.nbytes}")
     arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
     return arr
 

@@ -1,0 +1,235 @@
+"""The ``shmcache`` command: list, inspect and manage the caches of this host, and run the demo benchmark.
+
+Each subcommand is a ``cmd_<name>(args) -> int`` behind one argparse dispatcher; every one that prints data takes
+``--json`` and then prints exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import __version__
+from .cache import SharedCache
+from .layout import SEGMENT_PREFIX
+from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID
+from .stats import CacheLimits
+
+SHM_DIR = "/dev/shm"
+
+
+def cache_names() -> list[str]:
+    """Names of the shmcache segments on this host."""
+    try:
+        files = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(f[len(SEGMENT_PREFIX) :] for f in files if f.startswith(SEGMENT_PREFIX))
+
+
+def _describe(name: str) -> dict:
+    with SharedCache(name, create=False) as c:
+        s = c.stats()
+        h = c._seg.header_words
+        created_ns, pid = h[H_CREATED_NS], h[H_CREATOR_PID]
+        size = c._seg.geometry.total_nbytes
+    return {
+        "name": name,
+        "size_bytes": size,
+        "entries": s.entries,
+        "max_entries": s.max_entries,
+        "retained_bytes": s.retained_bytes,
+        "max_retained_bytes": s.max_retained_bytes,
+        "fill": s.retained_bytes / s.max_retained_bytes,
+        "hit_ratio": s.hit_ratio,
+        "creator_pid": pid,
+        "age_s": max(0.0, (time.time_ns() - created_ns) / 1e9),
+    }
+
+
+def _print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def cmd_ls(args) -> int:
+    caches = []
+    for name in cache_names():
+        try:
+            caches.append(_describe(name))
+        except Exception as exc:  # a damaged or foreign segment is listed, not fatal
+            caches.append({"name": name, "error": str(exc)})
+    if args.json:
+        _print_json(caches)
+        return 0
+    if not caches:
+        print("no shmcache caches on this host")
+        return 0
+    rows = [["NAME", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "CREATOR", "AGE"]]
+    for c in caches:
+        if "error" in c:
+            rows.append([c["name"], "-", "-", "-", "-", "-", f"error: {c['error']}"])
+            continue
+        rows.append([c["name"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}", f"{c['fill']:.0%}",
+                     f"{c['hit_ratio']:.1%}", str(c["creator_pid"]), f"{c['age_s']:.0f}s"])
+    print(_table(rows))
+    return 0
+
+
+def cmd_stats(args) -> int:
+    with SharedCache(args.name, create=False) as c:
+        while True:
+            d = c.stats().as_dict()
+            if args.json:
+                _print_json(d)
+            else:
+                if args.watch:
+                    print("\033[H\033[J", end="")
+                print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]))
+            if not args.watch:
+                return 0
+            sys.stdout.flush()
+            time.sleep(args.watch)
+
+
+def cmd_inspect(args) -> int:
+    with SharedCache(args.name, create=False) as c:
+        g = c._seg.geometry
+        report = c.verify(deep=not args.shallow)
+        s = c.stats()
+    data = {
+        "name": args.name,
+        "layout": {"total_nbytes": g.total_nbytes, "index_off": g.index_off, "index_slots": g.index_slots,
+                   "entries_off": g.entries_off, "entry_slots": g.entry_slots, "arena_off": g.arena_off,
+                   "arena_nbytes": g.arena_nbytes},
+        "limits": {"max_entries": s.max_entries, "max_retained_bytes": s.max_retained_bytes,
+                   "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes},
+        "arena": {"bytes": s.arena_bytes, "used_bytes": s.arena_used_bytes,
+                  "utilization": s.retained_bytes / s.arena_bytes},
+        "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},
+    }
+    if args.json:
+        _print_json(data)
+    else:
+        for section, values in data.items():
+            if isinstance(values, dict):
+                print(f"{section}:")
+                for k, v in values.items():
+                    print(f"  {k}: {v}")
+            else:
+                print(f"{section}: {values}")
+    return 0 if report.ok else 1
+
+
+def cmd_rm(args) -> int:
+    status = 0
+    for name in args.names:
+        try:
+            SharedCache.unlink_name(name)
+            print(f"removed {name}")
+        except FileNotFoundError:
+            print(f"shmcache: no cache named {name!r}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def cmd_clear(args) -> int:
+    with SharedCache(args.name, create=False) as c:
+        c.clear()
+    print(f"cleared {args.name}")
+    return 0
+
+
+def cmd_set_limits(args) -> int:
+    with SharedCache(args.name, create=False) as c:
+        old = c.limits()
+        new = CacheLimits(max_entries=args.max_entries or old.max_entries,
+                          max_retained_bytes=args.max_retained_bytes or old.max_retained_bytes)
+        c.set_limits(new)
+        s = c.stats()
+    if args.json:
+        _print_json({"max_entries": new.max_entries, "max_retained_bytes": new.max_retained_bytes,
+                     "entries": s.entries, "retained_bytes": s.retained_bytes})
+    else:
+        print(f"{args.name}: max_entries={new.max_entries} max_retained_bytes={new.max_retained_bytes} "
+              f"({s.entries} entries, {s.retained_bytes} bytes retained)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shmcache", description="Inspect and manage the shmcache caches of this host.")
+    p.add_argument("--version", action="version", version=f"shmcache {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn, help: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="print one JSON document")
+        return sp
+
+    add("ls", cmd_ls, "list every shmcache cache on this host")
+    sp = add("stats", cmd_stats, "print a cache's global counters")
+    sp.add_argument("name")
+    sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    sp = add("inspect", cmd_inspect, "layout, limits, arena fill and an integrity check of a cache")
+    sp.add_argument("name")
+    sp.add_argument("--shallow", action="store_true", help="skip re-hashing every stored key and value")
+    sp = add("rm", cmd_rm, "remove caches (processes that have them open keep their mapping)", json_flag=False)
+    sp.add_argument("names", nargs="+", metavar="NAME")
+    sp = add("clear", cmd_clear, "drop every entry of a cache and reset its counters", json_flag=False)
+    sp.add_argument("name")
+    sp = add("set-limits", cmd_set_limits, "change a cache's limits (evicts at once to meet them)")
+    sp.add_argument("name")
+    sp.add_argument("--max-entries", type=int)
+    sp.add_argument("--max-retained-bytes", type=int)
+    sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload")
+    sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    sp.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")
+    sp.add_argument("--keys", type=int, default=20_000, help="distinct keys in the workload (default 20000)")
+    sp.add_argument("--capacity-mib", type=float, default=16.0, help="cache capacity in MiB (default 16)")
+    sp.add_argument("--value-bytes", type=int, default=1024, help="bytes per cached value (default 1024)")
+    sp.add_argument("--compute-us", type=float, default=200.0,
+                    help="cost of the simulated transform on a miss, in microseconds (default 200)")
+    sp.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except FileNotFoundError as exc:
+        print(f"shmcache: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"shmcache: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""verify() and repair: damaged or hostile segment bytes lead to a report, a repair or a clear error -- never a
+hang, a crash or a wrong value."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+
+import numpy as np
+import pytest
+
+from shmcache import CorruptionError, SharedCache, ShmCacheError
+from shmcache.layout import dtypes as d
+from tests.workers import check_value, make_value
+
+SMALL = dict(capacity_bytes=16_000, max_entries=32)
+
+
+def _filled(name: str, n: int = 20) -> SharedCache:
+    c = SharedCache(name, create=True, **SMALL)
+    for i in range(n):
+        c.put(f"k{i}", make_value(f"k{i}", i, 100 + 17 * i))
+    return c
+
+
+class Raw:
+    """A second, independent mapping of the segment, to damage it as another program could."""
+
+    def __init__(self, name: str, cache: SharedCache) -> None:
+        fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR)
+        self.mm = mmap.mmap(fd, cache._seg.geometry.total_nbytes)
+        os.close(fd)
+        self.g = cache._seg.geometry
+
+    def word(self, off: int, value: int) -> None:
+        self.mm[off : off + 8] = int(value).to_bytes(8, "little", signed=True)
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+def _entry_word(raw: Raw, e: int, field: int) -> int:
+    return raw.g.entries_off + (e * d.ENTRY_WORDS + field) * 8
+
+
+def _all_ops_sound(c: SharedCache, keys) -> None:
+    """Every key either reads back its own value, is missing, or raises a project error."""
+    for k in keys:
+        try:
+            v = c.get(k)
+        except ShmCacheError:
+            continue
+        if v is not None:
+            check_value(k, v)
+
+
+def test_verify_clean_cache_is_ok(name):
+    with _filled(name) as c:
+        r = c.verify()
+        assert r.ok and r.problems == () and r.entries == 20 and bool(r)
+
+
+DAMAGE = {
+    "lru prev": lambda raw: raw.word(_entry_word(raw, 3, d.E_PREV), 7),
+    "lru next cycle": lambda raw: raw.word(_entry_word(raw, 5, d.E_NEXT), 5),
+    "lru next out of range": lambda raw: raw.word(_entry_word(raw, 2, d.E_NEXT), 10**9),
+    "entry offset": lambda raw: raw.word(_entry_word(raw, 4, d.E_OFF), 8),
+    "entry value length": lambda raw: raw.word(_entry_word(raw, 6, d.E_VAL_NBYTES), 3),
+    "entry key length": lambda raw: raw.word(_entry_word(raw, 6, d.E_KEY_NBYTES), 10**12),
+    "index slot emptied": lambda raw: raw.word(raw.g.index_off + (int(raw.mm_index_slot(1)) * 2 + 1) * 8, 0),
+    "header entries": lambda raw: raw.word(d.H_ENTRIES * 8, 5),
+    "header retained": lambda raw: raw.word(d.H_RETAINED * 8, -1),
+    "ring tail": lambda raw: raw.word(d.H_TAIL * 8, 12),
+    "arena value byte": lambda raw: raw.mm.__setitem__(raw.g.arena_off + 30, 0x55),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("what", sorted(DAMAGE))
+def test_verify_damage_is_reported_and_repaired(name, what):
+    with _filled(name) as c:
+        raw = Raw(name, c)
+        raw.mm_index_slot = lambda e: c._ent[e * d.ENTRY_WORDS + d.E_SLOT]
+        try:
+            DAMAGE[what](raw)
+        finally:
+            raw.close()
+        report = c.verify()
+        assert not report.ok and report.problems
+        c.verify(repair_damage=True)
+        assert c.verify().ok, c.verify().problems
+        assert c.stats().recoveries >= 1
+        _all_ops_sound(c, [f"k{i}" for i in range(20)])
+        c.put("new", make_value("new", 1, 10))
+        check_value("new", c.get("new"))
+        assert c.verify().ok
+        c.unlink()
+
+
+def test_verify_damaged_value_is_never_returned(name):
+    with _filled(name) as c:
+        e = c._ent[d.E_NEXT]  # the most recent entry: k19
+        off = c._ent[e * d.ENTRY_WORDS + d.E_OFF]
+        raw = Raw(name, c)
+        try:
+            raw.mm[raw.g.arena_off + off + 20] ^= 0xFF  # flip a byte inside k19's value
+        finally:
+            raw.close()
+        with pytest.raises(CorruptionError):
+            c.get("k19")
+        assert c.get("k19") is None  # dropped by the repair, never returned damaged
+        assert c.stats().recoveries == 1 and c.verify().ok
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", range(6))
+def test_verify_garbage_everywhere_never_hangs_or_lies(name, seed):
+    rng = random.Random(seed)
+    with _filled(name) as c:
+        raw = Raw(name, c)
+        try:
+            lo, hi = 128, raw.g.total_nbytes  # keep line 0 (identity) and the mutex (line 1) intact
+            for _ in range(rng.choice([5, 50, 500])):
+                off = rng.randrange(lo, hi - 8) & ~7
+                if 64 <= off < 128:
+                    continue
+                raw.word(off, rng.choice([0, 1, -1, 8, 2**31, 2**62, rng.getrandbits(63)]))
+        finally:
+            raw.close()
+        keys = [f"k{i}" for i in range(20)] + ["x", "y"]
+        for _ in range(3):
+            _all_ops_sound(c, keys)
+            for k in keys[:5]:
+                try:
+                    c.put(k, make_value(k, 99, 50))
+                    c.delete(keys[-1])
+                except ShmCacheError:
+                    pass
+        c.verify(repair_damage=True)
+        assert c.verify().ok
+        c.put("after", make_value("after", 1, 30))
+        check_value("after", c.get("after"))
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_verify_is_bounded_on_a_large_garbage_segment(name):
+    with SharedCache(name, create=True, capacity_bytes=4 << 20, max_entries=20_000) as c:
+        for i in range(5000):
+            c.put(i, b"x" * 50)
+        g = c._seg.geometry
+        raw = Raw(name, c)
+        try:
+            noise = np.random.default_rng(0).integers(0, 256, g.total_nbytes - g.index_off, dtype=np.uint8)
+            raw.mm[g.index_off :] = noise.tobytes()
+        finally:
+            raw.close()
+        report = c.verify()
+        assert not report.ok and len(report.problems) <= 50
+        c.verify(repair_damage=True)
+        assert c.verify().ok
+        c.unlink()
