@@ -170,7 +170,7 @@ class SharedCache:
         self._acquire()
         try:
             ent = self._ent
-            e = index.find(self._ix, ent, self._arena, self._mask, fp, kb)
+            e = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
                 self._h[H_MISSES] += 1
                 return default
@@ -229,7 +229,7 @@ class SharedCache:
             h, ent = self._h, self._ent
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-            old = index.find(self._ix, ent, self._arena, self._mask, fp, kb)
+            old = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if old != EMPTY:
                 self._remove_locked(old)
                 h[H_UPDATES] += 1
@@ -269,7 +269,7 @@ class SharedCache:
         fp = fingerprint(kb)
         self._acquire()
         try:
-            e = index.find(self._ix, self._ent, self._arena, self._mask, fp, kb)
+            e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
                 return False
             self._remove_locked(e)
@@ -289,7 +289,7 @@ class SharedCache:
         fp = fingerprint(kb)
         self._acquire()
         try:
-            return index.find(self._ix, self._ent, self._arena, self._mask, fp, kb) != EMPTY
+            return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb) != EMPTY
         except BaseException as exc:
             self._fault_locked(exc)
             raise

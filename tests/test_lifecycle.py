@@ -181,3 +181,25 @@ def test_lifecycle_exiting_spawned_worker_leaves_segment_alone(name):
         assert out.returncode == 0, out.stderr
         assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr
         assert c.get("child") == 2 and os.path.exists(f"/dev/shm/shmcache.{name}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_lifecycle_attach_touches_no_page_of_a_large_cache(name):
+    """Attaching maps the segment but reads only the header: a pool of any size starts fast."""
+    with SharedCache(name, capacity_bytes=128 * 2**20, max_entries=200_000) as c:
+        c.put("k", 1)
+        code = (
+            "import re\nfrom shmcache import SharedCache\n"
+            "def shm_kib():\n"
+            "    return int(re.search(r'RssShmem:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+            "before = shm_kib()\n"
+            f"c = SharedCache({name!r}, create=False)\n"
+            "assert c.get('k') == 1\n"
+            "print(shm_kib() - before)\n"
+            "c.close()\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        touched_kib = int(out.stdout.strip())
+        assert touched_kib < 1024, f"attaching touched {touched_kib} KiB of a {c._seg.geometry.total_nbytes >> 20} MiB segment"

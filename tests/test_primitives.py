@@ -89,7 +89,7 @@ def test_index_full_table_raises_instead_of_looping():
     with pytest.raises(CorruptionError):
         index.insert(ix, ent, mask, 99, 9)
     with pytest.raises(CorruptionError):
-        index.find(ix, ent, memoryview(b""), mask, 12345, b"k")
+        index.find(ix, ent, b"", 0, mask, 12345, b"k")
 
 
 def _arena(nbytes: int, slots: int):
