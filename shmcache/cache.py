@@ -18,7 +18,7 @@ from . import index, lru
 from .arena import Arena, block_nbytes
 from .codec import TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, NIL, Geometry
+from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, NIL, SENTINEL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_ENTRIES,
     H_EVICTIONS, H_FREE_HEAD, H_HITS, H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES,
@@ -233,8 +233,8 @@ class SharedCache:
             if old != EMPTY:
                 self._remove_locked(old)
                 h[H_UPDATES] += 1
-            while h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                self._evict_locked()
+            if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+                self._evict_until_locked(1, size)
             e = self._take_slot_locked()
             off = self._ring.alloc(nb, e)
             v0 = self._base + off + _VALUE_START
@@ -331,12 +331,19 @@ class SharedCache:
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
 
-    def _evict_locked(self) -> None:
-        e = lru.tail(self._ent)
-        if e == EMPTY:
-            raise CorruptionError("the header counts entries that the LRU list does not hold", what="evict")
-        self._remove_locked(e)
-        self._h[H_EVICTIONS] += 1
+    def _evict_until_locked(self, extra_entries: int, extra_bytes: int) -> None:
+        """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
+        the limits. Bounded by the table size, so damaged counters raise instead of looping."""
+        h, ent = self._h, self._ent
+        for _ in range(self._seg.geometry.entry_slots):
+            if h[H_ENTRIES] + extra_entries <= h[H_MAX_ENTRIES] and h[H_RETAINED] + extra_bytes <= h[H_MAX_RETAINED]:
+                return
+            e = lru.tail(ent)
+            if e == SENTINEL:
+                break
+            self._remove_locked(e)
+            h[H_EVICTIONS] += 1
+        raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
 
     def _take_slot_locked(self) -> int:
         h = self._h
@@ -413,8 +420,7 @@ class SharedCache:
             h = self._h
             h[H_MAX_ENTRIES] = limits.max_entries
             h[H_MAX_RETAINED] = limits.max_retained_bytes
-            while h[H_ENTRIES] > h[H_MAX_ENTRIES] or h[H_RETAINED] > h[H_MAX_RETAINED]:
-                self._evict_locked()
+            self._evict_until_locked(0, 0)
         except BaseException as exc:
             self._fault_locked(exc)
             raise
