@@ -7,9 +7,13 @@ like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three 
 
 A value starts with a one-byte tag. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
 (dtype, shape) padded to 8 bytes, then the raw C-order data, so that a get copies the data once, straight into the
-array it returns. ``M``: anything else, msgpack with ext types for arrays, tuples and big ints. Decoding builds only
-plain data (no constructor named by the data is ever called), so whoever can write the segment cannot run code in a
-reader.
+array it returns. ``M``: anything else, msgpack with ext types for arrays, tuples and big ints (msgpack's own
+Timestamp, ext -1, round-trips as ``msgpack.Timestamp``). Decoding builds only plain data (no constructor named by the
+data is ever called), so whoever can write the segment cannot run code in a reader; tuples and arrays nest at most
+``_MAX_DEPTH`` deep, so crafted bytes cannot exhaust the decoder's C stack either.
+
+Equal keys give equal bytes: floats are canonical (``-0.0`` keys as ``0.0``, every NaN as one NaN), in arrays too;
+long double arrays are refused as keys because their padding bytes are undefined.
 """
 
 from __future__ import annotations
@@ -32,9 +36,18 @@ TAG_MSGPACK = ord("M")
 _ARRAY_PREFIX = struct.Struct("<BxHxxxx")  # tag, header length; the header is then padded to 8 bytes
 _EXT_ARRAY_PREFIX = struct.Struct("<I")
 _MAX_NDIM = 64
+_MAX_DEPTH = 32  # nesting of tuples, arrays and (in keys) containers; each level of ext costs the decoder C stack
 _MASK63 = (1 << 63) - 1
+_NAN = float("nan")
 
 _xxh = xxhash.xxh3_64_intdigest
+
+
+class _Depth(threading.local):
+    n = 0
+
+
+_depth = _Depth()  # how many ext values the current thread is inside, while encoding or decoding
 
 
 class _Packers(threading.local):
@@ -83,34 +96,51 @@ def _array_bytes(arr: np.ndarray, what: str) -> tuple[str, list[int], bytes]:
     return arr.dtype.str, list(arr.shape), np.ascontiguousarray(arr).tobytes()
 
 
-def _key_part(k) -> bytes:
+def _key_part(k, depth: int = 0) -> bytes:
     t = type(k)
-    if t is str or t is bytes or t is bool or t is float or k is None:
+    if t is str or t is bytes or t is bool or k is None:
         return _packb(k)
+    if t is float:
+        # Equal floats give equal bytes: -0.0 == 0.0, and every NaN is the same key.
+        return _packb(0.0 if k == 0.0 else _NAN if k != k else k)
     if t is int:
         return _packb(k) if -(2**63) <= k < 2**64 else _bigint_ext(k)
+    if depth >= _MAX_DEPTH:
+        raise TypeError(f"key is nested more than {_MAX_DEPTH} levels deep")
     if t is tuple:
-        return _packb(msgpack.ExtType(_EXT_TUPLE, _seq(k)))
+        return _packb(msgpack.ExtType(_EXT_TUPLE, _seq(k, depth + 1)))
     if t is list:
-        return _seq(k)
+        return _seq(k, depth + 1)
     if t is dict:
-        pairs = sorted((_key_part(a), _key_part(b)) for a, b in k.items())
+        pairs = sorted((_key_part(a, depth + 1), _key_part(b, depth + 1)) for a, b in k.items())
         return _container_header(len(pairs), 0x80, 0xDE, 0xDF) + b"".join(a + b for a, b in pairs)
     if isinstance(k, np.ndarray):
-        dt = k.dtype.newbyteorder("<") if k.dtype.byteorder == ">" else k.dtype
-        dtype_str, shape, raw = _array_bytes(k.astype(dt, copy=False), "key")
-        return _packb(msgpack.ExtType(_EXT_NDARRAY, _packb([dtype_str, shape]) + raw))
+        return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
     if isinstance(k, np.generic):
-        return _key_part(k.item())
+        return _key_part(k.item(), depth)
     for base in (bool, int, float, str, bytes):
         if isinstance(k, base):  # subclasses (IntEnum, str enums...) key as their base value
-            return _key_part(base(k))
+            return _key_part(base(k), depth)
     raise TypeError(f"unsupported key type {t.__name__}: use str, bytes, int, float, bool, None, numpy arrays, "
                     "or tuples, lists and dicts of these")
 
 
-def _seq(items) -> bytes:
-    return _container_header(len(items), 0x90, 0xDC, 0xDD) + b"".join(_key_part(x) for x in items)
+def _array_key(k: np.ndarray) -> bytes:
+    if k.dtype.char in "gG":
+        raise TypeError("long double arrays cannot be keys: their padding bytes are undefined, so equal arrays "
+                        "would give different keys")
+    if k.dtype.byteorder == ">":
+        k = k.astype(k.dtype.newbyteorder("<"))
+    if k.dtype.kind in "fc":
+        k = k + 0  # -0.0 becomes 0.0 (in both parts of a complex)
+        if k.dtype.kind == "f":
+            k = np.where(np.isnan(k), k.dtype.type(_NAN), k)
+    dtype_str, shape, raw = _array_bytes(k, "key")
+    return _packb([dtype_str, shape]) + raw
+
+
+def _seq(items, depth: int) -> bytes:
+    return _container_header(len(items), 0x90, 0xDC, 0xDD) + b"".join(_key_part(x, depth) for x in items)
 
 
 def _bigint_ext(n: int) -> bytes:
@@ -122,7 +152,10 @@ def encode_key(key) -> bytes:
     t = type(key)
     if t is str or t is bytes:  # the common case, without the dispatch below
         return _packers.plain(key)
-    return _key_part(key)
+    try:
+        return _key_part(key)
+    except (RecursionError, OverflowError, ValueError) as exc:
+        raise TypeError(f"cannot encode key: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- values
@@ -131,7 +164,13 @@ def encode_key(key) -> bytes:
 def _default(obj):
     t = type(obj)
     if t is tuple:
-        return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
+        _depth.n += 1
+        try:
+            if _depth.n > _MAX_DEPTH:
+                raise TypeError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
+            return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
+        finally:
+            _depth.n -= 1
     if t is int:
         return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
     if isinstance(obj, np.ndarray):
@@ -163,13 +202,19 @@ def encode_value(value) -> bytes:
         return _ARRAY_PREFIX.pack(TAG_ARRAY, len(header)) + header + b"\0" * (-len(header) % 8) + raw
     try:
         return b"M" + _packers.value(value)
-    except (OverflowError, ValueError) as exc:  # msgpack's own limits (nesting depth, sizes)
+    except (OverflowError, ValueError, RecursionError) as exc:  # msgpack's own limits (nesting depth, sizes)
         raise TypeError(f"cannot encode value: {exc}") from None
 
 
 def _ext_hook(code: int, data: bytes):
     if code == _EXT_TUPLE:
-        return tuple(_unpackb(data))
+        _depth.n += 1
+        try:
+            if _depth.n > _MAX_DEPTH:
+                raise ValueError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
+            return tuple(_unpackb(data))
+        finally:
+            _depth.n -= 1
     if code == _EXT_NDARRAY:
         (hlen,) = _EXT_ARRAY_PREFIX.unpack_from(data)
         dtype, shape = _array_header(data[4 : 4 + hlen])
@@ -235,7 +280,17 @@ def _array_from(data, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def decode_array(view) -> np.ndarray:
-    """A new, writable array from an ``A``-tagged value held in ``view`` (one copy of the data)."""
+    """A new, writable array from an ``A``-tagged value held in ``view`` (one copy of the data); raises ValueError
+    if the bytes are not a valid encoding."""
+    try:
+        return _decode_array(view)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"malformed array value: {exc!r}") from None
+
+
+def _decode_array(view) -> np.ndarray:
     _, hlen = _ARRAY_PREFIX.unpack_from(view)
     start = _ARRAY_PREFIX.size
     dtype, shape = _array_header(view[start : start + hlen])
@@ -244,18 +299,18 @@ def decode_array(view) -> np.ndarray:
 
 def decode_value(data: bytes):
     """The value encoded in ``data``; raises ValueError if the bytes are not a valid encoding."""
-    tag = data[0]
-    if tag == TAG_MSGPACK:
-        try:
+    try:
+        tag = data[0]
+        if tag == TAG_MSGPACK:
             if len(data) <= _REUSE_MAX:
                 return _unpacker.unpack(memoryview(data)[1:])
             return _unpackb(memoryview(data)[1:])
-        except ValueError:
-            raise
-        except Exception as exc:  # msgpack reports malformed input through several exception types
-            raise ValueError(f"malformed value: {exc}") from None
-    if tag == TAG_BYTES:
-        return data[1:]
-    if tag == TAG_ARRAY:
-        return decode_array(memoryview(data))
+        if tag == TAG_BYTES:
+            return data[1:]
+        if tag == TAG_ARRAY:
+            return _decode_array(memoryview(data))
+    except ValueError:
+        raise
+    except Exception as exc:  # malformed input surfaces as struct, msgpack, numpy and index errors
+        raise ValueError(f"malformed value: {exc!r}") from None
     raise ValueError(f"unknown value tag {tag}")
