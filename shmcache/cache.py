@@ -120,7 +120,12 @@ class SharedCache:
 
     def _acquire(self) -> None:
         rc = self._trylock(self._addr)
-        if rc and self._lock.acquire_slow(rc):
+        if rc:
+            self._wait(rc)
+
+    def _wait(self, rc: int) -> None:
+        """The lock was busy (or its holder died): wait for it, and repair what a dead holder left."""
+        if self._lock.acquire_slow(rc):
             # The previous holder died holding the lock: repair before anyone reads what it left. Signals wait until
             # the repair is done: an interrupted repair would leave the mutex unrecoverable for every process.
             with signals_deferred():
@@ -167,7 +172,9 @@ class SharedCache:
             raise _closed()
         kb = encode_key(key)
         fp = fingerprint(kb)
-        self._acquire()
+        rc = self._trylock(self._addr)  # _acquire(), inlined on the hot path
+        if rc:
+            self._wait(rc)
         try:
             ent = self._ent
             e = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
@@ -224,7 +231,9 @@ class SharedCache:
         nb = block_nbytes(size)
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
-        self._acquire()
+        rc = self._trylock(self._addr)  # _acquire(), inlined on the hot path
+        if rc:
+            self._wait(rc)
         try:
             h, ent = self._h, self._ent
             if size > h[H_MAX_RETAINED]:

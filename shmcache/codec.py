@@ -228,38 +228,6 @@ def _unpackb(data):
     return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)
 
 
-_REUSE_MAX = 1 << 16  # values up to this size go through the per-thread Unpacker; larger ones through unpackb
-
-
-class _Unpacker(threading.local):
-    """A reusable Unpacker per thread: unpackb builds a new one per call, which costs more than a small value's
-    decoding. Whatever goes wrong, the Unpacker is replaced, so nothing left in its buffer can leak into a later
-    value; and a value must end exactly where its bytes end."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.unpacker = msgpack.Unpacker(ext_hook=_ext_hook, strict_map_key=False, raw=False,
-                                         max_buffer_size=_REUSE_MAX)
-        self.pos = 0
-
-    def unpack(self, body):
-        up = self.unpacker
-        try:
-            up.feed(body)
-            obj = up.unpack()
-        except BaseException:
-            self.reset()
-            raise
-        self.pos += len(body)
-        if up.tell() != self.pos:
-            self.reset()
-            raise ValueError("malformed value: extra data after the value")
-        return obj
-
-
-_unpacker = _Unpacker()
 
 
 def _array_header(header) -> tuple[np.dtype, tuple[int, ...]]:
@@ -302,8 +270,6 @@ def decode_value(data: bytes):
     try:
         tag = data[0]
         if tag == TAG_MSGPACK:
-            if len(data) <= _REUSE_MAX:
-                return _unpacker.unpack(memoryview(data)[1:])
             return _unpackb(memoryview(data)[1:])
         if tag == TAG_BYTES:
             return data[1:]
