@@ -45,6 +45,10 @@ class Arena:
         h = self.h
         size = self.nbytes
         head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
+        # Every write below lands at head or tail: damaged ring words must never aim it outside the arena.
+        if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and not (head | tail) & 7
+                and (head - tail) % size == fill % size):
+            raise CorruptionError(f"arena ring out of range: head={head} tail={tail} fill={fill}", what="arena alloc")
         for _ in range(2 * (size // BLOCK_ALIGN) + 4):
             if fill == 0:
                 head = tail = 0
@@ -97,6 +101,8 @@ class Arena:
 
     def free(self, off: int, nb: int) -> None:
         """Mark the block at ``off`` dead; its bytes are reclaimed when the cleaner passes."""
+        if not 0 <= off < self.nbytes or off & 7:
+            raise CorruptionError(f"entry block offset {off} is outside the arena", what="arena free")
         self.words[off >> 3] = nb
         self.h[H_ARENA_USED] -= nb
 

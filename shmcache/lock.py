@@ -114,7 +114,10 @@ class SegmentLock:
                     what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
                 )
             if rc not in (errno.EBUSY, errno.ETIMEDOUT):
-                raise OSError(rc, f"locking the cache failed: {errno.errorcode.get(rc, rc)}")
+                raise CorruptionError(
+                    f"locking the cache failed with {errno.errorcode.get(rc, rc)}: the lock's bytes are damaged",
+                    what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
+                )
             now = time.monotonic_ns()
             if now >= deadline:
                 raise LockTimeout(

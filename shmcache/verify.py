@@ -19,7 +19,7 @@ from .codec import checksum, fingerprint
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
-    H_CAPACITY_BYTES, H_ENTRIES, H_FILL, H_FREE_HEAD, H_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_TAIL,
+    H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_TAIL,
     H_UNUSED_NEXT,
 )
 
@@ -218,6 +218,13 @@ def repair(seg) -> int:
             kept.pop()
         kept.append((off, nb, e))
     kept_ids = sorted((e for _, _, e in kept), key=lambda e: rank.get(e, slots))
+    # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
+    max_entries, max_retained = _sane_limits(h, g)
+    retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
+    while kept_ids and (len(kept_ids) > max_entries or retained > max_retained):
+        e = kept_ids.pop()
+        retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+        h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
     _rebuild(seg, kept_ids, unused)
     return max(dropped, 0)
@@ -248,11 +255,14 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     ent[E_PREV] = prev
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept)
-    # Limits that garbage pushed out of range fall back to the capacity.
-    if not 0 < h[H_MAX_ENTRIES] <= g.max_entries:
-        h[H_MAX_ENTRIES] = g.max_entries
-    if not 0 < h[H_MAX_RETAINED] <= g.capacity_bytes:
-        h[H_MAX_RETAINED] = g.capacity_bytes
+    h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = _sane_limits(h, g)
+
+
+def _sane_limits(h, g) -> tuple[int, int]:
+    """The limits in the header, or the capacity for any that garbage pushed out of range."""
+    max_entries = h[H_MAX_ENTRIES] if 0 < h[H_MAX_ENTRIES] <= g.max_entries else g.max_entries
+    max_retained = h[H_MAX_RETAINED] if 0 < h[H_MAX_RETAINED] <= g.capacity_bytes else g.capacity_bytes
+    return max_entries, max_retained
 
 
 def _rebuild_ring(seg, kept: list[int]) -> None:

@@ -162,3 +162,51 @@ def test_verify_is_bounded_on_a_large_garbage_segment(name):
         c.verify(repair_damage=True)
         assert c.verify().ok
         c.unlink()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("head", [-8, -(1 << 20), 1 << 40, 12])
+def test_verify_damaged_ring_head_never_aims_a_write_outside_the_arena(name, head):
+    with _filled(name) as c:
+        line0 = bytes(c._mm[:128])  # identity and mutex
+        raw = Raw(name, c)
+        try:
+            raw.word(d.H_HEAD * 8, head)
+        finally:
+            raw.close()
+        with pytest.raises(CorruptionError):
+            c.put("new", b"\xff" * 200)
+        assert bytes(c._mm[:64]) == line0[:64]
+        c.put("new", b"\xff" * 200)  # repaired: works again
+        assert c.get("new") == b"\xff" * 200 and c.verify().ok
+        _all_ops_sound(c, [f"k{i}" for i in range(20)])
+        c.unlink()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(30)
+def test_verify_holder_dying_inside_set_limits_leaves_limits_enforced(name):
+    """A process killed after writing new limits but before evicting: the next locker's repair evicts."""
+    import multiprocessing as mp
+
+    with _filled(name) as c:
+        ctx = mp.get_context("fork")
+        p = ctx.Process(target=_set_limits_then_die, args=(name,))
+        p.start()
+        p.join(timeout=20)
+        assert p.exitcode == 0
+        check_value("k19", c.get("k19"))  # takes over the dead holder's lock and repairs
+        s = c.stats()
+        assert s.entries == 3 and s.max_entries == 3 and s.recoveries == 1 and s.evictions == 17
+        assert c.verify().ok
+        assert all(c.get(f"k{i}") is None for i in range(16))  # the least recently used went first
+        c.unlink()
+
+
+def _set_limits_then_die(name: str) -> None:
+    from shmcache import CacheLimits
+
+    cache = SharedCache(name, create=False)
+    SharedCache._remove_locked = lambda self, e: os._exit(0)  # dies at its first eviction, holding the lock
+    cache.set_limits(CacheLimits(max_entries=3, max_retained_bytes=SMALL["capacity_bytes"]))
+    os._exit(1)

@@ -1,0 +1,314 @@
+"""Shared parts of the stress scripts: self-checking values, the random workload, worker processes, the summary.
+
+Every value names its key and carries a checksum, or is derived from its key and sequence number alone, so a get of
+key K that returns anything but an intact value put under K -- another key's value, a torn copy, a block moved or
+freed underneath -- is counted as wrong. Four shapes take the codec's four paths: a msgpack dict padded with random
+bytes, a dict holding a numpy array, a bare numpy array (the ``A`` path, decoded under the lock) and raw bytes.
+
+Workers count into one shared array of int64 words, one row of ``FIELDS`` per worker slot, written only by the
+process in that slot: the parent reads progress at any time, and a worker that is SIGKILLed leaves its counts behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import itertools
+import json
+import mmap
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import xxhash
+
+from shmcache import CacheLimits, SharedCache, ShmCacheError, TooLargeError
+from shmcache.layout import SEGMENT_PREFIX
+from shmcache.layout.dtypes import H_LOCK_OFF
+
+FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused")
+OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
+NF = len(FIELDS)
+MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005}
+HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
+MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
+_GLIBC_OWNER_OFF = 8  # offset of __owner (holder's thread id) in glibc's pthread_mutex_t on x86_64 and aarch64
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+_xxh = xxhash.xxh3_64_intdigest
+
+
+def key_name(i: int) -> str:
+    return f"k{i}"
+
+
+def _sum(key: str, seq: int, pad: bytes) -> int:
+    return _xxh(key.encode() + pad + seq.to_bytes(8, "little"))
+
+
+def _words(key: str, seq: int, n: int) -> np.ndarray:
+    """``n`` uint64 words that depend on ``key`` and ``seq`` alone (uint64 arithmetic wraps)."""
+    return (np.arange(n, dtype=np.uint64) + np.uint64(_sum(key, seq, b""))) * _MUL
+
+
+def make_value(key: str, seq: int, rng: random.Random, nbytes: int):
+    """A value of about ``nbytes`` bytes that ``check_value(key, ...)`` accepts and no other key's check does."""
+    r = rng.random()
+    if r < 0.55:
+        pad = rng.randbytes(nbytes)
+        return {"k": key, "n": seq, "pad": pad, "sum": _sum(key, seq, pad)}
+    if r < 0.75:
+        return {"k": key, "n": seq, "a": _words(key, seq, nbytes // 8)}
+    if r < 0.9:
+        return np.concatenate((np.array([_xxh(key.encode()), seq], np.uint64), _words(key, seq, nbytes // 8)))
+    pad = rng.randbytes(nbytes)
+    return b"%s\0%s%s%s" % (key.encode(), seq.to_bytes(8, "little"), pad, _sum(key, seq, pad).to_bytes(8, "little"))
+
+
+def check_value(key: str, v) -> str | None:
+    """None if ``v`` is an intact value put under ``key``, else what is wrong with it."""
+    try:
+        if isinstance(v, dict):
+            if v.get("k") != key:
+                return f"value carries key {v.get('k')!r}"
+            if "pad" in v:
+                ok = v["sum"] == _sum(key, v["n"], v["pad"])
+            else:
+                a = v["a"]
+                ok = a.dtype == np.uint64 and a.ndim == 1 and np.array_equal(a, _words(key, v["n"], len(a)))
+        elif isinstance(v, np.ndarray):
+            if not (v.dtype == np.uint64 and v.ndim == 1 and len(v) >= 2 and int(v[0]) == _xxh(key.encode())):
+                return "array does not carry the key"
+            ok = np.array_equal(v[2:], _words(key, int(v[1]), len(v) - 2))
+        elif isinstance(v, bytes):
+            kb, _, rest = v.partition(b"\0")
+            if kb != key.encode():
+                return f"bytes carry key {kb[:40]!r}"
+            ok = len(rest) >= 16 and int.from_bytes(rest[-8:], "little") == _sum(
+                key, int.from_bytes(rest[:8], "little"), rest[8:-8])
+        else:
+            return f"unexpected type {type(v).__name__}"
+    except Exception as exc:
+        return f"malformed value: {exc!r}"
+    return None if ok else "checksum mismatch"
+
+
+class Workload:
+    """Random operations on one cache by one process, each result checked, counted in row ``row`` of ``counts``.
+
+    ``big_share`` of puts carry values of up to ``max_nbytes``; the rest stay under 4 KiB. ``strict``: verify()
+    must be ok whenever a worker calls it (no corruption is being injected)."""
+
+    def __init__(self, cache, rng, counts, row, *, nkeys, max_nbytes, mix=None, big_share=0.05, strict=True):
+        mix = mix or MIX
+        self.cache, self.rng, self.c, self.base = cache, rng, counts, row * NF
+        self.nkeys, self.max_nbytes, self.big_share, self.strict = nkeys, max_nbytes, big_share, strict
+        self.ops, self.cum = list(mix), list(itertools.accumulate(mix.values()))
+        self.seq = row << 40
+        self.reports = 0
+
+    def key(self) -> str:
+        if self.rng.random() < HOT_SHARE:
+            return key_name(int((self.rng.paretovariate(1.2) - 1) * self.nkeys / 20) % self.nkeys)
+        return key_name(self.rng.randrange(self.nkeys))
+
+    def nbytes(self) -> int:
+        r = self.rng.random()
+        if r < self.big_share:
+            return self.rng.randrange(min(4096, self.max_nbytes), self.max_nbytes + 1)
+        return self.rng.randrange(256) if r < 0.75 else self.rng.randrange(256, 4096)
+
+    def report(self, field: int, msg: str) -> None:
+        self.c[self.base + field] += 1
+        if self.reports < MAX_REPORTS and (self.strict or field != ERRORS):  # damage makes errors expected
+            self.reports += 1
+            print(f"[pid {os.getpid()}] {FIELDS[field]}: {msg}", file=sys.stderr, flush=True)
+
+    def step(self) -> None:
+        op = self.rng.choices(self.ops, cum_weights=self.cum)[0]
+        try:
+            getattr(self, "_" + op)()
+        except TooLargeError:
+            pass  # a big entry above a lowered limit: the documented refusal
+        except ShmCacheError as exc:
+            self.report(ERRORS, f"{op}: {exc!r}")
+        except Exception:
+            self.report(FOREIGN, f"{op}: {traceback.format_exc()}")
+        self.c[self.base + OPS] += 1
+
+    def _get(self) -> None:
+        key = self.key()
+        v = self.cache.get(key)
+        why = None if v is None else check_value(key, v)
+        if why:
+            self.report(WRONG, f"get({key!r}) returned a wrong value: {why}")
+
+    def _put(self) -> None:
+        key = self.key()
+        self.seq += 1
+        self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()))
+
+    def _delete(self) -> None:
+        self.cache.delete(self.key())
+
+    def _contains(self) -> None:
+        _ = self.key() in self.cache
+
+    def _stats(self) -> None:
+        self.cache.stats()
+
+    def _clear(self) -> None:
+        self.cache.clear()
+
+    def _set_limits(self) -> None:
+        s = self.cache.stats()
+        n, nbytes = s.capacity_entries, s.capacity_bytes
+        if self.rng.random() < 0.5:  # back to the full capacity, so lowered limits do not pile up
+            self.cache.set_limits(CacheLimits(n, nbytes))
+        else:
+            lowered = CacheLimits(self.rng.randint(max(1, n // 8), n), self.rng.randint(nbytes // 8, nbytes))
+            self.cache.set_limits(lowered)
+
+    def _verify(self) -> None:
+        report = self.cache.verify(deep=self.rng.random() < 0.3, repair_damage=not self.strict)
+        if self.strict and not report.ok:
+            self.report(ERRORS, f"verify() failed: {list(report.problems)}")
+
+
+def worker(name: str, row: int, seed: int, counts, stop, opts: dict) -> None:
+    """Body of a hammer / kill_storm worker process: random operations until ``stop`` is set or the parent is gone."""
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1)  # the parent asks for a stack dump when progress stalls
+    parent = os.getppid()
+    with SharedCache(name, create=False) as cache:
+        w = Workload(cache, random.Random(seed), counts, row, **opts)
+        while not stop.value and os.getppid() == parent:
+            w.step()
+
+
+def total(counts, field: int, rows: int | None = None) -> int:
+    rows = len(counts) // NF if rows is None else rows
+    return sum(counts[r * NF + field] for r in range(rows))
+
+
+class Progress:
+    """Notices when the workers' total op count has not grown for ``limit`` seconds."""
+
+    def __init__(self, counts, limit: float) -> None:
+        self.counts, self.limit = counts, limit
+        self.last, self.since = -1, time.monotonic()
+
+    def stalled(self) -> bool:
+        n, now = total(self.counts, OPS), time.monotonic()
+        if n != self.last:
+            self.last, self.since = n, now
+        return now - self.since > self.limit
+
+
+def raw_map(name: str, writable: bool = False) -> mmap.mmap:
+    """The whole segment of cache ``name``, mapped straight from /dev/shm without going through shmcache."""
+    fd = os.open(f"/dev/shm/{SEGMENT_PREFIX}{name}", os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        return mmap.mmap(fd, 0, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    finally:
+        os.close(fd)
+
+
+def lock_owner(mm: mmap.mmap) -> int:
+    """Thread id glibc records as the cache mutex's holder, 0 when free (a racy, informational read)."""
+    off = H_LOCK_OFF + _GLIBC_OWNER_OFF
+    return int.from_bytes(mm[off : off + 4], "little") & 0x3FFFFFFF
+
+
+def dump_stalled(procs, mm: mmap.mmap, seconds: float) -> None:
+    print(f"no progress for {seconds:g} s; the cache lock is held by tid {lock_owner(mm)}; worker stacks follow",
+          file=sys.stderr, flush=True)
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1.0)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM unwind the parent through its ``finally`` (stop workers, unlink the cache) instead of killing it."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+def start(ctx, target, args):
+    p = ctx.Process(target=target, args=args, daemon=True)
+    p.start()
+    return p
+
+
+def reap(procs, timeout: float) -> list:
+    """Join ``procs`` within ``timeout`` seconds in all; SIGKILL those still running and return them."""
+    deadline = time.monotonic() + timeout
+    stuck = []
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            stuck.append(p)
+            p.kill()
+            p.join(5)
+    return stuck
+
+
+def final_check(cache: SharedCache, nkeys: int) -> tuple[bool, int]:
+    """verify() must be ok, the stats within the limits, and every cached key must read back intact: (ok, wrong)."""
+    report, s = cache.verify(), cache.stats()
+    problems = list(report.problems)
+    if not 0 <= s.entries <= s.max_entries:
+        problems.append(f"stats: entries={s.entries} with max_entries={s.max_entries}")
+    if not 0 <= s.retained_bytes <= s.max_retained_bytes:
+        problems.append(f"stats: retained_bytes={s.retained_bytes} with max_retained_bytes={s.max_retained_bytes}")
+    if not 0 <= s.arena_used_bytes <= s.arena_bytes:
+        problems.append(f"stats: arena_used_bytes={s.arena_used_bytes} of arena_bytes={s.arena_bytes}")
+    for p in problems:
+        print(f"final check: {p}", file=sys.stderr)
+    wrong = 0
+    for i in range(nkeys):
+        key = key_name(i)
+        v = cache.get(key)
+        why = None if v is None else check_value(key, v)
+        if why:
+            wrong += 1
+            print(f"final check: get({key!r}): {why}", file=sys.stderr)
+    return not problems, wrong
+
+
+def make_parser(doc: str, **defaults) -> argparse.ArgumentParser:
+    """The options every script shares; ``defaults`` are the calling script's module-level constants."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = defaults
+    p.add_argument("--seconds", type=float, default=d["seconds"], help="how long to run (default %(default)s)")
+    p.add_argument("--workers", type=int, default=d["workers"], help="worker processes (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"], help="seed of every random choice (default %(default)s)")
+    p.add_argument("--keys", type=int, default=d["keys"], help="distinct keys (default %(default)s)")
+    p.add_argument("--capacity-bytes", type=int, default=d["capacity_bytes"], help="cache capacity_bytes "
+                   "(default %(default)s)")
+    p.add_argument("--max-entries", type=int, default=d["max_entries"], help="cache max_entries (default %(default)s)")
+    p.add_argument("--max-value-bytes", type=int, default=d["max_value_bytes"], help="largest value of an "
+                   "ordinary put (default %(default)s)")
+    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
+                   help="multiprocessing start method (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    return p
+
+
+def finish(prog: str, fields: dict, as_json: bool, failed: bool) -> int:
+    """Print the one summary line (or JSON object); the exit status is 1 when ``failed``."""
+    if as_json:
+        print(json.dumps({"script": prog, **fields, "ok": not failed}))
+    else:
+        print(f"{prog}: " + " ".join(f"{k}={v}" for k, v in fields.items()))
+    return 1 if failed else 0
+
+
+def unlink_quietly(name: str) -> None:
+    try:
+        SharedCache.unlink_name(name)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,256 @@
+"""Corruption fuzzer: damage the segment at random and check that the cache never hangs, crashes or returns a lie.
+
+Each round, --workers child processes run OPS_PER_ROUND random operations on the cache at once (the workload of
+stress.hammer, with verify calls that may repair). Then the parent damages the segment through its own raw mmap of
+/dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
+slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters and
+ring words (lines 2-4), the index, the entry table and the arena, half of them aimed at words in use. Line 0
+(identity and geometry) and line 1 (the mutex) are left alone: attaching to a segment whose identity is damaged
+fails by design. With --identity, each round also damages one line-0 word, checks that attaching then either works
+or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
+verify(repair_damage=True), then verify() must be ok, the stats within the limits, and every key must read back.
+
+Every operation must work or raise a ShmCacheError; none may run past ROUND_SECONDS (children dump their stacks
+first, then are SIGKILLed), die, or return a wrong value.
+
+Reading the summary line:
+
+    fuzz: ops=N corruptions=C errors=E refused=R wrong=0 foreign=0 hangs=0 crashes=0 unverified=0 repairs=P
+          verify=ok seconds=S workers=W
+
+ops          operations run by the children; corruptions: spots damaged
+errors       ShmCacheError raised (CorruptionError, LockTimeout...): the expected reaction to damage
+refused      attaches refused with LayoutError right after --identity damage (any other refusal is a failure)
+wrong        gets that returned a value not put under that key; must be 0
+foreign      exceptions that are not ShmCacheError (IndexError, ValueError...); must be 0
+hangs        children still running after ROUND_SECONDS; must be 0
+crashes      children that died (segfault, abort, uncaught error); must be 0
+unverified   repair phases after which verify() or the read-back failed; must be 0
+repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
+verify       ok when the last repair phase and a final verify() in the parent passed
+
+The exit status is 1 when any "must be" above does not hold. The run stops at the first round that fails (unless
+--keep-going) and prints the damage in effect on stderr.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import traceback
+
+from shmcache import LayoutError, SharedCache, ShmCacheError
+from shmcache.layout import Geometry
+from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_UNUSED_NEXT
+
+from .common import (
+    ERRORS, FOREIGN, MIX, NF, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm, final_check,
+    finish, make_parser, raw_map, reap, start, total, unlink_quietly,
+)
+
+DEFAULT_SECONDS = 10.0
+DEFAULT_WORKERS = 4
+DEFAULT_SEED = 1
+DEFAULT_KEYS = 2000
+DEFAULT_CAPACITY_BYTES = 256 * 1024
+DEFAULT_MAX_ENTRIES = 512
+DEFAULT_MAX_VALUE_BYTES = 16 * 1024
+OPS_PER_ROUND = 150  # per child
+CORRUPT_MAX = 4  # spots damaged after each round: 1 to this many
+REPAIR_EVERY = 5  # rounds
+IDENTITY_OPS = 20  # operations tried after attaching to a segment with a damaged identity word
+ROUND_SECONDS = 10.0  # a child running longer than this is hung
+LOCK_SECONDS = 3.0  # children's lock_timeout: a hung holder shows up as LockTimeout in the others
+AIMED_SHARE = 0.5
+REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2}  # relative odds of damaging each region
+FUZZ_MIX = {**MIX, "verify": 1.0}
+
+
+def _word(mm, off: int) -> int:
+    return int.from_bytes(mm[off : off + 8], "little", signed=True)
+
+
+def _put_word(mm, off: int, v: int) -> None:
+    mm[off : off + 8] = (v & (2**64 - 1)).to_bytes(8, "little")
+
+
+def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
+    return rng.choice((0, -1, 1, old + 1, old - 1, old ^ (1 << rng.randrange(64)), rng.randrange(g.entry_slots + 2),
+                       rng.randrange(g.index_slots), rng.randrange(0, g.arena_nbytes, 8),
+                       -rng.randrange(8, g.arena_off, 8), rng.randrange(-g.arena_off, 512 - g.arena_off, 8),
+                       rng.getrandbits(64)))
+
+
+def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
+    return {"header": (128, 320), "index": (g.index_off, g.index_off + g.index_slots * 16),
+            "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
+            "arena": (g.arena_off, g.arena_off + g.arena_nbytes)}
+
+
+def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
+    """An offset in ``region`` that a structure in use points at, or None."""
+    e = rng.randrange(min(max(_word(mm, H_UNUSED_NEXT * 8), 1), g.entry_slots))
+    rec = g.entries_off + e * ENTRY.itemsize
+    if region == "entries":
+        return rec + 8 * rng.randrange(ENTRY.itemsize // 8)
+    if region == "header":  # the occupancy, limit, ring and slot-allocator words of lines 3-4
+        return 192 + 8 * rng.randrange(10)
+    if region == "index":
+        s = _word(mm, rec + 8 * E_SLOT)
+        return g.index_off + 16 * s + 8 * rng.randrange(2) if 0 <= s < g.index_slots else None
+    off = _word(mm, rec + 8 * E_OFF)  # the block header, or the start of the value
+    return g.arena_off + off + rng.choice((0, 8)) if 0 <= off < g.arena_nbytes - 16 else None
+
+
+def corrupt(mm, g: Geometry, rng: random.Random) -> str:
+    """Damage one spot of the segment; returns what was done, for the log."""
+    region = rng.choices(list(REGIONS), weights=list(REGIONS.values()))[0]
+    lo, hi = _bounds(g)[region]
+    off = _aim(mm, g, region, rng) if rng.random() < AIMED_SHARE else None
+    off = rng.randrange(lo, hi) if off is None else off
+    if rng.random() < 0.4:
+        old = mm[off]
+        mm[off] = old ^ (1 << rng.randrange(8)) if rng.random() < 0.5 else rng.randrange(256)
+        return f"{region} byte at {off}: {old} -> {mm[off]}"
+    off &= ~7
+    old, new = _word(mm, off), _mutate(_word(mm, off), rng, g)
+    _put_word(mm, off, new)
+    return f"{region} word at {off}: {old} -> {_word(mm, off)}"
+
+
+def _watchdog() -> None:
+    faulthandler.enable()  # a segfault prints the Python stack
+    faulthandler.dump_traceback_later(ROUND_SECONDS - 1.0)  # so does a hang, just before the parent kills us
+
+
+def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max_nbytes: int) -> None:
+    """Attach and run ``nops`` random operations, counting into row ``row``."""
+    _watchdog()
+    base = row * NF
+    try:
+        cache = SharedCache(name, create=False, lock_timeout=LOCK_SECONDS)
+    except LayoutError:
+        counts[base + REFUSED] += 1
+        return
+    except ShmCacheError:
+        counts[base + ERRORS] += 1
+        return
+    with cache:
+        w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes, mix=FUZZ_MIX,
+                     strict=False)
+        for _ in range(nops):
+            w.step()
+
+
+def repair_child(name: str, row: int, counts, nkeys: int) -> None:
+    """verify(repair_damage=True), then verify() and the read-back of every key must pass."""
+    _watchdog()
+    base = row * NF
+    try:
+        with SharedCache(name, create=False, lock_timeout=LOCK_SECONDS) as cache:
+            counts[base + REPAIRS] += not cache.verify(repair_damage=True).ok
+            ok, wrong = final_check(cache, nkeys)
+            counts[base + OPS] += nkeys
+            counts[base + WRONG] += wrong
+            counts[base + UNVERIFIED] += not ok
+    except Exception as exc:
+        counts[base + (ERRORS if isinstance(exc, ShmCacheError) else FOREIGN)] += 1
+        counts[base + UNVERIFIED] += 1
+        traceback.print_exc()
+
+
+def run(ctx, jobs: list) -> tuple[int, int]:
+    """Run ``(target, args)`` children at once: (children hung past ROUND_SECONDS, children that died)."""
+    procs = [start(ctx, target, args) for target, args in jobs]
+    stuck = reap(procs, ROUND_SECONDS)
+    crashed = [p for p in procs if p not in stuck and p.exitcode != 0]
+    for p in stuck + crashed:
+        print(f"child {p.pid} {'hung' if p in stuck else f'died with status {p.exitcode}'}", file=sys.stderr)
+    return len(stuck), len(crashed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(
+        __doc__, seconds=DEFAULT_SECONDS, workers=DEFAULT_WORKERS, seed=DEFAULT_SEED, keys=DEFAULT_KEYS,
+        capacity_bytes=DEFAULT_CAPACITY_BYTES, max_entries=DEFAULT_MAX_ENTRIES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
+    )
+    parser.add_argument("--identity", action="store_true", help="also damage line 0 and expect LayoutError on attach")
+    parser.add_argument("--keep-going", action="store_true", help="go on after a round that failed")
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    rng = random.Random(args.seed)
+    ctx = mp.get_context(args.start_method)
+    name = f"stress-fuzz-{os.getpid()}"
+    g = Geometry.for_capacity(args.capacity_bytes, args.max_entries)
+    counts = ctx.RawArray("q", (args.workers + 1) * NF)
+    solo = args.workers  # the counts row of the repair and identity children
+    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
+    hangs = crashes = corruptions = rounds = 0
+    ok, elapsed, log = False, 0.0, []
+
+    def failures() -> int:  # a LayoutError outside the identity test means the cache damaged line 0 itself
+        return hangs + crashes + sum(total(counts, f) for f in (WRONG, FOREIGN, UNVERIFIED)) + total(
+            counts, REFUSED, solo)
+
+    def repair() -> None:
+        nonlocal hangs, crashes
+        h, c = run(ctx, [(repair_child, (name, solo, counts, args.keys))])
+        hangs, crashes = hangs + h, crashes + c
+
+    t0 = time.monotonic()
+    try:
+        mm = raw_map(name, writable=True)
+        while time.monotonic() - t0 < args.seconds:
+            rounds += 1
+            before = failures()
+            h, c = run(ctx, [(ops_child, (name, row, rng.randrange(2**63), counts, OPS_PER_ROUND, args.keys,
+                                          args.max_value_bytes)) for row in range(args.workers)])
+            hangs, crashes = hangs + h, crashes + c
+            if args.identity:
+                off = 8 * rng.randrange(8)
+                saved = _word(mm, off)
+                _put_word(mm, off, _mutate(saved, rng, g) or 1)  # a zero magic means "being created": attach waits
+                log.append(f"identity word at {off}: {saved} -> {_word(mm, off)}")
+                try:
+                    h, c = run(ctx, [(ops_child, (name, solo, rng.randrange(2**63), counts, IDENTITY_OPS, args.keys,
+                                                  args.max_value_bytes))])
+                finally:
+                    _put_word(mm, off, saved)
+                hangs, crashes, corruptions = hangs + h, crashes + c, corruptions + 1
+            for _ in range(rng.randint(1, CORRUPT_MAX)):
+                log.append(corrupt(mm, g, rng))
+                corruptions += 1
+            if rounds % REPAIR_EVERY == 0:
+                repair()
+            if failures() > before:
+                print(f"round {rounds} failed; damage in effect:\n  " + "\n  ".join(log), file=sys.stderr)
+                if not args.keep_going:
+                    break
+            if rounds % REPAIR_EVERY == 0:
+                log.clear()
+        elapsed = time.monotonic() - t0
+        before = failures()
+        repair()
+        mm.close()
+        if failures() == before:
+            ok = cache.verify().ok
+    finally:
+        cache.close()
+        unlink_quietly(name)
+    fields = {"ops": total(counts, OPS), "corruptions": corruptions}
+    fields.update({k: total(counts, f) for k, f in (("errors", ERRORS), ("refused", REFUSED), ("wrong", WRONG),
+                                                   ("foreign", FOREIGN))})
+    fields.update(hangs=hangs, crashes=crashes, unverified=total(counts, UNVERIFIED), repairs=total(counts, REPAIRS),
+                  verify="ok" if ok else "FAILED", seconds=round(elapsed, 1),
+                  workers=args.workers)
+    failed = bool(fields["wrong"] or fields["foreign"] or hangs or crashes or fields["unverified"] or not ok
+                  or total(counts, REFUSED, solo))
+    return finish("fuzz", fields, args.json, failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Short runs of the stress scripts (stress/), so every CI run also kills lock holders and damages segments.
+
+The long runs, with their figures in the README, are the same scripts run for minutes instead of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_stress(script: str, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", f"stress.{script}", "--json", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )
+    assert proc.stdout.strip(), f"{script} printed no summary; stderr:\n{proc.stderr[-3000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, f"{script} failed: {summary}\n{proc.stderr[-3000:]}"
+    assert summary["wrong"] == 0 and summary["hangs"] == 0 and summary["verify"] == "ok", summary
+    assert summary["ops"] > 0
+    return summary
+
+
+def test_stress_hammer_short():
+    s = run_stress("hammer", "--seconds", "5", "--workers", "3", "--seed", "11")
+    assert s["errors"] == 0 and s["crashes"] == 0
+
+
+def test_stress_kill_storm_short():
+    s = run_stress("kill_storm", "--seconds", "10", "--workers", "4", "--seed", "12")
+    assert s["kills"] > 10 and s["errors"] == 0 and s["crashes"] == 0
+
+
+def test_stress_fuzz_short():
+    s = run_stress("fuzz", "--seconds", "10", "--workers", "3", "--seed", "13")
+    assert s["corruptions"] > 0 and s["crashes"] == 0 and s["foreign"] == 0
