@@ -54,7 +54,25 @@ _mutex_init = _fn("pthread_mutex_init", _vp, _vp)
 _mutex_trylock = _fn("pthread_mutex_trylock", _vp)
 _mutex_unlock = _fn("pthread_mutex_unlock", _vp)
 _mutex_consistent = _fn("pthread_mutex_consistent", _vp)
-_mutex_clocklock = _fn("pthread_mutex_clocklock", _vp, ctypes.c_int, ctypes.POINTER(_Timespec))
+_realtime_lock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
+
+
+def _realtime_timedlock(address: int, until_ns: int, ts: _Timespec) -> int:
+    """Lock with a monotonic deadline through the wall-clock API, converted per slice so a clock step costs at most
+    one slice (for C libraries older than glibc 2.30)."""
+    ts.tv_sec, ts.tv_nsec = divmod(time.time_ns() + until_ns - time.monotonic_ns(), 1_000_000_000)
+    return _realtime_lock(address, ts)
+
+
+if hasattr(_libc, "pthread_mutex_clocklock"):  # glibc >= 2.30: deadlines on the monotonic clock itself
+    _clocklock = _fn("pthread_mutex_clocklock", _vp, ctypes.c_int, ctypes.POINTER(_Timespec))
+
+    def _timedlock(address: int, until_ns: int, ts: _Timespec) -> int:
+        ts.tv_sec, ts.tv_nsec = divmod(until_ns, 1_000_000_000)
+        return _clocklock(address, _CLOCK_MONOTONIC, ts)
+
+else:
+    _timedlock = _realtime_timedlock
 
 
 def init_mutex(buf, offset: int) -> None:
@@ -125,9 +143,7 @@ class SegmentLock:
                     what="lock",
                     hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
                 )
-            until = min(deadline, now + _SLICE_NS)
-            ts.tv_sec, ts.tv_nsec = divmod(until, 1_000_000_000)
-            rc = _mutex_clocklock(self.address, _CLOCK_MONOTONIC, ts)
+            rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
 
     def release(self) -> None:
         _mutex_unlock(self.address)

@@ -157,3 +157,22 @@ def test_lock_threads_share_one_handle(name):
         assert not errors and c.verify().ok
         s = c.stats()
         assert s.hits + s.misses == 6 * 400 - 6 * 134
+
+
+def test_lock_wall_clock_fallback_waits_and_times_out(name, monkeypatch):
+    """The path used where pthread_mutex_clocklock is missing (C libraries older than glibc 2.30)."""
+    from shmcache import lock
+
+    monkeypatch.setattr(lock, "_timedlock", lock._realtime_timedlock)
+    with SharedCache(name, lock_timeout=0.3, **SMALL) as c:
+        p, _ = _start(hold_lock, name)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(LockTimeout):
+                c.get("k")
+            assert time.monotonic() - t0 >= 0.29
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(timeout=10)
+            assert c.get("k") is None and c.verify().ok  # and the dead holder is still taken over
+        finally:
+            _reap(p)
