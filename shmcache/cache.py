@@ -12,8 +12,6 @@ reads it, so no half-made update is ever seen.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import index, lru
 from .arena import Arena, block_nbytes
 from .codec import TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
@@ -366,16 +364,16 @@ class SharedCache:
 
     def _reset_entries_locked(self) -> None:
         h = self._h
-        np.frombuffer(self._ix, dtype=np.int64)[:] = EMPTY
+        _, index, entries = self._seg.arrays()
+        # Zero the check word of every slot ever handed out, so none is mistaken for resident by a later repair.
+        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= len(entries) else len(entries)
+        entries["check"][:handed_out] = 0
+        index["entry"] = EMPTY
         lru.reset(self._ent)
         self._ring.reset()
         h[H_ENTRIES] = h[H_RETAINED] = 0
         h[H_FREE_HEAD] = NIL
         h[H_UNUSED_NEXT] = 1
-        # Zero the check word of every slot ever handed out, so none is mistaken for resident by a later repair.
-        ent = np.frombuffer(self._ent, dtype=np.int64).reshape(-1, _W)
-        ent[:, E_CHECK] = 0
-        del ent
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 

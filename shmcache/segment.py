@@ -84,6 +84,8 @@ class Segment:
         self.name = name
         self.shm_name = shm_name(name)
         self.created = False
+        if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
+            _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
         deadline = time.monotonic() + _INIT_WAIT_S
         while True:
             shm = self._open(create, mode)
@@ -221,7 +223,10 @@ class Segment:
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()
-        self.mm.close()
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view is still referenced (e.g. by a traceback): the mapping goes when the last view does
         self.mm = None
 
     def unlink(self) -> None:

@@ -133,24 +133,27 @@ def check(seg, deep: bool = True) -> VerifyReport:
 
 
 def _check_index(seg, live: set[int], problems: _Problems) -> None:
-    ix = np.frombuffer(seg.index_words, dtype=np.int64).reshape(-1, 2)
-    mask = len(ix) - 1
-    occupied = np.flatnonzero(ix[:, 1] != EMPTY)
+    _, index, entries = seg.arrays()
+    mask = len(index) - 1
+    targets = index["entry"]
+    empty = targets == EMPTY
+    occupied = np.flatnonzero(~empty)
     if len(occupied) != len(live):
         problems.add(f"index holds {len(occupied)} keys, the LRU list {len(live)}")
-    # Each key must be reachable: no empty slot between its home slot and where it sits.
-    empty_before = np.concatenate(([0], np.cumsum(np.tile(ix[:, 1] == EMPTY, 2))))
-    home = ix[occupied, 0] & mask
-    pos = np.where(occupied >= home, occupied, occupied + len(ix))
-    unreachable = occupied[(empty_before[pos] - empty_before[home]) != 0]
-    for s in unreachable[:5].tolist():
+    # Each key must be reachable: no empty slot between its home slot and where it sits (cyclically).
+    empty_before = np.concatenate(([0], np.cumsum(np.tile(empty, 2))))
+    home = index["fp"][occupied] & mask
+    pos = np.where(occupied >= home, occupied, occupied + len(index))
+    for s in occupied[(empty_before[pos] - empty_before[home]) != 0][:5].tolist():
         problems.add(f"index slot {s} is cut off from its home slot by an empty slot")
-    for s in occupied.tolist():
-        e = int(ix[s, 1])
-        if e not in live or seg.entry_words[e * _W + E_SLOT] != s:
-            problems.add(f"index slot {s} points at entry {e}, which is not resident there")
-            break
-    del ix
+    # Each points at a resident entry that points back.
+    e = targets[occupied]
+    in_range = (e > 0) & (e < len(entries))
+    back = np.zeros(len(occupied), dtype=bool)
+    back[in_range] = entries["slot"][e[in_range]] == occupied[in_range]
+    resident = np.fromiter((x in live for x in e.tolist()), dtype=bool, count=len(e))
+    for s in occupied[~(back & resident)][:5].tolist():
+        problems.add(f"index slot {s} points at entry {int(targets[s])}, which is not resident there")
 
 
 def _check_ring(seg, live: set[int], problems: _Problems) -> None:
@@ -233,7 +236,7 @@ def repair(seg) -> int:
 def _rebuild(seg, kept: list[int], unused: int) -> None:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
     mask = g.index_slots - 1
-    np.frombuffer(seg.index_words, dtype=np.int64)[:] = EMPTY
+    seg.arrays()[1]["entry"] = EMPTY
     keep = set(kept)
     free = NIL
     for e in range(unused - 1, 0, -1):
