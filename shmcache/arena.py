@@ -14,7 +14,7 @@ at it and whose ``check`` is non-zero. All methods assume the cache lock is held
 from __future__ import annotations
 
 from .errors import CorruptionError
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES
 from .layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
 
 _LEN_MASK = 0xFFFFFFFF
@@ -23,6 +23,15 @@ _LEN_MASK = 0xFFFFFFFF
 def block_nbytes(payload_nbytes: int) -> int:
     """Bytes a block takes for a payload of ``payload_nbytes`` (header and padding included)."""
     return (BLOCK_HEADER_NBYTES + payload_nbytes + BLOCK_ALIGN - 1) & -BLOCK_ALIGN
+
+
+def write_dead(words, off: int, nbytes: int) -> None:
+    """Cover ``[off, off + nbytes)`` with dead blocks, each short enough for the 32-bit length of a block header."""
+    while nbytes:
+        n = min(nbytes, MAX_BLOCK_NBYTES)
+        words[off >> 3] = n
+        off += n
+        nbytes -= n
 
 
 class Arena:
@@ -47,9 +56,11 @@ class Arena:
         head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
         # Every write below lands at head or tail: damaged ring words must never aim it outside the arena.
         if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and not (head | tail) & 7
-                and (head - tail) % size == fill % size):
-            raise CorruptionError(f"arena ring out of range: head={head} tail={tail} fill={fill}", what="arena alloc")
-        for _ in range(2 * (size // BLOCK_ALIGN) + 4):
+                and (head - tail) % size == fill % size and 0 <= h[H_ARENA_USED] <= size - nb):
+            raise CorruptionError(f"arena ring out of range: head={head} tail={tail} fill={fill} "
+                                  f"used={h[H_ARENA_USED]} for a block of {nb}", what="arena alloc")
+        cleaned = 0  # bytes the tail has passed: one lap coalesces all free space, so two mean damage
+        while True:
             if fill == 0:
                 head = tail = 0
             if head >= tail and fill < size:  # free space is [head, size) then [0, tail)
@@ -57,15 +68,17 @@ class Arena:
                 if room >= nb:
                     break
                 if room:
-                    self.words[head >> 3] = room  # a dead pad block up to the end of the arena
+                    self._dead(head, room)  # pad up to the end of the arena
                     fill += room
                 head = 0
                 continue
             if fill < size and tail - head >= nb:  # free space is the gap [head, tail)
                 break
+            before = tail
             head, tail, fill = self._clean_one(head, tail, fill)
-        else:
-            raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
+            cleaned += (tail - before) % size or size
+            if cleaned > 2 * size:
+                raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
         self.words[head >> 3] = nb | (e << 32)
         off = head
         head += nb
@@ -99,12 +112,15 @@ class Arena:
             head = 0
         return head, tail, fill
 
-    def free(self, off: int, nb: int) -> None:
-        """Mark the block at ``off`` dead; its bytes are reclaimed when the cleaner passes."""
-        if not 0 <= off < self.nbytes or off & 7:
-            raise CorruptionError(f"entry block offset {off} is outside the arena", what="arena free")
+    def free(self, off: int, nb: int, e: int) -> None:
+        """Mark entry ``e``'s block of ``nb`` bytes at ``off`` dead; its bytes are reclaimed when the cleaner passes."""
+        if not 0 <= off < self.nbytes or off & 7 or self.words[off >> 3] != nb | (e << 32):
+            raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="arena free")
         self.words[off >> 3] = nb
         self.h[H_ARENA_USED] -= nb
+
+    def _dead(self, off: int, nbytes: int) -> None:
+        write_dead(self.words, off, nbytes)
 
     def reset(self) -> None:
         h = self.h

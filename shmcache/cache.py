@@ -1,28 +1,33 @@
 """SharedCache: one bounded LRU cache in shared memory, used the same way from every process on the host.
 
 This is the only module that takes the cache lock. Keys and values are encoded and hashed before the lock is taken
-and decoded after it is released, so the lock is held only for the index probe, the list and counter updates and
-the copy of the bytes. Methods whose name ends in ``_locked`` must be called with the lock held.
+and (arrays aside) decoded after it is released, so the lock is held only for the index probe, the list and counter
+updates and the copy of the bytes. Methods whose name ends in ``_locked`` must be called with the lock held.
 
-Crash window: a process can die (or be interrupted by an exception) between any two word writes below. A dead
-holder is reported to the next locker by the robust mutex; an exception raised inside a locked section is caught
-before the lock is released. Either way ``_recover_locked`` verifies the segment and repairs it before anyone else
-reads it, so no half-made update is ever seen.
+Every operation runs the same protocol: take the lock inside ``try`` (so that an exception raised at any bytecode
+still reaches ``finally``), check the closed flag and the ``dirty`` word under the lock, set ``dirty`` before the
+first write of an update and clear it after the last, and unlock in ``finally`` -- an unlock by a thread that does
+not hold the lock is refused by the error-checking mutex (EPERM) and changes nothing.
+
+Crash window: a process can die, or an exception (Ctrl-C) can cut an update short, between any two writes. A dead
+holder is reported to the next locker by the robust mutex, which marks it consistent at once; ``dirty`` then says
+whether the dead holder left an update half-done. Whoever locks and finds ``dirty`` set verifies and repairs the
+segment before reading it (``_repair_locked``), so no half-made update is ever seen.
 """
 
 from __future__ import annotations
 
 from . import index, lru
 from .arena import Arena, block_nbytes
-from .codec import TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
+from .codec import MALFORMED, TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, NIL, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_ENTRIES,
-    H_EVICTIONS, H_FREE_HEAD, H_HITS, H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES,
-    H_RETAINED, H_UNUSED_NEXT, H_UPDATES,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_ENTRIES,
+    H_DIRTY, H_EVICTIONS, H_FREE_HEAD, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES,
+    H_RETAINED, H_UNUSED_NEXT, H_UPDATES, I_ENTRY, INDEX_WORDS,
 )
-from .lock import SegmentLock, signals_deferred
+from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .verify import VerifyReport, check, repair
@@ -32,6 +37,9 @@ DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
 _W = ENTRY_WORDS
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
+# What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
+# is an interruption, which needs a repair only if it cut an update short (the dirty word says).
+_DAMAGE = (CorruptionError, ValueError) + MALFORMED
 
 
 def _closed() -> ClosedError:
@@ -106,7 +114,8 @@ class SharedCache:
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
         self._ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots)
-        self._lock = SegmentLock(seg.mm, H_LOCK_OFF, lock_timeout)
+        self._slots = g.entry_slots
+        self._lock = SegmentLock(seg.lock_address, lock_timeout)
         self._addr = self._lock.address
         self._trylock = self._lock.trylock
         self._unlock = self._lock.unlock
@@ -115,50 +124,80 @@ class SharedCache:
         self._closed = False
 
     # ------------------------------------------------------------------------------------------- locking
+    # Pattern of every call (see the module docstring):
+    #     addr = self._addr
+    #     try:
+    #         addr = self._enter()
+    #         ...
+    #     except BaseException as exc:
+    #         self._fault(exc, addr)
+    #         raise
+    #     finally:
+    #         self._unlock(addr)
+    # ``addr`` is the address to release: the real lock, or a private mutex when this thread re-entered the cache and
+    # must leave the lock to the call that holds it.
 
-    def _acquire(self) -> None:
+    def _enter(self) -> int:
+        """Take the lock, then check the handle and the segment; returns the address the caller releases."""
         rc = self._trylock(self._addr)
         if rc:
-            self._wait(rc)
+            addr = self._wait(rc)
+            if addr != self._addr:
+                return addr
+        if self._closed:
+            raise _closed()
+        if self._h[H_DIRTY]:
+            self._repair_locked()
+        return self._addr
 
-    def _wait(self, rc: int) -> None:
-        """The lock was busy (or its holder died): wait for it, and repair what a dead holder left."""
-        if self._lock.acquire_slow(rc):
-            # The previous holder died holding the lock: repair before anyone reads what it left. Signals wait until
-            # the repair is done: an interrupted repair would leave the mutex unrecoverable for every process.
-            with signals_deferred():
-                try:
-                    self._recover_locked()
-                except Exception:
-                    self._reset_entries_locked()
-                    self._h[H_RECOVERIES] += 1
-                self._lock.mark_consistent()
-
-    def _recover_locked(self, deep: bool = False) -> bool:
-        """Verify the segment (``deep``: checksums too) and repair it if needed; True if anything was repaired."""
-        if check(self._seg, deep=deep).ok:
-            return False
-        repair(self._seg)
-        self._h[H_RECOVERIES] += 1
-        return True
-
-    def _fault_locked(self, exc: BaseException) -> None:
-        """An operation failed with the lock held: put the segment right, then let the caller re-raise.
-
-        Inside a locked section only shared data can fail (arguments were encoded and checked before locking), so
-        any error other than TooLargeError means damage; an interrupt (Ctrl-C) may have cut an update in half.
-        """
-        if isinstance(exc, TooLargeError):
-            return  # raised before anything was written
-        with signals_deferred():
+    def _wait(self, rc: int) -> int:
+        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's address,
+        or the private one after raising nothing when this thread already holds the lock (the caller raises)."""
+        for _ in range(3):
             try:
-                self._recover_locked(deep=True)
-            except Exception as inner:  # repair itself failed on garbage: start over with an empty cache
+                if self._lock.acquire_slow(rc):
+                    # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
+                    self._lock.mark_consistent()
+                return self._addr
+            except Reentered:
+                return self._lock.private_address
+            except Unrecoverable:
+                if self._closed:
+                    raise _closed() from None
+                self._lock.reinit_unrecoverable(self._seg.fd)
+                rc = self._trylock(self._addr)
+                if rc == 0:
+                    return self._addr
+        raise CorruptionError("the cache lock stays unrecoverable", what="lock",
+                              hint="remove the cache with `shmcache rm NAME` and recreate it")
+
+    def _repair_locked(self, deep: bool = False) -> None:
+        """Verify the segment (``deep``: checksums too) and repair what fails; empty the cache if even that fails."""
+        h = self._h
+        with signals_deferred():
+            h[H_DIRTY] = 1  # Crash window: dying in here leaves the repair to the next locker.
+            try:
+                if not check(self._seg, deep=deep).ok:
+                    repair(self._seg)
+                    h[H_RECOVERIES] += 1
+            except Exception:  # repair itself failed on garbage: start over with an empty cache
                 self._reset_entries_locked()
-                self._h[H_RECOVERIES] += 1
-                raise CorruptionError(f"the cache was emptied after an unrepairable fault: {inner}",
-                                      what="repair") from exc
-        if isinstance(exc, Exception) and not isinstance(exc, ShmCacheError):
+                h[H_RECOVERIES] += 1
+            h[H_DIRTY] = 0
+
+    def _fault(self, exc: BaseException, addr: int) -> None:
+        """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""
+        if addr != self._addr:
+            return  # this thread re-entered: the lock belongs to the call it interrupted
+        if not self._lock.owned():
+            return  # raised before the lock was taken (timeout, bad handle...): nothing was touched
+        self._lock.mark_consistent()  # in case it was taken from a dead holder; refused (EINVAL) otherwise
+        if self._closed:
+            return
+        damage = isinstance(exc, _DAMAGE) and (isinstance(exc, CorruptionError) or not isinstance(exc, ShmCacheError))
+        if damage or self._h[H_DIRTY]:
+            self._repair_locked(deep=damage)
+        if damage and not isinstance(exc, CorruptionError):
             raise CorruptionError(f"shared data failed a check and the cache was repaired: {exc!r}", what="access",
                                   hint="the operation can be retried") from exc
 
@@ -166,49 +205,63 @@ class SharedCache:
 
     def get(self, key, default=None):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
-        if self._closed:
-            raise _closed()
         kb = encode_key(key)
         fp = fingerprint(kb)
-        rc = self._trylock(self._addr)  # _acquire(), inlined on the hot path
-        if rc:
-            self._wait(rc)
+        addr = self._addr
         try:
-            ent = self._ent
+            rc = self._trylock(addr)  # _enter(), inlined on the hot path
+            if rc:
+                addr = self._wait(rc)
+            if self._closed or addr != self._addr:
+                raise _closed() if self._closed else Reentered()
+            h, ent = self._h, self._ent
+            if h[H_DIRTY]:
+                self._repair_locked()
             e = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
-                self._h[H_MISSES] += 1
+                h[H_MISSES] += 1
                 return default
-            lru.move_to_front(ent, e)
-            self._h[H_HITS] += 1
+            if ent[e * _W + E_PREV] != SENTINEL:
+                h[H_DIRTY] = 1
+                lru.move_to_front(ent, e)
+                h[H_DIRTY] = 0
+            h[H_HITS] += 1
             b = e * _W
             v0 = self._base + ent[b + E_OFF] + _VALUE_START
             vlen = ent[b + E_VAL_NBYTES]
             check = ent[b + E_CHECK]
             if self._mm[v0] == TAG_ARRAY:
+                # Arrays are checked and copied under the lock, straight into the array returned: one copy.
                 view = self._arena[v0 - self._base : v0 - self._base + vlen]
                 if checksum(view) != check:
                     raise CorruptionError(f"entry {e} failed its checksum", what="get")
                 return decode_array(view)
             raw = self._mm[v0 : v0 + vlen]
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
         if checksum(raw) != check:
-            self._fault_after(e)
+            self._checksum_failed(e)
         return decode_value(raw)
 
-    def _fault_after(self, e: int):
-        """A value copied out failed its checksum: repair under the lock, then report."""
-        self._acquire()
+    def _checksum_failed(self, e: int):
+        """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
+        addr = self._addr
         try:
-            with signals_deferred():
-                self._recover_locked(deep=True)
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
+            self._h[H_HITS] -= 1
+            self._h[H_MISSES] += 1
+            self._repair_locked(deep=True)
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
         finally:
-            self._unlock(self._addr)
-        raise CorruptionError(f"entry {e} failed its checksum; the cache was repaired", what="get",
+            self._unlock(addr)
+        raise CorruptionError(f"entry {e} failed its checksum and was dropped", what="get",
                               hint="the operation can be retried")
 
     def put(self, key, value) -> None:
@@ -218,8 +271,6 @@ class SharedCache:
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         """
-        if self._closed:
-            raise _closed()
         kb = encode_key(key)
         vb = encode_value(value)
         fp = fingerprint(kb)
@@ -229,13 +280,19 @@ class SharedCache:
         nb = block_nbytes(size)
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
-        rc = self._trylock(self._addr)  # _acquire(), inlined on the hot path
-        if rc:
-            self._wait(rc)
+        addr = self._addr
         try:
+            rc = self._trylock(addr)  # _enter(), inlined on the hot path
+            if rc:
+                addr = self._wait(rc)
+            if self._closed or addr != self._addr:
+                raise _closed() if self._closed else Reentered()
             h, ent = self._h, self._ent
+            if h[H_DIRTY]:
+                self._repair_locked()
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+            h[H_DIRTY] = 1
             old = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if old != EMPTY:
                 self._remove_locked(old)
@@ -258,11 +315,12 @@ class SharedCache:
             h[H_ENTRIES] += 1
             h[H_RETAINED] += size
             h[H_PUTS] += 1
+            h[H_DIRTY] = 0
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
         return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
@@ -270,38 +328,42 @@ class SharedCache:
 
     def delete(self, key) -> bool:
         """Remove ``key``; True if it was present."""
-        if self._closed:
-            raise _closed()
         kb = encode_key(key)
         fp = fingerprint(kb)
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
             e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
                 return False
+            self._h[H_DIRTY] = 1
             self._remove_locked(e)
             self._h[H_DELETES] += 1
+            self._h[H_DIRTY] = 0
             return True
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     def __contains__(self, key) -> bool:
         """Whether ``key`` is cached; neither counts as a lookup nor changes the LRU order."""
-        if self._closed:
-            raise _closed()
         kb = encode_key(key)
         fp = fingerprint(kb)
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
             return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb) != EMPTY
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     _MISSING = object()
 
@@ -324,14 +386,21 @@ class SharedCache:
         return self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
 
     # ------------------------------------------------------------------------------------------- structure, locked
+    # Each checks the slot numbers it takes from the segment before its first write: damaged words raise
+    # CorruptionError (and get repaired) instead of aiming a write at another entry.
 
     def _remove_locked(self, e: int) -> None:
-        h, ent = self._h, self._ent
+        h, ent, slots = self._h, self._ent, self._slots
         b = e * _W
-        klen, vlen = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
-        index.remove(self._ix, ent, self._mask, ent[b + E_SLOT])
+        if not 0 < e < slots:
+            raise CorruptionError(f"entry slot {e} is out of range", what="remove")
+        klen, vlen, s = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_SLOT]
+        if not (0 <= s <= self._mask and self._ix[s * INDEX_WORDS + I_ENTRY] == e
+                and 0 <= ent[b + E_PREV] < slots and 0 <= ent[b + E_NEXT] < slots):
+            raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
+        self._ring.free(ent[b + E_OFF], block_nbytes(klen + vlen), e)
+        index.remove(self._ix, ent, self._mask, s)
         lru.unlink(ent, e)
-        self._ring.free(ent[b + E_OFF], block_nbytes(klen + vlen))
         ent[b + E_CHECK] = 0
         ent[b + E_NEXT] = h[H_FREE_HEAD]
         h[H_FREE_HEAD] = e
@@ -342,7 +411,7 @@ class SharedCache:
         """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
         the limits. Bounded by the table size, so damaged counters raise instead of looping."""
         h, ent = self._h, self._ent
-        for _ in range(self._seg.geometry.entry_slots):
+        for _ in range(self._slots):
             if h[H_ENTRIES] + extra_entries <= h[H_MAX_ENTRIES] and h[H_RETAINED] + extra_bytes <= h[H_MAX_RETAINED]:
                 return
             e = lru.tail(ent)
@@ -353,12 +422,16 @@ class SharedCache:
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
 
     def _take_slot_locked(self) -> int:
-        h = self._h
+        h, ent = self._h, self._ent
         e = h[H_FREE_HEAD]
         if e != NIL:
-            h[H_FREE_HEAD] = self._ent[e * _W + E_NEXT]
+            if not 0 < e < self._slots or ent[e * _W + E_CHECK]:
+                raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
+            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
             return e
         e = h[H_UNUSED_NEXT]
+        if not 0 < e < self._slots:
+            raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
         h[H_UNUSED_NEXT] = e + 1
         return e
 
@@ -379,28 +452,35 @@ class SharedCache:
 
     def clear(self) -> None:
         """Drop every entry and reset the counters (``clears`` counts this call; ``recoveries`` is kept)."""
-        if self._closed:
-            raise _closed()
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
+            self._h[H_DIRTY] = 1
             self._reset_entries_locked()
             reset_counters(self._h)
             self._h[H_CLEARS] += 1
+            self._h[H_DIRTY] = 0
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of the global counters."""
-        if self._closed:
-            raise _closed()
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
             return read_stats(self._h)
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     def limits(self) -> CacheLimits:
         """The limits in force."""
@@ -412,8 +492,6 @@ class SharedCache:
 
         :raises ValueError: if a limit exceeds the capacity the cache was created with.
         """
-        if self._closed:
-            raise _closed()
         if not isinstance(limits, CacheLimits):
             raise TypeError(f"set_limits takes a CacheLimits, got {type(limits).__name__}")
         g = self._seg.geometry
@@ -422,44 +500,67 @@ class SharedCache:
                 f"limits {limits} exceed the capacity of cache {self.name!r} (max_entries={g.max_entries}, "
                 f"capacity_bytes={g.capacity_bytes}); capacity is fixed at creation: recreate the cache to raise it"
             )
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
             h = self._h
+            h[H_DIRTY] = 1
             h[H_MAX_ENTRIES] = limits.max_entries
             h[H_MAX_RETAINED] = limits.max_retained_bytes
             self._evict_until_locked(0, 0)
+            h[H_DIRTY] = 0
         except BaseException as exc:
-            self._fault_locked(exc)
+            self._fault(exc, addr)
             raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
         """Check every invariant of the segment (``deep`` also re-hashes every stored key and value); with
         ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
-        if self._closed:
-            raise _closed()
-        self._acquire()
+        addr = self._addr
         try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
             report = check(self._seg, deep=deep)
             if not report.ok and repair_damage:
-                repair(self._seg)
-                self._h[H_RECOVERIES] += 1
+                self._repair_locked(deep=deep)
             return report
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
         finally:
-            self._unlock(self._addr)
+            self._unlock(addr)
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Release this process's handle (idempotent). The cache lives on for the other processes."""
+        """Release this process's handle (idempotent). The cache lives on for the other processes.
+
+        Waits for calls other threads have in progress on this handle; calls made after it raise ClosedError.
+        """
         if self._closed:
             return
-        self._closed = True
+        addr = self._addr
+        try:
+            addr = self._enter()
+            if addr != self._addr:
+                raise Reentered()
+            self._closed = True
+        except BaseException as exc:
+            self._fault(exc, addr)
+            if not isinstance(exc, (ShmCacheError, RuntimeError)):
+                raise
+            # The lock could not be had: mark the handle closed and leave the unmapping to the garbage collector,
+            # in case a call of another thread is still inside.
+            self._closed = True
+            return
+        finally:
+            self._unlock(addr)
         self._ring.close()
-        self._lock.close()
-        for attr in ("_h", "_ix", "_ent", "_arena", "_mm", "_ring", "_trylock", "_unlock"):
-            self.__dict__.pop(attr, None)
         self._seg.close()
 
     def unlink(self) -> None:

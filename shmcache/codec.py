@@ -41,6 +41,8 @@ _MASK63 = (1 << 63) - 1
 _NAN = float("nan")
 
 _xxh = xxhash.xxh3_64_intdigest
+# What damaged bytes make struct, msgpack, numpy and indexing raise (ValueError aside, which passes as it is).
+MALFORMED = (IndexError, KeyError, TypeError, OverflowError, struct.error, msgpack.UnpackException)
 
 
 class _Depth(threading.local):
@@ -254,7 +256,7 @@ def decode_array(view) -> np.ndarray:
         return _decode_array(view)
     except ValueError:
         raise
-    except Exception as exc:
+    except MALFORMED as exc:
         raise ValueError(f"malformed array value: {exc!r}") from None
 
 
@@ -277,6 +279,6 @@ def decode_value(data: bytes):
             return _decode_array(memoryview(data))
     except ValueError:
         raise
-    except Exception as exc:  # malformed input surfaces as struct, msgpack, numpy and index errors
+    except MALFORMED as exc:  # what malformed bytes make the parsers raise; an interrupt passes through as it is
         raise ValueError(f"malformed value: {exc!r}") from None
     raise ValueError(f"unknown value tag {tag}")

@@ -17,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
+import os
 import signal
+import threading
 import time
 
 from .errors import CorruptionError, LockTimeout
@@ -30,7 +33,7 @@ _CLOCK_MONOTONIC = 1
 _SLICE_NS = 100_000_000  # wait at most this long per futex call, then let Python run signal handlers
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
                   signal.SIGUSR2}
-_GLIBC_OWNER_OFF = 8  # offset of __owner (holder's TID) in glibc's pthread_mutex_t on x86_64 and aarch64
+_FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
 
 
 class _Timespec(ctypes.Structure):
@@ -75,9 +78,9 @@ else:
     _timedlock = _realtime_timedlock
 
 
-def init_mutex(buf, offset: int) -> None:
-    """Initialise a robust process-shared mutex at ``offset`` of the writable buffer ``buf`` (creation only)."""
-    holder = (ctypes.c_char * 64).from_buffer(buf, offset)
+def init_mutex(address: int) -> None:
+    """Initialise a robust, process-shared, error-checking mutex at ``address`` (creation, or re-initialisation of
+    an unrecoverable one under ``flock``)."""
     attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes on glibc; 64 is ample
     try:
         for rc in (
@@ -85,32 +88,43 @@ def init_mutex(buf, offset: int) -> None:
             _mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
             _mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST),
             _mutexattr_settype(attr, _PTHREAD_MUTEX_ERRORCHECK),
-            _mutex_init(ctypes.addressof(holder), attr),
+            _mutex_init(address, attr),
         ):
             if rc:
                 raise OSError(rc, f"initialising the cache mutex failed: {errno.errorcode.get(rc, rc)}")
     finally:
         _mutexattr_destroy(attr)
-        del holder
+
+
+class Reentered(RuntimeError):
+    """This thread already holds the lock: a cache call was made from inside another (a signal handler, a __del__
+    run by the garbage collector in the middle of a call)."""
+
+    def __init__(self) -> None:
+        super().__init__("this thread already holds the cache lock: the cache was called from inside a cache call "
+                         "(a signal handler or a __del__); do not call the cache from there")
+
+
+class Unrecoverable(Exception):
+    """The mutex is unrecoverable: a holder was interrupted between taking it from a dead owner and marking it
+    consistent. ``SegmentLock.reinit_unrecoverable`` makes it usable again."""
 
 
 class SegmentLock:
-    """Handle on the mutex at ``offset`` of a mapped segment. ``acquire`` returns True when the previous holder died
-    and the caller must repair the segment, then call ``mark_consistent`` before ``release``."""
+    """Handle on the mutex at ``address`` (inside a mapping the caller keeps alive). ``acquire`` returns True when
+    the previous holder died; the caller marks the mutex consistent and repairs what the holder left half-done."""
 
-    def __init__(self, buf, offset: int, timeout: float) -> None:
-        self._holder = (ctypes.c_char * 64).from_buffer(buf, offset)
-        self.address = ctypes.addressof(self._holder)
+    def __init__(self, address: int, timeout: float) -> None:
+        self.address = address
         self.timeout = timeout
+        # A private mutex that no thread ever holds: a call that must not release the real lock (it did not take
+        # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
+        self._private = ctypes.create_string_buffer(64)
+        init_mutex(ctypes.addressof(self._private))
+        self.private_address = ctypes.addressof(self._private)
         # Bound once: the hot path calls these with a plain int address and no attribute lookups.
         self.trylock = _mutex_trylock
         self.unlock = _mutex_unlock
-
-    def acquire(self) -> bool:
-        rc = _mutex_trylock(self.address)
-        if rc == 0:
-            return False
-        return self.acquire_slow(rc)
 
     def acquire_slow(self, rc: int) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``."""
@@ -122,15 +136,9 @@ class SegmentLock:
             if rc == errno.EOWNERDEAD:
                 return True
             if rc == errno.EDEADLK:
-                raise RuntimeError(
-                    "this thread already holds the cache lock: the cache was re-entered, e.g. from a signal handler "
-                    "or a __del__ running inside a cache call; do not call the cache from there"
-                )
+                raise Reentered()
             if rc == errno.ENOTRECOVERABLE:
-                raise CorruptionError(
-                    "the cache lock is unrecoverable: a process died while repairing the cache",
-                    what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
-                )
+                raise Unrecoverable()
             if rc not in (errno.EBUSY, errno.ETIMEDOUT):
                 raise CorruptionError(
                     f"locking the cache failed with {errno.errorcode.get(rc, rc)}: the lock's bytes are damaged",
@@ -139,34 +147,50 @@ class SegmentLock:
             now = time.monotonic_ns()
             if now >= deadline:
                 raise LockTimeout(
-                    f"could not lock the cache within {self.timeout:g} s: process {self.holder_tid()} holds it",
+                    f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it",
                     what="lock",
                     hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
                 )
             rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
 
-    def release(self) -> None:
-        _mutex_unlock(self.address)
+    def reinit_unrecoverable(self, fd: int) -> None:
+        """Re-initialise the mutex if it is still unrecoverable, excluding every other process that tries the same
+        through ``flock`` on the segment (``fd``), reopened so that a forked parent and child do not share the lock."""
+        lfd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX)
+            rc = _mutex_trylock(self.address)
+            if rc == errno.ENOTRECOVERABLE:
+                init_mutex(self.address)
+            elif rc == errno.EOWNERDEAD:
+                _mutex_consistent(self.address)
+                _mutex_unlock(self.address)
+            elif rc == 0:
+                _mutex_unlock(self.address)
+        finally:
+            os.close(lfd)  # releases the flock
 
     def mark_consistent(self) -> None:
         """Tell the mutex that the state left by a dead holder has been repaired."""
         _mutex_consistent(self.address)
 
     def holder_tid(self) -> int:
-        """Thread id recorded by glibc as the holder (0 when free); informational only."""
-        return ctypes.c_int.from_address(self.address + _GLIBC_OWNER_OFF).value & 0x3FFFFFFF
+        """Thread id of the holder, 0 when free. The robust-futex ABI keeps it in the mutex's first word."""
+        return ctypes.c_int.from_address(self.address).value & _FUTEX_TID_MASK if self.address else 0
 
-    def close(self) -> None:
-        """Drop the buffer export so the mapping can be closed."""
-        self.address = 0
-        self._holder = None
+    def owned(self) -> bool:
+        """Whether the calling thread holds the lock."""
+        return self.holder_tid() == threading.get_native_id()
+
 
 
 @contextlib.contextmanager
 def signals_deferred():
-    """Hold back asynchronous signals (Ctrl-C, SIGTERM...) for the duration of a repair that must not be cut short."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+    """Hold back asynchronous signals (Ctrl-C, SIGTERM...) while a repair runs. A signal whose Python handler is
+    already pending may still be raised inside; the ``dirty`` word covers that case (see cache.py)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -11,6 +11,7 @@ segment: a worker that exits must not unlink, or warn about, a cache that other 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -190,7 +191,7 @@ class Segment:
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_CREATED_NS] = time.time_ns()
         h[d.H_CREATOR_PID] = os.getpid()
-        init_mutex(self.mm, d.H_LOCK_OFF)
+        init_mutex(self.lock_address)
         h[d.H_VERSION] = layout.LAYOUT_VERSION
         h[d.H_FEATURES] = layout.FEATURES
         # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
@@ -198,6 +199,12 @@ class Segment:
 
     def _map(self, fd: int, g: Geometry) -> None:
         self.geometry = g
+        # The lock lives in a mapping of its own that outlives close(): a thread still on its way into a cache call
+        # when another thread closes the handle must find the lock (and then the closed flag), never unmapped memory.
+        self.lock_mm = mmap.mmap(fd, layout.PAGE)
+        self._lock_holder = ctypes.c_char.from_buffer(self.lock_mm, d.H_LOCK_OFF)
+        self.lock_address = ctypes.addressof(self._lock_holder)
+        self.fd = os.dup(fd)  # kept for re-initialising an unrecoverable lock (lock.py)
         self.mm = mmap.mmap(fd, g.total_nbytes)
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
@@ -217,8 +224,10 @@ class Segment:
         return header, index, entries
 
     def close(self) -> None:
+        """Unmap the segment (the lock's own page stays mapped until this object is garbage collected)."""
         if self.mm is None:
             return
+        os.close(self.fd)
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import index
-from .arena import block_nbytes
+from .arena import block_nbytes, write_dead
 from .codec import checksum, fingerprint
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
 from .layout.dtypes import (
@@ -280,7 +280,7 @@ def _rebuild_ring(seg, kept: list[int]) -> None:
     used = 0
     for off, nb in blocks:
         if off > pos:
-            aw[pos >> 3] = off - pos  # a dead block over the gap
+            write_dead(aw, pos, off - pos)  # dead blocks over the gap
         pos = off + nb
         used += nb
     h[H_TAIL] = blocks[0][0]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pathlib
 import signal
 import threading
 import time
 
 import pytest
 
-from shmcache import LockTimeout, SharedCache
+from shmcache import ClosedError, LockTimeout, SharedCache
 from tests.workers import check_value, half_put_then_die, hold_lock, make_value
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -83,7 +84,7 @@ def test_lock_dead_holder_thread_is_detected_while_its_pid_lives(name):
     detected even though its process (same PID) is alive -- the situation PID reuse would otherwise fake."""
     with SharedCache(name, **SMALL) as c:
         c.put("k", 1)
-        t = threading.Thread(target=c._acquire)
+        t = threading.Thread(target=c._enter)
         t.start()
         t.join(timeout=10)
         assert c.get("k") == 1  # this thread takes over the dead thread's lock
@@ -123,10 +124,12 @@ def test_lock_waiting_does_not_spin(name):
 
 def test_lock_reentry_from_same_thread_is_an_error_not_a_hang(name):
     with SharedCache(name, **SMALL) as c:
-        c._acquire()
+        c._enter()
         try:
-            with pytest.raises(RuntimeError, match="already holds"):
-                c.get("k")
+            for call in (lambda: c.get("k"), lambda: c.put("k", 1), lambda: c.delete("k"), c.stats, c.clear):
+                with pytest.raises(RuntimeError, match="already holds"):
+                    call()
+                assert c._lock.owned()  # the inner call left the lock to the call it interrupted
         finally:
             c._unlock(c._addr)
         assert c.get("k") is None
@@ -176,3 +179,104 @@ def test_lock_wall_clock_fallback_waits_and_times_out(name, monkeypatch):
             assert c.get("k") is None and c.verify().ok  # and the dead holder is still taken over
         finally:
             _reap(p)
+
+
+_SIGNAL_STORM = r"""
+import json, signal, sys, time
+from shmcache import SharedCache
+from tests.workers import check_value, make_value
+
+class Interrupt(Exception):
+    pass
+
+in_call = False  # the handler raises only while a cache call runs, so this script's own steps are never cut
+
+def handler(signum, frame):
+    if in_call:
+        raise Interrupt()
+
+interrupted = i = 0
+wrong = []
+c = SharedCache(sys.argv[1], capacity_bytes=1 << 16, max_entries=64)
+deadline = time.monotonic() + 3
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.00013)
+while time.monotonic() < deadline:
+    i += 1
+    key = f"k{i % 50}"
+    v = None
+    try:
+        in_call = True
+        if i % 3:
+            v = c.get(key)
+        else:
+            c.put(key, make_value(key, i, 200 + i % 300))
+        in_call = False
+    except Interrupt:
+        in_call = False
+        interrupted += 1
+    if v is not None:
+        try:
+            check_value(key, v)
+        except AssertionError as exc:
+            wrong.append(str(exc))
+signal.setitimer(signal.ITIMER_REAL, 0)
+owned = c._lock.owned()
+print(json.dumps({"interrupted": interrupted, "calls": i, "owned": owned, "wrong": wrong, "ok": c.verify().ok}))
+c.close()
+"""
+
+
+def test_lock_signal_at_any_bytecode_never_leaks_the_lock_or_half_an_update(name):
+    """A Python signal handler that raises can land anywhere in a call, also right after the lock was taken or in
+    the middle of an update: the lock is never left held and no half-made update survives. (A call that kept the
+    lock would make every later call of that thread fail as a re-entry.)"""
+    import json
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _SIGNAL_STORM, name], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    assert r["interrupted"] > 50 and r["calls"] > r["interrupted"]
+    assert not r["owned"] and not r["wrong"] and r["ok"], r
+    with SharedCache(name, create=False) as c:
+        assert c.verify().ok
+        for k in range(50):
+            v = c.get(f"k{k}")
+            if v is not None:
+                check_value(f"k{k}", v)
+
+
+def test_lock_close_while_other_threads_call_is_safe(name):
+    with SharedCache(name, **SMALL) as owner:
+        c = SharedCache(name)
+        c.put("k", make_value("k", 1, 50))
+        errors, stop = [], threading.Event()
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    v = c.get("k")
+                    if v is not None:
+                        check_value("k", v)
+                    c.put("k", make_value("k", 2, 60))
+                except ClosedError:
+                    return
+                except Exception as exc:
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        c.close()
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert not errors, errors
+        check_value("k", owner.get("k"))  # the lock was not left held
+        assert owner.verify().ok

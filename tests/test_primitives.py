@@ -107,7 +107,7 @@ def test_arena_churn_compacts_and_preserves_live_blocks():
     for step in range(5000):
         if live and (rng.random() < 0.5 or not free):
             e = rng.choice(list(live))
-            ar.free(ent[e * W + E_OFF], block_nbytes(len(live[e])))
+            ar.free(ent[e * W + E_OFF], block_nbytes(len(live[e])), e)
             ent[e * W + E_CHECK] = 0
             del live[e]
             free.append(e)
@@ -116,7 +116,7 @@ def test_arena_churn_compacts_and_preserves_live_blocks():
         nb = block_nbytes(len(payload))
         while live and h[H_ARENA_USED] + nb > size:  # what eviction does for the cache
             e = next(iter(live))
-            ar.free(ent[e * W + E_OFF], block_nbytes(len(live[e])))
+            ar.free(ent[e * W + E_OFF], block_nbytes(len(live[e])), e)
             ent[e * W + E_CHECK] = 0
             del live[e]
             free.append(e)
@@ -147,3 +147,20 @@ def test_arena_alloc_on_garbage_raises():
         ar.alloc(1000, 2)
     ar.close()
     mm.close()
+
+
+def test_arena_dead_span_beyond_4_gib_is_split_into_headers_that_fit():
+    from shmcache.arena import write_dead
+    from shmcache.layout import MAX_BLOCK_NBYTES
+
+    nbytes = 5 * 2**30  # virtual only: the pages written are the two headers
+    mm = mmap.mmap(-1, nbytes + 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0))
+    words = memoryview(mm).cast("q")
+    try:
+        write_dead(words, 0, nbytes)
+        first = words[0]
+        assert first == MAX_BLOCK_NBYTES and first >> 32 == 0
+        assert words[MAX_BLOCK_NBYTES >> 3] == nbytes - MAX_BLOCK_NBYTES
+    finally:
+        words.release()
+        mm.close()

@@ -210,3 +210,28 @@ def _set_limits_then_die(name: str) -> None:
     SharedCache._remove_locked = lambda self, e: os._exit(0)  # dies at its first eviction, holding the lock
     cache.set_limits(CacheLimits(max_entries=3, max_retained_bytes=SMALL["capacity_bytes"]))
     os._exit(1)
+
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("free_head", [-1, 3, 10**6])
+def test_verify_damaged_free_list_head_never_overwrites_a_resident_entry(name, free_head):
+    with _filled(name) as c:
+        c.delete("k0")  # a real free list, so the damage replaces a meaningful word
+        raw = Raw(name, c)
+        try:
+            raw.word(d.H_FREE_HEAD * 8, free_head)
+        finally:
+            raw.close()
+        try:
+            c.put("new", make_value("new", 1, 40))
+        except CorruptionError:
+            c.put("new", make_value("new", 1, 40))  # repaired, then it works
+        check_value("new", c.get("new"))
+        _all_ops_sound(c, [f"k{i}" for i in range(20)])
+        for i in range(1, 20):  # nothing resident was overwritten: every survivor reads back whole
+            v = c.get(f"k{i}")
+            assert v is not None
+            check_value(f"k{i}", v)
+        assert c.verify().ok
+        c.unlink()

@@ -80,7 +80,7 @@ def open_and_put(name: str, worker: int, barrier, queue) -> None:
 def hold_lock(name: str, ready, release=None, then: str = "sleep") -> None:
     """Take the cache lock and keep it: sleep forever (to be killed), or release when told, or die holding it."""
     cache = SharedCache(name, create=False)
-    cache._acquire()
+    cache._enter()
     ready.set()
     if then == "exit":
         os._exit(0)  # dies holding the lock, without any cleanup
@@ -98,10 +98,11 @@ def half_put_then_die(name: str, ready) -> None:
     from shmcache import index
     from shmcache.codec import checksum, encode_key, encode_value, fingerprint
     from shmcache.arena import block_nbytes
-    from shmcache.layout.dtypes import E_CHECK, E_FP, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
+    from shmcache.layout.dtypes import E_CHECK, E_FP, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DIRTY
 
     cache = SharedCache(name, create=False)
-    cache._acquire()
+    cache._enter()
+    cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
     e = cache._take_slot_locked()
     off = cache._ring.alloc(block_nbytes(len(kb) + len(vb)), e)

@@ -14,7 +14,12 @@ blocks by byte offset from the start of the arena, so any process may map the se
 Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (``FEATURES``), the
 total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic is in place is
 fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters, line 3 the
-occupancy, the limits and the arena ring, line 4 the entry-slot allocator. See ``dtypes.HEADER`` for each field.
+occupancy, the limits and the arena ring, line 4 the entry-slot allocator and the ``dirty`` word. See
+``dtypes.HEADER`` for each field.
+
+The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
+lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
+before using it; a holder that dies while it is 0 left nothing half-done.
 
 Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
 slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0) marks an empty

@@ -76,6 +76,7 @@ HEADER = _record(
             ("unused_next", _W),  # first entry slot never handed out; slots above it are all free
             ("created_ns", _W),   # wall-clock creation time, ns since the epoch (for display only)
             ("creator_pid", _W),  # pid of the creating process (for display only)
+            ("dirty", _W),        # 1 while a lock holder is between the first and last write of an update
         ]),
     ],
     HEADER_NBYTES,
@@ -135,6 +136,7 @@ H_FREE_HEAD = _word(HEADER, "free_head")
 H_UNUSED_NEXT = _word(HEADER, "unused_next")
 H_CREATED_NS = _word(HEADER, "created_ns")
 H_CREATOR_PID = _word(HEADER, "creator_pid")
+H_DIRTY = _word(HEADER, "dirty")
 
 I_FP = _word(INDEX_SLOT, "fp")
 I_ENTRY = _word(INDEX_SLOT, "entry")
