@@ -92,7 +92,11 @@ class Segment:
             shm = self._open(create, mode)
             try:
                 if self._init_or_attach(shm, geometry, mode):
-                    return
+                    if not self._name_moved(shm.fd):
+                        return
+                    # Unlinked (and perhaps created anew) while we attached: join what the name holds now.
+                    self.close()
+                    self.created = False
             except BaseException:
                 self.close()
                 if self.created:  # creation failed half-way: remove what was made, then re-raise
@@ -106,6 +110,15 @@ class Segment:
                     what="attach", hint="its creator may have died; remove it with `shmcache rm` and recreate it",
                 )
             time.sleep(0.005)
+
+    def _name_moved(self, fd: int) -> bool:
+        """Whether the name no longer refers to the object behind ``fd``."""
+        try:
+            return os.stat(_SHM_DIR + self.shm_name).st_ino != os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # no /dev/shm to ask (not Linux)
 
     def _open(self, create: bool | None, mode: int):
         if create is False:

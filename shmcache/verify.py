@@ -190,8 +190,8 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
     for _ in range(slots):
         if cur == NIL:
             break
-        if not 0 < cur < unused or cur in seen or cur in live:
-            problems.add(f"free list reaches slot {cur}, which is out of range, repeated or resident")
+        if not 0 < cur < unused or cur in seen or cur in live or ent[cur * _W + E_CHECK]:
+            problems.add(f"free list reaches slot {cur}, which is out of range, repeated, resident or not cleared")
             return
         seen.add(cur)
         cur = ent[cur * _W + E_NEXT]

@@ -203,3 +203,25 @@ def test_lifecycle_attach_touches_no_page_of_a_large_cache(name):
         assert out.returncode == 0, out.stderr
         touched_kib = int(out.stdout.strip())
         assert touched_kib < 1024, f"attaching touched {touched_kib} KiB of a {c._seg.geometry.total_nbytes >> 20} MiB segment"
+
+
+def test_lifecycle_unlinked_and_recreated_meanwhile_joins_the_new_segment(name, monkeypatch):
+    """An opener that attached to a segment just unlinked (and recreated) by others joins what the name holds now."""
+    with SharedCache(name, **SMALL) as first:
+        first.put("old", 1)
+        real_init = segment.Segment._init_or_attach
+        state = {"done": False}
+
+        def racing_init(self, shm, geometry, mode):
+            ok = real_init(self, shm, geometry, mode)
+            if not state["done"]:  # between our attach and our check, the name is unlinked and recreated
+                state["done"] = True
+                first.unlink()
+                SharedCache(name, **SMALL).close()
+            return ok
+
+        monkeypatch.setattr(segment.Segment, "_init_or_attach", racing_init)
+        with SharedCache(name) as late, SharedCache(name) as later:
+            assert late.get("old") is None  # the new segment, not the unlinked one
+            late.put("new", 2)
+            assert later.get("new") == 2
