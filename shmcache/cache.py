@@ -40,6 +40,7 @@ _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
+_REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
 
 
 def _closed() -> ClosedError:
@@ -155,7 +156,7 @@ class SharedCache:
         or the private one after raising nothing when this thread already holds the lock (the caller raises)."""
         for _ in range(3):
             try:
-                if self._lock.acquire_slow(rc):
+                if self._lock.acquire_slow(rc, self._repairing):
                     # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
                     self._lock.mark_consistent()
                 return self._addr
@@ -175,7 +176,7 @@ class SharedCache:
         """Verify the segment (``deep``: checksums too) and repair what fails; empty the cache if even that fails."""
         h = self._h
         with signals_deferred():
-            h[H_DIRTY] = 1  # Crash window: dying in here leaves the repair to the next locker.
+            h[H_DIRTY] = _REPAIRING  # Crash window: dying in here leaves the repair to the next locker.
             try:
                 if not check(self._seg, deep=deep).ok:
                     repair(self._seg)
@@ -184,6 +185,13 @@ class SharedCache:
                 self._reset_entries_locked()
                 h[H_RECOVERIES] += 1
             h[H_DIRTY] = 0
+
+    def _repairing(self) -> bool:
+        """Whether the lock's holder is repairing the segment (read without the lock: one word, for patience only)."""
+        try:
+            return not self._closed and self._h[H_DIRTY] == _REPAIRING
+        except ValueError:  # closed meanwhile by another thread
+            return False
 
     def _fault(self, exc: BaseException, addr: int) -> None:
         """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""

@@ -33,6 +33,7 @@ _CLOCK_MONOTONIC = 1
 _SLICE_NS = 100_000_000  # wait at most this long per futex call, then let Python run signal handlers
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
                   signal.SIGUSR2}
+_REPAIR_PATIENCE = 10  # a waiter gives a holder that is repairing the segment this many more lock timeouts
 _FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
 
 
@@ -126,9 +127,12 @@ class SegmentLock:
         self.trylock = _mutex_trylock
         self.unlock = _mutex_unlock
 
-    def acquire_slow(self, rc: int) -> bool:
-        """Wait for the lock after a failed trylock that returned ``rc``."""
+    def acquire_slow(self, rc: int, repairing=None) -> bool:
+        """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is
+        repairing the segment, which takes time in proportion to its size: the wait is then extended, up to
+        ``_REPAIR_PATIENCE`` timeouts in all, rather than failing every waiter during a legitimate recovery."""
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
+        extensions = 0
         ts = _Timespec()
         while True:
             if rc == 0:
@@ -145,6 +149,9 @@ class SegmentLock:
                     what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
                 )
             now = time.monotonic_ns()
+            if now >= deadline and repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
+                extensions += 1
+                deadline = now + int(self.timeout * 1e9)
             if now >= deadline:
                 raise LockTimeout(
                     f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it",

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from shmcache import ClosedError, LockTimeout, SharedCache
-from tests.workers import check_value, half_put_then_die, hold_lock, make_value
+from tests.workers import check_value, half_put_then_die, hold_lock, make_value, repair_slowly
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 SMALL = dict(capacity_bytes=1 << 16, max_entries=64)
@@ -280,3 +280,15 @@ def test_lock_close_while_other_threads_call_is_safe(name):
         assert not errors, errors
         check_value("k", owner.get("k"))  # the lock was not left held
         assert owner.verify().ok
+
+
+def test_lock_waiters_are_patient_with_a_long_repair(name):
+    """A repair of a large segment takes time under the lock: waiters extend their timeout instead of failing."""
+    with SharedCache(name, lock_timeout=0.3, **SMALL) as c:
+        c.put("k", 1)
+        p, _ = _start(repair_slowly, name, 1.0)
+        try:
+            assert c.get("k") == 1  # waited past its 0.3 s timeout, because the holder was repairing
+        finally:
+            p.join(timeout=10)
+            _reap(p)

@@ -115,3 +115,18 @@ def half_put_then_die(name: str, ready) -> None:
     index.insert(cache._ix, cache._ent, cache._mask, fingerprint(kb), e)
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def repair_slowly(name: str, ready, seconds: float) -> None:
+    """Hold the lock as a long repair does (dirty word at its repairing value), then finish cleanly."""
+    from shmcache.cache import _REPAIRING
+    from shmcache.layout.dtypes import H_DIRTY
+
+    cache = SharedCache(name, create=False)
+    cache._enter()
+    cache._h[H_DIRTY] = _REPAIRING
+    ready.set()
+    time.sleep(seconds)
+    cache._h[H_DIRTY] = 0
+    cache._unlock(cache._addr)
+    cache.close()

@@ -76,7 +76,7 @@ HEADER = _record(
             ("unused_next", _W),  # first entry slot never handed out; slots above it are all free
             ("created_ns", _W),   # wall-clock creation time, ns since the epoch (for display only)
             ("creator_pid", _W),  # pid of the creating process (for display only)
-            ("dirty", _W),        # 1 while a lock holder is between the first and last write of an update
+            ("dirty", _W),        # non-zero while the lock holder is mid-update (1) or mid-repair (2)
         ]),
     ],
     HEADER_NBYTES,
