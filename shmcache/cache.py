@@ -18,18 +18,18 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 from __future__ import annotations
 
 from . import index, lru
-from .arena import Arena, block_nbytes
+from .arena import block_nbytes
 from .codec import MALFORMED, TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, NIL, SENTINEL, Geometry
+from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_ENTRIES,
-    H_DIRTY, H_EVICTIONS, H_FREE_HEAD, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES,
-    H_RETAINED, H_UNUSED_NEXT, H_UPDATES, I_ENTRY, INDEX_WORDS,
+    E_CHECK, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_DIRTY, H_ENTRIES, H_HITS,
+    H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
 )
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
+from .table import Table
 from .verify import VerifyReport, check, repair
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
@@ -114,8 +114,7 @@ class SharedCache:
         self._base = g.arena_off
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
-        self._ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots)
-        self._slots = g.entry_slots
+        self._table = Table(seg)
         self._lock = SegmentLock(seg.lock_address, lock_timeout)
         self._addr = self._lock.address
         self._trylock = self._lock.trylock
@@ -182,7 +181,7 @@ class SharedCache:
                     repair(self._seg)
                     h[H_RECOVERIES] += 1
             except Exception:  # repair itself failed on garbage: start over with an empty cache
-                self._reset_entries_locked()
+                self._table.reset()
                 h[H_RECOVERIES] += 1
             h[H_DIRTY] = 0
 
@@ -283,8 +282,7 @@ class SharedCache:
         vb = encode_value(value)
         fp = fingerprint(kb)
         check = checksum(vb)
-        klen, vlen = len(kb), len(vb)
-        size = klen + vlen
+        size = len(kb) + len(vb)
         nb = block_nbytes(size)
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
@@ -301,27 +299,14 @@ class SharedCache:
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
             h[H_DIRTY] = 1
+            table = self._table
             old = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if old != EMPTY:
-                self._remove_locked(old)
+                table.remove(old)
                 h[H_UPDATES] += 1
             if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                self._evict_until_locked(1, size)
-            e = self._take_slot_locked()
-            off = self._ring.alloc(nb, e)
-            v0 = self._base + off + _VALUE_START
-            self._mm[v0 : v0 + vlen] = vb
-            self._mm[v0 + vlen : v0 + size] = kb
-            b = e * _W
-            ent[b + E_FP] = fp
-            ent[b + E_OFF] = off
-            ent[b + E_KEY_NBYTES] = klen
-            ent[b + E_VAL_NBYTES] = vlen
-            ent[b + E_CHECK] = check
-            index.insert(self._ix, ent, self._mask, fp, e)
-            lru.push_front(ent, e)
-            h[H_ENTRIES] += 1
-            h[H_RETAINED] += size
+                table.evict_until(1, size)
+            table.insert(kb, vb, fp, check, nb)
             h[H_PUTS] += 1
             h[H_DIRTY] = 0
         except BaseException as exc:
@@ -347,7 +332,7 @@ class SharedCache:
             if e == EMPTY:
                 return False
             self._h[H_DIRTY] = 1
-            self._remove_locked(e)
+            self._table.remove(e)
             self._h[H_DELETES] += 1
             self._h[H_DIRTY] = 0
             return True
@@ -393,69 +378,6 @@ class SharedCache:
             raise _closed()
         return self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
 
-    # ------------------------------------------------------------------------------------------- structure, locked
-    # Each checks the slot numbers it takes from the segment before its first write: damaged words raise
-    # CorruptionError (and get repaired) instead of aiming a write at another entry.
-
-    def _remove_locked(self, e: int) -> None:
-        h, ent, slots = self._h, self._ent, self._slots
-        b = e * _W
-        if not 0 < e < slots:
-            raise CorruptionError(f"entry slot {e} is out of range", what="remove")
-        klen, vlen, s = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_SLOT]
-        if not (0 <= s <= self._mask and self._ix[s * INDEX_WORDS + I_ENTRY] == e
-                and 0 <= ent[b + E_PREV] < slots and 0 <= ent[b + E_NEXT] < slots):
-            raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
-        self._ring.free(ent[b + E_OFF], block_nbytes(klen + vlen), e)
-        index.remove(self._ix, ent, self._mask, s)
-        lru.unlink(ent, e)
-        ent[b + E_CHECK] = 0
-        ent[b + E_NEXT] = h[H_FREE_HEAD]
-        h[H_FREE_HEAD] = e
-        h[H_ENTRIES] -= 1
-        h[H_RETAINED] -= klen + vlen
-
-    def _evict_until_locked(self, extra_entries: int, extra_bytes: int) -> None:
-        """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
-        the limits. Bounded by the table size, so damaged counters raise instead of looping."""
-        h, ent = self._h, self._ent
-        for _ in range(self._slots):
-            if h[H_ENTRIES] + extra_entries <= h[H_MAX_ENTRIES] and h[H_RETAINED] + extra_bytes <= h[H_MAX_RETAINED]:
-                return
-            e = lru.tail(ent)
-            if e == SENTINEL:
-                break
-            self._remove_locked(e)
-            h[H_EVICTIONS] += 1
-        raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
-
-    def _take_slot_locked(self) -> int:
-        h, ent = self._h, self._ent
-        e = h[H_FREE_HEAD]
-        if e != NIL:
-            if not 0 < e < self._slots or ent[e * _W + E_CHECK]:
-                raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
-            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
-            return e
-        e = h[H_UNUSED_NEXT]
-        if not 0 < e < self._slots:
-            raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
-        h[H_UNUSED_NEXT] = e + 1
-        return e
-
-    def _reset_entries_locked(self) -> None:
-        h = self._h
-        _, index, entries = self._seg.arrays()
-        # Zero the check word of every slot ever handed out, so none is mistaken for resident by a later repair.
-        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= len(entries) else len(entries)
-        entries["check"][:handed_out] = 0
-        index["entry"] = EMPTY
-        lru.reset(self._ent)
-        self._ring.reset()
-        h[H_ENTRIES] = h[H_RETAINED] = 0
-        h[H_FREE_HEAD] = NIL
-        h[H_UNUSED_NEXT] = 1
-
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
     def clear(self) -> None:
@@ -466,7 +388,7 @@ class SharedCache:
             if addr != self._addr:
                 raise Reentered()
             self._h[H_DIRTY] = 1
-            self._reset_entries_locked()
+            self._table.reset()
             reset_counters(self._h)
             self._h[H_CLEARS] += 1
             self._h[H_DIRTY] = 0
@@ -517,7 +439,7 @@ class SharedCache:
             h[H_DIRTY] = 1
             h[H_MAX_ENTRIES] = limits.max_entries
             h[H_MAX_RETAINED] = limits.max_retained_bytes
-            self._evict_until_locked(0, 0)
+            self._table.evict_until(0, 0)
             h[H_DIRTY] = 0
         except BaseException as exc:
             self._fault(exc, addr)
@@ -568,7 +490,7 @@ class SharedCache:
             return
         finally:
             self._unlock(addr)
-        self._ring.close()
+        self._table.close()
         self._seg.close()
 
     def unlink(self) -> None:

@@ -93,7 +93,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
     value (O(bytes stored)); without it the walk is O(entries + index slots + ring blocks)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
-    slots, size, mask = g.entry_slots, g.arena_nbytes, g.index_slots - 1
+    slots, mask = g.entry_slots, g.index_slots - 1
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
     order = _walk_lru(ent, slots, problems)

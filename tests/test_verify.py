@@ -207,7 +207,9 @@ def _set_limits_then_die(name: str) -> None:
     from shmcache import CacheLimits
 
     cache = SharedCache(name, create=False)
-    SharedCache._remove_locked = lambda self, e: os._exit(0)  # dies at its first eviction, holding the lock
+    from shmcache.table import Table
+
+    Table.remove = lambda self, e: os._exit(0)  # dies at its first eviction, holding the lock
     cache.set_limits(CacheLimits(max_entries=3, max_retained_bytes=SMALL["capacity_bytes"]))
     os._exit(1)
 

@@ -104,8 +104,8 @@ def half_put_then_die(name: str, ready) -> None:
     cache._enter()
     cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
-    e = cache._take_slot_locked()
-    off = cache._ring.alloc(block_nbytes(len(kb) + len(vb)), e)
+    e = cache._table.take_slot()
+    off = cache._table.ring.alloc(block_nbytes(len(kb) + len(vb)), e)
     b = e * ENTRY_WORDS
     cache._ent[b + E_FP] = fingerprint(kb)
     cache._ent[b + E_OFF] = off

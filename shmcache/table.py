@@ -1,0 +1,118 @@
+"""The segment's tables as one structure: insert, remove, evict and reset entries, keeping the index, the LRU list,
+the free list, the arena and the occupancy counters in step. Knows nothing of keys' meaning or of values' encoding.
+
+Every method assumes the cache lock is held and the ``dirty`` word raised (see cache.py). Slot numbers and block
+offsets read from the segment are checked before the first write, so damaged words raise CorruptionError (and the
+caller repairs) instead of aiming a write at another entry.
+"""
+
+from __future__ import annotations
+
+from . import index, lru
+from .arena import Arena, block_nbytes
+from .errors import CorruptionError
+from .layout import BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
+from .layout.dtypes import (
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
+    H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_UNUSED_NEXT, I_ENTRY, INDEX_WORDS,
+)
+
+_W = ENTRY_WORDS
+
+
+class Table:
+    """The structures of one mapped segment."""
+
+    def __init__(self, seg) -> None:
+        g = seg.geometry
+        self.seg = seg
+        self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self.base = g.arena_off
+        self.mask = g.index_slots - 1
+        self.slots = g.entry_slots
+        self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots)
+
+    def close(self) -> None:
+        self.ring.close()
+
+    def insert(self, kb: bytes, vb: bytes, fp: int, check: int, nb: int) -> None:
+        """Store a new entry (the key is absent and the limits leave room) as the most recently used."""
+        h, ent = self.h, self.ent
+        klen, vlen = len(kb), len(vb)
+        e = self.take_slot()
+        off = self.ring.alloc(nb, e)
+        v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
+        self.mm[v0 : v0 + vlen] = vb
+        self.mm[v0 + vlen : v0 + vlen + klen] = kb
+        b = e * _W
+        ent[b + E_FP] = fp
+        ent[b + E_OFF] = off
+        ent[b + E_KEY_NBYTES] = klen
+        ent[b + E_VAL_NBYTES] = vlen
+        ent[b + E_CHECK] = check
+        index.insert(self.ix, ent, self.mask, fp, e)
+        lru.push_front(ent, e)
+        h[H_ENTRIES] += 1
+        h[H_RETAINED] += klen + vlen
+
+    def remove(self, e: int) -> None:
+        """Drop entry ``e`` from every structure and give its slot and block back."""
+        h, ent, slots = self.h, self.ent, self.slots
+        b = e * _W
+        if not 0 < e < slots:
+            raise CorruptionError(f"entry slot {e} is out of range", what="remove")
+        klen, vlen, s = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_SLOT]
+        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e
+                and 0 <= ent[b + E_PREV] < slots and 0 <= ent[b + E_NEXT] < slots):
+            raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
+        self.ring.free(ent[b + E_OFF], block_nbytes(klen + vlen), e)
+        index.remove(self.ix, ent, self.mask, s)
+        lru.unlink(ent, e)
+        ent[b + E_CHECK] = 0
+        ent[b + E_NEXT] = h[H_FREE_HEAD]
+        h[H_FREE_HEAD] = e
+        h[H_ENTRIES] -= 1
+        h[H_RETAINED] -= klen + vlen
+
+    def evict_until(self, extra_entries: int, extra_bytes: int) -> None:
+        """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
+        the limits. Bounded by the table size, so damaged counters raise instead of looping."""
+        h, ent = self.h, self.ent
+        for _ in range(self.slots):
+            if h[H_ENTRIES] + extra_entries <= h[H_MAX_ENTRIES] and h[H_RETAINED] + extra_bytes <= h[H_MAX_RETAINED]:
+                return
+            e = lru.tail(ent)
+            if e == SENTINEL:
+                break
+            self.remove(e)
+            h[H_EVICTIONS] += 1
+        raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
+
+    def take_slot(self) -> int:
+        """A free entry slot: the head of the free list, else the first never used."""
+        h, ent = self.h, self.ent
+        e = h[H_FREE_HEAD]
+        if e != NIL:
+            if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
+                raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
+            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
+            return e
+        e = h[H_UNUSED_NEXT]
+        if not 0 < e < self.slots:
+            raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
+        h[H_UNUSED_NEXT] = e + 1
+        return e
+
+    def reset(self) -> None:
+        """Drop every entry (counters other than occupancy are the caller's)."""
+        h = self.h
+        _, index_arr, entries = self.seg.arrays()
+        # Zero the check word of every slot ever handed out first, so none is mistaken for resident by a repair.
+        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= len(entries) else len(entries)
+        entries["check"][:handed_out] = 0
+        index_arr["entry"] = EMPTY
+        lru.reset(self.ent)
+        self.ring.reset()
+        h[H_ENTRIES] = h[H_RETAINED] = 0
+        h[H_FREE_HEAD] = NIL
+        h[H_UNUSED_NEXT] = 1
