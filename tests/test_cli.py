@@ -1,0 +1,85 @@
+"""The ``shmcache`` command, driven through its own main() and as a console script; data parsed from --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shmcache import SharedCache
+from shmcache.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def filled(name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+        for i in range(10):
+            c.put(i, b"x" * 100)
+        c.get(1)
+        c.get("missing")
+        yield c
+
+
+def test_cli_ls_lists_the_cache(capsys, filled, name):
+    rc, out, _ = run(capsys, "ls", "--json")
+    mine = [c for c in json.loads(out) if c["name"] == name]
+    assert rc == 0 and len(mine) == 1
+    assert mine[0]["entries"] == 10 and mine[0]["hit_ratio"] == 0.5 and mine[0]["max_entries"] == 64
+    rc, out, _ = run(capsys, "ls")
+    assert rc == 0 and name in out
+
+
+def test_cli_stats_json_matches_the_api(capsys, filled, name):
+    rc, out, _ = run(capsys, "stats", name, "--json")
+    assert rc == 0 and json.loads(out) == filled.stats().as_dict()
+
+
+def test_cli_inspect_reports_layout_and_verify(capsys, filled, name):
+    rc, out, _ = run(capsys, "inspect", name, "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["verify"]["ok"] and data["verify"]["entries"] == 10
+    assert data["layout"]["arena_off"] % 4096 == 0 and data["limits"]["capacity_entries"] == 64
+
+
+def test_cli_set_limits_evicts(capsys, filled, name):
+    rc, out, _ = run(capsys, "set-limits", name, "--max-entries", "4", "--json")
+    assert rc == 0 and json.loads(out)["entries"] == 4 and len(filled) == 4
+
+
+def test_cli_set_limits_above_capacity_is_a_clear_error(capsys, filled, name):
+    rc, _, err = run(capsys, "set-limits", name, "--max-entries", "1000")
+    assert rc == 1 and "capacity" in err
+
+
+def test_cli_clear_and_rm(capsys, filled, name):
+    assert run(capsys, "clear", name)[0] == 0
+    assert len(filled) == 0 and filled.stats().clears == 1
+    assert run(capsys, "rm", name)[0] == 0
+    rc, _, err = run(capsys, "rm", name)
+    assert rc == 1 and "no cache" in err
+
+
+def test_cli_missing_cache_is_a_clear_error(capsys, name):
+    rc, _, err = run(capsys, "stats", name)
+    assert rc == 1 and name in err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_cli_bench_demo_runs_as_a_console_script():
+    out = subprocess.run(
+        [sys.executable, "-m", "shmcache", "bench", "--seconds", "3", "--workers", "2", "--keys", "2000", "--json"],
+        capture_output=True, text=True, timeout=100,
+    )
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["ops_per_s"] > 0 and 0 < r["hit_ratio"] <= 1 and r["wrong_values"] == 0 and r["verify_ok"]
+    assert len(r["per_worker_ops"]) == 2 and all(n > 0 for n in r["per_worker_ops"])
