@@ -33,6 +33,7 @@ _CLOCK_MONOTONIC = 1
 _SLICE_NS = 100_000_000  # wait at most this long per futex call, then let Python run signal handlers
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
                   signal.SIGUSR2}
+_SPIN_TRIES = 50  # trylock + sched_yield rounds before a contended waiter blocks in the kernel (~25-50 us)
 _REPAIR_PATIENCE = 10  # a waiter gives a holder that is repairing the segment this many more lock timeouts
 _FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
 
@@ -131,6 +132,14 @@ class SegmentLock:
         """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is
         repairing the segment, which takes time in proportion to its size: the wait is then extended, up to
         ``_REPAIR_PATIENCE`` timeouts in all, rather than failing every waiter during a legitimate recovery."""
+        # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
+        # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
+        # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
+        for _ in range(_SPIN_TRIES):
+            if rc != errno.EBUSY:
+                break
+            os.sched_yield()
+            rc = _mutex_trylock(self.address)
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
         extensions = 0
         ts = _Timespec()
