@@ -99,7 +99,7 @@ class SharedCache:
             self._bind(seg, lock_timeout)
         except BaseException:
             seg.close()
-            if seg.created:
+            if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
                 unlink_name(name)
             raise
 
@@ -151,8 +151,8 @@ class SharedCache:
         return self._addr
 
     def _wait(self, rc: int) -> int:
-        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's address,
-        or the private one after raising nothing when this thread already holds the lock (the caller raises)."""
+        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's address;
+        when this thread already holds the lock, the private address instead, and the caller raises Reentered."""
         for _ in range(3):
             try:
                 if self._lock.acquire_slow(rc, self._repairing):

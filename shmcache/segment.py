@@ -80,11 +80,11 @@ class Segment:
     # Class-level defaults make close() safe on a half-built object.
     mm: mmap.mmap | None = None
     geometry: Geometry | None = None
+    initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int) -> None:
         self.name = name
         self.shm_name = shm_name(name)
-        self.created = False
         if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
             _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
         deadline = time.monotonic() + _INIT_WAIT_S
@@ -96,10 +96,10 @@ class Segment:
                         return
                     # Unlinked (and perhaps created anew) while we attached: join what the name holds now.
                     self.close()
-                    self.created = False
+                    self.initialised_here = False
             except BaseException:
                 self.close()
-                if self.created:  # creation failed half-way: remove what was made, then re-raise
+                if self.initialised_here:  # creation failed half-way: remove what was made, then re-raise
                     shm.unlink()
                 raise
             finally:
@@ -133,7 +133,6 @@ class Segment:
                 raise FileExistsError(errno.EEXIST, f"cache {self.name!r} already exists", self.shm_name) from None
             return self._open(False, mode)
         os.fchmod(shm.fd, mode)  # shm_open honours the umask; the mode asked for is the mode wanted
-        self.created = True
         return shm
 
     def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
@@ -182,6 +181,7 @@ class Segment:
         self._map(fd, geometry)
 
     def _initialise(self, fd: int, geometry: Geometry) -> None:
+        self.initialised_here = True
         total = geometry.total_nbytes
         _check_space(total, self.name)
         try:
