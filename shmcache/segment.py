@@ -251,9 +251,6 @@ class Segment:
             pass  # a view is still referenced (e.g. by a traceback): the mapping goes when the last view does
         self.mm = None
 
-    def unlink(self) -> None:
-        unlink_name(self.name)
-
 
 def unlink_name(name: str) -> None:
     """Remove the named cache's segment; processes that have it mapped keep their mapping until they close it."""
