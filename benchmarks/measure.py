@@ -66,28 +66,15 @@ def gc_paused():
             gc.enable()
 
 
-def time_each(op, args) -> np.ndarray:
-    """Call ``op(a)`` for each ``a`` in ``args``, timing every call alone; the durations in ns."""
+def time_each(op, args, *extra) -> np.ndarray:
+    """Call ``op(a, *extra)`` for each ``a`` in ``args``, timing every call alone; the durations in ns."""
     clock = time.perf_counter_ns
     out = []
     append = out.append
     with gc_paused():
         for a in args:
             t0 = clock()
-            op(a)
-            append(clock() - t0)
-    return np.asarray(out, dtype=np.int64)
-
-
-def time_each_put(put, keys, value) -> np.ndarray:
-    """Call ``put(k, value)`` for each key, timing every call alone; the durations in ns."""
-    clock = time.perf_counter_ns
-    out = []
-    append = out.append
-    with gc_paused():
-        for k in keys:
-            t0 = clock()
-            put(k, value)
+            op(a, *extra)
             append(clock() - t0)
     return np.asarray(out, dtype=np.int64)
 

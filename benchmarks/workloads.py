@@ -24,7 +24,7 @@ import numpy as np
 
 from .measure import (
     ARRAY, BYTES_64K, SMALL, VALUE_MAKERS, array_value, error_row, gc_paused, latency_row, make_key, median_p99,
-    minor_faults, row, same_value, small_value, time_each, time_each_put,
+    minor_faults, row, same_value, small_value, time_each,
 )
 from .peers import CachetoolsPeer, ShmcachePeer, Sizing
 
@@ -111,7 +111,7 @@ def w1_latency(scale: Scale, peers, seed: int) -> list[dict]:
 def _w1_peer(peer, sizing, kind, value, puts, hits, misses) -> list[dict]:
     rows = []
     with peer(sizing) as store:
-        for op, timed in (("put", lambda: time_each_put(store.put, puts, value)),
+        for op, timed in (("put", lambda: time_each(store.put, puts, value)),
                           ("get hit", lambda: time_each(store.get, hits)),
                           ("get miss", lambda: time_each(store.get, misses))):
             faults = minor_faults()

@@ -128,6 +128,7 @@ class SharedCache:
     #     addr = self._addr
     #     try:
     #         addr = self._enter()
+    #         self._admit(addr)
     #         ...
     #     except BaseException as exc:
     #         self._fault(exc, addr)
@@ -138,17 +139,19 @@ class SharedCache:
     # must leave the lock to the call that holds it.
 
     def _enter(self) -> int:
-        """Take the lock, then check the handle and the segment; returns the address the caller releases."""
+        """Take the lock; returns the address the caller releases (see ``_wait``). Follow with ``_admit``."""
         rc = self._trylock(self._addr)
-        if rc:
-            addr = self._wait(rc)
-            if addr != self._addr:
-                return addr
+        return self._wait(rc) if rc else self._addr
+
+    def _admit(self, addr: int) -> None:
+        """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
+        The hot paths call it only when one of the three applies."""
+        if addr != self._addr:
+            raise Reentered()
         if self._closed:
             raise _closed()
         if self._h[H_DIRTY]:
             self._repair_locked()
-        return self._addr
 
     def _wait(self, rc: int) -> int:
         """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's address;
@@ -216,33 +219,32 @@ class SharedCache:
         fp = fingerprint(kb)
         addr = self._addr
         try:
-            rc = self._trylock(addr)  # _enter(), inlined on the hot path
+            rc = self._trylock(addr)  # _enter() and _admit(), inlined on the hot path
             if rc:
                 addr = self._wait(rc)
-            if self._closed or addr != self._addr:
-                raise _closed() if self._closed else Reentered()
+            if addr != self._addr or self._closed or self._h[H_DIRTY]:
+                self._admit(addr)
             h, ent = self._h, self._ent
-            if h[H_DIRTY]:
-                self._repair_locked()
             e = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
                 h[H_MISSES] += 1
                 return default
-            if ent[e * _W + E_PREV] != SENTINEL:
+            b = e * _W
+            if ent[b + E_PREV] != SENTINEL:  # not already the most recent
                 h[H_DIRTY] = 1
                 lru.move_to_front(ent, e)
                 h[H_DIRTY] = 0
             h[H_HITS] += 1
-            b = e * _W
-            v0 = self._base + ent[b + E_OFF] + _VALUE_START
+            voff = ent[b + E_OFF] + _VALUE_START  # arena offset of the value
             vlen = ent[b + E_VAL_NBYTES]
             check = ent[b + E_CHECK]
-            if self._mm[v0] == TAG_ARRAY:
+            if self._arena[voff] == TAG_ARRAY:
                 # Arrays are checked and copied under the lock, straight into the array returned: one copy.
-                view = self._arena[v0 - self._base : v0 - self._base + vlen]
+                view = self._arena[voff : voff + vlen]
                 if checksum(view) != check:
                     raise CorruptionError(f"entry {e} failed its checksum", what="get")
                 return decode_array(view)
+            v0 = self._base + voff
             raw = self._mm[v0 : v0 + vlen]
         except BaseException as exc:
             self._fault(exc, addr)
@@ -258,8 +260,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             self._h[H_HITS] -= 1
             self._h[H_MISSES] += 1
             self._repair_locked(deep=True)
@@ -288,14 +289,12 @@ class SharedCache:
             raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
         addr = self._addr
         try:
-            rc = self._trylock(addr)  # _enter(), inlined on the hot path
+            rc = self._trylock(addr)  # _enter() and _admit(), inlined on the hot path
             if rc:
                 addr = self._wait(rc)
-            if self._closed or addr != self._addr:
-                raise _closed() if self._closed else Reentered()
+            if addr != self._addr or self._closed or self._h[H_DIRTY]:
+                self._admit(addr)
             h, ent = self._h, self._ent
-            if h[H_DIRTY]:
-                self._repair_locked()
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
             h[H_DIRTY] = 1
@@ -326,8 +325,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
             if e == EMPTY:
                 return False
@@ -349,8 +347,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb) != EMPTY
         except BaseException as exc:
             self._fault(exc, addr)
@@ -385,8 +382,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             self._h[H_DIRTY] = 1
             self._table.reset()
             reset_counters(self._h)
@@ -403,8 +399,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             return read_stats(self._h)
         except BaseException as exc:
             self._fault(exc, addr)
@@ -433,8 +428,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             h = self._h
             h[H_DIRTY] = 1
             h[H_MAX_ENTRIES] = limits.max_entries
@@ -453,8 +447,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             report = check(self._seg, deep=deep)
             if not report.ok and repair_damage:
                 self._repair_locked(deep=deep)
@@ -477,8 +470,7 @@ class SharedCache:
         addr = self._addr
         try:
             addr = self._enter()
-            if addr != self._addr:
-                raise Reentered()
+            self._admit(addr)
             self._closed = True
         except BaseException as exc:
             self._fault(exc, addr)

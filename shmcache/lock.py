@@ -35,7 +35,7 @@ _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, 
                   signal.SIGUSR2}
 _SPIN_TRIES = 50  # trylock + sched_yield rounds before a contended waiter blocks in the kernel (~25-50 us)
 _REPAIR_PATIENCE = 10  # a waiter gives a holder that is repairing the segment this many more lock timeouts
-_FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
+FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
 
 
 class _Timespec(ctypes.Structure):
@@ -192,7 +192,7 @@ class SegmentLock:
 
     def holder_tid(self) -> int:
         """Thread id of the holder, 0 when free. The robust-futex ABI keeps it in the mutex's first word."""
-        return ctypes.c_int.from_address(self.address).value & _FUTEX_TID_MASK if self.address else 0
+        return ctypes.c_int.from_address(self.address).value & FUTEX_TID_MASK if self.address else 0
 
     def owned(self) -> bool:
         """Whether the calling thread holds the lock."""

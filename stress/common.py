@@ -29,6 +29,7 @@ import xxhash
 from shmcache import CacheLimits, SharedCache, ShmCacheError, TooLargeError
 from shmcache.layout import SEGMENT_PREFIX
 from shmcache.layout.dtypes import H_LOCK_OFF
+from shmcache.lock import FUTEX_TID_MASK
 
 FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused")
 OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
@@ -36,7 +37,6 @@ NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005}
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
 MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
-_GLIBC_OWNER_OFF = 8  # offset of __owner (holder's thread id) in glibc's pthread_mutex_t on x86_64 and aarch64
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _xxh = xxhash.xxh3_64_intdigest
 
@@ -218,9 +218,9 @@ def raw_map(name: str, writable: bool = False) -> mmap.mmap:
 
 
 def lock_owner(mm: mmap.mmap) -> int:
-    """Thread id glibc records as the cache mutex's holder, 0 when free (a racy, informational read)."""
-    off = H_LOCK_OFF + _GLIBC_OWNER_OFF
-    return int.from_bytes(mm[off : off + 4], "little") & 0x3FFFFFFF
+    """Thread id of the cache mutex's holder, 0 when free, from the mutex's futex word as shmcache.lock reads it (a
+    racy, informational read)."""
+    return int.from_bytes(mm[H_LOCK_OFF : H_LOCK_OFF + 4], "little") & FUTEX_TID_MASK
 
 
 def dump_stalled(procs, mm: mmap.mmap, seconds: float) -> None:

@@ -17,7 +17,6 @@ from tests.workers import check_value, half_put_then_die, hold_lock, make_value,
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 SMALL = dict(capacity_bytes=1 << 16, max_entries=64)
-TAKEOVER_BOUND_S = 1.0  # the bound; the robust mutex reports a dead holder at once
 
 
 def _start(target, *args, method="fork"):
@@ -42,9 +41,10 @@ def test_lock_holder_killed_is_taken_over(name):
         try:
             os.kill(p.pid, signal.SIGKILL)
             p.join(timeout=10)
-            t0 = time.monotonic()
-            check_value("k", c.get("k"))
-            assert time.monotonic() - t0 < TAKEOVER_BOUND_S + 5  # generous: a loaded CI machine, not a timing test
+            # The kernel reports the dead holder to the very first trylock, so even a handle that gives up on a
+            # busy lock almost at once gets it: no waiting, hence no timing in this test.
+            with SharedCache(name, lock_timeout=0.001) as impatient:
+                check_value("k", impatient.get("k"))
             assert c.verify().ok
         finally:
             _reap(p)

@@ -53,20 +53,19 @@ hashables = st.recursive(
     lambda inner: st.lists(inner, max_size=3).map(tuple),
     max_leaves=6,
 )
-codec_values = st.recursive(
-    scalars | small_arrays,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(hashables, inner, max_size=4),
-    max_leaves=20,
-)
-keys = st.recursive(
-    scalars | small_arrays,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(hashables, inner, max_size=5),
-    max_leaves=20,
-)
+def nested(max_dict: int):
+    """Scalars and small arrays nested in lists, tuples and dicts."""
+    return st.recursive(
+        scalars | small_arrays,
+        lambda inner: st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(hashables, inner, max_size=max_dict),
+        max_leaves=20,
+    )
+
+
+codec_values = nested(max_dict=4)
+keys = nested(max_dict=5)
 
 
 # ---------------------------------------------------------------------------------------------------- codec properties
