@@ -17,16 +17,20 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-from . import index, lru
-from .arena import block_nbytes
-from .codec import MALFORMED, TAG_ARRAY, checksum, decode_array, decode_value, encode_key, encode_value, fingerprint
+from . import index
+from .codec import (
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_MSGPACK, _unpackb, _xxh, body_checksum, decode_array, decode_body, encode_key,
+    encode_parts, fingerprint,
+)
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_DIRTY, H_ENTRIES, H_HITS,
-    H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_DIRTY,
+    H_ENTRIES, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
 )
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
+from .lock import hot_trylock as _trylock
+from .lock import hot_unlock as _unlock
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
@@ -37,6 +41,7 @@ DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
 _W = ENTRY_WORDS
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
+_BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
@@ -116,9 +121,9 @@ class SharedCache:
         self._capacity_bytes = g.capacity_bytes
         self._table = Table(seg)
         self._lock = SegmentLock(seg.lock_address, lock_timeout)
-        self._addr = self._lock.address
-        self._trylock = self._lock.trylock
-        self._unlock = self._lock.unlock
+        self._addr = self._lock.handle
+        self._trylock = _trylock
+        self._unlock = _unlock
         self._lock_timeout = lock_timeout
         self.name = seg.name
         self._closed = False
@@ -135,27 +140,28 @@ class SharedCache:
     #         raise
     #     finally:
     #         self._unlock(addr)
-    # ``addr`` is the address to release: the real lock, or a private mutex when this thread re-entered the cache and
+    # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
     # must leave the lock to the call that holds it.
 
-    def _enter(self) -> int:
-        """Take the lock; returns the address the caller releases (see ``_wait``). Follow with ``_admit``."""
+    def _enter(self):
+        """Take the lock; returns the handle the caller releases (see ``_wait``). Follow with ``_admit``."""
         rc = self._trylock(self._addr)
         return self._wait(rc) if rc else self._addr
 
-    def _admit(self, addr: int) -> None:
+    def _admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
         The hot paths call it only when one of the three applies."""
-        if addr != self._addr:
+        if addr is not self._addr:
             raise Reentered()
         if self._closed:
             raise _closed()
         if self._h[H_DIRTY]:
             self._repair_locked()
 
-    def _wait(self, rc: int) -> int:
-        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's address;
-        when this thread already holds the lock, the private address instead, and the caller raises Reentered."""
+    def _wait(self, rc: int):
+        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's handle;
+        when this thread already holds the lock, the private mutex's handle instead, and the caller raises
+        Reentered."""
         for _ in range(3):
             try:
                 if self._lock.acquire_slow(rc, self._repairing):
@@ -163,7 +169,7 @@ class SharedCache:
                     self._lock.mark_consistent()
                 return self._addr
             except Reentered:
-                return self._lock.private_address
+                return self._lock.private_handle
             except Unrecoverable:
                 if self._closed:
                     raise _closed() from None
@@ -195,9 +201,9 @@ class SharedCache:
         except ValueError:  # closed meanwhile by another thread
             return False
 
-    def _fault(self, exc: BaseException, addr: int) -> None:
+    def _fault(self, exc: BaseException, addr) -> None:
         """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""
-        if addr != self._addr:
+        if addr is not self._addr:
             return  # this thread re-entered: the lock belongs to the call it interrupted
         if not self._lock.owned():
             return  # raised before the lock was taken (timeout, bad handle...): nothing was touched
@@ -215,45 +221,80 @@ class SharedCache:
 
     def get(self, key, default=None):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
-        kb = encode_key(key)
-        fp = fingerprint(kb)
+        # The hot path, written out in one function: encode_key, fingerprint, index.find's first probe and
+        # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
+        if type(key) is str:
+            try:
+                kb = key.encode()
+            except UnicodeEncodeError:
+                kb = encode_key(key)  # raises the TypeError
+        else:
+            kb = encode_key(key)
+        fp = _xxh(kb) & _MASK63
         addr = self._addr
         try:
-            rc = self._trylock(addr)  # _enter() and _admit(), inlined on the hot path
+            rc = _trylock(addr)  # _enter() and _admit(), inlined
             if rc:
                 addr = self._wait(rc)
-            if addr != self._addr or self._closed or self._h[H_DIRTY]:
+            h = self._h
+            if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
-            h, ent = self._h, self._ent
-            e = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
+            ix, ent, mm = self._ix, self._ent, self._mm
+            w = (fp & self._mask) << 1
+            e = ix[w + 1]
             if e == EMPTY:
                 h[H_MISSES] += 1
                 return default
             b = e * _W
-            if ent[b + E_PREV] != SENTINEL:  # not already the most recent
+            klen = len(kb)
+            v0 = self._base + ent[b + E_OFF] + _VALUE_START  # mapping offset of the value; the key follows it
+            vlen = ent[b + E_VAL_NBYTES]
+            k0 = v0 + vlen
+            if ix[w] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
+                e = index.find_rest(ix, ent, mm, self._base, self._mask, fp, kb)
+                if e == EMPTY:
+                    h[H_MISSES] += 1
+                    return default
+                b = e * _W
+                v0 = self._base + ent[b + E_OFF] + _VALUE_START
+                vlen = ent[b + E_VAL_NBYTES]
+            p = ent[b + E_PREV]
+            if p != SENTINEL:  # not already the most recent: move it to the front
                 h[H_DIRTY] = 1
-                lru.move_to_front(ent, e)
+                n = ent[b + E_NEXT]
+                ent[p * _W + E_NEXT] = n
+                ent[n * _W + E_PREV] = p
+                first = ent[E_NEXT]
+                ent[b + E_PREV] = SENTINEL
+                ent[b + E_NEXT] = first
+                ent[first * _W + E_PREV] = e
+                ent[E_NEXT] = e
                 h[H_DIRTY] = 0
             h[H_HITS] += 1
-            voff = ent[b + E_OFF] + _VALUE_START  # arena offset of the value
-            vlen = ent[b + E_VAL_NBYTES]
             check = ent[b + E_CHECK]
-            if self._arena[voff] == TAG_ARRAY:
+            tag = mm[v0]
+            if tag == TAG_ARRAY:
                 # Arrays are checked and copied under the lock, straight into the array returned: one copy.
-                view = self._arena[voff : voff + vlen]
-                if checksum(view) != check:
+                voff = v0 - self._base
+                if body_checksum(tag, self._arena[voff + 1 : voff + vlen]) != check:
                     raise CorruptionError(f"entry {e} failed its checksum", what="get")
-                return decode_array(view)
-            v0 = self._base + voff
-            raw = self._mm[v0 : v0 + vlen]
+                return decode_array(self._arena[voff : voff + vlen])
+            body = mm[v0 + 1 : v0 + vlen]
         except BaseException as exc:
             self._fault(exc, addr)
             raise
         finally:
-            self._unlock(addr)
-        if checksum(raw) != check:
+            _unlock(addr)
+        if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
-        return decode_value(raw)
+        if tag == TAG_MSGPACK:
+            try:
+                return _unpackb(body)
+            except ValueError:
+                raise
+            except MALFORMED as exc:
+                raise ValueError(f"malformed value: {exc!r}") from None
+        return decode_body(tag, body)
 
     def _checksum_failed(self, e: int):
         """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
@@ -280,39 +321,42 @@ class SharedCache:
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         """
         kb = encode_key(key)
-        vb = encode_value(value)
-        fp = fingerprint(kb)
-        check = checksum(vb)
-        size = len(kb) + len(vb)
-        nb = block_nbytes(size)
+        tag, body = encode_parts(value)
+        fp = _xxh(kb) & _MASK63
+        check = (_xxh(body, tag) & _MASK63) | 1  # codec.body_checksum, inlined
+        size = len(kb) + len(body) + 1
+        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
         addr = self._addr
         try:
-            rc = self._trylock(addr)  # _enter() and _admit(), inlined on the hot path
+            rc = _trylock(addr)  # _enter() and _admit(), inlined on the hot path
             if rc:
                 addr = self._wait(rc)
-            if addr != self._addr or self._closed or self._h[H_DIRTY]:
+            h = self._h
+            if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
-            h, ent = self._h, self._ent
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
             h[H_DIRTY] = 1
             table = self._table
-            old = index.find(self._ix, ent, self._mm, self._base, self._mask, fp, kb)
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
             if old != EMPTY:
-                table.remove(old)
                 h[H_UPDATES] += 1
-            if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                table.evict_until(1, size)
-            table.insert(kb, vb, fp, check, nb)
+                if not table.overwrite(old, kb, tag, body, check, nb):
+                    table.remove(old)
+                    old = EMPTY
+            if old == EMPTY:
+                if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+                    table.evict_until(1, size)
+                table.insert(kb, tag, body, fp, check, nb)
             h[H_PUTS] += 1
             h[H_DIRTY] = 0
         except BaseException as exc:
             self._fault(exc, addr)
             raise
         finally:
-            self._unlock(addr)
+            _unlock(addr)
 
     def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
         return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",

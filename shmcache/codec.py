@@ -1,11 +1,14 @@
 """Canonical key bytes and their fingerprint; the value encoding. Never pickle.
 
-Keys are encoded canonically so that equal keys built in any process give equal bytes: scalars in msgpack's (already
-unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps whose pairs are
+Keys are encoded canonically so that equal keys built in any process give equal bytes. A ``str`` key, the common
+case, is its UTF-8 bytes and nothing else, so encoding it is one ``str.encode``. Every other key is the byte
+``NON_STR_KEY`` (0xC1, which valid UTF-8 never contains, so no other key can equal a ``str`` key) followed by msgpack:
+scalars in msgpack's (already unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps whose pairs are
 sorted by their encoded key, numpy arrays as an ext of little-endian dtype, shape and C-order bytes. Keys are typed,
 like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three different keys.
 
-A value starts with a one-byte tag. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
+A value starts with a one-byte tag, and its checksum is xxh3 of the rest seeded with the tag, so a get can copy the
+body alone and still have the tag covered. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
 (dtype, shape) padded to 8 bytes, then the raw C-order data, so that a get copies the data once, straight into the
 array it returns. ``M``: anything else, msgpack with ext types for arrays, tuples and big ints (msgpack's own
 Timestamp, ext -1, round-trips as ``msgpack.Timestamp``). Decoding builds only plain data (no constructor named by the
@@ -34,10 +37,12 @@ TAG_BYTES = ord("B")
 TAG_ARRAY = ord("A")
 TAG_MSGPACK = ord("M")
 _ARRAY_PREFIX = struct.Struct("<BxHxxxx")  # tag, header length; the header is then padded to 8 bytes
+_ARRAY_HLEN = struct.Struct("<H")  # the header length within that prefix, at byte 2
 _EXT_ARRAY_PREFIX = struct.Struct("<I")
 _MAX_NDIM = 64
 _MAX_DEPTH = 32  # nesting of tuples, arrays and (in keys) containers; each level of ext costs the decoder C stack
 _MASK63 = (1 << 63) - 1
+NON_STR_KEY = b"\xc1"  # first byte of every key that is not a str: msgpack's one unused byte, never in UTF-8
 _NAN = float("nan")
 
 _xxh = xxhash.xxh3_64_intdigest
@@ -76,8 +81,13 @@ def fingerprint(kb: bytes) -> int:
 
 
 def checksum(data) -> int:
-    """Checksum of a stored payload; never 0, so 0 can mean "no entry"."""
-    return (_xxh(data) & _MASK63) | 1
+    """Checksum of encoded value bytes (tag first); never 0, so 0 can mean "no entry"."""
+    return (_xxh(memoryview(data)[1:], data[0]) & _MASK63) | 1
+
+
+def body_checksum(tag: int, body) -> int:
+    """``checksum`` of a value given as its tag and the bytes after it (what a get copies out)."""
+    return (_xxh(body, tag) & _MASK63) | 1
 
 
 # ---------------------------------------------------------------------------------------------------- keys
@@ -120,9 +130,11 @@ def _key_part(k, depth: int = 0) -> bytes:
         return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
     if isinstance(k, np.generic):
         return _key_part(k.item(), depth)
-    for base in (bool, int, float, str, bytes):
-        if isinstance(k, base):  # subclasses (IntEnum, str enums...) key as their base value
+    for base in (int, float, bytes):
+        if isinstance(k, base):  # subclasses (IntEnum...) key as their base value
             return _key_part(base(k), depth)
+    if isinstance(k, str):  # str(k) of a str enum would be its name; str.__str__ is its text
+        return _key_part(str.__str__(k), depth)
     raise TypeError(f"unsupported key type {t.__name__}: use str, bytes, int, float, bool, None, numpy arrays, "
                     "or tuples, lists and dicts of these")
 
@@ -151,12 +163,13 @@ def _bigint_ext(n: int) -> bytes:
 
 def encode_key(key) -> bytes:
     """Canonical bytes of ``key``; raises TypeError for what cannot be a key."""
-    t = type(key)
-    if t is str or t is bytes:  # the common case, without the dispatch below
-        return _packers.plain(key)
     try:
-        return _key_part(key)
-    except (RecursionError, OverflowError, ValueError) as exc:
+        if type(key) is str:
+            return key.encode()
+        if isinstance(key, str):  # a str subclass (a str enum...) keys as its text
+            return str.__str__(key).encode()
+        return NON_STR_KEY + _key_part(key)
+    except (RecursionError, OverflowError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise TypeError(f"cannot encode key: {exc}") from None
 
 
@@ -195,15 +208,21 @@ _packers = _Packers()
 
 def encode_value(value) -> bytes:
     """Encoded value bytes (tag first); raises TypeError for what cannot be stored."""
+    tag, body = encode_parts(value)
+    return bytes((tag,)) + body
+
+
+def encode_parts(value) -> tuple[int, bytes]:
+    """``encode_value`` as its tag and the bytes after it, which a put writes without joining them first."""
     t = type(value)
     if t is bytes:
-        return b"B" + value
+        return TAG_BYTES, value
     if t is np.ndarray or isinstance(value, np.ndarray):
         dtype_str, shape, raw = _array_bytes(value, "value")
         header = _packb([dtype_str, shape])
-        return _ARRAY_PREFIX.pack(TAG_ARRAY, len(header)) + header + b"\0" * (-len(header) % 8) + raw
+        return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
     try:
-        return b"M" + _packers.value(value)
+        return TAG_MSGPACK, _packers.value(value)
     except (OverflowError, ValueError, RecursionError) as exc:  # msgpack's own limits (nesting depth, sizes)
         raise TypeError(f"cannot encode value: {exc}") from None
 
@@ -227,7 +246,7 @@ def _ext_hook(code: int, data: bytes):
 
 
 def _unpackb(data):
-    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)
+    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False)
 
 
 
@@ -273,23 +292,31 @@ def decode_array(view) -> np.ndarray:
         raise ValueError(f"malformed array value: {exc!r}") from None
 
 
-def _decode_array(view) -> np.ndarray:
-    _, hlen = _ARRAY_PREFIX.unpack_from(view)
-    start = _ARRAY_PREFIX.size
+def _decode_array(view, skipped: int = 0) -> np.ndarray:
+    """``skipped``: how many leading bytes of the encoding (the tag) ``view`` lacks."""
+    (hlen,) = _ARRAY_HLEN.unpack_from(view, 2 - skipped)
+    start = _ARRAY_PREFIX.size - skipped
     dtype, shape = _array_header(view[start : start + hlen])
     return _array_from(view[start + hlen + (-hlen % 8) :], dtype, shape)
 
 
 def decode_value(data: bytes):
     """The value encoded in ``data``; raises ValueError if the bytes are not a valid encoding."""
+    if not data:
+        raise ValueError("empty value")
+    return decode_body(data[0], memoryview(data)[1:])
+
+
+def decode_body(tag: int, body):
+    """The value whose tag is ``tag`` and whose remaining bytes are ``body``; ``bytes`` come back as ``body``
+    itself when it is a ``bytes`` object. Raises ValueError if the bytes are not a valid encoding."""
     try:
-        tag = data[0]
         if tag == TAG_MSGPACK:
-            return _unpackb(memoryview(data)[1:])
+            return _unpackb(body)
         if tag == TAG_BYTES:
-            return data[1:]
+            return body if type(body) is bytes else bytes(body)
         if tag == TAG_ARRAY:
-            return _decode_array(memoryview(data))
+            return _decode_array(memoryview(body), 1)
     except ValueError:
         raise
     except MALFORMED as exc:  # what malformed bytes make the parsers raise; an interrupt passes through as it is

@@ -34,10 +34,11 @@ def find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
             k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
             if mm[k0 : k0 + klen] == kb:
                 return e
-    return _find_probing(ix, ent, mm, base, mask, fp, kb)
+    return find_rest(ix, ent, mm, base, mask, fp, kb)
 
 
-def _find_probing(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    """``find`` past the key's home slot (the caller probed that one)."""
     s = fp & mask
     klen = len(kb)
     for _ in range(mask):

@@ -61,6 +61,13 @@ _mutex_unlock = _fn("pthread_mutex_unlock", _vp)
 _mutex_consistent = _fn("pthread_mutex_consistent", _vp)
 _realtime_lock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
 
+# The hot path's pair, from a CDLL instance of their own so that no argtypes are set: ctypes then converts nothing,
+# and the address goes in as a prebuilt c_void_p (a ``SegmentLock.handle``). Measured about 0.1 us cheaper per
+# lock + unlock pair than the same calls with argtypes and an int address. Neither call ever blocks.
+_hot = ctypes.CDLL(None)
+hot_trylock = _hot.pthread_mutex_trylock
+hot_unlock = _hot.pthread_mutex_unlock
+
 
 def _realtime_timedlock(address: int, until_ns: int, ts: _Timespec) -> int:
     """Lock with a monotonic deadline through the wall-clock API, converted per slice so a clock step costs at most
@@ -123,10 +130,12 @@ class SegmentLock:
         # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
         self._private = ctypes.create_string_buffer(64)
         init_mutex(ctypes.addressof(self._private))
-        self.private_address = ctypes.addressof(self._private)
-        # Bound once: the hot path calls these with a plain int address and no attribute lookups.
-        self.trylock = _mutex_trylock
-        self.unlock = _mutex_unlock
+        # The handles the callers pass to ``trylock``/``unlock`` (and compare by identity): one for the lock, one
+        # for the private mutex.
+        self.handle = ctypes.c_void_p(address)
+        self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
+        self.trylock = hot_trylock
+        self.unlock = hot_unlock
 
     def acquire_slow(self, rc: int, repairing=None) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is

@@ -35,15 +35,18 @@ class Table:
     def close(self) -> None:
         self.ring.close()
 
-    def insert(self, kb: bytes, vb: bytes, fp: int, check: int, nb: int) -> None:
-        """Store a new entry (the key is absent and the limits leave room) as the most recently used."""
-        h, ent = self.h, self.ent
-        klen, vlen = len(kb), len(vb)
+    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int) -> None:
+        """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
+        ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value)."""
+        h, ent, mm = self.h, self.ent, self.mm
+        klen, vlen = len(kb), len(body) + 1
         e = self.take_slot()
         off = self.ring.alloc(nb, e)
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
-        self.mm[v0 : v0 + vlen] = vb
-        self.mm[v0 + vlen : v0 + vlen + klen] = kb
+        k0 = v0 + vlen
+        mm[v0] = tag
+        mm[v0 + 1 : k0] = body
+        mm[k0 : k0 + klen] = kb
         b = e * _W
         ent[b + E_FP] = fp
         ent[b + E_OFF] = off
@@ -51,9 +54,40 @@ class Table:
         ent[b + E_VAL_NBYTES] = vlen
         ent[b + E_CHECK] = check
         index.insert(self.ix, ent, self.mask, fp, e)
-        lru.push_front(ent, e)
+        first = ent[E_NEXT]  # lru.push_front, inlined
+        ent[b + E_PREV] = SENTINEL
+        ent[b + E_NEXT] = first
+        ent[first * _W + E_PREV] = e
+        ent[E_NEXT] = e
         h[H_ENTRIES] += 1
         h[H_RETAINED] += klen + vlen
+
+    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int) -> bool:
+        """Give resident entry ``e`` (whose key is ``kb``) a new value in place, as the most recently used, when
+        the new block is as large as the old and the byte limit allows; False (nothing written) otherwise. Saves
+        the free, the allocation and the index and list updates of a remove and insert."""
+        h, ent = self.h, self.ent
+        b = e * _W
+        klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
+        vlen = len(body) + 1
+        if (block_nbytes(klen + old_vlen) != nb or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
+                or not 0 < e < self.slots):
+            return False
+        # The block must be this entry's own (its header names it) before anything is written into it.
+        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):
+            raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
+        mm = self.mm
+        v0 = self.base + off + BLOCK_HEADER_NBYTES
+        k0 = v0 + vlen
+        mm[v0] = tag
+        mm[v0 + 1 : k0] = body
+        if vlen != old_vlen:
+            mm[k0 : k0 + klen] = kb
+            ent[b + E_VAL_NBYTES] = vlen
+            h[H_RETAINED] += vlen - old_vlen
+        ent[b + E_CHECK] = check
+        lru.move_to_front(ent, e)
+        return True
 
     def remove(self, e: int) -> None:
         """Drop entry ``e`` from every structure and give its slot and block back."""

@@ -130,6 +130,32 @@ def test_cache_update_replaces_value(cache):
     assert s.retained_bytes == entry_size("k", "new" * 10)
 
 
+@pytest.mark.parametrize("new", ["abcdefgh", "abcdefghi", "abc", b"\x00" * 8, 12345])
+def test_cache_update_in_place_keeps_every_structure_consistent(cache, new):
+    """An update whose block is as large as the old one rewrites it in place (the other cases here remove and
+    insert): the value, the key behind it, the byte count and the LRU position come out the same either way."""
+    for k in ("a", "b", "c"):
+        cache.put(k, "abcdefgh")
+    cache.put("a", new)
+    assert cache.get("a") == new and cache.get("b") == "abcdefgh"
+    s = cache.stats()
+    assert (s.entries, s.updates) == (3, 1)
+    assert s.retained_bytes == entry_size("a", new) + 2 * entry_size("b", "abcdefgh")
+    assert cache.verify(deep=True).ok
+    cache.set_limits(CacheLimits(max_entries=2, max_retained_bytes=64 * 1024))  # evicts the least recent: "c" ("b" and "a" were read after it)
+    assert "c" not in cache and "a" in cache and "b" in cache
+
+
+def test_cache_update_in_place_past_the_byte_limit_evicts_others(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        c.put("old", b"x" * 100)
+        c.put("k", b"y" * 1001)
+        c.set_limits(CacheLimits(8, entry_size("old", b"x" * 100) + entry_size("k", b"y" * 1001)))
+        c.put("k", b"z" * 1007)  # same block size, but six more bytes than the limit leaves
+        assert c.get("k") == b"z" * 1007 and "old" not in c
+        assert c.stats().evictions == 1 and c.verify(deep=True).ok
+
+
 def test_cache_lru_evicts_least_recent_by_entries(name):
     with SharedCache(name, capacity_bytes=4096, max_entries=3, create=True) as c:
         for k in "abc":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import io
 import json
 import math
@@ -18,8 +19,10 @@ import threading
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shmcache.codec import decode_array, decode_value, encode_key, encode_value, fingerprint
+from shmcache.codec import NON_STR_KEY, decode_array, decode_value, encode_key, encode_value, fingerprint
 
 # Every dtype the codec stores: bool, int, uint, float and complex of each size numpy has on this platform.
 NUMERIC_DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "g", "c8", "c16", "G"]
@@ -146,9 +149,29 @@ def test_key_tuple_and_list_distinct(as_tuple, as_list):
     assert encode_key(as_tuple) != encode_key(as_list)
 
 
-def test_key_str_fast_path_matches_nested_encoding():
-    for k in ("", "abc", "é" * 40, b"", b"\x00" * 300):
-        assert encode_key([k]) == b"\x91" + encode_key(k)
+def test_key_str_is_its_utf8_and_other_keys_are_marked():
+    for k in ("", "abc", "é" * 40, "\U0001f600", "\x00" * 300):
+        assert encode_key(k) == k.encode("utf-8")
+    for k in (b"", b"abc", b"\xc1", 0, None, ("abc",), ["abc"], {"abc": 1}, np.arange(3)):
+        assert encode_key(k)[:1] == NON_STR_KEY
+
+
+@given(st.text(), st.one_of(st.binary(), st.integers(), st.floats(), st.lists(st.text(), max_size=3)))
+def test_key_str_never_equals_another_type(text, other):
+    assert encode_key(text) != encode_key(other)
+
+
+def test_key_str_subclass_keys_as_its_text():
+    class Colour(str, enum.Enum):
+        RED = "red"
+
+    assert encode_key(Colour.RED) == encode_key("red")
+    assert encode_key([Colour.RED]) == encode_key(["red"])
+
+
+def test_key_lone_surrogate_is_a_type_error():
+    with pytest.raises(TypeError, match="cannot encode key"):
+        encode_key("\ud800")
 
 
 @pytest.mark.parametrize("n", [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 2**200, -(2**63), -(2**63) - 1,

@@ -29,7 +29,7 @@ Deletion shifts the following cluster back, so there are no tombstones.
 Entry table. Slot 0 is the sentinel of a circular doubly linked LRU list (``SENTINEL``): ``sentinel.next`` is the
 most recently used entry and ``sentinel.prev`` the least. A resident entry records its key fingerprint, the arena
 offset of its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of its
-payload. Free slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next``
+value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0). Free slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next``
 have never been used and are free without being chained, so creation touches none of them.
 
 Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
@@ -40,8 +40,12 @@ ones slid down to close it, an incremental compaction that never needs a second 
 creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
 so a put that fits the retained-bytes and entry limits always finds room.
 
+Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
+canonical msgpack form. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.
+
 Layout versions.
-    1 -- the layout described above.
+    1 -- str keys as msgpack strings; the value checksum over tag and body together.
+    2 -- the layout described above.
 """
 
 from .dtypes import (

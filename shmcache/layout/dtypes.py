@@ -11,7 +11,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 FEATURES = 0  # no optional feature is defined yet; a reader must refuse any bit it does not know
 ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
