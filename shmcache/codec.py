@@ -204,6 +204,7 @@ def _default(obj):
 
 
 _packers = _Packers()
+_PLAIN_TYPES = frozenset((dict, list, str, int, float, bool, type(None), tuple))
 
 
 def encode_value(value) -> bytes:
@@ -217,7 +218,7 @@ def encode_parts(value) -> tuple[int, bytes]:
     t = type(value)
     if t is bytes:
         return TAG_BYTES, value
-    if t is np.ndarray or isinstance(value, np.ndarray):
+    if t not in _PLAIN_TYPES and isinstance(value, np.ndarray):  # plain types skip the isinstance check
         dtype_str, shape, raw = _array_bytes(value, "value")
         header = _packb([dtype_str, shape])
         return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw

@@ -56,18 +56,22 @@ def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     raise _full()
 
 
-def insert(ix, ent, mask: int, fp: int, e: int) -> None:
-    """Point the first free slot of ``fp``'s probe sequence at entry ``e`` (the key must not be present)."""
+def free_slot(ix, mask: int, fp: int) -> int:
+    """The first empty slot of ``fp``'s probe sequence (the caller fills it)."""
     s = fp & mask
     for _ in range(mask + 1):
-        w = s << 1
-        if ix[w + 1] == EMPTY:
-            ix[w] = fp
-            ix[w + 1] = e
-            ent[e * ENTRY_WORDS + E_SLOT] = s
-            return
+        if ix[(s << 1) + 1] == EMPTY:
+            return s
         s = (s + 1) & mask
     raise _full()
+
+
+def insert(ix, ent, mask: int, fp: int, e: int) -> None:
+    """Point the first free slot of ``fp``'s probe sequence at entry ``e`` (the key must not be present)."""
+    s = free_slot(ix, mask, fp)
+    ix[s << 1] = fp
+    ix[(s << 1) + 1] = e
+    ent[e * ENTRY_WORDS + E_SLOT] = s
 
 
 def remove(ix, ent, mask: int, s: int) -> None:

@@ -67,6 +67,7 @@ _realtime_lock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
 _hot = ctypes.CDLL(None)
 hot_trylock = _hot.pthread_mutex_trylock
 hot_unlock = _hot.pthread_mutex_unlock
+hot_unlock.restype = None  # the hot path ignores unlock's result (EPERM for a private handle is the point)
 
 
 def _realtime_timedlock(address: int, until_ns: int, ts: _Timespec) -> int:

@@ -13,11 +13,13 @@ from .arena import Arena, block_nbytes
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_UNUSED_NEXT, I_ENTRY, INDEX_WORDS,
 )
 
 _W = ENTRY_WORDS
+_ENTRY_NBYTES = ENTRY_STRUCT.size
+_pack_entry = ENTRY_STRUCT.pack_into
 
 
 class Table:
@@ -27,36 +29,42 @@ class Table:
         g = seg.geometry
         self.seg = seg
         self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.mask = g.index_slots - 1
         self.slots = g.entry_slots
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots)
 
     def close(self) -> None:
+        self.entb.release()
         self.ring.close()
 
     def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int) -> None:
         """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
         ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value)."""
-        h, ent, mm = self.h, self.ent, self.mm
+        # take_slot, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
+        h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         klen, vlen = len(kb), len(body) + 1
-        e = self.take_slot()
+        e = h[H_FREE_HEAD]
+        if e == NIL:
+            e = self.take_slot()
+        else:
+            if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
+                raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
+            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
         off = self.ring.alloc(nb, e)
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
         k0 = v0 + vlen
         mm[v0] = tag
         mm[v0 + 1 : k0] = body
         mm[k0 : k0 + klen] = kb
-        b = e * _W
-        ent[b + E_FP] = fp
-        ent[b + E_OFF] = off
-        ent[b + E_KEY_NBYTES] = klen
-        ent[b + E_VAL_NBYTES] = vlen
-        ent[b + E_CHECK] = check
-        index.insert(self.ix, ent, self.mask, fp, e)
-        first = ent[E_NEXT]  # lru.push_front, inlined
-        ent[b + E_PREV] = SENTINEL
-        ent[b + E_NEXT] = first
+        s = fp & self.mask
+        if ix[(s << 1) + 1] != EMPTY:
+            s = index.free_slot(ix, self.mask, fp)
+        first = ent[E_NEXT]  # the list's most recent entry (sentinel.next)
+        _pack_entry(self.entb, e * _ENTRY_NBYTES, SENTINEL, first, fp, off, klen, vlen, s, check)
+        ix[s << 1] = fp
+        ix[(s << 1) + 1] = e
         ent[first * _W + E_PREV] = e
         ent[E_NEXT] = e
         h[H_ENTRIES] += 1

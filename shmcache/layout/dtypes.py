@@ -7,6 +7,8 @@ are those word numbers, derived from the dtypes so that the two views can never 
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 _W = "<i8"
@@ -101,6 +103,8 @@ ENTRY = _record([(0, [
 HEADER_WORDS = HEADER_NBYTES // 8
 INDEX_WORDS = INDEX_SLOT.itemsize // 8
 ENTRY_WORDS = ENTRY.itemsize // 8
+# The whole entry record in field order, for writing a new entry with one call instead of a word at a time.
+ENTRY_STRUCT = struct.Struct("<8q")
 
 
 def _word(dtype: np.dtype, name: str) -> int:
@@ -149,3 +153,7 @@ E_KEY_NBYTES = _word(ENTRY, "key_nbytes")
 E_VAL_NBYTES = _word(ENTRY, "val_nbytes")
 E_SLOT = _word(ENTRY, "slot")
 E_CHECK = _word(ENTRY, "check")
+
+if ENTRY_STRUCT.size != ENTRY.itemsize or [E_PREV, E_NEXT, E_FP, E_OFF, E_KEY_NBYTES, E_VAL_NBYTES, E_SLOT,
+                                           E_CHECK] != list(range(ENTRY_WORDS)):
+    raise ImportError("shmcache.layout: ENTRY_STRUCT disagrees with the ENTRY dtype")
