@@ -13,6 +13,7 @@ error row and the run goes on with the next.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import sys
@@ -53,6 +54,7 @@ QUICK = Scale(w1_ops={SMALL: 5_000, BYTES_64K: 500, ARRAY: 500}, w1_big_keys=128
               w4_capacity_bytes=16 * 2**20, w4_puts=2_000, w5_nbytes=40 * 10**6)
 
 W1_MIN_CAPACITY = 64 * 2**20
+W1_ROUNDS = 5  # W1 times each operation in this many rounds, the peers taking turns within each
 W2_CACHED_SHARE = 0.1  # the bounded stores hold this share of the key space: the working set does not fit
 W2_PUT_SHARE = 0.1
 W2_BATCH = 256  # operations drawn at once; the clock is read between batches
@@ -102,33 +104,63 @@ def w1_latency(scale: Scale, peers, seed: int) -> list[dict]:
         misses = [make_key("w1-miss:", i) for i in range(nops)]
         per_entry = entry_nbytes(keys[0], value)
         sizing = Sizing(max_entries=nkeys + 16, capacity_bytes=max(W1_MIN_CAPACITY, 2 * nkeys * per_entry))
-        for peer in peers:
-            guarded(rows, "W1", f"{peer.name} {kind}", lambda: _w1_peer(peer, sizing, kind, value, puts, hits, misses))
-    rows.extend(_w1_reference(seed))
+        rows.extend(_w1_interleaved(peers, sizing, kind, value, puts, hits, misses))
+    rows.extend(_w1_reference(scale, seed))
     return rows
 
 
-def _w1_peer(peer, sizing, kind, value, puts, hits, misses) -> list[dict]:
+def _w1_interleaved(peers, sizing, kind, value, puts, hits, misses) -> list[dict]:
+    """Every peer's store open at once, each operation timed in W1_ROUNDS rounds that visit the peers in turn, so
+    that a change of load on the machine during the run lands on all of them alike and their ratios hold."""
     rows = []
-    with peer(sizing) as store:
-        for op, timed in (("put", lambda: time_each(store.put, puts, value)),
-                          ("get hit", lambda: time_each(store.get, hits)),
-                          ("get miss", lambda: time_each(store.get, misses))):
-            faults = minor_faults()
-            ns = timed()
-            faults = (minor_faults() - faults) / len(ns)
-            rows.append(latency_row("W1", f"{kind}: {op}", peer.name, ns, faults_per_op=faults))
-        if not (same_value(store.get(hits[0]), value) and store.get(misses[0]) is None):
-            rows[1]["note"] = "a get returned a wrong value"
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        stores = {}
+        for peer in peers:
+            try:
+                stores[peer.name] = stack.enter_context(peer(sizing))
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(error_row("W1", f"{peer.name} {kind}", exc))
+        for op, args in (("put", puts), ("get hit", hits), ("get miss", misses)):
+            samples = {name: [] for name in stores}
+            faults = dict.fromkeys(stores, 0)
+            for r in range(W1_ROUNDS):
+                part = args[r::W1_ROUNDS]
+                for name, store in list(stores.items()):
+                    try:
+                        before = minor_faults()
+                        samples[name].append(time_each(store.put, part, value) if op == "put"
+                                             else time_each(store.get, part))
+                        faults[name] += minor_faults() - before
+                    except Exception as exc:
+                        traceback.print_exc()
+                        rows.append(error_row("W1", f"{name} {kind}", exc))
+                        del stores[name], samples[name]
+            for name in stores:
+                ns = np.concatenate(samples[name])
+                rows.append(latency_row("W1", f"{kind}: {op}", name, ns, faults_per_op=faults[name] / len(ns)))
+        for name, store in stores.items():
+            if not (same_value(store.get(hits[0]), value) and store.get(misses[0]) is None):
+                for r in rows:
+                    if r["peer"] == name and r["case"] == f"{kind}: get hit":
+                        r["note"] = "a get returned a wrong value"
+    progress(f"W1 {kind}: {len(stores)} stores, interleaved in {W1_ROUNDS} rounds: {time.monotonic() - t0:.1f} s")
     return rows
 
 
-def _w1_reference(seed: int) -> list[dict]:
-    """Reference rows: one np.copy of the 150 KB array, and the timer around an empty call."""
+def _w1_reference(scale: Scale, seed: int) -> list[dict]:
+    """Reference rows: np.copy of the 150 KB array, copied again and again (hot in the CPU caches) and of as many
+    distinct arrays as W1 stores, in turn (cold, as a get of a random key finds its bytes); the timer around an
+    empty call."""
     a = array_value(seed)
     copy_ns = time_each(np.copy, [a] * 2000)
+    distinct = [array_value(seed, i) for i in range(scale.w1_big_keys)]
+    cold_ns = time_each(np.copy, [distinct[i % len(distinct)] for i in range(2000)])
     empty_ns = time_each(lambda _: None, range(20_000))
     return [latency_row("W1", "reference: np.copy of the 150 KB array", "numpy", copy_ns),
+            latency_row("W1", f"reference: np.copy of {len(distinct)} distinct 150 KB arrays in turn", "numpy",
+                        cold_ns),
             latency_row("W1", "reference: timer around an empty call", "python", empty_ns)]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from . import index
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_MSGPACK, _unpackb, _xxh, body_checksum, decode_array, decode_body, encode_key,
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_MSGPACK, _unpackb, _xxh, array_checksum, copy_array, decode_body, encode_key,
     encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
@@ -274,17 +274,20 @@ class SharedCache:
             check = ent[b + E_CHECK]
             tag = mm[v0]
             if tag == TAG_ARRAY:
-                # Arrays are checked and copied under the lock, straight into the array returned: one copy.
+                # Arrays are copied under the lock straight into the array returned (one copy), and checked after.
                 voff = v0 - self._base
-                if body_checksum(tag, self._arena[voff + 1 : voff + vlen]) != check:
-                    raise CorruptionError(f"entry {e} failed its checksum", what="get")
-                return decode_array(self._arena[voff : voff + vlen])
-            body = mm[v0 + 1 : v0 + vlen]
+                body, head = copy_array(self._arena[voff : voff + vlen])
+            else:
+                body = mm[v0 + 1 : v0 + vlen]
         except BaseException as exc:
             self._fault(exc, addr)
             raise
         finally:
             _unlock(addr)
+        if tag == TAG_ARRAY:
+            if array_checksum(head, body) != check:
+                self._checksum_failed(e)
+            return body
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
         if tag == TAG_MSGPACK:

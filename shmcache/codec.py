@@ -293,6 +293,30 @@ def decode_array(view) -> np.ndarray:
         raise ValueError(f"malformed array value: {exc!r}") from None
 
 
+def copy_array(view) -> tuple[np.ndarray, bytes]:
+    """A new array from the ``A``-tagged value in ``view``, and the bytes between its tag and its data, which with
+    the array give its checksum (``array_checksum``). Copies the data once and reads nothing else of it: a get does
+    this under the lock and checks the copy afterwards, so the shared bytes are read once. Raises ValueError if the
+    bytes are not a valid encoding."""
+    try:
+        (hlen,) = _ARRAY_HLEN.unpack_from(view, 2)
+        start = _ARRAY_PREFIX.size
+        dtype, shape = _array_header(view[start : start + hlen])
+        data0 = start + hlen + (-hlen % 8)
+        return _array_from(view[data0:], dtype, shape), bytes(view[1:data0])
+    except ValueError:
+        raise
+    except MALFORMED as exc:
+        raise ValueError(f"malformed array value: {exc!r}") from None
+
+
+def array_checksum(head: bytes, arr: np.ndarray) -> int:
+    """``checksum`` of an array value from the parts ``copy_array`` returns."""
+    h = xxhash.xxh3_64(head, TAG_ARRAY)
+    h.update(arr)
+    return (h.intdigest() & _MASK63) | 1
+
+
 def _decode_array(view, skipped: int = 0) -> np.ndarray:
     """``skipped``: how many leading bytes of the encoding (the tag) ``view`` lacks."""
     (hlen,) = _ARRAY_HLEN.unpack_from(view, 2 - skipped)

@@ -98,16 +98,22 @@ def test_verify_damage_is_reported_and_repaired(name, what):
         c.unlink()
 
 
-def test_verify_damaged_value_is_never_returned(name):
+@pytest.mark.parametrize("value, at", [(None, 20), (np.arange(64.0), 12), (np.arange(64.0), 60),
+                                       (np.arange(64.0), 400)])
+def test_verify_damaged_value_is_never_returned(name, value, at):
+    """A flipped byte anywhere in a value -- for arrays, in the header between tag and data or in the data -- makes
+    the get raise and drop the entry, never return it."""
     with _filled(name) as c:
+        if value is not None:
+            c.put("k19", value)
         e = c._ent[d.E_NEXT]  # the most recent entry: k19
         off = c._ent[e * d.ENTRY_WORDS + d.E_OFF]
         raw = Raw(name, c)
         try:
-            raw.mm[raw.g.arena_off + off + 20] ^= 0xFF  # flip a byte inside k19's value
+            raw.mm[raw.g.arena_off + off + at] ^= 0x01  # flip a bit inside k19's value
         finally:
             raw.close()
-        with pytest.raises(CorruptionError):
+        with pytest.raises((CorruptionError, ValueError)):
             c.get("k19")
         assert c.get("k19") is None  # dropped by the repair, never returned damaged
         assert c.stats().recoveries == 1 and c.verify().ok
