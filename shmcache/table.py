@@ -13,13 +13,14 @@ from .arena import Arena, block_nbytes
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_UNUSED_NEXT, I_ENTRY, INDEX_WORDS,
 )
 
 _W = ENTRY_WORDS
 _ENTRY_NBYTES = ENTRY_STRUCT.size
 _pack_entry = ENTRY_STRUCT.pack_into
+_unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
 
 
 class Table:
@@ -100,16 +101,17 @@ class Table:
     def remove(self, e: int) -> None:
         """Drop entry ``e`` from every structure and give its slot and block back."""
         h, ent, slots = self.h, self.ent, self.slots
-        b = e * _W
         if not 0 < e < slots:
             raise CorruptionError(f"entry slot {e} is out of range", what="remove")
-        klen, vlen, s = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_SLOT]
-        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e
-                and 0 <= ent[b + E_PREV] < slots and 0 <= ent[b + E_NEXT] < slots):
+        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)  # one call, not six reads
+        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
+                and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
-        self.ring.free(ent[b + E_OFF], block_nbytes(klen + vlen), e)
+        self.ring.free(off, block_nbytes(klen + vlen), e)
         index.remove(self.ix, ent, self.mask, s)
-        lru.unlink(ent, e)
+        ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
+        ent[n * _W + E_PREV] = p
+        b = e * _W
         ent[b + E_CHECK] = 0
         ent[b + E_NEXT] = h[H_FREE_HEAD]
         h[H_FREE_HEAD] = e

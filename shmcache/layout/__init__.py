@@ -13,9 +13,10 @@ blocks by byte offset from the start of the arena, so any process may map the se
 
 Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (``FEATURES``), the
 total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic is in place is
-fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters, line 3 the
-occupancy, the limits and the arena ring, line 4 the entry-slot allocator and the ``dirty`` word. See
-``dtypes.HEADER`` for each field.
+fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters and the
+``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
+entry-slot allocator, the creation stamp and the rarely written ``clears`` counter. See ``dtypes.HEADER`` for each
+field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -45,7 +46,7 @@ canonical msgpack form. Encoded values: a tag byte (``B``, ``A``, ``M``) followe
 
 Layout versions.
     1 -- str keys as msgpack strings; the value checksum over tag and body together.
-    2 -- the layout described above.
+    2 -- the layout described above (str keys as UTF-8, the tag-seeded checksum, ``dirty`` moved to line 2).
 """
 
 from .dtypes import (

@@ -56,10 +56,12 @@ HEADER = _record(
         ]),
         # Line 1: the process-shared robust mutex, alone on its line.
         (64, [("lock", f"V{LOCK_NBYTES}")]),
-        # Line 2: counters bumped on the hot path (written under the lock).
+        # Line 2: what every operation writes (under the lock): the counters and the dirty word, on one line so
+        # that a get dirties two header lines (this and the lock's), not three.
         (128, [
             ("hits", _W), ("misses", _W), ("puts", _W), ("updates", _W),
-            ("deletes", _W), ("evictions", _W), ("clears", _W), ("recoveries", _W),
+            ("deletes", _W), ("evictions", _W), ("recoveries", _W),
+            ("dirty", _W),  # non-zero while the lock holder is mid-update (1) or mid-repair (2)
         ]),
         # Line 3: occupancy, limits and the arena ring (written under the lock).
         (192, [
@@ -78,7 +80,7 @@ HEADER = _record(
             ("unused_next", _W),  # first entry slot never handed out; slots above it are all free
             ("created_ns", _W),   # wall-clock creation time, ns since the epoch (for display only)
             ("creator_pid", _W),  # pid of the creating process (for display only)
-            ("dirty", _W),        # non-zero while the lock holder is mid-update (1) or mid-repair (2)
+            ("clears", _W),       # clear() calls (a counter, rarely written)
         ]),
     ],
     HEADER_NBYTES,

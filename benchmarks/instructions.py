@@ -1,0 +1,152 @@
+"""``python -m benchmarks.instructions``: CPU instructions per operation, counted by valgrind, for shmcache's hot
+paths and lmdb's beside them.
+
+Timings on a shared VM swing by 2x from one second to the next; instruction counts do not. For each case this runs
+one child under ``valgrind --tool=callgrind`` twice, with N and with N + DELTA operations of the same kind, and
+prints (count(N + DELTA) - count(N)) / DELTA: the start-up and imports cancel out. What grows with N besides the
+operations (making the keys, the driving loop) is the ``loop`` case, which is subtracted from the others. Instructions are not
+time (a cache miss costs no instruction), so this complements the timed harness (``benchmarks.run``) and is what
+to compare before and after a change of the hot path. Needs valgrind (Debian's ``valgrind``); lmdb rows need the
+bench extra (``pip install -e ".[bench]"``).
+
+    python -m benchmarks.instructions               # every case
+    python -m benchmarks.instructions --cases get,lmdb-get
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from .measure import make_key, small_value
+
+RESIDENT = 3000  # keys put before the measured loop; gets draw from them (index about 37 % full, as in most sizes)
+CASES = {
+    "get": "get hit, ~100-byte dict, random resident key",
+    "get-miss": "get miss",
+    "put-new": "put of a new key (no eviction)",
+    "put-update": "put of a resident key, value of the same size",
+    "put-evict": "put of a new key into a full cache (evicts one entry)",
+    "lmdb-get": "lmdb: read transaction, get, pickle.loads",
+    "lmdb-put": "lmdb: pickle.dumps, write transaction, put",
+    "loop": "the set-up per operation and the driving loop alone (subtracted from the rows above)",
+}
+
+
+def _child(case: str, n: int) -> None:
+    """The measured process: set up, then run ``n`` operations of ``case``."""
+    import random
+
+    value = small_value()
+    keys = [make_key("i:", i) for i in range(RESIDENT + n)]
+    rng = random.Random(1)
+    drawn = [keys[rng.randrange(RESIDENT)] for _ in range(n)]
+    misses = [make_key("miss:", i) for i in range(n)]
+    if case.startswith("lmdb"):
+        import lmdb
+
+        directory = tempfile.mkdtemp(prefix="benchmarks-instructions-", dir="/dev/shm")
+        env = lmdb.open(directory, map_size=2**30, writemap=True, sync=False, metasync=False)
+        try:
+            with env.begin(write=True) as txn:
+                for k in keys[:RESIDENT]:
+                    txn.put(k.encode(), pickle.dumps(value, 5))
+            if case == "lmdb-get":
+                for k in drawn:
+                    with env.begin() as txn:
+                        raw = txn.get(k.encode())
+                    pickle.loads(raw)
+            else:
+                for k in keys[RESIDENT:]:
+                    raw = pickle.dumps(value, 5)
+                    with env.begin(write=True) as txn:
+                        txn.put(k.encode(), raw)
+        finally:
+            env.close()
+            shutil.rmtree(directory, ignore_errors=True)
+        return
+    from shmcache import SharedCache
+
+    name = f"benchmarks-instructions-{os.getpid()}"
+    cache = SharedCache(name, capacity_bytes=64 * 2**20, max_entries=RESIDENT + (0 if case == "put-evict" else n),
+                        create=True)
+    try:
+        for k in keys[:RESIDENT]:
+            cache.put(k, value)
+        get, put = cache.get, cache.put
+        if case == "get":
+            for k in drawn:
+                get(k)
+        elif case == "get-miss":
+            for k in misses:
+                get(k)
+        elif case in ("put-new", "put-evict"):
+            for k in keys[RESIDENT:]:
+                put(k, value)
+        elif case == "put-update":
+            for k in drawn:
+                put(k, value)
+        elif case == "loop":
+            for k in drawn:
+                pass
+    finally:
+        cache.close()
+        SharedCache.unlink_name(name)
+
+
+def count(case: str, n: int) -> int:
+    """Instructions of one child run of ``n`` operations."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+         "benchmarks.instructions", "--child", case, str(n)],
+        capture_output=True, text=True, check=True, timeout=1800)
+    m = re.search(r"Collected : (\d+)", out.stderr)
+    if not m:
+        raise RuntimeError(f"no instruction count in valgrind's output for {case}:\n{out.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.instructions",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    ap.add_argument("--ops", type=int, default=2000, help="N, the operations of the first run (default 2000)")
+    ap.add_argument("--delta", type=int, default=10000, help="DELTA, the extra operations (default 10000)")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        _child(args.child[0], int(args.child[1]))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s): {', '.join(unknown)}")
+    def per_op(case: str) -> float:
+        return (count(case, args.ops + args.delta) - count(case, args.ops)) / args.delta
+
+    loop = per_op("loop")
+    print(f"{'case':12s} {'instructions/op':>16s}  what")
+    for case in cases:
+        if case == "loop":
+            print(f"{case:12s} {loop:16,.0f}  {CASES[case]}", flush=True)
+            continue
+        try:
+            net = per_op(case) - loop
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
+            print(f"{case:12s} {'error':>16s}  {exc}")
+            continue
+        print(f"{case:12s} {net:16,.0f}  {CASES[case]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
