@@ -231,32 +231,33 @@ class SharedCache:
         else:
             kb = encode_key(key)
         fp = _xxh(kb) & _MASK63
+        # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
+        # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
+        w = (fp & self._mask) << 1
+        klen = len(kb)
+        h, ix, ent, mm, base = self._h, self._ix, self._ent, self._mm, self._base
         addr = self._addr
         try:
             rc = _trylock(addr)  # _enter() and _admit(), inlined
             if rc:
                 addr = self._wait(rc)
-            h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
-            ix, ent, mm = self._ix, self._ent, self._mm
-            w = (fp & self._mask) << 1
             e = ix[w + 1]
             if e == EMPTY:
                 h[H_MISSES] += 1
                 return default
             b = e * _W
-            klen = len(kb)
-            v0 = self._base + ent[b + E_OFF] + _VALUE_START  # mapping offset of the value; the key follows it
+            v0 = base + ent[b + E_OFF] + _VALUE_START  # mapping offset of the value; the key follows it
             vlen = ent[b + E_VAL_NBYTES]
             k0 = v0 + vlen
             if ix[w] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
-                e = index.find_rest(ix, ent, mm, self._base, self._mask, fp, kb)
+                e = index.find_rest(ix, ent, mm, base, self._mask, fp, kb)
                 if e == EMPTY:
                     h[H_MISSES] += 1
                     return default
                 b = e * _W
-                v0 = self._base + ent[b + E_OFF] + _VALUE_START
+                v0 = base + ent[b + E_OFF] + _VALUE_START
                 vlen = ent[b + E_VAL_NBYTES]
             p = ent[b + E_PREV]
             if p != SENTINEL:  # not already the most recent: move it to the front
@@ -275,7 +276,7 @@ class SharedCache:
             tag = mm[v0]
             if tag == TAG_ARRAY:
                 # Arrays are copied under the lock straight into the array returned (one copy), and checked after.
-                voff = v0 - self._base
+                voff = v0 - base
                 body, head = copy_array(self._arena[voff : voff + vlen])
             else:
                 body = mm[v0 + 1 : v0 + vlen]
