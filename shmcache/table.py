@@ -122,10 +122,12 @@ class Table:
         """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
         the limits. Bounded by the table size, so damaged counters raise instead of looping."""
         h, ent = self.h, self.ent
+        most_entries = h[H_MAX_ENTRIES] - extra_entries
+        most_bytes = h[H_MAX_RETAINED] - extra_bytes
         for _ in range(self.slots):
-            if h[H_ENTRIES] + extra_entries <= h[H_MAX_ENTRIES] and h[H_RETAINED] + extra_bytes <= h[H_MAX_RETAINED]:
+            if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                 return
-            e = lru.tail(ent)
+            e = ent[E_PREV]  # lru.tail: the sentinel's prev, the least recently used entry
             if e == SENTINEL:
                 break
             self.remove(e)
