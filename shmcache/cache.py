@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from . import index
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_MSGPACK, _unpackb, _xxh, array_checksum, copy_array, decode_body, encode_key,
+    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, copy_array, decode_body, encode_key,
     encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
@@ -291,13 +291,6 @@ class SharedCache:
             return body
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
-        if tag == TAG_MSGPACK:
-            try:
-                return _unpackb(body)
-            except ValueError:
-                raise
-            except MALFORMED as exc:
-                raise ValueError(f"malformed value: {exc!r}") from None
         return decode_body(tag, body)
 
     def _checksum_failed(self, e: int):
