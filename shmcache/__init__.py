@@ -6,7 +6,8 @@ limits, LRU order and stats are global. No server runs: the cache is a segment i
 
 from .cache import SharedCache
 from .errors import (
-    ClosedError, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError, TooLargeError,
+    ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError,
+    TooLargeError,
 )
 from .stats import CacheLimits, CacheStats
 from .verify import VerifyReport
@@ -14,6 +15,6 @@ from .verify import VerifyReport
 __version__ = "0.1.0"
 
 __all__ = [
-    "CacheLimits", "CacheStats", "ClosedError", "CorruptionError", "LayoutError", "LayoutVersionError", "LockTimeout",
-    "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
+    "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "LayoutError",
+    "LayoutVersionError", "LockTimeout", "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
 ]

@@ -17,7 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-from . import index
+from . import flight, index
 from .codec import (
     _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, copy_array, decode_body, encode_key,
     encode_parts, fingerprint,
@@ -25,8 +25,9 @@ from .codec import (
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DELETES, H_DIRTY,
-    H_ENTRIES, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS, H_DELETES,
+    H_DIRTY, H_ENTRIES, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
+    H_TAKEOVERS, H_UPDATES, H_WAITS,
 )
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
@@ -397,6 +398,56 @@ class SharedCache:
             self._unlock(addr)
 
     _MISSING = object()
+
+    def get_or_compute(self, key, fn, *, timeout: float | None = None):
+        """The value cached for ``key``; on a miss, ``fn()``'s result, stored and returned, with ``fn`` run by one
+        caller on the whole host at a time: callers in other processes (or threads) that miss the same key
+        meanwhile wait for that result instead of computing it again.
+
+        A waiter holds neither the cache lock nor anything that delays other keys. If the computing caller raises,
+        the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
+        frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
+        bound; ``fn`` itself is never interrupted). A result too large for the cache is returned without being
+        stored. Stats: the call counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
+
+        :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
+        :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
+        """
+        value = self.get(key, self._MISSING)
+        if value is not self._MISSING:
+            return value
+        kb = encode_key(key)
+        claim, waited = flight.claim(self._seg.fd, fingerprint(kb), timeout)
+        with claim:
+            # Another caller may have stored the value while this one waited, or between its miss and its claim.
+            if key in self:
+                value = self.get(key, self._MISSING)
+                if value is not self._MISSING:
+                    # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
+                    self._count((H_MISSES, -1), (H_WAITS, 1 if waited else 0))
+                    return value
+            self._count((H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0), (H_TAKEOVERS, 1 if waited else 0))
+            value = fn()
+            try:
+                self.put(key, value)
+            except TooLargeError:
+                pass  # correct to return, impossible to keep; the next caller computes it again
+            return value
+
+    def _count(self, *deltas: tuple[int, int]) -> None:
+        """Add to header counters: ``(word, delta)`` pairs (never below 0: a clear() may have reset one between)."""
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            h = self._h
+            for word, delta in deltas:
+                h[word] = max(0, h[word] + delta)
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
 
     def __getitem__(self, key):
         value = self.get(key, self._MISSING)

@@ -29,6 +29,10 @@ class LockTimeout(ShmCacheError, TimeoutError):
     """The cache lock was not obtained within the timeout (its holder is alive but stuck or stopped)."""
 
 
+class ComputeTimeout(ShmCacheError, TimeoutError):
+    """``get_or_compute`` waited its whole ``timeout`` for another process computing the same key."""
+
+
 class TooLargeError(ShmCacheError, ValueError):
     """An entry can never fit the cache's limits; nothing was evicted."""
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .layout.dtypes import (
-    H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS,
-    H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_UPDATES,
+    H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
+    H_EVICTIONS, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS,
+    H_UPDATES, H_WAITS,
 )
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
-RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS)
+RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_COMPUTATIONS, H_WAITS,
+                  H_TAKEOVERS)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class CacheStats:
     ``puts`` counts every successful put, ``updates`` those that replaced an existing key; ``evictions`` counts
     entries dropped to respect a limit; ``retained_bytes`` is the logical payload (encoded keys plus values), while
     ``arena_used_bytes`` is what their blocks physically take in the ``arena_bytes`` of the segment.
+    ``computations`` counts the functions ``get_or_compute`` ran, ``waits`` the calls that waited for another
+    caller computing the same key, and ``takeovers`` the waits that ended without a value (the computer raised or
+    died), after which the waiter computed it.
     """
 
     hits: int
@@ -47,6 +52,9 @@ class CacheStats:
     evictions: int
     clears: int
     recoveries: int
+    computations: int
+    waits: int
+    takeovers: int
     entries: int
     retained_bytes: int
     max_entries: int
@@ -73,7 +81,8 @@ def read_stats(h) -> CacheStats:
     """Snapshot the counters from header words ``h``."""
     return CacheStats(
         hits=h[H_HITS], misses=h[H_MISSES], puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
-        evictions=h[H_EVICTIONS], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], entries=h[H_ENTRIES],
+        evictions=h[H_EVICTIONS], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], computations=h[H_COMPUTATIONS],
+        waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
         capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],
         arena_used_bytes=h[H_ARENA_USED],

@@ -15,7 +15,8 @@ Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION
 total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic is in place is
 fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters and the
 ``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
-entry-slot allocator, the creation stamp and the rarely written ``clears`` counter. See ``dtypes.HEADER`` for each
+entry-slot allocator, the creation stamp and the rarely written counters (``clears``; ``get_or_compute``'s
+computations, waits and takeovers). See ``dtypes.HEADER`` for each
 field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
@@ -40,6 +41,10 @@ When there is no room at ``head``, the allocator walks from ``tail``: dead block
 ones slid down to close it, an incremental compaction that never needs a second buffer. The arena is sized from the
 creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
 so a put that fits the retained-bytes and entry limits always finds room.
+
+``get_or_compute`` serialises the computation of one key across processes with an open-file-description lock
+(``F_OFD_SETLK``) on one byte of the segment's own file, at an offset taken from the key's fingerprint (see
+``shmcache/flight.py``); those locks live in the kernel, not in the segment's bytes.
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.

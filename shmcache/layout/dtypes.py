@@ -81,6 +81,9 @@ HEADER = _record(
             ("created_ns", _W),   # wall-clock creation time, ns since the epoch (for display only)
             ("creator_pid", _W),  # pid of the creating process (for display only)
             ("clears", _W),       # clear() calls (a counter, rarely written)
+            ("computations", _W),  # times get_or_compute ran the function
+            ("waits", _W),         # get_or_compute calls that waited for another caller's computation
+            ("takeovers", _W),     # waits that ended with no value (the computer raised or died): computed here
         ]),
     ],
     HEADER_NBYTES,
@@ -130,6 +133,9 @@ H_DELETES = _word(HEADER, "deletes")
 H_EVICTIONS = _word(HEADER, "evictions")
 H_CLEARS = _word(HEADER, "clears")
 H_RECOVERIES = _word(HEADER, "recoveries")
+H_COMPUTATIONS = _word(HEADER, "computations")
+H_WAITS = _word(HEADER, "waits")
+H_TAKEOVERS = _word(HEADER, "takeovers")
 H_ENTRIES = _word(HEADER, "entries")
 H_RETAINED = _word(HEADER, "retained_bytes")
 H_MAX_ENTRIES = _word(HEADER, "max_entries")

@@ -1,0 +1,243 @@
+"""get_or_compute: one computation per key across processes and threads, takeover when the computer raises or
+dies, bounded waits. Every child reports what it got; values carry their key and a checksum."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from shmcache import ComputeTimeout, SharedCache
+
+from .workers import check_value, make_value
+
+JOIN_S = 60
+ctx = mp.get_context("fork")
+
+
+def _patch_sleep_to_signal(event) -> None:
+    """In a child: set ``event`` when get_or_compute first pauses to wait for another caller's claim (it waits by
+    sleeping between polls), so the parent knows the child is waiting, without guessing a delay."""
+    real_sleep = time.sleep
+
+    def sleep(seconds):
+        event.set()
+        real_sleep(seconds)
+
+    time.sleep = sleep
+
+
+def _child_compute(name, key, started, go, outcome, queue, waiting=None, timeout=None):
+    """get_or_compute(key) whose function announces ``started``, waits for ``go``, then returns a checkable value
+    (``outcome == "value"``), raises ValueError (``"raise"``) or never returns (``"hang"``)."""
+    if waiting is not None:
+        _patch_sleep_to_signal(waiting)
+
+    def fn():
+        started.set()
+        if outcome == "hang":
+            while True:
+                time.sleep(1)
+        go.wait(JOIN_S)
+        if outcome == "raise":
+            raise ValueError("computation failed")
+        return make_value(key, os.getpid() % 1000, 64)
+
+    try:
+        with SharedCache(name, create=False) as c:
+            value = c.get_or_compute(key, fn, timeout=timeout)
+        check_value(key, value)
+        queue.put(("value", os.getpid(), value["seq"]))
+    except BaseException as exc:
+        queue.put((type(exc).__name__, os.getpid(), str(exc)))
+
+
+def _start(target, *args):
+    p = ctx.Process(target=target, args=args, daemon=True)
+    p.start()
+    return p
+
+
+def _reap(procs):
+    for p in procs:
+        p.join(JOIN_S)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+            pytest.fail(f"process {p.pid} did not finish")
+
+
+@pytest.fixture
+def shared(name):
+    c = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    yield c
+    c.close()
+
+
+def _stats(c):
+    s = c.stats()
+    return dict(computations=s.computations, waits=s.waits, takeovers=s.takeovers, hits=s.hits, misses=s.misses)
+
+
+@pytest.mark.timeout(120)
+def test_flight_many_processes_compute_once(name, shared):
+    n = 4
+    started, go = ctx.Event(), ctx.Event()
+    queue = ctx.Queue()
+    waiting = [ctx.Event() for _ in range(n - 1)]
+    computer = _start(_child_compute, name, "k", started, go, "value", queue)
+    assert started.wait(JOIN_S)
+    waiters = [_start(_child_compute, name, "k", ctx.Event(), go, "value", queue, w) for w in waiting]
+    for w in waiting:
+        assert w.wait(JOIN_S)  # every waiter is waiting before the computation is allowed to finish
+    go.set()
+    results = [queue.get(timeout=JOIN_S) for _ in range(n)]
+    _reap([computer, *waiters])
+    assert {r[0] for r in results} == {"value"}
+    assert len({r[2] for r in results}) == 1  # everyone got the one computed value
+    assert _stats(shared) == dict(computations=1, waits=n - 1, takeovers=0, hits=n - 1, misses=1)
+
+
+@pytest.mark.timeout(120)
+def test_flight_computer_raises_and_a_waiter_takes_over(name, shared):
+    started, go, waiting = ctx.Event(), ctx.Event(), ctx.Event()
+    queue = ctx.Queue()
+    computer = _start(_child_compute, name, "k", started, go, "raise", queue)
+    assert started.wait(JOIN_S)
+    waiter = _start(_child_compute, name, "k", ctx.Event(), go, "value", queue, waiting)
+    assert waiting.wait(JOIN_S)
+    go.set()
+    results = {r[1]: r for r in (queue.get(timeout=JOIN_S) for _ in range(2))}
+    _reap([computer, waiter])
+    assert results[computer.pid][0] == "ValueError"  # the computer gets its own exception
+    assert results[waiter.pid][0] == "value"
+    assert _stats(shared)["computations"] == 2 and _stats(shared)["takeovers"] == 1
+    check_value("k", shared.get("k"))
+
+
+@pytest.mark.timeout(120)
+def test_flight_computer_killed_and_a_waiter_takes_over(name, shared):
+    started, go, waiting = ctx.Event(), ctx.Event(), ctx.Event()
+    queue = ctx.Queue()
+    computer = _start(_child_compute, name, "k", started, go, "hang", queue)
+    assert started.wait(JOIN_S)
+    waiter = _start(_child_compute, name, "k", ctx.Event(), go, "value", queue, waiting)
+    assert waiting.wait(JOIN_S)
+    os.kill(computer.pid, signal.SIGKILL)
+    go.set()
+    kind, pid, _ = queue.get(timeout=JOIN_S)  # bounded: the kernel freed the key when the computer died
+    _reap([computer, waiter])
+    assert (kind, pid) == ("value", waiter.pid)
+    s = _stats(shared)
+    assert s["takeovers"] == 1 and s["computations"] == 2
+    check_value("k", shared.get("k"))
+
+
+@pytest.mark.timeout(120)
+def test_flight_wait_times_out_with_a_clear_error(name, shared):
+    started, go = ctx.Event(), ctx.Event()
+    queue = ctx.Queue()
+    computer = _start(_child_compute, name, "k", started, go, "value", queue)
+    assert started.wait(JOIN_S)
+    try:
+        with pytest.raises(ComputeTimeout, match="computing this key") as info:
+            shared.get_or_compute("k", lambda: pytest.fail("the key is claimed"), timeout=0.2)
+        assert isinstance(info.value, TimeoutError)
+    finally:
+        go.set()
+    assert queue.get(timeout=JOIN_S)[0] == "value"
+    _reap([computer])
+
+
+@pytest.mark.timeout(120)
+def test_flight_other_keys_are_not_blocked(name, shared):
+    started, go = ctx.Event(), ctx.Event()
+    queue = ctx.Queue()
+    computer = _start(_child_compute, name, "slow", started, go, "value", queue)
+    assert started.wait(JOIN_S)
+    try:
+        # "slow" is being computed and cannot finish before go is set: another key goes through meanwhile.
+        assert shared.get_or_compute("other", lambda: 42) == 42
+        assert shared.get("other") == 42 and not go.is_set()
+        assert _stats(shared)["waits"] == 0
+    finally:
+        go.set()
+    assert queue.get(timeout=JOIN_S)[0] == "value"
+    _reap([computer])
+
+
+def test_flight_hit_does_not_call_the_function(shared):
+    shared.put("k", 1)
+    assert shared.get_or_compute("k", lambda: pytest.fail("must not run")) == 1
+    assert _stats(shared) == dict(computations=0, waits=0, takeovers=0, hits=1, misses=0)
+
+
+def test_flight_miss_computes_stores_and_counts(shared):
+    assert shared.get_or_compute("k", lambda: {"v": [1, 2]}) == {"v": [1, 2]}
+    assert shared.get("k") == {"v": [1, 2]}
+    assert _stats(shared) == dict(computations=1, waits=0, takeovers=0, hits=1, misses=1)
+
+
+def test_flight_exception_propagates_and_nothing_is_stored(shared):
+    with pytest.raises(KeyError):
+        shared.get_or_compute("k", lambda: {}["missing"])
+    assert "k" not in shared
+    assert shared.get_or_compute("k", lambda: 7) == 7  # the claim was released
+
+
+def test_flight_recursive_same_key_is_refused_other_keys_work(shared):
+    def outer():
+        inner = shared.get_or_compute("inner", lambda: 1)
+        with pytest.raises(RuntimeError, match="same key"):
+            shared.get_or_compute("outer", lambda: 2)
+        return inner + 10
+
+    assert shared.get_or_compute("outer", outer) == 11
+
+
+def test_flight_too_large_result_is_returned_not_stored(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=4, create=True) as c:
+        big = b"x" * 10_000
+        assert c.get_or_compute("big", lambda: big) == big
+        assert "big" not in c
+
+
+@pytest.mark.timeout(60)
+def test_flight_threads_of_one_process_compute_once(shared):
+    calls = []
+    barrier = threading.Barrier(6)
+    release = threading.Event()
+    results = []
+
+    def fn():
+        calls.append(1)
+        release.wait(30)
+        return make_value("k", 3, 32)
+
+    def worker():
+        barrier.wait(30)
+        results.append(shared.get_or_compute("k", fn, timeout=30))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not calls and time.monotonic() < deadline:  # wait until one thread is inside fn
+        time.sleep(0.01)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(calls) == 1 and len(results) == 6
+    for v in results:
+        check_value("k", v)
+
+
+def test_flight_counters_reset_by_clear(shared):
+    shared.get_or_compute("k", lambda: 1)
+    shared.clear()
+    assert _stats(shared)["computations"] == 0
