@@ -17,7 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-from . import flight, index
+from . import flight, index, memo
 from .codec import (
     _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, copy_array, decode_body, encode_key,
     encode_parts, fingerprint,
@@ -382,6 +382,38 @@ class SharedCache:
         finally:
             self._unlock(addr)
 
+    def _delete_prefix(self, prefix: bytes) -> int:
+        """Remove every entry whose encoded key starts with ``prefix``; how many. Walks the whole LRU list under the
+        lock (bounded by the table size), like clear(): for rare maintenance, not the hot path."""
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            h, ent, mm, base, n = self._h, self._ent, self._mm, self._base, len(prefix)
+            doomed = []
+            e = ent[E_NEXT]
+            for _ in range(self._table.slots):
+                if e == SENTINEL:
+                    break
+                b = e * _W
+                if ent[b + E_KEY_NBYTES] >= n:
+                    k0 = base + ent[b + E_OFF] + _VALUE_START + ent[b + E_VAL_NBYTES]
+                    if mm[k0 : k0 + n] == prefix:
+                        doomed.append(e)
+                e = ent[b + E_NEXT]
+            if doomed:
+                h[H_DIRTY] = 1
+                for e in doomed:
+                    self._table.remove(e)
+                h[H_DELETES] += len(doomed)
+                h[H_DIRTY] = 0
+            return len(doomed)
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
+
     def __contains__(self, key) -> bool:
         """Whether ``key`` is cached; neither counts as a lookup nor changes the LRU order."""
         kb = encode_key(key)
@@ -433,6 +465,22 @@ class SharedCache:
             except TooLargeError:
                 pass  # correct to return, impossible to keep; the next caller computes it again
             return value
+
+    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None):
+        """Decorator: memoize a function in this cache, for every process, like ``functools.lru_cache`` with the
+        cache shared. ``@cache.memoize`` or ``@cache.memoize(name=..., timeout=...)``.
+
+        The key is the function's name (``module.qualname``, or ``name=``) with its positional and keyword arguments,
+        encoded canonically: keyword order does not matter, argument types do (``f(1)`` and ``f(1.0)`` are two
+        entries), and, as with ``lru_cache``, ``f(1, b=2)`` and ``f(1, 2)`` are two entries. Arguments must be
+        valid keys (TypeError otherwise). Misses go through ``get_or_compute``, so concurrent callers anywhere on
+        the host compute each result once. The wrapper has ``cache_info()`` (this process's calls: served from the
+        cache, or computed here) and ``cache_clear()`` (removes this function's entries for everyone).
+        """
+        def decorate(f):
+            return memo.memoized(self, f, name or memo.function_name(f), timeout)
+
+        return decorate if fn is None else decorate(fn)
 
     def _count(self, *deltas: tuple[int, int]) -> None:
         """Add to header counters: ``(word, delta)`` pairs (never below 0: a clear() may have reset one between)."""

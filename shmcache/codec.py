@@ -173,6 +173,17 @@ def encode_key(key) -> bytes:
         raise TypeError(f"cannot encode key: {exc}") from None
 
 
+def encode_key_prefix(items: list, length: int) -> bytes:
+    """The bytes that begin the encoding of every list key of ``length`` items whose first items are ``items``
+    (so the keys of one family can be found by prefix)."""
+    if not 0 < len(items) <= length:
+        raise ValueError("a prefix needs at least one item and at most the list's length")
+    try:
+        return NON_STR_KEY + _container_header(length, 0x90, 0xDC, 0xDD) + b"".join(_key_part(x, 1) for x in items)
+    except (RecursionError, OverflowError, ValueError) as exc:
+        raise TypeError(f"cannot encode key: {exc}") from None
+
+
 # ---------------------------------------------------------------------------------------------------- values
 
 

@@ -130,3 +130,14 @@ def repair_slowly(name: str, ready, seconds: float) -> None:
     cache._h[H_DIRTY] = 0
     cache._unlock(cache._addr)
     cache.close()
+
+
+def memo_slow_square(name: str, x: int) -> int:
+    """A Pool task: x * x through a memoized function of the cache ``name`` (opened here, in the worker)."""
+    with SharedCache(name, create=False) as cache:
+        return cache.memoize(_slow_square)(x)
+
+
+def _slow_square(x: int) -> int:
+    time.sleep(0.05)  # long enough for other workers to ask for the same x meanwhile
+    return x * x

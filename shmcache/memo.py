@@ -1,0 +1,66 @@
+"""``SharedCache.memoize``: functools.lru_cache's interface over ``get_or_compute``, with one cache for every
+process. Kept apart from cache.py, which owns the segment; this module only builds keys and counts calls."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import NamedTuple
+
+from .codec import encode_key_prefix
+
+_FAMILY = "shmcache.memoize"  # first item of every memoized key: [_FAMILY, function name, args, kwargs]
+_KEY_ITEMS = 4
+
+
+class MemoInfo(NamedTuple):
+    """This process's calls of a memoized function: ``hits`` were served from the cache (including values another
+    process computed while this one waited), ``misses`` ran the function here."""
+
+    hits: int
+    misses: int
+
+
+def function_name(fn) -> str:
+    """``module.qualname`` of ``fn``, the same in every process: the main script is ``__main__`` everywhere,
+    although multiprocessing's spawned children import it as ``__mp_main__``."""
+    module = getattr(fn, "__module__", None) or "?"
+    if module == "__mp_main__":
+        module = "__main__"
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def memoized(cache, fn, name: str, timeout: float | None):
+    """The wrapper ``cache.memoize`` returns for ``fn``."""
+    prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
+    counts = [0, 0]  # hits, misses of this process
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        computed = False
+
+        def compute():
+            nonlocal computed
+            computed = True
+            return fn(*args, **kwargs)
+
+        value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout)
+        with lock:
+            counts[computed] += 1
+        return value
+
+    def cache_info() -> MemoInfo:
+        with lock:
+            return MemoInfo(counts[0], counts[1])
+
+    def cache_clear() -> int:
+        """Remove this function's entries from the shared cache (for every process); how many there were."""
+        with lock:
+            counts[0] = counts[1] = 0
+        return cache._delete_prefix(prefix)
+
+    wrapper.cache_info = cache_info
+    wrapper.cache_clear = cache_clear
+    wrapper.cache_name = name
+    return wrapper

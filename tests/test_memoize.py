@@ -1,0 +1,112 @@
+"""SharedCache.memoize: lru_cache's interface, one cache for every process."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+from shmcache import SharedCache
+from shmcache.codec import encode_key, encode_key_prefix
+from shmcache.memo import MemoInfo, function_name
+
+from .workers import memo_slow_square
+
+
+def test_memoize_second_call_is_served_from_the_cache(cache):
+    calls = []
+
+    @cache.memoize
+    def add(a, b=0):
+        calls.append((a, b))
+        return {"sum": a + b}
+
+    assert add(1, b=2) == {"sum": 3} and add(1, b=2) == {"sum": 3}
+    assert calls == [(1, 2)]
+    assert add.cache_info() == MemoInfo(hits=1, misses=1)
+    assert add.__name__ == "add" and add.cache_name.endswith("test_memoize_second_call_is_served_from_the_cache"
+                                                               ".<locals>.add")
+
+
+def test_memoize_keyword_order_does_not_matter_types_do(cache):
+    calls = []
+
+    @cache.memoize(name="f")
+    def f(*args, **kwargs):
+        calls.append(1)
+        return len(calls)
+
+    assert f(x=1, y=2) == f(y=2, x=1) == 1
+    assert f(1) != f(1.0)  # typed, like lru_cache(typed=True)
+    assert f(1, b=2) != f(1, 2)  # like lru_cache: positional and keyword are different calls
+    assert len(calls) == 5
+
+
+def test_memoize_functions_do_not_share_entries(cache):
+    @cache.memoize(name="one")
+    def one(x):
+        return ("one", x)
+
+    @cache.memoize(name="two")
+    def two(x):
+        return ("two", x)
+
+    assert one(5) == ("one", 5) and two(5) == ("two", 5)
+
+
+def test_memoize_cache_clear_drops_only_its_own_entries(cache):
+    @cache.memoize(name="sq")
+    def sq(x):
+        return x * x
+
+    @cache.memoize(name="sq2")  # a name that begins like the other: still another function
+    def sq2(x):
+        return -x
+
+    for i in range(5):
+        sq(i)
+        sq2(i)
+    cache.put("plain", 1)
+    assert sq.cache_clear() == 5
+    assert sq.cache_info() == MemoInfo(0, 0)
+    assert cache.stats().entries == 6 and "plain" in cache
+    sq(1)
+    assert sq.cache_info() == MemoInfo(hits=0, misses=1)  # computed again
+    assert cache.verify(deep=True).ok
+
+
+def test_memoize_unencodable_argument_is_a_type_error(cache):
+    @cache.memoize
+    def f(x):
+        return 1
+
+    with pytest.raises(TypeError):
+        f(object())
+
+
+def test_memoize_name_is_the_same_in_spawned_children():
+    def fake():
+        pass
+
+    fake.__module__ = "__mp_main__"
+    assert function_name(fake).startswith("__main__.")
+
+
+def test_key_prefix_begins_every_key_of_the_family():
+    for rest in ([(), {}], [(1, "a"), {"k": [1.5]}], [tuple(range(40)), {}]):
+        assert encode_key(["fam", "name", *rest]).startswith(encode_key_prefix(["fam", "name"], 4))
+    assert not encode_key(["fam", "name2", (), {}]).startswith(encode_key_prefix(["fam", "name"], 4))
+    assert not encode_key(["fam", "name", ()]).startswith(encode_key_prefix(["fam", "name"], 4))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_memoize_pool_computes_each_argument_once(name, method):
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=256, create=True) as c:
+        args = [(name, i % 8) for i in range(48)]
+        with mp.get_context(method).Pool(4) as pool:
+            results = pool.starmap_async(memo_slow_square, args).get(timeout=90)
+        assert results == [(i % 8) ** 2 for i in range(48)]
+        s = c.stats()
+        assert s.computations == 8 and s.takeovers == 0
+        assert s.hits + s.misses == 48 and s.misses == 8
