@@ -9,7 +9,7 @@ from .errors import (
     ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError,
     TooLargeError,
 )
-from .stats import CacheLimits, CacheStats
+from .stats import CacheLimits, CacheStats, prometheus_text
 from .verify import VerifyReport
 
 __version__ = "0.1.0"
@@ -17,4 +17,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "LayoutError",
     "LayoutVersionError", "LockTimeout", "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
+    "prometheus_text",
 ]

@@ -16,7 +16,7 @@ from . import __version__
 from .cache import SharedCache
 from .layout import SEGMENT_PREFIX
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID
-from .stats import CacheLimits
+from .stats import CacheLimits, prometheus_text
 
 SHM_DIR = "/dev/shm"
 
@@ -95,8 +95,11 @@ def cmd_ls(args) -> int:
 def cmd_stats(args) -> int:
     with SharedCache(args.name, create=False) as c:
         while True:
-            d = c.stats().as_dict()
-            if args.json:
+            stats = c.stats()
+            d = stats.as_dict()
+            if args.prometheus:
+                print(prometheus_text({c.name: stats}), end="")
+            elif args.json:
                 _print_json(d)
             else:
                 if args.watch:
@@ -194,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("stats", cmd_stats, "print a cache's global counters")
     sp.add_argument("name")
     sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("inspect", cmd_inspect, "layout, limits, arena fill and an integrity check of a cache")
     sp.add_argument("name")
     sp.add_argument("--shallow", action="store_true", help="skip re-hashing every stored key and value")

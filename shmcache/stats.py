@@ -92,3 +92,46 @@ def read_stats(h) -> CacheStats:
 def reset_counters(h) -> None:
     for w in RESET_BY_CLEAR:
         h[w] = 0
+
+
+# (field, metric suffix, type, help) for the Prometheus exposition; counters get the conventional _total suffix.
+_PROMETHEUS = (
+    ("hits", "hits_total", "counter", "lookups that found their key"),
+    ("misses", "misses_total", "counter", "lookups that did not"),
+    ("puts", "puts_total", "counter", "successful puts"),
+    ("updates", "updates_total", "counter", "puts that replaced a resident key"),
+    ("deletes", "deletes_total", "counter", "entries deleted"),
+    ("evictions", "evictions_total", "counter", "entries evicted to respect a limit"),
+    ("clears", "clears_total", "counter", "clear() calls"),
+    ("recoveries", "recoveries_total", "counter", "repairs after a holder died or data was damaged"),
+    ("computations", "computations_total", "counter", "functions run by get_or_compute"),
+    ("waits", "waits_total", "counter", "get_or_compute calls that waited for another caller's computation"),
+    ("takeovers", "takeovers_total", "counter", "waits that ended without a value, then computed here"),
+    ("entries", "entries", "gauge", "resident entries"),
+    ("retained_bytes", "retained_bytes", "gauge", "encoded keys and values held"),
+    ("max_entries", "max_entries", "gauge", "current entry limit"),
+    ("max_retained_bytes", "max_retained_bytes", "gauge", "current byte limit"),
+    ("capacity_entries", "capacity_entries", "gauge", "highest entry limit possible"),
+    ("capacity_bytes", "capacity_bytes", "gauge", "highest byte limit possible"),
+    ("arena_bytes", "arena_bytes", "gauge", "bytes of the arena"),
+    ("arena_used_bytes", "arena_used_bytes", "gauge", "bytes of the arena in live blocks"),
+    ("hit_ratio", "hit_ratio", "gauge", "hits / (hits + misses) since the last clear"),
+)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(stats_by_cache: dict[str, CacheStats]) -> str:
+    """Prometheus text exposition (format 0.0.4) of the stats of each named cache, labelled ``cache="NAME"``:
+    what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it."""
+    lines = []
+    for field, suffix, kind, help_text in _PROMETHEUS:
+        metric = f"shmcache_{suffix}"
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} {kind}")
+        for cache, stats in sorted(stats_by_cache.items()):
+            value = getattr(stats, field)
+            lines.append(f'{metric}{{cache="{_label(cache)}"}} {value!r}')
+    return "\n".join(lines) + "\n"

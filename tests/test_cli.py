@@ -42,6 +42,29 @@ def test_cli_stats_json_matches_the_api(capsys, filled, name):
     assert rc == 0 and json.loads(out) == filled.stats().as_dict()
 
 
+def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
+    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is in the test extra")
+    rc, out, _ = run(capsys, "stats", name, "--prometheus")
+    assert rc == 0
+    samples = {s.name: s for family in parser.text_string_to_metric_families(out) for s in family.samples}
+    stats = filled.stats()
+    assert samples["shmcache_hits_total"].value == stats.hits == 1
+    assert samples["shmcache_misses_total"].value == stats.misses == 1
+    assert samples["shmcache_entries"].value == stats.entries == 10
+    assert samples["shmcache_hit_ratio"].value == stats.hit_ratio
+    assert all(s.labels == {"cache": name} for s in samples.values())
+    kinds = {f.name: f.type for f in parser.text_string_to_metric_families(out)}
+    assert kinds["shmcache_hits"] == "counter" and kinds["shmcache_entries"] == "gauge"
+
+
+def test_prometheus_text_escapes_labels_and_lists_every_cache(filled):
+    from shmcache import prometheus_text
+
+    text = prometheus_text({'a"b\\c\nd': filled.stats(), "plain": filled.stats()})
+    assert 'cache="a\\"b\\\\c\\nd"' in text and 'cache="plain"' in text
+    assert text.count("# TYPE shmcache_hits_total counter") == 1
+
+
 def test_cli_inspect_reports_layout_and_verify(capsys, filled, name):
     rc, out, _ = run(capsys, "inspect", name, "--json")
     data = json.loads(out)
