@@ -1,0 +1,95 @@
+"""The pools shmcache serves, run for real: gunicorn workers behind HTTP, a multiprocessing.Pool."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from shmcache import SharedCache
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+START_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 30.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def _expected_digest(text: str, rounds: int) -> str:
+    d = text.encode()
+    for _ in range(rounds):
+        d = hashlib.sha256(d).digest()
+    return d.hex()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("preload", [False, True], ids=["attach-per-worker", "preload"])
+def test_gunicorn_workers_compute_each_key_once(name, preload):
+    pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
+    port = _free_port()
+    cache = SharedCache(name, capacity_bytes=16 * 2**20, max_entries=10_000, create=True)
+    cmd = [sys.executable, "-m", "gunicorn", "-w", "3", "-b", f"127.0.0.1:{port}", "--chdir", str(EXAMPLES),
+           "--timeout", "60", "--graceful-timeout", "10", *(["--preload"] if preload else []), "gunicorn_app:app"]
+    server = subprocess.Popen(cmd, env={**os.environ, "SHMCACHE_NAME": name}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                _get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"gunicorn did not start: {server.stderr.read().decode()[-2000:]}")
+                time.sleep(0.2)
+        texts = [f"k{i % 5}" for i in range(40)]  # five keys, each asked for eight times, concurrently
+        with ThreadPoolExecutor(8) as pool:
+            replies = [json.loads(b) for b in pool.map(lambda t: _get(f"http://127.0.0.1:{port}/transform/{t}"),
+                                                       texts)]
+        for text, reply in zip(texts, replies):
+            assert reply["text"] == text and reply["digest"] == _expected_digest(text, reply["rounds"])
+        computed_by = {r["text"]: r["computed_by"] for r in replies}
+        assert all(r["computed_by"] == computed_by[r["text"]] for r in replies)  # one computation per key
+        assert len({r["served_by"] for r in replies}) >= 2  # the requests really were spread over workers
+        s = cache.stats()
+        assert s.computations == 5 and s.misses == 5 and s.hits == 35  # global, whichever worker answered
+        metrics = _get(f"http://127.0.0.1:{port}/metrics").decode()
+        assert f'shmcache_computations_total{{cache="{name}"}} 5' in metrics
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+        server.stderr.close()
+        cache.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pool_example_runs_and_computes_each_item_once(name, method):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "pool.py"), "--name", name, "--start-method", method,
+                           "--json"], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["results_ok"] and report["items"] == 64 and report["distinct"] == 16
+    assert report["computations"] == 16  # each distinct item once, across all pool workers
