@@ -93,3 +93,18 @@ def test_pool_example_runs_and_computes_each_item_once(name, method):
     report = json.loads(proc.stdout)
     assert report["results_ok"] and report["items"] == 64 and report["distinct"] == 16
     assert report["computations"] == 16  # each distinct item once, across all pool workers
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_torch_dataloader_second_epoch_is_served_from_the_cache(name, method):
+    pytest.importorskip("torch", reason="torch is optional (pip install torch); CI installs the CPU build")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "dataloader.py"), "--name", name, "--samples", "48",
+                           "--workers", "2", "--epochs", "2", "--start-method", method, "--json"],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["values_ok"]  # every sample of every batch equals its decode, and each epoch saw each index once
+    first, second = report["epochs"]
+    assert first["computations"] == 48 and first["hits"] == 0  # each sample decoded once, by one of the workers
+    assert second["computations"] == 48 and second["hits"] == 48  # the second epoch decoded nothing
