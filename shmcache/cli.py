@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compute-us", type=float, default=200.0,
                     help="cost of the simulated transform on a miss, in microseconds (default 200)")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--plot", metavar="FILE", help="also draw the run into a PNG (needs matplotlib)")
     return p
 
 

@@ -1,9 +1,10 @@
 """``shmcache bench``: worker processes share one cache in front of a simulated expensive transform.
 
 Each worker draws keys from a Zipf distribution (s = 1, as request keys in a web pool or samples re-read across
-epochs tend to be), reads through the cache, and on a miss "computes" the value (a busy loop of ``--compute-us``) and
-puts it. Every value read is checked against its key. The parent shows progress once a second from the cache's
-global stats and ends with a table, or one JSON document with ``--json``.
+epochs tend to be) and reads through the cache with ``get_or_compute``: on a miss the value is "computed" (a busy
+loop of ``--compute-us``) once for all workers. Every value read is checked against its key. The parent samples the
+cache's global stats twice a second: a live view (with rich, when installed and on a terminal; plain lines
+otherwise), then a table, or one JSON document with ``--json``; ``--plot FILE`` draws the run with matplotlib.
 """
 
 from __future__ import annotations
@@ -40,17 +41,24 @@ def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
     weights /= weights.sum()
     hit_lat, miss_lat = [], []
     ops = hits = wrong = 0
+    computed = False
+
+    def compute(key):
+        nonlocal computed
+        computed = True
+        return _compute(key, args["value_bytes"], args["compute_us"])
+
     with SharedCache(name, create=False) as cache:
         while time.monotonic() < deadline:
             for key in rng.choice(args["keys"], size=2048, p=weights).tolist():
                 t0 = time.perf_counter_ns()
-                value = cache.get(key)
-                if value is None:
-                    cache.put(key, _compute(key, args["value_bytes"], args["compute_us"]))
+                computed = False
+                value = cache.get_or_compute(key, lambda: compute(key))
+                wrong += value != _value_for(key, args["value_bytes"])
+                if computed:
                     lat = miss_lat
                 else:
                     hits += 1
-                    wrong += value != _value_for(key, args["value_bytes"])
                     lat = hit_lat
                 if ops % _SAMPLE_EVERY == 0:
                     lat.append(time.perf_counter_ns() - t0)
@@ -77,18 +85,24 @@ def run_demo(args) -> int:
     queue = ctx.Queue()
     cache = SharedCache(name, capacity_bytes=capacity, max_entries=max_entries, create=True)
     procs = []
+    timeline = []  # global stats sampled by the parent: what the live view and the plot show
+    live = None if args.json else _LiveView.start(args.workers, args.seconds)
     try:
         t0 = time.monotonic()
         deadline = t0 + args.seconds
         procs = [ctx.Process(target=_worker, args=(name, i, params, deadline, queue)) for i in range(args.workers)]
         for p in procs:
             p.start()
-        while time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            if not args.json:
-                s = cache.stats()
-                print(f"\r{time.monotonic() - t0:5.1f}s  lookups={s.hits + s.misses:>10,}  hit ratio={s.hit_ratio:6.1%}"
-                      f"  entries={s.entries:>7,}  evictions={s.evictions:>8,}", end="", flush=True)
+        while True:
+            s = cache.stats()
+            now = time.monotonic() - t0
+            timeline.append({"t": now, "lookups": s.hits + s.misses, "hit_ratio": s.hit_ratio, "entries": s.entries,
+                             "evictions": s.evictions, "computations": s.computations, "waits": s.waits})
+            if live is not None:
+                live.update(timeline)
+            if now >= args.seconds:
+                break
+            time.sleep(min(_TICK_S, max(0.0, deadline - time.monotonic())))
         results = sorted((queue.get(timeout=60) for _ in procs), key=lambda r: r["worker"])
         for p in procs:
             p.join(timeout=30)
@@ -103,25 +117,127 @@ def run_demo(args) -> int:
             "wrong_values": sum(r["wrong"] for r in results),
             "evictions": s.evictions,
             "entries": s.entries,
+            "computations": s.computations,
+            "waits": s.waits,
+            "takeovers": s.takeovers,
             "per_worker_ops": [r["ops"] for r in results],
             "hit_latency_us": _percentiles([x for r in results for x in r["hit_ns"]]),
             "miss_latency_us": _percentiles([x for r in results for x in r["miss_ns"]]),
             "verify_ok": cache.verify(deep=False).ok,
+            "timeline": timeline,
         }
     finally:
+        if live is not None:
+            live.stop()
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
         cache.unlink()
         cache.close()
+    if args.plot:
+        _plot(report, params, args.plot)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        print()
         _print_report(report, params)
+        if args.plot:
+            print(f"\nchart written to {args.plot}")
     return 0 if report["wrong_values"] == 0 and report["verify_ok"] else 1
+
+
+_TICK_S = 0.5
+
+
+def _rate(timeline: list[dict]) -> float:
+    """Lookups per second over the last tick."""
+    if len(timeline) < 2:
+        return 0.0
+    a, b = timeline[-2], timeline[-1]
+    return (b["lookups"] - a["lookups"]) / max(b["t"] - a["t"], 1e-9)
+
+
+class _LiveView:
+    """Progress while the workers run: rich's live table on a terminal, else one plain line per second."""
+
+    def __init__(self, workers: int, seconds: float, live=None) -> None:
+        self.workers, self.seconds, self.live, self.last_plain = workers, seconds, live, -1.0
+
+    @classmethod
+    def start(cls, workers: int, seconds: float) -> _LiveView:
+        try:
+            from rich.console import Console
+            from rich.live import Live
+        except ImportError:  # rich is in the "cli" extra; without it, plain lines
+            return cls(workers, seconds)
+        console = Console()
+        if not console.is_terminal:
+            return cls(workers, seconds)
+        live = Live(console=console, refresh_per_second=4, transient=True)
+        live.start()
+        return cls(workers, seconds, live)
+
+    def update(self, timeline: list[dict]) -> None:
+        t = timeline[-1]
+        if self.live is None:
+            if t["t"] - self.last_plain >= 1.0:
+                self.last_plain = t["t"]
+                print(f"{t['t']:5.1f}s  lookups={t['lookups']:>10,}  {_rate(timeline):>9,.0f}/s  "
+                      f"hit ratio={t['hit_ratio']:6.1%}  entries={t['entries']:>7,}  evictions={t['evictions']:>8,}",
+                      flush=True)
+            return
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        table = Table(title=f"shmcache bench: {self.workers} workers, one shared cache", title_justify="left")
+        for col in ("elapsed", "lookups", "lookups/s", "hit ratio", "entries", "evictions", "computed",
+                    "waited"):
+            table.add_column(col, justify="right")
+        table.add_row(f"{t['t']:.1f} s", f"{t['lookups']:,}", f"{_rate(timeline):,.0f}", f"{t['hit_ratio']:.1%}",
+                      f"{t['entries']:,}", f"{t['evictions']:,}", f"{t['computations']:,}", f"{t['waits']:,}")
+        table.caption = ProgressBar(total=self.seconds, completed=min(t["t"], self.seconds), width=60)
+        self.live.update(table)
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def _plot(report: dict, params: dict, path: str) -> None:
+    """Throughput and hit ratio over the run, and the latency percentiles, as one PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'shmcache[cli]'") from None
+    tl = report["timeline"]
+    times = [p["t"] for p in tl[1:]]
+    rates = [_rate(tl[: i + 2]) for i in range(len(tl) - 1)]
+    fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.plot(times, rates, color="tab:blue")
+    ax1.set_xlabel("seconds")
+    ax1.set_ylabel("lookups/s (all workers)", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot([p["t"] for p in tl], [p["hit_ratio"] for p in tl], color="tab:orange")
+    ax2.set_ylabel("hit ratio", color="tab:orange")
+    ax2.set_ylim(0, 1)
+    ax1.set_title(f"{report['workers']} workers, {params['keys']:,} Zipf keys, one shared cache")
+    labels = ["p50", "p90", "p99"]
+    for offset, (name, key) in enumerate((("hit", "hit_latency_us"), ("miss + compute", "miss_latency_us"))):
+        values = [report[key][q] or 0.0 for q in labels]
+        ax3.bar([i + offset * 0.4 for i in range(3)], values, width=0.4, label=name)
+    ax3.set_xticks([i + 0.2 for i in range(3)], labels)
+    ax3.set_yscale("log")
+    ax3.set_ylabel("latency (us)")
+    ax3.set_title(f"{report['ops_per_s']:,.0f} lookups/s, hit ratio {report['hit_ratio']:.1%}, "
+                  f"{report['computations']:,} computations")
+    ax3.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _print_report(r: dict, params: dict) -> None:
@@ -130,6 +246,8 @@ def _print_report(r: dict, params: dict) -> None:
     print(f"  throughput   {r['ops_per_s']:>12,.0f} lookups/s   (per worker: {', '.join(map(str, r['per_worker_ops']))})")
     print(f"  hit ratio    {r['hit_ratio']:>12.1%}")
     print(f"  evictions    {r['evictions']:>12,}   entries resident: {r['entries']:,}")
+    print(f"  computed     {r['computations']:>12,}   once each for all workers; {r['waits']:,} lookups waited for "
+          f"another worker's computation")
     print(f"  wrong values {r['wrong_values']:>12}   integrity check: {'ok' if r['verify_ok'] else 'FAILED'}")
     print("  latency (us)        p50       p90       p99       max")
     for label, key in (("hit", "hit_latency_us"), ("miss+compute", "miss_latency_us")):

@@ -106,3 +106,17 @@ def test_cli_bench_demo_runs_as_a_console_script():
     r = json.loads(out.stdout)
     assert r["ops_per_s"] > 0 and 0 < r["hit_ratio"] <= 1 and r["wrong_values"] == 0 and r["verify_ok"]
     assert len(r["per_worker_ops"]) == 2 and all(n > 0 for n in r["per_worker_ops"])
+    assert 0 < r["computations"] <= 2000 and r["takeovers"] == 0  # each key computed at most once
+    assert r["timeline"] and r["timeline"][-1]["lookups"] > 0
+
+
+def test_cli_bench_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is in the cli extra")
+    png = tmp_path / "bench.png"
+    out = subprocess.run(
+        [sys.executable, "-m", "shmcache", "bench", "--seconds", "1", "--workers", "2", "--keys", "500",
+         "--plot", str(png)],
+        capture_output=True, text=True, timeout=100,
+    )
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart written" in out.stdout
