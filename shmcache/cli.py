@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import sys
 import time
 
 from . import __version__
 from .cache import SharedCache
 from .layout import SEGMENT_PREFIX
-from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID
+from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_FILL
 from .stats import CacheLimits, prometheus_text
 
 SHM_DIR = "/dev/shm"
@@ -36,6 +37,7 @@ def _describe(name: str) -> dict:
         h = c._seg.header_words
         created_ns, pid = h[H_CREATED_NS], h[H_CREATOR_PID]
         size = c._seg.geometry.total_nbytes
+        uid = os.fstat(c._seg.fd).st_uid
     return {
         "name": name,
         "size_bytes": size,
@@ -46,8 +48,16 @@ def _describe(name: str) -> dict:
         "fill": s.retained_bytes / s.max_retained_bytes,
         "hit_ratio": s.hit_ratio,
         "creator_pid": pid,
+        "owner": _user(uid),
         "age_s": max(0.0, (time.time_ns() - created_ns) / 1e9),
     }
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _print_json(data) -> None:
@@ -81,13 +91,13 @@ def cmd_ls(args) -> int:
     if not caches:
         print("no shmcache caches on this host")
         return 0
-    rows = [["NAME", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "CREATOR", "AGE"]]
+    rows = [["NAME", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
         if "error" in c:
-            rows.append([c["name"], "-", "-", "-", "-", "-", f"error: {c['error']}"])
+            rows.append([c["name"], "-", "-", "-", "-", "-", "-", f"error: {c['error']}"])
             continue
         rows.append([c["name"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}", f"{c['fill']:.0%}",
-                     f"{c['hit_ratio']:.1%}", str(c["creator_pid"]), f"{c['age_s']:.0f}s"])
+                     f"{c['hit_ratio']:.1%}", c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"])
     print(_table(rows))
     return 0
 
@@ -116,6 +126,7 @@ def cmd_inspect(args) -> int:
         g = c._seg.geometry
         report = c.verify(deep=not args.shallow)
         s = c.stats()
+        fill = c._seg.header_words[H_FILL]  # read without the lock: a display figure, not a decision
     data = {
         "name": args.name,
         "layout": {"total_nbytes": g.total_nbytes, "index_off": g.index_off, "index_slots": g.index_slots,
@@ -123,8 +134,7 @@ def cmd_inspect(args) -> int:
                    "arena_nbytes": g.arena_nbytes},
         "limits": {"max_entries": s.max_entries, "max_retained_bytes": s.max_retained_bytes,
                    "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes},
-        "arena": {"bytes": s.arena_bytes, "used_bytes": s.arena_used_bytes,
-                  "utilization": s.retained_bytes / s.arena_bytes},
+        "arena": _arena_report(s, fill),
         "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},
     }
     if args.json:
@@ -138,6 +148,16 @@ def cmd_inspect(args) -> int:
             else:
                 print(f"{section}: {values}")
     return 0 if report.ok else 1
+
+
+def _arena_report(s, fill: int) -> dict:
+    """Arena use and fragmentation: free bytes are either contiguous (after the ring's head) or dead blocks inside
+    the ring, which the allocator reclaims as its cleaner passes; fragmentation is the dead share of the free."""
+    dead = max(0, fill - s.arena_used_bytes)
+    contiguous = max(0, s.arena_bytes - fill)
+    return {"bytes": s.arena_bytes, "used_bytes": s.arena_used_bytes,
+            "utilization": s.retained_bytes / s.arena_bytes, "dead_bytes": dead, "contiguous_free_bytes": contiguous,
+            "fragmentation": dead / (dead + contiguous) if dead + contiguous else 0.0}
 
 
 def cmd_rm(args) -> int:

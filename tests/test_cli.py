@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,6 +34,7 @@ def test_cli_ls_lists_the_cache(capsys, filled, name):
     mine = [c for c in json.loads(out) if c["name"] == name]
     assert rc == 0 and len(mine) == 1
     assert mine[0]["entries"] == 10 and mine[0]["hit_ratio"] == 0.5 and mine[0]["max_entries"] == 64
+    assert mine[0]["owner"] and mine[0]["creator_pid"] == os.getpid()
     rc, out, _ = run(capsys, "ls")
     assert rc == 0 and name in out
 
@@ -70,6 +72,18 @@ def test_cli_inspect_reports_layout_and_verify(capsys, filled, name):
     data = json.loads(out)
     assert rc == 0 and data["verify"]["ok"] and data["verify"]["entries"] == 10
     assert data["layout"]["arena_off"] % 4096 == 0 and data["limits"]["capacity_entries"] == 64
+    arena = data["arena"]
+    assert arena["dead_bytes"] == 0 and arena["fragmentation"] == 0.0  # nothing deleted yet
+    assert arena["used_bytes"] + arena["contiguous_free_bytes"] == arena["bytes"]
+
+
+def test_cli_inspect_counts_dead_blocks_as_fragmentation(capsys, filled, name):
+    for i in range(0, 10, 2):
+        filled.delete(i)  # five dead blocks inside the ring
+    rc, out, _ = run(capsys, "inspect", name, "--json")
+    arena = json.loads(out)["arena"]
+    assert rc == 0 and arena["dead_bytes"] > 0 and 0 < arena["fragmentation"] < 1
+    assert arena["used_bytes"] + arena["dead_bytes"] + arena["contiguous_free_bytes"] == arena["bytes"]
 
 
 def test_cli_set_limits_evicts(capsys, filled, name):
