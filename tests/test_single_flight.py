@@ -102,14 +102,20 @@ def test_flight_many_processes_compute_once(name, shared):
     assert _stats(shared) == dict(computations=1, waits=n - 1, takeovers=0, hits=n - 1, misses=1)
 
 
-@pytest.mark.timeout(120)
-def test_flight_computer_raises_and_a_waiter_takes_over(name, shared):
+def _computer_and_waiter(name, outcome):
+    """A child computing "k" (``outcome`` as in _child_compute) and a second child already waiting for it."""
     started, go, waiting = ctx.Event(), ctx.Event(), ctx.Event()
     queue = ctx.Queue()
-    computer = _start(_child_compute, name, "k", started, go, "raise", queue)
+    computer = _start(_child_compute, name, "k", started, go, outcome, queue)
     assert started.wait(JOIN_S)
     waiter = _start(_child_compute, name, "k", ctx.Event(), go, "value", queue, waiting)
     assert waiting.wait(JOIN_S)
+    return computer, waiter, go, queue
+
+
+@pytest.mark.timeout(120)
+def test_flight_computer_raises_and_a_waiter_takes_over(name, shared):
+    computer, waiter, go, queue = _computer_and_waiter(name, "raise")
     go.set()
     results = {r[1]: r for r in (queue.get(timeout=JOIN_S) for _ in range(2))}
     _reap([computer, waiter])
@@ -121,12 +127,7 @@ def test_flight_computer_raises_and_a_waiter_takes_over(name, shared):
 
 @pytest.mark.timeout(120)
 def test_flight_computer_killed_and_a_waiter_takes_over(name, shared):
-    started, go, waiting = ctx.Event(), ctx.Event(), ctx.Event()
-    queue = ctx.Queue()
-    computer = _start(_child_compute, name, "k", started, go, "hang", queue)
-    assert started.wait(JOIN_S)
-    waiter = _start(_child_compute, name, "k", ctx.Event(), go, "value", queue, waiting)
-    assert waiting.wait(JOIN_S)
+    computer, waiter, go, queue = _computer_and_waiter(name, "hang")
     os.kill(computer.pid, signal.SIGKILL)
     go.set()
     kind, pid, _ = queue.get(timeout=JOIN_S)  # bounded: the kernel freed the key when the computer died
