@@ -21,14 +21,17 @@ ctx = mp.get_context("fork")
 
 def _patch_sleep_to_signal(event) -> None:
     """In a child: set ``event`` when get_or_compute first pauses to wait for another caller's claim (it waits by
-    sleeping between polls), so the parent knows the child is waiting, without guessing a delay."""
-    real_sleep = time.sleep
+    sleeping between polls), so the parent knows the child is waiting, without guessing a delay. Only the flight
+    module's clock is replaced: other sleeps (a concurrent attach polls its flock) must not set the event."""
+    from types import SimpleNamespace
+
+    from shmcache import flight
 
     def sleep(seconds):
         event.set()
-        real_sleep(seconds)
+        time.sleep(seconds)
 
-    time.sleep = sleep
+    flight.time = SimpleNamespace(sleep=sleep, monotonic=time.monotonic)
 
 
 def _child_compute(name, key, started, go, outcome, queue, waiting=None, timeout=None):
