@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from . import flight, index, memo
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, copy_array, decode_body, encode_key,
+    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, body_checksum, copy_array, decode_body, encode_key,
     encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
@@ -318,14 +318,7 @@ class SharedCache:
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         """
-        kb = encode_key(key)
-        tag, body = encode_parts(value)
-        fp = _xxh(kb) & _MASK63
-        check = (_xxh(body, tag) & _MASK63) | 1  # codec.body_checksum, inlined
-        size = len(kb) + len(body) + 1
-        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
-        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
-            raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
+        kb, tag, body, fp, check, size, nb = self._encode(key, value)
         addr = self._addr
         try:
             rc = _trylock(addr)  # _enter() and _admit(), inlined on the hot path
@@ -337,24 +330,41 @@ class SharedCache:
             if size > h[H_MAX_RETAINED]:
                 raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
             h[H_DIRTY] = 1
-            table = self._table
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-            if old != EMPTY:
-                h[H_UPDATES] += 1
-                if not table.overwrite(old, kb, tag, body, check, nb):
-                    table.remove(old)
-                    old = EMPTY
-            if old == EMPTY:
-                if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                    table.evict_until(1, size)
-                table.insert(kb, tag, body, fp, check, nb)
-            h[H_PUTS] += 1
+            self._store_locked(index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb),
+                               kb, tag, body, fp, check, size, nb)
             h[H_DIRTY] = 0
         except BaseException as exc:
             self._fault(exc, addr)
             raise
         finally:
             _unlock(addr)
+
+    def _encode(self, key, value) -> tuple:
+        """Everything a store needs that can be computed without the lock: (key bytes, value tag, value body,
+        fingerprint, checksum, payload size, block size). Raises TypeError or TooLargeError; nothing has changed."""
+        kb = encode_key(key)
+        tag, body = encode_parts(value)
+        size = len(kb) + len(body) + 1
+        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
+        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
+            raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
+        return kb, tag, body, _xxh(kb) & _MASK63, (_xxh(body, tag) & _MASK63) | 1, size, nb
+
+    def _store_locked(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
+                      nb: int) -> None:
+        """Store an encoded entry as the most recent; ``old`` is the key's resident entry, or EMPTY. The caller
+        holds the lock, has raised ``dirty`` and checked ``size`` against the byte limit."""
+        h, table = self._h, self._table
+        if old != EMPTY:
+            h[H_UPDATES] += 1
+            if not table.overwrite(old, kb, tag, body, check, nb):
+                table.remove(old)
+                old = EMPTY
+        if old == EMPTY:
+            if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+                table.evict_until(1, size)
+            table.insert(kb, tag, body, fp, check, nb)
+        h[H_PUTS] += 1
 
     def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
         return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
@@ -381,6 +391,128 @@ class SharedCache:
             raise
         finally:
             self._unlock(addr)
+
+    # ------------------------------------------------------------------------------------------- atomic operations
+    # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
+
+    def add(self, key, value) -> bool:
+        """Store ``value`` only if ``key`` is absent; True if it was stored (memcached ``add``, APCu ``apcu_add``,
+        diskcache ``add``)."""
+        return self._store_if(key, value, present=False)
+
+    def replace(self, key, value) -> bool:
+        """Store ``value`` only if ``key`` is present; True if it was stored (memcached ``replace``)."""
+        return self._store_if(key, value, present=True)
+
+    def _store_if(self, key, value, *, present: bool) -> bool:
+        kb, tag, body, fp, check, size, nb = self._encode(key, value)
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            h = self._h
+            if size > h[H_MAX_RETAINED]:
+                raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
+            if (old != EMPTY) != present:
+                return False
+            h[H_DIRTY] = 1
+            self._store_locked(old, kb, tag, body, fp, check, size, nb)
+            h[H_DIRTY] = 0
+            return True
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
+
+    def pop(self, key, default=None):
+        """Remove ``key`` and return its value, or ``default`` if it is absent; counted as a lookup and, when
+        present, a delete (``dict.pop``; diskcache ``pop``)."""
+        kb = encode_key(key)
+        fp = fingerprint(kb)
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            h = self._h
+            e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
+            if e == EMPTY:
+                h[H_MISSES] += 1
+                return default
+            tag, body = self._body_locked(e)
+            h[H_DIRTY] = 1
+            self._table.remove(e)
+            h[H_HITS] += 1
+            h[H_DELETES] += 1
+            h[H_DIRTY] = 0
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
+        return decode_body(tag, body)
+
+    def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+        """Add ``delta`` to the integer stored under ``key`` and return the new value. An absent key starts at
+        ``initial`` (``None``: raise KeyError instead). memcached ``incr``, APCu ``apcu_inc``, diskcache ``incr``.
+
+        :raises TypeError: if the stored value (or ``delta``, ``initial``) is not an int; nothing changes.
+        """
+        if type(delta) is not int or (initial is not None and type(initial) is not int):
+            raise TypeError("incr needs int delta and initial")
+        kb = encode_key(key)
+        fp = fingerprint(kb)
+        refused = None  # raised after the lock is released: inside, KeyError and TypeError would read as damage
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            h = self._h
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
+            if old == EMPTY:
+                current = initial
+                if current is None:
+                    refused = KeyError(key)
+            else:
+                current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
+                if type(current) is not int:
+                    refused = TypeError(f"incr on a {type(current).__name__} value: only int values can be "
+                                        "incremented")
+            if refused is None:
+                value = current + delta
+                kb, tag, body, fp, check, size, nb = self._encode(key, value)
+                if size > h[H_MAX_RETAINED]:
+                    raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+                h[H_DIRTY] = 1
+                self._store_locked(old, kb, tag, body, fp, check, size, nb)
+                h[H_DIRTY] = 0
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
+        if refused is not None:
+            raise refused
+        return value
+
+    def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+        """``incr`` by ``-delta`` (no floor at zero, unlike memcached: the values are Python ints)."""
+        if type(delta) is not int:
+            raise TypeError("decr needs an int delta")
+        return self.incr(key, -delta, initial)
+
+    def _body_locked(self, e: int) -> tuple[int, bytes]:
+        """Tag and body bytes of resident entry ``e``, copied and checked against its checksum (lock held)."""
+        ent, base = self._ent, self._base
+        b = e * _W
+        v0 = base + ent[b + E_OFF] + _VALUE_START
+        vlen = ent[b + E_VAL_NBYTES]
+        tag = self._mm[v0]
+        body = self._mm[v0 + 1 : v0 + vlen]
+        if body_checksum(tag, body) != ent[b + E_CHECK]:
+            raise CorruptionError(f"entry {e} failed its checksum", what="read")
+        return tag, body
 
     def _delete_prefix(self, prefix: bytes) -> int:
         """Remove every entry whose encoded key starts with ``prefix``; how many. Walks the whole LRU list under the

@@ -46,6 +46,47 @@ class ReferenceLRU:
         self.counters["deletes"] += 1
         return True
 
+    def add(self, key, value) -> bool:
+        if encode_key(key) in self.data:
+            self._check_size(key, value)
+            return False
+        self.put(key, value)
+        return True
+
+    def replace(self, key, value) -> bool:
+        if encode_key(key) not in self.data:
+            self._check_size(key, value)
+            return False
+        self.put(key, value)
+        return True
+
+    def pop(self, key, default=None):
+        kb = encode_key(key)
+        if kb not in self.data:
+            self.counters["misses"] += 1
+            return default
+        value, size = self.data.pop(kb)
+        self.retained -= size
+        self.counters["hits"] += 1
+        self.counters["deletes"] += 1
+        return value
+
+    def incr(self, key, delta: int):
+        """The new value, or the exception SharedCache.incr raises (nothing changes then)."""
+        kb = encode_key(key)
+        current = self.data[kb][0] if kb in self.data else 0
+        if type(current) is not int:
+            return TypeError
+        try:
+            self.put(key, current + delta)
+        except ValueError:
+            return ValueError
+        return current + delta
+
+    def _check_size(self, key, value) -> None:
+        if len(encode_key(key)) + len(encode_value(value)) > self.max_retained_bytes:
+            raise ValueError("too large")
+
     def set_limits(self, max_entries: int, max_retained_bytes: int) -> None:
         self.max_entries, self.max_retained_bytes = max_entries, max_retained_bytes
         self._evict(0, 0)

@@ -239,6 +239,37 @@ class SharedCacheMachine(RuleBasedStateMachine):
     def delete(self, key, other):
         assert self._handle(other).delete(key) == self.model.delete(key)
 
+    @rule(key=key_choices, value=machine_values, other=st.booleans(), present=st.booleans())
+    def add_or_replace(self, key, value, other, present):
+        op = "replace" if present else "add"
+        try:
+            expected = getattr(self.model, op)(key, value)
+        except ValueError:
+            event(f"{op}: too large")
+            with pytest.raises(TooLargeError):
+                getattr(self._handle(other), op)(key, value)
+            return
+        event(f"{op}: {expected}")
+        assert getattr(self._handle(other), op)(key, value) == expected
+
+    @rule(key=key_choices, other=st.booleans())
+    def pop(self, key, other):
+        expected = self.model.pop(key, MISSING)
+        got = self._handle(other).pop(key, MISSING)
+        event(f"pop: {'miss' if expected is MISSING else 'hit'}")
+        assert got is MISSING if expected is MISSING else same_value(expected, got)
+
+    @rule(key=key_choices, delta=st.integers(-(2**70), 2**70), other=st.booleans())
+    def incr(self, key, delta, other):
+        expected = self.model.incr(key, delta)
+        if expected in (TypeError, ValueError):
+            event(f"incr: {expected.__name__}")
+            with pytest.raises(TooLargeError if expected is ValueError else TypeError):
+                self._handle(other).incr(key, delta)
+            return
+        event("incr")
+        assert self._handle(other).incr(key, delta) == expected
+
     @rule(key=key_choices, other=st.booleans())
     def contains(self, key, other):
         assert (key in self._handle(other)) == (encode_key(key) in self.model.data)

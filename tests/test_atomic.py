@@ -1,0 +1,126 @@
+"""add, replace, pop, incr and decr: each indivisible, including across processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from shmcache import SharedCache, TooLargeError
+
+JOIN_S = 60
+ctx = mp.get_context("fork")
+
+
+def test_atomic_add_only_when_absent(cache):
+    assert cache.add("k", {"v": 1}) is True
+    assert cache.add("k", {"v": 2}) is False
+    assert cache.get("k") == {"v": 1}
+    s = cache.stats()
+    assert (s.puts, s.updates, s.entries) == (1, 0, 1)
+
+
+def test_atomic_replace_only_when_present(cache):
+    assert cache.replace("k", 1) is False and "k" not in cache
+    cache.put("k", 1)
+    assert cache.replace("k", "two") is True and cache.get("k") == "two"
+
+
+def test_atomic_add_too_large_raises_and_changes_nothing(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=4, create=True) as c:
+        with pytest.raises(TooLargeError):
+            c.add("k", b"x" * 10_000)
+        assert "k" not in c and c.stats().recoveries == 0
+
+
+def test_atomic_pop_returns_and_removes(cache):
+    cache.put("k", [1, (2, 3)])
+    cache.put("arr", np.arange(6.0).reshape(2, 3))
+    assert cache.pop("k") == [1, (2, 3)] and "k" not in cache
+    assert cache.pop("k", "gone") == "gone"
+    assert np.array_equal(cache.pop("arr"), np.arange(6.0).reshape(2, 3))
+    s = cache.stats()
+    assert (s.hits, s.misses, s.deletes, s.entries) == (2, 1, 2, 0)
+    assert cache.verify(deep=True).ok
+
+
+def test_atomic_incr_decr(cache):
+    assert cache.incr("n") == 1
+    assert cache.incr("n", 10) == 11
+    assert cache.decr("n", 20) == -9  # Python ints: no floor at zero
+    assert cache.incr("big", 2**70, initial=2**70) == 2**71
+    assert cache.incr("fresh", 5, initial=100) == 105
+    assert cache.get("n") == -9 and cache.get("big") == 2**71
+
+
+@pytest.mark.parametrize("stored", ["text", 1.5, True, None, [1]])
+def test_atomic_incr_of_a_non_int_is_a_type_error_and_changes_nothing(cache, stored):
+    cache.put("k", stored)
+    with pytest.raises(TypeError, match="only int values"):
+        cache.incr("k")
+    assert cache.get("k") == stored
+    assert cache.stats().recoveries == 0  # a refused incr is not damage: no repair ran
+
+
+def test_atomic_incr_of_an_absent_key_without_initial_is_a_key_error(cache):
+    with pytest.raises(KeyError):
+        cache.incr("k", initial=None)
+    assert "k" not in cache and cache.stats().recoveries == 0
+    with pytest.raises(TypeError):
+        cache.incr("k", 1.5)
+
+
+def _incr_many(name, times, barrier, queue):
+    try:
+        with SharedCache(name, create=False) as c:
+            barrier.wait(JOIN_S)
+            last = [c.incr("counter") for _ in range(times)]
+        queue.put(("ok", last))
+    except BaseException as exc:
+        queue.put(("error", repr(exc)))
+
+
+def _add_race(name, barrier, queue):
+    try:
+        with SharedCache(name, create=False) as c:
+            barrier.wait(JOIN_S)
+            won = c.add("winner", {"pid": os.getpid()})
+        queue.put(("ok", (os.getpid(), won)))
+    except BaseException as exc:
+        queue.put(("error", repr(exc)))
+
+
+def _run(target, n, *args):
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, queue), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=JOIN_S) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert all(kind == "ok" for kind, _ in results), results
+    return [r for _, r in results]
+
+
+@pytest.mark.timeout(120)
+def test_atomic_incr_from_many_processes_loses_nothing(cache, name):
+    n, m = 4, 300
+    results = _run(_incr_many, n, name, m)
+    assert cache.get("counter") == n * m
+    seen = sorted(v for r in results for v in r)
+    assert seen == list(range(1, n * m + 1))  # every increment returned a distinct new value
+
+
+@pytest.mark.timeout(120)
+def test_atomic_add_race_has_exactly_one_winner(cache, name):
+    results = _run(_add_race, 6, name)
+    winners = [pid for pid, won in results if won]
+    assert len(winners) == 1
+    assert cache.get("winner") == {"pid": winners[0]}
