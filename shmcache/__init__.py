@@ -9,6 +9,7 @@ from .errors import (
     ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError,
     TooLargeError,
 )
+from .segment import sweep
 from .stats import CacheLimits, CacheStats, prometheus_text
 from .verify import VerifyReport
 
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "LayoutError",
     "LayoutVersionError", "LockTimeout", "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
-    "prometheus_text",
+    "prometheus_text", "sweep",
 ]

@@ -15,20 +15,10 @@ import time
 
 from . import __version__
 from .cache import SharedCache
-from .layout import SEGMENT_PREFIX
+from .segment import segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_FILL
 from .stats import CacheLimits, prometheus_text
 
-SHM_DIR = "/dev/shm"
-
-
-def cache_names() -> list[str]:
-    """Names of the shmcache segments on this host."""
-    try:
-        files = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return []
-    return sorted(f[len(SEGMENT_PREFIX) :] for f in files if f.startswith(SEGMENT_PREFIX))
 
 
 def _describe(name: str) -> dict:
@@ -80,7 +70,7 @@ def _table(rows: list[list[str]]) -> str:
 
 def cmd_ls(args) -> int:
     caches = []
-    for name in cache_names():
+    for name in segment_names():
         try:
             caches.append(_describe(name))
         except Exception as exc:  # a damaged or foreign segment is listed, not fatal
@@ -160,6 +150,23 @@ def _arena_report(s, fill: int) -> dict:
             "fragmentation": dead / (dead + contiguous) if dead + contiguous else 0.0}
 
 
+def cmd_sweep(args) -> int:
+    found = sweep(remove=args.yes, names=args.names or None)
+    if args.json:
+        _print_json(found)
+        return 0
+    orphans = [f for f in found if f["state"] == "orphan"]
+    for f in found:
+        size = _human(f["size_bytes"]) if "size_bytes" in f else "-"
+        what = "removed" if f.get("removed") else f["state"]
+        print(f"{f['name']:<40} {size:>10}  {what}")
+    if orphans and not args.yes:
+        print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `shmcache sweep --yes`.")
+    elif not found:
+        print("no shmcache caches on this host")
+    return 0
+
+
 def cmd_rm(args) -> int:
     status = 0
     for name in args.names:
@@ -221,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("inspect", cmd_inspect, "layout, limits, arena fill and an integrity check of a cache")
     sp.add_argument("name")
     sp.add_argument("--shallow", action="store_true", help="skip re-hashing every stored key and value")
+    sp = add("sweep", cmd_sweep, "list caches that no process has open (left by crashed processes); --yes removes them")
+    sp.add_argument("names", nargs="*", metavar="NAME", help="only these caches (default: every one)")
+    sp.add_argument("--yes", action="store_true", help="remove the orphans found")
     sp = add("rm", cmd_rm, "remove caches (processes that have them open keep their mapping)", json_flag=False)
     sp.add_argument("names", nargs="+", metavar="NAME")
     sp = add("clear", cmd_clear, "drop every entry of a cache and reset its counters", json_flag=False)

@@ -18,17 +18,13 @@ to the child, and the claim lasts until both have closed it or exited.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import struct
 import threading
 import time
 
+from . import ofd
 from .errors import ComputeTimeout
 
-# struct flock on Linux (x86_64, aarch64): short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid.
-_FLOCK = struct.Struct("hhxxxxqqi4x")
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
 
@@ -68,7 +64,7 @@ def claim(segment_fd: int, fp: int, timeout: float | None) -> tuple[Claim, bool]
     :raises ComputeTimeout: if the key stays claimed for ``timeout`` seconds.
     :raises RuntimeError: if this thread already holds the claim (``fn`` called ``get_or_compute`` on its own key).
     """
-    byte = fp >> 1  # l_start + l_len must fit a signed 64-bit offset
+    byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
     tag = (os.fstat(segment_fd).st_ino, byte)
     if tag in _claims.keys:
         raise RuntimeError("get_or_compute was called for a key inside the computation of that same key")
@@ -76,17 +72,10 @@ def claim(segment_fd: int, fp: int, timeout: float | None) -> tuple[Claim, bool]
     # process does with it, and is inherited by forked children).
     fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
     try:
-        request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0)
         waited = False
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = _POLL_FIRST_S
-        while True:
-            try:
-                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
+        while not ofd.lock(fd, byte, ofd.WRITE, wait=False):
             waited = True
             if deadline is not None:
                 left = deadline - time.monotonic()

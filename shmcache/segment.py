@@ -21,7 +21,7 @@ import time
 import numpy as np
 import posix_ipc
 
-from . import layout
+from . import layout, ofd
 from .errors import LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
@@ -218,6 +218,12 @@ class Segment:
         self._lock_holder = ctypes.c_char.from_buffer(self.lock_mm, d.H_LOCK_OFF)
         self.lock_address = ctypes.addressof(self._lock_holder)
         self.fd = os.dup(fd)  # kept for re-initialising an unrecoverable lock (lock.py)
+        # Held for as long as this handle is open (and by forked children that inherit the descriptor): sweep()
+        # treats a segment whose LIVE_BYTE nobody holds as an orphan. A description of its own, because the mmap
+        # objects keep duplicates of ``fd`` (and the lock page outlives close()). Blocks only while a sweep is
+        # deciding; the caller's name check then sees the name gone and retries.
+        self.live_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        ofd.lock(self.live_fd, ofd.LIVE_BYTE, ofd.READ, wait=True)
         self.mm = mmap.mmap(fd, g.total_nbytes)
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
@@ -238,6 +244,9 @@ class Segment:
 
     def close(self) -> None:
         """Unmap the segment (the lock's own page stays mapped until this object is garbage collected)."""
+        live_fd = self.__dict__.pop("live_fd", None)
+        if live_fd is not None:
+            os.close(live_fd)  # this handle no longer holds the segment open (for sweep)
         if self.mm is None:
             return
         os.close(self.fd)
@@ -250,6 +259,49 @@ class Segment:
         except BufferError:
             pass  # a view is still referenced (e.g. by a traceback): the mapping goes when the last view does
         self.mm = None
+
+
+def segment_names() -> list[str]:
+    """Names of the shmcache caches on this host (their segments in /dev/shm)."""
+    try:
+        files = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(f[len(layout.SEGMENT_PREFIX) :] for f in files if f.startswith(layout.SEGMENT_PREFIX))
+
+
+def sweep(remove: bool = False, names=None) -> list[dict]:
+    """Every cache segment on the host (or those of ``names``) with its state: ``in use`` (some process has it open), ``orphan`` (nobody
+    does: left behind by processes that are all gone), or ``not accessible`` (another user's). With ``remove``,
+    orphans are unlinked (``removed``: True). A segment a live process has open is never removed: every open handle
+    holds a shared lock on its ``LIVE_BYTE``, and the sweep unlinks only while it holds that byte exclusively."""
+    found = []
+    for name in segment_names() if names is None else sorted(set(names)):
+        path = _SHM_DIR + shm_name(name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except PermissionError:
+            found.append({"name": name, "state": "not accessible"})
+            continue
+        try:
+            if not ofd.lock(fd, ofd.LIVE_BYTE, ofd.WRITE, wait=False):
+                found.append({"name": name, "state": "in use"})
+                continue
+            st = os.fstat(fd)
+            entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
+            if remove:
+                try:
+                    if os.stat(path).st_ino == st.st_ino:  # still the file judged: not one created since
+                        os.unlink(path)
+                        entry["removed"] = True
+                except FileNotFoundError:
+                    pass
+            found.append(entry)
+        finally:
+            os.close(fd)  # releases the exclusive lock
+    return found
 
 
 def unlink_name(name: str) -> None:

@@ -42,9 +42,10 @@ ones slid down to close it, an incremental compaction that never needs a second 
 creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
 so a put that fits the retained-bytes and entry limits always finds room.
 
-``get_or_compute`` serialises the computation of one key across processes with an open-file-description lock
-(``F_OFD_SETLK``) on one byte of the segment's own file, at an offset taken from the key's fingerprint (see
-``shmcache/flight.py``); those locks live in the kernel, not in the segment's bytes.
+Kernel locks on the segment's file (open-file-description locks, ``shmcache/ofd.py``; they live in the kernel, not
+in the segment's bytes): ``get_or_compute`` claims a key with an exclusive lock on one byte below 2**62, at an
+offset taken from the key's fingerprint (``shmcache/flight.py``), and every open handle holds a shared lock on byte
+2**62 (``LIVE_BYTE``), which ``sweep`` takes exclusively to know that nobody has the segment open.
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.

@@ -1,0 +1,34 @@
+"""Linux open-file-description byte locks (``F_OFD_SETLK``), on the segment's own file.
+
+Unlike classic POSIX record locks they belong to an open file description, not to a process: threads exclude each
+other through separate descriptions, closing another descriptor of the file drops nothing, and the kernel releases
+them when the last descriptor of the description closes -- at the latest when its processes die. The segment uses
+two disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
+``get_or_compute``'s claims (``flight.py``), and ``LIVE_BYTE`` itself, read-locked by every open handle, so that
+``sweep`` can tell a segment nobody has open.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+
+# struct flock on Linux (x86_64, aarch64): short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid.
+_FLOCK = struct.Struct("hhxxxxqqi4x")
+READ, WRITE = fcntl.F_RDLCK, fcntl.F_WRLCK
+LIVE_BYTE = 2**62  # read-locked by every open handle; get_or_compute's key bytes are all below it
+
+
+def lock(fd: int, byte: int, kind: int, *, wait: bool) -> bool:
+    """Lock one ``byte`` of the file open as ``fd`` (``READ`` shared, ``WRITE`` exclusive); False if another
+    description holds a conflicting lock and ``wait`` is False."""
+    request = _FLOCK.pack(kind, os.SEEK_SET, byte, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, request)
+        return True
+    except OSError as exc:
+        if not wait and exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
