@@ -130,7 +130,8 @@ class SharedCache:
         self._closed = False
 
     # ------------------------------------------------------------------------------------------- locking
-    # Pattern of every call (see the module docstring):
+    # The pattern of every call (see the module docstring), written once in ``_locked``; get and put inline it, and
+    # close() varies it (it must mark the handle closed even when the lock cannot be had):
     #     addr = self._addr
     #     try:
     #         addr = self._enter()
@@ -148,6 +149,24 @@ class SharedCache:
         """Take the lock; returns the handle the caller releases (see ``_wait``). Follow with ``_admit``."""
         rc = self._trylock(self._addr)
         return self._wait(rc) if rc else self._addr
+
+    def _locked(self, fn, *args):
+        """``fn(*args)`` run under the lock, with the protocol above: every operation but the inlined get and put
+        goes through here. Methods meant to be ``fn`` end in ``_locked``."""
+        addr = self._addr
+        try:
+            addr = self._enter()
+            self._admit(addr)
+            return fn(*args)
+        except BaseException as exc:
+            self._fault(exc, addr)
+            raise
+        finally:
+            self._unlock(addr)
+
+    def _find(self, kb: bytes, fp: int) -> int:
+        """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY (lock held)."""
+        return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
 
     def _admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
@@ -296,20 +315,14 @@ class SharedCache:
 
     def _checksum_failed(self, e: int):
         """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            self._h[H_HITS] -= 1
-            self._h[H_MISSES] += 1
-            self._repair_locked(deep=True)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        self._locked(self._checksum_failed_locked)
         raise CorruptionError(f"entry {e} failed its checksum and was dropped", what="get",
                               hint="the operation can be retried")
+
+    def _checksum_failed_locked(self) -> None:
+        self._h[H_HITS] -= 1
+        self._h[H_MISSES] += 1
+        self._repair_locked(deep=True)
 
     def put(self, key, value) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
@@ -327,22 +340,20 @@ class SharedCache:
             h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
-            if size > h[H_MAX_RETAINED]:
-                raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-            h[H_DIRTY] = 1
-            self._store_locked(index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb),
-                               kb, tag, body, fp, check, size, nb)
-            h[H_DIRTY] = 0
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find, inlined
+            self._store_locked(old, kb, tag, body, fp, check, size, nb)
         except BaseException as exc:
             self._fault(exc, addr)
             raise
         finally:
             _unlock(addr)
 
-    def _encode(self, key, value) -> tuple:
+    def _encode(self, key, value, kb: bytes | None = None) -> tuple:
         """Everything a store needs that can be computed without the lock: (key bytes, value tag, value body,
-        fingerprint, checksum, payload size, block size). Raises TypeError or TooLargeError; nothing has changed."""
-        kb = encode_key(key)
+        fingerprint, checksum, payload size, block size); ``kb``: the key already encoded. Raises TypeError or
+        TooLargeError; nothing has changed."""
+        if kb is None:
+            kb = encode_key(key)
         tag, body = encode_parts(value)
         size = len(kb) + len(body) + 1
         nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
@@ -352,9 +363,14 @@ class SharedCache:
 
     def _store_locked(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
                       nb: int) -> None:
-        """Store an encoded entry as the most recent; ``old`` is the key's resident entry, or EMPTY. The caller
-        holds the lock, has raised ``dirty`` and checked ``size`` against the byte limit."""
+        """Store an encoded entry as the most recent; ``old`` is the key's resident entry, or EMPTY.
+
+        :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
+        """
         h, table = self._h, self._table
+        if size > h[H_MAX_RETAINED]:
+            raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+        h[H_DIRTY] = 1
         if old != EMPTY:
             h[H_UPDATES] += 1
             if not table.overwrite(old, kb, tag, body, check, nb):
@@ -365,6 +381,7 @@ class SharedCache:
                 table.evict_until(1, size)
             table.insert(kb, tag, body, fp, check, nb)
         h[H_PUTS] += 1
+        h[H_DIRTY] = 0
 
     def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
         return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
@@ -373,24 +390,17 @@ class SharedCache:
     def delete(self, key) -> bool:
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
-        fp = fingerprint(kb)
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-            if e == EMPTY:
-                return False
-            self._h[H_DIRTY] = 1
-            self._table.remove(e)
-            self._h[H_DELETES] += 1
-            self._h[H_DIRTY] = 0
-            return True
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(self._delete_locked, kb, fingerprint(kb))
+
+    def _delete_locked(self, kb: bytes, fp: int) -> bool:
+        e = self._find(kb, fp)
+        if e == EMPTY:
+            return False
+        self._h[H_DIRTY] = 1
+        self._table.remove(e)
+        self._h[H_DELETES] += 1
+        self._h[H_DIRTY] = 0
+        return True
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
@@ -405,53 +415,38 @@ class SharedCache:
         return self._store_if(key, value, present=True)
 
     def _store_if(self, key, value, *, present: bool) -> bool:
-        kb, tag, body, fp, check, size, nb = self._encode(key, value)
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h = self._h
-            if size > h[H_MAX_RETAINED]:
-                raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-            if (old != EMPTY) != present:
-                return False
-            h[H_DIRTY] = 1
-            self._store_locked(old, kb, tag, body, fp, check, size, nb)
-            h[H_DIRTY] = 0
-            return True
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(self._store_if_locked, present, *self._encode(key, value))
+
+    def _store_if_locked(self, present: bool, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
+                         nb: int) -> bool:
+        old = self._find(kb, fp)
+        if (old != EMPTY) != present:
+            if size > self._h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
+                raise self._too_large(size, self._h[H_MAX_RETAINED], "max_retained_bytes")
+            return False
+        self._store_locked(old, kb, tag, body, fp, check, size, nb)
+        return True
 
     def pop(self, key, default=None):
         """Remove ``key`` and return its value, or ``default`` if it is absent; counted as a lookup and, when
         present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
-        fp = fingerprint(kb)
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h = self._h
-            e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-            if e == EMPTY:
-                h[H_MISSES] += 1
-                return default
-            tag, body = self._body_locked(e)
-            h[H_DIRTY] = 1
-            self._table.remove(e)
-            h[H_HITS] += 1
-            h[H_DELETES] += 1
-            h[H_DIRTY] = 0
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
-        return decode_body(tag, body)
+        found = self._locked(self._pop_locked, kb, fingerprint(kb))
+        return default if found is None else decode_body(*found)
+
+    def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
+        h = self._h
+        e = self._find(kb, fp)
+        if e == EMPTY:
+            h[H_MISSES] += 1
+            return None
+        found = self._body_locked(e)
+        h[H_DIRTY] = 1
+        self._table.remove(e)
+        h[H_HITS] += 1
+        h[H_DELETES] += 1
+        h[H_DIRTY] = 0
+        return found
 
     def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
         """Add ``delta`` to the integer stored under ``key`` and return the new value. An absent key starts at
@@ -462,38 +457,25 @@ class SharedCache:
         if type(delta) is not int or (initial is not None and type(initial) is not int):
             raise TypeError("incr needs int delta and initial")
         kb = encode_key(key)
-        fp = fingerprint(kb)
-        refused = None  # raised after the lock is released: inside, KeyError and TypeError would read as damage
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h = self._h
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-            if old == EMPTY:
-                current = initial
-                if current is None:
-                    refused = KeyError(key)
-            else:
-                current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
-                if type(current) is not int:
-                    refused = TypeError(f"incr on a {type(current).__name__} value: only int values can be "
-                                        "incremented")
-            if refused is None:
-                value = current + delta
-                kb, tag, body, fp, check, size, nb = self._encode(key, value)
-                if size > h[H_MAX_RETAINED]:
-                    raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-                h[H_DIRTY] = 1
-                self._store_locked(old, kb, tag, body, fp, check, size, nb)
-                h[H_DIRTY] = 0
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
-        if refused is not None:
-            raise refused
+        value = self._locked(self._incr_locked, key, kb, fingerprint(kb), delta, initial)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def _incr_locked(self, key, kb: bytes, fp: int, delta: int, initial: int | None):
+        """The new value, or the exception to raise once the lock is released: raised here, a KeyError or a
+        TypeError would be taken for damage (see ``_fault``) and cost a repair."""
+        old = self._find(kb, fp)
+        if old == EMPTY:
+            if initial is None:
+                return KeyError(key)
+            current = initial
+        else:
+            current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
+            if type(current) is not int:
+                return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
+        value = current + delta
+        self._store_locked(old, *self._encode(key, value, kb))
         return value
 
     def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
@@ -517,49 +499,33 @@ class SharedCache:
     def _delete_prefix(self, prefix: bytes) -> int:
         """Remove every entry whose encoded key starts with ``prefix``; how many. Walks the whole LRU list under the
         lock (bounded by the table size), like clear(): for rare maintenance, not the hot path."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h, ent, mm, base, n = self._h, self._ent, self._mm, self._base, len(prefix)
-            doomed = []
-            e = ent[E_NEXT]
-            for _ in range(self._table.slots):
-                if e == SENTINEL:
-                    break
-                b = e * _W
-                if ent[b + E_KEY_NBYTES] >= n:
-                    k0 = base + ent[b + E_OFF] + _VALUE_START + ent[b + E_VAL_NBYTES]
-                    if mm[k0 : k0 + n] == prefix:
-                        doomed.append(e)
-                e = ent[b + E_NEXT]
-            if doomed:
-                h[H_DIRTY] = 1
-                for e in doomed:
-                    self._table.remove(e)
-                h[H_DELETES] += len(doomed)
-                h[H_DIRTY] = 0
-            return len(doomed)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(self._delete_prefix_locked, prefix)
+
+    def _delete_prefix_locked(self, prefix: bytes) -> int:
+        h, ent, mm, base, n = self._h, self._ent, self._mm, self._base, len(prefix)
+        doomed = []
+        e = ent[E_NEXT]
+        for _ in range(self._table.slots):
+            if e == SENTINEL:
+                break
+            b = e * _W
+            if ent[b + E_KEY_NBYTES] >= n:
+                k0 = base + ent[b + E_OFF] + _VALUE_START + ent[b + E_VAL_NBYTES]
+                if mm[k0 : k0 + n] == prefix:
+                    doomed.append(e)
+            e = ent[b + E_NEXT]
+        if doomed:
+            h[H_DIRTY] = 1
+            for e in doomed:
+                self._table.remove(e)
+            h[H_DELETES] += len(doomed)
+            h[H_DIRTY] = 0
+        return len(doomed)
 
     def __contains__(self, key) -> bool:
         """Whether ``key`` is cached; neither counts as a lookup nor changes the LRU order."""
         kb = encode_key(key)
-        fp = fingerprint(kb)
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb) != EMPTY
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(self._find, kb, fingerprint(kb)) != EMPTY
 
     _MISSING = object()
 
@@ -616,18 +582,12 @@ class SharedCache:
 
     def _count(self, *deltas: tuple[int, int]) -> None:
         """Add to header counters: ``(word, delta)`` pairs (never below 0: a clear() may have reset one between)."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h = self._h
-            for word, delta in deltas:
-                h[word] = max(0, h[word] + delta)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        self._locked(self._count_locked, deltas)
+
+    def _count_locked(self, deltas) -> None:
+        h = self._h
+        for word, delta in deltas:
+            h[word] = max(0, h[word] + delta)
 
     def __getitem__(self, key):
         value = self.get(key, self._MISSING)
@@ -651,33 +611,18 @@ class SharedCache:
 
     def clear(self) -> None:
         """Drop every entry and reset the counters (``clears`` counts this call; ``recoveries`` is kept)."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            self._h[H_DIRTY] = 1
-            self._table.reset()
-            reset_counters(self._h)
-            self._h[H_CLEARS] += 1
-            self._h[H_DIRTY] = 0
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        self._locked(self._clear_locked)
+
+    def _clear_locked(self) -> None:
+        self._h[H_DIRTY] = 1
+        self._table.reset()
+        reset_counters(self._h)
+        self._h[H_CLEARS] += 1
+        self._h[H_DIRTY] = 0
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of the global counters."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            return read_stats(self._h)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(read_stats, self._h)
 
     def limits(self) -> CacheLimits:
         """The limits in force."""
@@ -697,38 +642,26 @@ class SharedCache:
                 f"limits {limits} exceed the capacity of cache {self.name!r} (max_entries={g.max_entries}, "
                 f"capacity_bytes={g.capacity_bytes}); capacity is fixed at creation: recreate the cache to raise it"
             )
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            h = self._h
-            h[H_DIRTY] = 1
-            h[H_MAX_ENTRIES] = limits.max_entries
-            h[H_MAX_RETAINED] = limits.max_retained_bytes
-            self._table.evict_until(0, 0)
-            h[H_DIRTY] = 0
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        self._locked(self._set_limits_locked, limits)
+
+    def _set_limits_locked(self, limits: CacheLimits) -> None:
+        h = self._h
+        h[H_DIRTY] = 1
+        h[H_MAX_ENTRIES] = limits.max_entries
+        h[H_MAX_RETAINED] = limits.max_retained_bytes
+        self._table.evict_until(0, 0)
+        h[H_DIRTY] = 0
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
         """Check every invariant of the segment (``deep`` also re-hashes every stored key and value); with
         ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            report = check(self._seg, deep=deep)
-            if not report.ok and repair_damage:
-                self._repair_locked(deep=deep)
-            return report
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            self._unlock(addr)
+        return self._locked(self._verify_locked, deep, repair_damage)
+
+    def _verify_locked(self, deep: bool, repair_damage: bool) -> VerifyReport:
+        report = check(self._seg, deep=deep)
+        if not report.ok and repair_damage:
+            self._repair_locked(deep=deep)
+        return report
 
     # ------------------------------------------------------------------------------------------- lifecycle
 

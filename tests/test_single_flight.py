@@ -86,14 +86,19 @@ def _stats(c):
     return dict(computations=s.computations, waits=s.waits, takeovers=s.takeovers, hits=s.hits, misses=s.misses)
 
 
+def _computer(name, key, outcome):
+    """A child inside the computation of ``key`` (``outcome`` as in _child_compute), held there until ``go``."""
+    started, go, queue = ctx.Event(), ctx.Event(), ctx.Queue()
+    computer = _start(_child_compute, name, key, started, go, outcome, queue)
+    assert started.wait(JOIN_S)
+    return computer, go, queue
+
+
 @pytest.mark.timeout(120)
 def test_flight_many_processes_compute_once(name, shared):
     n = 4
-    started, go = ctx.Event(), ctx.Event()
-    queue = ctx.Queue()
     waiting = [ctx.Event() for _ in range(n - 1)]
-    computer = _start(_child_compute, name, "k", started, go, "value", queue)
-    assert started.wait(JOIN_S)
+    computer, go, queue = _computer(name, "k", "value")
     waiters = [_start(_child_compute, name, "k", ctx.Event(), go, "value", queue, w) for w in waiting]
     for w in waiting:
         assert w.wait(JOIN_S)  # every waiter is waiting before the computation is allowed to finish
@@ -107,10 +112,8 @@ def test_flight_many_processes_compute_once(name, shared):
 
 def _computer_and_waiter(name, outcome):
     """A child computing "k" (``outcome`` as in _child_compute) and a second child already waiting for it."""
-    started, go, waiting = ctx.Event(), ctx.Event(), ctx.Event()
-    queue = ctx.Queue()
-    computer = _start(_child_compute, name, "k", started, go, outcome, queue)
-    assert started.wait(JOIN_S)
+    waiting = ctx.Event()
+    computer, go, queue = _computer(name, "k", outcome)
     waiter = _start(_child_compute, name, "k", ctx.Event(), go, "value", queue, waiting)
     assert waiting.wait(JOIN_S)
     return computer, waiter, go, queue
@@ -143,10 +146,7 @@ def test_flight_computer_killed_and_a_waiter_takes_over(name, shared):
 
 @pytest.mark.timeout(120)
 def test_flight_wait_times_out_with_a_clear_error(name, shared):
-    started, go = ctx.Event(), ctx.Event()
-    queue = ctx.Queue()
-    computer = _start(_child_compute, name, "k", started, go, "value", queue)
-    assert started.wait(JOIN_S)
+    computer, go, queue = _computer(name, "k", "value")
     try:
         with pytest.raises(ComputeTimeout, match="computing this key") as info:
             shared.get_or_compute("k", lambda: pytest.fail("the key is claimed"), timeout=0.2)
@@ -159,10 +159,7 @@ def test_flight_wait_times_out_with_a_clear_error(name, shared):
 
 @pytest.mark.timeout(120)
 def test_flight_other_keys_are_not_blocked(name, shared):
-    started, go = ctx.Event(), ctx.Event()
-    queue = ctx.Queue()
-    computer = _start(_child_compute, name, "slow", started, go, "value", queue)
-    assert started.wait(JOIN_S)
+    computer, go, queue = _computer(name, "slow", "value")
     try:
         # "slow" is being computed and cannot finish before go is set: another key goes through meanwhile.
         assert shared.get_or_compute("other", lambda: 42) == 42
