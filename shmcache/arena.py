@@ -13,7 +13,7 @@ at it and whose ``check`` is non-zero. All methods assume the cache lock is held
 
 from __future__ import annotations
 
-from .errors import CorruptionError
+from .errors import CorruptionError, PinnedError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES
 from .layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
 
@@ -37,9 +37,12 @@ def write_dead(words, off: int, nbytes: int) -> None:
 class Arena:
     """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base."""
 
-    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int) -> None:
+    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None) -> None:
         self.h = h
         self.ent = ent
+        # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
+        self.pins = bytes(entry_slots) if pins is None else pins
+        self.pinned = pinned
         self.words = memoryview(mm)[base : base + nbytes].cast("q")
         self.move = mm.move
         self.base = base
@@ -60,6 +63,7 @@ class Arena:
             raise CorruptionError(f"arena ring out of range: head={head} tail={tail} fill={fill} "
                                   f"used={h[H_ARENA_USED]} for a block of {nb}", what="arena alloc")
         cleaned = 0  # bytes the tail has passed: one lap coalesces all free space, so two mean damage
+        self.stuck = 0  # pinned blocks the cleaner had to step over
         while True:
             if fill == 0:
                 head = tail = 0
@@ -78,6 +82,12 @@ class Arena:
             head, tail, fill = self._clean_one(head, tail, fill)
             cleaned += (tail - before) % size or size
             if cleaned > 2 * size:
+                if self.stuck:
+                    # Not damage: pinned blocks split the free space into pieces all smaller than nb. The ring
+                    # as it now stands is consistent; record it and refuse.
+                    h[H_HEAD], h[H_TAIL], h[H_FILL] = head, tail, fill
+                    raise PinnedError(f"no contiguous {nb} bytes between the blocks pinned by open views",
+                                      what="put", hint="close views sooner, or raise the capacity")
                 raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
         self.words[head >> 3] = nb | (e << 32)
         off = head
@@ -99,6 +109,16 @@ class Arena:
         if 0 < e < self.entry_slots:
             b = e * ENTRY_WORDS
             if self.ent[b + E_OFF] == tail and self.ent[b + E_CHECK]:
+                if self.pins[e] and self.pinned(e):
+                    # A pinned block must not move: the gap before it becomes a dead block and the ring continues
+                    # after it, as if it had been slid to where it already is. The whole arena is then ring.
+                    if head != tail:
+                        self._dead(head, tail - head)
+                    self.stuck += 1
+                    tail += nb
+                    if tail == self.nbytes:
+                        tail = 0
+                    return tail, tail, self.nbytes
                 if head != tail:
                     self.move(self.base + head, self.base + tail, nb)  # memmove: the ranges may overlap
                     self.ent[b + E_OFF] = head

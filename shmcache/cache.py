@@ -17,17 +17,25 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-from . import flight, index, memo
+import math
+import os
+import time
+
+import numpy as np
+
+from . import flight, index, lru, memo, ofd
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, body_checksum, copy_array, decode_body, encode_key,
-    encode_parts, fingerprint,
+    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, body_checksum, copy_array, decode_body,
+    encode_key, encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
+from . import kinds
+from .kinds import KindView
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS, H_DELETES,
-    H_DIRTY, H_ENTRIES, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
-    H_TAKEOVERS, H_UPDATES, H_WAITS,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
+    H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
+    H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS,
 )
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
@@ -36,6 +44,7 @@ from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
 from .verify import VerifyReport, check, repair
+from .view import View, pin_description
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
@@ -47,6 +56,15 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
+
+
+def ttl_ns(ttl) -> int:
+    """A time to live in seconds as ns (0: never expires); raises ValueError or TypeError for anything else."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+    if not ttl >= 0 or math.isinf(ttl):
+        raise ValueError(f"ttl must be a finite number of seconds >= 0 (0: never expires), got {ttl!r}")
+    return max(1, round(ttl * 1e9)) if ttl else 0
 
 
 def _closed() -> ClosedError:
@@ -61,7 +79,12 @@ class SharedCache:
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``mode`` sets the permissions of a new segment (0o600: only this user). ``lock_timeout`` bounds the wait for a
-    lock held by a live process; a dead holder is detected at once.
+    lock held by a live process; a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
+    the capacity) is the time to live of entries stored without a ``ttl``; None or 0: they never expire.
+
+    Expiry times are CLOCK_MONOTONIC readings, which every process of the host shares and which never jump with
+    the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
+    ``clock`` replaces the clock (a function returning ns) for this handle only: for deterministic tests.
 
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
     :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
@@ -81,6 +104,8 @@ class SharedCache:
         create: bool | None = None,
         mode: int = 0o600,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        default_ttl: float | None = None,
+        clock=None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
@@ -92,35 +117,40 @@ class SharedCache:
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
-        seg = Segment(name, None if create is False else wanted, create, mode)
+        default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
+        seg = Segment(name, None if create is False else wanted, create, mode, default_ttl_ns)
         try:
             found = seg.geometry
             for what, asked, have in (
                 ("capacity_bytes", capacity_bytes, found.capacity_bytes),
                 ("max_entries", max_entries, found.max_entries),
+                ("default_ttl", None if default_ttl is None else default_ttl_ns / 1e9,
+                 seg.header_words[H_DEFAULT_TTL] / 1e9),
             ):
                 if asked is not None and asked != have:
                     raise ValueError(f"cache {name!r} exists with {what}={have}, not {asked}; "
                                      f"omit {what} to attach to it as it is, or use another name")
-            self._bind(seg, lock_timeout)
+            self._bind(seg, lock_timeout, clock or time.monotonic_ns)
         except BaseException:
             seg.close()
             if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
                 unlink_name(name)
             raise
 
-    def _bind(self, seg: Segment, lock_timeout: float) -> None:
+    def _bind(self, seg: Segment, lock_timeout: float, clock) -> None:
         g = seg.geometry
         self._seg = seg
         self._h = seg.header_words
         self._ix = seg.index_words
         self._ent = seg.entry_words
+        self._exp = seg.expires_words
+        self._clock = clock
         self._arena = seg.arena
         self._mm = seg.mm
         self._base = g.arena_off
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
-        self._table = Table(seg)
+        self._table = Table(seg, clock)
         self._lock = SegmentLock(seg.lock_address, lock_timeout)
         self._addr = self._lock.handle
         self._trylock = _trylock
@@ -279,6 +309,11 @@ class SharedCache:
                 b = e * _W
                 v0 = base + ent[b + E_OFF] + _VALUE_START
                 vlen = ent[b + E_VAL_NBYTES]
+            x = self._exp[e]
+            if x and x <= self._clock():
+                self._lapse_locked(e)
+                h[H_MISSES] += 1
+                return default
             p = ent[b + E_PREV]
             if p != SENTINEL:  # not already the most recent: move it to the front
                 h[H_DIRTY] = 1
@@ -324,14 +359,42 @@ class SharedCache:
         self._h[H_MISSES] += 1
         self._repair_locked(deep=True)
 
-    def put(self, key, value) -> None:
+    def _lapse_locked(self, e: int) -> None:
+        """Resident entry ``e`` has expired: drop it (unless a view pins it) and count it in ``expired``."""
+        h, table = self._h, self._table
+        if table.pins[e] and table.pinned(e):
+            return
+        h[H_DIRTY] = 1
+        table.remove(e)
+        h[H_EXPIRED] += 1
+        h[H_DIRTY] = 0
+
+    def _find_live(self, kb: bytes, fp: int) -> int:
+        """``_find``, an expired entry being dropped and reported absent (lock held)."""
+        e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
+        if e != EMPTY and self._exp[e] and self._table.expired(e):
+            self._lapse_locked(e)
+            return EMPTY
+        return e
+
+    def _expires_locked(self, ttl) -> int:
+        """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
+        if ttl is None:
+            ttl = self._h[H_DEFAULT_TTL]
+        return self._clock() + ttl if ttl else 0
+
+    def put(self, key, value, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
-        the limits require.
+        the limits require (expired ones first). ``ttl``: seconds until the entry expires (0: never; None: the
+        cache's ``default_ttl``).
 
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
+        :raises PinnedError: if an open view pins the key's entry, or the room needed is pinned.
         """
         kb, tag, body, fp, check, size, nb = self._encode(key, value)
+        if ttl is not None:
+            ttl = ttl_ns(ttl)
         addr = self._addr
         try:
             rc = _trylock(addr)  # _enter() and _admit(), inlined on the hot path
@@ -341,7 +404,7 @@ class SharedCache:
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
             old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find, inlined
-            self._store_locked(old, kb, tag, body, fp, check, size, nb)
+            self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
         except BaseException as exc:
             self._fault(exc, addr)
             raise
@@ -362,24 +425,28 @@ class SharedCache:
         return kb, tag, body, _xxh(kb) & _MASK63, (_xxh(body, tag) & _MASK63) | 1, size, nb
 
     def _store_locked(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
-                      nb: int) -> None:
-        """Store an encoded entry as the most recent; ``old`` is the key's resident entry, or EMPTY.
+                      nb: int, expires: int) -> None:
+        """Store an encoded entry as the most recent, expiring at ``expires`` (0: never); ``old`` is the key's
+        resident entry (expired or not), or EMPTY.
 
         :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
+        :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is.
         """
         h, table = self._h, self._table
         if size > h[H_MAX_RETAINED]:
             raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+        if old != EMPTY and table.pins[old]:
+            table.refuse_pinned(old, "replaced")
         h[H_DIRTY] = 1
         if old != EMPTY:
             h[H_UPDATES] += 1
-            if not table.overwrite(old, kb, tag, body, check, nb):
+            if not table.overwrite(old, kb, tag, body, check, nb, expires):
                 table.remove(old)
                 old = EMPTY
         if old == EMPTY:
             if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
                 table.evict_until(1, size)
-            table.insert(kb, tag, body, fp, check, nb)
+            table.insert(kb, tag, body, fp, check, nb, expires)
         h[H_PUTS] += 1
         h[H_DIRTY] = 0
 
@@ -393,9 +460,10 @@ class SharedCache:
         return self._locked(self._delete_locked, kb, fingerprint(kb))
 
     def _delete_locked(self, kb: bytes, fp: int) -> bool:
-        e = self._find(kb, fp)
+        e = self._find_live(kb, fp)
         if e == EMPTY:
             return False
+        self._table.refuse_pinned(e, "deleted")
         self._h[H_DIRTY] = 1
         self._table.remove(e)
         self._h[H_DELETES] += 1
@@ -405,27 +473,88 @@ class SharedCache:
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
 
-    def add(self, key, value) -> bool:
-        """Store ``value`` only if ``key`` is absent; True if it was stored (memcached ``add``, APCu ``apcu_add``,
-        diskcache ``add``)."""
-        return self._store_if(key, value, present=False)
+    def add(self, key, value, ttl: float | None = None) -> bool:
+        """Store ``value`` only if ``key`` is absent (or expired); True if it was stored (memcached ``add``, APCu
+        ``apcu_add``, diskcache ``add``)."""
+        return self._store_if(key, value, ttl, present=False)
 
-    def replace(self, key, value) -> bool:
+    def replace(self, key, value, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is present; True if it was stored (memcached ``replace``)."""
-        return self._store_if(key, value, present=True)
+        return self._store_if(key, value, ttl, present=True)
 
-    def _store_if(self, key, value, *, present: bool) -> bool:
-        return self._locked(self._store_if_locked, present, *self._encode(key, value))
+    def _store_if(self, key, value, ttl, *, present: bool, version: int = 0) -> bool:
+        encoded = self._encode(key, value)
+        return self._locked(self._store_if_locked, present, version, None if ttl is None else ttl_ns(ttl), *encoded)
 
-    def _store_if_locked(self, present: bool, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
-                         nb: int) -> bool:
-        old = self._find(kb, fp)
-        if (old != EMPTY) != present:
+    def _store_if_locked(self, present: bool, version: int, ttl, kb: bytes, tag: int, body: bytes, fp: int,
+                         check: int, size: int, nb: int) -> bool:
+        old = self._find_live(kb, fp)
+        if (old != EMPTY) != present or (version and self._table.ver[old] != version):
             if size > self._h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise self._too_large(size, self._h[H_MAX_RETAINED], "max_retained_bytes")
             return False
-        self._store_locked(old, kb, tag, body, fp, check, size, nb)
+        self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
         return True
+
+    def get_with_version(self, key, default=None) -> tuple:
+        """``(value, version)`` for ``key``, or ``(default, None)`` if it is absent; the version changes with every
+        store of the key and is what ``cas`` compares (memcached ``gets``)."""
+        kb = encode_key(key)
+        found = self._locked(self._get_with_version_locked, kb, fingerprint(kb))
+        if found is None:
+            return default, None
+        tag, body, version = found
+        return decode_body(tag, body), version
+
+    def _get_with_version_locked(self, kb: bytes, fp: int):
+        h = self._h
+        e = self._find_live(kb, fp)
+        if e == EMPTY:
+            h[H_MISSES] += 1
+            return None
+        tag, body = self._body_locked(e)
+        h[H_DIRTY] = 1
+        lru.move_to_front(self._ent, e)
+        h[H_HITS] += 1
+        h[H_DIRTY] = 0
+        return tag, body, self._table.ver[e]
+
+    def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
+        """Store ``value`` only if ``key``'s entry still has ``version`` (from ``get_with_version``): nobody stored
+        the key in between. True if stored; False if the key changed, expired or went (memcached ``cas``)."""
+        if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
+            raise TypeError(f"version must be a positive int from get_with_version, got {version!r}")
+        return self._store_if(key, value, ttl, present=True, version=version)
+
+    def touch(self, key, ttl: float | None = None) -> bool:
+        """Give ``key`` a new time to live from now (0: never expires; None: the cache's default), without
+        changing its value, version or place in the LRU order; True if the key was present (memcached ``touch``,
+        diskcache ``touch``)."""
+        kb = encode_key(key)
+        return self._locked(self._touch_locked, kb, fingerprint(kb), None if ttl is None else ttl_ns(ttl))
+
+    def _touch_locked(self, kb: bytes, fp: int, ttl) -> bool:
+        e = self._find_live(kb, fp)
+        if e == EMPTY:
+            return False
+        expires = self._expires_locked(ttl)
+        h = self._h
+        # Ordering: next_expiry (a lower bound) is lowered before the entry's expiry is, so that dying between the
+        # two writes leaves it a bound still; neither write needs the dirty word.
+        if expires and expires < h[H_NEXT_EXPIRY]:
+            h[H_NEXT_EXPIRY] = expires
+        self._exp[e] = expires
+        return True
+
+    def expire(self) -> int:
+        """Drop every expired entry now (they are otherwise dropped when read, or when room is needed); how many."""
+        return self._locked(self._expire_locked)
+
+    def _expire_locked(self) -> int:
+        self._h[H_DIRTY] = 1
+        n = self._table.reclaim_expired()
+        self._h[H_DIRTY] = 0
+        return n
 
     def pop(self, key, default=None):
         """Remove ``key`` and return its value, or ``default`` if it is absent; counted as a lookup and, when
@@ -436,10 +565,11 @@ class SharedCache:
 
     def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
         h = self._h
-        e = self._find(kb, fp)
+        e = self._find_live(kb, fp)
         if e == EMPTY:
             h[H_MISSES] += 1
             return None
+        self._table.refuse_pinned(e, "popped")
         found = self._body_locked(e)
         h[H_DIRTY] = 1
         self._table.remove(e)
@@ -465,17 +595,19 @@ class SharedCache:
     def _incr_locked(self, key, kb: bytes, fp: int, delta: int, initial: int | None):
         """The new value, or the exception to raise once the lock is released: raised here, a KeyError or a
         TypeError would be taken for damage (see ``_fault``) and cost a repair."""
-        old = self._find(kb, fp)
+        old = self._find_live(kb, fp)
         if old == EMPTY:
             if initial is None:
                 return KeyError(key)
             current = initial
+            expires = self._expires_locked(None)
         else:
             current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
             if type(current) is not int:
                 return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
+            expires = self._exp[old]  # a counter keeps its expiry (memcached does the same)
         value = current + delta
-        self._store_locked(old, *self._encode(key, value, kb))
+        self._store_locked(old, *self._encode(key, value, kb), expires)
         return value
 
     def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
@@ -511,7 +643,7 @@ class SharedCache:
             b = e * _W
             if ent[b + E_KEY_NBYTES] >= n:
                 k0 = base + ent[b + E_OFF] + _VALUE_START + ent[b + E_VAL_NBYTES]
-                if mm[k0 : k0 + n] == prefix:
+                if mm[k0 : k0 + n] == prefix and not self._table.pinned(e):
                     doomed.append(e)
             e = ent[b + E_NEXT]
         if doomed:
@@ -523,13 +655,13 @@ class SharedCache:
         return len(doomed)
 
     def __contains__(self, key) -> bool:
-        """Whether ``key`` is cached; neither counts as a lookup nor changes the LRU order."""
+        """Whether ``key`` is cached (and not expired); neither counts as a lookup nor changes the LRU order."""
         kb = encode_key(key)
-        return self._locked(self._find, kb, fingerprint(kb)) != EMPTY
+        return self._locked(self._find_live, kb, fingerprint(kb)) != EMPTY
 
     _MISSING = object()
 
-    def get_or_compute(self, key, fn, *, timeout: float | None = None):
+    def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
         """The value cached for ``key``; on a miss, ``fn()``'s result, stored and returned, with ``fn`` run by one
         caller on the whole host at a time: callers in other processes (or threads) that miss the same key
         meanwhile wait for that result instead of computing it again.
@@ -537,7 +669,7 @@ class SharedCache:
         A waiter holds neither the cache lock nor anything that delays other keys. If the computing caller raises,
         the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
         frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
-        bound; ``fn`` itself is never interrupted). A result too large for the cache is returned without being
+        bound; ``fn`` itself is never interrupted); ``ttl`` is the stored result's, as in ``put``. A result too large for the cache is returned without being
         stored. Stats: the call counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
@@ -546,6 +678,8 @@ class SharedCache:
         value = self.get(key, self._MISSING)
         if value is not self._MISSING:
             return value
+        if ttl is not None:
+            ttl_ns(ttl)  # refused before fn runs, not after
         kb = encode_key(key)
         claim, waited = flight.claim(self._seg.fd, fingerprint(kb), timeout)
         with claim:
@@ -559,12 +693,13 @@ class SharedCache:
             self._count((H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0), (H_TAKEOVERS, 1 if waited else 0))
             value = fn()
             try:
-                self.put(key, value)
+                self.put(key, value, ttl)
             except TooLargeError:
                 pass  # correct to return, impossible to keep; the next caller computes it again
             return value
 
-    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None):
+    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None):
         """Decorator: memoize a function in this cache, for every process, like ``functools.lru_cache`` with the
         cache shared. ``@cache.memoize`` or ``@cache.memoize(name=..., timeout=...)``.
 
@@ -572,11 +707,11 @@ class SharedCache:
         encoded canonically: keyword order does not matter, argument types do (``f(1)`` and ``f(1.0)`` are two
         entries), and, as with ``lru_cache``, ``f(1, b=2)`` and ``f(1, 2)`` are two entries. Arguments must be
         valid keys (TypeError otherwise). Misses go through ``get_or_compute``, so concurrent callers anywhere on
-        the host compute each result once. The wrapper has ``cache_info()`` (this process's calls: served from the
+        the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this process's calls: served from the
         cache, or computed here) and ``cache_clear()`` (removes this function's entries for everyone).
         """
         def decorate(f):
-            return memo.memoized(self, f, name or memo.function_name(f), timeout)
+            return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
 
@@ -603,6 +738,7 @@ class SharedCache:
             raise KeyError(key)
 
     def __len__(self) -> int:
+        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed)."""
         if self._closed:
             raise _closed()
         return self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
@@ -614,15 +750,94 @@ class SharedCache:
         self._locked(self._clear_locked)
 
     def _clear_locked(self) -> None:
-        self._h[H_DIRTY] = 1
-        self._table.reset()
-        reset_counters(self._h)
-        self._h[H_CLEARS] += 1
-        self._h[H_DIRTY] = 0
+        h, table = self._h, self._table
+        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= table.slots else table.slots
+        flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8, count=handed_out)).tolist()
+        keep = {e for e in flagged if self._ent[e * _W + E_CHECK] and table.pinned(e)}
+        h[H_DIRTY] = 1
+        if not keep:
+            table.reset()
+        else:  # entries pinned by open views stay; the rest go one by one
+            e = self._ent[E_NEXT]
+            for _ in range(table.slots):
+                if e == SENTINEL:
+                    break
+                n = self._ent[e * _W + E_NEXT]
+                if e not in keep:
+                    table.remove(e)
+                e = n
+        reset_counters(h)
+        h[H_CLEARS] += 1
+        h[H_DIRTY] = 0
 
     def stats(self) -> CacheStats:
-        """A consistent snapshot of the global counters."""
-        return self._locked(read_stats, self._h)
+        """A consistent snapshot of the global counters, with each key kind's counts."""
+        return self._locked(self._stats_locked)
+
+    def _stats_locked(self) -> CacheStats:
+        return read_stats(self._h, kinds.stats_locked(self._seg))
+
+    # ------------------------------------------------------------------------------------------- kinds and views
+
+    def kind(self, name: str) -> KindView:
+        """The keys of kind ``name``: the cache's API in a namespace of its own, with its own ``clear()``, ``len()``
+        and counts (also in ``stats().kinds``); eviction and limits stay global. A kind is created on first use and
+        lasts as long as the cache (at most 255 kinds; a name is 1 to 40 bytes of UTF-8)."""
+        nb = kinds.check_name(name)
+        k = self._locked(kinds.register_locked, self._seg, nb)
+        if not k:
+            raise ShmCacheError(f"cache {self.name!r} has 255 kinds already; no room for {name!r}", what="kind",
+                                hint="use fewer kinds (they are namespaces, not data)")
+        return KindView(self, k, name)
+
+    def view(self, key) -> View:
+        """The value of ``key`` without a copy: ``with cache.view(key) as arr:`` gives a read-only numpy array
+        (a read-only memoryview for a bytes value) over the bytes in shared memory. Counted as a lookup.
+
+        While the block runs, the entry is pinned: not evicted, not moved, not overwritten (put, delete and pop of
+        the key raise PinnedError; clear() keeps it). The pin ends with the block -- the array handed out is then
+        revoked, an empty array on which arithmetic raises -- or, for any array derived from it meanwhile, when that
+        is dropped; and whenever the process dies.
+
+        :raises KeyError: if the key is absent.
+        :raises TypeError: if the value is neither a numpy array nor bytes (use get()).
+        """
+        kb = encode_key(key)
+        fd = pin_description(self._seg.fd)
+        try:
+            found = self._locked(self._pin_locked, kb, fingerprint(kb), fd)
+            if found is None:
+                raise KeyError(key)
+            e, voff, vlen, check = found
+            value = self._arena[voff : voff + vlen].toreadonly()
+            # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
+            if body_checksum(value[0], value[1:]) != check:
+                os.close(fd)
+                fd = -1
+                self._checksum_failed(e)
+            view = View(value, fd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+        return view
+
+    def _pin_locked(self, kb: bytes, fp: int, fd: int):
+        h, table = self._h, self._table
+        e = self._find_live(kb, fp)
+        if e == EMPTY:
+            h[H_MISSES] += 1
+            return None
+        # Ordering: the flag before the kernel lock, so a holder dying between the two leaves a stale flag (cleared
+        # by the next who tests it), never a pin nobody can see.
+        table.pins[e] = 1
+        ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
+        h[H_DIRTY] = 1
+        lru.move_to_front(self._ent, e)
+        h[H_HITS] += 1
+        h[H_DIRTY] = 0
+        b = e * _W
+        return e, self._ent[b + E_OFF] + _VALUE_START, self._ent[b + E_VAL_NBYTES], self._ent[b + E_CHECK]
 
     def limits(self) -> CacheLimits:
         """The limits in force."""

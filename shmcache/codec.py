@@ -29,6 +29,8 @@ import msgpack
 import numpy as np
 import xxhash
 
+from .layout import KIND_PREFIX
+
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2
 _EXT_BIGINT = 3
@@ -161,6 +163,20 @@ def _bigint_ext(n: int) -> bytes:
     return _packb(msgpack.ExtType(_EXT_BIGINT, n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)))
 
 
+class KindKey:
+    """A key of a kind (``SharedCache.kind``): encoded as ``KIND_PREFIX``, the kind number, then the key's own
+    encoding, so no key of one kind can equal a key of another kind or of none."""
+
+    __slots__ = ("kind", "key")
+
+    def __init__(self, kind: int, key) -> None:
+        self.kind = kind
+        self.key = key
+
+    def __repr__(self) -> str:
+        return repr(self.key)
+
+
 def encode_key(key) -> bytes:
     """Canonical bytes of ``key``; raises TypeError for what cannot be a key."""
     try:
@@ -168,6 +184,8 @@ def encode_key(key) -> bytes:
             return key.encode()
         if isinstance(key, str):  # a str subclass (a str enum...) keys as its text
             return str.__str__(key).encode()
+        if type(key) is KindKey:
+            return bytes((KIND_PREFIX, key.kind)) + encode_key(key.key)
         return NON_STR_KEY + _key_part(key)
     except (RecursionError, OverflowError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise TypeError(f"cannot encode key: {exc}") from None
@@ -302,6 +320,23 @@ def decode_array(view) -> np.ndarray:
         raise
     except MALFORMED as exc:
         raise ValueError(f"malformed array value: {exc!r}") from None
+
+
+def array_layout(view) -> tuple[np.dtype, tuple[int, ...], int]:
+    """dtype, shape and the offset of the data within the ``A``-tagged value in ``view``; raises ValueError if the
+    bytes are not a valid encoding (the data's length included)."""
+    try:
+        (hlen,) = _ARRAY_HLEN.unpack_from(view, 2)
+        start = _ARRAY_PREFIX.size
+        dtype, shape = _array_header(view[start : start + hlen])
+        data0 = start + hlen + (-hlen % 8)
+    except ValueError:
+        raise
+    except MALFORMED as exc:
+        raise ValueError(f"malformed array value: {exc!r}") from None
+    if math.prod(shape) * dtype.itemsize != len(view) - data0:
+        raise ValueError(f"array data is {len(view) - data0} bytes, its header says otherwise")
+    return dtype, shape, data0
 
 
 def copy_array(view) -> tuple[np.ndarray, bytes]:

@@ -39,3 +39,8 @@ class TooLargeError(ShmCacheError, ValueError):
 
 class ClosedError(ShmCacheError, ValueError):
     """The cache handle was used after ``close()``."""
+
+
+class PinnedError(ShmCacheError):
+    """The operation would change or drop an entry that an open view pins, or find no room because the entries
+    it could evict are all pinned. Nothing was changed by the refused operation."""

@@ -30,7 +30,7 @@ def function_name(fn) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def memoized(cache, fn, name: str, timeout: float | None):
+def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = None):
     """The wrapper ``cache.memoize`` returns for ``fn``."""
     prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
     counts = [0, 0]  # hits, misses of this process
@@ -45,7 +45,7 @@ def memoized(cache, fn, name: str, timeout: float | None):
             computed = True
             return fn(*args, **kwargs)
 
-        value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout)
+        value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout, ttl=ttl)
         with lock:
             counts[computed] += 1
         return value

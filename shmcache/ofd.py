@@ -3,9 +3,10 @@
 Unlike classic POSIX record locks they belong to an open file description, not to a process: threads exclude each
 other through separate descriptions, closing another descriptor of the file drops nothing, and the kernel releases
 them when the last descriptor of the description closes -- at the latest when its processes die. The segment uses
-two disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
-``get_or_compute``'s claims (``flight.py``), and ``LIVE_BYTE`` itself, read-locked by every open handle, so that
-``sweep`` can tell a segment nobody has open.
+three disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
+``get_or_compute``'s claims (``flight.py``); ``LIVE_BYTE`` itself, read-locked by every open handle, so that
+``sweep`` can tell a segment nobody has open; and one byte per entry slot above it, read-locked by the views that
+pin the entry (``view.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import struct
 _FLOCK = struct.Struct("hhxxxxqqi4x")
 READ, WRITE = fcntl.F_RDLCK, fcntl.F_WRLCK
 LIVE_BYTE = 2**62  # read-locked by every open handle; get_or_compute's key bytes are all below it
+PIN_BASE = LIVE_BYTE + 1  # byte PIN_BASE + e is read-locked by every view pinning entry slot e
 
 
 def lock(fd: int, byte: int, kind: int, *, wait: bool) -> bool:
@@ -32,3 +34,14 @@ def lock(fd: int, byte: int, kind: int, *, wait: bool) -> bool:
         if not wait and exc.errno in (errno.EAGAIN, errno.EACCES):
             return False
         raise
+
+
+def unlock(fd: int, byte: int) -> None:
+    """Release this description's lock on ``byte`` (a no-op where it holds none)."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0))
+
+
+def held_elsewhere(fd: int, byte: int) -> bool:
+    """Whether a description other than ``fd``'s holds any lock on ``byte`` (``F_OFD_GETLK``)."""
+    reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(WRITE, os.SEEK_SET, byte, 1, 0))
+    return _FLOCK.unpack(reply)[0] != fcntl.F_UNLCK

@@ -82,7 +82,9 @@ class Segment:
     geometry: Geometry | None = None
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
-    def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int) -> None:
+    def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int,
+                 default_ttl_ns: int = 0) -> None:
+        self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self.name = name
         self.shm_name = shm_name(name)
         if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
@@ -202,6 +204,8 @@ class Segment:
         h[d.H_MAX_ENTRIES] = geometry.max_entries
         h[d.H_MAX_RETAINED] = geometry.capacity_bytes
         h[d.H_UNUSED_NEXT] = 1
+        h[d.H_NEXT_EXPIRY] = layout.NEVER
+        h[d.H_DEFAULT_TTL] = self._default_ttl_ns
         h[d.H_CREATED_NS] = time.time_ns()
         h[d.H_CREATOR_PID] = os.getpid()
         init_mutex(self.lock_address)
@@ -232,6 +236,11 @@ class Segment:
         self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * d.ENTRY.itemsize].cast("q")
         self.arena = mv[g.arena_off : g.arena_off + g.arena_nbytes]
         self.arena_words = self.arena.cast("q")
+        self.expires_words = mv[g.expires_off : g.expires_off + g.entry_slots * 8].cast("q")
+        self.versions_words = mv[g.versions_off : g.versions_off + g.entry_slots * 8].cast("q")
+        self.kinds_bytes = mv[g.kinds_off : g.kinds_off + g.entry_slots]
+        self.pins_bytes = mv[g.pins_off : g.pins_off + g.entry_slots]
+        self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self._mv = mv
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -242,6 +251,19 @@ class Segment:
         entries = np.ndarray((g.entry_slots,), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
         return header, index, entries
 
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views of the per-entry columns (expires, versions, kinds, pins); drop them before close()."""
+        g, mm = self.geometry, self.mm
+        n = g.entry_slots
+        return (np.ndarray((n,), d.EXPIRES, buffer=mm, offset=g.expires_off),
+                np.ndarray((n,), d.VERSIONS, buffer=mm, offset=g.versions_off),
+                np.ndarray((n,), d.KINDS, buffer=mm, offset=g.kinds_off),
+                np.ndarray((n,), d.PINS, buffer=mm, offset=g.pins_off))
+
+    def kind_table(self) -> np.ndarray:
+        """numpy view of the kind table; drop it before close()."""
+        return np.ndarray((d.MAX_KINDS + 1,), d.KIND, buffer=self.mm, offset=self.geometry.kind_table_off)
+
     def close(self) -> None:
         """Unmap the segment (the lock's own page stays mapped until this object is garbage collected)."""
         live_fd = self.__dict__.pop("live_fd", None)
@@ -250,7 +272,8 @@ class Segment:
         if self.mm is None:
             return
         os.close(self.fd)
-        for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "_mv"):
+        for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
+                     "versions_words", "kinds_bytes", "pins_bytes", "kind_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()

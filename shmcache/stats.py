@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
-    H_EVICTIONS, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS,
+    H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS,
     H_UPDATES, H_WAITS,
 )
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
-RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_COMPUTATIONS, H_WAITS,
+RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
                   H_TAKEOVERS)
 
 
@@ -41,7 +41,9 @@ class CacheStats:
     ``arena_used_bytes`` is what their blocks physically take in the ``arena_bytes`` of the segment.
     ``computations`` counts the functions ``get_or_compute`` ran, ``waits`` the calls that waited for another
     caller computing the same key, and ``takeovers`` the waits that ended without a value (the computer raised or
-    died), after which the waiter computed it.
+    died), after which the waiter computed it. ``expired`` counts entries dropped because their time to live ran
+    out (a lookup that finds one expired also counts a miss). ``kinds`` maps each key kind's name to its
+    resident entries and bytes (``SharedCache.kind``).
     """
 
     hits: int
@@ -50,6 +52,7 @@ class CacheStats:
     updates: int
     deletes: int
     evictions: int
+    expired: int
     clears: int
     recoveries: int
     computations: int
@@ -63,6 +66,7 @@ class CacheStats:
     capacity_bytes: int
     arena_bytes: int
     arena_used_bytes: int
+    kinds: dict = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float:
@@ -77,15 +81,15 @@ class CacheStats:
         return d
 
 
-def read_stats(h) -> CacheStats:
-    """Snapshot the counters from header words ``h``."""
+def read_stats(h, kinds: dict | None = None) -> CacheStats:
+    """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name."""
     return CacheStats(
         hits=h[H_HITS], misses=h[H_MISSES], puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
-        evictions=h[H_EVICTIONS], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], computations=h[H_COMPUTATIONS],
+        evictions=h[H_EVICTIONS], expired=h[H_EXPIRED], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], computations=h[H_COMPUTATIONS],
         waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
         capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],
-        arena_used_bytes=h[H_ARENA_USED],
+        arena_used_bytes=h[H_ARENA_USED], kinds=kinds or {},
     )
 
 
@@ -102,6 +106,7 @@ _PROMETHEUS = (
     ("updates", "updates_total", "counter", "puts that replaced a resident key"),
     ("deletes", "deletes_total", "counter", "entries deleted"),
     ("evictions", "evictions_total", "counter", "entries evicted to respect a limit"),
+    ("expired", "expired_total", "counter", "entries dropped because their time to live ran out"),
     ("clears", "clears_total", "counter", "clear() calls"),
     ("recoveries", "recoveries_total", "counter", "repairs after a holder died or data was damaged"),
     ("computations", "computations_total", "counter", "functions run by get_or_compute"),
@@ -127,11 +132,19 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats]) -> str:
     """Prometheus text exposition (format 0.0.4) of the stats of each named cache, labelled ``cache="NAME"``:
     what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it."""
     lines = []
-    for field, suffix, kind, help_text in _PROMETHEUS:
+    for attr, suffix, kind, help_text in _PROMETHEUS:
         metric = f"shmcache_{suffix}"
         lines.append(f"# HELP {metric} {help_text}")
         lines.append(f"# TYPE {metric} {kind}")
         for cache, stats in sorted(stats_by_cache.items()):
-            value = getattr(stats, field)
+            value = getattr(stats, attr)
             lines.append(f'{metric}{{cache="{_label(cache)}"}} {value!r}')
+    for suffix, attr, help_text in (("kind_entries", "entries", "resident entries of a key kind"),
+                                    ("kind_retained_bytes", "retained_bytes", "encoded keys and values of a key kind")):
+        metric = f"shmcache_{suffix}"
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} gauge")
+        for cache, stats in sorted(stats_by_cache.items()):
+            for kind, counts in sorted(stats.kinds.items()):
+                lines.append(f'{metric}{{cache="{_label(cache)}",kind="{_label(kind)}"}} {getattr(counts, attr)!r}')
     return "\n".join(lines) + "\n"

@@ -8,13 +8,16 @@ caller repairs) instead of aiming a write at another entry.
 
 from __future__ import annotations
 
-from . import index, lru
+import numpy as np
+
+from . import index, lru, ofd
 from .arena import Arena, block_nbytes
-from .errors import CorruptionError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
+from .errors import CorruptionError, PinnedError
+from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
-    H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_UNUSED_NEXT, I_ENTRY, INDEX_WORDS,
+    H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
+    H_VERSION_CLOCK, I_ENTRY, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -26,23 +29,63 @@ _unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, va
 class Table:
     """The structures of one mapped segment."""
 
-    def __init__(self, seg) -> None:
+    def __init__(self, seg, clock) -> None:
         g = seg.geometry
         self.seg = seg
+        self.clock = clock  # CLOCK_MONOTONIC ns (see cache.py); expiry compares it with the expires column
         self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self.exp, self.ver, self.kinds, self.pins = (seg.expires_words, seg.versions_words, seg.kinds_bytes,
+                                                      seg.pins_bytes)
+        self.kw = seg.kind_words
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.mask = g.index_slots - 1
         self.slots = g.entry_slots
-        self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots)
+        self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
+                          self.pins, self.pinned)
 
     def close(self) -> None:
         self.entb.release()
         self.ring.close()
 
-    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int) -> None:
+    def pinned(self, e: int) -> bool:
+        """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says
+        that one may: a pin dies with its process without a word written, so the kernel lock is what counts, and
+        a flag found without one is cleared."""
+        if not self.pins[e]:
+            return False
+        # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too.
+        if ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e):
+            return True
+        self.pins[e] = 0
+        return False
+
+    def refuse_pinned(self, e: int, what: str) -> None:
+        """Raise PinnedError if entry ``e`` is pinned: its bytes must stay as they are while a view reads them."""
+        if self.pins[e] and self.pinned(e):
+            raise PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
+                              hint="close the view (leave its with block) first")
+
+    def _stamp(self, e: int, kb: bytes, expires: int, size: int) -> None:
+        """The per-entry columns of a newly stored entry ``e`` of ``size`` bytes: version, expiry, kind."""
+        h = self.h
+        v = h[H_VERSION_CLOCK] + 1
+        h[H_VERSION_CLOCK] = v
+        self.ver[e] = v
+        self.exp[e] = expires
+        if expires and expires < h[H_NEXT_EXPIRY]:
+            h[H_NEXT_EXPIRY] = expires
+        k = kb[1] if kb and kb[0] == KIND_PREFIX else 0
+        self.kinds[e] = k
+        self.pins[e] = 0
+        if k:
+            self.kw[k * KIND_WORDS + K_ENTRIES] += 1
+            self.kw[k * KIND_WORDS + K_RETAINED] += size
+
+    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int, expires: int) -> None:
         """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
-        ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value)."""
+        ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value); ``expires`` its expiry
+        time (0: never)."""
         # take_slot, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         klen, vlen = len(kb), len(body) + 1
@@ -70,8 +113,9 @@ class Table:
         ent[E_NEXT] = e
         h[H_ENTRIES] += 1
         h[H_RETAINED] += klen + vlen
+        self._stamp(e, kb, expires, klen + vlen)
 
-    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int) -> bool:
+    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int, expires: int) -> bool:
         """Give resident entry ``e`` (whose key is ``kb``) a new value in place, as the most recently used, when
         the new block is as large as the old and the byte limit allows; False (nothing written) otherwise. Saves
         the free, the allocation and the index and list updates of a remove and insert."""
@@ -94,8 +138,17 @@ class Table:
             mm[k0 : k0 + klen] = kb
             ent[b + E_VAL_NBYTES] = vlen
             h[H_RETAINED] += vlen - old_vlen
+            k = self.kinds[e]
+            if k:
+                self.kw[k * KIND_WORDS + K_RETAINED] += vlen - old_vlen
         ent[b + E_CHECK] = check
         lru.move_to_front(ent, e)
+        v = h[H_VERSION_CLOCK] + 1
+        h[H_VERSION_CLOCK] = v
+        self.ver[e] = v
+        self.exp[e] = expires
+        if expires and expires < h[H_NEXT_EXPIRY]:
+            h[H_NEXT_EXPIRY] = expires
         return True
 
     def remove(self, e: int) -> None:
@@ -117,22 +170,66 @@ class Table:
         h[H_FREE_HEAD] = e
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
+        self.exp[e] = 0  # the column holds resident entries' expiry only, so a scan needs no residency test
+        k = self.kinds[e]
+        if k:
+            self.kw[k * KIND_WORDS + K_ENTRIES] -= 1
+            self.kw[k * KIND_WORDS + K_RETAINED] -= klen + vlen
 
     def evict_until(self, extra_entries: int, extra_bytes: int) -> None:
-        """Evict least recently used entries until ``extra_entries`` more entries of ``extra_bytes`` more bytes fit
-        the limits. Bounded by the table size, so damaged counters raise instead of looping."""
+        """Make room for ``extra_entries`` more entries of ``extra_bytes`` more bytes: expired entries go first,
+        then the least recently used ones, pinned entries excepted. Bounded by the table size, so damaged counters
+        raise instead of looping.
+
+        :raises PinnedError: if what is left to evict is all pinned (the limits still hold; room is short).
+        """
         h, ent = self.h, self.ent
         most_entries = h[H_MAX_ENTRIES] - extra_entries
         most_bytes = h[H_MAX_RETAINED] - extra_bytes
+        if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
+            return
+        if h[H_NEXT_EXPIRY] <= self.clock():
+            self.reclaim_expired()
+        e = ent[E_PREV]  # lru.tail: the sentinel's prev, the least recently used entry
+        pinned = 0
         for _ in range(self.slots):
             if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                 return
-            e = ent[E_PREV]  # lru.tail: the sentinel's prev, the least recently used entry
             if e == SENTINEL:
                 break
-            self.remove(e)
-            h[H_EVICTIONS] += 1
+            p = ent[e * _W + E_PREV]
+            if self.pins[e] and self.pinned(e):
+                pinned += 1
+            else:
+                self.remove(e)
+                h[H_EVICTIONS] += 1
+            e = p
+        if pinned:
+            raise PinnedError(f"no room: the {pinned} entries left to evict are pinned by open views", what="put",
+                              hint="close views sooner, or raise the limits")
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
+
+    def expired(self, e: int) -> bool:
+        """Whether resident entry ``e``'s time to live has run out."""
+        x = self.exp[e]
+        return bool(x) and x <= self.clock()
+
+    def reclaim_expired(self) -> int:
+        """Remove every expired entry that no view pins, count them in ``expired``, and move ``next_expiry`` up to
+        the earliest expiry left; how many were removed. One vectorised scan of the expires column."""
+        h = self.h
+        now = self.clock()
+        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= self.slots else self.slots
+        x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
+        removed = 0
+        for e in np.flatnonzero((x != 0) & (x <= now)).tolist():
+            if self.ent[e * _W + E_CHECK] and not (self.pins[e] and self.pinned(e)):
+                self.remove(e)
+                removed += 1
+        later = x[x > now]
+        h[H_NEXT_EXPIRY] = int(later.min()) if len(later) else NEVER
+        h[H_EXPIRED] += removed
+        return removed
 
     def take_slot(self) -> int:
         """A free entry slot: the head of the free list, else the first never used."""
@@ -157,6 +254,11 @@ class Table:
         handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= len(entries) else len(entries)
         entries["check"][:handed_out] = 0
         index_arr["entry"] = EMPTY
+        for column in self.seg.columns():
+            column[:handed_out] = 0
+        kinds = self.seg.kind_table()
+        kinds["entries"] = kinds["retained_bytes"] = 0
+        h[H_NEXT_EXPIRY] = NEVER
         lru.reset(self.ent)
         self.ring.reset()
         h[H_ENTRIES] = h[H_RETAINED] = 0

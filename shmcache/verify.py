@@ -16,11 +16,11 @@ import numpy as np
 from . import index
 from .arena import block_nbytes, write_dead
 from .codec import checksum, fingerprint
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, NIL, SENTINEL
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KINDS, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
-    H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_RETAINED, H_TAIL,
-    H_UNUSED_NEXT,
+    H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_KINDS_USED, H_MAX_ENTRIES,
+    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -52,7 +52,7 @@ def _block_ok(seg, e: int, deep: bool) -> bool:
     ent, size = seg.entry_words, seg.geometry.arena_nbytes
     b = e * _W
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
-    if off < 0 or off % BLOCK_ALIGN or klen < 1 or vlen < 1 or klen + vlen > size:
+    if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
         return False
     nb = block_nbytes(klen + vlen)
     if off + nb > size or seg.arena_words[off >> 3] != nb | (e << 32) or ent[b + E_CHECK] == 0:
@@ -99,12 +99,13 @@ def check(seg, deep: bool = True) -> VerifyReport:
     order = _walk_lru(ent, slots, problems)
     live = set(order)
     retained = used = 0
-    blocks = []
+    blocks, good = [], []
     for e in order:
         b = e * _W
         if not _block_ok(seg, e, deep):
             problems.add(f"entry {e}: its block is out of bounds, unowned, or fails its checksum")
             continue
+        good.append(e)
         klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
         retained += klen + vlen
         nb = block_nbytes(klen + vlen)
@@ -129,6 +130,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
     _check_index(seg, live, problems)
     _check_ring(seg, live, problems)
     _check_free_list(seg, live, problems)
+    _check_columns(seg, order, good, problems)
     return VerifyReport(not problems, tuple(problems), len(order), retained, used)
 
 
@@ -178,6 +180,48 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         pos, left = (pos + nb) % size, left - nb
     if found != len(live):
         problems.add(f"arena ring holds {found} live blocks, the LRU list {len(live)} entries")
+
+
+def _key_kind(seg, e: int) -> int:
+    """The kind number in entry ``e``'s key (0: a key of no kind)."""
+    b = e * _W
+    k0 = seg.entry_words[b + E_OFF] + BLOCK_HEADER_NBYTES + seg.entry_words[b + E_VAL_NBYTES]
+    if seg.entry_words[b + E_KEY_NBYTES] >= 2 and seg.arena[k0] == KIND_PREFIX:
+        return seg.arena[k0 + 1]
+    return 0
+
+
+def _kind_counts(seg, entries: list[int]) -> tuple[list[int], list[int]]:
+    ent = seg.entry_words
+    counts, nbytes = [0] * (MAX_KINDS + 1), [0] * (MAX_KINDS + 1)
+    for e in entries:
+        k = seg.kinds_bytes[e]
+        counts[k] += 1
+        nbytes[k] += ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+    return counts, nbytes
+
+
+def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) -> None:
+    """The per-entry columns and what is derived from them: kinds, per-kind counts, the expiry bound. ``order``:
+    the entries on the LRU list; ``good``: those whose block checked out (only their keys are read)."""
+    h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
+    if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
+        problems.add(f"kinds_used={h[H_KINDS_USED]} is out of range")
+    for e in good:
+        if seg.kinds_bytes[e] != _key_kind(seg, e):
+            problems.add(f"entry {e}: kind {seg.kinds_bytes[e]} disagrees with its key's")
+        x = exp[e]
+        if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
+            problems.add(f"entry {e} expires at {x}, before next_expiry={h[H_NEXT_EXPIRY]}")
+    counts, nbytes = _kind_counts(seg, order)
+    for k in range(1, MAX_KINDS + 1):
+        if (counts[k], nbytes[k]) != (kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED]):
+            problems.add(f"kind {k}: entries hold {counts[k]} entries of {nbytes[k]} bytes, its record says "
+                         f"{kw[k * KIND_WORDS + K_ENTRIES]} of {kw[k * KIND_WORDS + K_RETAINED]}")
+    stale = np.frombuffer(exp, dtype=np.int64) != 0
+    stale[order] = False
+    if stale.any():
+        problems.add(f"{int(stale.sum())} free entry slots keep an expiry time (first: {int(np.argmax(stale))})")
 
 
 def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
@@ -258,7 +302,28 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     ent[E_PREV] = prev
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept)
+    _rebuild_columns(seg, kept)
     h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = _sane_limits(h, g)
+
+
+def _rebuild_columns(seg, kept: list[int]) -> None:
+    """Kinds from the kept keys themselves, per-kind counts from those, expiry only for kept entries and the expiry
+    bound from theirs. (Pin flags are left as they are: a stale one is cleared by whoever tests it.)"""
+    h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
+    x = np.frombuffer(exp, dtype=np.int64)
+    dropped = np.ones(len(x), dtype=bool)
+    dropped[kept] = False
+    x[dropped | (x < 0)] = 0
+    del x
+    for e in kept:
+        seg.kinds_bytes[e] = _key_kind(seg, e)
+    counts, nbytes = _kind_counts(seg, kept)
+    for k in range(1, MAX_KINDS + 1):
+        kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]
+    if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
+        h[H_KINDS_USED] = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
+    expiring = [exp[e] for e in kept if exp[e]]
+    h[H_NEXT_EXPIRY] = min(expiring) if expiring else NEVER
 
 
 def _sane_limits(h, g) -> tuple[int, int]:

@@ -1,12 +1,17 @@
 """The binary layout of a shmcache segment: the one place that says where every byte lives.
 
 A segment is one POSIX shared-memory object, ``/dev/shm/shmcache.<name>`` on Linux, sized once at creation. It holds
-four regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a cache line::
+these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a cache line::
 
-    offset 0               header        HEADER_NBYTES bytes, dtype HEADER
-    geometry.index_off     index table   index_slots records of dtype INDEX_SLOT (16 bytes)
-    geometry.entries_off   entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
-    geometry.arena_off     arena         arena_nbytes bytes of entry blocks
+    offset 0                  header        HEADER_NBYTES bytes, dtype HEADER
+    geometry.index_off        index table   index_slots records of dtype INDEX_SLOT (16 bytes)
+    geometry.entries_off      entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
+    geometry.expires_off      expires       entry_slots words (EXPIRES): when each entry expires
+    geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token
+    geometry.kinds_off        kinds         entry_slots bytes (KINDS): each entry's key kind
+    geometry.pins_off         pins          entry_slots bytes (PINS): entries a view may hold pinned
+    geometry.kind_table_off   kind table    MAX_KINDS + 1 records of dtype KIND (64 bytes)
+    geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
 blocks by byte offset from the start of the arena, so any process may map the segment anywhere.
@@ -16,8 +21,8 @@ total size and the creation parameters; the creator writes ``magic`` last, so a 
 fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters and the
 ``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
 entry-slot allocator, the creation stamp and the rarely written counters (``clears``; ``get_or_compute``'s
-computations, waits and takeovers). See ``dtypes.HEADER`` for each
-field.
+computations, waits and takeovers), line 5 the version clock, the expiry bound and counter, the default time to
+live and the number of kinds. See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -34,35 +39,48 @@ offset of its block, the lengths of its encoded key and value, the index slot th
 value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0). Free slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next``
 have never been used and are free without being chained, so creation touches none of them.
 
+Columns. Per-entry data kept beside the entry table rather than in its record, so that a get reads one line of the
+record and expiry and kind walks are vectorised scans. ``expires`` is a CLOCK_MONOTONIC time in ns (0: never) and
+is 0 for every slot not resident; the header's ``next_expiry`` is a lower bound of the non-zero ones, so expired
+entries are looked for only once one can exist. ``versions`` takes the next value of the header's
+``version_clock`` at every store, so a version is never reused. ``kinds`` repeats the kind byte of the key (below),
+and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has pinned the entry; whether a
+pin is still held is asked of the kernel (below), since a pin ends with its process without a word written.
+
 Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
 header packs the block length (low 32 bits) and the owning entry slot (high 32 bits, 0 for a dead block). Blocks are
 written at ``head``; ``tail`` is the oldest block and ``fill`` the bytes from ``tail`` to ``head``, live and dead.
 When there is no room at ``head``, the allocator walks from ``tail``: dead blocks are absorbed into the gap and live
-ones slid down to close it, an incremental compaction that never needs a second buffer. The arena is sized from the
+ones slid down to close it, an incremental compaction that never needs a second buffer; a pinned block is never
+moved: the gap before it turns into a dead block and the ring goes on after it. The arena is sized from the
 creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
 so a put that fits the retained-bytes and entry limits always finds room.
 
 Kernel locks on the segment's file (open-file-description locks, ``shmcache/ofd.py``; they live in the kernel, not
 in the segment's bytes): ``get_or_compute`` claims a key with an exclusive lock on one byte below 2**62, at an
-offset taken from the key's fingerprint (``shmcache/flight.py``), and every open handle holds a shared lock on byte
-2**62 (``LIVE_BYTE``), which ``sweep`` takes exclusively to know that nobody has the segment open.
+offset taken from the key's fingerprint (``shmcache/flight.py``); every open handle holds a shared lock on byte
+2**62 (``LIVE_BYTE``), which ``sweep`` takes exclusively to know that nobody has the segment open; and a view pins
+entry slot ``e`` with a shared lock on byte 2**62 + 1 + e (``shmcache/view.py``).
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
-canonical msgpack form. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.
+canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
+the key's own encoding. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.
 
 Layout versions.
     1 -- str keys as msgpack strings; the value checksum over tag and body together.
-    2 -- the layout described above (str keys as UTF-8, the tag-seeded checksum, ``dirty`` moved to line 2).
+    2 -- str keys as UTF-8, the tag-seeded checksum, ``dirty`` moved to line 2.
+    3 -- the layout described above: the columns, the kind table and header line 5 (versions, expiry, kinds).
 """
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURES, HEADER, HEADER_NBYTES, INDEX_SLOT,
-    LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
+    KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_KINDS, NEVER, NIL, PAGE,
+    SEGMENT_PREFIX, SENTINEL,
 )
 from .geometry import Geometry
 
 __all__ = [
     "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURES", "Geometry",
-    "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "LAYOUT_VERSION", "LOCK_NBYTES", "MAGIC", "MAX_BLOCK_NBYTES", "NIL",
-    "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+    "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES", "MAGIC",
+    "MAX_BLOCK_NBYTES", "MAX_KINDS", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 FEATURES = 0  # no optional feature is defined yet; a reader must refuse any bit it does not know
 ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
@@ -24,8 +24,10 @@ MAX_BLOCK_NBYTES = 2**32 - BLOCK_ALIGN  # a block length must fit the 32 low bit
 NIL = 0  # "no slot" in the entry free list
 EMPTY = 0  # an empty index slot (entry slot 0 is the sentinel, so it can never be a real target)
 SENTINEL = 0  # entry slot of the LRU list's sentinel
+NEVER = 2**63 - 1  # next_expiry when no resident entry expires
+KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
-HEADER_NBYTES = 512  # 8 cache lines; lines 5-7 are reserved for later layout versions
+HEADER_NBYTES = 512  # 8 cache lines; lines 6-7 are reserved for later layout versions
 LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
 
 
@@ -85,6 +87,14 @@ HEADER = _record(
             ("waits", _W),         # get_or_compute calls that waited for another caller's computation
             ("takeovers", _W),     # waits that ended with no value (the computer raised or died): computed here
         ]),
+        # Line 5: versions, expiry and kinds (written under the lock).
+        (320, [
+            ("version_clock", _W),   # the last version handed out; every store takes the next one
+            ("next_expiry", _W),     # no resident entry expires before this CLOCK_MONOTONIC ns (a lower bound)
+            ("expired", _W),         # entries dropped because their time to live ran out
+            ("default_ttl_ns", _W),  # time to live of a put that gives none; 0: entries do not expire
+            ("kinds_used", _W),      # kind table records handed out (record 0, the default kind, excluded)
+        ]),
     ],
     HEADER_NBYTES,
 )
@@ -104,6 +114,22 @@ ENTRY = _record([(0, [
     ("slot", _W),        # index slot that points here (kept current by backward-shift deletion)
     ("check", _W),       # xxh3 checksum of the block's payload, 0 when the slot is free
 ])], 64)
+
+# The kind table: one record per key kind (``SharedCache.kind``), record 0 standing for keys of no kind.
+MAX_KINDS = 255  # a kind number is one byte of the encoded key and of the kinds column
+KIND_NAME_NBYTES = 40
+KIND = _record([(0, [
+    ("name_nbytes", _W),      # length of the UTF-8 name; 0 for a record not handed out
+    ("entries", _W),          # resident entries of this kind
+    ("retained_bytes", _W),   # their encoded keys and values
+    ("name", f"S{KIND_NAME_NBYTES}"),
+])], 64)
+# Per-entry columns beside the entry table (one element per entry slot, valid while the slot is resident). Kept out
+# of the 64-byte record so that a get reads one line of it, and so that expiry and kind walks are vectorised scans.
+EXPIRES = np.dtype(_W)   # CLOCK_MONOTONIC ns after which the entry is expired; 0: never
+VERSIONS = np.dtype(_W)  # version_clock when the entry was last stored: the compare-and-swap token
+KINDS = np.dtype("u1")   # kind record number (0: no kind); the same as the key's kind byte
+PINS = np.dtype("u1")    # 1: a view may hold the entry pinned (a kernel lock says whether one still does)
 
 HEADER_WORDS = HEADER_NBYTES // 8
 INDEX_WORDS = INDEX_SLOT.itemsize // 8
@@ -149,6 +175,16 @@ H_UNUSED_NEXT = _word(HEADER, "unused_next")
 H_CREATED_NS = _word(HEADER, "created_ns")
 H_CREATOR_PID = _word(HEADER, "creator_pid")
 H_DIRTY = _word(HEADER, "dirty")
+H_VERSION_CLOCK = _word(HEADER, "version_clock")
+H_NEXT_EXPIRY = _word(HEADER, "next_expiry")
+H_EXPIRED = _word(HEADER, "expired")
+H_DEFAULT_TTL = _word(HEADER, "default_ttl_ns")
+H_KINDS_USED = _word(HEADER, "kinds_used")
+KIND_WORDS = KIND.itemsize // 8
+K_NAME_NBYTES = _word(KIND, "name_nbytes")
+K_ENTRIES = _word(KIND, "entries")
+K_RETAINED = _word(KIND, "retained_bytes")
+K_NAME_OFF = KIND.fields["name"][1]
 
 I_FP = _word(INDEX_SLOT, "fp")
 I_ENTRY = _word(INDEX_SLOT, "entry")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dtypes import ALIGN, BLOCK_OVERHEAD, ENTRY, HEADER_NBYTES, INDEX_SLOT, PAGE
+from .dtypes import ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MAX_KINDS, PAGE, PINS, VERSIONS
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
 
@@ -49,8 +49,28 @@ class Geometry:
         return _round_up(self.index_off + self.index_slots * INDEX_SLOT.itemsize, ALIGN)
 
     @property
+    def expires_off(self) -> int:
+        return _round_up(self.entries_off + self.entry_slots * ENTRY.itemsize, ALIGN)
+
+    @property
+    def versions_off(self) -> int:
+        return _round_up(self.expires_off + self.entry_slots * EXPIRES.itemsize, ALIGN)
+
+    @property
+    def kinds_off(self) -> int:
+        return _round_up(self.versions_off + self.entry_slots * VERSIONS.itemsize, ALIGN)
+
+    @property
+    def pins_off(self) -> int:
+        return _round_up(self.kinds_off + self.entry_slots * KINDS.itemsize, ALIGN)
+
+    @property
+    def kind_table_off(self) -> int:
+        return _round_up(self.pins_off + self.entry_slots * PINS.itemsize, ALIGN)
+
+    @property
     def arena_off(self) -> int:
-        return _round_up(self.entries_off + self.entry_slots * ENTRY.itemsize, PAGE)
+        return _round_up(self.kind_table_off + (MAX_KINDS + 1) * KIND.itemsize, PAGE)
 
     @property
     def total_nbytes(self) -> int:

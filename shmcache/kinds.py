@@ -1,0 +1,194 @@
+"""Key kinds: namespaces within one cache (``SharedCache.kind(name)``), after the transform caches whose keys carry
+a kind tag. A kind's keys cannot meet another kind's, each kind can be cleared on its own and has its own entry and
+byte counts, while the LRU order and the limits stay those of the whole cache.
+
+A kind is a record of the segment's kind table (``layout.KIND``), numbered 1 to ``MAX_KINDS`` and never given back:
+kinds are a small, fixed vocabulary of an application ("jvp", "thumbnail"...), not data. A key of kind ``k`` is
+encoded as ``KIND_PREFIX``, ``k``, then the key's own encoding (``codec.KindKey``); its entry also carries ``k`` in the
+kinds column, so that per-kind counts are kept on every store and removal, and a kind is cleared by one vectorised
+scan. Functions ending in ``_locked`` need the cache lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codec import KindKey
+from .layout import MAX_KINDS
+from .layout.dtypes import (
+    E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES, K_NAME_OFF,
+    K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
+)
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """Resident entries of one kind and the bytes of their encoded keys and values."""
+
+    entries: int
+    retained_bytes: int
+
+
+def check_name(name) -> bytes:
+    """The UTF-8 bytes of a kind name; raises TypeError or ValueError for an unusable one."""
+    if not isinstance(name, str):
+        raise TypeError(f"a kind name is a str, got {type(name).__name__}")
+    nb = name.encode("utf-8", "strict") if name else b""
+    if not 0 < len(nb) <= KIND_NAME_NBYTES:
+        raise ValueError(f"a kind name is 1 to {KIND_NAME_NBYTES} bytes of UTF-8, got {len(nb)}: {name!r}")
+    return nb
+
+
+def _name(seg, k: int) -> bytes:
+    off = seg.geometry.kind_table_off + k * KIND.itemsize + K_NAME_OFF
+    n = seg.kind_words[k * KIND_WORDS + K_NAME_NBYTES]
+    return bytes(seg.mm[off : off + min(max(n, 0), KIND_NAME_NBYTES)])
+
+
+def _used(seg) -> int:
+    n = seg.header_words[H_KINDS_USED]
+    return n if 0 <= n <= MAX_KINDS else MAX_KINDS
+
+
+def register_locked(seg, name: bytes) -> int:
+    """The number of the kind called ``name``, a new one if there is none yet; 0 if the table is full."""
+    kw, h = seg.kind_words, seg.header_words
+    used = _used(seg)
+    for k in range(1, used + 1):
+        if _name(seg, k) == name:
+            return k
+    if used == MAX_KINDS:
+        return 0
+    k = used + 1
+    off = seg.geometry.kind_table_off + k * KIND.itemsize
+    seg.mm[off + K_NAME_OFF : off + K_NAME_OFF + KIND_NAME_NBYTES] = name.ljust(KIND_NAME_NBYTES, b"\0")
+    kw[k * KIND_WORDS + K_NAME_NBYTES] = len(name)
+    kw[k * KIND_WORDS + K_ENTRIES] = kw[k * KIND_WORDS + K_RETAINED] = 0
+    # Ordering: the count goes last, so a holder dying before it leaves the record unused, to be written again.
+    h[H_KINDS_USED] = k
+    return k
+
+
+def stats_locked(seg) -> dict[str, KindStats]:
+    """Every kind's counts, by name."""
+    kw = seg.kind_words
+    return {
+        _name(seg, k).decode("utf-8", "replace"): KindStats(kw[k * KIND_WORDS + K_ENTRIES],
+                                                           kw[k * KIND_WORDS + K_RETAINED])
+        for k in range(1, _used(seg) + 1)
+    }
+
+
+def clear_locked(table, k: int) -> int:
+    """Remove every entry of kind ``k`` that no view pins; how many (counted as deletes)."""
+    h, ent = table.h, table.ent
+    handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= table.slots else table.slots
+    kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
+    removed = 0
+    h[H_DIRTY] = 1
+    for e in np.flatnonzero(kinds == k).tolist():
+        if ent[e * ENTRY_WORDS + E_CHECK] and not table.pinned(e):
+            table.remove(e)
+            removed += 1
+    h[H_DELETES] += removed
+    h[H_DIRTY] = 0
+    return removed
+
+
+class KindView:
+    """The keys of one kind of a cache: the cache's API, in a namespace of its own (``SharedCache.kind``).
+
+    ``clear()`` and ``len()`` cover this kind only and ``stats()`` gives its counts; eviction, the limits and the
+    global stats stay the whole cache's. The view shares its cache's handle: closing the cache closes it.
+    """
+
+    def __init__(self, cache, number: int, name: str) -> None:
+        self.cache = cache
+        self.name = name
+        self._n = number
+
+    def get(self, key, default=None):
+        return self.cache.get(KindKey(self._n, key), default)
+
+    def put(self, key, value, ttl: float | None = None) -> None:
+        self.cache.put(KindKey(self._n, key), value, ttl)
+
+    def add(self, key, value, ttl: float | None = None) -> bool:
+        return self.cache.add(KindKey(self._n, key), value, ttl)
+
+    def replace(self, key, value, ttl: float | None = None) -> bool:
+        return self.cache.replace(KindKey(self._n, key), value, ttl)
+
+    def delete(self, key) -> bool:
+        return self.cache.delete(KindKey(self._n, key))
+
+    def pop(self, key, default=None):
+        return self.cache.pop(KindKey(self._n, key), default)
+
+    def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+        try:
+            return self.cache.incr(KindKey(self._n, key), delta, initial)
+        except KeyError:
+            raise KeyError(key) from None
+
+    def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+        try:
+            return self.cache.decr(KindKey(self._n, key), delta, initial)
+        except KeyError:
+            raise KeyError(key) from None
+
+    def touch(self, key, ttl: float | None = None) -> bool:
+        return self.cache.touch(KindKey(self._n, key), ttl)
+
+    def get_with_version(self, key, default=None) -> tuple:
+        return self.cache.get_with_version(KindKey(self._n, key), default)
+
+    def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
+        return self.cache.cas(KindKey(self._n, key), value, version, ttl)
+
+    def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
+        return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+
+    def view(self, key):
+        try:
+            return self.cache.view(KindKey(self._n, key))
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __getitem__(self, key):
+        value = self.cache.get(KindKey(self._n, key), _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        self.cache.put(KindKey(self._n, key), value)
+
+    def __delitem__(self, key) -> None:
+        if not self.cache.delete(KindKey(self._n, key)):
+            raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return KindKey(self._n, key) in self.cache
+
+    def __len__(self) -> int:
+        return self.stats().entries
+
+    def clear(self) -> int:
+        """Remove every entry of this kind (those an open view pins excepted); how many were removed."""
+        return self.cache._locked(clear_locked, self.cache._table, self._n)
+
+    def stats(self) -> KindStats:
+        """This kind's resident entries and their bytes."""
+        return self.cache._locked(self._stats_locked)
+
+    def _stats_locked(self) -> KindStats:
+        kw = self.cache._seg.kind_words
+        return KindStats(kw[self._n * KIND_WORDS + K_ENTRIES], kw[self._n * KIND_WORDS + K_RETAINED])
+
+    def __repr__(self) -> str:
+        return f"<KindView {self.name!r} of {self.cache!r}>"

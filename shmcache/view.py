@@ -1,0 +1,81 @@
+"""Zero-copy reads: ``SharedCache.view(key)`` pins an entry and hands out a read-only numpy array (or, for a bytes
+value, a memoryview) over its bytes in the segment, with no copy.
+
+Pinning. The pin is a shared open-file-description lock on byte ``ofd.PIN_BASE + e`` of the segment's file (``e``
+being the entry slot), taken under the cache lock through a description the view opens for itself, plus a flag in
+the entry's pins column. Whoever would move, overwrite or drop a flagged entry (eviction, compaction, put, delete,
+expiry, clear) asks the kernel whether anyone still holds that byte (``Table.pinned``): if so the entry stays as it
+is; if not, the flag is stale and is cleared. The kernel drops the lock when the description is closed -- when the
+view's memory is no longer referenced, or at the latest when the process dies, SIGKILL included -- so a pin can
+never outlive its holder, and nothing needs to be written when it ends.
+
+Lifetime. The pin lasts as long as any Python object references the pinned memory, not merely until the ``with``
+block ends: the arrays handed out, and any slice or ``np.asarray`` of them, all keep a private owner array alive,
+and the description is closed when that owner is garbage collected. So a view's bytes are never reused while
+something can still read them. The object returned by ``__enter__`` is revoked when the block ends: a memoryview
+is released (using it raises ValueError), and an array is turned, in place, into an empty array of the
+``CLOSED`` dtype, on which arithmetic raises and indexing finds nothing. An array derived from it inside the block
+stays valid (and the entry pinned) until it is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from .codec import TAG_ARRAY, TAG_BYTES, array_layout
+
+CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
+_CLOSED_STATE = (1, (0,), CLOSED, False, b"")
+
+
+def pin_description(segment_fd: int) -> int:
+    """A new open file description of the segment, for one view's pin (closing it releases the pin)."""
+    return os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
+
+
+class View:
+    """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
+
+    def __init__(self, value: memoryview, fd: int) -> None:
+        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``fd``: the pin's
+        description, closed when the memory is no longer referenced. Raises TypeError for a value of another
+        kind, and ValueError for a malformed array (the caller then releases the pin)."""
+        tag = value[0]
+        if tag == TAG_ARRAY:
+            dtype, shape, data0 = array_layout(value)
+        elif tag != TAG_BYTES:
+            raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
+        # ``owner`` is the one object that references the pinned memory directly: every array or memoryview handed
+        # out derives from it, so it is garbage collected -- and the pin released -- only after the last of them.
+        owner = np.frombuffer(value, dtype=np.uint8)
+        if tag == TAG_BYTES:
+            self._obj = memoryview(owner[1:])
+        else:
+            self._obj = owner[data0:].view(dtype).reshape(shape)
+        weakref.finalize(owner, os.close, fd)  # last: until here, the caller still owns fd (and closes it on error)
+        self._open = True
+
+    def __enter__(self):
+        if not self._open:
+            raise ValueError("this view is closed; take a new one with cache.view(key)")
+        return self._obj
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Revoke the object handed out; the pin goes when nothing references the memory any more."""
+        if not self._open:
+            return
+        self._open = False
+        obj, self._obj = self._obj, None
+        try:
+            if isinstance(obj, memoryview):
+                obj.release()
+            else:
+                obj.__setstate__(_CLOSED_STATE)
+        except (BufferError, ValueError, RuntimeError):
+            pass  # something exported it (a memoryview of it is alive): it stays valid, and pinned, while it is
