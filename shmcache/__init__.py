@@ -6,17 +6,19 @@ limits, LRU order and stats are global. No server runs: the cache is a segment i
 
 from .cache import SharedCache
 from .errors import (
-    ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, ShmCacheError,
-    TooLargeError,
+    ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, PinnedError,
+    ShmCacheError, TooLargeError,
 )
+from .kinds import KindStats, KindView
 from .segment import sweep
 from .stats import CacheLimits, CacheStats, prometheus_text
 from .verify import VerifyReport
+from .view import View
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "LayoutError",
-    "LayoutVersionError", "LockTimeout", "SharedCache", "ShmCacheError", "TooLargeError", "VerifyReport", "__version__",
-    "prometheus_text", "sweep",
+    "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats", "KindView",
+    "LayoutError", "LayoutVersionError", "LockTimeout", "PinnedError", "SharedCache", "ShmCacheError", "TooLargeError",
+    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]

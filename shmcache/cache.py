@@ -359,21 +359,26 @@ class SharedCache:
         self._h[H_MISSES] += 1
         self._repair_locked(deep=True)
 
-    def _lapse_locked(self, e: int) -> None:
-        """Resident entry ``e`` has expired: drop it (unless a view pins it) and count it in ``expired``."""
+    def _lapse_locked(self, e: int, to_insert: bool = False) -> None:
+        """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
+        stays (it reads as absent), unless the caller is about to insert its key (``to_insert``), which raises
+        PinnedError: the key must never be in the index twice."""
         h, table = self._h, self._table
         if table.pins[e] and table.pinned(e):
+            if to_insert:
+                table.refuse_pinned(e, "replaced")
             return
         h[H_DIRTY] = 1
         table.remove(e)
         h[H_EXPIRED] += 1
         h[H_DIRTY] = 0
 
-    def _find_live(self, kb: bytes, fp: int) -> int:
-        """``_find``, an expired entry being dropped and reported absent (lock held)."""
+    def _find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
+        """``_find``, an expired entry being dropped and reported absent (lock held); ``to_insert``: see
+        ``_lapse_locked``."""
         e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
         if e != EMPTY and self._exp[e] and self._table.expired(e):
-            self._lapse_locked(e)
+            self._lapse_locked(e, to_insert)
             return EMPTY
         return e
 
@@ -403,7 +408,10 @@ class SharedCache:
             h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find, inlined
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find_live, inlined
+            if old != EMPTY and self._exp[old] and self._table.expired(old):
+                self._lapse_locked(old, True)
+                old = EMPTY
             self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
         except BaseException as exc:
             self._fault(exc, addr)
@@ -488,7 +496,7 @@ class SharedCache:
 
     def _store_if_locked(self, present: bool, version: int, ttl, kb: bytes, tag: int, body: bytes, fp: int,
                          check: int, size: int, nb: int) -> bool:
-        old = self._find_live(kb, fp)
+        old = self._find_live(kb, fp, not present)
         if (old != EMPTY) != present or (version and self._table.ver[old] != version):
             if size > self._h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise self._too_large(size, self._h[H_MAX_RETAINED], "max_retained_bytes")
@@ -595,7 +603,7 @@ class SharedCache:
     def _incr_locked(self, key, kb: bytes, fp: int, delta: int, initial: int | None):
         """The new value, or the exception to raise once the lock is released: raised here, a KeyError or a
         TypeError would be taken for damage (see ``_fault``) and cost a repair."""
-        old = self._find_live(kb, fp)
+        old = self._find_live(kb, fp, initial is not None)
         if old == EMPTY:
             if initial is None:
                 return KeyError(key)
