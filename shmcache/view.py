@@ -15,12 +15,17 @@ and the description is closed when that owner is garbage collected. So a view's 
 something can still read them. The object returned by ``__enter__`` is revoked when the block ends: a memoryview
 is released (using it raises ValueError), and an array is turned, in place, into an empty array of the
 ``CLOSED`` dtype, on which arithmetic raises and indexing finds nothing. An array derived from it inside the block
-stays valid (and the entry pinned) until it is dropped.
+(a slice, a reshape) stays valid, and the entry pinned, until it is dropped; so does whatever holds the array
+itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() tells from the ``with`` target's own
+name by counting references. (On CPython before 3.13 that count reads the caller's ``f_locals``, a snapshot the
+frame then keeps until it returns or is read again: an array derived in the same function may hold its pin until
+then. Never longer than something could read it; sometimes longer than needed.)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 
 import numpy as np
@@ -36,6 +41,10 @@ def pin_description(segment_fd: int) -> int:
     return os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
 
 
+def _hold(owner) -> None:
+    """A finalizer that does nothing: registering it keeps ``owner`` alive as long as the array it watches."""
+
+
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
@@ -49,12 +58,19 @@ class View:
         elif tag != TAG_BYTES:
             raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
         # ``owner`` is the one object that references the pinned memory directly: every array or memoryview handed
-        # out derives from it, so it is garbage collected -- and the pin released -- only after the last of them.
+        # out derives from it (numpy collapses a view's base to it), so it is garbage collected -- and the pin
+        # released -- only after the last of them.
         owner = np.frombuffer(value, dtype=np.uint8)
+        self._keep = None
         if tag == TAG_BYTES:
             self._obj = memoryview(owner[1:])
         else:
             self._obj = owner[data0:].view(dtype).reshape(shape)
+            # Revoking the array (close) drops its reference to ``owner``; whatever still points into its memory
+            # through the array itself (a memoryview of it, a tensor from torch.from_numpy) must keep ``owner``
+            # alive, and holds the array: so ``owner`` lives as long as the array, unless close() finds nothing
+            # but the ``with`` target's own name referring to it.
+            self._keep = weakref.finalize(self._obj, _hold, owner)
         weakref.finalize(owner, os.close, fd)  # last: until here, the caller still owns fd (and closes it on error)
         self._open = True
 
@@ -64,18 +80,28 @@ class View:
         return self._obj
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self._close(sys._getframe(1))
 
     def close(self) -> None:
         """Revoke the object handed out; the pin goes when nothing references the memory any more."""
+        self._close(sys._getframe(1))
+
+    def _close(self, frame) -> None:
+        """``frame``: the caller's, where the ``with`` statement bound the object handed out."""
         if not self._open:
             return
         self._open = False
         obj, self._obj = self._obj, None
-        try:
-            if isinstance(obj, memoryview):
+        if isinstance(obj, memoryview):
+            try:
                 obj.release()
-            else:
-                obj.__setstate__(_CLOSED_STATE)
-        except (BufferError, ValueError, RuntimeError):
-            pass  # something exported it (a memoryview of it is alive): it stays valid, and pinned, while it is
+            except BufferError:
+                pass  # exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives
+            return
+        # References beyond this function's and the caller's names: someone else holds the array itself.
+        others = sys.getrefcount(obj) - 2
+        if others:
+            others -= sum(1 for v in frame.f_locals.values() if v is obj)
+        obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
+        if others <= 0:
+            self._keep.detach()

@@ -124,3 +124,80 @@ def test_atomic_add_race_has_exactly_one_winner(cache, name):
     winners = [pid for pid, won in results if won]
     assert len(winners) == 1
     assert cache.get("winner") == {"pid": winners[0]}
+
+
+# ---------------------------------------------------------------------------------------------------- compare-and-swap
+
+
+def test_atomic_versions_change_with_every_store(cache):
+    assert cache.get_with_version("k") == (None, None)
+    assert cache.get_with_version("k", "d") == ("d", None)
+    cache.put("k", 1)
+    v1 = cache.get_with_version("k")
+    cache.put("k", 1)  # the same value again is still a new store
+    v2 = cache.get_with_version("k")
+    assert v1[0] == v2[0] == 1 and v2[1] > v1[1] > 0
+    cache.incr("k")
+    assert cache.get_with_version("k")[1] > v2[1]
+    cache.delete("k")
+    cache.put("k", 1)  # deleted and stored again: never the old version back
+    assert cache.get_with_version("k")[1] > v2[1]
+
+
+def test_atomic_cas_stores_only_over_the_version_read(cache):
+    cache.put("k", {"n": 0})
+    value, version = cache.get_with_version("k")
+    assert cache.cas("k", {"n": 1}, version) is True
+    assert cache.cas("k", {"n": 2}, version) is False  # that version is gone
+    assert cache.get("k") == {"n": 1}
+    _, newer = cache.get_with_version("k")
+    cache.put("k", {"n": 5})
+    assert cache.cas("k", {"n": 6}, newer) is False and cache.get("k") == {"n": 5}
+    cache.delete("k")
+    assert cache.cas("k", {"n": 7}, newer) is False and "k" not in cache
+    with pytest.raises(TypeError):
+        cache.cas("k", 1, None)
+    with pytest.raises(TypeError):
+        cache.cas("k", 1, 0)
+    assert cache.verify(deep=True).ok and cache.stats().recoveries == 0
+
+
+def test_atomic_get_with_version_counts_and_refreshes_like_get(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True) as c:
+        c.put("a", 1)
+        c.put("b", 2)
+        c.get_with_version("a")  # "a" is now the most recent: "b" goes first
+        c.put("c", 3)
+        assert "a" in c and "b" not in c
+        c.get_with_version("zzz")
+        s = c.stats()
+        assert (s.hits, s.misses) == (1, 1)
+
+
+def _cas_increment(name, times, barrier, queue):
+    """Add 1 ``times`` times through get_with_version/cas retry loops; the value names its key and checksums."""
+    try:
+        retries = 0
+        with SharedCache(name, create=False) as c:
+            barrier.wait(JOIN_S)
+            for _ in range(times):
+                while True:
+                    value, version = c.get_with_version("counter")
+                    assert value["key"] == "counter" and value["check"] == value["n"] * 7919, value
+                    if c.cas("counter", {"key": "counter", "n": value["n"] + 1, "check": (value["n"] + 1) * 7919},
+                             version):
+                        break
+                    retries += 1
+        queue.put(("ok", retries))
+    except BaseException as exc:
+        queue.put(("error", repr(exc)))
+
+
+@pytest.mark.timeout(120)
+def test_atomic_cas_loops_from_many_processes_lose_no_update(cache, name):
+    n, m = 4, 250
+    cache.put("counter", {"key": "counter", "n": 0, "check": 0})
+    retries = _run(_cas_increment, n, name, m)
+    assert cache.get("counter") == {"key": "counter", "n": n * m, "check": n * m * 7919}
+    assert cache.stats().puts == 1 + n * m  # exactly one successful cas per increment
+    print(f"cas retries: {sum(retries)} over {n * m} increments")

@@ -1,0 +1,282 @@
+"""Time to live: lazy expiry on every read, expired entries reclaimed before live ones, touch, the default TTL, and
+the shared monotonic clock across processes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import time
+
+import pytest
+
+from shmcache import SharedCache, prometheus_text
+
+S = 10**9  # ns per second
+JOIN_S = 60
+ctx = mp.get_context("fork")
+
+
+class FakeClock:
+    """A CLOCK_MONOTONIC stand-in the test moves by hand (ns)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000 * S
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += round(seconds * S)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def tcache(name, clock):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=8, create=True, clock=clock) as c:
+        yield c
+
+
+def test_ttl_entry_is_served_until_it_expires_then_never(tcache, clock):
+    tcache.put("k", {"v": 1}, ttl=10)
+    clock.advance(9.999)
+    assert tcache.get("k") == {"v": 1}
+    clock.advance(0.001)  # expires exactly at put time + ttl
+    assert tcache.get("k") is None
+    s = tcache.stats()
+    assert (s.hits, s.misses, s.expired, s.entries) == (1, 1, 1, 0)
+    clock.advance(-100)  # even if a clock went back, the dropped entry is gone for good
+    assert tcache.get("k") is None and "k" not in tcache
+    assert tcache.verify(deep=True).ok
+
+
+def test_ttl_zero_means_never_and_no_ttl_means_never_without_a_default(tcache, clock):
+    tcache.put("zero", 1, ttl=0)
+    tcache.put("none", 2)
+    clock.advance(10**6)
+    assert (tcache.get("zero"), tcache.get("none")) == (1, 2)
+
+
+@pytest.mark.parametrize("op", ["in", "get_with_version", "pop", "delete", "add", "replace", "cas", "incr", "touch",
+                                "put", "view"])
+def test_ttl_every_operation_treats_an_expired_key_as_absent(tcache, clock, op):
+    tcache.put("k", 5, ttl=1)
+    version = tcache.get_with_version("k")[1]
+    clock.advance(1)
+    outcome = {
+        "in": lambda: "k" in tcache,
+        "get_with_version": lambda: tcache.get_with_version("k", "d"),
+        "pop": lambda: tcache.pop("k", "d"),
+        "delete": lambda: tcache.delete("k"),
+        "add": lambda: tcache.add("k", 7),
+        "replace": lambda: tcache.replace("k", 7),
+        "cas": lambda: tcache.cas("k", 7, version),
+        "incr": lambda: tcache.incr("k", 1, initial=100),
+        "touch": lambda: tcache.touch("k", 60),
+        "put": lambda: tcache.put("k", 7),
+        "view": lambda: _view_missing(tcache),
+    }[op]()
+    expected = {"in": False, "get_with_version": ("d", None), "pop": "d", "delete": False, "add": True,
+                "replace": False, "cas": False, "incr": 101, "touch": False, "put": None, "view": "KeyError"}[op]
+    assert outcome == expected
+    s = tcache.stats()
+    assert s.expired == 1
+    assert s.updates == 0  # a store over an expired entry is a new entry, not an update
+    assert tcache.get("k") == {"add": 7, "incr": 101, "put": 7}.get(op)
+    assert tcache.verify(deep=True).ok
+
+
+def _view_missing(c):
+    try:
+        c.view("k")
+    except KeyError:
+        return "KeyError"
+    return "served"
+
+
+def test_ttl_expired_entries_are_reclaimed_before_live_ones(tcache, clock):
+    # The expired entry is the most recently used: plain LRU would evict "live0" first.
+    for i in range(7):
+        tcache.put(f"live{i}", i)
+    tcache.put("short", "s", ttl=5)
+    assert tcache.get("short") == "s"
+    clock.advance(5)
+    tcache.put("new", "n")  # the 9th entry of 8: room is needed
+    s = tcache.stats()
+    assert (s.expired, s.evictions, s.entries) == (1, 0, 8)
+    assert all(tcache.get(f"live{i}") == i for i in range(7)) and tcache.get("new") == "n"
+    tcache.put("newer", 1)  # nothing expired now: plain LRU again
+    assert tcache.stats().evictions == 1 and "live0" not in tcache
+
+
+def test_ttl_reclaim_takes_every_expired_entry_at_once_under_byte_pressure(name, clock):
+    with SharedCache(name, capacity_bytes=2000, max_entries=100, create=True, clock=clock) as c:
+        for i in range(8):
+            c.put(f"t{i}", b"x" * 150, ttl=1 + i % 2)
+        c.put("live", b"y" * 150)
+        clock.advance(2)
+        c.put("big", b"z" * 900)
+        s = c.stats()
+        assert (s.expired, s.evictions) == (8, 0)
+        assert c.get("live") == b"y" * 150 and c.get("big") == b"z" * 900
+
+
+def test_ttl_touch_extends_shortens_or_removes_the_expiry(tcache, clock):
+    tcache.put("k", 1, ttl=2)
+    version = tcache.get_with_version("k")[1]
+    assert tcache.touch("k", 10) is True
+    clock.advance(5)
+    assert tcache.get("k") == 1
+    assert tcache.touch("k", 0) is True  # never expires now
+    clock.advance(10**5)
+    assert tcache.get("k") == 1
+    assert tcache.get_with_version("k")[1] == version  # touch changes neither the value nor its version
+    assert tcache.touch("absent", 5) is False
+    tcache.touch("k", 1)
+    clock.advance(1)
+    assert tcache.get("k") is None
+
+
+def test_ttl_incr_keeps_the_counters_expiry(tcache, clock):
+    tcache.put("n", 1, ttl=10)
+    clock.advance(6)
+    assert tcache.incr("n") == 2
+    clock.advance(4)
+    assert tcache.get("n") is None  # expired 10 s after the put, not after the incr
+
+
+def test_ttl_default_applies_to_stores_without_one(name, clock):
+    with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True, default_ttl=30, clock=clock) as c:
+        c.put("default", 1)
+        c.put("forever", 2, ttl=0)
+        c.put("short", 3, ttl=1)
+        c.incr("counter")
+        c.get_or_compute("computed", lambda: 4)
+        with SharedCache(name, clock=clock) as other:  # every handle sees the segment's default
+            other.put("other", 5)
+        clock.advance(29)
+        assert [c.get(k) for k in ("default", "forever", "short", "counter", "computed", "other")] == [
+            1, 2, None, 1, 4, 5]
+        clock.advance(1)
+        assert [c.get(k) for k in ("default", "forever", "counter", "computed", "other")] == [None, 2, None, None,
+                                                                                              None]
+
+
+def test_ttl_default_must_match_when_given_on_attach(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True, default_ttl=30):
+        with pytest.raises(ValueError, match="default_ttl=30"):
+            SharedCache(name, default_ttl=5)
+        with SharedCache(name, default_ttl=30), SharedCache(name):
+            pass
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "5", True])
+def test_ttl_refuses_what_is_not_a_duration(tcache, bad):
+    with pytest.raises((TypeError, ValueError)):
+        tcache.put("k", 1, ttl=bad)
+    with pytest.raises((TypeError, ValueError)):
+        tcache.touch("k", bad)
+    with pytest.raises((TypeError, ValueError)):
+        tcache.get_or_compute("k", lambda: 1, ttl=bad)
+    assert "k" not in tcache and tcache.stats().recoveries == 0
+
+
+def test_ttl_expire_drops_every_expired_entry_now(tcache, clock):
+    for i in range(5):
+        tcache.put(i, i, ttl=1 + i)
+    clock.advance(3)
+    assert len(tcache) == 5  # nothing has read or needed room yet
+    assert tcache.expire() == 3
+    assert len(tcache) == 2 and tcache.stats().expired == 3
+    assert tcache.expire() == 0
+    assert tcache.verify(deep=True).ok
+
+
+def test_ttl_expired_counter_in_stats_and_prometheus(tcache, clock):
+    tcache.put("k", 1, ttl=1)
+    clock.advance(1)
+    tcache.get("k")
+    assert tcache.stats().as_dict()["expired"] == 1
+    assert f'shmcache_expired_total{{cache="{tcache.name}"}} 1' in prometheus_text({tcache.name: tcache.stats()})
+    tcache.clear()
+    assert tcache.stats().expired == 0
+
+
+def test_ttl_memoize_results_expire(tcache, clock):
+    calls = []
+
+    @tcache.memoize(ttl=5)
+    def square(x):
+        calls.append(x)
+        return x * x
+
+    assert square(3) == 9 and square(3) == 9 and calls == [3]
+    clock.advance(5)
+    assert square(3) == 9 and calls == [3, 3]
+
+
+def test_ttl_real_clock_expires(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True) as c:
+        c.put("k", 1, ttl=0.05)
+        time.sleep(0.1)
+        assert c.get("k") is None and c.stats().expired == 1
+
+
+# ---------------------------------------------------------------------------------------------------- processes
+
+
+def _put_short_lived(name, n, queue):
+    try:
+        now = [0]
+        # The real clock, read once per put, so that the expiry stamped in the value is exactly the entry's.
+        with SharedCache(name, create=False, clock=lambda: now[0]) as c:
+            for i in range(n):
+                now[0] = time.monotonic_ns()
+                c.put(f"k{i % 16}", {"key": f"k{i % 16}", "expires": now[0] + 2_000_000, "i": i}, ttl=0.002)
+        queue.put(("ok", n))
+    except BaseException as exc:
+        queue.put(("error", repr(exc)))
+
+
+def _read_never_expired(name, seconds, queue):
+    try:
+        served = 0
+        with SharedCache(name, create=False) as c:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                for i in range(16):
+                    before = time.monotonic_ns()
+                    value = c.get(f"k{i}")
+                    if value is not None:
+                        assert value["key"] == f"k{i}", value
+                        # Served means unexpired when read, and the read came after ``before``.
+                        assert before < value["expires"], (before, value)
+                        served += 1
+        queue.put(("ok", served))
+    except BaseException as exc:
+        queue.put(("error", repr(exc)))
+
+
+@pytest.mark.timeout(120)
+def test_ttl_processes_share_the_clock_and_never_read_an_expired_entry(name):
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True) as c:
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_put_short_lived, args=(name, 4000, queue), daemon=True) for _ in range(2)]
+        procs += [ctx.Process(target=_read_never_expired, args=(name, 1.5, queue), daemon=True) for _ in range(2)]
+        for p in procs:
+            p.start()
+        try:
+            results = [queue.get(timeout=JOIN_S) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(JOIN_S)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        assert all(kind == "ok" for kind, _ in results), results
+        time.sleep(0.01)
+        assert all(c.get(f"k{i}") is None for i in range(16))  # everything has expired for this process too
+        assert c.verify(deep=True).ok

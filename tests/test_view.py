@@ -1,0 +1,278 @@
+"""Zero-copy views: read-only arrays and memoryviews over the segment, pinned while anything can read them, revoked
+after their with block, and released by the kernel when the pinning process dies."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import warnings
+
+import numpy as np
+import pytest
+import xxhash
+
+from shmcache import PinnedError, SharedCache
+
+JOIN_S = 60
+ctx = mp.get_context("fork")
+
+
+def test_view_array_is_the_stored_array_read_only_without_a_copy(cache):
+    stored = np.arange(12, dtype=np.float32).reshape(3, 4)
+    cache.put("a", stored)
+    with cache.view("a") as arr, cache.view("a") as again:
+        assert arr.dtype == stored.dtype and arr.shape == (3, 4) and np.array_equal(arr, stored)
+        assert not arr.flags.writeable
+        with pytest.raises(ValueError):
+            arr[0, 0] = 1
+        with pytest.raises(ValueError):
+            arr.flags.writeable = True
+        # Two views of one entry are the same bytes of shared memory.
+        assert arr.__array_interface__["data"][0] == again.__array_interface__["data"][0]
+        assert float(arr.sum()) == float(stored.sum())
+    s = cache.stats()
+    assert (s.hits, s.misses) == (2, 0)
+
+
+@pytest.mark.parametrize("stored", [np.zeros((0, 3)), np.array(7.5), np.arange(5, dtype=">i8"),
+                                    np.array([1 + 2j, 3j]), np.arange(6).reshape(2, 3).T])
+def test_view_array_shapes_and_dtypes(cache, stored):
+    cache.put("a", stored)
+    with cache.view("a") as arr:
+        assert arr.dtype == stored.dtype and arr.shape == stored.shape and np.array_equal(arr, stored)
+
+
+def test_view_bytes_is_a_read_only_memoryview_released_after_the_block(cache):
+    cache.put("b", b"\x00payload\xff")
+    with cache.view("b") as mv:
+        assert isinstance(mv, memoryview) and mv.readonly and bytes(mv) == b"\x00payload\xff"
+    with pytest.raises(ValueError):
+        bytes(mv)
+
+
+def test_view_array_is_revoked_after_the_block(cache):
+    cache.put("a", np.arange(4.0))
+    with cache.view("a") as arr:
+        pass
+    assert arr.size == 0
+    with pytest.raises(TypeError):
+        arr + 1
+    with pytest.raises(TypeError):
+        arr.sum()
+    with pytest.raises(IndexError):
+        arr[0]
+    cache.put("a", np.zeros(4))  # the pin went with the block
+    assert np.array_equal(cache.get("a"), np.zeros(4))
+
+
+def test_view_of_other_values_or_absent_keys(cache):
+    cache.put("m", {"not": "an array"})
+    with pytest.raises(TypeError, match="get()"):
+        cache.view("m")
+    with pytest.raises(KeyError):
+        cache.view("absent")
+    cache.put("m", 1)  # a refused view leaves no pin
+    assert cache.stats().misses == 1
+
+
+def test_view_pins_against_put_delete_pop_and_clear(cache):
+    cache.put("a", np.arange(100))
+    cache.put("other", 1)
+    with cache.view("a") as arr:
+        for op in (lambda: cache.put("a", 0), lambda: cache.delete("a"), lambda: cache.pop("a"),
+                   lambda: cache.replace("a", 0), lambda: cache.cas("a", 0, cache.get_with_version("a")[1])):
+            with pytest.raises(PinnedError):
+                op()
+        cache.clear()
+        assert "a" in cache and "other" not in cache and len(cache) == 1
+        assert np.array_equal(arr, np.arange(100))
+        assert cache.verify(deep=True).ok
+    cache.put("a", 0)
+    assert cache.get("a") == 0 and cache.stats().recoveries == 0
+
+
+def _derived(cache, key):
+    """A slice of a view, taken inside its with block."""
+    with cache.view(key) as arr:
+        tail = arr[5:]
+    assert arr.size == 0
+    return tail
+
+
+def _shared(cache, key, how):
+    """Something that holds the view's array itself: a memoryview of it, a list, or a tensor."""
+    with cache.view(key) as arr:
+        held = how(arr)
+    assert arr.size == 0  # revoked, wherever else it is referenced
+    return held
+
+
+def test_view_pin_lasts_while_a_derived_array_lives(cache):
+    cache.put("a", np.arange(10))
+    tail = _derived(cache, "a")
+    with pytest.raises(PinnedError):
+        cache.put("a", 0)
+    assert np.array_equal(tail, np.arange(5, 10))
+    del tail
+    cache.put("a", 0)
+    assert cache.get("a") == 0
+
+
+def test_view_pin_lasts_while_anything_holds_the_array_itself(cache):
+    cache.put("a", np.arange(10))
+    mv = _shared(cache, "a", memoryview)
+    assert list(mv.cast("B").cast("q")) == list(range(10))  # the export keeps the memory, and the pin
+    with pytest.raises(PinnedError):
+        cache.put("a", 0)
+    del mv
+    cache.put("a", 0)
+    cache.put("b", np.arange(3))
+    held = _shared(cache, "b", lambda arr: [arr])
+    assert held[0].size == 0  # a plain reference sees the revoked array
+    with pytest.raises(PinnedError):
+        cache.put("b", 0)
+    del held
+    cache.put("b", 0)
+
+
+def test_view_pin_lasts_while_a_tensor_shares_the_array(cache):
+    torch = pytest.importorskip("torch")
+    cache.put("a", np.arange(10.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns that the array is read-only
+        tensor = _shared(cache, "a", torch.from_numpy)
+    assert tensor.tolist() == [float(i) for i in range(10)]
+    with pytest.raises(PinnedError):
+        cache.put("a", 0)
+    del tensor
+    cache.put("a", 0)
+
+
+def test_view_pin_ends_with_the_block_when_only_its_name_remains(cache):
+    cache.put("a", np.arange(10))
+    with cache.view("a") as arr:
+        total = int(arr.sum())
+    cache.put("a", 0)  # ``arr`` is still bound here, to the revoked array
+    assert total == 45 and arr.size == 0
+
+
+def test_view_pinned_entries_survive_eviction_and_compaction(name):
+    big = np.arange(2000, dtype=np.int64)  # 16 KB of a 64 KB cache
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+        c.put("pinned", big)
+        with c.view("pinned") as arr:
+            for i in range(3000):  # churn the arena round many times, with values of varied size
+                c.put(f"k{i}", bytes([i % 251]) * (100 + (i * 37) % 3000))
+                if i % 500 == 0:
+                    assert c.verify().ok
+            assert np.array_equal(arr, big) and "pinned" in c
+            assert c.stats().evictions > 0 and c.verify(deep=True).ok
+        for i in range(3000, 3100):
+            c.put(f"k{i}", b"x" * 2000)
+        assert "pinned" not in c  # unpinned, it ages out like any entry
+
+
+def test_view_put_refused_when_all_room_is_pinned(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True) as c:
+        c.put("a", b"a")
+        c.put("b", b"b")
+        with c.view("a"), c.view("b"):
+            with pytest.raises(PinnedError, match="pinned"):
+                c.put("c", b"c")
+            assert len(c) == 2 and "c" not in c and c.verify().ok
+        c.put("c", b"c")
+        assert "c" in c and c.stats().recoveries == 0
+
+
+def test_view_outlives_its_cache_handle(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as owner:
+        owner.put("a", np.arange(8))
+        c = SharedCache(name)
+        v = c.view("a")
+        arr = v.__enter__()
+        c.close()  # the mapping stays while the array lives, and so does the pin
+        assert np.array_equal(arr, np.arange(8))
+        with pytest.raises(PinnedError):
+            owner.put("a", 0)
+        v.__exit__(None, None, None)
+        del v
+        gc.collect()
+        owner.put("a", 0)
+
+
+def test_view_of_an_expired_key_is_a_key_error(name):
+    now = [0]
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True, clock=lambda: now[0]) as c:
+        c.put("a", b"x", ttl=1)
+        now[0] = 10**9
+        with pytest.raises(KeyError):
+            c.view("a")
+
+
+# ---------------------------------------------------------------------------------------------------- processes
+
+
+def _hold_view(name, key, ready, done, result):
+    """Pin ``key`` and hold it until ``done``; then report whether the bytes were intact throughout."""
+    try:
+        with SharedCache(name, create=False) as c, c.view(key) as arr:
+            first = xxhash.xxh3_64_intdigest(arr.tobytes())
+            ready.set()
+            done.wait(JOIN_S)
+            result.put(("ok", xxhash.xxh3_64_intdigest(arr.tobytes()) == first
+                        and int(arr[0]) == 7 and len(arr) == 4096))
+    except BaseException as exc:
+        ready.set()
+        result.put(("error", repr(exc)))
+
+
+@pytest.mark.timeout(120)
+def test_view_pin_of_another_process_survives_pressure(name):
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=128, create=True) as c:
+        c.put("held", np.full(4096, 7, dtype=np.int32))
+        ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=_hold_view, args=(name, "held", ready, done, result), daemon=True)
+        p.start()
+        try:
+            assert ready.wait(JOIN_S)
+            for i in range(2000):
+                c.put(f"k{i}", np.full(1000 + i % 500, i, dtype=np.int32))
+            assert "held" in c and c.verify(deep=True).ok
+            with pytest.raises(PinnedError):
+                c.delete("held")
+            done.set()
+            assert result.get(timeout=JOIN_S) == ("ok", True)
+        finally:
+            done.set()
+            p.join(JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        c.put("held", 0)  # the child closed its view: the pin is gone
+        assert c.get("held") == 0
+
+
+@pytest.mark.timeout(120)
+def test_view_sigkill_of_the_pinning_process_releases_its_pins(name):
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=8, create=True) as c:
+        c.put("held", np.full(4096, 7, dtype=np.int32))
+        ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=_hold_view, args=(name, "held", ready, done, result), daemon=True)
+        p.start()
+        try:
+            assert ready.wait(JOIN_S)
+            with pytest.raises(PinnedError):
+                c.put("held", 0)
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(JOIN_S)
+            assert p.exitcode == -signal.SIGKILL
+        finally:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        c.put("held", 0)  # nothing was written when it died: the kernel dropped the pin
+        for i in range(20):
+            c.put(f"k{i}", i)  # and the entry ages out again
+        assert "held" not in c and c.verify(deep=True).ok and c.stats().recoveries == 0
