@@ -412,7 +412,9 @@ class SharedCache:
             if old != EMPTY and self._exp[old] and self._table.expired(old):
                 self._lapse_locked(old, True)
                 old = EMPTY
-            self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
+            if ttl is None:  # _expires_locked, inlined
+                ttl = h[H_DEFAULT_TTL]
+            self._store_locked(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
         except BaseException as exc:
             self._fault(exc, addr)
             raise

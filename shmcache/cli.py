@@ -16,7 +16,7 @@ import time
 from . import __version__
 from .cache import SharedCache
 from .segment import segment_names, sweep
-from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_FILL
+from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
 
 
@@ -104,7 +104,11 @@ def cmd_stats(args) -> int:
             else:
                 if args.watch:
                     print("\033[H\033[J", end="")
-                print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]))
+                kinds = d.pop("kinds")
+                rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
+                rows += [[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
+                         for k, v in kinds.items()]
+                print(_table(rows))
             if not args.watch:
                 return 0
             sys.stdout.flush()
@@ -117,13 +121,15 @@ def cmd_inspect(args) -> int:
         report = c.verify(deep=not args.shallow)
         s = c.stats()
         fill = c._seg.header_words[H_FILL]  # read without the lock: a display figure, not a decision
+        default_ttl_ns = c._seg.header_words[H_DEFAULT_TTL]  # written once, at creation
     data = {
         "name": args.name,
         "layout": {"total_nbytes": g.total_nbytes, "index_off": g.index_off, "index_slots": g.index_slots,
                    "entries_off": g.entries_off, "entry_slots": g.entry_slots, "arena_off": g.arena_off,
                    "arena_nbytes": g.arena_nbytes},
         "limits": {"max_entries": s.max_entries, "max_retained_bytes": s.max_retained_bytes,
-                   "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes},
+                   "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes,
+                   "default_ttl_s": default_ttl_ns / 1e9},
         "arena": _arena_report(s, fill),
         "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},
     }

@@ -66,22 +66,6 @@ class Table:
             raise PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
                               hint="close the view (leave its with block) first")
 
-    def _stamp(self, e: int, kb: bytes, expires: int, size: int) -> None:
-        """The per-entry columns of a newly stored entry ``e`` of ``size`` bytes: version, expiry, kind."""
-        h = self.h
-        v = h[H_VERSION_CLOCK] + 1
-        h[H_VERSION_CLOCK] = v
-        self.ver[e] = v
-        self.exp[e] = expires
-        if expires and expires < h[H_NEXT_EXPIRY]:
-            h[H_NEXT_EXPIRY] = expires
-        k = kb[1] if kb and kb[0] == KIND_PREFIX else 0
-        self.kinds[e] = k
-        self.pins[e] = 0
-        if k:
-            self.kw[k * KIND_WORDS + K_ENTRIES] += 1
-            self.kw[k * KIND_WORDS + K_RETAINED] += size
-
     def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int, expires: int) -> None:
         """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
         ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value); ``expires`` its expiry
@@ -113,7 +97,21 @@ class Table:
         ent[E_NEXT] = e
         h[H_ENTRIES] += 1
         h[H_RETAINED] += klen + vlen
-        self._stamp(e, kb, expires, klen + vlen)
+        # The columns: a new version, the expiry (lowering the bound if need be), the kind and no pin.
+        v = h[H_VERSION_CLOCK] + 1
+        h[H_VERSION_CLOCK] = v
+        self.ver[e] = v
+        self.exp[e] = expires
+        if expires and expires < h[H_NEXT_EXPIRY]:
+            h[H_NEXT_EXPIRY] = expires
+        self.pins[e] = 0
+        if klen > 1 and kb[0] == KIND_PREFIX:
+            k = kb[1]
+            self.kinds[e] = k
+            self.kw[k * KIND_WORDS + K_ENTRIES] += 1
+            self.kw[k * KIND_WORDS + K_RETAINED] += klen + vlen
+        else:
+            self.kinds[e] = 0
 
     def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int, expires: int) -> bool:
         """Give resident entry ``e`` (whose key is ``kb``) a new value in place, as the most recently used, when
@@ -188,7 +186,7 @@ class Table:
         most_bytes = h[H_MAX_RETAINED] - extra_bytes
         if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
             return
-        if h[H_NEXT_EXPIRY] <= self.clock():
+        if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
             self.reclaim_expired()
         e = ent[E_PREV]  # lru.tail: the sentinel's prev, the least recently used entry
         pinned = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -57,6 +58,19 @@ def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
     assert all(s.labels == {"cache": name} for s in samples.values())
     kinds = {f.name: f.type for f in parser.text_string_to_metric_families(out)}
     assert kinds["shmcache_hits"] == "counter" and kinds["shmcache_entries"] == "gauge"
+
+
+def test_cli_stats_shows_each_kind(capsys, filled, name):
+    filled.kind("jvp").put("k", 1)
+    rc, out, _ = run(capsys, "stats", name)
+    assert rc == 0 and re.search(r"kind 'jvp'\s+1 entries, \d+ bytes", out) and re.search(r"expired\s+0", out)
+    rc, out, _ = run(capsys, "stats", name, "--json")
+    assert json.loads(out)["kinds"] == {"jvp": {"entries": 1, "retained_bytes": filled.kind("jvp").stats().retained_bytes}}
+    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is in the test extra")
+    rc, out, _ = run(capsys, "stats", name, "--prometheus")
+    samples = [s for family in parser.text_string_to_metric_families(out) for s in family.samples]
+    assert [s.value for s in samples if s.name == "shmcache_kind_entries" and s.labels == {"cache": name,
+                                                                                          "kind": "jvp"}] == [1]
 
 
 def test_prometheus_text_escapes_labels_and_lists_every_cache(filled):
