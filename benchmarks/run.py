@@ -8,7 +8,8 @@ redis-server binary, is missing are skipped with the reason. The numbers are onl
 load on the machine moves them all, and the load average is printed and recorded for that reason.
 
 Workloads (see workloads.py and memory.py for how each is run):
-  W1  latency in one process: get hit, get miss, put; a ~100-byte dict, 64 KiB of bytes, a 224x224x3 uint8 array
+  W1  latency in one process: get hit, get miss, put (and a zero-copy view); a ~100-byte dict, 64 KiB of bytes, a
+      224x224x3 uint8 array
   W2  ops/s and hit ratio of 1, 2, 4, 8 forked workers on one store: 90% get / 10% put, Zipf keys, eviction
   W3  get-hit latency with 1k, 10k, 100k, 1M resident entries (--quick stops at 100k)
   W4  churn in a full shmcache: put latency for 64 B..256 KiB values, evictions per put, arena use, failed puts

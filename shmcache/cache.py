@@ -17,6 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -44,7 +45,7 @@ from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
 from .verify import VerifyReport, check, repair
-from .view import View, pin_description
+from .view import PinDescriptions, View
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
@@ -151,6 +152,7 @@ class SharedCache:
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
         self._table = Table(seg, clock)
+        self._pins = PinDescriptions(seg.fd)
         self._lock = SegmentLock(seg.lock_address, lock_timeout)
         self._addr = self._lock.handle
         self._trylock = _trylock
@@ -813,24 +815,28 @@ class SharedCache:
         :raises TypeError: if the value is neither a numpy array nor bytes (use get()).
         """
         kb = encode_key(key)
-        fd = pin_description(self._seg.fd)
+        pins = self._pins
+        fd = pins.take()
+        byte = -1  # the pin's byte, once taken
         try:
             found = self._locked(self._pin_locked, kb, fingerprint(kb), fd)
             if found is None:
                 raise KeyError(key)
             e, voff, vlen, check = found
+            byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
             # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
             if body_checksum(value[0], value[1:]) != check:
-                os.close(fd)
+                pins.release(fd, byte)
                 fd = -1
                 self._checksum_failed(e)
-            view = View(value, fd)
+            return View(value, functools.partial(pins.release, fd, byte))
         except BaseException:
-            if fd >= 0:
-                os.close(fd)
+            if fd >= 0 and byte >= 0:
+                pins.release(fd, byte)
+            elif fd >= 0:
+                os.close(fd)  # where it stopped is unknown: closing drops whatever lock it took
             raise
-        return view
 
     def _pin_locked(self, kb: bytes, fp: int, fd: int):
         h, table = self._h, self._table
@@ -913,6 +919,7 @@ class SharedCache:
         finally:
             self._unlock(addr)
         self._table.close()
+        self._pins.close()
         self._seg.close()
 
     def unlink(self) -> None:

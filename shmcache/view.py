@@ -24,34 +24,97 @@ then. Never longer than something could read it; sometimes longer than needed.)
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import weakref
 
 import numpy as np
 
+from . import ofd
 from .codec import TAG_ARRAY, TAG_BYTES, array_layout
+
+_ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hook
+os.register_at_fork(after_in_child=lambda: [pins._forked() for pins in list(_ALL)])
 
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
 
-def pin_description(segment_fd: int) -> int:
-    """A new open file description of the segment, for one view's pin (closing it releases the pin)."""
-    return os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
+class PinDescriptions:
+    """The open file descriptions one cache handle pins through: one per open view, so that two views of the same
+    entry hold two locks (the locks of one description on one byte would merge, and the first release would drop
+    both). Idle descriptions are kept for the next view: opening one costs more than the rest of a view.
+
+    Release may run at any moment (from a garbage collection, in any thread): it only unlocks its byte and appends
+    to a list, both indivisible under the GIL. Fork: a description lives until every process holding it closes it,
+    and a pin until its description does, so a forked child closes its copies of the idle ones at once (else a pin
+    the parent takes later through one would outlive the parent), and its releases of views inherited open only
+    close its copies, so that a child can never drop a pin of its parent.
+    """
+
+    def __init__(self, segment_fd: int) -> None:
+        self._path = f"/proc/self/fd/{segment_fd}"
+        self._idle: list[int] = []
+        self._pid = os.getpid()
+        self._closed = False
+        _ALL.add(self)
+
+    def _forked(self) -> None:
+        idle, self._idle, self._pid = self._idle, [], os.getpid()
+        for fd in idle:
+            os.close(fd)
+
+    def take(self) -> int:
+        """A description holding no lock (the caller locks one byte through it, then hands it to ``release``)."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+
+    def release(self, fd: int, byte: int) -> None:
+        """End the pin held through ``fd`` on ``byte``."""
+        if self._pid != os.getpid() or self._closed:
+            os.close(fd)  # a forked child's copy (the parent's lock stays), or the handle is gone: the lock with it
+            return
+        ofd.unlock(fd, byte)
+        self._idle.append(fd)
+
+    def close(self) -> None:
+        """Close the idle descriptions; those of views still open are closed when the views go."""
+        self._closed = True
+        while self._idle:
+            fd = self._idle.pop()
+            if self._pid == os.getpid():
+                os.close(fd)
 
 
-def _hold(owner) -> None:
-    """A finalizer that does nothing: registering it keeps ``owner`` alive as long as the array it watches."""
+_WATCHES: dict = {}  # id -> the weak references below, alive until their callback runs (ndarrays do not hash)
+
+
+def _watch(obj, callback) -> weakref.ref:
+    """Call ``callback()`` when ``obj`` is garbage collected (a bare weak reference: a fraction of the cost of a
+    ``weakref.finalize``). Returns the reference; taking it out of ``_WATCHES`` cancels the call."""
+    def fire(ref) -> None:
+        if _WATCHES.pop(id(ref), None) is not None:
+            callback()
+
+    ref = weakref.ref(obj, fire)
+    _WATCHES[id(ref)] = ref
+    return ref
+
+
+def _nothing(*_) -> None:
+    pass
 
 
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, fd: int) -> None:
-        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``fd``: the pin's
-        description, closed when the memory is no longer referenced. Raises TypeError for a value of another
-        kind, and ValueError for a malformed array (the caller then releases the pin)."""
+    def __init__(self, value: memoryview, release) -> None:
+        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``release``: what ends
+        the pin, called once the memory is no longer referenced. Raises TypeError for a value of another kind, and
+        ValueError for a malformed array (the caller then releases the pin)."""
         tag = value[0]
         if tag == TAG_ARRAY:
             dtype, shape, data0 = array_layout(value)
@@ -70,8 +133,8 @@ class View:
             # through the array itself (a memoryview of it, a tensor from torch.from_numpy) must keep ``owner``
             # alive, and holds the array: so ``owner`` lives as long as the array, unless close() finds nothing
             # but the ``with`` target's own name referring to it.
-            self._keep = weakref.finalize(self._obj, _hold, owner)
-        weakref.finalize(owner, os.close, fd)  # last: until here, the caller still owns fd (and closes it on error)
+            self._keep = _watch(self._obj, functools.partial(_nothing, owner))  # holds owner while obj lives
+        _watch(owner, release)  # last: until here, the caller still owns the pin (and ends it on error)
         self._open = True
 
     def __enter__(self):
@@ -104,4 +167,5 @@ class View:
             others -= sum(1 for v in frame.f_locals.values() if v is obj)
         obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
         if others <= 0:
-            self._keep.detach()
+            _WATCHES.pop(id(self._keep), None)
+        self._keep = None

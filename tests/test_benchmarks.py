@@ -23,6 +23,7 @@ def test_benchmarks_run_quick_reports_every_shmcache_row(tmp_path):
     for op in ("put", "get hit", "get miss"):
         for kind in ("small dict", "64 KiB bytes", "224x224x3 uint8"):
             assert ("W1", f"{kind}: {op}") in cases
+    assert ("W1", "224x224x3 uint8: view (zero-copy)") in cases and ("W1", "64 KiB bytes: view (zero-copy)") in cases
     assert any(w == "W3" for w, _ in cases) and any(w == "W4" for w, _ in cases)
     assert not [r for r in results if r["case"] == "(error)" or "wrong" in r["note"]]
     failed = [r for r in results if r["case"].startswith("failed puts")]
