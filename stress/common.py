@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 import xxhash
 
-from shmcache import CacheLimits, SharedCache, ShmCacheError, TooLargeError
+from shmcache import CacheLimits, PinnedError, SharedCache, ShmCacheError, TooLargeError
 from shmcache.layout import SEGMENT_PREFIX
 from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import FUTEX_TID_MASK
@@ -34,7 +34,9 @@ from shmcache.lock import FUTEX_TID_MASK
 FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused")
 OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
 NF = len(FIELDS)
-MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005}
+MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
+       "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01}
+KIND = "stress"  # the key kind the kind_* operations use; its keys hold values checked like the others
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
 MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
 _MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -109,6 +111,7 @@ class Workload:
         self.ops, self.cum = list(mix), list(itertools.accumulate(mix.values()))
         self.seq = row << 40
         self.reports = 0
+        self.kind = cache.kind(KIND)
 
     def key(self) -> str:
         if self.rng.random() < HOT_SHARE:
@@ -131,8 +134,8 @@ class Workload:
         op = self.rng.choices(self.ops, cum_weights=self.cum)[0]
         try:
             getattr(self, "_" + op)()
-        except TooLargeError:
-            pass  # a big entry above a lowered limit: the documented refusal
+        except (TooLargeError, PinnedError):
+            pass  # documented refusals: a big entry above a lowered limit; an entry (or room) pinned by a view
         except ShmCacheError as exc:
             self.report(ERRORS, f"{op}: {exc!r}")
         except Exception:
@@ -150,6 +153,59 @@ class Workload:
         key = self.key()
         self.seq += 1
         self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()))
+
+    def _put_ttl(self) -> None:
+        key = self.key()
+        self.seq += 1
+        self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()), ttl=self.rng.choice((0.001, 0.01, 0.1)))
+
+    def _view(self) -> None:
+        """A zero-copy read, checked inside its block while other processes write (and evict) around it."""
+        key = self.key()
+        try:
+            with self.cache.view(key) as v:
+                self.cache.get(self.key())  # hold the pin across another operation
+                why = check_value(key, bytes(v) if isinstance(v, memoryview) else v)
+        except (KeyError, TypeError):  # absent, or a value views do not serve
+            return
+        if why:
+            self.report(WRONG, f"view({key!r}) showed a wrong value: {why}")
+
+    def _cas(self) -> None:
+        key = self.key()
+        v, version = self.cache.get_with_version(key)
+        if v is None:
+            return
+        why = check_value(key, v)
+        if why:
+            self.report(WRONG, f"get_with_version({key!r}) returned a wrong value: {why}")
+            return
+        self.seq += 1
+        self.cache.cas(key, make_value(key, self.seq, self.rng, self.nbytes()), version)
+
+    def _add(self) -> None:
+        key = self.key()
+        self.seq += 1
+        self.cache.add(key, make_value(key, self.seq, self.rng, self.nbytes()))
+
+    def _touch(self) -> None:
+        self.cache.touch(self.key(), self.rng.choice((0, 0.05)))
+
+    # A kind's values name the kind too: one served under the plain key (or the reverse) fails its check.
+    def _kind_put(self) -> None:
+        key = self.key()
+        self.seq += 1
+        self.kind.put(key, make_value(f"{KIND}/{key}", self.seq, self.rng, self.nbytes()))
+
+    def _kind_get(self) -> None:
+        key = self.key()
+        v = self.kind.get(key)
+        why = None if v is None else check_value(f"{KIND}/{key}", v)
+        if why:
+            self.report(WRONG, f"kind get({key!r}) returned a wrong value: {why}")
+
+    def _kind_clear(self) -> None:
+        self.kind.clear()
 
     def _delete(self) -> None:
         self.cache.delete(self.key())

@@ -3,8 +3,9 @@
 Each round, --workers child processes run OPS_PER_ROUND random operations on the cache at once (the workload of
 stress.hammer, with verify calls that may repair). Then the parent damages the segment through its own raw mmap of
 /dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
-slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters and
-ring words (lines 2-4), the index, the entry table and the arena, half of them aimed at words in use. Line 0
+slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters,
+ring and expiry words (lines 2-5), the index, the entry table, the arena, the per-entry columns (expires, versions,
+kinds, pins) and the kind table, half of them aimed at words in use. Line 0
 (identity and geometry) and line 1 (the mutex) are left alone: attaching to a segment whose identity is damaged
 fails by design. With --identity, each round also damages one line-0 word, checks that attaching then either works
 or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
@@ -45,7 +46,7 @@ import traceback
 
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
-from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_UNUSED_NEXT
+from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_UNUSED_NEXT, KIND
 
 from .common import (
     ERRORS, FOREIGN, MIX, NF, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm, final_check,
@@ -66,7 +67,7 @@ IDENTITY_OPS = 20  # operations tried after attaching to a segment with a damage
 ROUND_SECONDS = 10.0  # a child running longer than this is hung
 LOCK_SECONDS = 3.0  # children's lock_timeout: a hung holder shows up as LockTimeout in the others
 AIMED_SHARE = 0.5
-REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2}  # relative odds of damaging each region
+REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "kinds": 0.5}  # odds of damaging each
 FUZZ_MIX = {**MIX, "verify": 1.0}
 
 
@@ -86,9 +87,11 @@ def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
 
 
 def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
-    return {"header": (128, 320), "index": (g.index_off, g.index_off + g.index_slots * 16),
+    return {"header": (128, 360), "index": (g.index_off, g.index_off + g.index_slots * 16),
             "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
-            "arena": (g.arena_off, g.arena_off + g.arena_nbytes)}
+            "arena": (g.arena_off, g.arena_off + g.arena_nbytes),
+            "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins
+            "kinds": (g.kind_table_off, g.kind_table_off + 4 * KIND.itemsize)}  # the records in use
 
 
 def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
