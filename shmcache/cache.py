@@ -29,7 +29,7 @@ from .codec import (
     _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, body_checksum, copy_array, decode_body,
     encode_key, encode_parts, fingerprint,
 )
-from .errors import ClosedError, CorruptionError, ShmCacheError, TooLargeError
+from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
 from .kinds import KindView
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
@@ -456,9 +456,14 @@ class SharedCache:
                 table.remove(old)
                 old = EMPTY
         if old == EMPTY:
-            if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                table.evict_until(1, size)
-            table.insert(kb, tag, body, fp, check, nb, expires)
+            try:
+                if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+                    table.evict_until(1, size)
+                table.insert(kb, tag, body, fp, check, nb, expires)
+            except PinnedError:
+                # Refused with every structure consistent (the evictions done stand): no repair is needed.
+                h[H_DIRTY] = 0
+                raise
         h[H_PUTS] += 1
         h[H_DIRTY] = 0
 
@@ -864,6 +869,7 @@ class SharedCache:
         """Change the limits for every process and evict at once to meet them.
 
         :raises ValueError: if a limit exceeds the capacity the cache was created with.
+        :raises PinnedError: if entries pinned by open views alone exceed the new limits (the old ones stay).
         """
         if not isinstance(limits, CacheLimits):
             raise TypeError(f"set_limits takes a CacheLimits, got {type(limits).__name__}")
@@ -877,10 +883,17 @@ class SharedCache:
 
     def _set_limits_locked(self, limits: CacheLimits) -> None:
         h = self._h
+        before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
         h[H_DIRTY] = 1
         h[H_MAX_ENTRIES] = limits.max_entries
         h[H_MAX_RETAINED] = limits.max_retained_bytes
-        self._table.evict_until(0, 0)
+        try:
+            self._table.evict_until(0, 0)
+        except PinnedError:
+            # Pinned entries alone exceed the new limits: the old ones stay (the evictions made still meet them).
+            h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = before
+            h[H_DIRTY] = 0
+            raise
         h[H_DIRTY] = 0
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:

@@ -73,14 +73,20 @@ class Table:
         # take_slot, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         klen, vlen = len(kb), len(body) + 1
+        # The slot is chosen first (its number goes in the block header) but taken only once the block is had:
+        # an allocation refused because pinned blocks split the free space must leave the slots as they were.
         e = h[H_FREE_HEAD]
         if e == NIL:
-            e = self.take_slot()
+            e = h[H_UNUSED_NEXT]
+            if not 0 < e < self.slots:
+                raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
+            off = self.ring.alloc(nb, e)
+            h[H_UNUSED_NEXT] = e + 1
         else:
             if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
+            off = self.ring.alloc(nb, e)
             h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
-        off = self.ring.alloc(nb, e)
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
         k0 = v0 + vlen
         mm[v0] = tag

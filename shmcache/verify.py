@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import index
+from . import index, ofd
 from .arena import block_nbytes, write_dead
 from .codec import checksum, fingerprint
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KINDS, NEVER, NIL, SENTINEL
@@ -268,13 +268,23 @@ def repair(seg) -> int:
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
-    while kept_ids and (len(kept_ids) > max_entries or retained > max_retained):
-        e = kept_ids.pop()
-        retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
-        h[H_EVICTIONS] += 1
+    # Entries pinned by open views are kept whatever the limits say: their bytes must not be reused under them.
+    for i in range(len(kept_ids) - 1, -1, -1):
+        if not (len(kept_ids) > max_entries or retained > max_retained):
+            break
+        e = kept_ids[i]
+        if not _pinned(seg, e):
+            del kept_ids[i]
+            retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+            h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
     _rebuild(seg, kept_ids, unused)
     return max(dropped, 0)
+
+
+def _pinned(seg, e: int) -> bool:
+    """Whether a view still pins entry ``e`` (see ``Table.pinned``)."""
+    return bool(seg.pins_bytes[e]) and ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
 
 
 def _rebuild(seg, kept: list[int], unused: int) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from shmcache import PinnedError, SharedCache
+from shmcache import CacheLimits, PinnedError, SharedCache
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -276,3 +276,30 @@ def test_view_sigkill_of_the_pinning_process_releases_its_pins(name):
         for i in range(20):
             c.put(f"k{i}", i)  # and the entry ages out again
         assert "held" not in c and c.verify(deep=True).ok and c.stats().recoveries == 0
+
+
+def test_view_pinned_blocks_that_split_the_arena_refuse_a_put_cleanly(name):
+    with SharedCache(name, capacity_bytes=8192, max_entries=8, create=True) as c:
+        for k in "abc":
+            c.put(k, bytes([ord(k)]) * 2000)
+        with c.view("a"), c.view("c"):
+            c.delete("b")  # a 2 KB hole between two pinned blocks
+            with pytest.raises(PinnedError, match="contiguous"):
+                c.put("d", b"d" * 3500)  # fits the limits, not between or around the pinned blocks
+            assert c.verify(deep=True).ok and "d" not in c and c.stats().recoveries == 0
+            c.put("e", b"e" * 1500)  # what fits somewhere still goes in
+            assert c.get("e") == b"e" * 1500
+        c.put("d", b"d" * 3500)  # unpinned, the ring is compacted round them
+        assert c.get("d") == b"d" * 3500 and c.verify(deep=True).ok
+
+
+def test_view_set_limits_below_the_pinned_entries_keeps_the_old_limits(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        for i in range(4):
+            c.put(i, b"x" * 100)
+        with c.view(2), c.view(3):
+            with pytest.raises(PinnedError):
+                c.set_limits(CacheLimits(1, 65536))
+            assert c.limits() == CacheLimits(8, 65536) and 2 in c and 3 in c and c.verify().ok
+        c.set_limits(CacheLimits(1, 65536))
+        assert len(c) == 1 and c.stats().recoveries == 0
