@@ -27,6 +27,24 @@ def test_layout_golden_offsets():
     assert [layout.ENTRY.fields[n][1] for n in layout.ENTRY.names] == [0, 8, 16, 24, 32, 40, 48, 56]
 
 
+def test_layout_golden_version_3_additions():
+    f = layout.HEADER.fields
+    assert [f[n][1] for n in ("version_clock", "next_expiry", "expired", "default_ttl_ns", "kinds_used")] == [
+        320, 328, 336, 344, 352]
+    assert layout.KIND.itemsize == 64 and [layout.KIND.fields[n][1] for n in layout.KIND.names] == [0, 8, 16, 24]
+    assert (d.EXPIRES.str, d.VERSIONS.str, d.KINDS.str, d.PINS.str) == ("<i8", "<i8", "|u1", "|u1")
+    assert layout.KIND_PREFIX == 0xF5 and layout.MAX_KINDS == 255 and d.LAYOUT_VERSION == 3
+
+
+def test_layout_columns_follow_the_entry_table_in_order_and_aligned():
+    g = layout.Geometry.for_capacity(1 << 20, 1000)
+    offs = [g.entries_off, g.expires_off, g.versions_off, g.kinds_off, g.pins_off, g.kind_table_off, g.arena_off]
+    assert offs == sorted(offs) and all(o % layout.ALIGN == 0 for o in offs)
+    assert g.expires_off >= g.entries_off + g.entry_slots * 64 and g.versions_off >= g.expires_off + g.entry_slots * 8
+    assert g.pins_off >= g.kinds_off + g.entry_slots and g.kind_table_off >= g.pins_off + g.entry_slots
+    assert g.arena_off >= g.kind_table_off + 256 * 64 and g.arena_off % layout.PAGE == 0
+
+
 def test_layout_all_words_little_endian():
     for dt in (layout.HEADER, layout.INDEX_SLOT, layout.ENTRY):
         for n in dt.names:
