@@ -26,7 +26,7 @@ import numpy as np
 
 from . import flight, index, lru, memo, ofd
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, _xxh, array_checksum, body_checksum, copy_array, decode_body,
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, _xxh, array_checksum, body_checksum, copy_array, decode_body,
     encode_key, encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
@@ -57,6 +57,8 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
+_VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
+_UNVIEWABLE = object()
 
 
 def ttl_ns(ttl) -> int:
@@ -672,7 +674,8 @@ class SharedCache:
         return len(doomed)
 
     def __contains__(self, key) -> bool:
-        """Whether ``key`` is cached (and not expired); neither counts as a lookup nor changes the LRU order."""
+        """Whether ``key`` is cached (and not expired); neither counts as a lookup nor changes the LRU order. An
+        expired entry it finds is dropped, and counted in ``expired``."""
         kb = encode_key(key)
         return self._locked(self._find_live, kb, fingerprint(kb)) != EMPTY
 
@@ -692,11 +695,11 @@ class SharedCache:
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
         """
+        if ttl is not None:
+            ttl_ns(ttl)  # refused before anything is looked up, hit or miss
         value = self.get(key, self._MISSING)
         if value is not self._MISSING:
             return value
-        if ttl is not None:
-            ttl_ns(ttl)  # refused before fn runs, not after
         kb = encode_key(key)
         claim, waited = flight.claim(self._seg.fd, fingerprint(kb), timeout)
         with claim:
@@ -817,7 +820,7 @@ class SharedCache:
         is dropped; and whenever the process dies.
 
         :raises KeyError: if the key is absent.
-        :raises TypeError: if the value is neither a numpy array nor bytes (use get()).
+        :raises TypeError: if the value is neither a numpy array nor bytes (use get()); nothing is counted.
         """
         kb = encode_key(key)
         pins = self._pins
@@ -827,6 +830,8 @@ class SharedCache:
             found = self._locked(self._pin_locked, kb, fingerprint(kb), fd)
             if found is None:
                 raise KeyError(key)
+            if found is _UNVIEWABLE:
+                raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
             e, voff, vlen, check = found
             byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
@@ -849,6 +854,9 @@ class SharedCache:
         if e == EMPTY:
             h[H_MISSES] += 1
             return None
+        b = e * _W
+        if self._mm[self._base + self._ent[b + E_OFF] + _VALUE_START] not in _VIEWABLE:
+            return _UNVIEWABLE  # refused before anything is counted or pinned
         # Ordering: the flag before the kernel lock, so a holder dying between the two leaves a stale flag (cleared
         # by the next who tests it), never a pin nobody can see.
         table.pins[e] = 1
@@ -857,7 +865,6 @@ class SharedCache:
         lru.move_to_front(self._ent, e)
         h[H_HITS] += 1
         h[H_DIRTY] = 0
-        b = e * _W
         return e, self._ent[b + E_OFF] + _VALUE_START, self._ent[b + E_VAL_NBYTES], self._ent[b + E_CHECK]
 
     def limits(self) -> CacheLimits:

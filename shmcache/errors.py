@@ -42,5 +42,7 @@ class ClosedError(ShmCacheError, ValueError):
 
 
 class PinnedError(ShmCacheError):
-    """The operation would change or drop an entry that an open view pins, or find no room because the entries
-    it could evict are all pinned. Nothing was changed by the refused operation."""
+    """An open view pins what the operation needed. Either the operation would change or drop a pinned entry
+    (it then changed nothing), or a store found no room: the entries it could still evict, or the pieces of free
+    arena between pinned blocks, were too few or too small. A store refused for room keeps the evictions it made,
+    and the key's old value is gone if the new one was of another size."""
