@@ -501,14 +501,14 @@ class SharedCache:
         """Store ``value`` only if ``key`` is present; True if it was stored (memcached ``replace``)."""
         return self._store_if(key, value, ttl, present=True)
 
-    def _store_if(self, key, value, ttl, *, present: bool, version: int = 0) -> bool:
+    def _store_if(self, key, value, ttl, *, present: bool, version: int | None = None) -> bool:
         encoded = self._encode(key, value)
         return self._locked(self._store_if_locked, present, version, None if ttl is None else ttl_ns(ttl), *encoded)
 
-    def _store_if_locked(self, present: bool, version: int, ttl, kb: bytes, tag: int, body: bytes, fp: int,
+    def _store_if_locked(self, present: bool, version: int | None, ttl, kb: bytes, tag: int, body: bytes, fp: int,
                          check: int, size: int, nb: int) -> bool:
         old = self._find_live(kb, fp, not present)
-        if (old != EMPTY) != present or (version and self._table.ver[old] != version):
+        if (old != EMPTY) != present or (version is not None and self._table.ver[old] != version):
             if size > self._h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise self._too_large(size, self._h[H_MAX_RETAINED], "max_retained_bytes")
             return False
@@ -541,8 +541,8 @@ class SharedCache:
     def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key``'s entry still has ``version`` (from ``get_with_version``): nobody stored
         the key in between. True if stored; False if the key changed, expired or went (memcached ``cas``)."""
-        if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
-            raise TypeError(f"version must be a positive int from get_with_version, got {version!r}")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version must be an int from get_with_version, got {version!r}")
         return self._store_if(key, value, ttl, present=True, version=version)
 
     def touch(self, key, ttl: float | None = None) -> bool:

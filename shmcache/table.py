@@ -220,7 +220,8 @@ class Table:
 
     def reclaim_expired(self) -> int:
         """Remove every expired entry that no view pins, count them in ``expired``, and move ``next_expiry`` up to
-        the earliest expiry left; how many were removed. One vectorised scan of the expires column."""
+        the earliest expiry left; how many were removed. One vectorised scan of the expires column (repeated at
+        each eviction for as long as an expired entry stays pinned)."""
         h = self.h
         now = self.clock()
         handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= self.slots else self.slots
@@ -230,8 +231,10 @@ class Table:
             if self.ent[e * _W + E_CHECK] and not (self.pins[e] and self.pinned(e)):
                 self.remove(e)
                 removed += 1
-        later = x[x > now]
-        h[H_NEXT_EXPIRY] = int(later.min()) if len(later) else NEVER
+        # The bound covers what stays: entries not yet expired, and expired ones a view pins (the next scan
+        # retries them, so that they too go before any live entry once their pins end).
+        left = x[x != 0]
+        h[H_NEXT_EXPIRY] = int(left.min()) if len(left) else NEVER
         h[H_EXPIRED] += removed
         return removed
 

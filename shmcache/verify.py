@@ -20,7 +20,7 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KI
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
     H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_KINDS_USED, H_MAX_ENTRIES,
-    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_VERSION_CLOCK, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -207,9 +207,12 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
     if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
         problems.add(f"kinds_used={h[H_KINDS_USED]} is out of range")
+    clock = h[H_VERSION_CLOCK]
     for e in good:
         if seg.kinds_bytes[e] != _key_kind(seg, e):
             problems.add(f"entry {e}: kind {seg.kinds_bytes[e]} disagrees with its key's")
+        if not 0 < seg.versions_words[e] <= clock:
+            problems.add(f"entry {e}: version {seg.versions_words[e]} is not between 1 and version_clock={clock}")
         x = exp[e]
         if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
             problems.add(f"entry {e} expires at {x}, before next_expiry={h[H_NEXT_EXPIRY]}")
@@ -325,8 +328,15 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     dropped[kept] = False
     x[dropped | (x < 0)] = 0
     del x
+    # Versions: the clock above every kept one; a damaged version is replaced by a fresh one (a cas holding the
+    # old one then fails, as it should: the entry cannot be shown unchanged).
+    clock = max([h[H_VERSION_CLOCK], 0] + [seg.versions_words[e] for e in kept])
     for e in kept:
         seg.kinds_bytes[e] = _key_kind(seg, e)
+        if seg.versions_words[e] <= 0:
+            clock += 1
+            seg.versions_words[e] = clock
+    h[H_VERSION_CLOCK] = clock
     counts, nbytes = _kind_counts(seg, kept)
     for k in range(1, MAX_KINDS + 1):
         kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]

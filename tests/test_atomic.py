@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shmcache import SharedCache, TooLargeError
+from shmcache.codec import fingerprint
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -157,9 +158,22 @@ def test_atomic_cas_stores_only_over_the_version_read(cache):
     assert cache.cas("k", {"n": 7}, newer) is False and "k" not in cache
     with pytest.raises(TypeError):
         cache.cas("k", 1, None)
-    with pytest.raises(TypeError):
-        cache.cas("k", 1, 0)
+    cache.put("k", 1)
+    assert cache.cas("k", 2, 0) is False and cache.cas("k", 2, -1) is False  # no entry ever has them
+    assert cache.get("k") == 1
     assert cache.verify(deep=True).ok and cache.stats().recoveries == 0
+
+
+def test_atomic_repair_gives_a_damaged_version_a_fresh_one(cache):
+    cache.put("k", 1)
+    _, version = cache.get_with_version("k")
+    e = cache._find(b"k", fingerprint(b"k"))
+    cache._seg.versions_words[e] = -5
+    report = cache.verify(repair_damage=True)
+    assert not report.ok and any("version -5" in p for p in report.problems)
+    value, repaired = cache.get_with_version("k")
+    assert value == 1 and repaired > version and cache.verify().ok
+    assert cache.cas("k", 2, version) is False and cache.cas("k", 2, repaired) is True
 
 
 def test_atomic_get_with_version_counts_and_refreshes_like_get(name):

@@ -280,3 +280,16 @@ def test_ttl_processes_share_the_clock_and_never_read_an_expired_entry(name):
         time.sleep(0.01)
         assert all(c.get(f"k{i}") is None for i in range(16))  # everything has expired for this process too
         assert c.verify(deep=True).ok
+
+
+def test_ttl_an_expired_entry_a_view_pins_goes_first_once_unpinned(tcache, clock):
+    tcache.put("pinned", b"p", ttl=1)
+    for i in range(6):
+        tcache.put(f"live{i}", i)
+    with tcache.view("pinned"):
+        clock.advance(1)
+        tcache.put("x", 1)
+        tcache.put("y", 2)  # room needed: the expired entry is pinned, so the oldest live one goes
+        assert "live0" not in tcache and tcache.verify().ok
+    tcache.put("z", 3)  # unpinned: the expired entry goes before any live one
+    assert tcache.stats().expired == 1 and "live1" in tcache and tcache.verify().ok
