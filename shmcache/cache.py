@@ -18,7 +18,6 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 
@@ -36,7 +35,7 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, S
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
-    H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS,
+    H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS, H_WRITING,
 )
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
@@ -58,6 +57,7 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
+MAX_TTL = 2**61 / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
 
 
@@ -65,8 +65,8 @@ def ttl_ns(ttl) -> int:
     """A time to live in seconds as ns (0: never expires); raises ValueError or TypeError for anything else."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
-    if not ttl >= 0 or math.isinf(ttl):
-        raise ValueError(f"ttl must be a finite number of seconds >= 0 (0: never expires), got {ttl!r}")
+    if not 0 <= ttl <= MAX_TTL:
+        raise ValueError(f"ttl must be a number of seconds from 0 (never expires) to {MAX_TTL:.0f}, got {ttl!r}")
     return max(1, round(ttl * 1e9)) if ttl else 0
 
 
@@ -461,12 +461,21 @@ class SharedCache:
             try:
                 if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
                     table.evict_until(1, size)
-                table.insert(kb, tag, body, fp, check, nb, expires)
+                while True:
+                    try:
+                        table.insert(kb, tag, body, fp, check, nb, expires)
+                        break
+                    except PinnedError:
+                        # Pinned blocks split the free space: evicting more (what is not pinned) may join it.
+                        if not table.evict_one():
+                            raise
             except PinnedError:
                 # Refused with every structure consistent (the evictions done stand): no repair is needed.
+                h[H_WRITING] = 0
                 h[H_DIRTY] = 0
                 raise
         h[H_PUTS] += 1
+        h[H_WRITING] = 0
         h[H_DIRTY] = 0
 
     def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
@@ -837,15 +846,15 @@ class SharedCache:
             value = self._arena[voff : voff + vlen].toreadonly()
             # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
             if body_checksum(value[0], value[1:]) != check:
-                pins.release(fd, byte)
+                pins.release(fd, byte, os.getpid())
                 fd = -1
                 self._checksum_failed(e)
-            return View(value, functools.partial(pins.release, fd, byte))
+            return View(value, functools.partial(pins.release, fd, byte, os.getpid()))
         except BaseException:
             if fd >= 0 and byte >= 0:
-                pins.release(fd, byte)
+                pins.release(fd, byte, os.getpid())
             elif fd >= 0:
-                os.close(fd)  # where it stopped is unknown: closing drops whatever lock it took
+                pins.discard(fd)  # where it stopped is unknown: closing drops whatever lock it took
             raise
 
     def _pin_locked(self, kb: bytes, fp: int, fd: int):

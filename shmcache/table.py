@@ -17,7 +17,7 @@ from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINE
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
-    H_VERSION_CLOCK, I_ENTRY, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    H_VERSION_CLOCK, H_WRITING, I_ENTRY, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -75,16 +75,19 @@ class Table:
         klen, vlen = len(kb), len(body) + 1
         # The slot is chosen first (its number goes in the block header) but taken only once the block is had:
         # an allocation refused because pinned blocks split the free space must leave the slots as they were.
+        # ``writing`` names the slot once it is known to be free (the caller clears it when the store is whole).
         e = h[H_FREE_HEAD]
         if e == NIL:
             e = h[H_UNUSED_NEXT]
             if not 0 < e < self.slots:
                 raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
+            h[H_WRITING] = e
             off = self.ring.alloc(nb, e)
             h[H_UNUSED_NEXT] = e + 1
         else:
             if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
+            h[H_WRITING] = e
             off = self.ring.alloc(nb, e)
             h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
@@ -134,6 +137,7 @@ class Table:
         if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
         mm = self.mm
+        h[H_WRITING] = e  # the caller clears it once the store is whole
         v0 = self.base + off + BLOCK_HEADER_NBYTES
         k0 = v0 + vlen
         mm[v0] = tag
@@ -213,6 +217,20 @@ class Table:
                               hint="close views sooner, or raise the limits")
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
 
+    def evict_one(self) -> bool:
+        """Evict the least recently used entry no view pins; False if there is none."""
+        ent = self.ent
+        e = ent[E_PREV]
+        for _ in range(self.slots):
+            if e == SENTINEL:
+                return False
+            if not (self.pins[e] and self.pinned(e)):
+                self.remove(e)
+                self.h[H_EVICTIONS] += 1
+                return True
+            e = ent[e * _W + E_PREV]
+        raise CorruptionError("the LRU list does not end", what="evict")
+
     def expired(self, e: int) -> bool:
         """Whether resident entry ``e``'s time to live has run out."""
         x = self.exp[e]
@@ -268,6 +286,6 @@ class Table:
         h[H_NEXT_EXPIRY] = NEVER
         lru.reset(self.ent)
         self.ring.reset()
-        h[H_ENTRIES] = h[H_RETAINED] = 0
+        h[H_ENTRIES] = h[H_RETAINED] = h[H_WRITING] = 0
         h[H_FREE_HEAD] = NIL
         h[H_UNUSED_NEXT] = 1

@@ -20,7 +20,7 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KI
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
     H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_KINDS_USED, H_MAX_ENTRIES,
-    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_VERSION_CLOCK, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_VERSION_CLOCK, H_WRITING, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -94,6 +94,8 @@ def check(seg, deep: bool = True) -> VerifyReport:
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
     slots, mask = g.entry_slots, g.index_slots - 1
+    if h[H_WRITING]:
+        problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
     order = _walk_lru(ent, slots, problems)
@@ -211,6 +213,8 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     for e in good:
         if seg.kinds_bytes[e] != _key_kind(seg, e):
             problems.add(f"entry {e}: kind {seg.kinds_bytes[e]} disagrees with its key's")
+        elif seg.kinds_bytes[e] > h[H_KINDS_USED]:
+            problems.add(f"entry {e} has kind {seg.kinds_bytes[e]}, beyond kinds_used={h[H_KINDS_USED]}")
         if not 0 < seg.versions_words[e] <= clock:
             problems.add(f"entry {e}: version {seg.versions_words[e]} is not between 1 and version_clock={clock}")
         x = exp[e]
@@ -254,8 +258,9 @@ def repair(seg) -> int:
     listed = _walk_lru(ent, slots, _Problems())
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
+    cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
     for e in range(1, unused):
-        if _block_ok(seg, e, deep=True):
+        if (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True):
             b = e * _W
             candidates.append((ent[b + E_OFF], block_nbytes(ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]), e))
     # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
@@ -282,6 +287,7 @@ def repair(seg) -> int:
             h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
     _rebuild(seg, kept_ids, unused)
+    h[H_WRITING] = 0
     return max(dropped, 0)
 
 
@@ -340,8 +346,10 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     counts, nbytes = _kind_counts(seg, kept)
     for k in range(1, MAX_KINDS + 1):
         kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]
-    if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
-        h[H_KINDS_USED] = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
+    highest = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
+    if not highest <= h[H_KINDS_USED] <= MAX_KINDS:
+        # Damaged: the records up to the highest kind in use stay handed out (their names are still there).
+        h[H_KINDS_USED] = highest
     expiring = [exp[e] for e in kept if exp[e]]
     h[H_NEXT_EXPIRY] = min(expiring) if expiring else NEVER
 

@@ -32,10 +32,12 @@ import weakref
 import numpy as np
 
 from . import ofd
+from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, array_layout
 
-_ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hook
-os.register_at_fork(after_in_child=lambda: [pins._forked() for pins in list(_ALL)])
+_ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hooks
+os.register_at_fork(after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
+                    after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
 
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
@@ -46,47 +48,69 @@ class PinDescriptions:
     entry hold two locks (the locks of one description on one byte would merge, and the first release would drop
     both). Idle descriptions are kept for the next view: opening one costs more than the rest of a view.
 
-    Release may run at any moment (from a garbage collection, in any thread): it only unlocks its byte and appends
-    to a list, both indivisible under the GIL. Fork: a description lives until every process holding it closes it,
-    and a pin until its description does, so a forked child closes its copies of the idle ones at once (else a pin
-    the parent takes later through one would outlive the parent), and its releases of views inherited open only
-    close its copies, so that a child can never drop a pin of its parent.
+    Release may run at any moment (from a garbage collection, in any thread): it unlocks its byte explicitly (which
+    drops the lock whoever else holds the description) and appends to a list or set, each indivisible under the
+    GIL.
+
+    Fork. A description lives until every process holding it has closed it, and so does any lock taken through it.
+    So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
+    child's copy when it goes (its release knows the pid that took the pin), so a child never drops its parent's
+    pin; and the parent never lends again a description that was out at the fork (the child may still hold it: a
+    pin taken through it later would outlive the parent), it closes it on release instead.
     """
 
     def __init__(self, segment_fd: int) -> None:
         self._path = f"/proc/self/fd/{segment_fd}"
         self._idle: list[int] = []
-        self._pid = os.getpid()
+        self._out: set[int] = set()  # lent to open views
+        self._shared: set[int] = set()  # lent when this process forked: closed, not reused, on release
         self._closed = False
         _ALL.add(self)
 
-    def _forked(self) -> None:
-        idle, self._idle, self._pid = self._idle, [], os.getpid()
+    def _forked_parent(self) -> None:
+        self._shared |= self._out
+
+    def _forked_child(self) -> None:
+        idle, self._idle, self._out, self._shared = self._idle, [], set(), set()
         for fd in idle:
             os.close(fd)
 
     def take(self) -> int:
-        """A description holding no lock (the caller locks one byte through it, then hands it to ``release``)."""
+        """A description holding no lock (the caller locks one byte through it, then hands it to ``release``, or
+        to ``discard`` if it does not know whether it locked anything)."""
+        if self._closed:
+            raise ClosedError("operation on a closed cache", what="view")
         try:
-            return self._idle.pop()
+            fd = self._idle.pop()
         except IndexError:
-            return os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+        self._out.add(fd)
+        return fd
 
-    def release(self, fd: int, byte: int) -> None:
-        """End the pin held through ``fd`` on ``byte``."""
-        if self._pid != os.getpid() or self._closed:
-            os.close(fd)  # a forked child's copy (the parent's lock stays), or the handle is gone: the lock with it
+    def release(self, fd: int, byte: int, pid: int) -> None:
+        """End the pin held through ``fd`` on ``byte``, taken by process ``pid``."""
+        if pid != os.getpid():
+            os.close(fd)  # a copy inherited through fork: the pin is the parent's, and stays
             return
         ofd.unlock(fd, byte)
-        self._idle.append(fd)
+        self._out.discard(fd)
+        if self._closed or fd in self._shared:
+            self._shared.discard(fd)
+            os.close(fd)
+        else:
+            self._idle.append(fd)
+
+    def discard(self, fd: int) -> None:
+        """Close a description taken but not handed to a view (closing drops whatever it locked)."""
+        self._out.discard(fd)
+        self._shared.discard(fd)
+        os.close(fd)
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
         self._closed = True
         while self._idle:
-            fd = self._idle.pop()
-            if self._pid == os.getpid():
-                os.close(fd)
+            os.close(self._idle.pop())
 
 
 _WATCHES: dict = {}  # id -> the weak references below, alive until their callback runs (ndarrays do not hash)

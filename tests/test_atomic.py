@@ -10,6 +10,7 @@ import pytest
 
 from shmcache import SharedCache, TooLargeError
 from shmcache.codec import fingerprint
+from tests.workers import put_and_die_at
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -215,3 +216,21 @@ def test_atomic_cas_loops_from_many_processes_lose_no_update(cache, name):
     assert cache.get("counter") == {"key": "counter", "n": n * m, "check": n * m * 7919}
     assert cache.stats().puts == 1 + n * m  # exactly one successful cas per increment
     print(f"cas retries: {sum(retries)} over {n * m} increments")
+
+
+def _die_in_store(name, func, marker, key, value, ttl=None):
+    p = ctx.Process(target=put_and_die_at, args=(name, func, marker, key, value, ttl), daemon=True)
+    p.start()
+    p.join(JOIN_S)
+    assert p.exitcode == -9, p.exitcode  # killed where asked, not finished and not failed
+
+
+@pytest.mark.timeout(120)
+def test_atomic_an_update_cut_short_never_shows_its_new_value_with_the_old_version(cache, name):
+    cache.put("doc", b"v1-aaaa")
+    _, v1 = cache.get_with_version("doc")
+    # After the new value and its checksum are written, before its version is: the checks all pass there.
+    _die_in_store(name, "overwrite", "lru.move_to_front", "doc", b"v2-bbbb")
+    value, version = cache.get_with_version("doc")
+    assert (value, version) == (None, None)  # the entry being written when its writer died is dropped
+    assert cache.cas("doc", b"v3", v1) is False and cache.stats().recoveries == 1 and cache.verify().ok

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from shmcache import SharedCache, prometheus_text
+from tests.workers import put_and_die_at
 
 S = 10**9  # ns per second
 JOIN_S = 60
@@ -173,7 +174,7 @@ def test_ttl_default_must_match_when_given_on_attach(name):
             pass
 
 
-@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "5", True])
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "5", True, 1e10])
 def test_ttl_refuses_what_is_not_a_duration(tcache, bad):
     with pytest.raises((TypeError, ValueError)):
         tcache.put("k", 1, ttl=bad)
@@ -293,3 +294,26 @@ def test_ttl_an_expired_entry_a_view_pins_goes_first_once_unpinned(tcache, clock
         assert "live0" not in tcache and tcache.verify().ok
     tcache.put("z", 3)  # unpinned: the expired entry goes before any live one
     assert tcache.stats().expired == 1 and "live1" in tcache and tcache.verify().ok
+
+
+@pytest.mark.timeout(120)
+def test_ttl_a_store_cut_short_never_leaves_its_entry_without_its_expiry(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        c.put("sess", b"tok1")
+        c.delete("sess")  # its slot goes back on the free list, expiry column cleared, version kept
+        # Linked into the index and the list, before the expiry and version columns are written.
+        p = ctx.Process(target=put_and_die_at, args=(name, "insert", "v = h[H_VERSION_CLOCK] + 1", "sess",
+                                                     b"tok2", 1), daemon=True)
+        p.start()
+        p.join(JOIN_S)
+        assert p.exitcode == -9, p.exitcode
+        assert c.get("sess") is None  # dropped by the repair, rather than kept with no expiry
+        assert c.stats().recoveries == 1 and c.verify().ok
+
+
+def test_ttl_the_longest_is_decades(tcache, clock):
+    tcache.put("k", 1, ttl=2e9)  # 63 years
+    clock.advance(1.9e9)
+    assert tcache.get("k") == 1
+    with pytest.raises(ValueError):
+        SharedCache("unused", default_ttl=1e10)

@@ -7,6 +7,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import time
 import warnings
 
 import numpy as np
@@ -304,3 +305,100 @@ def test_view_set_limits_below_the_pinned_entries_keeps_the_old_limits(name):
             assert c.limits() == CacheLimits(8, 65536) and 2 in c and 3 in c and c.verify().ok
         c.set_limits(CacheLimits(1, 65536))
         assert len(c) == 1 and c.stats().recoveries == 0
+
+
+def test_view_a_put_refused_for_room_leaves_only_pinned_entries(name):
+    """Puts refused with PinnedError evict every unpinned entry first: fragmentation by pins is fought by evicting."""
+    rng = np.random.default_rng(7)
+    refused = 0
+    with SharedCache(name, capacity_bytes=6144, max_entries=16, create=True) as c:
+        views = {}
+        for i in range(400):
+            if views and rng.random() < 0.3:
+                key = list(views)[rng.integers(len(views))]
+                views.pop(key).close()
+            elif len(views) < 3 and rng.random() < 0.3:
+                key = f"k{rng.integers(40)}"
+                if key in c and key not in views:
+                    views[key] = c.view(key)
+                    views[key].__enter__()
+            key = f"k{rng.integers(40)}"
+            if key in views:
+                continue
+            try:
+                c.put(key, bytes([i % 251]) * int(rng.integers(500, 3000)))
+            except PinnedError:
+                refused += 1
+                resident = {f"k{j}" for j in range(40) if f"k{j}" in c}
+                assert resident <= set(views), (resident, set(views))
+            assert c.verify().ok
+        for v in views.values():
+            v.close()
+    assert refused > 0  # the scenario happened
+
+
+def test_view_a_forked_child_never_drops_its_parents_pin(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        c.put("k", np.arange(1000))
+        v = c.view("k")
+        arr = v.__enter__()
+        pid = os.fork()
+        if pid == 0:  # the child leaves the view it inherited, collects it, and exits
+            try:
+                v.__exit__(None, None, None)
+                del arr, v
+                gc.collect()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        with pytest.raises(PinnedError):
+            c.put("k", np.full(1000, 7))
+        assert np.array_equal(arr, np.arange(1000))
+        v.__exit__(None, None, None)
+        del arr, v
+        gc.collect()
+        c.put("k", 1)
+
+
+def _pin_fork_and_pin_again(name, ready, queue):
+    """Fork a grandchild while a view is open, close that view, open another, then wait to be killed."""
+    with SharedCache(name, create=False) as c:
+        with c.view("a"):
+            grandchild = os.fork()
+            if grandchild == 0:
+                time.sleep(JOIN_S)
+                os._exit(0)
+        queue.put(grandchild)
+        with c.view("b"):
+            ready.set()
+            time.sleep(JOIN_S)
+
+
+@pytest.mark.timeout(120)
+def test_view_a_pin_dies_with_its_process_even_after_a_fork(name):
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        c.put("a", b"a")
+        c.put("b", b"b")
+        ready, queue = ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=_pin_fork_and_pin_again, args=(name, ready, queue), daemon=True)
+        p.start()
+        grandchild = None
+        try:
+            grandchild = queue.get(timeout=JOIN_S)
+            assert ready.wait(JOIN_S)
+            with pytest.raises(PinnedError):
+                c.put("b", b"x")
+            os.kill(p.pid, signal.SIGKILL)
+            deadline = time.monotonic() + JOIN_S  # not join(): the grandchild holds the sentinel pipe open
+            while p.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert p.exitcode == -signal.SIGKILL
+            # The grandchild still holds copies of what its parent had open when it forked; not "b"'s pin.
+            c.put("b", b"x")
+            c.put("a", b"x")
+        finally:
+            if grandchild:
+                os.kill(grandchild, signal.SIGKILL)  # P's child, reaped by init: P is gone
+            if p.is_alive():
+                p.kill()
+                p.join(5)

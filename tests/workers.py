@@ -141,3 +141,30 @@ def memo_slow_square(name: str, x: int) -> int:
 def _slow_square(x: int) -> int:
     time.sleep(0.05)  # long enough for other workers to ask for the same x meanwhile
     return x * x
+
+
+def put_and_die_at(name: str, func: str, marker: str, key: str, value, ttl) -> None:
+    """``put(key, value, ttl)``, SIGKILLed when ``shmcache.table.Table.<func>`` reaches its first line containing
+    ``marker``: a store cut short at an exact point of its crash window."""
+    import inspect
+    import sys
+
+    from shmcache.table import Table
+
+    fn = getattr(Table, func)
+    lines, first = inspect.getsourcelines(fn)
+    target = first + next(i for i, line in enumerate(lines) if marker in line)
+    code = fn.__code__
+
+    def trace(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return trace
+
+    cache = SharedCache(name, create=False)
+    sys.settrace(trace)
+    cache.put(key, value, ttl=ttl)
+    sys.settrace(None)
+    os._exit(3)  # the marker was never reached

@@ -22,11 +22,13 @@ fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the h
 ``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
 entry-slot allocator, the creation stamp and the rarely written counters (``clears``; ``get_or_compute``'s
 computations, waits and takeovers), line 5 the version clock, the expiry bound and counter, the default time to
-live and the number of kinds. See ``dtypes.HEADER`` for each field.
+live, the number of kinds and the entry a store is writing. See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
-before using it; a holder that dies while it is 0 left nothing half-done.
+before using it; a holder that dies while it is 0 left nothing half-done. A store also names the entry it is
+writing (``writing``) until it is done: a store cut short may have left that entry's value, checksum, version and
+expiry out of step in ways no check can see (a new value with its old version, say), so the repair drops it.
 
 Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
 slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0) marks an empty

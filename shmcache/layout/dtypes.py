@@ -94,6 +94,7 @@ HEADER = _record(
             ("expired", _W),         # entries dropped because their time to live ran out
             ("default_ttl_ns", _W),  # time to live of a put that gives none; 0: entries do not expire
             ("kinds_used", _W),      # kind table records handed out (record 0, the default kind, excluded)
+            ("writing", _W),         # entry slot a store is writing while dirty is 1 (0: none); see verify.py
         ]),
     ],
     HEADER_NBYTES,
@@ -180,6 +181,7 @@ H_NEXT_EXPIRY = _word(HEADER, "next_expiry")
 H_EXPIRED = _word(HEADER, "expired")
 H_DEFAULT_TTL = _word(HEADER, "default_ttl_ns")
 H_KINDS_USED = _word(HEADER, "kinds_used")
+H_WRITING = _word(HEADER, "writing")
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")
