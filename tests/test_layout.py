@@ -29,8 +29,8 @@ def test_layout_golden_offsets():
 
 def test_layout_golden_version_3_additions():
     f = layout.HEADER.fields
-    assert [f[n][1] for n in ("version_clock", "next_expiry", "expired", "default_ttl_ns", "kinds_used")] == [
-        320, 328, 336, 344, 352]
+    assert [f[n][1] for n in ("version_clock", "next_expiry", "expired", "default_ttl_ns", "kinds_used",
+                              "writing")] == [320, 328, 336, 344, 352, 360]
     assert layout.KIND.itemsize == 64 and [layout.KIND.fields[n][1] for n in layout.KIND.names] == [0, 8, 16, 24]
     assert (d.EXPIRES.str, d.VERSIONS.str, d.KINDS.str, d.PINS.str) == ("<i8", "<i8", "|u1", "|u1")
     assert layout.KIND_PREFIX == 0xF5 and layout.MAX_KINDS == 255 and d.LAYOUT_VERSION == 3
