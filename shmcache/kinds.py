@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import memo
 from .codec import KindKey
-from .layout import MAX_KINDS
+from .layout import KIND_PREFIX, MAX_KINDS
 from .layout.dtypes import (
     E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES, K_NAME_OFF,
     K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
@@ -152,6 +153,18 @@ class KindView:
 
     def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
         return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+
+    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None):
+        """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
+        def decorate(f):
+            return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
+
+        return decorate if fn is None else decorate(fn)
+
+    def _delete_prefix(self, prefix: bytes) -> int:
+        """``SharedCache._delete_prefix`` for keys of this kind (memoize's ``cache_clear``)."""
+        return self.cache._delete_prefix(bytes((KIND_PREFIX, self._n)) + prefix)
 
     def view(self, key):
         try:

@@ -133,3 +133,19 @@ def test_kinds_in_prometheus_text(cache):
     text = prometheus_text({"c": cache.stats()})
     assert 'shmcache_kind_entries{cache="c",kind="jvp"} 1' in text
     assert f'shmcache_kind_retained_bytes{{cache="c",kind="jvp"}} {_size("k", 1)}' in text
+
+
+def test_kinds_memoize_in_their_own_namespace(cache):
+    jvp, img = cache.kind("jvp"), cache.kind("img")
+    calls = []
+
+    def square(x):
+        calls.append(x)
+        return x * x
+
+    in_jvp = jvp.memoize(name="square")(square)
+    in_img = img.memoize(name="square")(square)
+    assert in_jvp(3) == 9 and in_jvp(3) == 9 and in_img(3) == 9 and calls == [3, 3]
+    assert len(jvp) == 1 and len(img) == 1
+    assert in_jvp.cache_clear() == 1  # only this kind's entries
+    assert len(jvp) == 0 and len(img) == 1 and in_img(3) == 9 and calls == [3, 3]
