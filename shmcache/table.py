@@ -70,7 +70,7 @@ class Table:
         """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
         ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value); ``expires`` its expiry
         time (0: never)."""
-        # take_slot, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
+        # Slot allocation, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         klen, vlen = len(kb), len(body) + 1
         # The slot is chosen first (its number goes in the block header) but taken only once the block is had:
@@ -255,21 +255,6 @@ class Table:
         h[H_NEXT_EXPIRY] = int(left.min()) if len(left) else NEVER
         h[H_EXPIRED] += removed
         return removed
-
-    def take_slot(self) -> int:
-        """A free entry slot: the head of the free list, else the first never used."""
-        h, ent = self.h, self.ent
-        e = h[H_FREE_HEAD]
-        if e != NIL:
-            if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
-                raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
-            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
-            return e
-        e = h[H_UNUSED_NEXT]
-        if not 0 < e < self.slots:
-            raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
-        h[H_UNUSED_NEXT] = e + 1
-        return e
 
     def reset(self) -> None:
         """Drop every entry (counters other than occupancy are the caller's)."""

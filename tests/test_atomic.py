@@ -10,7 +10,7 @@ import pytest
 
 from shmcache import SharedCache, TooLargeError
 from shmcache.codec import fingerprint
-from tests.workers import put_and_die_at
+from tests.workers import put_and_die_at, reap
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -102,11 +102,7 @@ def _run(target, n, *args):
     try:
         results = [queue.get(timeout=JOIN_S) for _ in procs]
     finally:
-        for p in procs:
-            p.join(JOIN_S)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        reap(procs, JOIN_S)
     assert all(kind == "ok" for kind, _ in results), results
     return [r for _, r in results]
 

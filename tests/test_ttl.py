@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shmcache import SharedCache, prometheus_text
-from tests.workers import put_and_die_at
+from tests.workers import put_and_die_at, reap
 
 S = 10**9  # ns per second
 JOIN_S = 60
@@ -272,11 +272,7 @@ def test_ttl_processes_share_the_clock_and_never_read_an_expired_entry(name):
         try:
             results = [queue.get(timeout=JOIN_S) for _ in procs]
         finally:
-            for p in procs:
-                p.join(JOIN_S)
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+            reap(procs, JOIN_S)
         assert all(kind == "ok" for kind, _ in results), results
         time.sleep(0.01)
         assert all(c.get(f"k{i}") is None for i in range(16))  # everything has expired for this process too

@@ -15,6 +15,7 @@ import pytest
 import xxhash
 
 from shmcache import CacheLimits, PinnedError, SharedCache
+from tests.workers import reap
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -248,10 +249,7 @@ def test_view_pin_of_another_process_survives_pressure(name):
             assert result.get(timeout=JOIN_S) == ("ok", True)
         finally:
             done.set()
-            p.join(JOIN_S)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+            reap([p], JOIN_S)
         c.put("held", 0)  # the child closed its view: the pin is gone
         assert c.get("held") == 0
 
@@ -271,9 +269,7 @@ def test_view_sigkill_of_the_pinning_process_releases_its_pins(name):
             p.join(JOIN_S)
             assert p.exitcode == -signal.SIGKILL
         finally:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+            reap([p], JOIN_S)
         c.put("held", 0)  # nothing was written when it died: the kernel dropped the pin
         for i in range(20):
             c.put(f"k{i}", i)  # and the entry ages out again

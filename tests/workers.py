@@ -14,6 +14,15 @@ import xxhash
 from shmcache import SharedCache
 
 
+def reap(procs, timeout: float = 60) -> None:
+    """Join each child, killing any still running after ``timeout`` s: no child outlives its test."""
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
 def make_value(key: str, seq: int, nbytes: int):
     """A value that names its key and carries a checksum, so a wrong or torn read is caught."""
     pad = bytes((seq + i) % 251 for i in range(nbytes))
@@ -98,13 +107,19 @@ def half_put_then_die(name: str, ready) -> None:
     from shmcache import index
     from shmcache.codec import checksum, encode_key, encode_value, fingerprint
     from shmcache.arena import block_nbytes
-    from shmcache.layout.dtypes import E_CHECK, E_FP, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DIRTY
+    from shmcache.layout.dtypes import (
+        E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DIRTY, H_FREE_HEAD, H_UNUSED_NEXT,
+    )
 
     cache = SharedCache(name, create=False)
     cache._enter()
     cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
-    e = cache._table.take_slot()
+    e = cache._h[H_FREE_HEAD] or cache._h[H_UNUSED_NEXT]  # the slot Table.insert would take
+    if e == cache._h[H_FREE_HEAD]:
+        cache._h[H_FREE_HEAD] = cache._ent[e * ENTRY_WORDS + E_NEXT]
+    else:
+        cache._h[H_UNUSED_NEXT] = e + 1
     off = cache._table.ring.alloc(block_nbytes(len(kb) + len(vb)), e)
     b = e * ENTRY_WORDS
     cache._ent[b + E_FP] = fingerprint(kb)
