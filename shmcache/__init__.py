@@ -7,11 +7,13 @@ limits, LRU order and stats are global. No server runs: the cache is a segment i
 from .cache import SharedCache
 from .errors import (
     ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, PinnedError,
-    ShmCacheError, TooLargeError,
+    RemoteError, ShmCacheError, TooLargeError,
 )
 from .kinds import KindStats, KindView
 from .segment import sweep
 from .stats import CacheLimits, CacheStats, prometheus_text
+from .tiered import TieredCache
+from .tierstats import TierStats
 from .verify import VerifyReport
 from .view import View
 
@@ -19,6 +21,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats", "KindView",
-    "LayoutError", "LayoutVersionError", "LockTimeout", "PinnedError", "SharedCache", "ShmCacheError", "TooLargeError",
-    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
+    "LayoutError", "LayoutVersionError", "LockTimeout", "PinnedError", "RemoteError", "SharedCache", "ShmCacheError",
+    "TieredCache", "TierStats", "TooLargeError", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]

@@ -431,7 +431,10 @@ class SharedCache:
         TooLargeError; nothing has changed."""
         if kb is None:
             kb = encode_key(key)
-        tag, body = encode_parts(value)
+        return self._sized(kb, *encode_parts(value))
+
+    def _sized(self, kb: bytes, tag: int, body) -> tuple:
+        """``_encode`` of a value already encoded as ``tag``, ``body``."""
         size = len(kb) + len(body) + 1
         nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
@@ -439,9 +442,9 @@ class SharedCache:
         return kb, tag, body, _xxh(kb) & _MASK63, (_xxh(body, tag) & _MASK63) | 1, size, nb
 
     def _store_locked(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
-                      nb: int, expires: int) -> None:
-        """Store an encoded entry as the most recent, expiring at ``expires`` (0: never); ``old`` is the key's
-        resident entry (expired or not), or EMPTY.
+                      nb: int, expires: int, version: int = 0) -> None:
+        """Store an encoded entry as the most recent, expiring at ``expires`` (0: never), with ``version`` (0: the
+        next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
 
         :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
         :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is.
@@ -454,7 +457,7 @@ class SharedCache:
         h[H_DIRTY] = 1
         if old != EMPTY:
             h[H_UPDATES] += 1
-            if not table.overwrite(old, kb, tag, body, check, nb, expires):
+            if not table.overwrite(old, kb, tag, body, check, nb, expires, version):
                 table.remove(old)
                 old = EMPTY
         if old == EMPTY:
@@ -463,7 +466,7 @@ class SharedCache:
                     table.evict_until(1, size)
                 while True:
                     try:
-                        table.insert(kb, tag, body, fp, check, nb, expires)
+                        table.insert(kb, tag, body, fp, check, nb, expires, version)
                         break
                     except PinnedError:
                         # Pinned blocks split the free space: evicting more (what is not pinned) may join it.
@@ -497,6 +500,62 @@ class SharedCache:
         self._h[H_DELETES] += 1
         self._h[H_DIRTY] = 0
         return True
+
+    # ------------------------------------------------------------------------------------------- for the Redis tier
+    # A TieredCache (tiered.py) stores its copies with their Redis version as their version, and keeps, for a short
+    # while after each invalidation, a mark: the version the invalidation named. A copy older than the copy it would
+    # replace, or than the key's mark, is stale and is never stored; an invalidation drops only copies older than its
+    # version. Checks and stores happen under one hold of the lock, so no invalidation can fall between.
+
+    def _store_versioned(self, kb: bytes, mkb: bytes, tag: int, body, version: int, ttl: float) -> bool:
+        """Store the encoded value ``tag``, ``body`` of Redis version ``version`` under the key bytes ``kb`` for
+        ``ttl`` s, unless the copy there or the mark at ``mkb`` is newer; False if it was stale (nothing stored)."""
+        encoded = self._sized(kb, tag, body)
+        return self._locked(self._store_versioned_locked, mkb, fingerprint(mkb), version, encoded, ttl_ns(ttl))
+
+    def _store_versioned_locked(self, mkb, mfp, version, encoded, ttl) -> bool:
+        old = self._find_live(encoded[0], encoded[3], True)
+        if (old != EMPTY and self._table.ver[old] > version) or self._mark_locked(mkb, mfp) > version:
+            return False
+        self._store_locked(old, *encoded, self._expires_locked(ttl), version)
+        return True
+
+    def _invalidate(self, kb: bytes, mkb: bytes, version: int, mark_ttl: float) -> bool:
+        """Raise the mark at ``mkb`` to ``version`` (for ``mark_ttl`` s) and drop the copy at ``kb`` if it is older;
+        whether one was dropped. A copy a view pins cannot go: it is expired instead, so no lookup returns it and it
+        goes once unpinned."""
+        return self._locked(self._invalidate_locked, kb, fingerprint(kb), mkb, fingerprint(mkb), version,
+                            ttl_ns(mark_ttl))
+
+    def _invalidate_locked(self, kb, fp, mkb, mfp, version, mark_ttl) -> bool:
+        if self._mark_locked(mkb, mfp) < version:
+            old = self._find_live(mkb, mfp, True)
+            try:
+                self._store_locked(old, *self._sized(mkb, *encode_parts(version)), self._expires_locked(mark_ttl))
+            except PinnedError:
+                pass  # only a view of the mark itself pins it; the copy below is dropped all the same
+        e = self._find_live(kb, fp)
+        if e == EMPTY or self._table.ver[e] >= version:
+            return False
+        h = self._h
+        if self._table.pinned(e):
+            now = self._clock()
+            if now < h[H_NEXT_EXPIRY]:  # Ordering: the bound is lowered before the entry's expiry, as in touch
+                h[H_NEXT_EXPIRY] = now
+            self._exp[e] = now
+            return True
+        h[H_DIRTY] = 1
+        self._table.remove(e)
+        h[H_DELETES] += 1
+        h[H_DIRTY] = 0
+        return True
+
+    def _mark_locked(self, mkb: bytes, mfp: int) -> int:
+        e = self._find_live(mkb, mfp)
+        if e == EMPTY:
+            return 0
+        mark = decode_body(*self._body_locked(e))
+        return mark if type(mark) is int else 0
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.

@@ -208,6 +208,42 @@ def cmd_set_limits(args) -> int:
     return 0
 
 
+def cmd_tier(args) -> int:
+    from .tiered import host_stats
+    from .tierstats import segments
+
+    if args.name is None:  # list the namespaces
+        found = [{"cache": c, "namespace": ns} for c, ns in segments()]
+        if args.json:
+            _print_json(found)
+        elif not found:
+            print("no TieredCache namespaces on this host")
+        else:
+            print(_table([["CACHE", "NAMESPACE"]] + [[f["cache"], f["namespace"]] for f in found]))
+        return 0
+    if args.namespace is None:
+        spaces = [ns for c, ns in segments() if c == args.name]
+        if len(spaces) != 1:
+            print(f"shmcache: cache {args.name!r} fronts {len(spaces)} namespaces ({', '.join(spaces) or 'none'}): "
+                  "name one", file=sys.stderr)
+            return 1
+        args.namespace = spaces[0]
+    while True:
+        d = host_stats(args.name, args.namespace).as_dict()
+        if args.json:
+            _print_json(d)
+        else:
+            if args.watch:
+                print("\033[H\033[J", end="")
+            d["remote_mean_us"] = d["remote_ns"] / d["remote_calls"] / 1e3 if d["remote_calls"] else 0.0
+            del d["remote_ns"]
+            print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]))
+        if not args.watch:
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.watch)
+
+
 def cmd_bench(args) -> int:
     from .demo import run_demo
 
@@ -245,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--max-entries", type=int)
     sp.add_argument("--max-retained-bytes", type=int)
+    sp = add("tier", cmd_tier, "a TieredCache namespace's counts on this host: local and remote hits, misses, "
+                               "errors, remote latency percentiles (no NAME: list the namespaces)")
+    sp.add_argument("name", nargs="?", help="the local cache")
+    sp.add_argument("namespace", nargs="?", help="the namespace (may be left out if the cache fronts only one)")
+    sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
     sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload")
     sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     sp.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")

@@ -46,3 +46,8 @@ class PinnedError(ShmCacheError):
     (it then changed nothing), or a store found no room: the entries it could still evict, or the pieces of free
     arena between pinned blocks, were too few or too small. A store refused for room keeps the evictions it made,
     and the key's old value is gone if the new one was of another size."""
+
+
+class RemoteError(ShmCacheError, ConnectionError):
+    """A ``TieredCache`` call needed Redis and Redis failed, timed out, or failed recently (raised only with
+    ``strict=True``; otherwise the failure is counted and logged and the call is served by the local cache)."""

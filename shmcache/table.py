@@ -66,10 +66,11 @@ class Table:
             raise PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
                               hint="close the view (leave its with block) first")
 
-    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int, expires: int) -> None:
+    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int, expires: int,
+               version: int = 0) -> None:
         """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
         ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value); ``expires`` its expiry
-        time (0: never)."""
+        time (0: never); ``version`` the version to give it (0: the clock's next)."""
         # Slot allocation, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         klen, vlen = len(kb), len(body) + 1
@@ -107,8 +108,13 @@ class Table:
         h[H_ENTRIES] += 1
         h[H_RETAINED] += klen + vlen
         # The columns: a new version, the expiry (lowering the bound if need be), the kind and no pin.
-        v = h[H_VERSION_CLOCK] + 1
-        h[H_VERSION_CLOCK] = v
+        if version:  # a version given (a Redis tier's copy): the clock never falls behind a version stamped
+            v = version
+            if v > h[H_VERSION_CLOCK]:
+                h[H_VERSION_CLOCK] = v
+        else:
+            v = h[H_VERSION_CLOCK] + 1
+            h[H_VERSION_CLOCK] = v
         self.ver[e] = v
         self.exp[e] = expires
         if expires and expires < h[H_NEXT_EXPIRY]:
@@ -122,7 +128,8 @@ class Table:
         else:
             self.kinds[e] = 0
 
-    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int, expires: int) -> bool:
+    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int, expires: int,
+                  version: int = 0) -> bool:
         """Give resident entry ``e`` (whose key is ``kb``) a new value in place, as the most recently used, when
         the new block is as large as the old and the byte limit allows; False (nothing written) otherwise. Saves
         the free, the allocation and the index and list updates of a remove and insert."""
@@ -151,8 +158,13 @@ class Table:
                 self.kw[k * KIND_WORDS + K_RETAINED] += vlen - old_vlen
         ent[b + E_CHECK] = check
         lru.move_to_front(ent, e)
-        v = h[H_VERSION_CLOCK] + 1
-        h[H_VERSION_CLOCK] = v
+        if version:  # a version given (a Redis tier's copy): the clock never falls behind a version stamped
+            v = version
+            if v > h[H_VERSION_CLOCK]:
+                h[H_VERSION_CLOCK] = v
+        else:
+            v = h[H_VERSION_CLOCK] + 1
+            h[H_VERSION_CLOCK] = v
         self.ver[e] = v
         self.exp[e] = expires
         if expires and expires < h[H_NEXT_EXPIRY]:

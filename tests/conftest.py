@@ -1,17 +1,22 @@
-"""Shared fixtures: unique cache names, caches that are always unlinked, and a check that every test leaves
-/dev/shm as it found it."""
+"""Shared fixtures: unique cache names, caches that are always unlinked, a check that every test leaves /dev/shm as
+it found it, and real Redis servers on loopback (standalone, and a 3-node cluster), stopped and removed always.
+
+The Redis fixtures skip a test when redis-server (or, for the cluster, redis-cli) is not on PATH, unless
+SHMCACHE_REQUIRE_REDIS=1, which makes them fail it instead."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 import pytest
 
+from benchmarks.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
 from shmcache import SharedCache
 
 SHM_DIR = "/dev/shm"
-PREFIX = "shmcache."
+PREFIXES = ("shmcache.", "shmcache-tier.")  # caches, and TieredCache stats segments
 
 
 def unique_name(tag: str = "t") -> str:
@@ -22,7 +27,7 @@ def _segments() -> set[str]:
     """Segments named by this test process (unique_name embeds its pid), so parallel runs never see each other's."""
     mark = f"-{os.getpid()}-"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX) and mark in n}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(PREFIXES) and mark in n}
     except FileNotFoundError:
         return set()
 
@@ -55,3 +60,45 @@ def cache(name):
     c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True)
     yield c
     c.close()
+
+
+# Real Redis servers on loopback, for the tests of clients of Redis ----------------------------------------------------
+
+
+def _need_redis(*binaries: str) -> None:
+    """Skip the test when a Redis binary is not on PATH, or fail it where SHMCACHE_REQUIRE_REDIS=1 (as in CI)."""
+    missing = [b for b in binaries if shutil.which(b) is None]
+    if not missing:
+        return
+    verb = "is" if len(missing) == 1 else "are"
+    reason = f"{' and '.join(missing)} {verb} not on PATH (Debian: apt-get install redis-server)"
+    if os.environ.get("SHMCACHE_REQUIRE_REDIS") == "1":
+        pytest.fail(f"SHMCACHE_REQUIRE_REDIS=1: Redis is required, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The URL of a standalone Redis server on 127.0.0.1 that the whole session shares (``redis://127.0.0.1:P/0``);
+    tests keep to keys of their own."""
+    _need_redis(REDIS_BINARY)
+    with RedisServer(tcp=True) as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_server() -> RedisServer:
+    """A standalone Redis server on 127.0.0.1 for this test alone, which it may ``stop()`` and ``start()`` again on the
+    same port (``.port``, ``.url``); stopped and removed after the test however it left it."""
+    _need_redis(REDIS_BINARY)
+    with RedisServer(tcp=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> str:
+    """The URL of one node of a 3-node Redis Cluster on 127.0.0.1 (masters only, every slot served) that the whole
+    session shares; a cluster client finds the other nodes from it. Database 0 only."""
+    _need_redis(REDIS_BINARY, REDIS_CLI_BINARY)
+    with RedisClusterServers() as cluster:
+        yield cluster.url

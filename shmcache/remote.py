@@ -1,0 +1,295 @@
+"""The Redis side of a ``TieredCache``: key names, the value format, the scripts that write and publish, the
+fleet-wide compute lock, and containment of a slow or absent Redis.
+
+Every write is one Lua script on the node that owns the key: it assigns the version, writes, and publishes the
+invalidation, atomically, so no host can see a new value without its invalidation having been sent. Each script
+touches one key, so every command of a namespace goes to the slot of its own key and the same code serves Redis
+Cluster (no multi-key command crosses slots; a clear scans each primary). Failures are contained here: a call that
+fails or times out is counted, logged once per outage, and turned into ``RemoteError``; after such a failure Redis is
+not asked again for ``retry_interval`` seconds (calls are counted as skipped), so a dead Redis costs each process
+one timeout per interval, not one per call.
+
+The caller passes the stats row of its process (``tierstats``); nothing here takes the local cache's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from .codec import _xxh
+from .errors import RemoteError
+from .layout.tier import (
+    C_LATENCY, C_REMOTE_CALLS, C_REMOTE_ERRORS, C_REMOTE_NS, C_REMOTE_SKIPPED, C_REMOTE_TIMEOUTS, LATENCY_BUCKETS,
+    LATENCY_PER_OCTAVE, MESSAGE_HEADER, OP_CLEAR, PAYLOAD_HEADER, REMOTE_HEADER, REMOTE_MAGIC,
+)
+
+log = logging.getLogger("shmcache.tiered")
+
+KEY_PREFIX = b"shmcache:"
+LOCK_PREFIX = b"shmcache-lock:"
+_MASK64 = (1 << 64) - 1
+CLEAR_BATCH = 500  # keys deleted per command while clearing
+
+_LUA_MAGIC = "".join(f"\\{b:03d}" for b in REMOTE_MAGIC)
+# Shared by the scripts that change a key: the key's current version (0 when absent or foreign) and the next one.
+_LUA_VERSION = f"""
+local head = redis.call('GETRANGE', KEYS[1], 0, {REMOTE_HEADER.size - 1})
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+local old = 0
+if #head == {REMOTE_HEADER.size} and string.sub(head, 1, 3) == '{_LUA_MAGIC}' then
+  old = struct.unpack('<d', head, 4)
+end
+local t = redis.call('TIME')
+local v = math.max(old + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+"""
+_LUA_PUBLISH = "redis.call('PUBLISH', ARGV[1], 'k' .. struct.pack('<d', v) .. ARGV[2])"
+
+# KEYS: value key. ARGV: channel, encoded key, payload, ttl ms (0: none, -1: keep), mode, expected version.
+_WRITE = _LUA_VERSION + f"""
+local mode = ARGV[5]
+if (mode == 'add' and exists) or (mode == 'replace' and not exists)
+   or (mode == 'cas' and (not exists or old ~= tonumber(ARGV[6]))) then
+  return false
+end
+local blob = '{_LUA_MAGIC}' .. struct.pack('<d', v) .. ARGV[3]
+local ttl = tonumber(ARGV[4])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], blob, 'PX', ttl)
+elseif ttl == 0 then
+  redis.call('SET', KEYS[1], blob)
+else
+  redis.call('SET', KEYS[1], blob, 'KEEPTTL')
+end
+{_LUA_PUBLISH}
+return v
+"""
+# KEYS: value key. ARGV: channel, encoded key, '1' to return the value removed.
+_DELETE = _LUA_VERSION + f"""
+if not exists then return false end
+local blob = false
+if ARGV[3] == '1' then blob = redis.call('GET', KEYS[1]) end
+redis.call('DEL', KEYS[1])
+{_LUA_PUBLISH}
+if blob then return {{v, blob}} end
+return v
+"""
+# KEYS: value key. ARGV: channel, encoded key, ttl ms (0: none). A touch is a new version: copies read
+# before it carry the old time to live.
+_TOUCH = _LUA_VERSION + f"""
+if not exists then return false end
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) else redis.call('PERSIST', KEYS[1]) end
+if old > 0 then redis.call('SETRANGE', KEYS[1], 3, struct.pack('<d', v)) end
+{_LUA_PUBLISH}
+return v
+"""
+_READ = """
+local blob = redis.call('GET', KEYS[1])
+if not blob then return false end
+return {blob, redis.call('PTTL', KEYS[1])}
+"""
+_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+
+
+def connect(url: str, *, timeout: float, cluster: bool):
+    """A redis-py client for ``url`` whose calls give up after ``timeout`` seconds and are never retried by
+    redis-py itself (this module decides when to try again)."""
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise ImportError('the Redis tier needs redis-py: pip install "shmcache[redis]"') from None
+    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+                   health_check_interval=2)
+    if cluster:
+        return redis.RedisCluster.from_url(url, cluster_error_retry_attempts=1, **options)
+    return redis.Redis.from_url(url, **options)
+
+
+def _check(kb: bytes, tag: int, body) -> int:
+    """The payload checksum: xxh3 of the body, seeded with the key's hash and the tag, so it binds all three."""
+    return _xxh(body, (_xxh(kb) + tag) & _MASK64)
+
+
+def pack_payload(kb: bytes, tag: int, body) -> bytes:
+    """What the client sends with a write: tag, checksum, body."""
+    return PAYLOAD_HEADER.pack(tag, _check(kb, tag, body)) + body
+
+
+def unpack_value(kb: bytes, blob: bytes) -> tuple[int, int, memoryview]:
+    """(version, tag, body) of a value read from Redis for the key ``kb``.
+
+    :raises ValueError: if the blob is not a shmcache value of this format, or is not this key's (checksum).
+    """
+    start = REMOTE_HEADER.size + PAYLOAD_HEADER.size
+    if len(blob) < start or blob[:3] != REMOTE_MAGIC:
+        raise ValueError("not a shmcache value of this format (another writer, or another version of shmcache)")
+    _, version = REMOTE_HEADER.unpack_from(blob)
+    tag, check = PAYLOAD_HEADER.unpack_from(blob, REMOTE_HEADER.size)
+    body = memoryview(blob)[start:]
+    if _check(kb, tag, body) != check:
+        raise ValueError("checksum mismatch: the value was damaged, or written for another key")
+    return int(version), tag, body
+
+
+def _glob_escape(data: bytes) -> bytes:
+    out = bytearray()
+    for b in data:
+        if b in b"*?[]\\":
+            out.append(0x5C)
+        out.append(b)
+    return bytes(out)
+
+
+class Remote:
+    """One namespace of one Redis deployment, as this process talks to it."""
+
+    def __init__(self, client, namespace: str, rows, *, retry_interval: float) -> None:
+        self.client = client
+        self.ns = namespace.encode()
+        self.prefix = KEY_PREFIX + self.ns + b":"
+        self.channel = KEY_PREFIX + self.ns
+        self.rows = rows  # rows.row is this process's stats row (it changes in a forked child)
+        self.retry_interval = retry_interval
+        self._down_until = 0.0
+        self._down = False
+        self._lock = threading.Lock()  # guards the outage state only
+        self._write = client.register_script(_WRITE)
+        self._delete = client.register_script(_DELETE)
+        self._touch = client.register_script(_TOUCH)
+        self._read = client.register_script(_READ)
+        self._unlock = client.register_script(_UNLOCK)
+        self._renew = client.register_script(_RENEW)
+
+    # --------------------------------------------------------------------------- containment
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, timed and counted; any failure becomes RemoteError."""
+        row = self.rows.row
+        if self._down and time.monotonic() < self._down_until:
+            row[C_REMOTE_SKIPPED] += 1
+            raise RemoteError(f"Redis failed less than {self.retry_interval:g} s ago; not asked again yet",
+                              what=what, hint="the cache retries by itself; see the log for the failure")
+        t0 = time.perf_counter_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._failed(what, exc)
+            raise RemoteError(f"Redis {what} failed: {exc!r}", what=what,
+                              hint="check that Redis is up and reachable; raise timeout= if it is merely slow"
+                              ) from exc
+        ns = time.perf_counter_ns() - t0
+        row[C_REMOTE_CALLS] += 1
+        row[C_REMOTE_NS] += ns
+        row[C_LATENCY + _bucket(ns)] += 1
+        if self._down:
+            self._recovered()
+        return result
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        import redis
+        row = self.rows.row
+        row[C_REMOTE_ERRORS] += 1
+        if isinstance(exc, redis.exceptions.TimeoutError):
+            row[C_REMOTE_TIMEOUTS] += 1
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                            redis.exceptions.ClusterError, OSError)):
+            with self._lock:
+                first = not self._down
+                self._down = True
+                self._down_until = time.monotonic() + self.retry_interval
+            if first:
+                log.warning("shmcache: Redis %s failed (%r); serving from the local cache, retrying every %g s",
+                            what, exc, self.retry_interval)
+        else:
+            log.warning("shmcache: Redis %s failed: %r", what, exc)
+
+    def _recovered(self) -> None:
+        with self._lock:
+            was, self._down = self._down, False
+        if was:
+            log.warning("shmcache: Redis answers again")
+
+    @property
+    def available(self) -> bool:
+        """False while Redis is in its retry interval after a failure."""
+        return not (self._down and time.monotonic() < self._down_until)
+
+    # --------------------------------------------------------------------------- values
+
+    def key(self, kb: bytes) -> bytes:
+        return self.prefix + kb
+
+    def read(self, kb: bytes):
+        """(blob, ms to live or -1) of the key, or None."""
+        return self._call("get", self._read, keys=[self.prefix + kb])
+
+    def write(self, kb: bytes, payload: bytes, ttl_ms: int, mode: str = "set", expected: int = 0):
+        """Write and publish; the new version, or None if ``mode``'s condition failed (add: present; replace: absent;
+        cas: ``expected`` is not the current version). ``ttl_ms``: 0 none, -1 keep the key's."""
+        v = self._call("write", self._write, keys=[self.prefix + kb],
+                       args=[self.channel, kb, payload, ttl_ms, mode, expected])
+        return None if v is None else int(v)
+
+    def delete(self, kb: bytes, want_value: bool = False):
+        """Delete and publish; None if absent, else the new version, or (``want_value``) the new version and the
+        value removed."""
+        return self._call("delete", self._delete, keys=[self.prefix + kb],
+                          args=[self.channel, kb, "1" if want_value else "0"])
+
+    def touch(self, kb: bytes, ttl_ms: int):
+        """Set the time to live (0: none) and publish; the new version, or None if absent."""
+        v = self._call("touch", self._touch, keys=[self.prefix + kb], args=[self.channel, kb, ttl_ms])
+        return None if v is None else int(v)
+
+    def clear(self, match_prefix: bytes = b"") -> int:
+        """Delete every key of the namespace (whose encoded key starts with ``match_prefix``); how many. One
+        OP_CLEAR message tells the hosts to drop their copies. Not atomic: a write racing the scan may survive."""
+        pattern = _glob_escape(self.prefix + match_prefix) + b"*"
+        n = 0
+
+        def run():
+            nonlocal n
+            batch = []
+            for key in self.client.scan_iter(match=pattern, count=CLEAR_BATCH):
+                batch.append(key)
+                if len(batch) == CLEAR_BATCH:
+                    n += self._unlink(batch)
+                    batch = []
+            if batch:
+                n += self._unlink(batch)
+            self.client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
+
+        self._call("clear", run)
+        return n
+
+    def _unlink(self, keys: list) -> int:
+        # One command per key: keys of a namespace lie in many cluster slots, and a multi-key UNLINK must not
+        # cross slots. A pipeline keeps it to one round trip per node.
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.unlink(k)
+        return sum(pipe.execute())
+
+    # --------------------------------------------------------------------------- the fleet-wide compute lock
+
+    def try_lock(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
+        return bool(self._call("lock", self.client.set, LOCK_PREFIX + self.ns + b":" + kb, token, nx=True,
+                               px=lease_ms))
+
+    def renew(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
+        return bool(self._call("lock", self._renew, keys=[LOCK_PREFIX + self.ns + b":" + kb], args=[token, lease_ms]))
+
+    def unlock(self, kb: bytes, token: bytes) -> None:
+        self._call("unlock", self._unlock, keys=[LOCK_PREFIX + self.ns + b":" + kb], args=[token])
+
+
+def _bucket(ns: int) -> int:
+    """The latency histogram's bucket for a call of ``ns`` nanoseconds."""
+    if ns < 1000:
+        return 0
+    return min(LATENCY_BUCKETS - 1, int(math.log2(ns / 1000) * LATENCY_PER_OCTAVE))

@@ -1,0 +1,187 @@
+"""The per-host stats of a ``TieredCache`` namespace: a small shared-memory segment of per-process rows
+(``layout.tier``), and ``TierStats``, their sum.
+
+Each process writes only its own row, so counting is a plain increment with no lock; a row is claimed with an
+exclusive open-file-description lock on one byte of the segment's file, which the kernel drops when the process
+dies, and the next claimer keeps adding to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import ofd
+from .errors import LayoutError, LayoutVersionError
+from .layout.tier import (
+    C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
+    TIER_HEADER_WORDS, TIER_MAGIC, TIER_ROW_WORDS, TIER_ROWS, TIER_SEGMENT_PREFIX, TIER_VERSION,
+    tier_nbytes,
+)
+
+log = logging.getLogger("shmcache.tiered")
+_SHM_DIR = "/dev/shm/"
+
+
+def segment_name(cache_name: str, namespace: str) -> str:
+    return f"{TIER_SEGMENT_PREFIX}{cache_name}.{namespace}"
+
+
+def segments() -> list[tuple[str, str]]:
+    """(cache name, namespace) of every tier stats segment on the host (a namespace has no dot: split at the last)."""
+    try:
+        files = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(tuple(f[len(TIER_SEGMENT_PREFIX):].rsplit(".", 1)) for f in files
+                  if f.startswith(TIER_SEGMENT_PREFIX) and "." in f[len(TIER_SEGMENT_PREFIX):])
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """The host's counts for one namespace, summed over every process since the stats segment was made (see
+    ``layout.tier.COUNTERS`` for each counter), with the remote latency percentiles (upper bounds of histogram
+    buckets 19 % wide, in µs; 0.0 before any call) and the namespace's resident entries and bytes in the local
+    cache."""
+
+    namespace: str
+    local_hits: int
+    local_misses: int
+    remote_hits: int
+    remote_misses: int
+    remote_errors: int
+    remote_timeouts: int
+    remote_skipped: int
+    remote_calls: int
+    remote_ns: int
+    puts: int
+    local_only_puts: int
+    invalidations: int
+    stale_fills: int
+    local_clears: int
+    computations: int
+    lock_waits: int
+    lock_takeovers: int
+    listener_starts: int
+    remote_p50_us: float
+    remote_p90_us: float
+    remote_p99_us: float
+    local_entries: int
+    local_retained_bytes: int
+    listening: bool
+
+    @property
+    def hit_ratio(self) -> float:
+        """Lookups served from either tier, over all lookups (0.0 before any)."""
+        lookups = self.local_hits + self.local_misses
+        return (self.local_hits + self.remote_hits) / lookups if lookups else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "hit_ratio": self.hit_ratio}
+
+
+def percentile(histogram: np.ndarray, q: float) -> float:
+    """The upper bound, in µs, of the bucket holding the ``q``-quantile of the calls counted in ``histogram``."""
+    total = int(histogram.sum())
+    if not total:
+        return 0.0
+    i = int(np.searchsorted(np.cumsum(histogram), q * total))
+    return round(2 ** ((i + 1) / LATENCY_PER_OCTAVE), 1)
+
+
+class Rows:
+    """This process's handle on the stats segment: ``row`` is its own row, a memoryview of 8-byte words."""
+
+    def __init__(self, cache_name: str, namespace: str, mode: int = 0o600, *, claim: bool = True) -> None:
+        """Open (with ``claim``: create if need be, and claim a row) the stats segment of the namespace; without
+        ``claim``, only read it (FileNotFoundError if it does not exist)."""
+        self.name = segment_name(cache_name, namespace)
+        self.path = _SHM_DIR + self.name
+        self._claim_fd = -1
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if claim else 0), mode)
+        try:
+            # Why flock: creation and the header's first write must not race; whole-file flock locks are apart from
+            # the byte locks that claim rows.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    os.fchmod(fd, mode)
+                    os.ftruncate(fd, tier_nbytes())
+                elif size != tier_nbytes():
+                    raise LayoutError(f"{self.path} is {size} bytes, a tier stats segment is {tier_nbytes()}",
+                                      what="open", hint="remove it (TieredCache.unlink) if it is a leftover")
+                self.mm = mmap.mmap(fd, tier_nbytes())
+                self.header = memoryview(self.mm)[: TIER_HEADER_WORDS * 8].cast("q")
+                h = self.header
+                if h[H_MAGIC] == 0:
+                    h[H_VERSION], h[H_ROWS], h[H_ROW_WORDS] = TIER_VERSION, TIER_ROWS, TIER_ROW_WORDS
+                    h[H_MAGIC] = TIER_MAGIC
+                elif h[H_MAGIC] != TIER_MAGIC:
+                    raise LayoutError(f"{self.path} is not a tier stats segment", what="open")
+                elif (h[H_VERSION], h[H_ROWS], h[H_ROW_WORDS]) != (TIER_VERSION, TIER_ROWS, TIER_ROW_WORDS):
+                    raise LayoutVersionError(f"{self.path} is of tier stats version {h[H_VERSION]}, this shmcache "
+                                             f"reads {TIER_VERSION}", what="open", hint="unlink it")
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        self.words = np.frombuffer(self.mm, dtype="<i8", count=TIER_ROWS * TIER_ROW_WORDS,
+                                   offset=TIER_HEADER_WORDS * 8).reshape(TIER_ROWS, TIER_ROW_WORDS)
+        self.row = self._claim() if claim else memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
+
+    def _claim(self):
+        """Claim a free row; a private one (counted by nobody else) if all are taken."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        for r in range(TIER_ROWS):
+            if ofd.lock(fd, r, ofd.WRITE, wait=False):
+                self._claim_fd = fd
+                off = (TIER_HEADER_WORDS + r * TIER_ROW_WORDS) * 8
+                return memoryview(self.mm)[off : off + TIER_ROW_WORDS * 8].cast("q")
+        os.close(fd)
+        log.warning("shmcache: all %d stats rows of %s are taken; this process's counts are not shared",
+                    TIER_ROWS, self.name)
+        return memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
+
+    def after_fork_in_child(self) -> None:
+        """A forked child counts in a row of its own: the parent's claim stays the parent's (closing the child's
+        copy of the descriptor does not release a lock its description still holds in the parent)."""
+        if self._claim_fd >= 0:
+            os.close(self._claim_fd)
+            self._claim_fd = -1
+        self.row = self._claim()
+
+    def totals(self) -> np.ndarray:
+        return self.words.sum(axis=0)
+
+    def stats(self, namespace: str, local_entries: int, local_retained: int, listening: bool) -> TierStats:
+        t = self.totals()
+        hist = t[C_LATENCY : C_LATENCY + LATENCY_BUCKETS]
+        counts = {name: int(t[i]) for i, name in enumerate(COUNTERS)}
+        return TierStats(namespace=namespace, **counts, remote_p50_us=percentile(hist, 0.5),
+                         remote_p90_us=percentile(hist, 0.9), remote_p99_us=percentile(hist, 0.99),
+                         local_entries=local_entries, local_retained_bytes=local_retained, listening=listening)
+
+    def close(self) -> None:
+        row, self.row = self.row, memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")  # late counts go nowhere
+        row.release()
+        self.words = None
+        self.header.release()
+        if self._claim_fd >= 0:
+            os.close(self._claim_fd)
+            self._claim_fd = -1
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a row view is still referenced somewhere; the mapping goes with it
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

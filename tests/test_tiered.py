@@ -1,0 +1,402 @@
+"""TieredCache against a real redis-server on loopback: two "hosts" (two local caches sharing one Redis) see each
+other's writes, invalidations reach the other host's copies, staleness is bounded by max_age when an invalidation
+is lost, stale copies are never stored, and a Redis that stops or restarts is contained."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from shmcache import RemoteError, SharedCache, TieredCache
+from shmcache.codec import KindKey, encode_key
+from shmcache.tiered import host_stats
+
+from .conftest import unique_name
+from .workers import check_value, make_value
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def eventually(predicate, timeout: float = 10.0, what: str = "condition"):
+    """Poll ``predicate`` until it is true; fail after ``timeout`` s (a bound on a wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.005)
+
+
+class Host:
+    """One simulated host: a local cache of its own and a TieredCache over it."""
+
+    def __init__(self, url: str, namespace: str, **kwargs) -> None:
+        self.name = unique_name("host")
+        self.local = SharedCache(self.name, capacity_bytes=1 << 20, max_entries=512, create=True,
+                                 clock=kwargs.pop("clock", None))
+        self.tier = TieredCache(self.local, url, namespace=namespace, **kwargs)
+
+    def local_copy(self, key, default=None):
+        """What this host's local cache holds for ``key`` (without asking Redis)."""
+        return self.local.get(KindKey(self.tier._n, key), default)
+
+    def listening(self) -> bool:
+        """Whether this host's listener has subscribed (its first subscription drops the copies made before)."""
+        return self.tier.stats().listener_starts >= 1
+
+    def close(self) -> None:
+        self.tier.close()
+        self.tier.unlink()
+        self.local.close()
+        SharedCache.unlink_name(self.name)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def hosts(redis_url, namespace):
+    """Two hosts on one Redis, each listening for the other's invalidations."""
+    made = [Host(redis_url, namespace), Host(redis_url, namespace)]
+    for h in made:
+        eventually(h.listening, what="listener start")
+    yield made
+    made[0].tier.clear()
+    for h in made:
+        h.close()
+
+
+def test_tiered_hosts_see_each_others_puts(hosts):
+    a, b = hosts
+    for i in range(20):
+        a.tier.put(f"k{i}", make_value(f"k{i}", i, 64))
+    for i in range(20):
+        check_value(f"k{i}", b.tier.get(f"k{i}"))
+        assert b.local_copy(f"k{i}") is not None  # copied into b's local cache on the way
+    s = b.tier.stats()
+    assert (s.remote_hits, s.local_misses) == (20, 20)
+    check_value("k3", b.tier.get("k3"))
+    assert b.tier.stats().local_hits == 1
+
+
+def test_tiered_values_keep_their_types(hosts):
+    a, b = hosts
+    values = {"s": "text", "b": b"\x00\xff", "n": None, "i": -2**70, "f": 1.5, "t": (1, [2, {"x": (3,)}]),
+              "arr": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    for k, v in values.items():
+        a.tier.put(k, v)
+    for k, v in values.items():
+        got = b.tier.get(k, "absent")
+        if isinstance(v, np.ndarray):
+            assert got.dtype == v.dtype and np.array_equal(got, v) and got.flags.writeable
+        else:
+            assert got == v and type(got) is type(v)
+    assert b.tier.get("n", "absent") is None and b.tier.get("n", "absent") is None  # a stored None is a value
+
+
+def test_tiered_update_invalidates_the_other_hosts_copy(hosts):
+    a, b = hosts
+    a.tier.put("k", make_value("k", 1, 32))
+    check_value("k", b.tier.get("k"))
+    assert b.local_copy("k")["seq"] == 1
+    a.tier.put("k", make_value("k", 2, 32))
+    eventually(lambda: b.local_copy("k") is None, what="invalidation of b's copy")
+    assert b.tier.get("k")["seq"] == 2
+    assert b.tier.stats().invalidations >= 1
+    # a's own message comes back to a: it leaves a's copy, which has the version the message names.
+    eventually(lambda: a.tier.stats().invalidations >= 2, what="a's own messages")
+    assert a.local_copy("k")["seq"] == 2
+    a.tier.delete("k")
+    eventually(lambda: b.local_copy("k") is None, what="invalidation by delete")
+    assert b.tier.get("k") is None
+
+
+def test_tiered_every_write_invalidates(hosts):
+    a, b = hosts
+    writes = [
+        lambda: a.tier.put("k", 2),
+        lambda: a.tier.replace("k", 3),
+        lambda: a.tier.incr("k"),
+        lambda: a.tier.cas("k", 10, a.tier.get_with_version("k")[1]),
+        lambda: a.tier.touch("k", 30),
+        lambda: a.tier.pop("k"),  # last: afterwards there is nothing left to copy
+    ]
+    a.tier.put("k", 1)
+    for write in writes:
+        b.tier.get("k")
+        assert b.local_copy("k", "none") != "none"
+        write()
+        eventually(lambda: b.local_copy("k", "none") == "none", what=f"invalidation after write {write}")
+        assert b.tier.get("k") == a.tier.get_with_version("k")[0]
+
+
+def test_tiered_atomic_operations(hosts):
+    a, b = hosts
+    assert a.tier.add("k", 1) and not b.tier.add("k", 2)
+    assert b.tier.get("k") == 1
+    assert not a.tier.replace("absent", 1) and "absent" not in a.tier
+    assert b.tier.replace("k", 2) and a.tier.get("k") in (1, 2)  # a's copy may not be invalidated yet
+    value, version = a.tier.get_with_version("k")
+    assert value == 2 and isinstance(version, int)
+    assert b.tier.cas("k", 3, version)
+    assert not a.tier.cas("k", 4, version)  # b changed it
+    assert a.tier.get_with_version("k")[0] == 3
+    assert a.tier.get_with_version("absent") == (None, None)
+    assert a.tier.incr("n") == 1 and b.tier.incr("n", 5) == 6 and a.tier.decr("n", 2) == 4
+    with pytest.raises(KeyError):
+        a.tier.incr("nothing", initial=None)
+    a.tier.put("s", "text")
+    with pytest.raises(TypeError):
+        b.tier.incr("s")
+    assert b.tier.pop("n") == 4 and b.tier.pop("n", "gone") == "gone"
+    a.tier["d"] = 7
+    assert b.tier["d"] == 7 and "d" in b.tier
+    del b.tier["d"]
+    with pytest.raises(KeyError):
+        b.tier["d"]
+    with pytest.raises(KeyError):
+        del a.tier["d"]
+
+
+def test_tiered_versions_grow_across_delete(hosts):
+    a, _ = hosts
+    a.tier.put("k", 1)
+    _, v1 = a.tier.get_with_version("k")
+    a.tier.delete("k")
+    a.tier.put("k", 1)
+    _, v2 = a.tier.get_with_version("k")
+    assert v2 > v1  # same value, new version: a cas holding v1 must fail
+    assert not a.tier.cas("k", 2, v1)
+
+
+def test_tiered_incr_is_atomic_across_hosts(hosts):
+    a, b = hosts
+    import threading
+
+    def bump(tier):
+        for _ in range(50):
+            tier.incr("counter")
+
+    threads = [threading.Thread(target=bump, args=(h.tier,)) for h in (a, b, a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert a.tier.get_with_version("counter")[0] == 200
+
+
+def test_tiered_ttl_applies_on_every_host(hosts):
+    a, b = hosts
+    a.tier.put("short", "v", ttl=0.3)
+    assert b.tier.get("short") == "v"
+    eventually(lambda: a.tier.get_with_version("short")[0] is None, what="Redis expiry")
+    # b's copy was stored with Redis's remaining time to live, so it is gone too.
+    eventually(lambda: b.local_copy("short") is None, timeout=2, what="local expiry")
+    assert b.tier.get("short") is None
+    a.tier.put("long", "v", ttl=60)
+    assert a.tier.touch("long", 0.2) and b.tier.get("long") == "v"
+    eventually(lambda: b.tier.get("long") is None, what="expiry after touch")
+    assert not a.tier.touch("long", 1)
+
+
+def test_tiered_clear_reaches_every_host(hosts):
+    a, b = hosts
+    for i in range(30):
+        a.tier.put(i, i)
+    assert all(b.tier.get(i) == i for i in range(30))
+    assert a.tier.clear() == 30
+    eventually(lambda: b.tier._kind.stats().entries == 0, what="b's copies cleared")
+    assert b.tier.get(3) is None and b.tier.stats().local_clears >= 1
+
+
+def test_tiered_memoize_across_hosts(hosts):
+    a, b = hosts
+    calls = []
+
+    def square(x):
+        calls.append(x)
+        return x * x
+
+    fa = a.tier.memoize(square, name="square")
+    fb = b.tier.memoize(square, name="square")
+    assert [fa(i) for i in range(5)] == [fb(i) for i in range(5)] == [0, 1, 4, 9, 16]
+    assert sorted(calls) == list(range(5))  # b's calls were all served by a's results
+    assert fb.cache_clear() == 5
+    eventually(lambda: a.tier._kind.stats().entries == 0, what="a's memoized copies cleared")
+    assert fa(2) == 4 and calls.count(2) == 2
+
+
+def test_tiered_lost_invalidation_is_bounded_by_max_age(redis_url, namespace):
+    """b stops listening (as if its invalidations were lost): its copy stays stale, but never beyond max_age."""
+    now = [10**12]
+    a = Host(redis_url, namespace)
+    b = Host(redis_url, namespace, max_age=5.0, clock=lambda: now[0])
+    try:
+        a.tier.put("k", 1)
+        assert b.tier.get("k") == 1
+        b.tier._listener.close()
+        a.tier.put("k", 2)
+        time.sleep(0.2)
+        assert b.tier.get("k") == 1  # stale: no invalidation came, and 5 s have not passed on b's clock
+        now[0] += 5 * 10**9
+        assert b.tier.get("k") == 2
+    finally:
+        a.tier.clear()
+        a.close()
+        b.close()
+
+
+def test_tiered_stale_copy_is_never_stored(hosts, monkeypatch):
+    """The race the marks close: b reads version 1 from Redis; before b stores its copy, a writes version 2 and
+    b's listener applies the invalidation. b's late copy of version 1 must not be stored."""
+    a, b = hosts
+    a.tier.put("k", make_value("k", 1, 16))
+    read = b.tier._remote.read
+
+    def slow_read(kb):
+        found = read(kb)  # version 1
+        a.tier.put("k", make_value("k", 2, 16))
+        v2 = a.tier.get_with_version("k")[1]
+        eventually(lambda: _mark(b, "k") == v2, what="b applying a's invalidation")
+        return found
+
+    monkeypatch.setattr(b.tier._remote, "read", slow_read)
+    assert b.tier.get("k")["seq"] == 1  # what Redis held when b asked
+    monkeypatch.undo()
+    assert b.local_copy("k") is None, "a stale copy was stored after the invalidation of its version"
+    assert b.tier.stats().stale_fills == 1
+    assert b.tier.get("k")["seq"] == 2 and b.local_copy("k")["seq"] == 2
+
+
+def _mark(host, key) -> int:
+    """The version of the last invalidation of ``key`` that ``host`` applied (0: none lately)."""
+    from shmcache.codec import fingerprint
+
+    mkb = host.tier._mprefix + encode_key(key)
+    return host.local._locked(host.local._mark_locked, mkb, fingerprint(mkb))
+
+
+def test_tiered_foreign_or_damaged_value_reads_absent(hosts, caplog):
+    a, b = hosts
+    a.tier.put("k", "good")
+    client = a.tier._remote.client
+    rkey = a.tier._remote.key(encode_key("k"))
+    client.set(a.tier._remote.key(encode_key("other")), client.get(rkey))  # a valid value under another key
+    client.set(a.tier._remote.key(encode_key("foreign")), b"written by someone else")
+    blob = bytearray(client.get(rkey))
+    blob[-1] ^= 1
+    client.set(rkey, bytes(blob))
+    b.tier.local.delete(KindKey(b.tier._n, "k"))
+    with caplog.at_level(logging.WARNING, logger="shmcache.tiered"):
+        assert b.tier.get("other") is None and b.tier.get("foreign") is None and b.tier.get("k") is None
+    assert b.tier.stats().remote_errors == 3
+    assert "holds no valid value" in caplog.text
+
+
+def test_tiered_redis_down_then_back(redis_server, namespace):
+    url = redis_server.url
+    a = Host(url, namespace, timeout=0.2, retry_interval=0.2)
+    b = Host(url, namespace, timeout=0.2, retry_interval=0.2)
+    strict = TieredCache(b.local, url, namespace=namespace, strict=True, timeout=0.2, retry_interval=0.2)
+    try:
+        eventually(a.listening, what="a listening")
+        for i in range(10):
+            a.tier.put(i, make_value(str(i), i, 16))
+        assert all(b.tier.get(i) is not None for i in range(10))
+        redis_server.stop()
+        # Local hits are served; misses and writes fail softly, counted.
+        for _ in range(3):
+            for i in range(10):
+                check_value(str(i), b.tier.get(i))
+        assert b.tier.get("never") is None and b.tier.get("never", 5) == 5
+        a.tier.put("during", 1)  # kept locally
+        assert a.tier.get("during") == 1 and a.tier.stats().local_only_puts == 1
+        assert a.tier.delete(3) is True  # a's own copy
+        assert a.tier.get_or_compute("computed", lambda: "here") == "here"
+        assert not a.tier.cas(1, 1, 1) and a.tier.get_with_version(1) == (None, None)
+        assert a.tier.incr("c") == 1 and "absent" not in a.tier
+        with pytest.raises(RemoteError):
+            strict.get("never")
+        with pytest.raises(RemoteError):
+            strict.put("x", 1)
+        s = b.tier.stats()
+        assert s.remote_errors >= 1 and s.local_hits >= 30
+        assert s.remote_errors + s.remote_skipped >= 2
+        redis_server.start()
+        # Reconnects by itself: writes reach Redis again and the other host sees them.
+        eventually(lambda: _put_reaches(a.tier, "after", 1), what="a's writes reaching Redis again")
+        assert b.tier.get("after") == 1
+        # The listeners resubscribed, each emptying its host's copies (invalidations may have been lost).
+        eventually(lambda: a.tier.stats().listener_starts >= 2 and b.tier.stats().listener_starts >= 2,
+                   what="listeners resubscribed")
+        a.tier.put("after", 2)
+        eventually(lambda: b.local_copy("after") is None, what="invalidations flowing again")
+        assert b.tier.get("after") == 2
+    finally:
+        strict.close()
+        a.tier.clear()
+        a.close()
+        b.close()
+
+
+def _put_reaches(tier, key, value) -> bool:
+    tier.put(key, value)
+    return tier.get_with_version(key)[1] is not None
+
+
+def test_tiered_redis_never_up_is_contained(namespace):
+    """A Redis that is not there at all (nothing listens on the port): the tier works as a local cache."""
+    h = Host("redis://127.0.0.1:1/0", namespace, timeout=0.05)
+    try:
+        h.tier.put("k", 1)
+        assert h.tier.get("k") == 1 and h.tier.get("j") is None
+        s = h.tier.stats()
+        assert s.local_only_puts == 1 and s.remote_errors >= 1
+        assert s.remote_errors + s.remote_skipped >= 2 and s.remote_calls == 0
+    finally:
+        h.close()
+
+
+def test_tiered_stats_and_cli(hosts, capsys):
+    a, b = hosts
+    for i in range(10):
+        a.tier.put(i, i)
+        b.tier.get(i)
+        b.tier.get(i)
+    s = b.tier.stats()
+    assert (s.local_hits, s.local_misses, s.remote_hits) == (10, 10, 10)
+    assert s.hit_ratio == 1.0 and s.local_entries == 10 and s.listening
+    assert 0 < s.remote_p50_us <= s.remote_p90_us <= s.remote_p99_us
+    assert s.remote_calls >= 10
+    seen = host_stats(b.name, b.tier.namespace)
+    assert (seen.local_hits, seen.remote_hits, seen.local_entries) == (10, 10, 10)
+    from shmcache.cli import main
+    assert main(["tier", b.name, "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["local_hits"] == 10 and out["namespace"] == b.tier.namespace
+    assert main(["tier"]) == 0
+    assert b.name in capsys.readouterr().out
+
+
+def test_tiered_arguments_checked(redis_url, name):
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as local:
+        for bad in ("", "a.b", "x" * 33, "sp ace", 5):
+            with pytest.raises((ValueError, TypeError)):
+                TieredCache(local, redis_url, namespace=bad)
+        for bad in (0, -1, float("inf"), "1"):
+            with pytest.raises(ValueError):
+                TieredCache(local, redis_url, namespace="ok", max_age=bad)
+        with pytest.raises(TypeError):
+            TieredCache("not a cache", redis_url, namespace="ok")
+        with TieredCache(local, redis_url, namespace="ok") as t:
+            with pytest.raises(ValueError):
+                t.put("k", 1, ttl=-1)
+            with pytest.raises(TypeError):
+                t.put("k", object())
+            assert t.limits == local.limits
+            t.unlink()
