@@ -103,11 +103,11 @@ def connect(url: str, *, timeout: float, cluster: bool):
         from redis.retry import Retry
     except ImportError:
         raise ImportError('the Redis tier needs redis-py: pip install "shmcache[redis]"') from None
-    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
-                   health_check_interval=2)
+    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=2)
     if cluster:
-        return redis.RedisCluster.from_url(url, cluster_error_retry_attempts=1, **options)
-    return redis.Redis.from_url(url, **options)
+        # One retry: a cluster client follows a MOVED or ASK redirection (a slot that moved) by retrying.
+        return redis.RedisCluster.from_url(url, retry=Retry(NoBackoff(), 1), **options)
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
 
 
 def _check(kb: bytes, tag: int, body) -> int:
