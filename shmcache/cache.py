@@ -273,8 +273,10 @@ class SharedCache:
 
     # ------------------------------------------------------------------------------------------- the dict-like API
 
-    def get(self, key, default=None):
+    def get(self, key, default=None, *, _kb: bytes | None = None):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
+        # ``_kb``: key bytes already encoded (``key`` is then None), for TieredCache's local hits, which would
+        # otherwise pay for an object to carry them.
         # The hot path, written out in one function: encode_key, fingerprint, index.find's first probe and
         # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
         if type(key) is str:
@@ -282,6 +284,8 @@ class SharedCache:
                 kb = key.encode()
             except UnicodeEncodeError:
                 kb = encode_key(key)  # raises the TypeError
+        elif _kb is not None:
+            kb = _kb
         else:
             kb = encode_key(key)
         fp = _xxh(kb) & _MASK63
@@ -503,9 +507,10 @@ class SharedCache:
 
     # ------------------------------------------------------------------------------------------- for the Redis tier
     # A TieredCache (tiered.py) stores its copies with their Redis version as their version, and keeps, for a short
-    # while after each invalidation, a mark: the version the invalidation named. A copy older than the copy it would
-    # replace, or than the key's mark, is stale and is never stored; an invalidation drops only copies older than its
-    # version. Checks and stores happen under one hold of the lock, so no invalidation can fall between.
+    # while after an invalidation that found no copy as new as its version, a mark: that version. A copy older than
+    # the copy it would replace, or than the key's mark, is stale and is never stored; an invalidation drops only
+    # copies older than its version. Checks and stores happen under one hold of the lock, so no invalidation can
+    # fall between.
 
     def _store_versioned(self, kb: bytes, mkb: bytes, tag: int, body, version: int, ttl: float) -> bool:
         """Store the encoded value ``tag``, ``body`` of Redis version ``version`` under the key bytes ``kb`` for
@@ -528,14 +533,17 @@ class SharedCache:
                             ttl_ns(mark_ttl))
 
     def _invalidate_locked(self, kb, fp, mkb, mfp, version, mark_ttl) -> bool:
+        e = self._find_live(kb, fp)
+        if e != EMPTY and self._table.ver[e] >= version:
+            return False  # the copy is this version or newer: it keeps older fills out itself, no mark needed
         if self._mark_locked(mkb, mfp) < version:
-            old = self._find_live(mkb, mfp, True)
+            m = self._find_live(mkb, mfp, True)
             try:
-                self._store_locked(old, *self._sized(mkb, *encode_parts(version)), self._expires_locked(mark_ttl))
+                self._store_locked(m, *self._sized(mkb, *encode_parts(version)), self._expires_locked(mark_ttl))
             except PinnedError:
                 pass  # only a view of the mark itself pins it; the copy below is dropped all the same
-        e = self._find_live(kb, fp)
-        if e == EMPTY or self._table.ver[e] >= version:
+            e = self._find_live(kb, fp)  # storing the mark may have evicted the copy
+        if e == EMPTY:
             return False
         h = self._h
         if self._table.pinned(e):

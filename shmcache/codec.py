@@ -177,15 +177,19 @@ class KindKey:
         return repr(self.key)
 
 
+KIND_PREFIXES = tuple(bytes((KIND_PREFIX, k)) for k in range(256))  # the first two bytes of a key of kind k
+
+
 def encode_key(key) -> bytes:
     """Canonical bytes of ``key``; raises TypeError for what cannot be a key."""
     try:
         if type(key) is str:
             return key.encode()
+        if type(key) is KindKey:
+            inner = key.key
+            return KIND_PREFIXES[key.kind] + (inner.encode() if type(inner) is str else encode_key(inner))
         if isinstance(key, str):  # a str subclass (a str enum...) keys as its text
             return str.__str__(key).encode()
-        if type(key) is KindKey:
-            return bytes((KIND_PREFIX, key.kind)) + encode_key(key.key)
         return NON_STR_KEY + _key_part(key)
     except (RecursionError, OverflowError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise TypeError(f"cannot encode key: {exc}") from None

@@ -2,8 +2,9 @@
 published, and the per-host stats segment.
 
 Redis value. ``REMOTE_MAGIC`` (3 bytes, the last one the format number), the entry's version as a little-endian
-IEEE double (8 bytes: Redis's Lua numbers are doubles, exact for integers below 2**53), then the payload the client
-sends: the value's tag byte, an 8-byte little-endian checksum, and the value's body as in shared memory
+IEEE double (8 bytes: Redis's Lua numbers are doubles, exact for integers below 2**53), a flags byte (``F_EXPIRES``:
+the key has a time to live, so that a reader asks for it only then and a read is one plain GET otherwise), then the
+payload the client sends: the value's tag byte, an 8-byte little-endian checksum, and the value's body as in shared memory
 (``shmcache/codec.py``). The checksum is xxh3-64 over the encoded key, the tag and the body, so a value is never
 accepted for another key, nor when a foreign writer or damage changed it. The version is assigned by Redis, inside
 the script that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and
@@ -27,7 +28,8 @@ from __future__ import annotations
 import struct
 
 REMOTE_MAGIC = b"SC\x01"
-REMOTE_HEADER = struct.Struct("<3sd")  # magic, version
+REMOTE_HEADER = struct.Struct("<3sdB")  # magic, version, flags
+F_EXPIRES = 1  # flags: the key was given a time to live (a reader then asks Redis how much is left)
 PAYLOAD_HEADER = struct.Struct("<BQ")  # tag, checksum
 MESSAGE_HEADER = struct.Struct("<cd")  # op, version
 OP_KEY, OP_CLEAR = b"k", b"c"
