@@ -23,10 +23,10 @@ LIVE_BYTE = 2**62  # read-locked by every open handle; get_or_compute's key byte
 PIN_BASE = LIVE_BYTE + 1  # byte PIN_BASE + e is read-locked by every view pinning entry slot e
 
 
-def lock(fd: int, byte: int, kind: int, *, wait: bool) -> bool:
-    """Lock one ``byte`` of the file open as ``fd`` (``READ`` shared, ``WRITE`` exclusive); False if another
-    description holds a conflicting lock and ``wait`` is False."""
-    request = _FLOCK.pack(kind, os.SEEK_SET, byte, 1, 0)
+def lock(fd: int, byte: int, kind: int, *, wait: bool, length: int = 1) -> bool:
+    """Lock ``length`` bytes from ``byte`` of the file open as ``fd`` (``READ`` shared, ``WRITE`` exclusive); False
+    if another description holds a conflicting lock and ``wait`` is False."""
+    request = _FLOCK.pack(kind, os.SEEK_SET, byte, length, 0)
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, request)
         return True

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import posix_ipc
 
-from . import layout, ofd
+from . import layout, ofd, tierstats
 from .errors import LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
@@ -294,7 +294,8 @@ def segment_names() -> list[str]:
 
 
 def sweep(remove: bool = False, names=None) -> list[dict]:
-    """Every cache segment on the host (or those of ``names``) with its state: ``in use`` (some process has it open), ``orphan`` (nobody
+    """Every cache segment on the host (or those of ``names``), and every ``TieredCache`` stats segment (of those
+    caches), with its state: ``in use`` (some process has it open), ``orphan`` (nobody
     does: left behind by processes that are all gone), or ``not accessible`` (another user's). With ``remove``,
     orphans are unlinked (``removed``: True). A segment a live process has open is never removed: every open handle
     holds a shared lock on its ``LIVE_BYTE``, and the sweep unlinks only while it holds that byte exclusively."""
@@ -324,7 +325,8 @@ def sweep(remove: bool = False, names=None) -> list[dict]:
             found.append(entry)
         finally:
             os.close(fd)  # releases the exclusive lock
-    return found
+    # The stats segments of TieredCache namespaces, of these caches (or of all).
+    return found + tierstats.sweep(remove, None if names is None else set(names))
 
 
 def unlink_name(name: str) -> None:

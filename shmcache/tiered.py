@@ -78,6 +78,9 @@ class TieredCache:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
         ttl_ns(default_ttl)
+        self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
+                              strict=strict, lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
+        self._url = remote if isinstance(remote, str) else None
         self.local = local
         self.namespace = namespace
         self.max_age = float(max_age)
@@ -532,12 +535,22 @@ class TieredCache:
     def __repr__(self) -> str:
         return f"<TieredCache {self.namespace!r} over {self.local!r}>"
 
+    def __reduce__(self):
+        """Pickles as its settings (the local cache by name, Redis by URL), for "spawn" workers: the copy opens its
+        own handle, as a SharedCache's does."""
+        if self._url is None:
+            raise TypeError("a TieredCache made with a redis-py client cannot be pickled: pass a URL instead")
+        return _reopen, (self.local, self._url, self._settings)
+
     def _after_fork_in_child(self) -> None:
         self._rows.after_fork_in_child()
         self._row = self._rows.row
         if self._listener is not None:
             self._listener.after_fork_in_child()
-            self._listener = None  # started again on the child's first remote call
+            self._listener = None
+            # A standby of the child's own, at once: if the child only ever hits its copies, it must still be
+            # able to take over listening when the host's listener dies.
+            self._listen()
 
 
 class _Lease:
@@ -568,6 +581,10 @@ class _Lease:
             self._remote.unlock(self._kb, self._token)
         except RemoteError:
             pass  # it expires by itself
+
+
+def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
+    return TieredCache(local, url, **settings)
 
 
 def host_stats(cache_name: str, namespace: str) -> TierStats:

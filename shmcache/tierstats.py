@@ -139,6 +139,8 @@ class Rows:
         """Claim a free row; a private one (counted by nobody else) if all are taken."""
         fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         for r in range(TIER_ROWS):
+            # Why none may be free: besides 256 live processes, ``sweep`` holds every row for the instant it judges
+            # a segment; a process opening it in that instant counts privately (and says so).
             if ofd.lock(fd, r, ofd.WRITE, wait=False):
                 self._claim_fd = fd
                 off = (TIER_HEADER_WORDS + r * TIER_ROW_WORDS) * 8
@@ -185,3 +187,39 @@ class Rows:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def sweep(remove: bool = False, caches=None) -> list[dict]:
+    """The stats segments on the host (those of ``caches``, if given), each ``in use`` (a process has a row of it)
+    or ``orphan``; with ``remove``, orphans are unlinked. A segment is judged while holding all its rows, so one
+    that a process opens meanwhile is never removed from under it."""
+    found = []
+    for cache, namespace in segments():
+        if caches is not None and cache not in caches:
+            continue
+        name = segment_name(cache, namespace)
+        path = _SHM_DIR + name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            found.append({"name": name, "state": "not accessible"})
+            continue
+        try:
+            if not ofd.lock(fd, 0, ofd.WRITE, wait=False, length=TIER_ROWS):
+                found.append({"name": name, "state": "in use"})
+                continue
+            st = os.fstat(fd)
+            entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
+            if remove:
+                try:
+                    if os.stat(path).st_ino == st.st_ino:
+                        os.unlink(path)
+                        entry["removed"] = True
+                except FileNotFoundError:
+                    pass
+            found.append(entry)
+        finally:
+            os.close(fd)
+    return found

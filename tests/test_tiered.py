@@ -5,6 +5,7 @@ is lost, stale copies are never stored, and a Redis that stops or restarts is co
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 
@@ -400,3 +401,19 @@ def test_tiered_arguments_checked(redis_url, name):
                 t.put("k", object())
             assert t.limits == local.limits
             t.unlink()
+
+
+def test_tiered_stats_segment_swept_once_nobody_has_it(redis_url, namespace):
+    from shmcache import sweep
+
+    h = Host(redis_url, namespace)
+    try:
+        stats_name = h.tier._rows.name
+        (found,) = [f for f in sweep(names=[h.name]) if f["name"] == stats_name]
+        assert found["state"] == "in use"
+        h.tier.close()
+        (found,) = [f for f in sweep(remove=True, names=[h.name]) if f["name"] == stats_name]
+        assert found["state"] == "orphan" and found["removed"]
+        assert not os.path.exists("/dev/shm/" + stats_name)
+    finally:
+        h.close()

@@ -221,3 +221,59 @@ def test_tiered_handle_survives_fork(redis_url, fleet):
         assert a.get("from child") == 2
         # The child counted in a row of its own: its 5 hits add to the parent's, none lost or doubled.
         assert a.stats().local_hits == before + 5 + 1
+
+
+def _lead_then_wait(url, local_name, namespace, ready):
+    tier = _open(url, local_name, namespace)
+    deadline = time.monotonic() + JOIN_S
+    while not (tier._listener.leading and tier.stats().listener_starts >= 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ready.set()
+    time.sleep(3600)
+
+
+def test_tiered_one_listener_per_host_and_takeover(redis_url, fleet):
+    """The host's listener is one process; when it is killed, another process of the host takes over, and the
+    other hosts' invalidations reach the host again."""
+    names, namespace = fleet
+    ready = ctx.Event()
+    leader = ctx.Process(target=_lead_then_wait, args=(redis_url, names[0], namespace, ready))
+    leader.start()
+    try:
+        assert ready.wait(JOIN_S), "the child never became the host's listener"
+        with _open(redis_url, names[0], namespace) as a, _open(redis_url, names[1], namespace) as b:
+            time.sleep(0.3)  # a few election rounds: a must stay a standby while the child leads
+            assert not a._listener.leading and a.stats().listening
+            b.put("k", 1)
+            assert a.get("k") == 1
+            b.put("k", 2)
+            eventually(lambda: a.local.get(KindKey(a._n, "k")) is None, what="invalidation via the child")
+            starts = a.stats().listener_starts
+            leader.kill()
+            eventually(lambda: a._listener.leading and a.stats().listener_starts == starts + 1, what="takeover")
+            assert a.get("k") == 2
+            b.put("k", 3)
+            eventually(lambda: a.local.get(KindKey(a._n, "k")) is None, what="invalidation after the takeover")
+            assert a.get("k") == 3
+    finally:
+        leader.kill()
+        reap([leader], timeout=5)
+
+
+def _spawned_reader(tier, queue):
+    queue.put((tier.get("k"), tier.stats().local_hits))
+    tier.close()
+
+
+def test_tiered_pickles_for_spawned_workers(redis_url, fleet):
+    names, namespace = fleet
+    with _open(redis_url, names[0], namespace) as a:
+        eventually(lambda: a.stats().listener_starts == 1, what="listener subscribed")
+        a.put("k", make_value("k", 1, 10))
+        queue = mp.get_context("spawn").Queue()
+        child = mp.get_context("spawn").Process(target=_spawned_reader, args=(a, queue))
+        child.start()
+        value, hits = queue.get(timeout=JOIN_S)
+        reap([child])
+        check_value("k", value)
+        assert hits >= 1  # served from the host's copy
