@@ -229,8 +229,11 @@ def cmd_tier(args) -> int:
             return 1
         args.namespace = spaces[0]
     while True:
-        d = host_stats(args.name, args.namespace).as_dict()
-        if args.json:
+        stats = host_stats(args.name, args.namespace)
+        d = stats.as_dict()
+        if args.prometheus:
+            print(prometheus_text({}, tiers={(args.name, args.namespace): stats}), end="")
+        elif args.json:
             _print_json(d)
         else:
             if args.watch:
@@ -286,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name", nargs="?", help="the local cache")
     sp.add_argument("namespace", nargs="?", help="the namespace (may be left out if the cache fronts only one)")
     sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload")
     sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     sp.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")

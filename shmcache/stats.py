@@ -128,9 +128,11 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def prometheus_text(stats_by_cache: dict[str, CacheStats]) -> str:
+def prometheus_text(stats_by_cache: dict[str, CacheStats], tiers: dict | None = None) -> str:
     """Prometheus text exposition (format 0.0.4) of the stats of each named cache, labelled ``cache="NAME"``:
-    what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it."""
+    what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it.
+    ``tiers`` maps ``(cache name, namespace)`` to a ``TieredCache``'s ``stats()``: its counters follow, as
+    ``shmcache_tier_*`` labelled with both, and its remote latency percentiles as a summary."""
     lines = []
     for attr, suffix, kind, help_text in _PROMETHEUS:
         metric = f"shmcache_{suffix}"
@@ -147,4 +149,38 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats]) -> str:
         for cache, stats in sorted(stats_by_cache.items()):
             for kind, counts in sorted(stats.kinds.items()):
                 lines.append(f'{metric}{{cache="{_label(cache)}",kind="{_label(kind)}"}} {getattr(counts, attr)!r}')
+    if tiers:
+        _tier_lines(lines, tiers)
     return "\n".join(lines) + "\n"
+
+
+def _tier_lines(lines: list, tiers: dict) -> None:
+    from .layout.tier import COUNTERS
+
+    items = sorted(tiers.items())
+
+    def labels(cache, namespace, extra=""):
+        return f'cache="{_label(cache)}",namespace="{_label(namespace)}"{extra}'
+
+    for name in COUNTERS:
+        if name == "remote_ns":
+            continue  # the summary's _sum
+        metric = f"shmcache_tier_{name}_total"
+        lines.append(f"# HELP {metric} TieredCache {name.replace('_', ' ')}, on this host")
+        lines.append(f"# TYPE {metric} counter")
+        lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]
+    metric = "shmcache_tier_remote_latency_seconds"
+    lines.append(f"# HELP {metric} TieredCache remote call latency (quantiles: histogram bucket upper bounds)")
+    lines.append(f"# TYPE {metric} summary")
+    for (c, ns), t in items:
+        for q, us in (("0.5", t.remote_p50_us), ("0.9", t.remote_p90_us), ("0.99", t.remote_p99_us)):
+            quantile = f',quantile="{q}"'
+            lines.append(f"{metric}{{{labels(c, ns, quantile)}}} {us / 1e6!r}")
+        lines.append(f"{metric}_sum{{{labels(c, ns)}}} {t.remote_ns / 1e9!r}")
+        lines.append(f"{metric}_count{{{labels(c, ns)}}} {t.remote_calls!r}")
+    for name, help_text in (("local_entries", "copies of a TieredCache namespace in the host's cache"),
+                            ("local_retained_bytes", "bytes of those copies")):
+        metric = f"shmcache_tier_{name}"
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} gauge")
+        lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]

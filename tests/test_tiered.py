@@ -382,6 +382,13 @@ def test_tiered_stats_and_cli(hosts, capsys):
     assert out["local_hits"] == 10 and out["namespace"] == b.tier.namespace
     assert main(["tier"]) == 0
     assert b.name in capsys.readouterr().out
+    assert main(["tier", b.name, b.tier.namespace, "--prometheus"]) == 0
+    from prometheus_client.parser import text_string_to_metric_families
+    families = {f.name: f for f in text_string_to_metric_families(capsys.readouterr().out)}
+    (sample,) = families["shmcache_tier_local_hits"].samples
+    assert sample.value == 10 and sample.labels == {"cache": b.name, "namespace": b.tier.namespace}
+    quantiles = [x for x in families["shmcache_tier_remote_latency_seconds"].samples if "quantile" in x.labels]
+    assert [x.labels["quantile"] for x in quantiles] == ["0.5", "0.9", "0.99"] and quantiles[0].value > 0
 
 
 def test_tiered_arguments_checked(redis_url, name):
