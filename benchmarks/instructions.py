@@ -86,7 +86,7 @@ def _child(case: str, n: int) -> None:
             # Redis is never asked on a local hit: a URL nobody answers will do, and the listener thread is
             # stopped so that nothing but the measured loop runs.
             tier = TieredCache(cache, "redis://127.0.0.1:1/0", namespace="bench")
-            tier._listener.close()
+            tier._listener_box[0].close()
             get, put = tier.get, tier._kind.put
         elif case == "kind-get":
             kind = cache.kind("bench")
@@ -109,6 +109,9 @@ def _child(case: str, n: int) -> None:
             for k in drawn:
                 pass
     finally:
+        if case == "tier-get":
+            tier.close()
+            tier.unlink()
         cache.close()
         SharedCache.unlink_name(name)
 

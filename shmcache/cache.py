@@ -505,66 +505,6 @@ class SharedCache:
         self._h[H_DIRTY] = 0
         return True
 
-    # ------------------------------------------------------------------------------------------- for the Redis tier
-    # A TieredCache (tiered.py) stores its copies with their Redis version as their version, and keeps, for a short
-    # while after an invalidation that found no copy as new as its version, a mark: that version. A copy older than
-    # the copy it would replace, or than the key's mark, is stale and is never stored; an invalidation drops only
-    # copies older than its version. Checks and stores happen under one hold of the lock, so no invalidation can
-    # fall between.
-
-    def _store_versioned(self, kb: bytes, mkb: bytes, tag: int, body, version: int, ttl: float) -> bool:
-        """Store the encoded value ``tag``, ``body`` of Redis version ``version`` under the key bytes ``kb`` for
-        ``ttl`` s, unless the copy there or the mark at ``mkb`` is newer; False if it was stale (nothing stored)."""
-        encoded = self._sized(kb, tag, body)
-        return self._locked(self._store_versioned_locked, mkb, fingerprint(mkb), version, encoded, ttl_ns(ttl))
-
-    def _store_versioned_locked(self, mkb, mfp, version, encoded, ttl) -> bool:
-        old = self._find_live(encoded[0], encoded[3], True)
-        if (old != EMPTY and self._table.ver[old] > version) or self._mark_locked(mkb, mfp) > version:
-            return False
-        self._store_locked(old, *encoded, self._expires_locked(ttl), version)
-        return True
-
-    def _invalidate(self, kb: bytes, mkb: bytes, version: int, mark_ttl: float) -> bool:
-        """Raise the mark at ``mkb`` to ``version`` (for ``mark_ttl`` s) and drop the copy at ``kb`` if it is older;
-        whether one was dropped. A copy a view pins cannot go: it is expired instead, so no lookup returns it and it
-        goes once unpinned."""
-        return self._locked(self._invalidate_locked, kb, fingerprint(kb), mkb, fingerprint(mkb), version,
-                            ttl_ns(mark_ttl))
-
-    def _invalidate_locked(self, kb, fp, mkb, mfp, version, mark_ttl) -> bool:
-        e = self._find_live(kb, fp)
-        if e != EMPTY and self._table.ver[e] >= version:
-            return False  # the copy is this version or newer: it keeps older fills out itself, no mark needed
-        if self._mark_locked(mkb, mfp) < version:
-            m = self._find_live(mkb, mfp, True)
-            try:
-                self._store_locked(m, *self._sized(mkb, *encode_parts(version)), self._expires_locked(mark_ttl))
-            except PinnedError:
-                pass  # only a view of the mark itself pins it; the copy below is dropped all the same
-            e = self._find_live(kb, fp)  # storing the mark may have evicted the copy
-        if e == EMPTY:
-            return False
-        h = self._h
-        if self._table.pinned(e):
-            now = self._clock()
-            if now < h[H_NEXT_EXPIRY]:  # Ordering: the bound is lowered before the entry's expiry, as in touch
-                h[H_NEXT_EXPIRY] = now
-            self._exp[e] = now
-            return True
-        h[H_DIRTY] = 1
-        self._table.remove(e)
-        h[H_DELETES] += 1
-        h[H_DIRTY] = 0
-        return True
-
-    def _mark_locked(self, mkb: bytes, mfp: int) -> int:
-        e = self._find_live(mkb, mfp)
-        if e == EMPTY:
-            return 0
-        mark = decode_body(*self._body_locked(e))
-        return mark if type(mark) is int else 0
-
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
 

@@ -1,15 +1,20 @@
 """The invalidation listener of a ``TieredCache`` namespace: one process per host subscribes to the namespace's
-channel and applies the other hosts' invalidations to the host's shared-memory cache.
+channel and applies every write's invalidation to the host's shared-memory cache.
 
 Every process with a handle runs a daemon thread that tries, every ``ELECT_S``, to take an exclusive
 open-file-description lock on the namespace's byte of the local segment (``layout.tier.LISTENER_BASE``); the one
 that holds it listens. When the listener's process dies the kernel frees the lock and another process takes over
-within ``ELECT_S``. Why one per host: each message costs a few lock operations on the shared-memory cache, and N
-listeners per host would do the same work N times.
+within ``ELECT_S``. Why one per host: each message costs a lock hold on the shared-memory cache, and N listeners per
+host would do the same work N times.
 
 Pub/sub delivers only to a live subscription: whatever was published while no one on the host was subscribed is
-lost. So every (re)subscription -- the first, after a reconnect, after a takeover -- begins with ``on_gap``, which
-drops the namespace's local copies; messages cannot be missed unnoticed, only gaps, and gaps empty the near cache.
+lost. So every (re)subscription -- the first, after a reconnect, after a takeover -- begins with a gap
+(``TieredCache._on_gap``): the namespace's copies and fills in flight are dropped. A message that fails to apply is
+a gap too. A connection that dies without a word is caught by a heartbeat: a PING when the channel has been quiet
+for ``HEARTBEAT_S``, and a resubscription when nothing at all came back for ``SILENCE_S``.
+
+The thread holds its ``TieredCache`` by a weak reference, so a handle nobody closed can still be collected; the
+thread then ends.
 """
 
 from __future__ import annotations
@@ -17,86 +22,135 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from . import ofd
 
 log = logging.getLogger("shmcache.tiered")
 
 ELECT_S = 0.1  # how often a process that does not listen checks whether it should
-POLL_S = 0.1  # a listener waits this long for a message before checking whether it is closed
+POLL_S = 0.1  # a listener waits this long for a message before checking whether it should stop
+HEARTBEAT_S = 2.0  # a quiet subscription is PINGed this often
+SILENCE_S = 3 * HEARTBEAT_S  # and given up when not even a PONG came back for this long
 BACKOFF_S = (0.05, 2.0)  # pause after a failed subscription: first, and most, doubling between
+
+
+class _Gone(Exception):
+    """The TieredCache was collected."""
 
 
 class Listener:
     """The listening thread of one process; ``close()`` stops it and frees the listener role."""
 
-    def __init__(self, segment_fd: int, byte: int, subscribe, on_message, on_gap, on_start) -> None:
+    def __init__(self, segment_fd: int, byte: int, owner_ref) -> None:
         self._byte = byte
-        self._subscribe = subscribe  # () -> a redis-py PubSub already subscribed to the channel
-        self._on_message = on_message
-        self._on_gap = on_gap
-        self._on_start = on_start
+        self._owner_ref = owner_ref  # weakref to the TieredCache: _subscribe, _on_message, _on_gap, _on_listening
         # A description of our own: the lock is this description's, whatever else the process does with the fd.
         self._fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
         self._stop = threading.Event()
         self.leading = False
+        self.subscribed = False
         self._thread = threading.Thread(target=self._run, name="shmcache-listener", daemon=True)
         self._thread.start()
 
+    def _owner(self):
+        owner = self._owner_ref()
+        if owner is None:
+            raise _Gone()
+        return owner
+
     def _run(self) -> None:
         pause = BACKOFF_S[0]
-        while not self._stop.is_set():
-            if not self.leading:
-                if not ofd.lock(self._fd, self._byte, ofd.WRITE, wait=False):
-                    self._stop.wait(ELECT_S)
-                    continue
-                self.leading = True
-            try:
-                self._listen()
-                pause = BACKOFF_S[0]
-            except Exception as exc:  # the connection failed: the next subscription starts with a gap
-                if self._stop.is_set():
-                    break
-                log.info("shmcache: invalidation listener lost Redis (%r); resubscribing", exc)
-                self._stop.wait(pause)
-                pause = min(pause * 2, BACKOFF_S[1])
+        try:
+            while not self._stop.is_set():
+                if not self.leading:
+                    if not ofd.lock(self._fd, self._byte, ofd.WRITE, wait=False):
+                        self._owner()  # ends the thread once the handle is gone
+                        self._stop.wait(ELECT_S)
+                        continue
+                    self.leading = True
+                try:
+                    self._listen()
+                    pause = BACKOFF_S[0]
+                except _Gone:
+                    raise
+                except Exception as exc:  # the connection failed: the next subscription starts with a gap
+                    if self._stop.is_set():
+                        break
+                    log.info("shmcache: invalidation listener lost Redis (%r); resubscribing", exc)
+                    self._stop.wait(pause)
+                    pause = min(pause * 2, BACKOFF_S[1])
+        except _Gone:
+            pass
+        finally:
+            self.subscribed = False
+            if self._stop.is_set() or self._owner_ref() is None:
+                self._close_fd()
 
     def _listen(self) -> None:
-        pubsub = self._subscribe()
+        pubsub = self._owner()._subscribe()
         try:
             # Invariant: nothing is dropped before the subscription is confirmed, so whatever is written after
-            # this gap is either cleared here or arrives as a message.
+            # this gap is either dropped here or arrives as a message.
+            deadline = time.monotonic() + SILENCE_S
             while not self._stop.is_set():
                 msg = pubsub.get_message(timeout=POLL_S)
                 if msg is not None and msg["type"] == "subscribe":
                     break
-            self._on_gap()
-            self._on_start()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no subscription confirmed")
+            owner = self._owner()
+            owner._on_gap()
+            owner._on_listening()
+            del owner
+            self.subscribed = True
+            heard = pinged = time.monotonic()
             while not self._stop.is_set():
                 msg = pubsub.get_message(timeout=POLL_S)
-                if msg is not None and msg["type"] == "message":
-                    try:
-                        self._on_message(msg["data"])
-                    except Exception:  # a bad message or a local failure must not stop the listening
-                        log.exception("shmcache: invalidation failed to apply")
+                now = time.monotonic()
+                if msg is None:
+                    if self._owner_ref() is None:
+                        raise _Gone()
+                    if now - heard > SILENCE_S:
+                        raise TimeoutError(f"nothing from Redis for {SILENCE_S:g} s")
+                    if now - heard > HEARTBEAT_S and now - pinged > HEARTBEAT_S:
+                        pubsub.ping()
+                        pinged = now
+                    continue
+                heard = now
+                if msg["type"] == "message":
+                    self._apply(msg["data"])
         finally:
+            self.subscribed = False
             try:
                 pubsub.close()
             except Exception:
                 pass
 
+    def _apply(self, data: bytes) -> None:
+        owner = self._owner()
+        try:
+            owner._on_message(data)
+        except Exception:
+            # An invalidation not applied is a lost one: drop everything instead (and if that fails too, the
+            # subscription starts over, with a gap).
+            log.exception("shmcache: an invalidation failed to apply; dropping the namespace's copies")
+            owner._on_gap()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # frees the listener role
+
     def close(self, timeout: float = 2.0) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        if self._fd >= 0:
-            os.close(self._fd)  # frees the listener role
-            self._fd = -1
+        if not self._thread.is_alive():
+            self._close_fd()  # else the thread closes it as it ends: never under a thread still using it
 
     def after_fork_in_child(self) -> None:
         """The thread did not survive the fork; the parent still owns the description's lock, so the child only
         lets go of its copy of the descriptor (which does not release it)."""
         self._stop.set()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_fd()

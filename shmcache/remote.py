@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 
@@ -31,6 +32,12 @@ log = logging.getLogger("shmcache.tiered")
 KEY_PREFIX = b"shmcache:"
 LOCK_PREFIX = b"shmcache-lock:"
 _MASK64 = (1 << 64) - 1
+# TCP keepalive: probe after 5 s of silence, every 2 s, give up after 3 unanswered (about 11 s in all).
+_KEEPALIVE = {socket.TCP_KEEPIDLE: 5, socket.TCP_KEEPINTVL: 2, socket.TCP_KEEPCNT: 3}
+# Error replies that mean Redis cannot serve for now, as a refused connection does: an outage (with the classes of
+# _outage_classes, which redis-py raises for some of them with the code stripped from the message).
+_OUTAGE_REPLIES = ("READONLY", "OOM", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "TRYAGAIN", "BUSY")
+LOG_EVERY_S = 60.0  # an error that is not an outage is logged at most this often per kind
 CLEAR_BATCH = 500  # keys deleted per command while clearing
 
 _LUA_MAGIC = "".join(f"\\{b:03d}" for b in REMOTE_MAGIC)
@@ -97,18 +104,31 @@ _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL'
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 
 
-def connect(url: str, *, timeout: float, cluster: bool):
-    """A redis-py client for ``url`` whose calls give up after ``timeout`` seconds and are never retried by
-    redis-py itself (this module decides when to try again)."""
+def _redis():
     try:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
     except ImportError:
         raise ImportError('the Redis tier needs redis-py: pip install "shmcache[redis]"') from None
-    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=2)
+    return redis
+
+
+def _outage_classes(redis) -> tuple:
+    """Error replies redis-py raises as classes of their own that mean Redis cannot serve for now."""
+    names = ("ReadOnlyError", "OutOfMemoryError", "ClusterDownError", "TryAgainError", "MasterDownError")
+    return tuple(c for c in (getattr(redis.exceptions, n, None) for n in names) if c is not None)
+
+
+def connect(url: str, *, timeout: float, cluster: bool):
+    """A redis-py client for ``url`` whose calls give up after ``timeout`` seconds and are not retried by redis-py
+    (this module decides when to ask again), except that a cluster client follows one redirection (a slot that
+    moved: MOVED, ASK). Connections use TCP keepalive, so a peer that vanished without a word is noticed."""
+    redis = _redis()
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, socket_keepalive=True,
+                   socket_keepalive_options=_KEEPALIVE)
     if cluster:
-        # One retry: a cluster client follows a MOVED or ASK redirection (a slot that moved) by retrying.
         return redis.RedisCluster.from_url(url, retry=Retry(NoBackoff(), 1), **options)
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
 
@@ -151,35 +171,53 @@ def _glob_escape(data: bytes) -> bytes:
 class Remote:
     """One namespace of one Redis deployment, as this process talks to it."""
 
-    def __init__(self, client, namespace: str, rows, *, retry_interval: float) -> None:
-        self.client = client
+    def __init__(self, factory, namespace: str, rows, *, retry_interval: float) -> None:
+        self._factory = factory  # () -> a redis-py client; called on first use, so a Redis down at start is contained
+        self._client = None
+        self._scripts = None
         self.ns = namespace.encode()
         self.prefix = KEY_PREFIX + self.ns + b":"
+        self.lock_prefix = LOCK_PREFIX + self.ns + b":"
         self.channel = KEY_PREFIX + self.ns
         self.rows = rows  # rows.row is this process's stats row (it changes in a forked child)
         self.retry_interval = retry_interval
         self._down_until = 0.0
         self._down = False
-        self._lock = threading.Lock()  # guards the outage state only
-        self._write = client.register_script(_WRITE)
-        self._delete = client.register_script(_DELETE)
-        self._touch = client.register_script(_TOUCH)
-        self._unlock = client.register_script(_UNLOCK)
-        self._renew = client.register_script(_RENEW)
+        self._logged: dict[str, float] = {}
+        self._lock = threading.Lock()  # guards the client's creation and the outage state
+
+    @property
+    def client(self):
+        """The redis-py client, made on first use (raises what making it raises)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    client = self._factory()
+                    self._scripts = [client.register_script(s) for s in (_WRITE, _DELETE, _TOUCH, _UNLOCK, _RENEW)]
+                    self._client = client
+        return self._client
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
     # --------------------------------------------------------------------------- containment
 
     def _call(self, what: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)``, timed and counted; any failure becomes RemoteError."""
+        """``fn(client, *args, **kwargs)``, timed and counted; a failure becomes RemoteError."""
         row = self.rows.row
         if self._down and time.monotonic() < self._down_until:
             row[C_REMOTE_SKIPPED] += 1
             raise RemoteError(f"Redis failed less than {self.retry_interval:g} s ago; not asked again yet",
                               what=what, hint="the cache retries by itself; see the log for the failure")
+        redis = _redis()
         t0 = time.perf_counter_ns()
         try:
-            result = fn(*args, **kwargs)
-        except Exception as exc:
+            result = fn(self.client, *args, **kwargs)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
             self._failed(what, exc)
             raise RemoteError(f"Redis {what} failed: {exc!r}", what=what,
                               hint="check that Redis is up and reachable; raise timeout= if it is merely slow"
@@ -193,13 +231,14 @@ class Remote:
         return result
 
     def _failed(self, what: str, exc: Exception) -> None:
-        import redis
+        redis = _redis()
         row = self.rows.row
         row[C_REMOTE_ERRORS] += 1
         if isinstance(exc, redis.exceptions.TimeoutError):
             row[C_REMOTE_TIMEOUTS] += 1
-        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                            redis.exceptions.ClusterError, OSError)):
+        outage = (not isinstance(exc, redis.exceptions.ResponseError) or str(exc).startswith(_OUTAGE_REPLIES)
+                  or isinstance(exc, _outage_classes(redis)))
+        if outage:
             with self._lock:
                 first = not self._down
                 self._down = True
@@ -207,19 +246,18 @@ class Remote:
             if first:
                 log.warning("shmcache: Redis %s failed (%r); serving from the local cache, retrying every %g s",
                             what, exc, self.retry_interval)
-        else:
-            log.warning("shmcache: Redis %s failed: %r", what, exc)
+            return
+        kind = type(exc).__name__ + str(exc).split(" ", 1)[0]
+        now = time.monotonic()
+        if now >= self._logged.get(kind, 0.0):
+            self._logged[kind] = now + LOG_EVERY_S
+            log.warning("shmcache: Redis %s failed: %r (logged at most every %g s)", what, exc, LOG_EVERY_S)
 
     def _recovered(self) -> None:
         with self._lock:
             was, self._down = self._down, False
         if was:
             log.warning("shmcache: Redis answers again")
-
-    @property
-    def available(self) -> bool:
-        """False while Redis is in its retry interval after a failure."""
-        return not (self._down and time.monotonic() < self._down_until)
 
     # --------------------------------------------------------------------------- values
 
@@ -230,30 +268,30 @@ class Remote:
         """(blob, ms to live or -1) of the key, or None. One GET, and a PTTL only for a value given a time to live
         (a script returning both would copy the value twice more inside Redis: 3x slower for 150 KB)."""
         key = self.prefix + kb
-        blob = self._call("get", self.client.get, key)
+        blob = self._call("get", lambda c: c.get(key))
         if blob is None:
             return None
-        if len(blob) < REMOTE_HEADER.size or not blob[REMOTE_HEADER.size - 1] & F_EXPIRES:
+        if blob[:3] != REMOTE_MAGIC or len(blob) < REMOTE_HEADER.size or not blob[REMOTE_HEADER.size - 1] & F_EXPIRES:
             return blob, -1
-        ms = self._call("get", self.client.pttl, key)
+        ms = self._call("get", lambda c: c.pttl(key))
         return None if ms == -2 else (blob, ms)  # -2: gone in between
 
     def write(self, kb: bytes, payload: bytes, ttl_ms: int, mode: str = "set", expected: int = 0):
         """Write and publish; the new version, or None if ``mode``'s condition failed (add: present; replace: absent;
         cas: ``expected`` is not the current version). ``ttl_ms``: 0 none, -1 keep the key's."""
-        v = self._call("write", self._write, keys=[self.prefix + kb],
-                       args=[self.channel, kb, payload, ttl_ms, mode, expected])
+        v = self._call("write", lambda c: self._scripts[0](keys=[self.prefix + kb],
+                                                           args=[self.channel, kb, payload, ttl_ms, mode, expected]))
         return None if v is None else int(v)
 
     def delete(self, kb: bytes, want_value: bool = False):
         """Delete and publish; None if absent, else the new version, or (``want_value``) the new version and the
         value removed."""
-        return self._call("delete", self._delete, keys=[self.prefix + kb],
-                          args=[self.channel, kb, "1" if want_value else "0"])
+        return self._call("delete", lambda c: self._scripts[1](keys=[self.prefix + kb],
+                                                              args=[self.channel, kb, "1" if want_value else "0"]))
 
     def touch(self, kb: bytes, ttl_ms: int):
         """Set the time to live (0: none) and publish; the new version, or None if absent."""
-        v = self._call("touch", self._touch, keys=[self.prefix + kb], args=[self.channel, kb, ttl_ms])
+        v = self._call("touch", lambda c: self._scripts[2](keys=[self.prefix + kb], args=[self.channel, kb, ttl_ms]))
         return None if v is None else int(v)
 
     def clear(self, match_prefix: bytes = b"") -> int:
@@ -262,40 +300,43 @@ class Remote:
         pattern = _glob_escape(self.prefix + match_prefix) + b"*"
         n = 0
 
-        def run():
+        def run(client):
             nonlocal n
             batch = []
-            for key in self.client.scan_iter(match=pattern, count=CLEAR_BATCH):
+            for key in client.scan_iter(match=pattern, count=CLEAR_BATCH):
                 batch.append(key)
                 if len(batch) == CLEAR_BATCH:
-                    n += self._unlink(batch)
+                    n += self._unlink(client, batch)
                     batch = []
             if batch:
-                n += self._unlink(batch)
-            self.client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
+                n += self._unlink(client, batch)
+            client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
 
         self._call("clear", run)
         return n
 
-    def _unlink(self, keys: list) -> int:
+    @staticmethod
+    def _unlink(client, keys: list) -> int:
         # One command per key: keys of a namespace lie in many cluster slots, and a multi-key UNLINK must not
         # cross slots. A pipeline keeps it to one round trip per node.
-        pipe = self.client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=False)
         for k in keys:
             pipe.unlink(k)
         return sum(pipe.execute())
 
     # --------------------------------------------------------------------------- the fleet-wide compute lock
 
+    def exists(self, kb: bytes) -> bool:
+        return bool(self._call("exists", lambda c: c.exists(self.prefix + kb)))
+
     def try_lock(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
-        return bool(self._call("lock", self.client.set, LOCK_PREFIX + self.ns + b":" + kb, token, nx=True,
-                               px=lease_ms))
+        return bool(self._call("lock", lambda c: c.set(self.lock_prefix + kb, token, nx=True, px=lease_ms)))
 
     def renew(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
-        return bool(self._call("lock", self._renew, keys=[LOCK_PREFIX + self.ns + b":" + kb], args=[token, lease_ms]))
+        return bool(self._call("lock", lambda c: self._scripts[4](keys=[self.lock_prefix + kb], args=[token, lease_ms])))
 
     def unlock(self, kb: bytes, token: bytes) -> None:
-        self._call("unlock", self._unlock, keys=[LOCK_PREFIX + self.ns + b":" + kb], args=[token])
+        self._call("unlock", lambda c: self._scripts[3](keys=[self.lock_prefix + kb], args=[token]))
 
 
 def _bucket(ns: int) -> int:

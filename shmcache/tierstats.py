@@ -170,8 +170,8 @@ class Rows:
                          local_entries=local_entries, local_retained_bytes=local_retained, listening=listening)
 
     def close(self) -> None:
-        row, self.row = self.row, memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")  # late counts go nowhere
-        row.release()
+        # Late counts go nowhere. The old row is not released: another thread may be counting in it right now.
+        self.row = memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
         self.words = None
         self.header.release()
         if self._claim_fd >= 0:

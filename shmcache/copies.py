@@ -1,0 +1,112 @@
+"""A ``TieredCache``'s near copies in the host's ``SharedCache``: versioned stores, fills, marks and invalidations.
+Every function here runs under the cache lock (``SharedCache._locked``), which is what makes each check-and-store
+indivisible.
+
+Invariants, for one key of a namespace (``tiered.py`` says why they bound staleness):
+
+- A copy carries its Redis version as its entry version, and is never replaced by an older one.
+- A copy is stored only by a fill (a read of Redis, or the host's own write) that registered itself first, with a
+  *mark*: an entry of the namespace's mark kind, created at 0 if absent and living a few seconds. An invalidation of
+  version V raises a mark below V to V and drops copies older than V; a store is refused if its mark is gone (a
+  clear, an eviction or its expiry may have hidden an invalidation from it), if the mark is above its version, or if
+  its fill took longer than its deadline (after which its mark may have expired).
+- A clear of the namespace drops its copies and all its marks, so every fill in flight is refused; a copy an open
+  view pins cannot be dropped, so it is expired instead: no lookup returns it and it goes once unpinned.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .codec import decode_body, encode_parts
+from .errors import ShmCacheError
+from .layout import BLOCK_HEADER_NBYTES, EMPTY
+from .layout.dtypes import (
+    E_CHECK, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY, H_UNUSED_NEXT,
+)
+
+
+def _mark(cache, m: int) -> int:
+    value = decode_body(*cache._body_locked(m))
+    return value if type(value) is int else 0
+
+
+def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> None:
+    """Register a fill of the key whose mark is at ``mkb``: create its mark at 0, or make it live ``mark_ttl`` ns
+    from now if it exists."""
+    m = cache._find_live(mkb, mfp, True)
+    expires = cache._expires_locked(mark_ttl)
+    if m == EMPTY:
+        cache._store_locked(EMPTY, *cache._sized(mkb, *encode_parts(0)), expires)
+    elif cache._exp[m] and cache._exp[m] < expires:
+        cache._exp[m] = expires  # later, never earlier: the bound next_expiry stays a lower bound
+
+
+def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, version: int, ttl: int, deadline: float) -> bool:
+    """Store the copy ``encoded`` (``SharedCache._sized``) of Redis version ``version`` for ``ttl`` ns, if its fill
+    is in time and nothing newer is known; False if refused."""
+    if time.monotonic() > deadline:
+        return False
+    m = cache._find_live(mkb, mfp)
+    if m == EMPTY or _mark(cache, m) > version:
+        return False
+    old = cache._find_live(encoded[0], encoded[3], True)
+    if old != EMPTY and cache._table.ver[old] > version:
+        return False
+    cache._store_locked(old, *encoded, cache._expires_locked(ttl), version)
+    return True
+
+
+def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: int) -> bool:
+    """Apply an invalidation of ``version``: raise a lower mark, drop (or expire, if pinned) an older copy; whether
+    a copy went."""
+    m = cache._find_live(mkb, mfp)
+    if m != EMPTY and _mark(cache, m) < version:
+        try:
+            cache._store_locked(m, *cache._sized(mkb, *encode_parts(version)), cache._exp[m])
+        except ShmCacheError:  # no room for the larger int: without its mark, the fill it served is refused
+            _drop(cache, cache._find_live(mkb, mfp))
+    e = cache._find_live(kb, fp)
+    if e == EMPTY or cache._table.ver[e] >= version:
+        return False
+    _drop(cache, e)
+    return True
+
+
+def _drop(cache, e: int) -> None:
+    if e == EMPTY:
+        return
+    h, table = cache._h, cache._table
+    if table.pinned(e):
+        now = cache._clock()
+        if now < h[H_NEXT_EXPIRY]:  # Ordering: the bound is lowered before the entry's expiry, as in touch
+            h[H_NEXT_EXPIRY] = now
+        cache._exp[e] = now
+        return
+    h[H_DIRTY] = 1
+    table.remove(e)
+    h[H_DELETES] += 1
+    h[H_DIRTY] = 0
+
+
+def clear_locked(cache, copies_kind: int, marks_kind: int, prefix: bytes = b"") -> int:
+    """Drop the namespace's copies (those whose key bytes start with ``prefix``, if given) and all its marks; how
+    many copies."""
+    table, ent, mm, base = cache._table, cache._ent, cache._mm, cache._base
+    handed_out = table.h[H_UNUSED_NEXT] if 0 < table.h[H_UNUSED_NEXT] <= table.slots else table.slots
+    kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
+    dropped = 0
+    for e in np.flatnonzero((kinds == copies_kind) | (kinds == marks_kind)).tolist():
+        b = e * ENTRY_WORDS
+        if not ent[b + E_CHECK]:
+            continue  # a free slot whose kind byte was left behind
+        is_copy = kinds[e] == copies_kind
+        if prefix and is_copy:
+            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # a block: [header][value][key]
+            if mm[k0 : k0 + min(len(prefix), ent[b + E_KEY_NBYTES])] != prefix:
+                continue
+        _drop(cache, e)
+        dropped += is_copy
+    return dropped

@@ -1,0 +1,86 @@
+"""The fleet-wide half of ``TieredCache.get_or_compute``: one host computes a key while the others wait for its
+result in Redis.
+
+The computing host holds a Redis lock (``SET NX PX`` with a random owner token), renewed by a thread every third of
+the lease while the host lives; it is released (only if still its own) when the function returns or raises. A
+waiting host polls Redis for the value, backing off to ``WAIT_MAX_S``; when the lock is free and there is still no
+value, it takes the lock itself: the computer died (its lease ran out) or raised. The host's own single-flight
+(``flight.py``) is taken first, so one process per host takes part.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .errors import ComputeTimeout, RemoteError
+from .layout.tier import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
+
+WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
+
+
+class Lease:
+    """A host's compute lock for the duration of a ``with``: renewed every third of the lease from a thread, and
+    released at the end (only if still ours), so a waiting host takes over at once."""
+
+    def __init__(self, remote, kb: bytes, token: bytes, lease_ms: int) -> None:
+        self._remote, self._kb, self._token, self._lease_ms = remote, kb, token, lease_ms
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="shmcache-lease", daemon=True)
+
+    def _renew(self) -> None:
+        while not self._done.wait(self._lease_ms / 3000):
+            try:
+                if not self._remote.renew(self._kb, self._token, self._lease_ms):
+                    return  # lost (expired while Redis was away): another host may compute too, harmlessly
+            except RemoteError:
+                pass
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(5)
+        try:
+            self._remote.unlock(self._kb, self._token)
+        except RemoteError:
+            pass  # it expires by itself
+
+
+def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
+    """The value of ``key`` from Redis, or computed by this host under the fleet's lock and written through.
+    Raises RemoteError when Redis fails (the caller decides what then), ComputeTimeout past ``deadline``."""
+    remote, row = tier._remote, tier._row
+    token = os.urandom(16)
+    pause, waited = WAIT_FIRST_S, False
+    while True:
+        value = tier._fetch(kb, count_miss=not waited)
+        if value is not tier._MISSING:
+            return value
+        if remote.try_lock(kb, token, tier._lease_ms):
+            # The computer may have stored its value and released the lock between the read above and this lock:
+            # one more read, now that no other host can be computing.
+            value = tier._fetch(kb, count_miss=False)
+            if value is not tier._MISSING:
+                remote.unlock(kb, token)
+                return value
+            break
+        if not waited:
+            waited = True
+            row[C_LOCK_WAITS] += 1
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ComputeTimeout("another host has been computing this key for too long", what="get_or_compute",
+                                 hint="raise timeout=, or look at the computing host")
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(pause * 2, WAIT_MAX_S)
+        row = tier._row
+    if waited:
+        row[C_LOCK_TAKEOVERS] += 1
+    row[C_COMPUTATIONS] += 1
+    with Lease(remote, kb, token, tier._lease_ms):
+        value = fn()
+        tier._put_computed(key, value, ttl)
+    return value
