@@ -374,18 +374,20 @@ class TieredCache:
         self._check_open()
         try:
             n = self._remote.clear(prefix)
+            counted = False  # the clear's message, back at the listener, counts it
         except RemoteError:
             if self.strict:
                 raise
-            n = 0
-        self._clear_local(prefix)
+            n, counted = 0, True
+        self._clear_local(prefix, counted)
         return n
 
-    def _clear_local(self, prefix: bytes = b"") -> None:
+    def _clear_local(self, prefix: bytes = b"", count: bool = True) -> None:
         """Drop this host's copies (of keys starting with ``prefix``) and every fill in flight."""
         self.local._locked(copies.clear_locked, self.local, self._n, self._marks_n, self._kprefix + prefix
                            if prefix else b"")
-        self._row[C_LOCAL_CLEARS] += 1
+        if count:
+            self._row[C_LOCAL_CLEARS] += 1
 
     # ------------------------------------------------------------------------------------------- compute
 

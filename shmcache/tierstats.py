@@ -46,8 +46,8 @@ def segments() -> list[tuple[str, str]]:
 class TierStats:
     """The host's counts for one namespace, summed over every process since the stats segment was made (see
     ``layout.tier.COUNTERS`` for each counter), with the remote latency percentiles (upper bounds of histogram
-    buckets 19 % wide, in µs; 0.0 before any call) and the namespace's resident entries and bytes in the local
-    cache."""
+    buckets 19 % wide, in µs; 0.0 before any call), the namespace's resident entries and bytes in the local
+    cache, and whether some process of the host holds the listener role (``listening``)."""
 
     namespace: str
     local_hits: int

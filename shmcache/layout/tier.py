@@ -5,8 +5,8 @@ Redis value. ``REMOTE_MAGIC`` (3 bytes, the last one the format number), the ent
 IEEE double (8 bytes: Redis's Lua numbers are doubles, exact for integers below 2**53), a flags byte (``F_EXPIRES``:
 the key has a time to live, so that a reader asks for it only then and a read is one plain GET otherwise), then the
 payload the client sends: the value's tag byte, an 8-byte little-endian checksum, and the value's body as in shared memory
-(``shmcache/codec.py``). The checksum is xxh3-64 over the encoded key, the tag and the body, so a value is never
-accepted for another key, nor when a foreign writer or damage changed it. The version is assigned by Redis, inside
+(``shmcache/codec.py``). The checksum is xxh3-64 of the body seeded with the encoded key's xxh3-64 plus the tag, so
+a value is never accepted for another key, nor when damage changed it. The version is assigned by Redis, inside
 the script that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and
 keeps growing across a delete as long as the server's clock does.
 
@@ -40,7 +40,7 @@ TIER_VERSION = 1
 TIER_HEADER_WORDS = 8  # magic, version, rows, row words, 4 spare: one cache line
 H_MAGIC, H_VERSION, H_ROWS, H_ROW_WORDS = range(4)
 TIER_ROWS = 256  # processes counting at once; a process finding none free counts privately (see tierstats)
-TIER_ROW_WORDS = 128  # 1 KiB: 24 counters and a 96-bucket histogram, with room to grow
+TIER_ROW_WORDS = 128  # 1 KiB: the counters (18 so far, room for 32) and a 96-bucket histogram
 
 COUNTERS = (
     "local_hits",       # get served by the host's shared-memory cache
@@ -55,8 +55,8 @@ COUNTERS = (
     "puts",             # writes (put, add, replace, cas, incr, touch, delete, pop) that reached Redis
     "local_only_puts",  # writes kept in the local cache only, Redis being unavailable
     "invalidations",    # invalidation messages applied (this host's own writes' too: they drop no copy of theirs)
-    "stale_fills",      # copies dropped right after being stored: a newer write's invalidation had arrived
-    "local_clears",     # this namespace's local entries dropped at once: a clear, or a gap in listening
+    "stale_fills",      # copies refused: a newer version or invalidation was known, or the read took too long
+    "local_clears",     # the namespace's copies dropped at once: a clear (counted as it reaches the listener), a gap
     "computations",     # get_or_compute functions run on this host
     "lock_waits",       # get_or_compute calls that waited for another host computing the key
     "lock_takeovers",   # waits that ended with the lock free and no value: this host computed after all
