@@ -11,30 +11,34 @@ value read is checked. Each worker counts its increments that certainly reached 
 Redis call failed during the incr, or the worker was killed in it).
 
 With --chaos (the default; off with --no-chaos or --redis-url), the parent stops Redis --outages times, for
-OUTAGE_SECONDS each, and starts it again on the same port (with --cluster, one node at a time); a restarted Redis is
-empty. With --kills N, the parent SIGKILLs N workers at random instants and starts a replacement in the same slot;
-a kill is aimed at a host's listener (listener takeover), at a worker computing in get_or_compute while it holds
-the fleet's compute lock (lock lease takeover, with a short --lock-lease), or at a random worker.
+OUTAGE_SECONDS each, and starts it again on the same port; a restarted Redis is empty. With --cluster, an outage
+stops one node (--victims any), or one of those the hosts' listeners are not subscribed on (--victims unsubscribed:
+the listeners see no gap, so nothing tells the hosts that the keys the node held are gone). With --kills N, the
+parent SIGKILLs N workers at random instants and starts a replacement in the same slot; a kill is aimed at a
+host's listener (listener takeover), at a worker computing in get_or_compute while it holds the fleet's compute lock
+(lock lease takeover, with a short --lock-lease), or at a random worker.
 
 At the end the workers stop operating but keep listening, and the parent checks, for up to CONVERGE_SECONDS, that
 every host's local copy of every key is absent or equal to what Redis holds (read by an observer TieredCache on a
-local cache of its own). A copy that differs is excused when the host wrote the key while Redis was unavailable
-(a local-only write, kept locally by design for up to --max-age seconds) within the last --max-age seconds; any
-other is divergent. Without chaos, each counter in Redis must lie between the increments that certainly reached it
-and those plus the uncertain ones (with chaos, a restarted Redis lost them: only values are checked).
+local cache of its own). A copy that differs is excused when it is the very copy (same local version) that a
+write of the host left while Redis was unavailable (a local-only write, kept by design for up to --max-age seconds),
+made within the last --max-age seconds; any other is divergent. Every value left, in Redis or in a host's cache,
+must also be intact. Without chaos, each counter in Redis must lie between the increments that certainly reached
+it and those plus the uncertain ones (with chaos, a restarted Redis lost them: only values are checked).
 
 Reading the summary line:
 
-    tiered: ops=N ops_s=R wrong=0 divergent=0 excused=X errors=0 counters=ok hangs=0 crashes=0 kills=K outages=O
-            remote_errors=.. local_only_puts=.. invalidations=.. stale_fills=.. listener_starts=.. lock_waits=..
-            takeovers=..
-            computations=.. settling=.. converged_s=.. seconds=S hosts=H procs=P redis=server
+    tiered: ops=N ops_s=R wrong=0 divergent=0 excused=X errors=0 refused=F counters=ok hangs=0 crashes=0 kills=K
+            outages=O remote_errors=.. local_only_puts=.. invalidations=.. stale_fills=.. listener_starts=..
+            lock_waits=.. takeovers=.. computations=.. settling=.. converged_s=.. seconds=S hosts=H procs=P
+            redis=server
 
 ops             operations completed by all workers (killed ones included); ops_s: per second
 wrong           values read (get, pop, get_with_version, get_or_compute, incr) not put under that key; must be 0
 divergent       (host, key) pairs whose local copy still differed from Redis after CONVERGE_SECONDS; must be 0
-excused         differing copies written locally only while Redis was unavailable (by design, for up to max_age)
+excused         differing copies left by local-only writes while Redis was unavailable (by design, up to max_age)
 errors          exceptions raised by operations (a non-strict TieredCache contains Redis failures); must be 0
+refused         RemoteError raised by a fleet-wide operation (add, replace, cas, incr) while Redis was unavailable
 counters        ok, FAILED (a counter outside its bounds; must not be), or skipped (chaos runs)
 hangs           stalls of HANG_SECONDS without progress, workers that did not stop when told; must be 0
 crashes         workers that died without being killed; must be 0
@@ -64,7 +68,7 @@ import numpy as np
 
 from benchmarks.servers import RedisClusterServers, RedisServer
 from shmcache import ComputeTimeout, PinnedError, RemoteError, SharedCache, TieredCache, TooLargeError
-from shmcache.codec import KindKey
+from shmcache.codec import KindKey, encode_key
 from shmcache.layout.tier import C_LOCAL_ONLY_PUTS, C_REMOTE_ERRORS
 from shmcache.tiered import host_stats
 from shmcache.tierstats import segment_name
@@ -90,6 +94,9 @@ COUNTERS = 4  # counter keys, written by incr only
 MIX = {"get": 38, "put": 17, "put_ttl": 5, "add": 3, "replace": 2, "cas": 3, "delete": 5, "pop": 1, "touch": 3,
        "contains": 2, "get_or_compute": 9, "incr": 7, "get_counter": 2}
 WRITES = ("put", "put_ttl", "add", "replace", "cas", "touch", "get_or_compute", "incr")  # may go local-only
+# The fleet-wide operations: with Redis unavailable they may raise RemoteError rather than act locally (counted as
+# refused); a RemoteError from any other operation of a non-strict TieredCache is an error.
+ATOMIC = ("add", "replace", "cas", "incr")
 TTLS = (0.01, 0.1, 1.0, 5.0)
 HOT_SHARE = 0.8  # share of key draws from a heavy-tailed distribution; the rest are uniform
 COMPUTE_KEYS = 8  # get_or_compute draws among the first keys only, so hosts often wait on each other's computation
@@ -106,8 +113,8 @@ CONVERGE_SECONDS = 10.0
 JOIN_SECONDS = 10.0
 POLL_SECONDS = 0.05
 
-FIELDS = ("ops", "wrong", "errors", "idle", "leading", "computing", "pending", "pending_op")
-OPS, WRONG, ERRORS, IDLE, LEADING, COMPUTING, PENDING, PENDING_OP = range(len(FIELDS))
+FIELDS = ("ops", "wrong", "errors", "refused", "idle", "leading", "computing", "pending", "pending_op")
+OPS, WRONG, ERRORS, REFUSED, IDLE, LEADING, COMPUTING, PENDING, PENDING_OP = range(len(FIELDS))
 INCR_OK = len(FIELDS)  # COUNTERS words: increments that certainly reached Redis
 INCR_UNSURE = INCR_OK + COUNTERS  # COUNTERS words: increments that may have
 NF = INCR_UNSURE + COUNTERS
@@ -130,6 +137,12 @@ def same_value(a, b) -> bool:
     return a == b
 
 
+def leading(tier: TieredCache) -> bool:
+    """Whether this process is its host's listener (read from the handle's listener thread object)."""
+    listener = tier._listener_box[0]
+    return bool(listener is not None and listener.leading)
+
+
 def describe(v) -> str:
     """A short description of a value for a report: its sequence number (which worker wrote it, and when)."""
     if v is None:
@@ -147,10 +160,10 @@ def describe(v) -> str:
 class TierWorkload:
     """Random operations on one TieredCache by one process, every value read checked, counted in ``row``."""
 
-    def __init__(self, tier: TieredCache, rng: random.Random, counts, row: int, local_only_at, host: int,
+    def __init__(self, tier: TieredCache, rng: random.Random, counts, row: int, local_only, host: int,
                  incarnation: int, cfg: dict) -> None:
         self.tier, self.rng, self.c, self.base = tier, rng, counts, row * NF
-        self.lo_at, self.nkeys = local_only_at, cfg["keys"]
+        (self.lo_at, self.lo_ver), self.nkeys = local_only, cfg["keys"]
         self.names = key_names(self.nkeys)
         self.lo_base = host * len(self.names)
         self.max_nbytes = cfg["max_value_bytes"]
@@ -202,14 +215,20 @@ class TierWorkload:
             getattr(self, "_" + op)(key, i)
         except (TooLargeError, PinnedError):
             pass  # documented refusals of the local cache
+        except RemoteError as exc:
+            if op in ATOMIC:
+                self.c[self.base + REFUSED] += 1
+            else:
+                self.report(ERRORS, f"{op}({key!r}) raised though the TieredCache is not strict: {exc!r}")
         except ComputeTimeout as exc:
             self.report(ERRORS, f"{op}({key!r}): {exc!r}")
         except Exception:
             self.report(ERRORS, f"{op}({key!r}): {traceback.format_exc()}")
         if self.tier._row[C_LOCAL_ONLY_PUTS] != local_only:  # kept locally only: may differ from Redis, by design
             self.lo_at[self.lo_base + i] = time.monotonic()
+            self.lo_ver[self.lo_base + i] = self.tier.local.get_with_version(KindKey(self.tier._n, key))[1] or 0
         c[b + PENDING] = 0
-        c[b + LEADING] = int(bool(self.tier._listener and self.tier._listener.leading))
+        c[b + LEADING] = int(leading(self.tier))
         c[b + OPS] += 1
 
     def _get(self, key, i) -> None:
@@ -260,13 +279,18 @@ class TierWorkload:
     def _incr(self, key, i) -> None:
         row, j = self.tier._row, i - self.nkeys
         errors, local_only = row[C_REMOTE_ERRORS], row[C_LOCAL_ONLY_PUTS]
-        v = self.tier.incr(key)
+        try:
+            v = self.tier.incr(key)
+        except RemoteError:
+            if self.tier._row[C_REMOTE_ERRORS] != errors:  # a call failed: it may have been applied (a timeout)
+                self.c[self.base + INCR_UNSURE + j] += 1
+            raise
         if type(v) is not int or v < 1:
             self.report(WRONG, f"incr({key!r}) returned {v!r}")
         row = self.tier._row
         if row[C_REMOTE_ERRORS] != errors:  # a call failed: it may have been applied (a timeout) or not
             self.c[self.base + INCR_UNSURE + j] += 1
-        elif row[C_LOCAL_ONLY_PUTS] == local_only:
+        elif row[C_LOCAL_ONLY_PUTS] == local_only:  # not incremented locally only instead
             self.c[self.base + INCR_OK + j] += 1
 
     def _get_counter(self, key, i) -> None:
@@ -281,7 +305,7 @@ def open_tier(cfg: dict, local: SharedCache, **kwargs) -> TieredCache:
                        cluster=cfg["cluster"], **kwargs)
 
 
-def worker(cfg: dict, host: int, row: int, incarnation: int, seed: int, counts, local_only_at, phase) -> None:
+def worker(cfg: dict, host: int, row: int, incarnation: int, seed: int, counts, local_only, phase) -> None:
     """Random operations until the parent says stop (or is gone); then keep listening until it says exit."""
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1)  # the parent asks for a stack dump when progress stalls
@@ -292,7 +316,7 @@ def worker(cfg: dict, host: int, row: int, incarnation: int, seed: int, counts, 
     local = SharedCache(cfg["hosts"][host], create=False)
     tier = open_tier(cfg, local)
     try:
-        w = TierWorkload(tier, random.Random(seed), counts, row, local_only_at, host, incarnation, cfg)
+        w = TierWorkload(tier, random.Random(seed), counts, row, local_only, host, incarnation, cfg)
         while phase.value == RUN and os.getppid() == parent:
             w.step()
         counts[base + IDLE] = 1
@@ -306,9 +330,9 @@ def worker(cfg: dict, host: int, row: int, incarnation: int, seed: int, counts, 
 class Fleet:
     """The parent's view of the workers: start, kill and replace them, watch their progress."""
 
-    def __init__(self, ctx, cfg: dict, rng: random.Random, counts, local_only_at, phase, chaos: bool) -> None:
-        self.ctx, self.cfg, self.rng, self.counts, self.lo_at, self.phase = ctx, cfg, rng, counts, local_only_at, phase
-        self.chaos = chaos
+    def __init__(self, ctx, cfg: dict, rng: random.Random, counts, local_only, phase, chaos: bool) -> None:
+        self.ctx, self.cfg, self.rng, self.counts, self.phase = ctx, cfg, rng, counts, phase
+        self.local_only, self.chaos = local_only, chaos
         self.nhosts, self.procs_per_host = len(cfg["hosts"]), cfg["procs"]
         self.nkeys = cfg["keys"]
         self.unsure = [0] * COUNTERS  # increments in flight in killed or hung workers
@@ -331,7 +355,7 @@ class Fleet:
         self.incarnations[row] += 1
         seed = (self.cfg["seed"] * 1_000_003 + row) * 1009 + self.incarnations[row]
         self.procs[row] = start(self.ctx, worker, (self.cfg, self.host_of(row), row, self.incarnations[row], seed,
-                                                   c, self.lo_at, self.phase))
+                                                   c, self.local_only, self.phase))
 
     def settle(self, row: int) -> None:
         """Account for the operation a worker killed in ``row`` was in the middle of."""
@@ -342,7 +366,9 @@ class Fleet:
             if i >= self.nkeys:
                 self.unsure[i - self.nkeys] += 1
             if self.chaos and OP_NAMES[c[b + PENDING_OP]] in WRITES:  # it may have kept a copy locally only
-                self.lo_at[self.host_of(row) * (self.nkeys + COUNTERS) + i] = time.monotonic()
+                at, ver = self.local_only
+                j = self.host_of(row) * (self.nkeys + COUNTERS) + i
+                at[j], ver[j] = time.monotonic(), -1  # -1: whatever copy the host holds
         c[b + PENDING] = 0
 
     def kill(self, row: int) -> None:
@@ -421,6 +447,20 @@ class Fleet:
         return len(stuck)
 
 
+def subscribed_port(url: str, namespace: str) -> int:
+    """The port of the cluster node the listeners subscribe on: redis-py's ClusterPubSub picks the node serving the
+    channel's slot."""
+    import redis
+
+    from shmcache.remote import KEY_PREFIX
+
+    client = redis.RedisCluster.from_url(url)
+    try:
+        return client.get_node_from_key(KEY_PREFIX + namespace.encode()).port
+    finally:
+        client.close()
+
+
 def outage_schedule(rng: random.Random, seconds: float, n: int) -> list[tuple[float, float]]:
     """(start, end) of ``n`` outages, one in each of ``n`` equal slices of OUTAGE_SPAN of the run (fewer if the
     run is too short to fit them)."""
@@ -466,6 +506,59 @@ def converge(observer: TieredCache, locals_: list, names: list[str]) -> tuple[li
         time.sleep(0.1)
 
 
+def judge(left: list, local_only, names: list[str], max_age: float, wall0: float, cluster_observer) -> tuple:
+    """(divergent, excused) among the copies ``left`` differing from Redis; the divergent ones are printed."""
+    divergent = excused = 0
+    now = time.monotonic()
+    for h, i, copy, cv, truth, tv in left:
+        if h < 0:
+            divergent += 1
+            print(f"final check: {truth}", file=sys.stderr)
+            continue
+        j = h * len(names) + i
+        age, lo_ver = now - local_only[0][j], local_only[1][j]
+        if lo_ver in (-1, cv) and age < max_age + 1.0:  # the very copy a local-only write left, not too old
+            excused += 1
+            continue
+        divergent += 1
+        if divergent > 20:
+            continue
+        # A version is Redis's clock in µs when the write happened (the host's cache clock just past the newest
+        # Redis version it saw, for a copy written locally only): shown in seconds from the start of the run.
+        last = f"{age:.1f} s ago (copy version {lo_ver})" if local_only[0][j] else "never"
+        since = f"{cv / 1e6 - wall0:+.2f} s" + (f", Redis's at {tv / 1e6 - wall0:+.2f} s" if tv else "")
+        where = ""
+        if cluster_observer is not None:
+            remote = cluster_observer._remote
+            where = f" on node :{remote.client.get_node_from_key(remote.key(encode_key(names[i]))).port}"
+        print(f"divergent: host {h} holds {names[i]!r} = {describe(copy)} (version {cv}), Redis{where} holds "
+              f"{describe(truth)} (version {tv}) [copy written at {since}]; the host's last local-only write of "
+              f"it: {last}", file=sys.stderr)
+    return divergent, excused
+
+
+def intact(observer: TieredCache, locals_: list, names: list[str], nkeys: int) -> int:
+    """How many values held at the end, in Redis or in a host's cache, are not intact values of their key."""
+    kinds = [local.kind(f"tier:{observer.namespace}")._n for local in locals_]
+    wrong = 0
+    for i, key in enumerate(names):
+        try:
+            values = [("Redis", observer.get_with_version(key)[0])]
+        except RemoteError:
+            values = []  # already counted as divergent by converge()
+        except ValueError as exc:  # shmcache.remote.unpack_value: a damaged blob
+            values = [("Redis", f"undecodable: {exc}")]
+        values += [(f"host {h}", local.get(KindKey(kinds[h], key))) for h, local in enumerate(locals_)]
+        for where, v in values:
+            if v is None:
+                continue
+            why = check_value(key, v) if i < nkeys else None if type(v) is int and v > 0 else "not a count"
+            if why:
+                wrong += 1
+                print(f"final check: {where} holds a wrong value under {key!r}: {why}", file=sys.stderr)
+    return wrong
+
+
 def check_counters(observer: TieredCache, fleet: Fleet, names: list[str]) -> bool:
     ok = True
     for j in range(COUNTERS):
@@ -504,6 +597,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "during the run (default: on)")
     p.add_argument("--outages", type=int, default=DEFAULT_OUTAGES, help="Redis outages with --chaos (default "
                    "%(default)s; fewer if the run is too short)")
+    p.add_argument("--victims", choices=("any", "unsubscribed"), default="any", help="with --cluster: the nodes "
+                   "the outages stop: any, or only those the hosts' listeners are not subscribed on, whose restart "
+                   "they cannot notice (default %(default)s)")
     p.add_argument("--kills", type=int, default=DEFAULT_KILLS, help="workers to SIGKILL and replace during the run "
                    "(default %(default)s)")
     p.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE, help="TieredCache max_age (default "
@@ -534,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     host_names = [f"{tag}-h{h}" for h in range(args.hosts)]
     namespace = f"stress-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     counts = ctx.RawArray("q", args.hosts * args.procs * NF)
-    local_only_at = ctx.RawArray("d", args.hosts * len(names))
+    # Per host and key: when a worker of the host last wrote the key locally only, and the version of the copy
+    # that left (-1: unknown, the worker was killed in the write).
+    local_only = (ctx.RawArray("d", args.hosts * len(names)), ctx.RawArray("q", args.hosts * len(names)))
     phase = ctx.RawValue("b", RUN)
     server = cluster = observer = obs_local = fleet = None
     locals_: list[SharedCache] = []
@@ -554,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
             server = RedisServer(tcp=True)
             url = server.url
         nodes = cluster.nodes if cluster else [server] if server else []
+        if cluster and args.victims == "unsubscribed":
+            nodes = [n for n in nodes if n.port != subscribed_port(url, namespace)]
         cfg = dict(url=url, cluster=args.cluster, namespace=namespace, hosts=host_names, procs=args.procs,
                    keys=args.keys, max_value_bytes=args.max_value_bytes, max_age=args.max_age, timeout=args.timeout,
                    retry_interval=args.retry_interval, lock_lease=args.lock_lease, seed=args.seed,
@@ -566,10 +666,10 @@ def main(argv: list[str] | None = None) -> int:
             events += [(s, "down"), (e, "up")]
         events += [(rng.uniform(*KILL_SPAN) * args.seconds, "kill") for _ in range(args.kills)]
         events.sort()
-        fleet = Fleet(ctx, cfg, rng, counts, local_only_at, phase, chaos)
+        fleet = Fleet(ctx, cfg, rng, counts, local_only, phase, chaos)
         for row in range(len(fleet.procs)):
             fleet.spawn(row)
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         while time.monotonic() - t0 < args.seconds:
             time.sleep(POLL_SECONDS)
             fleet.replace_crashed()
@@ -585,9 +685,14 @@ def main(argv: list[str] | None = None) -> int:
                     node.stop(keep_directory=True)
                     down.append(node)
                     outages += 1
+                    print(f"outage {outages}: Redis :{node.port} stopped at +{time.monotonic() - t0:.2f} s",
+                          file=sys.stderr, flush=True)
                 elif what == "up":
                     while down:
-                        down.pop().start()
+                        node = down.pop()
+                        node.start()
+                        print(f"outage {outages}: Redis :{node.port} started again at +{time.monotonic() - t0:.2f} s",
+                              file=sys.stderr, flush=True)
                 else:
                     fleet.kill_one()
         elapsed = time.monotonic() - t0
@@ -598,27 +703,21 @@ def main(argv: list[str] | None = None) -> int:
         obs_local = SharedCache(f"{tag}-observer", capacity_bytes=1 << 20, max_entries=256, create=True)
         observer = open_tier(cfg, obs_local, strict=True)
         left, settling, converged_in = converge(observer, locals_, names)
-        now = time.monotonic()
-        for h, i, copy, cv, truth, tv in left:
-            if h < 0:
-                divergent += 1
-                print(f"final check: {truth}", file=sys.stderr)
-                continue
-            if copy is not None and i < args.keys and check_value(names[i], copy):
-                wrong_final += 1
-            age = now - local_only_at[h * len(names) + i]
-            if age < args.max_age + 1.0:
-                excused += 1
-                continue
-            divergent += 1
-            if divergent <= 20:
-                print(f"divergent: host {h} holds {names[i]!r} = {describe(copy)} (version {cv}), Redis holds "
-                      f"{describe(truth)} (version {tv})", file=sys.stderr)
+        divergent, excused = judge(left, local_only, names, args.max_age, wall0, observer if cluster else None)
+        wrong_final = intact(observer, locals_, names, args.keys)
         if not chaos:
-            counters = "ok" if check_counters(observer, fleet, names) else "FAILED"
+            try:
+                counters = "ok" if check_counters(observer, fleet, names) else "FAILED"
+            except RemoteError as exc:
+                counters = "FAILED"
+                print(f"counters unreadable: {exc}", file=sys.stderr)
         phase.value = EXIT
         stuck = reap(fleet.procs, JOIN_SECONDS)
         hangs += len(stuck)
+        for p in fleet.procs:
+            if p not in stuck and p.exitcode != 0:
+                fleet.crashes += 1
+                print(f"worker {p.pid} exited with status {p.exitcode}", file=sys.stderr)
         for name in host_names:
             s = host_stats(name, namespace)
             for f in ("remote_errors", "local_only_puts", "invalidations", "stale_fills", "listener_starts",
@@ -663,15 +762,16 @@ def main(argv: list[str] | None = None) -> int:
         print("kills: " + " ".join(f"{aim}={n}" for aim, n in fleet.kills.items()), file=sys.stderr)
     return finish("tiered", {
         "ops": ops, "ops_s": round(ops / elapsed) if elapsed else 0, "wrong": wrong, "divergent": divergent,
-        "excused": excused, "errors": errors, "counters": counters, "hangs": hangs, "crashes": fleet.crashes,
-        "kills": sum(fleet.kills.values()), "outages": outages,
+        "excused": excused, "errors": errors, "refused": fleet.total(REFUSED), "counters": counters,
+        "hangs": hangs, "crashes": fleet.crashes, "kills": sum(fleet.kills.values()), "outages": outages,
         "remote_errors": stats.get("remote_errors", 0), "local_only_puts": stats.get("local_only_puts", 0),
         "invalidations": stats.get("invalidations", 0), "stale_fills": stats.get("stale_fills", 0),
         "listener_starts": stats.get("listener_starts", 0), "lock_waits": stats.get("lock_waits", 0),
         "takeovers": stats.get("lock_takeovers", 0),
         "computations": stats.get("computations", 0), "settling": settling, "converged_s": round(converged_in, 1),
         "seconds": round(elapsed, 1), "hosts": args.hosts, "procs": args.procs, "redis": redis_kind,
-    }, args.json, failed=bool(wrong or divergent or errors or hangs or fleet.crashes or counters == "FAILED"))
+    }, args.json, failed=bool(wrong or divergent or errors or hangs or fleet.crashes
+                              or counters == "FAILED"))
 
 
 if __name__ == "__main__":
