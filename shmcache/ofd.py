@@ -45,3 +45,30 @@ def held_elsewhere(fd: int, byte: int) -> bool:
     """Whether a description other than ``fd``'s holds any lock on ``byte`` (``F_OFD_GETLK``)."""
     reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(WRITE, os.SEEK_SET, byte, 1, 0))
     return _FLOCK.unpack(reply)[0] != fcntl.F_UNLCK
+
+
+def judge(path: str, name: str, byte: int, length: int, remove: bool) -> dict | None:
+    """``sweep``'s verdict on the file at ``path``: ``in use`` while any description holds a lock on its ``length``
+    bytes from ``byte``, else ``orphan`` (unlinked with ``remove``, if it is still the file judged); None if it is
+    gone. The bytes are held exclusively while judging, so a process that opens the file meanwhile keeps it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        return {"name": name, "state": "not accessible"}
+    try:
+        if not lock(fd, byte, WRITE, wait=False, length=length):
+            return {"name": name, "state": "in use"}
+        st = os.fstat(fd)
+        entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
+        if remove:
+            try:
+                if os.stat(path).st_ino == st.st_ino:  # still the file judged: not one created since
+                    os.unlink(path)
+                    entry["removed"] = True
+            except FileNotFoundError:
+                pass
+        return entry
+    finally:
+        os.close(fd)  # releases the exclusive lock

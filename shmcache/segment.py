@@ -301,30 +301,9 @@ def sweep(remove: bool = False, names=None) -> list[dict]:
     holds a shared lock on its ``LIVE_BYTE``, and the sweep unlinks only while it holds that byte exclusively."""
     found = []
     for name in segment_names() if names is None else sorted(set(names)):
-        path = _SHM_DIR + shm_name(name)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue  # removed meanwhile
-        except PermissionError:
-            found.append({"name": name, "state": "not accessible"})
-            continue
-        try:
-            if not ofd.lock(fd, ofd.LIVE_BYTE, ofd.WRITE, wait=False):
-                found.append({"name": name, "state": "in use"})
-                continue
-            st = os.fstat(fd)
-            entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
-            if remove:
-                try:
-                    if os.stat(path).st_ino == st.st_ino:  # still the file judged: not one created since
-                        os.unlink(path)
-                        entry["removed"] = True
-                except FileNotFoundError:
-                    pass
+        entry = ofd.judge(_SHM_DIR + shm_name(name), name, ofd.LIVE_BYTE, 1, remove)
+        if entry is not None:
             found.append(entry)
-        finally:
-            os.close(fd)  # releases the exclusive lock
     # The stats segments of TieredCache namespaces, of these caches (or of all).
     return found + tierstats.sweep(remove, None if names is None else set(names))
 

@@ -198,28 +198,7 @@ def sweep(remove: bool = False, caches=None) -> list[dict]:
         if caches is not None and cache not in caches:
             continue
         name = segment_name(cache, namespace)
-        path = _SHM_DIR + name
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        except PermissionError:
-            found.append({"name": name, "state": "not accessible"})
-            continue
-        try:
-            if not ofd.lock(fd, 0, ofd.WRITE, wait=False, length=TIER_ROWS):
-                found.append({"name": name, "state": "in use"})
-                continue
-            st = os.fstat(fd)
-            entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
-            if remove:
-                try:
-                    if os.stat(path).st_ino == st.st_ino:
-                        os.unlink(path)
-                        entry["removed"] = True
-                except FileNotFoundError:
-                    pass
+        entry = ofd.judge(_SHM_DIR + name, name, 0, TIER_ROWS, remove)
+        if entry is not None:
             found.append(entry)
-        finally:
-            os.close(fd)
     return found
