@@ -6,10 +6,11 @@ Invariants, for one key of a namespace (``tiered.py`` says why they bound stalen
 
 - A copy carries its Redis version as its entry version, and is never replaced by an older one.
 - A copy is stored only by a fill (a read of Redis, or the host's own write) that registered itself first, with a
-  *mark*: an entry of the namespace's mark kind, created at 0 if absent and living a few seconds. An invalidation of
-  version V raises a mark below V to V and drops copies older than V; a store is refused if its mark is gone (a
-  clear, an eviction or its expiry may have hidden an invalidation from it), if the mark is above its version, or if
-  its fill took longer than its deadline (after which its mark may have expired).
+  *mark*: an entry of the namespace's mark kind, created at 0 if absent and living a few seconds; its entry version
+  is its generation, kept when an invalidation raises it. An invalidation of version V raises a mark below V to V
+  and drops copies older than V. A store is refused if its mark is gone or is another generation (a clear, an
+  eviction or its expiry may have hidden an invalidation from it, and a later fill may have made a new mark), if
+  the mark is above its version, or if its fill took longer than its deadline (after which its mark may expire).
 - A clear of the namespace drops its copies and all its marks, so every fill in flight is refused; a copy an open
   view pins cannot be dropped, so it is expired instead: no lookup returns it and it goes once unpinned.
 """
@@ -33,24 +34,28 @@ def _mark(cache, m: int) -> int:
     return value if type(value) is int else 0
 
 
-def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> None:
+def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> int:
     """Register a fill of the key whose mark is at ``mkb``: create its mark at 0, or make it live ``mark_ttl`` ns
-    from now if it exists."""
+    from now if it exists. Returns the mark's generation (its entry version), which the fill's store must find
+    again: a mark dropped and made anew (by a later fill) is another mark, which may have missed invalidations."""
     m = cache._find_live(mkb, mfp, True)
     expires = cache._expires_locked(mark_ttl)
     if m == EMPTY:
         cache._store_locked(EMPTY, *cache._sized(mkb, *encode_parts(0)), expires)
+        m = cache._find_live(mkb, mfp)
     elif cache._exp[m] and cache._exp[m] < expires:
         cache._exp[m] = expires  # later, never earlier: the bound next_expiry stays a lower bound
+    return int(cache._table.ver[m])
 
 
-def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, version: int, ttl: int, deadline: float) -> bool:
+def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, generation: int, version: int, ttl: int,
+                 deadline: float) -> bool:
     """Store the copy ``encoded`` (``SharedCache._sized``) of Redis version ``version`` for ``ttl`` ns, if its fill
-    is in time and nothing newer is known; False if refused."""
+    is in time, its mark (of ``generation``) is still there and nothing newer is known; False if refused."""
     if time.monotonic() > deadline:
         return False
     m = cache._find_live(mkb, mfp)
-    if m == EMPTY or _mark(cache, m) > version:
+    if m == EMPTY or cache._table.ver[m] != generation or _mark(cache, m) > version:
         return False
     old = cache._find_live(encoded[0], encoded[3], True)
     if old != EMPTY and cache._table.ver[old] > version:
@@ -64,8 +69,9 @@ def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: 
     a copy went."""
     m = cache._find_live(mkb, mfp)
     if m != EMPTY and _mark(cache, m) < version:
-        try:
-            cache._store_locked(m, *cache._sized(mkb, *encode_parts(version)), cache._exp[m])
+        try:  # the same generation: the fills registered on this mark stay registered
+            cache._store_locked(m, *cache._sized(mkb, *encode_parts(version)), cache._exp[m],
+                                int(cache._table.ver[m]))
         except ShmCacheError:  # no room for the larger int: without its mark, the fill it served is refused
             _drop(cache, cache._find_live(mkb, mfp))
     e = cache._find_live(kb, fp)
@@ -73,6 +79,17 @@ def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: 
         return False
     _drop(cache, e)
     return True
+
+
+def drop_locked(cache, kb: bytes, fp: int):
+    """Drop this host's copy at ``kb`` (expire it, if pinned), as a Redis-less delete does; its (tag, body), or
+    None if there was none."""
+    e = cache._find_live(kb, fp)
+    if e == EMPTY:
+        return None
+    found = cache._body_locked(e)
+    _drop(cache, e)
+    return found
 
 
 def _drop(cache, e: int) -> None:

@@ -44,28 +44,41 @@ class Lease:
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join(5)
-        try:
-            self._remote.unlock(self._kb, self._token)
-        except RemoteError:
-            pass  # it expires by itself
+        _unlock(self._remote, self._kb, self._token)
+
+
+class RedisDown(Exception):
+    """Redis failed while this host looked for the value or for the lock: ``error`` is the RemoteError. Apart from
+    a RemoteError ``fn`` raises itself, which is ``fn``'s to pass on."""
+
+    def __init__(self, error: RemoteError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _ask(call, *args):
+    try:
+        return call(*args)
+    except RemoteError as exc:
+        raise RedisDown(exc) from exc
 
 
 def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
     """The value of ``key`` from Redis, or computed by this host under the fleet's lock and written through.
-    Raises RemoteError when Redis fails (the caller decides what then), ComputeTimeout past ``deadline``."""
+    Raises RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past ``deadline``."""
     remote, row = tier._remote, tier._row
     token = os.urandom(16)
     pause, waited = WAIT_FIRST_S, False
     while True:
-        value = tier._fetch(kb, count_miss=not waited)
+        value = _ask(tier._fetch, kb, not waited)
         if value is not tier._MISSING:
             return value
-        if remote.try_lock(kb, token, tier._lease_ms):
+        if _ask(remote.try_lock, kb, token, tier._lease_ms):
             # The computer may have stored its value and released the lock between the read above and this lock:
             # one more read, now that no other host can be computing.
-            value = tier._fetch(kb, count_miss=False)
+            value = _ask(tier._fetch, kb, False)
             if value is not tier._MISSING:
-                remote.unlock(kb, token)
+                _unlock(remote, kb, token)
                 return value
             break
         if not waited:
@@ -84,3 +97,10 @@ def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
         value = fn()
         tier._put_computed(key, value, ttl)
     return value
+
+
+def _unlock(remote, kb: bytes, token: bytes) -> None:
+    try:
+        remote.unlock(kb, token)
+    except RemoteError:
+        pass  # it expires by itself

@@ -37,7 +37,8 @@ _HEADER_ROOM = bytes(REMOTE_HEADER.size)
 _KEEPALIVE = {socket.TCP_KEEPIDLE: 5, socket.TCP_KEEPINTVL: 2, socket.TCP_KEEPCNT: 3}
 # Error replies that mean Redis cannot serve for now, as a refused connection does: an outage (with the classes of
 # _outage_classes, which redis-py raises for some of them with the code stripped from the message).
-_OUTAGE_REPLIES = ("READONLY", "OOM", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "TRYAGAIN", "BUSY")
+_OUTAGE_REPLIES = ("READONLY", "OOM", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "TRYAGAIN", "BUSY", "MISCONF",
+                   "NOREPLICAS")
 LOG_EVERY_S = 60.0  # an error that is not an outage is logged at most this often per kind
 CLEAR_BATCH = 500  # keys deleted per command while clearing
 
@@ -192,14 +193,20 @@ class Remote:
 
     @property
     def client(self):
-        """The redis-py client, made on first use (raises what making it raises)."""
+        """The redis-py client, made on first use (raises what making it raises, or RemoteError while Redis is
+        in its retry interval: threads that queued to make it do not each try again)."""
         if self._client is None:
             with self._lock:
                 if self._client is None:
+                    if self._skipping():
+                        raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
                     client = self._factory()
                     self._scripts = [client.register_script(s) for s in (_WRITE, _DELETE, _TOUCH, _UNLOCK, _RENEW)]
                     self._client = client
         return self._client
+
+    def _skipping(self) -> bool:
+        return self._down and time.monotonic() < self._down_until
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
@@ -213,15 +220,17 @@ class Remote:
     def _call(self, what: str, fn, *args, **kwargs):
         """``fn(client, *args, **kwargs)``, timed and counted; a failure becomes RemoteError."""
         row = self.rows.row
-        if self._down and time.monotonic() < self._down_until:
+        if self._skipping():
             row[C_REMOTE_SKIPPED] += 1
             raise RemoteError(f"Redis failed less than {self.retry_interval:g} s ago; not asked again yet",
                               what=what, hint="the cache retries by itself; see the log for the failure")
-        redis = _redis()
         t0 = time.perf_counter_ns()
         try:
             result = fn(self.client, *args, **kwargs)
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        except RemoteError:
+            row[C_REMOTE_SKIPPED] += 1  # from ``client``: the circuit opened while this thread waited to make it
+            raise
+        except Exception as exc:  # whatever redis-py raises (its own errors, OSError, and its bugs) is contained
             self._failed(what, exc)
             raise RemoteError(f"Redis {what} failed: {exc!r}", what=what,
                               hint="check that Redis is up and reachable; raise timeout= if it is merely slow"
@@ -241,7 +250,7 @@ class Remote:
         if isinstance(exc, redis.exceptions.TimeoutError):
             row[C_REMOTE_TIMEOUTS] += 1
         outage = (not isinstance(exc, redis.exceptions.ResponseError) or str(exc).startswith(_OUTAGE_REPLIES)
-                  or isinstance(exc, _outage_classes(redis)))
+                  or isinstance(exc, _outage_classes(redis)))  # a bug of redis-py's too: better skipped a while
         if outage:
             with self._lock:
                 first = not self._down
@@ -307,14 +316,16 @@ class Remote:
         def run(client):
             nonlocal n
             batch = []
-            for key in client.scan_iter(match=pattern, count=CLEAR_BATCH):
-                batch.append(key)
-                if len(batch) == CLEAR_BATCH:
+            try:
+                for key in client.scan_iter(match=pattern, count=CLEAR_BATCH):
+                    batch.append(key)
+                    if len(batch) == CLEAR_BATCH:
+                        n += self._unlink(client, batch)
+                        batch = []
+                if batch:
                     n += self._unlink(client, batch)
-                    batch = []
-            if batch:
-                n += self._unlink(client, batch)
-            client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
+            finally:  # also when cut short: what was unlinked must not stay cached on the hosts
+                client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
 
         self._call("clear", run)
         return n

@@ -82,6 +82,8 @@ class TieredCache:
         self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
                               strict=strict, lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
         self._url = remote if isinstance(remote, str) else None
+        if self._url is not None and not self._url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"remote must be a redis://, rediss:// or unix:// URL, got {remote!r}")
         self.local = local
         self.namespace = namespace
         self.max_age = float(max_age)
@@ -95,15 +97,19 @@ class TieredCache:
         kind, marks = local.kind(f"tier:{namespace}"), local.kind(f"mark:{namespace}")
         self._kind, self._n, self._marks_n = kind, kind._n, marks._n
         self._kprefix, self._mprefix = bytes((KIND_PREFIX, kind._n)), bytes((KIND_PREFIX, marks._n))
-        self._rows = Rows(local.name, namespace, os.fstat(local._seg.fd).st_mode & 0o777)
-        self._row = self._rows.row
         if self._url is None:
+            encoder = getattr(remote, "get_encoder", None)
+            if encoder is None or encoder().decode_responses:
+                raise TypeError("remote must be a redis:// URL or a redis-py client made without decode_responses")
             client = remote
             factory = lambda: client  # noqa: E731
         else:
             factory = lambda: connect(remote, timeout=timeout, cluster=cluster)  # noqa: E731
+        self._rows = Rows(local.name, namespace, os.fstat(local._seg.fd).st_mode & 0o777)
+        self._row = self._rows.row
         self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval)
         self._listener_box: list = [None]
+        self._owns_local = False  # True when unpickling opened the local handle (closed with this one)
         self._state = _READY
         _handles.add(self)
         # Collected without close(): the same release (the listener holds this object weakly, so this can happen).
@@ -141,9 +147,8 @@ class TieredCache:
     def _fetch(self, kb: bytes, count_miss: bool = True):
         """The value of ``kb`` from Redis, copied into the local cache, or _MISSING if Redis has none (or one that
         is not valid). Counts the remote hit or miss; raises RemoteError."""
-        mkb = self._mprefix + kb
-        self.local._locked(copies.begin_fill_locked, self.local, mkb, fingerprint(mkb), ttl_ns(self._mark_s))
-        t0 = time.monotonic()
+        t0 = time.monotonic()  # before the mark: the deadline must fall within the mark's life
+        generation = self._begin(kb)
         found = self._remote.read(kb)
         decoded = None if found is None else self._decode(kb, found[0])
         if decoded is None:
@@ -156,8 +161,18 @@ class TieredCache:
         if found[1] >= 0:
             ttl = min(ttl, found[1] / 1000)
         if ttl > 0:
-            self._keep(kb, tag, body, version, ttl, t0 + self._fill_s)
+            self._keep(kb, tag, body, version, ttl, t0 + self._fill_s, generation)
         return value
+
+    def _begin(self, kb: bytes):
+        """Register a fill of ``kb`` (``copies.begin_fill_locked``); its mark's generation, or None when the host
+        cannot hold the mark (a key too large for it, or all its room pinned): then no copy is stored."""
+        mkb = self._mprefix + kb
+        try:
+            return self.local._locked(copies.begin_fill_locked, self.local, mkb, fingerprint(mkb),
+                                      ttl_ns(self._mark_s))
+        except (TooLargeError, PinnedError):
+            return None
 
     def _decode(self, kb: bytes, blob: bytes):
         """(version, tag, body, value) of a value read from Redis; None, counted and logged, if it is not valid."""
@@ -170,14 +185,17 @@ class TieredCache:
                         self._remote.key(kb), self.namespace, exc)
             return None
 
-    def _keep(self, kb: bytes, tag: int, body, version: int, ttl: float, deadline: float) -> None:
+    def _keep(self, kb: bytes, tag: int, body, version: int, ttl: float, deadline: float, generation) -> None:
         """Store a copy of Redis version ``version`` for ``ttl`` s, unless it is stale or late (``copies.py``)."""
+        if generation is None:  # no mark, so no copy: and an older one must not stay
+            self._drop_older(kb, version)
+            return
         local = self.local
         mkb = self._mprefix + kb
         try:
             encoded = local._sized(self._kprefix + kb, tag, body)
-            if not local._locked(copies.store_locked, local, encoded, mkb, fingerprint(mkb), version, ttl_ns(ttl),
-                                 deadline):
+            if not local._locked(copies.store_locked, local, encoded, mkb, fingerprint(mkb), generation, version,
+                                 ttl_ns(ttl), deadline):
                 self._row[C_STALE_FILLS] += 1
         except (TooLargeError, PinnedError):  # no room for it, or a view holds the old copy: the old must go
             self._drop_older(kb, version)
@@ -229,14 +247,14 @@ class TieredCache:
             ttl, ttl_ms = max(kept_ms, 0) / 1000, -1
         kb = encode_key(key)
         tag, body = encode_parts(value)
-        mkb = self._mprefix + kb
-        self.local._locked(copies.begin_fill_locked, self.local, mkb, fingerprint(mkb), ttl_ns(self._mark_s))
         t0 = time.monotonic()
+        generation = self._begin(kb)
         version = self._remote.write(kb, pack_payload(kb, tag, body), ttl_ms, mode, expected)
         self._row[C_PUTS] += 1
         if version is None:
             return False
-        self._keep(kb, tag, body, version, min(ttl, self.max_age) if ttl else self.max_age, t0 + self._fill_s)
+        self._keep(kb, tag, body, version, min(ttl, self.max_age) if ttl else self.max_age, t0 + self._fill_s,
+                   generation)
         return True
 
     def _local_ttl(self, ttl) -> float:
@@ -318,8 +336,7 @@ class TieredCache:
         except RemoteError:
             if self.strict:
                 raise
-            self._row[C_LOCAL_ONLY_PUTS] += 1
-            return self._kind.delete(key)
+            return self._drop_copy(kb) is not None
         self._row[C_PUTS] += 1
         if version is None:
             return False
@@ -336,8 +353,8 @@ class TieredCache:
         except RemoteError:
             if self.strict:
                 raise
-            self._row[C_LOCAL_ONLY_PUTS] += 1
-            return self._kind.pop(key, default)
+            found = self._drop_copy(kb)
+            return default if found is None else decode_body(*found)
         self._row[C_PUTS] += 1
         if found is None:
             return default
@@ -357,12 +374,18 @@ class TieredCache:
         except RemoteError:
             if self.strict:
                 raise
-            self._row[C_LOCAL_ONLY_PUTS] += 1
-            return self._kind.touch(key, self._local_ttl(ttl))
+            # The time to live is Redis's to change; this host's copy, which carries the old one, goes.
+            return self._drop_copy(kb) is not None
         self._row[C_PUTS] += 1
         if version is not None:
             self._drop_older(kb, version)
         return version is not None
+
+    def _drop_copy(self, kb: bytes):
+        """A write Redis could not take, applied to this host's copy: it goes (expired, if a view pins it)."""
+        self._row[C_LOCAL_ONLY_PUTS] += 1
+        lkb = self._kprefix + kb
+        return self.local._locked(copies.drop_locked, self.local, lkb, fingerprint(lkb))
 
     def clear(self) -> int:
         """Remove every key of the namespace from Redis and every host's copies; how many keys Redis held. Not
@@ -418,9 +441,9 @@ class TieredCache:
                     return value
             try:
                 return lease.compute(self, key, kb, fn, deadline, ttl)
-            except RemoteError:
+            except lease.RedisDown as down:  # Redis failed; fn's own exceptions, RemoteError included, pass
                 if self.strict:
-                    raise
+                    raise down.error from None
             self._row[C_COMPUTATIONS] += 1
             value = fn()
             try:
@@ -517,6 +540,9 @@ class TieredCache:
         self._state = _CLOSED
         _handles.discard(self)
         self._finalizer()
+        self._row = self._rows.row  # the private row close() left: late counts go nowhere
+        if self._owns_local:
+            self.local.close()
 
     def unlink(self) -> None:
         """Remove the host's stats segment of this namespace (the local cache and Redis are untouched)."""
@@ -539,13 +565,15 @@ class TieredCache:
         return _reopen, (self.local, self._url, self._settings)
 
     def _after_fork_in_child(self) -> None:
-        self._rows.after_fork_in_child()
-        self._row = self._rows.row
+        # Order: what could leave the child stuck (a lock held at the fork, a listener role it cannot serve) first;
+        # the stats row last (its failure leaves a private row: see _after_fork_in_child below).
         self._remote.after_fork_in_child()
         listener = self._listener_box[0]
+        self._listener_box[0] = None
         if listener is not None:
             listener.after_fork_in_child()
-            self._listener_box[0] = None
+        self._rows.after_fork_in_child()
+        self._row = self._rows.row
         if self._state is _READY:
             # The child's standby listener starts on its first call (get included): not here, where a thread
             # would start in every forked child, those about to exec too.
@@ -561,16 +589,19 @@ def _release(listener_box: list, rows: Rows, remote: Remote, owns_client: bool) 
         remote.close()
 
 
-_reopened: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_reopened: dict = {}
 
 
 def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
     """The unpickled TieredCache: one per process for the same settings, however often it is unpickled (a task
-    argument is, once per task)."""
+    argument is, once per task). Unpickling opened ``local`` anew: the handle kept owns it."""
     key = (os.getpid(), local.name, url, tuple(sorted(settings.items())))
     tier = _reopened.get(key)
-    if tier is None or tier._state is _CLOSED:
-        tier = _reopened[key] = TieredCache(local, url, **settings)
+    if tier is not None and tier._state is not _CLOSED:
+        local.close()
+        return tier
+    tier = _reopened[key] = TieredCache(local, url, **settings)
+    tier._owns_local = True
     return tier
 
 

@@ -102,3 +102,23 @@ def redis_cluster_url() -> str:
     _need_redis(REDIS_BINARY, REDIS_CLI_BINARY)
     with RedisClusterServers() as cluster:
         yield cluster.url
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A TieredCache namespace no other test uses."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def hosts(redis_url, namespace):
+    """Two simulated hosts (``tests/tiers.py``) on one Redis, each subscribed for the other's invalidations."""
+    from .tiers import Host, eventually
+
+    made = [Host(redis_url, namespace), Host(redis_url, namespace)]
+    for h in made:
+        eventually(h.listening, what="listener start")
+    yield made
+    made[0].tier.clear()
+    for h in made:
+        h.close()

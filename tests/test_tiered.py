@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -16,59 +15,10 @@ from shmcache import RemoteError, SharedCache, TieredCache
 from shmcache.codec import KindKey, encode_key
 from shmcache.tiered import host_stats
 
-from .conftest import unique_name
+from .tiers import Host, eventually, mark as _mark
 from .workers import check_value, make_value
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def eventually(predicate, timeout: float = 10.0, what: str = "condition"):
-    """Poll ``predicate`` until it is true; fail after ``timeout`` s (a bound on a wait, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
-        time.sleep(0.005)
-
-
-class Host:
-    """One simulated host: a local cache of its own and a TieredCache over it."""
-
-    def __init__(self, url: str, namespace: str, **kwargs) -> None:
-        self.name = unique_name("host")
-        self.local = SharedCache(self.name, capacity_bytes=1 << 20, max_entries=512, create=True,
-                                 clock=kwargs.pop("clock", None))
-        self.tier = TieredCache(self.local, url, namespace=namespace, **kwargs)
-
-    def local_copy(self, key, default=None):
-        """What this host's local cache holds for ``key`` (without asking Redis)."""
-        return self.local.get(KindKey(self.tier._n, key), default)
-
-    def listening(self) -> bool:
-        """Whether this host's listener has subscribed (its first subscription drops the copies made before)."""
-        return self.tier.stats().listener_starts >= 1
-
-    def close(self) -> None:
-        self.tier.close()
-        self.tier.unlink()
-        self.local.close()
-        SharedCache.unlink_name(self.name)
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def hosts(redis_url, namespace):
-    """Two hosts on one Redis, each listening for the other's invalidations."""
-    made = [Host(redis_url, namespace), Host(redis_url, namespace)]
-    for h in made:
-        eventually(h.listening, what="listener start")
-    yield made
-    made[0].tier.clear()
-    for h in made:
-        h.close()
 
 
 def test_tiered_hosts_see_each_others_puts(hosts):
@@ -273,21 +223,6 @@ def test_tiered_stale_copy_is_never_stored(hosts, monkeypatch):
     assert b.local_copy("k") is None, "a stale copy was stored after the invalidation of its version"
     assert b.tier.stats().stale_fills == 1
     assert b.tier.get("k")["seq"] == 2 and b.local_copy("k")["seq"] == 2
-
-
-def _mark(host, key) -> int:
-    """The mark of ``key`` on ``host``: the highest invalidation applied since a fill of it began (-1: no mark)."""
-    from shmcache import copies
-    from shmcache.codec import fingerprint
-    from shmcache.layout import EMPTY
-
-    mkb = host.tier._mprefix + encode_key(key)
-
-    def read(cache):
-        m = cache._find_live(mkb, fingerprint(mkb))
-        return -1 if m == EMPTY else copies._mark(cache, m)
-
-    return host.local._locked(read, host.local)
 
 
 def test_tiered_foreign_or_damaged_value_reads_absent(hosts, caplog):

@@ -11,7 +11,7 @@ import pytest
 
 from shmcache.codec import encode_key
 
-from .test_tiered import Host, eventually
+from .tiers import Host, eventually
 from .workers import check_value, make_value
 
 pytestmark = pytest.mark.timeout(90)

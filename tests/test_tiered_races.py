@@ -14,7 +14,7 @@ import pytest
 from shmcache import ClosedError, RemoteError, SharedCache, TieredCache
 from shmcache.codec import encode_key
 
-from .test_tiered import Host, _mark, eventually, hosts, namespace  # noqa: F401 (fixtures)
+from .tiers import Host, eventually, mark as _mark
 from .workers import make_value
 
 pytestmark = pytest.mark.timeout(60)
@@ -198,3 +198,127 @@ def test_tiered_cluster_down_at_start_is_contained(name):
                 t.incr("n")
             assert t.stats().remote_errors >= 1
             t.unlink()
+
+
+def test_tiered_fill_whose_mark_was_made_anew_is_not_kept(hosts, monkeypatch, redis_url):
+    """b's first process reads v1; a deletes the key and b raises the mark; b's marks are dropped (a gap) and a
+    second process of b makes a new mark by reading the key (absent). The first fill's mark is not that one: its
+    v1 must not be stored."""
+    a, b = hosts
+    b2 = TieredCache(b.local, redis_url, namespace=b.tier.namespace)
+    try:
+        a.tier.put("k", "v1")
+        eventually(lambda: b.tier.stats().invalidations == 1, what="b applying the put's message")
+
+        def delete_gap_refill():
+            a.tier.delete("k")
+            eventually(lambda: b.tier.stats().invalidations == 2, what="b applying the delete")
+            assert _mark(b, "k") > 0
+            b.tier._on_gap()  # as a resubscription does
+            assert b2.get("k") is None  # a new mark, at 0
+
+        _delay_read(monkeypatch, b, delete_gap_refill)
+        assert b.tier.get("k") == "v1"
+        assert b.local_copy("k") is None and b.tier.get("k") is None
+    finally:
+        b2.close()
+
+
+def test_tiered_fill_past_its_deadline_is_not_kept(hosts, monkeypatch):
+    a, b = hosts
+    a.tier.put("k", 1)
+    _delay_read(monkeypatch, b, lambda: __import__("time").sleep(b.tier._fill_s + 0.1))
+    stale = b.tier.stats().stale_fills
+    assert b.tier.get("k") == 1
+    assert b.local_copy("k") is None and b.tier.stats().stale_fills == stale + 1
+
+
+def test_tiered_fn_raising_remote_error_runs_once(hosts):
+    a, _ = hosts
+    runs = []
+
+    def fn():
+        runs.append(1)
+        raise RemoteError("from another cache fn uses", what="test")
+
+    with pytest.raises(RemoteError):
+        a.tier.get_or_compute("k", fn)
+    assert runs == [1]
+
+
+class _Failing:
+    """A stand-in redis-py client whose every command fails with ``exc``."""
+
+    def __init__(self, exc) -> None:
+        self.exc = exc
+
+    def get_encoder(self):
+        return type("Encoder", (), {"decode_responses": False})()
+
+    def register_script(self, script):
+        return lambda **kw: self.get(None)
+
+    def get(self, key):
+        raise self.exc
+
+    def pubsub(self):
+        raise self.exc
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("reply, outage", [("READONLY You can't write against a read only replica.", True),
+                                           ("MISCONF Redis is configured to save RDB snapshots", True),
+                                           ("ERR unknown command", False)])
+def test_tiered_outage_replies_open_the_circuit(name, reply, outage):
+    import redis
+
+    from shmcache.remote import _redis
+
+    parsed = redis.connection.BaseParser.parse_error(reply) if hasattr(redis.connection, "BaseParser") else \
+        redis.exceptions.ResponseError(reply)
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as local:
+        with TieredCache(local, _Failing(parsed), namespace="circuit", retry_interval=60) as t:
+            assert t.get("a") is None and t.get("b") is None
+            s = t.stats()
+            assert (s.remote_errors, s.remote_skipped) == ((1, 1) if outage else (2, 0))
+            t.unlink()
+    assert _redis() is redis
+
+
+def test_tiered_refuses_what_it_cannot_use(name):
+    import redis
+
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as local:
+        with pytest.raises(ValueError, match="URL"):
+            TieredCache(local, "localhost:6379", namespace="x")
+        with pytest.raises(TypeError, match="decode_responses"):
+            TieredCache(local, redis.Redis(decode_responses=True), namespace="x")
+
+
+def test_tiered_key_too_large_for_the_host_still_reaches_redis(hosts):
+    a, b = hosts
+    key = "k" * (2 << 20)  # a key no 1 MiB host can hold, not even as a mark
+    a.tier.put(key, "v")
+    assert b.tier.get(key) == "v" and a.tier.get(key) == "v"
+    assert b.tier.get_or_compute(key, lambda: "other") == "v"
+
+
+def test_tiered_writes_redis_refuses_drop_the_copy(hosts, redis_server, namespace):
+    """With Redis unavailable, delete, pop and touch drop the host's copy (expired if a view pins it): none may
+    live on past what Redis would have done."""
+    h = Host(redis_server.url, namespace, timeout=0.1, retry_interval=0.1)
+    try:
+        eventually(h.listening, what="listener subscribed")
+        for k in ("d", "p", "t"):
+            h.tier.put(k, k.encode() * 3)
+        redis_server.stop()
+        with h.tier._kind.view("d"):
+            assert h.tier.delete("d") is True
+        assert h.local_copy("d") is None
+        assert h.tier.pop("p") == b"ppp" and h.local_copy("p") is None
+        assert h.tier.touch("t", 100) is True and h.local_copy("t") is None
+        assert h.tier.stats().local_only_puts == 3
+    finally:
+        h.close()
