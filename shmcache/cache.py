@@ -40,6 +40,7 @@ from .layout.dtypes import (
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
+from .mapping import ItemAccess
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
@@ -74,7 +75,7 @@ def _closed() -> ClosedError:
     return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
 
 
-class SharedCache:
+class SharedCache(ItemAccess):
     """A bounded LRU cache in POSIX shared memory that every process on the host can open by name.
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
@@ -429,16 +430,13 @@ class SharedCache:
         finally:
             _unlock(addr)
 
-    def _encode(self, key, value, kb: bytes | None = None) -> tuple:
+    def _encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> tuple:
         """Everything a store needs that can be computed without the lock: (key bytes, value tag, value body,
-        fingerprint, checksum, payload size, block size); ``kb``: the key already encoded. Raises TypeError or
-        TooLargeError; nothing has changed."""
+        fingerprint, checksum, payload size, block size); ``kb``: the key already encoded; ``parts``: the value
+        already encoded, as (tag, body). Raises TypeError or TooLargeError; nothing has changed."""
         if kb is None:
             kb = encode_key(key)
-        return self._sized(kb, *encode_parts(value))
-
-    def _sized(self, kb: bytes, tag: int, body) -> tuple:
-        """``_encode`` of a value already encoded as ``tag``, ``body``."""
+        tag, body = encode_parts(value) if parts is None else parts  # one function: the put path pays no call
         size = len(kb) + len(body) + 1
         nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
@@ -759,19 +757,6 @@ class SharedCache:
         h = self._h
         for word, delta in deltas:
             h[word] = max(0, h[word] + delta)
-
-    def __getitem__(self, key):
-        value = self.get(key, self._MISSING)
-        if value is self._MISSING:
-            raise KeyError(key)
-        return value
-
-    def __setitem__(self, key, value) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key) -> None:
-        if not self.delete(key):
-            raise KeyError(key)
 
     def __len__(self) -> int:
         """Resident entries, expired ones not yet dropped included (they go when read or when room is needed)."""

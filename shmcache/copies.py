@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
-from .codec import decode_body, encode_parts
+from . import kinds
+from .codec import decode_body
 from .errors import ShmCacheError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY, H_UNUSED_NEXT,
-)
+from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY
 
 
 def _mark(cache, m: int) -> int:
@@ -41,7 +38,7 @@ def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> int:
     m = cache._find_live(mkb, mfp, True)
     expires = cache._expires_locked(mark_ttl)
     if m == EMPTY:
-        cache._store_locked(EMPTY, *cache._sized(mkb, *encode_parts(0)), expires)
+        cache._store_locked(EMPTY, *cache._encode(None, 0, mkb), expires)
         m = cache._find_live(mkb, mfp)
     elif cache._exp[m] and cache._exp[m] < expires:
         cache._exp[m] = expires  # later, never earlier: the bound next_expiry stays a lower bound
@@ -50,7 +47,7 @@ def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> int:
 
 def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, generation: int, version: int, ttl: int,
                  deadline: float) -> bool:
-    """Store the copy ``encoded`` (``SharedCache._sized``) of Redis version ``version`` for ``ttl`` ns, if its fill
+    """Store the copy ``encoded`` (``SharedCache._encode``) of Redis version ``version`` for ``ttl`` ns, if its fill
     is in time, its mark (of ``generation``) is still there and nothing newer is known; False if refused."""
     if time.monotonic() > deadline:
         return False
@@ -70,7 +67,7 @@ def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: 
     m = cache._find_live(mkb, mfp)
     if m != EMPTY and _mark(cache, m) < version:
         try:  # the same generation: the fills registered on this mark stay registered
-            cache._store_locked(m, *cache._sized(mkb, *encode_parts(version)), cache._exp[m],
+            cache._store_locked(m, *cache._encode(None, version, mkb), cache._exp[m],
                                 int(cache._table.ver[m]))
         except ShmCacheError:  # no room for the larger int: without its mark, the fill it served is refused
             _drop(cache, cache._find_live(mkb, mfp))
@@ -112,15 +109,11 @@ def clear_locked(cache, copies_kind: int, marks_kind: int, prefix: bytes = b"") 
     """Drop the namespace's copies (those whose key bytes start with ``prefix``, if given) and all its marks; how
     many copies."""
     table, ent, mm, base = cache._table, cache._ent, cache._mm, cache._base
-    handed_out = table.h[H_UNUSED_NEXT] if 0 < table.h[H_UNUSED_NEXT] <= table.slots else table.slots
-    kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
     dropped = 0
-    for e in np.flatnonzero((kinds == copies_kind) | (kinds == marks_kind)).tolist():
-        b = e * ENTRY_WORDS
-        if not ent[b + E_CHECK]:
-            continue  # a free slot whose kind byte was left behind
-        is_copy = kinds[e] == copies_kind
+    for e in kinds.slots_locked(table, copies_kind, marks_kind):
+        is_copy = table.kinds[e] == copies_kind
         if prefix and is_copy:
+            b = e * ENTRY_WORDS
             k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # a block: [header][value][key]
             if mm[k0 : k0 + min(len(prefix), ent[b + E_KEY_NBYTES])] != prefix:
                 continue

@@ -22,8 +22,7 @@ from .layout.dtypes import (
     E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES, K_NAME_OFF,
     K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
-
-_MISSING = object()
+from .mapping import ItemAccess
 
 
 @dataclass(frozen=True)
@@ -84,15 +83,22 @@ def stats_locked(seg) -> dict[str, KindStats]:
     }
 
 
+def slots_locked(table, *numbers: int) -> list[int]:
+    """The resident entry slots of the kinds ``numbers``: one vectorised scan of the kinds column."""
+    handed_out = table.h[H_UNUSED_NEXT] if 0 < table.h[H_UNUSED_NEXT] <= table.slots else table.slots
+    kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
+    ent = table.ent
+    # A free slot may keep the kind byte of its last entry: resident ones have a checksum (never 0).
+    return [e for e in np.flatnonzero(np.isin(kinds, numbers)).tolist() if ent[e * ENTRY_WORDS + E_CHECK]]
+
+
 def clear_locked(table, k: int) -> int:
     """Remove every entry of kind ``k`` that no view pins; how many (counted as deletes)."""
-    h, ent = table.h, table.ent
-    handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= table.slots else table.slots
-    kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
+    h = table.h
     removed = 0
     h[H_DIRTY] = 1
-    for e in np.flatnonzero(kinds == k).tolist():
-        if ent[e * ENTRY_WORDS + E_CHECK] and not table.pinned(e):
+    for e in slots_locked(table, k):
+        if not table.pinned(e):
             table.remove(e)
             removed += 1
     h[H_DELETES] += removed
@@ -100,7 +106,7 @@ def clear_locked(table, k: int) -> int:
     return removed
 
 
-class KindView:
+class KindView(ItemAccess):
     """The keys of one kind of a cache: the cache's API, in a namespace of its own (``SharedCache.kind``).
 
     ``clear()`` and ``len()`` cover this kind only and ``stats()`` gives its counts; eviction, the limits and the
@@ -171,19 +177,6 @@ class KindView:
             return self.cache.view(KindKey(self._n, key))
         except KeyError:
             raise KeyError(key) from None
-
-    def __getitem__(self, key):
-        value = self.cache.get(KindKey(self._n, key), _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
-
-    def __setitem__(self, key, value) -> None:
-        self.cache.put(KindKey(self._n, key), value)
-
-    def __delitem__(self, key) -> None:
-        if not self.cache.delete(KindKey(self._n, key)):
-            raise KeyError(key)
 
     def __contains__(self, key) -> bool:
         return KindKey(self._n, key) in self.cache

@@ -66,7 +66,7 @@ def _ask(call, *args):
 def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
     """The value of ``key`` from Redis, or computed by this host under the fleet's lock and written through.
     Raises RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past ``deadline``."""
-    remote, row = tier._remote, tier._row
+    remote = tier._remote
     token = os.urandom(16)
     pause, waited = WAIT_FIRST_S, False
     while True:
@@ -83,16 +83,15 @@ def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
             break
         if not waited:
             waited = True
-            row[C_LOCK_WAITS] += 1
+            tier._row[C_LOCK_WAITS] += 1
         if deadline is not None and time.monotonic() >= deadline:
             raise ComputeTimeout("another host has been computing this key for too long", what="get_or_compute",
                                  hint="raise timeout=, or look at the computing host")
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, WAIT_MAX_S)
-        row = tier._row
     if waited:
-        row[C_LOCK_TAKEOVERS] += 1
-    row[C_COMPUTATIONS] += 1
+        tier._row[C_LOCK_TAKEOVERS] += 1
+    tier._row[C_COMPUTATIONS] += 1
     with Lease(remote, kb, token, tier._lease_ms):
         value = fn()
         tier._put_computed(key, value, ttl)

@@ -49,7 +49,6 @@ class Listener:
         self._fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
         self._stop = threading.Event()
         self.leading = False
-        self.subscribed = False
         self._thread = threading.Thread(target=self._run, name="shmcache-listener", daemon=True)
         self._thread.start()
 
@@ -83,7 +82,6 @@ class Listener:
         except _Gone:
             pass
         finally:
-            self.subscribed = False
             if self._stop.is_set() or self._owner_ref() is None:
                 self._close_fd()
 
@@ -103,7 +101,6 @@ class Listener:
             owner._on_gap()
             owner._on_listening()
             del owner
-            self.subscribed = True
             heard = pinged = time.monotonic()
             while not self._stop.is_set():
                 msg = pubsub.get_message(timeout=POLL_S)
@@ -121,7 +118,6 @@ class Listener:
                 if msg["type"] == "message":
                     self._apply(msg["data"])
         finally:
-            self.subscribed = False
             try:
                 pubsub.close()
             except Exception:

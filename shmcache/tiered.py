@@ -34,6 +34,7 @@ from .layout.tier import (
     MESSAGE_HEADER, OP_CLEAR,
 )
 from .listener import Listener
+from .mapping import ItemAccess
 from .remote import Remote, _redis, connect, log, pack_payload, unpack_value
 from .tierstats import Rows, TierStats
 
@@ -43,7 +44,7 @@ MAX_NAMESPACE = 32  # so that "mark:" + namespace fits a kind name
 _READY, _CLOSED, _FORKED = "ready", "closed", "forked"
 
 
-class TieredCache:
+class TieredCache(ItemAccess):
     """A ``SharedCache`` per host in front of one Redis (or Redis Cluster) shared by every host, with the same API.
 
     :param local: this host's shared-memory cache; the namespace's copies live in its kind ``tier:<namespace>``
@@ -106,7 +107,7 @@ class TieredCache:
         else:
             factory = lambda: connect(remote, timeout=timeout, cluster=cluster)  # noqa: E731
         self._rows = Rows(local.name, namespace, os.fstat(local._seg.fd).st_mode & 0o777)
-        self._row = self._rows.row
+        self._row = self._rows.row  # the hot path's copy of it, kept in step by fork and close
         self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval)
         self._listener_box: list = [None]
         self._owns_local = False  # True when unpickling opened the local handle (closed with this one)
@@ -193,7 +194,7 @@ class TieredCache:
         local = self.local
         mkb = self._mprefix + kb
         try:
-            encoded = local._sized(self._kprefix + kb, tag, body)
+            encoded = local._encode(None, None, self._kprefix + kb, (tag, body))
             if not local._locked(copies.store_locked, local, encoded, mkb, fingerprint(mkb), generation, version,
                                  ttl_ns(ttl), deadline):
                 self._row[C_STALE_FILLS] += 1
@@ -253,12 +254,11 @@ class TieredCache:
         self._row[C_PUTS] += 1
         if version is None:
             return False
-        self._keep(kb, tag, body, version, min(ttl, self.max_age) if ttl else self.max_age, t0 + self._fill_s,
-                   generation)
+        self._keep(kb, tag, body, version, self._bounded(ttl), t0 + self._fill_s, generation)
         return True
 
-    def _local_ttl(self, ttl) -> float:
-        ttl = self._ttl(ttl)
+    def _bounded(self, ttl: float) -> float:
+        """A copy's time to live: the value's (0: none), and never beyond ``max_age``."""
         return min(ttl, self.max_age) if ttl else self.max_age
 
     def put(self, key, value, ttl: float | None = None) -> None:
@@ -271,7 +271,7 @@ class TieredCache:
             if self.strict:
                 raise
             self._row[C_LOCAL_ONLY_PUTS] += 1
-            self._kind.put(key, value, self._local_ttl(ttl))
+            self._kind.put(key, value, self._bounded(self._ttl(ttl)))
 
     def _put_computed(self, key, value, ttl: float) -> None:
         try:
@@ -446,10 +446,7 @@ class TieredCache:
                     raise down.error from None
             self._row[C_COMPUTATIONS] += 1
             value = fn()
-            try:
-                self.put(key, value, ttl)
-            except TooLargeError:
-                pass
+            self._put_computed(key, value, ttl)
             return value
 
     def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
@@ -490,19 +487,6 @@ class TieredCache:
         self._row[C_INVALIDATIONS] += 1
 
     # ------------------------------------------------------------------------------------------- the rest
-
-    def __getitem__(self, key):
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
-
-    def __setitem__(self, key, value) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key) -> None:
-        if not self.delete(key):
-            raise KeyError(key)
 
     def stats(self) -> TierStats:
         """This host's counts for the namespace (every process's), with remote latency percentiles."""

@@ -113,12 +113,7 @@ def namespace() -> str:
 @pytest.fixture
 def hosts(redis_url, namespace):
     """Two simulated hosts (``tests/tiers.py``) on one Redis, each subscribed for the other's invalidations."""
-    from .tiers import Host, eventually
+    from .tiers import two_hosts
 
-    made = [Host(redis_url, namespace), Host(redis_url, namespace)]
-    for h in made:
-        eventually(h.listening, what="listener start")
-    yield made
-    made[0].tier.clear()
-    for h in made:
-        h.close()
+    with two_hosts(redis_url, namespace) as made:
+        yield made

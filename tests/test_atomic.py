@@ -10,7 +10,7 @@ import pytest
 
 from shmcache import SharedCache, TooLargeError
 from shmcache.codec import fingerprint
-from tests.workers import put_and_die_at, reap
+from tests.workers import put_and_die_at, start_and_collect
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -97,12 +97,7 @@ def _add_race(name, barrier, queue):
 def _run(target, n, *args):
     barrier, queue = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args, barrier, queue), daemon=True) for _ in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        results = [queue.get(timeout=JOIN_S) for _ in procs]
-    finally:
-        reap(procs, JOIN_S)
+    results = start_and_collect(procs, queue, JOIN_S)
     assert all(kind == "ok" for kind, _ in results), results
     return [r for _, r in results]
 

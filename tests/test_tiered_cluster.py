@@ -11,7 +11,7 @@ import pytest
 
 from shmcache.codec import encode_key
 
-from .tiers import Host, eventually
+from .tiers import eventually, two_hosts
 from .workers import check_value, make_value
 
 pytestmark = pytest.mark.timeout(90)
@@ -19,14 +19,8 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture
 def cluster_hosts(redis_cluster_url):
-    namespace = f"c{uuid.uuid4().hex[:12]}"
-    made = [Host(redis_cluster_url, namespace, cluster=True), Host(redis_cluster_url, namespace, cluster=True)]
-    for h in made:
-        eventually(h.listening, what="listener subscribed")
-    yield made
-    made[0].tier.clear()
-    for h in made:
-        h.close()
+    with two_hosts(redis_cluster_url, f"c{uuid.uuid4().hex[:12]}", cluster=True) as made:
+        yield made
 
 
 def test_tiered_cluster_spreads_and_shares(cluster_hosts):

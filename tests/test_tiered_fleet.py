@@ -18,7 +18,7 @@ from shmcache.codec import KindKey
 
 from .conftest import unique_name
 from .tiers import eventually
-from .workers import check_value, make_value, reap
+from .workers import check_value, make_value, reap, start_and_collect
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 ctx = mp.get_context("fork")
@@ -73,10 +73,7 @@ def test_tiered_single_flight_across_hosts(redis_url, fleet):
     queue = ctx.Queue()
     procs = [ctx.Process(target=_compute_once, args=(redis_url, names[i % 2], namespace, keys, barrier, queue))
              for i in range(2 * procs_per_host)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=JOIN_S) for _ in procs]
-    reap(procs)
+    results = start_and_collect(procs, queue, JOIN_S)
     assert all(p.exitcode == 0 for p in procs)
     assert all(got == {k: 7 for k in keys} for _, got in results)
     with _open(redis_url, names[0], namespace) as a, _open(redis_url, names[1], namespace) as b:
@@ -170,10 +167,7 @@ def test_tiered_concurrent_writers_converge(redis_url, fleet):
     queue = ctx.Queue()
     procs = [ctx.Process(target=_churn, args=(redis_url, names[w % 2], namespace, w, ops, keys, queue))
              for w in range(workers)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=JOIN_S) for _ in procs]
-    reap(procs)
+    results = start_and_collect(procs, queue, JOIN_S)
     assert all(p.exitcode == 0 for p in procs)
     assert sum(r[1] for r in results) == 0, "a wrong or torn value was read"
     # Once the invalidations in flight are applied, no host keeps a copy that differs from Redis.

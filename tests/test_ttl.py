@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shmcache import SharedCache, prometheus_text
-from tests.workers import put_and_die_at, reap
+from tests.workers import put_and_die_at, start_and_collect
 
 S = 10**9  # ns per second
 JOIN_S = 60
@@ -267,12 +267,7 @@ def test_ttl_processes_share_the_clock_and_never_read_an_expired_entry(name):
         queue = ctx.Queue()
         procs = [ctx.Process(target=_put_short_lived, args=(name, 4000, queue), daemon=True) for _ in range(2)]
         procs += [ctx.Process(target=_read_never_expired, args=(name, 1.5, queue), daemon=True) for _ in range(2)]
-        for p in procs:
-            p.start()
-        try:
-            results = [queue.get(timeout=JOIN_S) for _ in procs]
-        finally:
-            reap(procs, JOIN_S)
+        results = start_and_collect(procs, queue, JOIN_S)
         assert all(kind == "ok" for kind, _ in results), results
         time.sleep(0.01)
         assert all(c.get(f"k{i}") is None for i in range(16))  # everything has expired for this process too

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -231,15 +232,28 @@ def _hold_view(name, key, ready, done, result):
         result.put(("error", repr(exc)))
 
 
+@contextmanager
+def _held_by_a_child(c, name):
+    """Put an array under "held" and have a child process pin it with a view: yields (child, done, result); the
+    child lets go when ``done`` is set, and is reaped at the end of the block whatever happened."""
+    c.put("held", np.full(4096, 7, dtype=np.int32))
+    ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
+    p = ctx.Process(target=_hold_view, args=(name, "held", ready, done, result), daemon=True)
+    p.start()
+    try:
+        assert ready.wait(JOIN_S)
+        yield p, done, result
+    finally:
+        if p.is_alive():
+            # Never for a child killed while waiting on it: setting an Event waits for its sleepers to wake.
+            done.set()
+        reap([p], JOIN_S)
+
+
 @pytest.mark.timeout(120)
 def test_view_pin_of_another_process_survives_pressure(name):
     with SharedCache(name, capacity_bytes=256 * 1024, max_entries=128, create=True) as c:
-        c.put("held", np.full(4096, 7, dtype=np.int32))
-        ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=_hold_view, args=(name, "held", ready, done, result), daemon=True)
-        p.start()
-        try:
-            assert ready.wait(JOIN_S)
+        with _held_by_a_child(c, name) as (_, done, result):
             for i in range(2000):
                 c.put(f"k{i}", np.full(1000 + i % 500, i, dtype=np.int32))
             assert "held" in c and c.verify(deep=True).ok
@@ -247,9 +261,6 @@ def test_view_pin_of_another_process_survives_pressure(name):
                 c.delete("held")
             done.set()
             assert result.get(timeout=JOIN_S) == ("ok", True)
-        finally:
-            done.set()
-            reap([p], JOIN_S)
         c.put("held", 0)  # the child closed its view: the pin is gone
         assert c.get("held") == 0
 
@@ -257,19 +268,12 @@ def test_view_pin_of_another_process_survives_pressure(name):
 @pytest.mark.timeout(120)
 def test_view_sigkill_of_the_pinning_process_releases_its_pins(name):
     with SharedCache(name, capacity_bytes=256 * 1024, max_entries=8, create=True) as c:
-        c.put("held", np.full(4096, 7, dtype=np.int32))
-        ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=_hold_view, args=(name, "held", ready, done, result), daemon=True)
-        p.start()
-        try:
-            assert ready.wait(JOIN_S)
+        with _held_by_a_child(c, name) as (p, _, _):
             with pytest.raises(PinnedError):
                 c.put("held", 0)
             os.kill(p.pid, signal.SIGKILL)
             p.join(JOIN_S)
             assert p.exitcode == -signal.SIGKILL
-        finally:
-            reap([p], JOIN_S)
         c.put("held", 0)  # nothing was written when it died: the kernel dropped the pin
         for i in range(20):
             c.put(f"k{i}", i)  # and the entry ages out again

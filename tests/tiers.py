@@ -4,6 +4,7 @@ what happens asynchronously (invalidations), and a look at a key's mark."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from shmcache import SharedCache, TieredCache, copies
 from shmcache.codec import KindKey, encode_key, fingerprint
@@ -42,6 +43,23 @@ class Host:
         self.tier.unlink()
         self.local.close()
         SharedCache.unlink_name(self.name)
+
+
+@contextmanager
+def two_hosts(url: str, namespace: str, **kwargs):
+    """Two hosts on one Redis, each subscribed for the other's invalidations; the namespace is cleared and both
+    are removed after."""
+    made = [Host(url, namespace, **kwargs), Host(url, namespace, **kwargs)]
+    try:
+        for h in made:
+            eventually(h.listening, what="listener subscribed")
+        yield made
+    finally:
+        try:
+            made[0].tier.clear()
+        finally:
+            for h in made:
+                h.close()
 
 
 def mark(host: Host, key) -> int:

@@ -23,6 +23,17 @@ def reap(procs, timeout: float = 60) -> None:
             p.join(5)
 
 
+def start_and_collect(procs, queue, timeout: float = 60) -> list:
+    """Start the children, take one result from each off ``queue`` (each within ``timeout`` s), then reap them, also
+    when a result does not come."""
+    for p in procs:
+        p.start()
+    try:
+        return [queue.get(timeout=timeout) for _ in procs]
+    finally:
+        reap(procs, timeout)
+
+
 def make_value(key: str, seq: int, nbytes: int):
     """A value that names its key and carries a checksum, so a wrong or torn read is caught."""
     pad = bytes((seq + i) % 251 for i in range(nbytes))
