@@ -15,7 +15,7 @@ import time
 
 from . import __version__
 from .cache import SharedCache
-from .segment import segment_names, sweep
+from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
 
@@ -53,6 +53,41 @@ def _user(uid: int) -> str:
 def _print_json(data) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def _watch_frame(args, data: dict, render) -> None:
+    """One refresh of ``--watch``: a JSON line with ``--json`` (so the stream is JSON Lines), else the rendered text
+    after a screen clear on a terminal, or after a timestamp line when the output is a file or a pipe."""
+    if args.json:
+        print(json.dumps({"time": time.time(), **data}, sort_keys=True))
+    elif sys.stdout.isatty():
+        print("\033[H\033[J", end="")
+        render()
+    else:
+        print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+        render()
+    sys.stdout.flush()
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
+               "t": 2**40, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """A size or a count as people write it: ``4096``, ``100_000``, ``1e6``, ``128MiB``, ``64k`` (binary: K, M, G,
+    T with or without ``iB``), ``2GB`` (decimal: KB, MB, GB, TB). Refuses what is not a whole, non-negative number."""
+    raw = text.strip().replace("_", "")
+    number = raw.rstrip("bBkKmMgGtTi")
+    unit = raw[len(number):].strip().lower()
+    if unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown unit {unit!r} (use B, KiB, MiB, GiB, KB, MB, GB)")
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 1e6, 128MiB)") from None
+    if not 0 <= value < float("inf") or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole, non-negative number")
+    return int(value)
 
 
 def _human(n: float) -> str:
@@ -97,21 +132,24 @@ def cmd_stats(args) -> int:
         while True:
             stats = c.stats()
             d = stats.as_dict()
+
+            def render() -> None:
+                rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items() if k != "kinds"]
+                rows += [[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
+                         for k, v in d["kinds"].items()]
+                print(_table(rows))
+
             if args.prometheus:
                 print(prometheus_text({c.name: stats}), end="")
+                sys.stdout.flush()
+            elif args.watch:
+                _watch_frame(args, d, render)
             elif args.json:
                 _print_json(d)
             else:
-                if args.watch:
-                    print("\033[H\033[J", end="")
-                kinds = d.pop("kinds")
-                rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
-                rows += [[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
-                         for k, v in kinds.items()]
-                print(_table(rows))
+                render()
             if not args.watch:
                 return 0
-            sys.stdout.flush()
             time.sleep(args.watch)
 
 
@@ -177,8 +215,13 @@ def cmd_rm(args) -> int:
     status = 0
     for name in args.names:
         try:
+            in_use = segment_in_use(name)
             SharedCache.unlink_name(name)
             print(f"removed {name}")
+            if in_use:
+                print(f"shmcache: warning: processes still have {name!r} open: they keep using the removed memory "
+                      "until they close it, and a cache created under this name now is a new, separate one",
+                      file=sys.stderr)
         except FileNotFoundError:
             print(f"shmcache: no cache named {name!r}", file=sys.stderr)
             status = 1
@@ -195,8 +238,9 @@ def cmd_clear(args) -> int:
 def cmd_set_limits(args) -> int:
     with SharedCache(args.name, create=False) as c:
         old = c.limits()
-        new = CacheLimits(max_entries=args.max_entries or old.max_entries,
-                          max_retained_bytes=args.max_retained_bytes or old.max_retained_bytes)
+        new = CacheLimits(
+            max_entries=old.max_entries if args.max_entries is None else args.max_entries,
+            max_retained_bytes=old.max_retained_bytes if args.max_retained_bytes is None else args.max_retained_bytes)
         c.set_limits(new)
         s = c.stats()
     if args.json:
@@ -212,38 +256,52 @@ def cmd_tier(args) -> int:
     from .tiered import host_stats
     from .tierstats import segments
 
-    if args.name is None:  # list the namespaces
-        found = [{"cache": c, "namespace": ns} for c, ns in segments()]
+    caches = set(segment_names())
+    if args.name is None:  # list the namespaces, saying which have lost their cache
+        found = [{"cache": c, "namespace": ns, "cache_exists": c in caches} for c, ns in segments()]
         if args.json:
             _print_json(found)
         elif not found:
             print("no TieredCache namespaces on this host")
         else:
-            print(_table([["CACHE", "NAMESPACE"]] + [[f["cache"], f["namespace"]] for f in found]))
+            print(_table([["CACHE", "NAMESPACE", "STATE"]] + [
+                [f["cache"], f["namespace"], "" if f["cache_exists"] else "cache removed: `shmcache sweep` cleans up"]
+                for f in found]))
         return 0
+    if args.name not in caches:
+        print(f"shmcache: no cache named {args.name!r}", file=sys.stderr)
+        return 1
+    spaces = [ns for c, ns in segments() if c == args.name]
     if args.namespace is None:
-        spaces = [ns for c, ns in segments() if c == args.name]
         if len(spaces) != 1:
-            print(f"shmcache: cache {args.name!r} fronts {len(spaces)} namespaces ({', '.join(spaces) or 'none'}): "
-                  "name one", file=sys.stderr)
+            print(f"shmcache: cache {args.name!r} fronts {len(spaces)} TieredCache namespaces "
+                  f"({', '.join(spaces) or 'none'})" + (": name one" if spaces else ""), file=sys.stderr)
             return 1
         args.namespace = spaces[0]
+    elif args.namespace not in spaces:
+        print(f"shmcache: cache {args.name!r} fronts no namespace {args.namespace!r} "
+              f"(it fronts: {', '.join(spaces) or 'none'})", file=sys.stderr)
+        return 1
     while True:
         stats = host_stats(args.name, args.namespace)
         d = stats.as_dict()
+
+        def render() -> None:
+            shown = {k: v for k, v in d.items() if k != "remote_ns"}
+            shown["remote_mean_us"] = d["remote_ns"] / d["remote_calls"] / 1e3 if d["remote_calls"] else 0.0
+            print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in shown.items()]))
+
         if args.prometheus:
             print(prometheus_text({}, tiers={(args.name, args.namespace): stats}), end="")
+            sys.stdout.flush()
+        elif args.watch:
+            _watch_frame(args, d, render)
         elif args.json:
             _print_json(d)
         else:
-            if args.watch:
-                print("\033[H\033[J", end="")
-            d["remote_mean_us"] = d["remote_ns"] / d["remote_calls"] / 1e3 if d["remote_calls"] else 0.0
-            del d["remote_ns"]
-            print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]))
+            render()
         if not args.watch:
             return 0
-        sys.stdout.flush()
         time.sleep(args.watch)
 
 
@@ -282,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp = add("set-limits", cmd_set_limits, "change a cache's limits (evicts at once to meet them)")
     sp.add_argument("name")
-    sp.add_argument("--max-entries", type=int)
-    sp.add_argument("--max-retained-bytes", type=int)
+    sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")
+    sp.add_argument("--max-retained-bytes", type=parse_size, metavar="SIZE", help="e.g. 134217728, 128MiB, 1e8")
     sp = add("tier", cmd_tier, "a TieredCache namespace's counts on this host: local and remote hits, misses, "
                                "errors, remote latency percentiles (no NAME: list the namespaces)")
     sp.add_argument("name", nargs="?", help="the local cache")
@@ -307,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:
+        # The reader went away (``shmcache ls --json | head``): exit quietly, as a command killed by SIGPIPE does.
+        # Python flushes stdout again at exit, which would raise once more: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except FileNotFoundError as exc:
         print(f"shmcache: {exc.strerror or exc}", file=sys.stderr)
         return 1

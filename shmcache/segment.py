@@ -314,3 +314,15 @@ def unlink_name(name: str) -> None:
         posix_ipc.unlink_shared_memory(shm_name(name))
     except posix_ipc.ExistentialError:
         raise FileNotFoundError(errno.ENOENT, f"no cache named {name!r}", shm_name(name)) from None
+
+
+def segment_in_use(name: str) -> bool:
+    """Whether some process has the named cache open (holds its ``LIVE_BYTE``), asked without attaching to it."""
+    try:
+        fd = os.open(_SHM_DIR + shm_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone, or not ours to look at
+    try:
+        return ofd.held_elsewhere(fd, ofd.LIVE_BYTE)
+    finally:
+        os.close(fd)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shmcache import SharedCache
+from shmcache import CacheLimits, SharedCache
 from shmcache.cli import main
 
 
@@ -148,3 +148,97 @@ def test_cli_bench_plot_writes_a_png(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart written" in out.stdout
+
+
+@pytest.mark.parametrize("text, value", [
+    ("4096", 4096), ("100_000", 100_000), ("1e3", 1000), ("1.5e3", 1500), ("128MiB", 128 * 2**20),
+    ("64k", 64 * 2**10), ("2 GiB", 2 * 2**30), ("2GB", 2 * 10**9), ("10B", 10), ("0", 0),
+])
+def test_cli_parse_size_accepts_what_people_write(text, value):
+    from shmcache.cli import parse_size
+
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "1.5", "-1", "1e400", "nan", "12 parsecs", "0x10", "1e-3"])
+def test_cli_parse_size_refuses_what_is_not_a_size(text):
+    import argparse
+
+    from shmcache.cli import parse_size
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)
+
+
+def test_cli_set_limits_takes_units(capsys, filled, name):
+    rc, out, _ = run(capsys, "set-limits", name, "--max-entries", "5", "--max-retained-bytes", "32KiB", "--json")
+    assert rc == 0 and json.loads(out)["max_retained_bytes"] == 32 * 1024 and filled.limits().max_entries == 5
+    rc, out, _ = run(capsys, "set-limits", name, "--max-entries", "1e1", "--json")
+    assert rc == 0 and filled.limits() == CacheLimits(max_entries=10, max_retained_bytes=32 * 1024)
+
+
+def _cli(*argv: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shmcache", *argv], capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_cli_broken_pipe_exits_quietly(filled, name):
+    # A reader that closes at once: the command must not print a traceback or "Exception ignored" on stderr.
+    proc = subprocess.run(f"{sys.executable} -m shmcache stats {name} --watch 0.01 --json | head -n 1",
+                          shell=True, capture_output=True, text=True, timeout=60, executable="/bin/bash")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["entries"] == 10
+    assert proc.stderr == ""
+    proc = subprocess.run(f"set -o pipefail; {sys.executable} -m shmcache stats {name} --watch 0.01 | head -c 1",
+                          shell=True, capture_output=True, text=True, timeout=60, executable="/bin/bash")
+    assert proc.returncode == 141 and proc.stderr == ""
+
+
+def test_cli_watch_off_a_terminal_writes_no_control_codes(filled, name):
+    proc = subprocess.Popen([sys.executable, "-m", "shmcache", "stats", name, "--watch", "0.05"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(40)]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    text = "".join(lines)
+    assert "\033" not in text
+    assert text.count("--- ") >= 2 and "entries" in text
+
+
+def test_cli_watch_json_writes_json_lines(filled, name):
+    proc = subprocess.Popen([sys.executable, "-m", "shmcache", "stats", name, "--watch", "0.05", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        frames = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert all(f["entries"] == 10 and f["max_entries"] == 64 for f in frames)
+    assert frames[0]["time"] <= frames[1]["time"] <= frames[2]["time"]
+
+
+def test_cli_rm_warns_about_a_cache_still_open(capsys, name):
+    c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True)
+    try:
+        rc, out, err = run(capsys, "rm", name)
+        assert rc == 0 and f"removed {name}" in out
+        assert "warning" in err and "still have" in err
+    finally:
+        c.close()
+    SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True).close()
+    rc, out, err = run(capsys, "rm", name)  # nobody has it open: no warning
+    assert rc == 0 and err == ""
+
+
+def test_cli_tier_says_when_the_cache_does_not_exist(capsys, name):
+    rc, out, err = run(capsys, "tier", name)
+    assert rc == 1 and f"no cache named {name!r}" in err
+    rc, out, err = run(capsys, "tier", name, "ns")
+    assert rc == 1 and f"no cache named {name!r}" in err
+
+
+def test_cli_tier_names_the_namespaces_of_a_cache_without_one(capsys, filled, name):
+    rc, out, err = run(capsys, "tier", name)
+    assert rc == 1 and "fronts 0 TieredCache namespaces (none)" in err and "name one" not in err
+    rc, out, err = run(capsys, "tier", name, "ns")
+    assert rc == 1 and "fronts no namespace 'ns'" in err
