@@ -121,9 +121,10 @@ class Trust:
 
     def check(self, fd: int, path: str, what: str) -> None:
         """Raise OwnershipError unless the file open as ``fd`` may be used. Call it before any byte is read."""
-        reason = self.refusal(os.fstat(fd))
+        st = os.fstat(fd)
+        reason = self.refusal(st)
         if reason is not None:
-            raise self.error(path, reason, what)
+            raise self.error(path, st, reason, what)
 
     def open_error(self, path: str, what: str) -> OwnershipError | None:
         """After an open of ``path`` failed (EACCES, ELOOP, EISDIR...): the OwnershipError that explains it, from
@@ -134,18 +135,19 @@ class Trust:
             return None
         reason = self.refusal(st)
         if reason is None and not os.access(path, os.R_OK | os.W_OK, effective_ids=True):
-            reason = f"owned by {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: this process " \
-                     f"({_user(os.geteuid())}) may not open it"
-        return None if reason is None else self.error(path, reason, what)
+            reason = f"this process ({_user(os.geteuid())}) may not open it"
+        return None if reason is None else self.error(path, st, reason, what)
 
-    def error(self, path: str, reason: str, what: str) -> OwnershipError:
+    def error(self, path: str, st: os.stat_result, reason: str, what: str) -> OwnershipError:
+        """The OwnershipError for the file of ``st`` at ``path``: who owns it, its mode, why, what was expected."""
+        mode = stat.S_IMODE(st.st_mode)
         expected = f"a regular file owned by {_user(os.geteuid())}" + (
             " or a trusted owner" if self.owners else "") + f" with a mode within {self.mode:04o}"
         if reason.startswith("mode"):
-            hint = (f"if this sharing is intended, pass a mode= at least as broad (e.g. mode=0o660); otherwise "
-                    f"remove it (`shmcache rm`) and recreate it")
+            hint = (f"if this sharing is intended, pass mode=0o{mode | self.mode:o}; otherwise remove it "
+                    "(`shmcache rm`) and recreate it")
         else:
-            hint = (f"if it is not yours, do not use it: have its owner or root remove it, and choose another name "
+            hint = ("if it is not yours, do not use it: have its owner or root remove it, and choose another name "
                     f"meanwhile; {_SHARE_HINT}")
-        return OwnershipError(f"refused {path}: it is {reason}; expected {expected}", what=what, hint=hint,
-                              reason=reason)
+        return OwnershipError(f"refused {path}, owned by {_user(st.st_uid)} with mode {mode:04o}: {reason}; "
+                              f"expected {expected}", what=what, hint=hint, reason=reason)
