@@ -28,10 +28,10 @@ import posix_ipc
 
 from . import layout, ofd, tierstats
 from .errors import LayoutError, LayoutVersionError
-from .trust import Trust
 from .layout import Geometry
 from .layout import dtypes as d
 from .lock import init_mutex
+from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
 _SHM_DIR = "/dev/shm"
@@ -95,7 +95,7 @@ class Segment:
         self.shm_name = shm_name(name)
         self.trust = trust
         path = _SHM_DIR + self.shm_name
-        if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
+        if geometry is not None and create is not False and not os.path.lexists(path):
             _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
         deadline = time.monotonic() + _INIT_WAIT_S
         while True:
