@@ -44,6 +44,7 @@ from .mapping import ItemAccess
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
+from .trust import Trust
 from .verify import VerifyReport, check, repair
 from .view import PinDescriptions, View
 
@@ -82,9 +83,20 @@ class SharedCache(ItemAccess):
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 64 MiB) bounds the
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
-    ``mode`` sets the permissions of a new segment (0o600: only this user). ``lock_timeout`` bounds the wait for a
-    lock held by a live process; a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
-    the capacity) is the time to live of entries stored without a ``ttl``; None or 0: they never expire.
+    ``lock_timeout`` bounds the wait for a lock held by a live process; a dead holder is detected at once.
+    ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
+    ``ttl``; None or 0: they never expire.
+
+    Who may share it. The file at the name is checked before a byte of it is read or written, whether this call
+    creates it or attaches: it must be a regular file (a symlink is never followed), owned by this process's
+    effective uid, with permissions within ``mode``; anything else raises OwnershipError (root is not special). So
+    another user can neither make the name first for this cache to be initialised in, nor plant a pre-filled one.
+    ``mode`` (default 0o600: this user only) is both the permissions of a segment this call creates and the broadest
+    an existing one may have. Deliberate sharing between users is opted into on both sides: the creator passes
+    ``mode=0o660`` (and ``group=``, a gid or group name, to give the new segment that group rather than its own);
+    the other users pass the same ``mode`` (and ``group``: then no other group may have access) and
+    ``trust_owner=`` (a uid, a user name, or an iterable of them): the segment may then also be owned by one of
+    those. A trusted owner, and anyone the mode lets write, can change every value this handle reads.
 
     Expiry times are CLOCK_MONOTONIC readings, which every process of the host shares and which never jump with
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
@@ -94,6 +106,8 @@ class SharedCache(ItemAccess):
     :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
+    :raises OwnershipError: when the file at the name is another user's (and not trusted), more open than ``mode``,
+        or not a regular file: nothing of it was read or written.
     """
 
     _seg: Segment | None = None
@@ -110,11 +124,12 @@ class SharedCache(ItemAccess):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         default_ttl: float | None = None,
         clock=None,
+        trust_owner=None,
+        group=None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError(f"mode must be a permission mode between 0 and 0o777, got {mode!r}")
+        trust = Trust.of(mode, trust_owner, group)
         if not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
             raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
         wanted = Geometry.for_capacity(
@@ -122,7 +137,7 @@ class SharedCache(ItemAccess):
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
-        seg = Segment(name, None if create is False else wanted, create, mode, default_ttl_ns)
+        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns)
         try:
             found = seg.geometry
             for what, asked, have in (
@@ -960,13 +975,14 @@ class SharedCache(ItemAccess):
         self.close()
 
     def __reduce__(self):
-        # Pickled by name: a spawned or forkserver worker re-attaches to the same segment.
-        return (_reattach, (self.name, self._lock_timeout))
+        # Pickled by name (and what it trusts): a spawned or forkserver worker re-attaches to the same segment.
+        return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args()))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} entries"
         return f"<SharedCache {getattr(self, 'name', '?')!r} {state}>"
 
 
-def _reattach(name: str, lock_timeout: float) -> SharedCache:
-    return SharedCache(name, create=False, lock_timeout=lock_timeout)
+def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner=(), group=None) -> SharedCache:
+    return SharedCache(name, create=False, lock_timeout=lock_timeout, mode=mode, trust_owner=trust_owner,
+                       group=group)

@@ -15,14 +15,20 @@ import time
 
 from . import __version__
 from .cache import SharedCache
+from .errors import OwnershipError
 from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
 
 
 
-def _describe(name: str) -> dict:
-    with SharedCache(name, create=False) as c:
+def _open(args, name: str) -> SharedCache:
+    """Attach to a cache with the trust the command line asked for (--mode, --trust-owner)."""
+    return SharedCache(name, create=False, mode=args.mode, trust_owner=args.trust_owner)
+
+
+def _describe(args, name: str) -> dict:
+    with _open(args, name) as c:
         s = c.stats()
         h = c._seg.header_words
         created_ns, pid = h[H_CREATED_NS], h[H_CREATOR_PID]
@@ -107,8 +113,10 @@ def cmd_ls(args) -> int:
     caches = []
     for name in segment_names():
         try:
-            caches.append(_describe(name))
-        except Exception as exc:  # a damaged or foreign segment is listed, not fatal
+            caches.append(_describe(args, name))
+        except OwnershipError as exc:  # another user's, too open, a symlink...: not opened, listed as skipped
+            caches.append({"name": name, "skipped": exc.reason})
+        except Exception as exc:  # a damaged segment is listed, not fatal
             caches.append({"name": name, "error": str(exc)})
     if args.json:
         _print_json(caches)
@@ -118,8 +126,9 @@ def cmd_ls(args) -> int:
         return 0
     rows = [["NAME", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
-        if "error" in c:
-            rows.append([c["name"], "-", "-", "-", "-", "-", "-", f"error: {c['error']}"])
+        if "error" in c or "skipped" in c:
+            note = f"error: {c['error']}" if "error" in c else f"skipped: {c['skipped']}"
+            rows.append([c["name"], "-", "-", "-", "-", "-", "-", note])
             continue
         rows.append([c["name"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}", f"{c['fill']:.0%}",
                      f"{c['hit_ratio']:.1%}", c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"])
@@ -128,7 +137,7 @@ def cmd_ls(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    with SharedCache(args.name, create=False) as c:
+    with _open(args, args.name) as c:
         while True:
             stats = c.stats()
             d = stats.as_dict()
@@ -154,7 +163,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    with SharedCache(args.name, create=False) as c:
+    with _open(args, args.name) as c:
         g = c._seg.geometry
         report = c.verify(deep=not args.shallow)
         s = c.stats()
@@ -195,7 +204,7 @@ def _arena_report(s, fill: int) -> dict:
 
 
 def cmd_sweep(args) -> int:
-    found = sweep(remove=args.yes, names=args.names or None)
+    found = sweep(remove=args.yes, names=args.names or None, mode=args.mode, trust_owner=args.trust_owner)
     if args.json:
         _print_json(found)
         return 0
@@ -203,6 +212,8 @@ def cmd_sweep(args) -> int:
     for f in found:
         size = _human(f["size_bytes"]) if "size_bytes" in f else "-"
         what = "removed" if f.get("removed") else f["state"]
+        if "reason" in f:
+            what += f": {f['reason']}"
         print(f"{f['name']:<40} {size:>10}  {what}")
     if orphans and not args.yes:
         print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `shmcache sweep --yes`.")
@@ -229,14 +240,14 @@ def cmd_rm(args) -> int:
 
 
 def cmd_clear(args) -> int:
-    with SharedCache(args.name, create=False) as c:
+    with _open(args, args.name) as c:
         c.clear()
     print(f"cleared {args.name}")
     return 0
 
 
 def cmd_set_limits(args) -> int:
-    with SharedCache(args.name, create=False) as c:
+    with _open(args, args.name) as c:
         old = c.limits()
         new = CacheLimits(
             max_entries=old.max_entries if args.max_entries is None else args.max_entries,
@@ -283,7 +294,7 @@ def cmd_tier(args) -> int:
               f"(it fronts: {', '.join(spaces) or 'none'})", file=sys.stderr)
         return 1
     while True:
-        stats = host_stats(args.name, args.namespace)
+        stats = host_stats(args.name, args.namespace, mode=args.mode, trust_owner=args.trust_owner)
         d = stats.as_dict()
 
         def render() -> None:
@@ -316,11 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shmcache {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn, help: str, json_flag: bool = True) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, json_flag: bool = True, trust: bool = True) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(fn=fn)
         if json_flag:
             sp.add_argument("--json", action="store_true", help="print one JSON document")
+        if trust:  # the SharedCache options that say which segments may be opened (see its docstring)
+            sp.add_argument("--mode", type=_octal, default=0o600,
+                            help="the broadest permissions a segment may have, in octal (default 600)")
+            sp.add_argument("--trust-owner", action="append", type=_user_id, metavar="USER",
+                            help="also open segments owned by USER (a name or uid; may be repeated)")
         return sp
 
     add("ls", cmd_ls, "list every shmcache cache on this host")
@@ -334,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("sweep", cmd_sweep, "list caches that no process has open (left by crashed processes); --yes removes them")
     sp.add_argument("names", nargs="*", metavar="NAME", help="only these caches (default: every one)")
     sp.add_argument("--yes", action="store_true", help="remove the orphans found")
-    sp = add("rm", cmd_rm, "remove caches (processes that have them open keep their mapping)", json_flag=False)
+    sp = add("rm", cmd_rm, "remove caches (processes that have them open keep their mapping)", json_flag=False,
+             trust=False)
     sp.add_argument("names", nargs="+", metavar="NAME")
     sp = add("clear", cmd_clear, "drop every entry of a cache and reset its counters", json_flag=False)
     sp.add_argument("name")
@@ -348,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("namespace", nargs="?", help="the namespace (may be left out if the cache fronts only one)")
     sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
     sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
-    sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload")
+    sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload", trust=False)
     sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     sp.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")
     sp.add_argument("--keys", type=int, default=20_000, help="distinct keys in the workload (default 20000)")
@@ -359,6 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--plot", metavar="FILE", help="also draw the run into a PNG (needs matplotlib)")
     return p
+
+
+def _octal(text: str) -> int:
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal mode: {text!r}") from None
+
+
+def _user_id(text: str):
+    return int(text) if text.isdigit() else text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,16 @@ class TooLargeError(ShmCacheError, ValueError):
     """An entry can never fit the cache's limits; nothing was evicted."""
 
 
+class OwnershipError(ShmCacheError, PermissionError):
+    """The file at a cache's name was refused before a byte of it was read or written: it is owned by neither this
+    process's effective uid nor an owner the caller trusts (``trust_owner=``), or its mode grants more than the
+    ``mode=`` asked for, or it is not a regular file (a symlink is never followed). ``reason`` says which, briefly."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "", reason: str = "") -> None:
+        super().__init__(message, what=what, hint=hint)
+        self.reason = reason
+
+
 class ClosedError(ShmCacheError, ValueError):
     """The cache handle was used after ``close()``."""
 

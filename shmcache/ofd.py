@@ -47,24 +47,33 @@ def held_elsewhere(fd: int, byte: int) -> bool:
     return _FLOCK.unpack(reply)[0] != fcntl.F_UNLCK
 
 
-def judge(path: str, name: str, byte: int, length: int, remove: bool) -> dict | None:
-    """``sweep``'s verdict on the file at ``path``: ``in use`` while any description holds a lock on its ``length``
-    bytes from ``byte``, else ``orphan`` (unlinked with ``remove``, if it is still the file judged); None if it is
-    gone. The bytes are held exclusively while judging, so a process that opens the file meanwhile keeps it."""
+def judge(path: str, name: str, byte: int, length: int, remove: bool, trust) -> dict | None:
+    """``sweep``'s verdict on the file at ``path``: ``skipped`` (with the ``reason``) if ``trust`` refuses it,
+    ``in use`` while any description holds a lock on its ``length`` bytes from ``byte``, else ``orphan`` (unlinked
+    with ``remove``, if it is still the file judged); None if it is gone. The bytes are held exclusively while
+    judging, so a process that opens the file meanwhile keeps it. A symlink is never followed, and a file refused is
+    neither locked nor unlinked."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        reason = trust.refusal(os.lstat(path))  # a symlink or a FIFO is refused without being opened
+        if reason is not None:
+            return {"name": name, "state": "skipped", "reason": reason}
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    except PermissionError:
-        return {"name": name, "state": "not accessible"}
+    except OSError:  # swapped for a symlink (ELOOP), or not ours to open (EACCES)
+        refused = trust.open_error(path, "sweep")
+        return {"name": name, "state": "skipped", "reason": refused.reason if refused else "not accessible"}
     try:
+        st = os.fstat(fd)
+        reason = trust.refusal(st)  # Invariant: the verdict on the descriptor, before it is locked
+        if reason is not None:
+            return {"name": name, "state": "skipped", "reason": reason}
         if not lock(fd, byte, WRITE, wait=False, length=length):
             return {"name": name, "state": "in use"}
-        st = os.fstat(fd)
         entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
         if remove:
             try:
-                if os.stat(path).st_ino == st.st_ino:  # still the file judged: not one created since
+                if os.lstat(path).st_ino == st.st_ino:  # still the file judged: not one created since
                     os.unlink(path)
                     entry["removed"] = True
             except FileNotFoundError:

@@ -5,6 +5,11 @@ and while holding it, initialises the segment if its magic is missing. The creat
 get there first are therefore interchangeable, and a creator that died half-way (releasing its flock with it) leaves
 a segment that the next opener initialises. The magic is written last, so a segment with its magic in place is whole.
 
+Every open is checked before a byte of the file is read or written, and before its flock is taken (``trust.py``):
+another user's file, one more open than the ``mode`` asked for, or anything not a regular file is refused with
+OwnershipError, so no other user can squat a name for a cache to be initialised in, plant a pre-filled segment, or
+hand over a symlink (glibc's ``shm_open`` opens with O_NOFOLLOW).
+
 posix_ipc is used rather than ``multiprocessing.shared_memory`` so that Python's resource_tracker never sees the
 segment: a worker that exits must not unlink, or warn about, a cache that other processes still use.
 """
@@ -26,6 +31,7 @@ from .errors import LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
 from .lock import init_mutex
+from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
 _SHM_DIR = "/dev/shm"
@@ -82,18 +88,23 @@ class Segment:
     geometry: Geometry | None = None
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
-    def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int,
+    def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
                  default_ttl_ns: int = 0) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self.name = name
         self.shm_name = shm_name(name)
-        if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
+        self.trust = trust
+        path = _SHM_DIR + self.shm_name
+        if geometry is not None and create is not False and not os.path.lexists(path):
             _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
         deadline = time.monotonic() + _INIT_WAIT_S
         while True:
-            shm = self._open(create, mode)
+            shm = self._open(create, trust)
             try:
-                if self._init_or_attach(shm, geometry, mode):
+                # Invariant: checked before any byte of the file is read or written and before its flock is taken
+                # (another user's file could hold that flock to stall us), on the descriptor that will be used.
+                trust.check(shm.fd, path, "attach")
+                if self._init_or_attach(shm, geometry, trust.mode):
                     if not self._name_moved(shm.fd):
                         return
                     # Unlinked (and perhaps created anew) while we attached: join what the name holds now.
@@ -116,29 +127,43 @@ class Segment:
     def _name_moved(self, fd: int) -> bool:
         """Whether the name no longer refers to the object behind ``fd``."""
         try:
-            return os.stat(_SHM_DIR + self.shm_name).st_ino != os.fstat(fd).st_ino
+            return os.lstat(_SHM_DIR + self.shm_name).st_ino != os.fstat(fd).st_ino
         except FileNotFoundError:
             return True
         except OSError:
             return False  # no /dev/shm to ask (not Linux)
 
-    def _open(self, create: bool | None, mode: int):
+    def _open(self, create: bool | None, trust: Trust):
+        """The object at the name, opened (glibc's shm_open adds O_NOFOLLOW), or created with the trust's group and
+        mode. Refusals the open itself meets (a symlink, a directory, another user's file) are OwnershipErrors."""
         if create is False:
             try:
                 return posix_ipc.SharedMemory(self.shm_name, 0)
             except posix_ipc.ExistentialError:
                 raise FileNotFoundError(errno.ENOENT, f"no cache named {self.name!r}", self.shm_name) from None
+            except (OSError, ValueError, posix_ipc.PermissionsError) as exc:  # ELOOP; EISDIR (as EINVAL); EACCES
+                raise (trust.open_error(_SHM_DIR + self.shm_name, "attach") or exc) from None
         try:
-            shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=mode)
+            shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=trust.mode & 0o700)
         except posix_ipc.ExistentialError:
             if create:
                 raise FileExistsError(errno.EEXIST, f"cache {self.name!r} already exists", self.shm_name) from None
-            return self._open(False, mode)
-        os.fchmod(shm.fd, mode)  # shm_open honours the umask; the mode asked for is the mode wanted
+            return self._open(False, trust)
+        try:
+            trust.share(shm.fd)
+        except BaseException:
+            shm.unlink()
+            shm.close_fd()
+            raise
         return shm
 
     def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
-        """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later."""
+        """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later.
+        Only for a file that passed the trust check."""
+        # Why a file without magic is initialised even when this call did not create it: it passed the owner and
+        # mode checks, so only this user, a trusted owner (or root) can have made it -- as trustworthy as a file made
+        # here. It is what a creator that died between shm_open and the magic leaves (a crashed gunicorn master);
+        # refusing it would wedge the name until someone removes it by hand. Another user's file never gets here.
         _flock(shm.fd, time.monotonic() + _INIT_WAIT_S)
         try:
             size = os.fstat(shm.fd).st_size
@@ -293,19 +318,22 @@ def segment_names() -> list[str]:
     return sorted(f[len(layout.SEGMENT_PREFIX) :] for f in files if f.startswith(layout.SEGMENT_PREFIX))
 
 
-def sweep(remove: bool = False, names=None) -> list[dict]:
+def sweep(remove: bool = False, names=None, *, mode: int = 0o600, trust_owner=None) -> list[dict]:
     """Every cache segment on the host (or those of ``names``), and every ``TieredCache`` stats segment (of those
-    caches), with its state: ``in use`` (some process has it open), ``orphan`` (nobody
-    does: left behind by processes that are all gone), or ``not accessible`` (another user's). With ``remove``,
-    orphans are unlinked (``removed``: True). A segment a live process has open is never removed: every open handle
-    holds a shared lock on its ``LIVE_BYTE``, and the sweep unlinks only while it holds that byte exclusively."""
+    caches), with its state: ``in use`` (some process has it open), ``orphan`` (nobody does: left behind by
+    processes that are all gone), or ``skipped``, with a ``reason``: a file SharedCache would refuse with the same
+    ``mode`` and ``trust_owner`` (another user's, more open than ``mode``, a symlink, not a regular file), which
+    the sweep neither opens for locking nor removes. With ``remove``, orphans are unlinked (``removed``: True). A
+    segment a live process has open is never removed: every open handle holds a shared lock on its ``LIVE_BYTE``, and
+    the sweep unlinks only while it holds that byte exclusively."""
+    trust = Trust.of(mode, trust_owner)
     found = []
     for name in segment_names() if names is None else sorted(set(names)):
-        entry = ofd.judge(_SHM_DIR + shm_name(name), name, ofd.LIVE_BYTE, 1, remove)
+        entry = ofd.judge(_SHM_DIR + shm_name(name), name, ofd.LIVE_BYTE, 1, remove, trust)
         if entry is not None:
             found.append(entry)
     # The stats segments of TieredCache namespaces, of these caches (or of all).
-    return found + tierstats.sweep(remove, None if names is None else set(names))
+    return found + tierstats.sweep(remove, None if names is None else set(names), trust)
 
 
 def unlink_name(name: str) -> None:

@@ -37,6 +37,7 @@ from .listener import Listener
 from .mapping import ItemAccess
 from .remote import Remote, _redis, connect, log, pack_payload, unpack_value
 from .tierstats import Rows, TierStats
+from .trust import Trust
 
 _MISSING = object()
 _NAMESPACE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -49,7 +50,8 @@ class TieredCache(ItemAccess):
 
     :param local: this host's shared-memory cache; the namespace's copies live in its kind ``tier:<namespace>``
         (and short-lived marks in ``mark:<namespace>``), so one local cache can front several namespaces and still
-        hold entries of its own.
+        hold entries of its own. The host's stats segment of the namespace is created and checked with what
+        ``local`` was opened with (``mode``, ``trust_owner``, ``group``): OwnershipError if it is refused.
     :param remote: a ``redis://`` URL, or a redis-py client (``Redis`` or ``RedisCluster``) to use as it is.
     :param namespace: the keys' namespace in Redis, 1 to 32 letters, digits, ``_`` or ``-``; hosts that share it
         share the cache.
@@ -106,7 +108,8 @@ class TieredCache(ItemAccess):
             factory = lambda: client  # noqa: E731
         else:
             factory = lambda: connect(remote, timeout=timeout, cluster=cluster)  # noqa: E731
-        self._rows = Rows(local.name, namespace, os.fstat(local._seg.fd).st_mode & 0o777)
+        # The local cache's trust: the stats segment may be owned by whom the cache may, and is as open as it.
+        self._rows = Rows(local.name, namespace, local._seg.trust)
         self._row = self._rows.row  # the hot path's copy of it, kept in step by fork and close
         self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval)
         self._listener_box: list = [None]
@@ -589,14 +592,16 @@ def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
     return tier
 
 
-def host_stats(cache_name: str, namespace: str) -> TierStats:
+def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owner=None) -> TierStats:
     """The stats of a namespace on this host, read from outside (``shmcache tier``): no Redis, no row claimed.
+    ``mode`` and ``trust_owner`` are those of ``SharedCache``, for the cache and the stats segment alike.
 
     :raises FileNotFoundError: if the cache or the namespace's stats segment does not exist.
+    :raises OwnershipError: if either is refused (see ``SharedCache``).
     """
-    rows = Rows(cache_name, namespace, claim=False)
+    rows = Rows(cache_name, namespace, Trust.of(mode, trust_owner), claim=False)
     try:
-        with SharedCache(cache_name, create=False) as local:
+        with SharedCache(cache_name, create=False, mode=mode, trust_owner=trust_owner) as local:
             kinds = local.stats().kinds
             kind = kinds.get(f"tier:{namespace}")
             number = list(kinds).index(f"tier:{namespace}") + 1 if kind else 0

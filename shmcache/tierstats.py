@@ -4,6 +4,10 @@
 Each process writes only its own row, so counting is a plain increment with no lock; a row is claimed with an
 exclusive open-file-description lock on one byte of the segment's file, which the kernel drops when the process
 dies, and the next claimer keeps adding to it.
+
+The segment is opened with the local cache's ``Trust`` (``trust.py``) and checked before a byte of it is read or
+written: another user's file, one more open than asked for, a symlink or anything not a regular file is refused.
+Rows are claimed through descriptions reopened from the checked descriptor, never through the name again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 
 from . import ofd
 from .errors import LayoutError, LayoutVersionError
+from .trust import Trust
 from .layout.tier import (
     C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
     TIER_HEADER_WORDS, TIER_MAGIC, TIER_ROW_WORDS, TIER_ROWS, TIER_SEGMENT_PREFIX, TIER_VERSION,
@@ -26,6 +31,7 @@ from .layout.tier import (
 
 log = logging.getLogger("shmcache.tiered")
 _SHM_DIR = "/dev/shm/"
+_OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO planted here never blocks
 
 
 def segment_name(cache_name: str, namespace: str) -> str:
@@ -97,21 +103,28 @@ def percentile(histogram: np.ndarray, q: float) -> float:
 class Rows:
     """This process's handle on the stats segment: ``row`` is its own row, a memoryview of 8-byte words."""
 
-    def __init__(self, cache_name: str, namespace: str, mode: int = 0o600, *, claim: bool = True) -> None:
+    _fd = -1  # the checked descriptor, kept open for reopening (class default: close() on a half-built object)
+
+    def __init__(self, cache_name: str, namespace: str, trust: Trust = Trust(), *, claim: bool = True) -> None:
         """Open (with ``claim``: create if need be, and claim a row) the stats segment of the namespace; without
-        ``claim``, only read it (FileNotFoundError if it does not exist)."""
+        ``claim``, only read it (FileNotFoundError if it does not exist).
+
+        :raises OwnershipError: if ``trust`` refuses the file at the name (see ``trust.py``)."""
         self.name = segment_name(cache_name, namespace)
         self.path = _SHM_DIR + self.name
         self._claim_fd = -1
-        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if claim else 0), mode)
+        fd = _open(self.path, trust, claim)
         try:
+            # Invariant: checked before any byte is read or written, and before the flock (see segment.py).
+            trust.check(fd, self.path, "open")
             # Why flock: creation and the header's first write must not race; whole-file flock locks are apart from
             # the byte locks that claim rows.
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 size = os.fstat(fd).st_size
                 if size == 0:
-                    os.fchmod(fd, mode)
+                    # Why an empty file is sized even when this call did not create it: it passed the owner and
+                    # mode checks (another user's never gets here), and a creator that died before this leaves it.
                     os.ftruncate(fd, tier_nbytes())
                 elif size != tier_nbytes():
                     raise LayoutError(f"{self.path} is {size} bytes, a tier stats segment is {tier_nbytes()}",
@@ -129,15 +142,17 @@ class Rows:
                                              f"reads {TIER_VERSION}", what="open", hint="unlink it")
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd, self._ino = fd, os.fstat(fd).st_ino
         self.words = np.frombuffer(self.mm, dtype="<i8", count=TIER_ROWS * TIER_ROW_WORDS,
                                    offset=TIER_HEADER_WORDS * 8).reshape(TIER_ROWS, TIER_ROW_WORDS)
         self.row = self._claim() if claim else memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
 
     def _claim(self):
         """Claim a free row; a private one (counted by nobody else) if all are taken."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDWR | os.O_CLOEXEC)  # the file checked, not the name's
         for r in range(TIER_ROWS):
             # Why none may be free: besides 256 live processes, ``sweep`` holds every row for the instant it judges
             # a segment; a process opening it in that instant counts privately (and says so).
@@ -153,6 +168,8 @@ class Rows:
     def after_fork_in_child(self) -> None:
         """A forked child counts in a row of its own: the parent's claim stays the parent's (closing the child's
         copy of the descriptor does not release a lock its description still holds in the parent)."""
+        if self._fd < 0:
+            return  # closed
         if self._claim_fd >= 0:
             os.close(self._claim_fd)
             self._claim_fd = -1
@@ -177,28 +194,61 @@ class Rows:
         if self._claim_fd >= 0:
             os.close(self._claim_fd)
             self._claim_fd = -1
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self.mm.close()
         except BufferError:
             pass  # a row view is still referenced somewhere; the mapping goes with it
 
     def unlink(self) -> None:
+        """Remove the segment this handle opened; a file made at the name since is left alone."""
         try:
-            os.unlink(self.path)
+            if os.lstat(self.path).st_ino == self._ino:
+                os.unlink(self.path)
         except FileNotFoundError:
             pass
 
 
-def sweep(remove: bool = False, caches=None) -> list[dict]:
-    """The stats segments on the host (those of ``caches``, if given), each ``in use`` (a process has a row of it)
-    or ``orphan``; with ``remove``, orphans are unlinked. A segment is judged while holding all its rows, so one
-    that a process opens meanwhile is never removed from under it."""
+def _open(path: str, trust: Trust, create: bool) -> int:
+    """The file at ``path`` opened without following a symlink; with ``create``, made first if there is none,
+    owner-only, then given the trust's group and mode. Refusals the open itself meets are OwnershipErrors."""
+    while True:
+        try:
+            if create:
+                try:
+                    fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, trust.mode & 0o700)
+                except FileExistsError:
+                    pass
+                else:
+                    try:
+                        trust.share(fd)
+                    except BaseException:
+                        os.close(fd)
+                        os.unlink(path)
+                        raise
+                    return fd
+            return os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+            # Unlinked between our two opens: create it again.
+        except OSError as exc:  # ELOOP (a symlink), EACCES (another user's), EISDIR...
+            raise (trust.open_error(path, "open") or exc) from None
+
+
+def sweep(remove: bool = False, caches=None, trust: Trust = Trust()) -> list[dict]:
+    """The stats segments on the host (those of ``caches``, if given), each ``in use`` (a process has a row of it),
+    ``orphan``, or ``skipped`` with a ``reason`` (``trust`` refuses it: never locked nor removed); with ``remove``,
+    orphans are unlinked. A segment is judged while holding all its rows, so one that a process opens meanwhile is
+    never removed from under it."""
     found = []
     for cache, namespace in segments():
         if caches is not None and cache not in caches:
             continue
         name = segment_name(cache, namespace)
-        entry = ofd.judge(_SHM_DIR + name, name, 0, TIER_ROWS, remove)
+        entry = ofd.judge(_SHM_DIR + name, name, 0, TIER_ROWS, remove, trust)
         if entry is not None:
             found.append(entry)
     return found

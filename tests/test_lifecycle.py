@@ -139,13 +139,15 @@ def test_lifecycle_attach_only_to_uninitialised_segment_gives_up(name, monkeypat
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_lifecycle_racing_creators_share_one_segment(method):
+@pytest.mark.parametrize("method, mode", [("fork", 0o600), ("spawn", 0o600), ("fork", 0o660)])
+def test_lifecycle_racing_creators_share_one_segment(method, mode):
+    """Also with a group mode: an opener that finds the segment still owner-only (the creator widens it after
+    creating it) accepts it, as a mode narrower than asked."""
     name = unique_name("race")
     ctx = mp.get_context(method)
     n = 6
     barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=open_and_put, args=(name, i, barrier, queue)) for i in range(n)]
+    procs = [ctx.Process(target=open_and_put, args=(name, i, barrier, queue, mode)) for i in range(n)]
     try:
         for p in procs:
             p.start()
@@ -154,7 +156,7 @@ def test_lifecycle_racing_creators_share_one_segment(method):
             p.join(timeout=30)
             assert p.exitcode == 0
         assert done == list(range(n))
-        with SharedCache(name, create=False) as c:
+        with SharedCache(name, create=False, mode=mode) as c:
             assert sorted(c.get(f"w{i}") for i in range(n)) == list(range(n))
             assert c.stats().puts == n
     finally:

@@ -89,10 +89,10 @@ def workload_on_handle(cache, worker: int, ops: int, keys: int, seed: int, queue
     cache.close()
 
 
-def open_and_put(name: str, worker: int, barrier, queue) -> None:
+def open_and_put(name: str, worker: int, barrier, queue, mode: int = 0o600) -> None:
     """Wait at the barrier, then race the other workers to open-or-create the cache and write one entry."""
     barrier.wait(timeout=30)
-    with SharedCache(name, capacity_bytes=1 << 16, max_entries=64) as cache:
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=64, mode=mode) as cache:
         cache.put(f"w{worker}", worker)
         queue.put(worker)
 
