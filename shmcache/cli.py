@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import pwd
+import shlex
 import sys
 import time
 
@@ -215,11 +216,20 @@ def cmd_sweep(args) -> int:
         if "reason" in f:
             what += f": {f['reason']}"
         print(f"{f['name']:<40} {size:>10}  {what}")
+    missing = sorted(set(args.names) - {f["cache"] for f in found})
+    for name in missing:
+        print(f"shmcache: no cache named {name!r} (and no TieredCache stats segment of it)", file=sys.stderr)
     if orphans and not args.yes:
-        print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `shmcache sweep --yes`.")
-    elif not found:
+        # The hint removes exactly what was listed: the caches named, never every orphan on the host.
+        again = ["shmcache", "sweep", "--yes", *sorted({f["cache"] for f in orphans})]
+        if args.mode != 0o600:
+            again += ["--mode", oct(args.mode)[2:]]
+        for owner in args.trust_owner or ():
+            again += ["--trust-owner", str(owner)]
+        print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `{shlex.join(again)}`.")
+    elif not found and not args.names:
         print("no shmcache caches on this host")
-    return 0
+    return 1 if missing else 0
 
 
 def cmd_rm(args) -> int:

@@ -331,7 +331,7 @@ def sweep(remove: bool = False, names=None, *, mode: int = 0o600, trust_owner=No
     for name in segment_names() if names is None else sorted(set(names)):
         entry = ofd.judge(_SHM_DIR + shm_name(name), name, ofd.LIVE_BYTE, 1, remove, trust)
         if entry is not None:
-            found.append(entry)
+            found.append({**entry, "cache": name})
     # The stats segments of TieredCache namespaces, of these caches (or of all).
     return found + tierstats.sweep(remove, None if names is None else set(names), trust)
 

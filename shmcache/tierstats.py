@@ -250,5 +250,5 @@ def sweep(remove: bool = False, caches=None, trust: Trust = Trust()) -> list[dic
         name = segment_name(cache, namespace)
         entry = ofd.judge(_SHM_DIR + name, name, 0, TIER_ROWS, remove, trust)
         if entry is not None:
-            found.append(entry)
+            found.append({**entry, "cache": cache})
     return found

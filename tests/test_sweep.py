@@ -102,3 +102,19 @@ def test_sweep_reattach_after_a_sweep_works(name):
         c.put("k", 2)
         assert c.get("k") == 2
         c.unlink()
+
+
+def test_sweep_cli_hint_removes_exactly_what_it_found(capsys, name):
+    # The hint names the caches listed: run as printed, it removes this orphan and nothing else on the host.
+    SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True).close()
+    assert main(["sweep", name]) == 0
+    out = capsys.readouterr().out
+    hint = out.split("Remove them with `")[1].split("`")[0]
+    assert hint == f"shmcache sweep --yes {name}"
+    assert main(hint.split()[1:]) == 0 and not _exists(name)
+
+
+def test_sweep_cli_names_a_cache_that_does_not_exist(capsys, name):
+    assert main(["sweep", name]) == 1
+    out, err = capsys.readouterr()
+    assert f"no cache named {name!r}" in err and "no shmcache caches on this host" not in out
