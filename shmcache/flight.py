@@ -12,8 +12,18 @@ an offset taken from the key's fingerprint. Why that mechanism:
   fingerprint prefixes collide, which merely serialises them). Nothing is created on disk, so nothing is left
   behind, and the claim is never the cache lock, which stays free for every other call while a function runs.
 
-A claim is released by closing its descriptor. A process that forks while it holds a claim passes the descriptor
-to the child, and the claim lasts until both have closed it or exited.
+A claim is released by closing its descriptor. Interrupts and fork (the two ways a descriptor outlives its claim):
+
+- An exception may be raised at any bytecode (Ctrl-C, a signal handler's). Each step that changes what is held
+  (open and record the descriptor; lock and record the key; forget and close) runs with asynchronous signals held
+  back, and the ``Claim`` object exists before anything is taken, so the caller's ``finally`` always finds what to
+  release, and a descriptor is forgotten before it is closed (never closed twice: its number may be reused).
+- A forked child gets copies of every descriptor, and an OFD lock lasts until the last copy of its description is
+  closed. Every claim descriptor of the process is in one registry (``_HELD``) that the child empties at once,
+  closing its copies; so a child never holds its parent's claims. Fork takes the registry's lock first, so the
+  registry never misses a descriptor opened by another thread at that moment.
+- A waiter also looks at the cache itself every ``_RECHECK_S``: a value stored while it waited ends its wait, even if
+  the claim is still held by some stray process.
 """
 
 from __future__ import annotations
@@ -24,9 +34,12 @@ import time
 
 from . import ofd
 from .errors import ComputeTimeout
+from .lock import signals_deferred
 
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
+_RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this interval (a locked lookup)
+NO_FD = -1
 
 
 class _Claims(threading.local):
@@ -35,50 +48,86 @@ class _Claims(threading.local):
 
 
 _claims = _Claims()
+_HELD: dict = {}  # descriptor -> Claim: every claim descriptor this process has open
+_REGISTRY = threading.Lock()  # guards _HELD against fork; held only for an open or a close, never while waiting
+
+
+def _before_fork() -> None:
+    _REGISTRY.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _REGISTRY.release()
+
+
+def _after_fork_in_child() -> None:
+    """The only thread left: close the child's copies of every claim descriptor, so the parent's claims end with
+    the parent's own release, and forget them (the claims' later release in this process closes nothing)."""
+    global _REGISTRY
+    held = list(_HELD.values())
+    _HELD.clear()
+    for c in held:
+        fd, c._fd = c._fd, NO_FD
+        c._forget_key()
+        if fd >= 0:
+            os.close(fd)
+    _REGISTRY = threading.Lock()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class Claim:
-    """A claim on one key's byte; ``release()`` (or the end of a ``with`` block) gives it up."""
+    """A claim on one key's byte: made empty before anything is taken (``take``), so that a ``finally`` always has
+    it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
 
-    def __init__(self, fd: int, tag: tuple[int, int]) -> None:
-        self._fd = fd
+    def __init__(self) -> None:
+        self._fd = NO_FD
+        self._keys = None  # the claiming thread's key set, while the key is recorded in it
+        self._tag = None
+
+    @property
+    def held(self) -> bool:
+        return self._keys is not None
+
+    def take(self, segment_fd: int, fp: int, timeout: float | None, stored=None) -> bool:
+        """Claim the key of fingerprint ``fp`` on the segment open as ``segment_fd``; returns whether another
+        caller held it first (so this one waited). Waits without limit when ``timeout`` is None. Returns without
+        the claim (``held`` False) when ``stored()``, asked every ``_RECHECK_S`` while waiting, says the value is
+        there.
+
+        :raises ComputeTimeout: if the key stays claimed for ``timeout`` seconds.
+        :raises RuntimeError: if this thread already holds the claim (``fn`` called ``get_or_compute`` on its own
+            key).
+        """
+        byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
+        tag = (os.fstat(segment_fd).st_ino, byte)
+        if tag in _claims.keys:
+            raise RuntimeError("get_or_compute was called for a key inside the computation of that same key")
         self._tag = tag
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            _claims.keys.discard(self._tag)
-            os.close(fd)  # closing the description releases its lock
-
-    def __enter__(self) -> Claim:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def claim(segment_fd: int, fp: int, timeout: float | None) -> tuple[Claim, bool]:
-    """Claim the key of fingerprint ``fp`` on the segment open as ``segment_fd``; returns the claim and whether
-    another caller held it first (so this one waited). Waits without limit when ``timeout`` is None.
-
-    :raises ComputeTimeout: if the key stays claimed for ``timeout`` seconds.
-    :raises RuntimeError: if this thread already holds the claim (``fn`` called ``get_or_compute`` on its own key).
-    """
-    byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
-    tag = (os.fstat(segment_fd).st_ino, byte)
-    if tag in _claims.keys:
-        raise RuntimeError("get_or_compute was called for a key inside the computation of that same key")
-    # A description of our own for this claim (the segment's descriptor is shared with whatever else this
-    # process does with it, and is inherited by forked children).
-    fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
-    try:
+        # A description of our own for this claim (the segment's descriptor is shared with whatever else this
+        # process does with it, and is inherited by forked children).
+        # Crash window: an exception between os.open returning and the descriptor being recorded would leak it;
+        # signals are held back across the two, and fork waits for the registry's lock.
+        if self._fd == NO_FD:
+            with signals_deferred(), _REGISTRY:
+                fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
+                self._fd = fd
+                _HELD[fd] = self
         waited = False
-        deadline = None if timeout is None else time.monotonic() + timeout
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        recheck = now + _RECHECK_S
         pause = _POLL_FIRST_S
-        while not ofd.lock(fd, byte, ofd.WRITE, wait=False):
+        while not self._lock(byte):
             waited = True
+            now = time.monotonic()
+            if stored is not None and now >= recheck:
+                if stored():
+                    return True
+                recheck = now + _RECHECK_S
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     raise ComputeTimeout(
                         f"another caller has been computing this key for over {timeout:g} s", what="get_or_compute",
@@ -87,8 +136,45 @@ def claim(segment_fd: int, fp: int, timeout: float | None) -> tuple[Claim, bool]
                 pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
-    except BaseException:
-        os.close(fd)
-        raise
-    _claims.keys.add(tag)
-    return Claim(fd, tag), waited
+        return waited
+
+    def _lock(self, byte: int) -> bool:
+        # Crash window: the lock taken but not recorded would leave the key marked free for this thread while held;
+        # signals are held back across the two. (A lock taken through the claim's descriptor is dropped by release
+        # whatever is recorded: closing the description drops it.)
+        with signals_deferred():
+            if not ofd.lock(self._fd, byte, ofd.WRITE, wait=False):
+                return False
+            keys = _claims.keys
+            keys.add(self._tag)
+            self._keys = keys
+        return True
+
+    def _forget_key(self) -> None:
+        keys, self._keys = self._keys, None
+        if keys is not None:
+            keys.discard(self._tag)
+
+    def release(self) -> None:
+        if self._fd == NO_FD and self._keys is None:
+            return
+        # Why: the descriptor is forgotten before it is closed, with signals held back: an exception between the two
+        # would otherwise leave either a descriptor open forever or, closed again later, the application's file
+        # that reused its number.
+        with signals_deferred(), _REGISTRY:
+            self._forget_key()
+            fd, self._fd = self._fd, NO_FD
+            if fd >= 0:
+                _HELD.pop(fd, None)
+                os.close(fd)  # closing the description releases its lock
+
+    def __del__(self) -> None:
+        # The caller's finally was itself cut short: the garbage collector finishes the release.
+        if self._fd != NO_FD:
+            self.release()
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

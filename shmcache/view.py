@@ -32,6 +32,7 @@ import weakref
 import numpy as np
 
 from . import ofd
+from .lock import signals_deferred
 from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, array_layout
 
@@ -43,74 +44,113 @@ CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array beco
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
 
+NO_FD = -1
+
+
+class Pin:
+    """One view's pin: the description it holds (``fd``), the byte locked through it once known (``byte``), the
+    process that took it (``pid``). Made before anything is taken, so that whoever is cut short finds what to
+    release; released at most once (``fd`` is NO_FD after)."""
+
+    __slots__ = ("fd", "byte", "pid", "ended")
+
+    def __init__(self) -> None:
+        self.fd = NO_FD
+        self.byte = -1
+        self.pid = os.getpid()
+        self.ended = None  # the weak reference that reports the view's memory gone (kept alive here)
+
+
 class PinDescriptions:
     """The open file descriptions one cache handle pins through: one per open view, so that two views of the same
     entry hold two locks (the locks of one description on one byte would merge, and the first release would drop
     both). Idle descriptions are kept for the next view: opening one costs more than the rest of a view.
 
-    Release may run at any moment (from a garbage collection, in any thread): it unlocks its byte explicitly (which
-    drops the lock whoever else holds the description) and appends to a list or set, each indivisible under the
-    GIL.
+    Interrupts. An exception may be raised at any bytecode, also inside a garbage collector's callback (where it is
+    printed and dropped). Every change of what is held (take, release) runs with asynchronous signals held back; the
+    end of a view's memory is recorded by a weak reference whose callback is a C method (``_ended.__setitem__``:
+    no bytecode, so nothing can cut it), and the release itself runs from ``drain``, called by a second callback, at
+    the end of every ``with`` block, by each new view and by close(). So a release cut short is finished by the next
+    of these, and a descriptor is forgotten before it is closed (never closed twice: its number may be reused).
 
     Fork. A description lives until every process holding it has closed it, and so does any lock taken through it.
     So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
-    child's copy when it goes (its release knows the pid that took the pin), so a child never drops its parent's
-    pin; and the parent never lends again a description that was out at the fork (the child may still hold it: a
-    pin taken through it later would outlive the parent), it closes it on release instead.
+    child's copy when it goes (its pin knows the pid that took it), so a child never drops its parent's pin; and the
+    parent never lends again a description that was out at the fork (the child may still hold it: a pin taken
+    through it later would outlive the parent), it closes it on release instead.
     """
 
     def __init__(self, segment_fd: int) -> None:
         self._path = f"/proc/self/fd/{segment_fd}"
         self._idle: list[int] = []
-        self._out: set[int] = set()  # lent to open views
+        self._out: dict[int, Pin] = {}  # lent to open views
         self._shared: set[int] = set()  # lent when this process forked: closed, not reused, on release
+        self._ended: dict[Pin, object] = {}  # pins whose memory is gone, to release (filled from C, see above)
         self._closed = False
         _ALL.add(self)
 
     def _forked_parent(self) -> None:
-        self._shared |= self._out
+        self._shared |= set(self._out)
 
     def _forked_child(self) -> None:
-        idle, self._idle, self._out, self._shared = self._idle, [], set(), set()
+        idle, self._idle, self._out, self._shared = self._idle, [], {}, set()
         for fd in idle:
             os.close(fd)
 
-    def take(self) -> int:
-        """A description holding no lock (the caller locks one byte through it, then hands it to ``release``, or
-        to ``discard`` if it does not know whether it locked anything)."""
+    def take(self, pin: Pin) -> None:
+        """Lend ``pin`` a description holding no lock (the caller locks one byte through it and records the byte in
+        ``pin``; ``release`` ends it, whatever was done)."""
         if self._closed:
             raise ClosedError("operation on a closed cache", what="view")
-        try:
-            fd = self._idle.pop()
-        except IndexError:
-            fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
-        self._out.add(fd)
-        return fd
+        if self._ended:
+            self.drain()
+        # Crash window: between getting the descriptor and recording it an exception would leak it: held back.
+        with signals_deferred():
+            fd = self._idle.pop() if self._idle else os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+            pin.fd = fd
+            self._out[fd] = pin
 
-    def release(self, fd: int, byte: int, pid: int) -> None:
-        """End the pin held through ``fd`` on ``byte``, taken by process ``pid``."""
-        if pid != os.getpid():
-            os.close(fd)  # a copy inherited through fork: the pin is the parent's, and stays
-            return
-        ofd.unlock(fd, byte)
-        self._out.discard(fd)
-        if self._closed or fd in self._shared:
-            self._shared.discard(fd)
-            os.close(fd)
-        else:
-            self._idle.append(fd)
+    def watch(self, owner, pin: Pin) -> None:
+        """Release ``pin`` once ``owner`` is garbage collected. Ordering: the drain callback is made first, so
+        that it runs after the recording one (CPython calls the newest weak reference's callback first)."""
+        _watch(owner, self.drain)
+        pin.ended = weakref.ref(owner, functools.partial(self._ended.__setitem__, pin))
 
-    def discard(self, fd: int) -> None:
-        """Close a description taken but not handed to a view (closing drops whatever it locked)."""
-        self._out.discard(fd)
-        self._shared.discard(fd)
-        os.close(fd)
+    def drain(self) -> None:
+        """Release the pins whose memory is gone."""
+        with signals_deferred():
+            while self._ended:
+                pin = next(iter(self._ended))
+                self.release(pin)
+                del self._ended[pin]
+
+    def release(self, pin: Pin) -> None:
+        """End ``pin``: unlock its byte (closing its description if the byte is unknown); a no-op the second time."""
+        with signals_deferred():
+            fd = pin.fd
+            if fd == NO_FD:
+                return
+            pin.fd = NO_FD
+            if pin.pid != os.getpid():
+                os.close(fd)  # a copy inherited through fork: the pin is the parent's, and stays
+                return
+            self._out.pop(fd, None)
+            if pin.byte >= 0:
+                ofd.unlock(fd, pin.byte)
+            if pin.byte < 0 or self._closed or fd in self._shared:
+                self._shared.discard(fd)
+                os.close(fd)  # closing drops whatever lock it took
+            else:
+                self._idle.append(fd)
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
         self._closed = True
-        while self._idle:
-            os.close(self._idle.pop())
+        self.drain()
+        with signals_deferred():
+            while self._idle:
+                fd = self._idle.pop()
+                os.close(fd)
 
 
 _WATCHES: dict = {}  # id -> the weak references below, alive until their callback runs (ndarrays do not hash)
@@ -135,9 +175,9 @@ def _nothing(*_) -> None:
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, release) -> None:
-        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``release``: what ends
-        the pin, called once the memory is no longer referenced. Raises TypeError for a value of another kind, and
+    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin) -> None:
+        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``pin``: released
+        through ``pins`` once the memory is no longer referenced. Raises TypeError for a value of another kind, and
         ValueError for a malformed array (the caller then releases the pin)."""
         tag = value[0]
         if tag == TAG_ARRAY:
@@ -158,7 +198,8 @@ class View:
             # alive, and holds the array: so ``owner`` lives as long as the array, unless close() finds nothing
             # but the ``with`` target's own name referring to it.
             self._keep = _watch(self._obj, functools.partial(_nothing, owner))  # holds owner while obj lives
-        _watch(owner, release)  # last: until here, the caller still owns the pin (and ends it on error)
+        self._pins = pins
+        pins.watch(owner, pin)  # last: until here, the caller ends the pin on error (a second release is a no-op)
         self._open = True
 
     def __enter__(self):
@@ -168,6 +209,7 @@ class View:
 
     def __exit__(self, *exc) -> None:
         self._close(sys._getframe(1))
+        self._pins.drain()  # in case a release was cut short
 
     def close(self) -> None:
         """Revoke the object handed out; the pin goes when nothing references the memory any more."""
