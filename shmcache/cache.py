@@ -831,12 +831,12 @@ class SharedCache(ItemAccess):
         """
         kb = encode_key(key)
         pins = self._pins
-        # Why: the pin exists before anything is taken, so the except clause releases whatever an exception at any
-        # bytecode left taken; its release is idempotent, so the view's own release may follow (see view.py).
+        # Why: the pin exists before anything is taken, and owns its description until it is handed over to the
+        # view: an exception at any bytecode before that drops it, which closes the description and whatever lock it
+        # took (see view.py).
         pin = Pin()
         try:
-            pins.take(pin)
-            found = self._locked(self._pin_locked, kb, fingerprint(kb), pin.fd)
+            found = self._locked(self._pin_locked, kb, fingerprint(kb), pins.take(pin))
             if found is None:
                 raise KeyError(key)
             if found is _UNVIEWABLE:
@@ -850,7 +850,7 @@ class SharedCache(ItemAccess):
                 self._checksum_failed(e)
             return View(value, pins, pin)
         except BaseException:
-            pins.release(pin)  # an unknown byte closes the description, which drops whatever it locked
+            pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
 
     def _pin_locked(self, kb: bytes, fp: int, fd: int):

@@ -28,9 +28,11 @@ A claim is released by closing its descriptor. Interrupts and fork (the two ways
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
+import weakref
 
 from . import ofd
 from .errors import ComputeTimeout
@@ -39,7 +41,6 @@ from .lock import signals_deferred
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
 _RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this interval (a locked lookup)
-NO_FD = -1
 
 
 class _Claims(threading.local):
@@ -48,7 +49,8 @@ class _Claims(threading.local):
 
 
 _claims = _Claims()
-_HELD: dict = {}  # descriptor -> Claim: every claim descriptor this process has open
+_HELD: weakref.WeakSet = weakref.WeakSet()  # the FileIO of every claim of this process (weak: a claim dropped
+# without release closes its file as it goes)
 _REGISTRY = threading.Lock()  # guards _HELD against fork; held only for an open or a close, never while waiting
 
 
@@ -64,13 +66,10 @@ def _after_fork_in_child() -> None:
     """The only thread left: close the child's copies of every claim descriptor, so the parent's claims end with
     the parent's own release, and forget them (the claims' later release in this process closes nothing)."""
     global _REGISTRY
-    held = list(_HELD.values())
+    for file in list(_HELD):
+        file.close()
     _HELD.clear()
-    for c in held:
-        fd, c._fd = c._fd, NO_FD
-        c._forget_key()
-        if fd >= 0:
-            os.close(fd)
+    _claims.keys.clear()
     _REGISTRY = threading.Lock()
 
 
@@ -82,7 +81,7 @@ class Claim:
     it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
 
     def __init__(self) -> None:
-        self._fd = NO_FD
+        self._file = None  # io.FileIO of the claim's own description, once opened
         self._keys = None  # the claiming thread's key set, while the key is recorded in it
         self._tag = None
 
@@ -107,13 +106,14 @@ class Claim:
         self._tag = tag
         # A description of our own for this claim (the segment's descriptor is shared with whatever else this
         # process does with it, and is inherited by forked children).
-        # Crash window: an exception between os.open returning and the descriptor being recorded would leak it;
-        # signals are held back across the two, and fork waits for the registry's lock.
-        if self._fd == NO_FD:
+        # Crash window: an exception between the open and the registry would leave the child of a fork meanwhile a
+        # copy: fork waits for the registry's lock.
+        # Why a FileIO: it owns its descriptor from the open on, closes it at most once (close is idempotent), and
+        # closes it in C if dropped, so neither a leak nor a double close can follow an exception anywhere.
+        if self._file is None:
             with signals_deferred(), _REGISTRY:
-                fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
-                self._fd = fd
-                _HELD[fd] = self
+                self._file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
+                _HELD.add(self._file)
         waited = False
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
@@ -143,7 +143,7 @@ class Claim:
         # signals are held back across the two. (A lock taken through the claim's descriptor is dropped by release
         # whatever is recorded: closing the description drops it.)
         with signals_deferred():
-            if not ofd.lock(self._fd, byte, ofd.WRITE, wait=False):
+            if not ofd.lock(self._file.fileno(), byte, ofd.WRITE, wait=False):
                 return False
             keys = _claims.keys
             keys.add(self._tag)
@@ -156,21 +156,18 @@ class Claim:
             keys.discard(self._tag)
 
     def release(self) -> None:
-        if self._fd == NO_FD and self._keys is None:
+        if self._file is None and self._keys is None:
             return
-        # Why: the descriptor is forgotten before it is closed, with signals held back: an exception between the two
-        # would otherwise leave either a descriptor open forever or, closed again later, the application's file
-        # that reused its number.
         with signals_deferred(), _REGISTRY:
             self._forget_key()
-            fd, self._fd = self._fd, NO_FD
-            if fd >= 0:
-                _HELD.pop(fd, None)
-                os.close(fd)  # closing the description releases its lock
+            if self._file is not None:
+                _HELD.discard(self._file)
+                self._file.close()  # closing the description releases its lock
 
     def __del__(self) -> None:
-        # The caller's finally was itself cut short: the garbage collector finishes the release.
-        if self._fd != NO_FD:
+        # The caller's finally was itself cut short: the garbage collector finishes the release (and if this is cut
+        # short too, the FileIO closes its descriptor as it goes).
+        if self._keys is not None or (self._file is not None and not self._file.closed):
             self.release()
 
     def __enter__(self) -> Claim:
