@@ -80,10 +80,10 @@ class Claim:
     """A claim on one key's byte: made empty before anything is taken (``take``), so that a ``finally`` always has
     it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
 
-    def __init__(self) -> None:
-        self._file = None  # io.FileIO of the claim's own description, once opened
-        self._keys = None  # the claiming thread's key set, while the key is recorded in it
-        self._tag = None
+    # Class-level defaults, so that release (and __del__) work on an object whose __init__ was cut short.
+    _file = None  # io.FileIO of the claim's own description, once opened
+    _keys = None  # the claiming thread's key set, while the key is recorded in it
+    _tag = None
 
     @property
     def held(self) -> bool:
