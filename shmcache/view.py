@@ -36,7 +36,6 @@ import weakref
 import numpy as np
 
 from . import ofd
-from .lock import signals_deferred
 from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, array_layout
 
@@ -82,7 +81,8 @@ class PinDescriptions:
 
     Interrupts. An exception may be raised at any bytecode, also inside a garbage collector's callback (where it is
     printed and dropped), and at the entry of any Python function, so a release written in Python can always be cut
-    short before its first line. Hence:
+    short before its first line; holding signals back (pthread_sigmask) would not prevent that, and costs ~8 us a
+    bracket. Hence:
 
     - Each description is an ``io.FileIO``: it owns its descriptor from the open on, closes it at most once, and
       closes it in C when dropped. A description whatever code was cut short drops is closed, never leaked, and no
@@ -117,7 +117,8 @@ class PinDescriptions:
         for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin
             if pin.ended is not None:
                 pin.ended[1].close = int
-        idle, self._idle, self._out, self._shared = self._idle, [], {}, set()
+        # The inherited open views stay in _out: each closes the child's copy when the child drops it (pid check).
+        idle, self._idle, self._shared = self._idle, [], set()
         for file in idle:
             file.close()
 
@@ -145,33 +146,41 @@ class PinDescriptions:
 
     def drain(self) -> None:
         """Put back the descriptions of the pins whose memory is gone (their bytes are unlocked already)."""
-        with signals_deferred():
-            while self._ended:
-                token = next(iter(self._ended))
-                pin = self._out.get(token)
-                if pin is not None:
-                    self.release(pin)
-                del self._ended[token]
+        # Crash window: cut short anywhere, the token stays for the next drain (``_end`` is idempotent), and a
+        # description ``_end`` had taken from its pin is closed as its last reference goes.
+        while self._ended:
+            token = next(iter(self._ended))
+            pin = self._out.get(token)
+            if pin is not None:
+                # Ordering: the recording callback ran in the same C sequence as the unlocking one, with no bytecode
+                # between (see hand_over), so the byte is unlocked already.
+                self._end(pin, unlocked=True)
+            del self._ended[token]
 
     def release(self, pin: Pin) -> None:
         """End ``pin``: unlock its byte, or close its description if the byte is unknown; a no-op the second time."""
-        with signals_deferred():
-            file, pin.file = pin.file, None
-            if file is None:
-                return
-            self._out.pop(pin.token, None)
-            if pin.ended is not None:
-                pin.ended[1].close = int  # disarmed: the description may be lent again
-            if pin.pid != os.getpid():
-                file.close()  # a copy inherited through fork: the pin is the parent's, and stays
-                return
-            if pin.byte >= 0:
-                ofd.unlock(file.fileno(), pin.byte)
-            if pin.byte < 0 or self._closed or file in self._shared:
-                self._shared.discard(file)
-                file.close()  # closing drops whatever lock it took
-            else:
-                self._idle.append(file)
+        self._end(pin, unlocked=False)
+
+    def _end(self, pin: Pin, unlocked: bool) -> None:
+        # Why no signal is held back (pthread_sigmask costs ~8 us a bracket, half a view): cut short at any bytecode,
+        # this leaves either the pin as it was (to be ended again) or its description in a local name only, which
+        # closes it (and drops its lock) as the exception unwinds; never a description leaked or closed twice.
+        if pin.ended is not None:
+            pin.ended[1].close = int  # disarmed first: the description may be lent again, or closed and reused
+        file, pin.file = pin.file, None
+        if file is None:
+            return
+        self._out.pop(pin.token, None)
+        if pin.pid != os.getpid():
+            file.close()  # a copy inherited through fork: the pin is the parent's, and stays
+            return
+        if pin.byte >= 0 and not unlocked:
+            ofd.unlock(file.fileno(), pin.byte)
+        if pin.byte < 0 or self._closed or file in self._shared:
+            self._shared.discard(file)
+            file.close()  # closing drops whatever lock it took
+        else:
+            self._idle.append(file)
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
