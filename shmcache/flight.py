@@ -45,14 +45,14 @@ _RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this 
 
 class _Claims(threading.local):
     def __init__(self) -> None:
-        # (segment inode, byte) -> the claim this thread holds on it. Weak: a claim whose release was cut short
-        # leaves the key free for this thread once the claim object is gone.
-        self.keys: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        # (segment inode, byte) -> weak reference to the claim this thread holds on it. Weak: a claim whose release
+        # was cut short leaves the key free for this thread once the claim object is gone.
+        self.keys: dict = {}
 
 
 _claims = _Claims()
-_HELD: weakref.WeakSet = weakref.WeakSet()  # the FileIO of every claim of this process (weak: a claim dropped
-# without release closes its file as it goes)
+_HELD: dict = {}  # id -> weak reference to the FileIO of every claim of this process (weak: a claim dropped
+# without release closes its file as it goes; a plain dict of bare references costs a fraction of a WeakSet)
 _REGISTRY = threading.Lock()  # guards _HELD against fork; held only for an open or a close, never while waiting
 
 
@@ -68,8 +68,10 @@ def _after_fork_in_child() -> None:
     """The only thread left: close the child's copies of every claim descriptor, so the parent's claims end with
     the parent's own release, and forget them (the claims' later release in this process closes nothing)."""
     global _REGISTRY
-    for file in list(_HELD):
-        file.close()
+    for ref in list(_HELD.values()):
+        file = ref()
+        if file is not None:
+            file.close()
     _HELD.clear()
     _claims.keys.clear()
     _REGISTRY = threading.Lock()
@@ -86,6 +88,7 @@ class Claim:
     _file = None  # io.FileIO of the claim's own description, once opened
     _keys = None  # the claiming thread's keys (_Claims.keys), once the byte is locked
     _tag = None
+    _ref = None  # weak reference to self, as recorded in the thread's keys
 
     @property
     def held(self) -> bool:
@@ -105,6 +108,7 @@ class Claim:
         byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
         tag = (os.fstat(segment_fd).st_ino, byte)
         other = _claims.keys.get(tag)
+        other = other and other()
         if other is not None and other.held:
             raise RuntimeError("get_or_compute was called for a key inside the computation of that same key")
         self._tag = tag
@@ -118,7 +122,7 @@ class Claim:
         if self._file is None:
             with _REGISTRY:
                 self._file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
-                _HELD.add(self._file)
+                _HELD[id(self._file)] = weakref.ref(self._file)
         waited = False
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
@@ -149,13 +153,14 @@ class Claim:
         if not ofd.lock(self._file.fileno(), byte, ofd.WRITE, wait=False):
             return False
         keys = _claims.keys
-        keys[self._tag] = self
+        self._ref = weakref.ref(self)
+        keys[self._tag] = self._ref
         self._keys = keys
         return True
 
     def _forget_key(self) -> None:
         keys, self._keys = self._keys, None
-        if keys is not None and keys.get(self._tag) is self:
+        if keys is not None and keys.get(self._tag) is self._ref:
             del keys[self._tag]
 
     def release(self) -> None:
@@ -164,7 +169,7 @@ class Claim:
             # Ordering: closed before it leaves the registry, so a fork between the two finds it (closing again is a
             # no-op), and the child never keeps a copy.
             file.close()  # closing the description releases its lock
-            _HELD.discard(file)
+            _HELD.pop(id(file), None)
         self._forget_key()
 
     def __del__(self) -> None:
