@@ -261,3 +261,27 @@ def test_interrupts_fork_during_a_computation_carries_no_claim(cache):
         if child:
             os.kill(child, 9)
             os.waitpid(child, 0)
+
+
+def test_interrupts_waiter_returns_a_value_stored_while_a_stray_claim_stays(cache):
+    # A stray description (a forked child's copy, say) holds the key's claim; the value is stored meanwhile.
+    stray = os.open(f"/proc/self/fd/{cache._seg.fd}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        assert ofd.lock(stray, fingerprint(encode_key("k")) >> 1, ofd.WRITE, wait=False)
+        results = []
+        t = threading.Thread(target=lambda: results.append(
+            _or_timeout(lambda: cache.get_or_compute("k", lambda: "recomputed", timeout=10.0))))
+        t.start()
+        time.sleep(0.2)  # the waiter is polling the claim
+        cache.put("k", "stored")
+        t.join(30)
+        assert results == ["stored"]
+    finally:
+        os.close(stray)
+
+
+def _or_timeout(fn):
+    try:
+        return fn()
+    except ComputeTimeout:
+        return "timeout"
