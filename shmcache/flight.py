@@ -53,7 +53,8 @@ class _Claims(threading.local):
 _claims = _Claims()
 _HELD: dict = {}  # id -> weak reference to the FileIO of every claim of this process (weak: a claim dropped
 # without release closes its file as it goes; a plain dict of bare references costs a fraction of a WeakSet)
-_REGISTRY = threading.Lock()  # guards _HELD against fork; held only for an open or a close, never while waiting
+_REGISTRY = threading.RLock()  # guards _HELD against fork, held only for an open (reentrant: a signal handler may
+# itself call get_or_compute)
 
 
 def _before_fork() -> None:
@@ -74,7 +75,7 @@ def _after_fork_in_child() -> None:
             file.close()
     _HELD.clear()
     _claims.keys.clear()
-    _REGISTRY = threading.Lock()
+    _REGISTRY = threading.RLock()
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
