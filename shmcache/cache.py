@@ -17,7 +17,6 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
