@@ -155,7 +155,7 @@ class PinDescriptions:
                 # Ordering: the recording callback ran in the same C sequence as the unlocking one, with no bytecode
                 # between (see hand_over), so the byte is unlocked already.
                 self._end(pin, unlocked=True)
-            del self._ended[token]
+            self._ended.pop(token, None)  # (another thread's drain may have taken it)
 
     def release(self, pin: Pin) -> None:
         """End ``pin``: unlock its byte, or close its description if the byte is unknown; a no-op the second time."""
@@ -167,10 +167,14 @@ class PinDescriptions:
         # closes it (and drops its lock) as the exception unwinds; never a description leaked or closed twice.
         if pin.ended is not None:
             pin.ended[1].close = int  # disarmed first: the description may be lent again, or closed and reused
+            # Invariant: a pin handed over is ended by whoever takes it out of _out (one dict call, indivisible):
+            # drain in any thread and view()'s except clause may both try. (Not yet in _out: its FileIO closes as
+            # the pin goes.)
+            if self._out.pop(pin.token, None) is None:
+                return
         file, pin.file = pin.file, None
         if file is None:
             return
-        self._out.pop(pin.token, None)
         if pin.pid != os.getpid():
             file.close()  # a copy inherited through fork: the pin is the parent's, and stays
             return
