@@ -17,8 +17,6 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
-import functools
-import os
 import time
 
 import numpy as np
@@ -46,7 +44,7 @@ from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check, repair
-from .view import PinDescriptions, View
+from .view import Pin, PinDescriptions, View
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
@@ -730,15 +728,20 @@ class SharedCache(ItemAccess):
         if value is not self._MISSING:
             return value
         kb = encode_key(key)
-        claim, waited = flight.claim(self._seg.fd, fingerprint(kb), timeout)
-        with claim:
+        # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at any
+        # bytecode left taken (see flight.py).
+        claim = flight.Claim()
+        try:
+            waited = claim.take(self._seg.fd, fingerprint(kb), timeout, lambda: key in self)
             # Another caller may have stored the value while this one waited, or between its miss and its claim.
-            if key in self:
+            if not claim.held or key in self:
                 value = self.get(key, self._MISSING)
                 if value is not self._MISSING:
                     # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
                     self._count((H_MISSES, -1), (H_WAITS, 1 if waited else 0))
                     return value
+                if not claim.held:  # gone again: wait for the claim itself this time
+                    waited = claim.take(self._seg.fd, fingerprint(kb), timeout) or waited
             self._count((H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0), (H_TAKEOVERS, 1 if waited else 0))
             value = fn()
             try:
@@ -746,6 +749,8 @@ class SharedCache(ItemAccess):
             except TooLargeError:
                 pass  # correct to return, impossible to keep; the next caller computes it again
             return value
+        finally:
+            claim.release()
 
     def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None):
@@ -840,28 +845,26 @@ class SharedCache(ItemAccess):
         """
         kb = encode_key(key)
         pins = self._pins
-        fd = pins.take()
-        byte = -1  # the pin's byte, once taken
+        # Why: the pin exists before anything is taken, and owns its description until it is handed over to the
+        # view: an exception at any bytecode before that drops it, which closes the description and whatever lock it
+        # took (see view.py).
+        pin = Pin()
         try:
-            found = self._locked(self._pin_locked, kb, fingerprint(kb), fd)
+            found = self._locked(self._pin_locked, kb, fingerprint(kb), pins.take(pin))
             if found is None:
                 raise KeyError(key)
             if found is _UNVIEWABLE:
                 raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
             e, voff, vlen, check = found
-            byte = ofd.PIN_BASE + e
+            pin.byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
             # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
             if body_checksum(value[0], value[1:]) != check:
-                pins.release(fd, byte, os.getpid())
-                fd = -1
+                pins.release(pin)
                 self._checksum_failed(e)
-            return View(value, functools.partial(pins.release, fd, byte, os.getpid()))
+            return View(value, pins, pin)
         except BaseException:
-            if fd >= 0 and byte >= 0:
-                pins.release(fd, byte, os.getpid())
-            elif fd >= 0:
-                pins.discard(fd)  # where it stopped is unknown: closing drops whatever lock it took
+            pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
 
     def _pin_locked(self, kb: bytes, fp: int, fd: int):

@@ -36,9 +36,14 @@ def lock(fd: int, byte: int, kind: int, *, wait: bool, length: int = 1) -> bool:
         raise
 
 
+def unlock_request(byte: int) -> bytes:
+    """The ``F_OFD_SETLK`` argument that releases a lock on ``byte``."""
+    return _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0)
+
+
 def unlock(fd: int, byte: int) -> None:
     """Release this description's lock on ``byte`` (a no-op where it holds none)."""
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0))
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, unlock_request(byte))
 
 
 def held_elsewhere(fd: int, byte: int) -> bool:

@@ -434,14 +434,18 @@ class TieredCache(ItemAccess):
         self._row[C_LOCAL_MISSES] += 1
         kb = encode_key(key)
         deadline = None if timeout is None else time.monotonic() + timeout
-        claim, waited = flight.claim(self.local._seg.fd, fingerprint(self._kprefix + kb), timeout)
-        with claim:
+        fp = fingerprint(self._kprefix + kb)
+        claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
+        try:
+            waited = claim.take(self.local._seg.fd, fp, timeout, lambda: lkey in self.local)
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, _MISSING)
                 if value is not _MISSING:
                     self._row[C_LOCAL_MISSES] -= 1  # counted as a hit after all, as SharedCache does
                     self._row[C_LOCAL_HITS] += 1
                     return value
+                if not claim.held:  # gone again: wait for the claim itself this time
+                    claim.take(self.local._seg.fd, fp, timeout)
             try:
                 return lease.compute(self, key, kb, fn, deadline, ttl)
             except lease.RedisDown as down:  # Redis failed; fn's own exceptions, RemoteError included, pass
@@ -451,6 +455,8 @@ class TieredCache(ItemAccess):
             value = fn()
             self._put_computed(key, value, ttl)
             return value
+        finally:
+            claim.release()
 
     def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None):

@@ -24,7 +24,11 @@ then. Never longer than something could read it; sometimes longer than needed.)
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import io
+import itertools
+import operator
 import os
 import sys
 import weakref
@@ -43,88 +47,175 @@ CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array beco
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
 
+_CLOSE = operator.methodcaller("close")
+_TOKENS = itertools.count(1)  # next() is one C call: a pin's token, never reused (an id() can be)
+
+
+class _Unlocker(weakref.ref):
+    """A weak reference whose callback (``_CLOSE``) calls its ``close`` attribute: a ``functools.partial`` of
+    ``fcntl.fcntl`` unlocking a pin's byte. Why: C calls from end to end, so no exception can be raised between the
+    view's memory going and its pin ending, not even in the middle of a garbage collection."""
+
+    __slots__ = ("close",)
+
+
+class Pin:
+    """One view's pin: the description it holds (``file``, an io.FileIO), the byte locked through it once known
+    (``byte``), the process that took it (``pid``). Made before anything is taken, so that whoever is cut short
+    finds what to release; released at most once (``file`` is None after)."""
+
+    __slots__ = ("file", "byte", "pid", "token", "ended")
+
+    def __init__(self) -> None:
+        self.file = None
+        self.byte = -1
+        self.pid = os.getpid()
+        self.token = next(_TOKENS)
+        self.ended = None  # the weak references that end the pin when the view's memory goes (kept alive here)
+
+
 class PinDescriptions:
     """The open file descriptions one cache handle pins through: one per open view, so that two views of the same
     entry hold two locks (the locks of one description on one byte would merge, and the first release would drop
     both). Idle descriptions are kept for the next view: opening one costs more than the rest of a view.
 
-    Release may run at any moment (from a garbage collection, in any thread): it unlocks its byte explicitly (which
-    drops the lock whoever else holds the description) and appends to a list or set, each indivisible under the
-    GIL.
+    Interrupts. An exception may be raised at any bytecode, also inside a garbage collector's callback (where it is
+    printed and dropped), and at the entry of any Python function, so a release written in Python can always be cut
+    short before its first line; holding signals back (pthread_sigmask) would not prevent that, and costs ~8 us a
+    bracket. Hence:
+
+    - Each description is an ``io.FileIO``: it owns its descriptor from the open on, closes it at most once, and
+      closes it in C when dropped. A description whatever code was cut short drops is closed, never leaked, and no
+      descriptor number is ever closed twice (one the application reused would be closed).
+    - Until the view is built and handed over (``hand_over``, view()'s last step), only view()'s frame references
+      the pin: an exception unwinds it, and the description (and any lock taken through it) closes with it.
+    - Once handed over, the end of the view's memory ends the pin in C (``_Unlocker``), and records it (another
+      weak reference whose callback is ``_ended.__setitem__``); ``drain``, called by a third callback, at the end
+      of every ``with`` block, by each new view and by close(), puts the description back in the pool. A drain cut
+      short delays that, never the unlock.
 
     Fork. A description lives until every process holding it has closed it, and so does any lock taken through it.
     So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
-    child's copy when it goes (its release knows the pid that took the pin), so a child never drops its parent's
-    pin; and the parent never lends again a description that was out at the fork (the child may still hold it: a
-    pin taken through it later would outlive the parent), it closes it on release instead.
+    child's copy when it goes (its pin knows the pid that took it, and the child disarms its unlocker), so a child
+    never drops its parent's pin; and the parent never lends again a description that was out at the fork (the
+    child may still hold it: a pin taken through it later would outlive the parent), it closes it on release.
     """
 
     def __init__(self, segment_fd: int) -> None:
         self._path = f"/proc/self/fd/{segment_fd}"
-        self._idle: list[int] = []
-        self._out: set[int] = set()  # lent to open views
-        self._shared: set[int] = set()  # lent when this process forked: closed, not reused, on release
+        self._idle: list = []  # FileIO holding no lock
+        self._out: dict[int, Pin] = {}  # token -> pin of a view handed over
+        self._shared: set = set()  # FileIO lent when this process forked: closed, not reused, on release
+        self._ended: dict[int, object] = {}  # tokens of pins whose memory is gone (filled from C, see above)
         self._closed = False
         _ALL.add(self)
 
     def _forked_parent(self) -> None:
-        self._shared |= self._out
+        self._shared |= {pin.file for pin in self._out.values()}
 
     def _forked_child(self) -> None:
-        idle, self._idle, self._out, self._shared = self._idle, [], set(), set()
-        for fd in idle:
-            os.close(fd)
+        for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin
+            if pin.ended is not None:
+                pin.ended[1].close = int
+        # The inherited open views stay in _out: each closes the child's copy when the child drops it (pid check).
+        idle, self._idle, self._shared = self._idle, [], set()
+        for file in idle:
+            file.close()
 
-    def take(self) -> int:
-        """A description holding no lock (the caller locks one byte through it, then hands it to ``release``, or
-        to ``discard`` if it does not know whether it locked anything)."""
+    def take(self, pin: Pin) -> int:
+        """Lend ``pin`` a description holding no lock; returns its descriptor, through which the caller locks one
+        byte (recorded in ``pin.byte``), then hands the pin over or drops it."""
         if self._closed:
             raise ClosedError("operation on a closed cache", what="view")
-        try:
-            fd = self._idle.pop()
-        except IndexError:
-            fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
-        self._out.add(fd)
-        return fd
+        if self._ended:
+            self.drain()
+        # Crash window: an exception between the pop (or the open) and the store drops the FileIO, which closes.
+        pin.file = self._idle.pop() if self._idle else io.FileIO(self._path, "r+")  # close-on-exec, as Python opens
+        return pin.file.fileno()
 
-    def release(self, fd: int, byte: int, pid: int) -> None:
-        """End the pin held through ``fd`` on ``byte``, taken by process ``pid``."""
-        if pid != os.getpid():
-            os.close(fd)  # a copy inherited through fork: the pin is the parent's, and stays
+    def hand_over(self, owner, pin: Pin) -> None:
+        """End ``pin`` once ``owner`` is garbage collected. Ordering: the drain callback is made first, so that it
+        runs after the two made in C (CPython calls the newest weak reference's callback first); the pin is
+        registered last (until then an exception drops it, closing its description)."""
+        _watch(owner, self.drain)
+        unlocker = _Unlocker(owner, _CLOSE)
+        unlocker.close = functools.partial(fcntl.fcntl, pin.file.fileno(), fcntl.F_OFD_SETLK,
+                                           ofd.unlock_request(pin.byte))
+        pin.ended = (weakref.ref(owner, functools.partial(self._ended.__setitem__, pin.token)), unlocker)
+        self._out[pin.token] = pin
+
+    def drain(self) -> None:
+        """Put back the descriptions of the pins whose memory is gone (their bytes are unlocked already)."""
+        # Crash window: cut short anywhere, the token stays for the next drain (``_end`` is idempotent), and a
+        # description ``_end`` had taken from its pin is closed as its last reference goes.
+        while self._ended:
+            token = next(iter(self._ended))
+            pin = self._out.get(token)
+            if pin is not None:
+                # Ordering: the recording callback ran in the same C sequence as the unlocking one, with no bytecode
+                # between (see hand_over), so the byte is unlocked already.
+                self._end(pin, unlocked=True)
+            self._ended.pop(token, None)  # (another thread's drain may have taken it)
+
+    def release(self, pin: Pin) -> None:
+        """End ``pin``: unlock its byte, or close its description if the byte is unknown; a no-op the second time."""
+        self._end(pin, unlocked=False)
+
+    def _end(self, pin: Pin, unlocked: bool) -> None:
+        # Why no signal is held back (pthread_sigmask costs ~8 us a bracket, half a view): cut short at any bytecode,
+        # this leaves either the pin as it was (to be ended again) or its description in a local name only, which
+        # closes it (and drops its lock) as the exception unwinds; never a description leaked or closed twice.
+        if pin.ended is not None:
+            pin.ended[1].close = int  # disarmed first: the description may be lent again, or closed and reused
+            # Invariant: a pin handed over is ended by whoever takes it out of _out (one dict call, indivisible):
+            # drain in any thread and view()'s except clause may both try. (Not yet in _out: its FileIO closes as
+            # the pin goes.)
+            if self._out.pop(pin.token, None) is None:
+                return
+        file, pin.file = pin.file, None
+        if file is None:
             return
-        ofd.unlock(fd, byte)
-        self._out.discard(fd)
-        if self._closed or fd in self._shared:
-            self._shared.discard(fd)
-            os.close(fd)
+        if pin.pid != os.getpid():
+            file.close()  # a copy inherited through fork: the pin is the parent's, and stays
+            return
+        if pin.byte >= 0 and not unlocked:
+            ofd.unlock(file.fileno(), pin.byte)
+        if pin.byte < 0 or self._closed or file in self._shared:
+            self._shared.discard(file)
+            file.close()  # closing drops whatever lock it took
         else:
-            self._idle.append(fd)
-
-    def discard(self, fd: int) -> None:
-        """Close a description taken but not handed to a view (closing drops whatever it locked)."""
-        self._out.discard(fd)
-        self._shared.discard(fd)
-        os.close(fd)
+            self._idle.append(file)
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
         self._closed = True
+        self.drain()
         while self._idle:
-            os.close(self._idle.pop())
+            self._idle.pop().close()
 
 
 _WATCHES: dict = {}  # id -> the weak references below, alive until their callback runs (ndarrays do not hash)
+_purge_at = 1024  # when _WATCHES grows past this, entries whose callback was cut short are dropped
 
 
 def _watch(obj, callback) -> weakref.ref:
     """Call ``callback()`` when ``obj`` is garbage collected (a bare weak reference: a fraction of the cost of a
     ``weakref.finalize``). Returns the reference; taking it out of ``_WATCHES`` cancels the call."""
+    global _purge_at
+
     def fire(ref) -> None:
         if _WATCHES.pop(id(ref), None) is not None:
             callback()
 
     ref = weakref.ref(obj, fire)
     _WATCHES[id(ref)] = ref
+    if len(_WATCHES) > _purge_at:
+        # Crash window: an exception at fire's first bytecode leaves its entry behind, its object gone: dropped
+        # here, in amortised constant time.
+        for key, r in list(_WATCHES.items()):
+            if r() is None:
+                _WATCHES.pop(key, None)
+        _purge_at = 2 * len(_WATCHES) + 1024
     return ref
 
 
@@ -135,9 +226,9 @@ def _nothing(*_) -> None:
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, release) -> None:
-        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``release``: what ends
-        the pin, called once the memory is no longer referenced. Raises TypeError for a value of another kind, and
+    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin) -> None:
+        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``pin``: released
+        through ``pins`` once the memory is no longer referenced. Raises TypeError for a value of another kind, and
         ValueError for a malformed array (the caller then releases the pin)."""
         tag = value[0]
         if tag == TAG_ARRAY:
@@ -158,8 +249,9 @@ class View:
             # alive, and holds the array: so ``owner`` lives as long as the array, unless close() finds nothing
             # but the ``with`` target's own name referring to it.
             self._keep = _watch(self._obj, functools.partial(_nothing, owner))  # holds owner while obj lives
-        _watch(owner, release)  # last: until here, the caller still owns the pin (and ends it on error)
         self._open = True
+        self._pins = pins
+        pins.hand_over(owner, pin)  # last: until here, an exception drops the pin, closing its description
 
     def __enter__(self):
         if not self._open:
@@ -168,6 +260,7 @@ class View:
 
     def __exit__(self, *exc) -> None:
         self._close(sys._getframe(1))
+        self._pins.drain()  # in case a release was cut short
 
     def close(self) -> None:
         """Revoke the object handed out; the pin goes when nothing references the memory any more."""

@@ -42,3 +42,9 @@ def test_stress_kill_storm_short():
 def test_stress_fuzz_short():
     s = run_stress("fuzz", "--seconds", "10", "--workers", "3", "--seed", "13")
     assert s["corruptions"] > 0 and s["crashes"] == 0 and s["foreign"] == 0
+
+
+def test_stress_signals_short():
+    s = run_stress("signals", "--seconds", "5", "--workers", "3", "--seed", "14")
+    assert s["interrupts"] > 100 and s["errors"] == 0 and s["crashes"] == 0
+    assert s["leaked_fds"] == 0 and s["closed_fds"] == 0 and s["held"] == 0 and s["refused"] == 0

@@ -1,0 +1,287 @@
+"""An exception delivered at any bytecode (Ctrl-C, or whatever a signal handler raises) inside view, get_or_compute,
+memoize, put or a TieredCache fill leaks no pin, no claim and no descriptor, and closes none it does not own.
+
+Each storm runs in a child process (so the storm never reaches pytest): a timer raises KeyboardInterrupt every
+~100 us while the child loops over one kind of operation; afterwards, while the child is still alive, this process
+checks that no byte of the child's is still locked (claims, pins) and that every key can be written, then the child
+closes its handle and compares its descriptors (count, and its own files by (st_dev, st_ino)) with before.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from shmcache import SharedCache, ofd
+from shmcache.codec import KIND_PREFIX, encode_key, fingerprint
+from shmcache.errors import ComputeTimeout
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KEYS = 40
+
+_STORM = r"""
+import gc, json, os, signal, sys, tempfile, time
+import numpy as np
+from shmcache import SharedCache
+
+name, op, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+KEYS = 40
+files = [tempfile.TemporaryFile() for _ in range(4)]  # this process's own files: must stay open, and the same
+own = {f.fileno(): (os.fstat(f.fileno()).st_dev, os.fstat(f.fileno()).st_ino) for f in files}
+fds_start = len(os.listdir("/proc/self/fd"))
+c = SharedCache(name, create=False)
+t = None
+if op == "tiered":
+    from shmcache import TieredCache
+    t = TieredCache(c, sys.argv[4], namespace="storm")
+
+def value(i):
+    return np.full(64, i, dtype=np.int64)
+
+def check(i, a):
+    if a.shape != (64,) or int(a[0]) != i or int(a[-1]) != i:
+        raise AssertionError(f"wrong value for k{i}")
+
+@(c.memoize(name="storm-f"))
+def f(i):
+    return value(i)
+
+def one(n):
+    i = n % KEYS
+    k = f"k{i}"
+    if op == "view":
+        try:
+            with c.view(k) as a:
+                check(i, a)
+        except KeyError:
+            c.put(k, value(i))
+    elif op == "compute":
+        if n % 3 == 0:
+            c.delete(k)
+        check(i, c.get_or_compute(k, lambda: value(i)))
+    elif op == "memoize":
+        if n % 50 == 0:
+            f.cache_clear()
+        check(i, f(i))
+    elif op == "put":
+        c.put(k, value(i), ttl=30)
+        with c.view(k) as a:
+            check(i, a)
+    elif op == "tiered":
+        if n % 4 == 0:
+            t.local.delete(k)
+        if n % 2:
+            check(i, t.get_or_compute(k, lambda: value(i)))
+            return
+        v = t.get(k)
+        if v is None:
+            t.put(k, value(i))
+        else:
+            check(i, v)
+
+for n in range(KEYS):  # every key present once, so each is checked afterwards
+    c.put(f"k{n}", value(n))
+one(0); one(1); one(KEYS)  # warm: pooled descriptions, connections
+fds_before = len(os.listdir("/proc/self/fd"))
+in_call = False
+def handler(signum, frame):
+    if in_call:
+        raise KeyboardInterrupt()
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+calls = interrupted = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    calls += 1
+    try:
+        in_call = True
+        one(calls)
+        in_call = False
+    except KeyboardInterrupt:
+        in_call = False
+        interrupted += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+print(json.dumps({"calls": calls, "interrupted": interrupted}), flush=True)
+sys.stdin.readline()  # alive while the test checks the segment's bytes from outside
+import gc; gc.collect()  # claims and views dropped in reference cycles with their tracebacks
+fds_after = len(os.listdir("/proc/self/fd"))
+if op == "tiered":
+    t.close()
+    t.unlink()
+c.close()
+del c, f, one, t  # the lock's page stays mapped (its descriptor open) until the handle is collected
+gc.collect()
+fds_end = len(os.listdir("/proc/self/fd"))
+closed = []
+for fd, ident in own.items():
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != ident:
+            closed.append(fd)
+    except OSError:
+        closed.append(fd)
+print(json.dumps({"fds_before": fds_before, "fds_after": fds_after, "fds_start": fds_start, "fds_end": fds_end,
+                  "own_closed": closed}), flush=True)
+"""
+
+
+def _locked_bytes(c: SharedCache) -> list[str]:
+    """The claim and pin bytes of the storm's keys, and every pin byte, that another description holds."""
+    held = [f"claim k{i}" for i in range(KEYS)
+            if ofd.held_elsewhere(c._seg.fd, fingerprint(encode_key(f"k{i}")) >> 1)]
+    tier = c.kind("tier:storm")._n  # a TieredCache's claims are on its kind's key bytes
+    held += [f"tier claim k{i}" for i in range(KEYS)
+             if ofd.held_elsewhere(c._seg.fd, fingerprint(bytes((KIND_PREFIX, tier)) + encode_key(f"k{i}")) >> 1)]
+    held += [f"memo claim {i}" for i in range(KEYS)
+             if ofd.held_elsewhere(c._seg.fd, fingerprint(encode_key(["shmcache.memoize", "storm-f", (i,), {}])) >> 1)]
+    held += [f"pin {e}" for e in range(c._table.slots) if ofd.held_elsewhere(c._seg.fd, ofd.PIN_BASE + e)]
+    return held
+
+
+def storm(name: str, op: str, *extra: str, seconds: float = 2.0) -> dict:
+    """Run the storm of ``op`` in a child; check from here that it left no lock, then collect its descriptors."""
+    errors = tempfile.TemporaryFile("w+")  # not a pipe: GC callbacks cut short print a lot, which must not block
+    proc = subprocess.Popen([sys.executable, "-c", _STORM, name, op, str(seconds), *extra], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first, _tail(proc, errors)
+        report = json.loads(first)
+        with SharedCache(name, create=False) as c:
+            report["held"] = _locked_bytes(c)
+            for i in range(KEYS):
+                c.put(f"k{i}", i)  # PinnedError if the storm left a pin
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, _tail(proc, errors)
+        report.update(json.loads(out))
+        return report
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        errors.close()
+
+
+def _tail(proc, errors) -> str:
+    proc.wait(60)
+    errors.seek(0)
+    return f"exit status {proc.returncode}\n" + errors.read()[-3000:]
+
+
+def _assert_clean(r: dict) -> None:
+    assert r["interrupted"] > 100, r  # the storm happened
+    assert r["held"] == [], r
+    assert r["own_closed"] == [], r
+    assert r["fds_after"] <= r["fds_before"] + 2, r  # idle pooled descriptions aside
+    assert r["fds_end"] == r["fds_start"], r
+
+
+@pytest.fixture
+def cache(name):
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=256, create=True) as c:
+        yield c
+
+
+@pytest.mark.parametrize("op", ["view", "compute", "memoize", "put"])
+def test_interrupts_storm_leaks_nothing(cache, op):
+    _assert_clean(storm(cache.name, op))
+
+
+def test_interrupts_tiered_fill_leaks_nothing(cache, redis_url):
+    try:
+        r = storm(cache.name, "tiered", redis_url)
+    finally:  # the child unlinks the namespace's stats segment, unless it failed first
+        pathlib.Path(f"/dev/shm/shmcache-tier.{cache.name}.storm").unlink(missing_ok=True)
+    _assert_clean(r)
+    with SharedCache(cache.name, create=False) as c:
+        assert c.verify().ok
+
+
+# ------------------------------------------------------------------------------------------- fork
+
+
+def _other_process_gets(name: str, key: str, queue) -> None:
+    with SharedCache(name, create=False) as c:
+        try:
+            queue.put(("value", c.get_or_compute(key, lambda: "recomputed", timeout=2.0)))
+        except ComputeTimeout:
+            queue.put(("timeout", None))
+        byte = fingerprint(encode_key(key)) >> 1
+        queue.put(("held", ofd.held_elsewhere(c._seg.fd, byte)))
+
+
+def test_interrupts_fork_during_a_computation_carries_no_claim(cache):
+    started, finish = threading.Event(), threading.Event()
+    results = []
+
+    def compute():
+        started.set()
+        finish.wait(30)
+        return "stored"
+
+    t = threading.Thread(target=lambda: results.append(cache.get_or_compute("k", compute)))
+    t.start()
+    child = None
+    try:
+        assert started.wait(30)
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        finish.set()
+        t.join(30)
+        assert results == ["stored"]
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        p = ctx.Process(target=_other_process_gets, args=(cache.name, "k", queue), daemon=True)
+        p.start()
+        try:
+            got = [queue.get(timeout=60), queue.get(timeout=60)]
+        finally:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        assert got == [("value", "stored"), ("held", False)], got
+    finally:
+        finish.set()
+        if child:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+
+
+def test_interrupts_waiter_returns_a_value_stored_while_a_stray_claim_stays(cache):
+    # A stray description (a forked child's copy, say) holds the key's claim; the value is stored meanwhile.
+    stray = os.open(f"/proc/self/fd/{cache._seg.fd}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        assert ofd.lock(stray, fingerprint(encode_key("k")) >> 1, ofd.WRITE, wait=False)
+        results = []
+        t = threading.Thread(target=lambda: results.append(
+            _or_timeout(lambda: cache.get_or_compute("k", lambda: "recomputed", timeout=10.0))))
+        t.start()
+        time.sleep(0.2)  # the waiter is polling the claim
+        cache.put("k", "stored")
+        t.join(30)
+        assert results == ["stored"]
+    finally:
+        os.close(stray)
+
+
+def _or_timeout(fn):
+    try:
+        return fn()
+    except ComputeTimeout:
+        return "timeout"
