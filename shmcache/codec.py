@@ -132,8 +132,8 @@ def _key_part(k, depth: int = 0) -> bytes:
         return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
     if isinstance(k, np.generic):
         return _key_part(k.item(), depth)
-    for base in (int, float, bytes):
-        if isinstance(k, base):  # subclasses (IntEnum...) key as their base value
+    for base in (int, float, bytes, tuple):
+        if isinstance(k, base):  # subclasses (IntEnum, namedtuple...) key as their base value
             return _key_part(base(k), depth)
     if isinstance(k, str):  # str(k) of a str enum would be its name; str.__str__ is its text
         return _key_part(str.__str__(k), depth)
@@ -211,7 +211,7 @@ def encode_key_prefix(items: list, length: int) -> bytes:
 
 def _default(obj):
     t = type(obj)
-    if t is tuple:
+    if t is tuple or isinstance(obj, tuple):  # a namedtuple is stored as a plain tuple
         _depth.n += 1
         try:
             if _depth.n > _MAX_DEPTH:
