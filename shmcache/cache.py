@@ -987,7 +987,9 @@ class SharedCache(LocalMapping):
         name = f"{type(self).__name__}({getattr(self, 'name', '?')!r}"
         if self._closed:
             return f"{name}, closed)"
-        return f"{name}, entries={len(self)}, capacity_bytes={self._capacity_bytes})"
+        # Why without the lock: a repr (in a traceback, a debugger) must never wait; a racy count is fine to show.
+        entries = kinds.plain_entries_locked(self._seg)
+        return f"{name}, entries={entries}, capacity_bytes={self._capacity_bytes})"
 
     def _space(self) -> tuple:
         return self, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)

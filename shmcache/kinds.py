@@ -221,4 +221,7 @@ class KindView(LocalMapping):
         return self.cache._maxsize()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, entries={len(self)})"
+        if self.cache._closed:
+            return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, closed)"
+        entries = self.cache._seg.kind_words[self._n * KIND_WORDS + K_ENTRIES]  # without the lock, as the cache's
+        return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, entries={entries})"
