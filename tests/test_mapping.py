@@ -18,7 +18,6 @@ from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
-from .conftest import unique_name
 from .workers import check_value, make_value, reap, start_and_collect
 
 Point = collections.namedtuple("Point", "x y")
@@ -295,7 +294,8 @@ def test_mapping_snapshot_is_consistent_under_concurrent_writes(name):
                     check_value(k, v)
                 for v in c.values():
                     check_value(v["key"], v)
-                assert len(set(c)) == len(list(c.keys())) or True  # two snapshots may differ: no equality here
+                listed = list(c)
+                assert len(set(listed)) == len(listed) <= 20 and all(k.startswith("w") for k in listed)
                 snapshots += 1
                 if snapshots > 10_000:
                     break
@@ -437,10 +437,11 @@ def test_mapping_update_and_clear_count(impl):
     assert dict(m.items()) == {"a": 1, "b": 2, "c": 3}
     with pytest.raises(ValueError):
         m.update([(1, 2, 3)])
-    removed = m.clear()
     # SharedCache.clear() empties the whole cache, kinds included; a KindView's and a TieredCache's their own keys.
-    assert removed == (3 if impl.kind != "shared" else impl.cache.stats().clears and 3)
+    assert m.clear() == 3
     assert len(m) == 0 and list(m) == []
+    if impl.kind == "kind":
+        assert impl.cache["plain"] == 0 and impl.cache.kind("other")["o"] == 0
 
 
 def test_mapping_damaged_key_is_corruption_then_repaired(cache):
@@ -464,4 +465,3 @@ def test_mapping_iterating_a_closed_cache_raises(name):
     with pytest.raises(ClosedError):
         list(c)
     assert repr(c) == f"SharedCache({name!r}, closed)"
-    assert unique_name()  # the name fixture unlinks the segment
