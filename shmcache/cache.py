@@ -25,8 +25,8 @@ import numpy as np
 
 from . import flight, index, lru, memo, ofd
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, _xxh, array_checksum, body_checksum, copy_array, decode_body,
-    encode_key, encode_parts, fingerprint,
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
+    decode_body, encode_key, encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
@@ -277,20 +277,19 @@ class SharedCache(LocalMapping):
 
     def get(self, key, default=None):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
+        # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
+        # an object to carry them (and no other method takes one: encode_key refuses it).
+        # The hot path, written out in one function: encode_key, fingerprint, index.find's first probe and
+        # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
         if type(key) is str:
             try:
                 kb = key.encode()
             except UnicodeEncodeError:
                 kb = encode_key(key)  # raises the TypeError
+        elif type(key) is EncodedKey:
+            kb = key
         else:
             kb = encode_key(key)
-        return self.get_encoded(kb, default)
-
-    def get_encoded(self, kb: bytes, default=None):
-        """``get`` of a key given as its encoded bytes (``codec.encode_key``, a kind's prefix included): for a
-        caller that has them already, as TieredCache's local hits do."""
-        # The hot path, written out in one function: fingerprint, index.find's first probe and
-        # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
         fp = _xxh(kb) & _MASK63
         # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
         # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)

@@ -132,6 +132,8 @@ def _key_part(k, depth: int = 0) -> bytes:
         return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
     if isinstance(k, np.generic):
         return _key_part(k.item(), depth)
+    if t is EncodedKey:
+        raise TypeError("an EncodedKey is taken by SharedCache.get only")
     for base in (int, float, bytes, tuple):
         if isinstance(k, base):  # subclasses (IntEnum, namedtuple...) key as their base value
             return _key_part(base(k), depth)
@@ -175,6 +177,13 @@ class KindKey:
 
     def __repr__(self) -> str:
         return repr(self.key)
+
+
+class EncodedKey(bytes):
+    """Key bytes already encoded (a kind's prefix included), which ``SharedCache.get`` takes in place of a key: for
+    TieredCache's local hits. Refused as a key everywhere else, so that it can never be taken for a bytes key."""
+
+    __slots__ = ()
 
 
 KIND_PREFIXES = tuple(bytes((KIND_PREFIX, k)) for k in range(256))  # the first two bytes of a key of kind k

@@ -105,7 +105,7 @@ def get_many_locked(cache, kbs: list, fps: list) -> list:
     """A lookup of each key (bytes ``kbs[i]``, fingerprint ``fps[i]``), as get does: a hit becomes the most recent.
     For each, None or (tag, body, checksum, slot), the checksum for the caller to check after the unlock."""
     # The batch's reason to be is its cost per key: the index's first probe and the move to the front are inlined,
-    # as in SharedCache.get_encoded, and everything the loop reads is bound once.
+    # as in SharedCache.get, and everything the loop reads is bound once.
     ix, ent, mm, base, mask, exp, h = cache._ix, cache._ent, cache._mm, cache._base, cache._mask, cache._exp, cache._h
     now = cache._clock()
     out = []

@@ -25,7 +25,7 @@ import weakref
 
 from . import copies, flight, lease, memo, ofd
 from .cache import SharedCache, ttl_ns
-from .codec import KindKey, decode_body, encode_key, encode_parts, fingerprint
+from .codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
 from .layout.tier import (
@@ -132,7 +132,7 @@ class TieredCache(TierMapping):
                 lkb = self._kprefix + encode_key(key)  # raises the TypeError
         else:
             lkb = self._kprefix + encode_key(key)
-        value = self.local.get_encoded(lkb, _MISSING)
+        value = self.local.get(EncodedKey(lkb), _MISSING)
         if value is not _MISSING:
             self._row[C_LOCAL_HITS] += 1
             return value

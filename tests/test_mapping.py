@@ -465,3 +465,17 @@ def test_mapping_iterating_a_closed_cache_raises(name):
     with pytest.raises(ClosedError):
         list(c)
     assert repr(c) == f"SharedCache({name!r}, closed)"
+
+
+def test_mapping_encoded_key_is_taken_by_get_only(cache):
+    """TieredCache hands SharedCache.get key bytes already encoded (an EncodedKey), in place of a private
+    parameter; anywhere else one must be refused, never taken for a bytes key."""
+    from shmcache.codec import EncodedKey
+
+    cache["k"] = 1
+    assert cache.get(EncodedKey(encode_key("k"))) == 1 and cache.get(EncodedKey(b"other")) is None
+    for op in (lambda: cache.put(EncodedKey(b"k"), 2), lambda: EncodedKey(b"k") in cache,
+               lambda: cache.kind("x").get(EncodedKey(b"k"))):
+        with pytest.raises(TypeError):
+            op()
+    assert cache["k"] == 1 and list(cache) == ["k"]
