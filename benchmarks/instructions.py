@@ -35,6 +35,8 @@ CASES = {
     "put-new": "put of a new key (no eviction)",
     "put-update": "put of a resident key, value of the same size",
     "put-evict": "put of a new key into a full cache (evicts one entry)",
+    "get-many": "per key of get_many of 64 resident keys (compare with get)",
+    "put-many": "per key of put_many of 64 resident keys (compare with put-update)",
     "lmdb-get": "lmdb: read transaction, get, pickle.loads",
     "lmdb-put": "lmdb: pickle.dumps, write transaction, put",
     "loop": "the set-up per operation and the driving loop alone (subtracted from the rows above)",
@@ -96,6 +98,13 @@ def _child(case: str, n: int) -> None:
         if case in ("get", "kind-get", "tier-get"):
             for k in drawn:
                 get(k)
+        elif case == "get-many":
+            for i in range(0, n, 64):
+                cache.get_many(drawn[i : i + 64])
+        elif case == "put-many":
+            batches = [[(k, value) for k in drawn[i : i + 64]] for i in range(0, n, 64)]
+            for batch in batches:
+                cache.put_many(batch)
         elif case == "get-miss":
             for k in misses:
                 get(k)

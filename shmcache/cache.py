@@ -23,8 +23,8 @@ import numpy as np
 
 from . import flight, index, lru, memo, ofd
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, _xxh, array_checksum, body_checksum, copy_array, decode_body,
-    encode_key, encode_parts, fingerprint,
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
+    decode_body, encode_key, encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
@@ -38,7 +38,7 @@ from .layout.dtypes import (
 from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
-from .mapping import ItemAccess
+from .mapping import LocalMapping
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
@@ -59,6 +59,7 @@ _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary upd
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
 MAX_TTL = 2**61 / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
+_MISSING_ARG = object()  # an argument not given
 
 
 def ttl_ns(ttl) -> int:
@@ -74,7 +75,7 @@ def _closed() -> ClosedError:
     return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
 
 
-class SharedCache(ItemAccess):
+class SharedCache(LocalMapping):
     """A bounded LRU cache in POSIX shared memory that every process on the host can open by name.
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
@@ -287,10 +288,10 @@ class SharedCache(ItemAccess):
 
     # ------------------------------------------------------------------------------------------- the dict-like API
 
-    def get(self, key, default=None, *, _kb: bytes | None = None):
+    def get(self, key, default=None):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
-        # ``_kb``: key bytes already encoded (``key`` is then None), for TieredCache's local hits, which would
-        # otherwise pay for an object to carry them.
+        # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
+        # an object to carry them (and no other method takes one: encode_key refuses it).
         # The hot path, written out in one function: encode_key, fingerprint, index.find's first probe and
         # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
         if type(key) is str:
@@ -298,8 +299,8 @@ class SharedCache(ItemAccess):
                 kb = key.encode()
             except UnicodeEncodeError:
                 kb = encode_key(key)  # raises the TypeError
-        elif _kb is not None:
-            kb = _kb
+        elif type(key) is EncodedKey:
+            kb = key
         else:
             kb = encode_key(key)
         fp = _xxh(kb) & _MASK63
@@ -602,12 +603,16 @@ class SharedCache(ItemAccess):
         self._h[H_DIRTY] = 0
         return n
 
-    def pop(self, key, default=None):
-        """Remove ``key`` and return its value, or ``default`` if it is absent; counted as a lookup and, when
-        present, a delete (``dict.pop``; diskcache ``pop``)."""
+    def pop(self, key, default=_MISSING_ARG):
+        """Remove ``key`` and return its value, or ``default`` if it is absent (without a default: KeyError);
+        counted as a lookup and, when present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
         found = self._locked(self._pop_locked, kb, fingerprint(kb))
-        return default if found is None else decode_body(*found)
+        if found is None:
+            if default is _MISSING_ARG:
+                raise KeyError(key)
+            return default
+        return decode_body(*found)
 
     def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
         h = self._h
@@ -779,19 +784,20 @@ class SharedCache(ItemAccess):
             h[word] = max(0, h[word] + delta)
 
     def __len__(self) -> int:
-        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed)."""
-        if self._closed:
-            raise _closed()
-        return self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
+        """Resident entries of no kind (what iteration yields; a kind's are its KindView's), expired ones not yet
+        dropped included (they go when read or when room is needed)."""
+        return self._locked(kinds.plain_entries_locked, self._seg)
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
-    def clear(self) -> None:
-        """Drop every entry and reset the counters (``clears`` counts this call; ``recoveries`` is kept)."""
-        self._locked(self._clear_locked)
+    def clear(self) -> int:
+        """Drop every entry, of every kind, and reset the counters (``clears`` counts this call; ``recoveries`` is
+        kept); how many entries were dropped."""
+        return self._locked(self._clear_locked)
 
-    def _clear_locked(self) -> None:
+    def _clear_locked(self) -> int:
         h, table = self._h, self._table
+        before = h[H_ENTRIES]
         handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= table.slots else table.slots
         flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8, count=handed_out)).tolist()
         keep = {e for e in flagged if self._ent[e * _W + E_CHECK] and table.pinned(e)}
@@ -810,6 +816,7 @@ class SharedCache(ItemAccess):
         reset_counters(h)
         h[H_CLEARS] += 1
         h[H_DIRTY] = 0
+        return before - h[H_ENTRIES]
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of the global counters, with each key kind's counts."""
@@ -891,28 +898,40 @@ class SharedCache(ItemAccess):
         s = self.stats()
         return CacheLimits(max_entries=s.max_entries, max_retained_bytes=s.max_retained_bytes)
 
-    def set_limits(self, limits: CacheLimits) -> None:
-        """Change the limits for every process and evict at once to meet them.
+    def set_limits(self, limits: CacheLimits | None = None, *, max_entries: int | None = None,
+                   max_retained_bytes: int | None = None) -> None:
+        """Change the limits for every process and evict at once to meet them: a CacheLimits, or either limit by
+        keyword alone (the other stays as it is, read under the same hold of the lock).
 
         :raises ValueError: if a limit exceeds the capacity the cache was created with.
         :raises PinnedError: if entries pinned by open views alone exceed the new limits (the old ones stay).
         """
-        if not isinstance(limits, CacheLimits):
-            raise TypeError(f"set_limits takes a CacheLimits, got {type(limits).__name__}")
         g = self._seg.geometry
+        if limits is None:
+            if max_entries is None and max_retained_bytes is None:
+                raise TypeError("set_limits needs a CacheLimits, max_entries= or max_retained_bytes=")
+            # Validates the limits given (types, positive); a limit left out is kept, as None.
+            limits = CacheLimits(g.max_entries if max_entries is None else max_entries,
+                                 g.capacity_bytes if max_retained_bytes is None else max_retained_bytes)
+        elif max_entries is not None or max_retained_bytes is not None:
+            raise TypeError("set_limits takes a CacheLimits or keywords, not both")
+        elif not isinstance(limits, CacheLimits):
+            raise TypeError(f"set_limits takes a CacheLimits, got {type(limits).__name__}")
+        else:
+            max_entries, max_retained_bytes = limits.max_entries, limits.max_retained_bytes
         if limits.max_entries > g.max_entries or limits.max_retained_bytes > g.capacity_bytes:
             raise ValueError(
                 f"limits {limits} exceed the capacity of cache {self.name!r} (max_entries={g.max_entries}, "
                 f"capacity_bytes={g.capacity_bytes}); capacity is fixed at creation: recreate the cache to raise it"
             )
-        self._locked(self._set_limits_locked, limits)
+        self._locked(self._set_limits_locked, max_entries, max_retained_bytes)
 
-    def _set_limits_locked(self, limits: CacheLimits) -> None:
+    def _set_limits_locked(self, max_entries: int | None, max_retained_bytes: int | None) -> None:
         h = self._h
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
         h[H_DIRTY] = 1
-        h[H_MAX_ENTRIES] = limits.max_entries
-        h[H_MAX_RETAINED] = limits.max_retained_bytes
+        h[H_MAX_ENTRIES] = before[0] if max_entries is None else max_entries
+        h[H_MAX_RETAINED] = before[1] if max_retained_bytes is None else max_retained_bytes
         try:
             self._table.evict_until(0, 0)
         except PinnedError:
@@ -982,8 +1001,18 @@ class SharedCache(ItemAccess):
         return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args()))
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} entries"
-        return f"<SharedCache {getattr(self, 'name', '?')!r} {state}>"
+        name = f"{type(self).__name__}({getattr(self, 'name', '?')!r}"
+        if self._closed:
+            return f"{name}, closed)"
+        # Why without the lock: a repr (in a traceback, a debugger) must never wait; a racy count is fine to show.
+        entries = kinds.plain_entries_locked(self._seg)
+        return f"{name}, entries={entries}, capacity_bytes={self._capacity_bytes})"
+
+    def _space(self) -> tuple:
+        return self, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
+
+    def _maxsize(self) -> int:
+        return self.limits().max_entries
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner=(), group=None) -> SharedCache:

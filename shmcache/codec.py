@@ -132,8 +132,10 @@ def _key_part(k, depth: int = 0) -> bytes:
         return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
     if isinstance(k, np.generic):
         return _key_part(k.item(), depth)
-    for base in (int, float, bytes):
-        if isinstance(k, base):  # subclasses (IntEnum...) key as their base value
+    if t is EncodedKey:
+        raise TypeError("an EncodedKey is taken by SharedCache.get only")
+    for base in (int, float, bytes, tuple):
+        if isinstance(k, base):  # subclasses (IntEnum, namedtuple...) key as their base value
             return _key_part(base(k), depth)
     if isinstance(k, str):  # str(k) of a str enum would be its name; str.__str__ is its text
         return _key_part(str.__str__(k), depth)
@@ -177,6 +179,13 @@ class KindKey:
         return repr(self.key)
 
 
+class EncodedKey(bytes):
+    """Key bytes already encoded (a kind's prefix included), which ``SharedCache.get`` takes in place of a key: for
+    TieredCache's local hits. Refused as a key everywhere else, so that it can never be taken for a bytes key."""
+
+    __slots__ = ()
+
+
 KIND_PREFIXES = tuple(bytes((KIND_PREFIX, k)) for k in range(256))  # the first two bytes of a key of kind k
 
 
@@ -211,7 +220,7 @@ def encode_key_prefix(items: list, length: int) -> bytes:
 
 def _default(obj):
     t = type(obj)
-    if t is tuple:
+    if t is tuple or isinstance(obj, tuple):  # a namedtuple is stored as a plain tuple
         _depth.n += 1
         try:
             if _depth.n > _MAX_DEPTH:

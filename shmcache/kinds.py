@@ -19,10 +19,10 @@ from . import memo
 from .codec import KindKey
 from .layout import KIND_PREFIX, MAX_KINDS
 from .layout.dtypes import (
-    E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES, K_NAME_OFF,
-    K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
+    E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_ENTRIES, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES,
+    K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
-from .mapping import ItemAccess
+from .mapping import LocalMapping
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,13 @@ def stats_locked(seg) -> dict[str, KindStats]:
     }
 
 
+def plain_entries_locked(seg) -> int:
+    """Resident entries of no kind: the whole cache's, less every kind's."""
+    kw = seg.kind_words
+    of_kinds = sum(kw[k * KIND_WORDS + K_ENTRIES] for k in range(1, _used(seg) + 1))
+    return max(0, seg.header_words[H_ENTRIES] - of_kinds)
+
+
 def slots_locked(table, *numbers: int) -> list[int]:
     """The resident entry slots of the kinds ``numbers``: one vectorised scan of the kinds column."""
     handed_out = table.h[H_UNUSED_NEXT] if 0 < table.h[H_UNUSED_NEXT] <= table.slots else table.slots
@@ -106,7 +113,7 @@ def clear_locked(table, k: int) -> int:
     return removed
 
 
-class KindView(ItemAccess):
+class KindView(LocalMapping):
     """The keys of one kind of a cache: the cache's API, in a namespace of its own (``SharedCache.kind``).
 
     ``clear()`` and ``len()`` cover this kind only and ``stats()`` gives its counts; eviction, the limits and the
@@ -133,8 +140,11 @@ class KindView(ItemAccess):
     def delete(self, key) -> bool:
         return self.cache.delete(KindKey(self._n, key))
 
-    def pop(self, key, default=None):
-        return self.cache.pop(KindKey(self._n, key), default)
+    def pop(self, key, *default):
+        try:
+            return self.cache.pop(KindKey(self._n, key), *default)
+        except KeyError:
+            raise KeyError(key) from None
 
     def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
         try:
@@ -196,5 +206,22 @@ class KindView(ItemAccess):
         kw = self.cache._seg.kind_words
         return KindStats(kw[self._n * KIND_WORDS + K_ENTRIES], kw[self._n * KIND_WORDS + K_RETAINED])
 
+    def limits(self):
+        """The cache's limits (a kind has none of its own)."""
+        return self.cache.limits()
+
+    def set_limits(self, limits=None, **kwargs) -> None:
+        """The cache's ``set_limits``: limits are the whole cache's."""
+        self.cache.set_limits(limits, **kwargs)
+
+    def _space(self) -> tuple:
+        return self.cache, self._n
+
+    def _maxsize(self) -> int:
+        return self.cache._maxsize()
+
     def __repr__(self) -> str:
-        return f"<KindView {self.name!r} of {self.cache!r}>"
+        if self.cache._closed:
+            return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, closed)"
+        entries = self.cache._seg.kind_words[self._n * KIND_WORDS + K_ENTRIES]  # without the lock, as the cache's
+        return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, entries={entries})"

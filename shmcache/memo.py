@@ -14,11 +14,15 @@ _KEY_ITEMS = 4
 
 
 class MemoInfo(NamedTuple):
-    """This process's calls of a memoized function: ``hits`` were served from the cache (including values another
-    process computed while this one waited), ``misses`` ran the function here."""
+    """``functools.lru_cache``'s ``cache_info()``, field for field. ``hits`` and ``misses`` count this process's
+    calls: served from the cache (including values another process computed while this one waited), or run here.
+    ``maxsize`` is the entry limit of the cache the results share (None for a TieredCache: Redis bounds it by
+    memory), ``currsize`` how many results of this function the cache holds now, for every process."""
 
     hits: int
     misses: int
+    maxsize: int | None
+    currsize: int
 
 
 def function_name(fn) -> str:
@@ -51,8 +55,16 @@ def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = No
         return value
 
     def cache_info() -> MemoInfo:
+        """This process's hits and misses; the cache's entry limit and the function's entries in it (a pass over
+        the cache's entries, under its lock)."""
         with lock:
-            return MemoInfo(counts[0], counts[1])
+            hits, misses = counts
+        return MemoInfo(hits, misses, cache._maxsize(), cache._count_prefix(prefix))
+
+    def cache_parameters() -> dict:
+        """``functools.lru_cache``'s ``cache_parameters()``: ``maxsize`` and ``typed`` (always True: ``f(1)`` and
+        ``f(1.0)`` are two entries), with the key's name, the compute timeout and the results' time to live."""
+        return {"maxsize": cache._maxsize(), "typed": True, "name": name, "timeout": timeout, "ttl": ttl}
 
     def cache_clear() -> int:
         """Remove this function's entries from the shared cache (for every process); how many there were."""
@@ -62,5 +74,6 @@ def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = No
 
     wrapper.cache_info = cache_info
     wrapper.cache_clear = cache_clear
+    wrapper.cache_parameters = cache_parameters
     wrapper.cache_name = name
     return wrapper

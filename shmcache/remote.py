@@ -339,6 +339,28 @@ class Remote:
             pipe.unlink(k)
         return sum(pipe.execute())
 
+    def scan(self, match_prefix: bytes = b"") -> list[bytes]:
+        """The encoded keys of the namespace (those starting with ``match_prefix``) that a SCAN finds, each once:
+        every key present for the whole scan is there; one written or deleted meanwhile may or may not be."""
+        pattern = _glob_escape(self.prefix + match_prefix) + b"*"
+        n = len(self.prefix)
+        return self._call("scan", lambda c: list(dict.fromkeys(k[n:] for k in c.scan_iter(match=pattern,
+                                                                                          count=CLEAR_BATCH))))
+
+    def read_many(self, kbs: list) -> list:
+        """The stored blob of each key (None if absent), in one pipeline: a round trip per node."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for kb in kbs:
+                pipe.get(self.prefix + kb)
+            return pipe.execute()
+
+        return self._call("get", run) if kbs else []
+
+    def pttl(self, kb: bytes) -> int:
+        """The key's time to live in ms: -1 none, -2 absent (Redis's PTTL)."""
+        return self._call("ttl", lambda c: c.pttl(self.prefix + kb))
+
     # --------------------------------------------------------------------------- the fleet-wide compute lock
 
     def exists(self, kb: bytes) -> bool:

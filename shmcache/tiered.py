@@ -25,7 +25,7 @@ import weakref
 
 from . import copies, flight, lease, memo, ofd
 from .cache import SharedCache, ttl_ns
-from .codec import KindKey, decode_body, encode_key, encode_parts, fingerprint
+from .codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
 from .layout.tier import (
@@ -34,8 +34,8 @@ from .layout.tier import (
     MESSAGE_HEADER, OP_CLEAR,
 )
 from .listener import Listener
-from .mapping import ItemAccess
 from .remote import Remote, _redis, connect, log, pack_payload, unpack_value
+from .tiermap import TierMapping
 from .tierstats import Rows, TierStats
 from .trust import Trust
 
@@ -45,7 +45,7 @@ MAX_NAMESPACE = 32  # so that "mark:" + namespace fits a kind name
 _READY, _CLOSED, _FORKED = "ready", "closed", "forked"
 
 
-class TieredCache(ItemAccess):
+class TieredCache(TierMapping):
     """A ``SharedCache`` per host in front of one Redis (or Redis Cluster) shared by every host, with the same API.
 
     :param local: this host's shared-memory cache; the namespace's copies live in its kind ``tier:<namespace>``
@@ -115,7 +115,7 @@ class TieredCache(ItemAccess):
         self._listener_box: list = [None]
         self._owns_local = False  # True when unpickling opened the local handle (closed with this one)
         self._state = _READY
-        _handles.add(self)
+        _handles[id(self)] = self
         # Collected without close(): the same release (the listener holds this object weakly, so this can happen).
         self._finalizer = weakref.finalize(self, _release, self._listener_box, self._rows, self._remote,
                                            self._url is not None)
@@ -135,7 +135,7 @@ class TieredCache(ItemAccess):
                 lkb = self._kprefix + encode_key(key)  # raises the TypeError
         else:
             lkb = self._kprefix + encode_key(key)
-        value = self.local.get(None, _MISSING, _kb=lkb)
+        value = self.local.get(EncodedKey(lkb), _MISSING)
         if value is not _MISSING:
             self._row[C_LOCAL_HITS] += 1
             return value
@@ -346,9 +346,10 @@ class TieredCache(ItemAccess):
         self._drop_older(kb, int(version))
         return True
 
-    def pop(self, key, default=None):
+    def pop(self, key, default=_MISSING):
         """Remove ``key`` everywhere and return its value, or ``default`` (also when what Redis held was not a
-        valid value). With Redis unavailable, this host's copy is popped (``strict``: RemoteError)."""
+        valid value); without a default, an absent key raises KeyError. With Redis unavailable, this host's copy
+        is popped (``strict``: RemoteError)."""
         self._check_open()
         kb = encode_key(key)
         try:
@@ -357,14 +358,14 @@ class TieredCache(ItemAccess):
             if self.strict:
                 raise
             found = self._drop_copy(kb)
-            return default if found is None else decode_body(*found)
+            return _absent(key, default) if found is None else decode_body(*found)
         self._row[C_PUTS] += 1
         if found is None:
-            return default
+            return _absent(key, default)
         version, blob = found
         self._drop_older(kb, int(version))
         decoded = self._decode(kb, blob)
-        return default if decoded is None else decoded[3]
+        return _absent(key, default) if decoded is None else decoded[3]
 
     def touch(self, key, ttl: float | None = None) -> bool:
         """Give ``key`` a new time to live from now, in Redis; every host drops its copy (which carries the old
@@ -511,8 +512,9 @@ class TieredCache(ItemAccess):
         """The local cache's limits (Redis's are its own ``maxmemory``)."""
         return self.local.limits
 
-    def set_limits(self, limits) -> None:
-        self.local.set_limits(limits)
+    def set_limits(self, limits=None, **kwargs) -> None:
+        """The local cache's ``set_limits``."""
+        self.local.set_limits(limits, **kwargs)
 
     def _check_open(self) -> None:
         if self._state is not _READY:
@@ -531,7 +533,7 @@ class TieredCache(ItemAccess):
         if self._state is _CLOSED:
             return
         self._state = _CLOSED
-        _handles.discard(self)
+        _handles.pop(id(self), None)
         self._finalizer()
         self._row = self._rows.row  # the private row close() left: late counts go nowhere
         if self._owns_local:
@@ -548,7 +550,7 @@ class TieredCache(ItemAccess):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<TieredCache {self.namespace!r} over {self.local!r}>"
+        return f"{type(self).__name__}({self.namespace!r}, local={self.local.name!r})"
 
     def __reduce__(self):
         """Pickles as its settings (the local cache by name, Redis by URL), for "spawn" workers: the copy opens its
@@ -571,6 +573,13 @@ class TieredCache(ItemAccess):
             # The child's standby listener starts on its first call (get included): not here, where a thread
             # would start in every forked child, those about to exec too.
             self._state = _FORKED
+
+
+def _absent(key, default):
+    """What pop returns for an absent key: ``default``, or KeyError without one (as dict.pop)."""
+    if default is _MISSING:
+        raise KeyError(key)
+    return default
 
 
 def _release(listener_box: list, rows: Rows, remote: Remote, owns_client: bool) -> None:
@@ -617,11 +626,12 @@ def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owne
         rows.close()
 
 
-_handles: weakref.WeakSet = weakref.WeakSet()
+# Keyed by id(): a TieredCache is a mapping, so unhashable (mapping.py).
+_handles: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _after_fork_in_child() -> None:
-    for handle in list(_handles):
+    for handle in list(_handles.values()):
         try:
             handle._after_fork_in_child()
         except Exception:  # the child must not count in its parent's row, nor fail its fork

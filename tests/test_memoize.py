@@ -23,7 +23,7 @@ def test_memoize_second_call_is_served_from_the_cache(cache):
 
     assert add(1, b=2) == {"sum": 3} and add(1, b=2) == {"sum": 3}
     assert calls == [(1, 2)]
-    assert add.cache_info() == MemoInfo(hits=1, misses=1)
+    assert add.cache_info() == MemoInfo(hits=1, misses=1, maxsize=64, currsize=1)
     assert add.__name__ == "add" and add.cache_name.endswith("test_memoize_second_call_is_served_from_the_cache"
                                                                ".<locals>.add")
 
@@ -68,10 +68,10 @@ def test_memoize_cache_clear_drops_only_its_own_entries(cache):
         sq2(i)
     cache.put("plain", 1)
     assert sq.cache_clear() == 5
-    assert sq.cache_info() == MemoInfo(0, 0)
+    assert sq.cache_info() == MemoInfo(0, 0, 64, 0)
     assert cache.stats().entries == 6 and "plain" in cache
     sq(1)
-    assert sq.cache_info() == MemoInfo(hits=0, misses=1)  # computed again
+    assert sq.cache_info() == MemoInfo(hits=0, misses=1, maxsize=64, currsize=1)  # computed again
     assert cache.verify(deep=True).ok
 
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shmcache import CacheLimits, PinnedError, SharedCache, TooLargeError
-from shmcache.codec import decode_value, encode_key, encode_value, fingerprint
+from shmcache.codec import NON_STR_KEY, decode_value, encode_key, encode_value, fingerprint
+from shmcache.keys import decode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS
 from tests.conftest import unique_name
@@ -104,6 +105,25 @@ def test_codec_key_canonical_under_rebuild(key, rnd):
     kb = encode_key(key)
     assert encode_key(rebuilt) == kb
     assert 0 <= fingerprint(kb) < 2**63
+
+
+@CODEC_SETTINGS
+@given(keys)
+def test_codec_decode_key_inverts_encode_key(key):
+    """Iteration hands back decode_key's result: it must be the same key (same bytes, so the same entry)."""
+    kb = encode_key(key)
+    assert encode_key(decode_key(kb)) == kb
+
+
+@CODEC_SETTINGS
+@given(st.binary(max_size=64))
+def test_codec_decode_key_of_garbage_is_a_value_error(data):
+    for kb in (data, NON_STR_KEY + data):
+        try:
+            key = decode_key(kb)
+        except ValueError:
+            continue
+        encode_key(key)  # whatever decodes is a key again
 
 
 @CODEC_SETTINGS
@@ -524,7 +544,10 @@ class SharedCacheMachine(RuleBasedStateMachine):
         m = self.model
         s = self.handles[0].stats()
         assert self.handles[1].stats() == s
-        assert len(self.handles[0]) == len(self.handles[1]) == len(m.data)
+        assert len(self.handles[0]) == len(self.handles[1]) == sum(1 for e in m.data.values() if not e.kind)
+        # Iteration: the live keys of no kind, most recent first; it changes nothing the checks below look at.
+        assert [encode_key(k) for k in self.handles[1]] == [
+            kb for kb, e in reversed(m.data.items()) if not e.kind and not m._expired(e)]
         assert {c: getattr(s, c) for c in COUNTERS} == m.counters
         assert (s.entries, s.retained_bytes) == (len(m.data), m.retained)
         assert s.kinds == m.kind_stats()

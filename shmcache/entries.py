@@ -1,0 +1,208 @@
+"""The locked operations behind the mapping API of a SharedCache and its KindViews: snapshots of keys and items,
+popitem, setdefault, batches, a key's time to live and a key family's count.
+
+Every function ending in ``_locked`` runs under the cache lock (``cache._locked(fn, cache, ...)``), as one hold: what
+it reads is one state of the cache. They copy bytes out and leave decoding to the caller, after the unlock. A
+*space* selects the entries an operation sees: 0 for the keys of no kind (a SharedCache's own), ``k`` for kind ``k``
+(a KindView's); a key of kind ``k`` is stored with the two bytes ``KIND_PREFIX, k`` in front, which the copies drop.
+None of these count a lookup or move an entry in the LRU order, except the batch get and setdefault, which are
+lookups like get. Walks are bounded by the table's size, so a damaged list cannot make them loop.
+"""
+
+from __future__ import annotations
+
+from . import index, lru
+from .codec import body_checksum
+from .errors import CorruptionError
+from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
+from .layout.dtypes import (
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
+    H_MAX_RETAINED, H_MISSES,
+)
+
+_W = ENTRY_WORDS
+
+
+def _key_start(mm, k0: int, klen: int, space: int) -> int:
+    """Where the key of the entry whose key bytes start at ``k0`` begins within them if it lies in ``space``: 0 for
+    a key of no kind, 2 for one of kind ``space``; -1 if it lies elsewhere."""
+    of_kind = klen >= 2 and mm[k0] == KIND_PREFIX
+    if space == 0:
+        return -1 if of_kind else 0
+    return 2 if of_kind and mm[k0 + 1] == space else -1
+
+
+def snapshot_locked(cache, space: int, with_values: bool) -> list:
+    """The live (unexpired) entries of ``space``, most recently used first: their key bytes (kind prefix dropped),
+    or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the caller to check."""
+    ent, mm, base, exp = cache._ent, cache._mm, cache._base, cache._exp
+    now = cache._clock()
+    out = []
+    e = ent[SENTINEL * _W + E_NEXT]
+    for _ in range(cache._table.slots):
+        if e == SENTINEL:
+            break
+        b = e * _W
+        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
+        vlen, klen = ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
+        k0 = v0 + vlen
+        skip = _key_start(mm, k0, klen, space)
+        x = exp[e]
+        if skip >= 0 and not (x and x <= now):
+            kb = mm[k0 + skip : k0 + klen]
+            out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
+        e = ent[b + E_NEXT]
+    return out
+
+
+def popitem_locked(cache, space: int):
+    """Remove the least recently used live entry of ``space`` that no view pins, counted as a delete; its (key
+    bytes, tag, body), or None if there is none. Expired entries met on the way are dropped (counted as expired)."""
+    ent, mm, base, table, h = cache._ent, cache._mm, cache._base, cache._table, cache._h
+    e = ent[SENTINEL * _W + E_PREV]
+    for _ in range(table.slots):
+        if e == SENTINEL:
+            return None
+        b = e * _W
+        before = ent[b + E_PREV]
+        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
+        k0 = v0 + ent[b + E_VAL_NBYTES]
+        klen = ent[b + E_KEY_NBYTES]
+        skip = _key_start(mm, k0, klen, space)
+        if skip >= 0:
+            if cache._exp[e] and table.expired(e):
+                cache._lapse_locked(e)
+            elif not table.pinned(e):
+                kb = mm[k0 + skip : k0 + klen]
+                tag, body = cache._body_locked(e)
+                h[H_DIRTY] = 1
+                table.remove(e)
+                h[H_DELETES] += 1
+                h[H_DIRTY] = 0
+                return kb, tag, body
+        e = before
+    return None
+
+
+def setdefault_locked(cache, ttl, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int):
+    """``dict.setdefault`` as one hold: the resident value's (tag, body) if the key is live (a hit, made the most
+    recent), else None once the encoded default is stored (a miss). ``ttl``: ns, or None for the default."""
+    e = cache._find_live(kb, fp, True)
+    h = cache._h
+    if e == EMPTY:
+        cache._store_locked(EMPTY, kb, tag, body, fp, check, size, nb, cache._expires_locked(ttl))
+        h[H_MISSES] += 1
+        return None
+    found = cache._body_locked(e)
+    h[H_DIRTY] = 1
+    lru.move_to_front(cache._ent, e)
+    h[H_HITS] += 1
+    h[H_DIRTY] = 0
+    return found
+
+
+def get_many_locked(cache, kbs: list, fps: list) -> list:
+    """A lookup of each key (bytes ``kbs[i]``, fingerprint ``fps[i]``), as get does: a hit becomes the most recent.
+    For each, None or (tag, body, checksum, slot), the checksum for the caller to check after the unlock."""
+    # The batch's reason to be is its cost per key: the index's first probe and the move to the front are inlined,
+    # as in SharedCache.get, and everything the loop reads is bound once.
+    ix, ent, mm, base, mask, exp, h = cache._ix, cache._ent, cache._mm, cache._base, cache._mask, cache._exp, cache._h
+    now = cache._clock()
+    out = []
+    append = out.append
+    hits = misses = 0
+    for kb, fp in zip(kbs, fps):
+        w = (fp & mask) << 1
+        e = ix[w + 1]
+        if e != EMPTY:
+            b = e * _W
+            v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
+            vlen = ent[b + E_VAL_NBYTES]
+            klen = len(kb)
+            k0 = v0 + vlen
+            if ix[w] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
+                e = index.find_rest(ix, ent, mm, base, mask, fp, kb)
+                if e != EMPTY:
+                    b = e * _W
+                    v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
+                    vlen = ent[b + E_VAL_NBYTES]
+        if e != EMPTY:
+            x = exp[e]
+            if x and x <= now:
+                cache._lapse_locked(e)
+                e = EMPTY
+        if e == EMPTY:
+            misses += 1
+            append(None)
+            continue
+        p = ent[b + E_PREV]
+        if p != SENTINEL:  # lru.move_to_front, inlined
+            h[H_DIRTY] = 1
+            n = ent[b + E_NEXT]
+            ent[p * _W + E_NEXT] = n
+            ent[n * _W + E_PREV] = p
+            first = ent[E_NEXT]
+            ent[b + E_PREV] = SENTINEL
+            ent[b + E_NEXT] = first
+            ent[first * _W + E_PREV] = e
+            ent[E_NEXT] = e
+            h[H_DIRTY] = 0
+        hits += 1
+        append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
+    h[H_HITS] += hits
+    h[H_MISSES] += misses
+    return out
+
+
+def put_many_locked(cache, ttl, encoded: list) -> None:
+    """Store each encoded entry (``SharedCache._encode``'s tuples) in order, as put does, all expiring after
+    ``ttl`` (ns; None: the default). Every size is checked against the byte limit first, so an entry that can
+    never fit refuses the whole batch before anything is stored."""
+    limit = cache._h[H_MAX_RETAINED]
+    for item in encoded:
+        if item[5] > limit:
+            raise cache._too_large(item[5], limit, "max_retained_bytes")
+    expires = cache._expires_locked(ttl)
+    for kb, tag, body, fp, check, size, nb in encoded:
+        cache._store_locked(cache._find_live(kb, fp, True), kb, tag, body, fp, check, size, nb, expires)
+
+
+def ttl_locked(cache, kb: bytes, fp: int):
+    """The ns the key has left to live (0: no expiry), or None if it is absent or expired."""
+    e = cache._find_live(kb, fp)
+    if e == EMPTY:
+        return None
+    x = cache._exp[e]
+    return max(x - cache._clock(), 1) if x else 0
+
+
+def count_prefix_locked(cache, prefix: bytes) -> int:
+    """How many live entries have a key whose stored bytes start with ``prefix`` (kind bytes included)."""
+    ent, mm, base, exp, n = cache._ent, cache._mm, cache._base, cache._exp, len(prefix)
+    now = cache._clock()
+    count = 0
+    e = ent[SENTINEL * _W + E_NEXT]
+    for _ in range(cache._table.slots):
+        if e == SENTINEL:
+            break
+        b = e * _W
+        if ent[b + E_KEY_NBYTES] >= n:
+            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+            x = exp[e]
+            if mm[k0 : k0 + n] == prefix and not (x and x <= now):
+                count += 1
+        e = ent[b + E_NEXT]
+    return count
+
+
+def checked(cache, tag: int, body, check: int, e: int, counted: bool) -> tuple[int, bytes]:
+    """(tag, body) copied out under the lock, once its checksum is found right (after the unlock). A mismatch
+    costs a deep repair and raises CorruptionError; ``counted``: the read was counted as a hit, which becomes a
+    miss (``SharedCache._checksum_failed``)."""
+    if body_checksum(tag, body) != check:
+        if counted:
+            cache._checksum_failed(e)
+        cache._locked(cache._repair_locked, True)
+        raise CorruptionError(f"entry {e} failed its checksum and was dropped", what="read",
+                              hint="the operation can be retried")
+    return tag, body

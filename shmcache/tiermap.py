@@ -1,0 +1,124 @@
+"""The mapping API of a ``TieredCache`` over its namespace in Redis: iteration, ``len``, ``popitem``,
+``setdefault``, batches and ``ttl``.
+
+Redis holds the namespace, so these ask Redis: iteration and ``len`` are a SCAN of the namespace's keys (order
+arbitrary; each key present for the whole scan is seen once, one written or deleted meanwhile may or may not be),
+values are read in one pipeline. Like the atomic operations, they need Redis and raise ``RemoteError`` when it is
+unavailable, strict or not: a host's copies are not the namespace. The batch get serves what the host has copies of
+in one hold of the local lock and fetches the rest key by key, as get does (each fill must be versioned); a batch put
+is a put per key (each write is a Redis script that versions the value and publishes its invalidation).
+"""
+
+from __future__ import annotations
+
+from .codec import encode_key
+from .errors import RemoteError
+from .keys import decode_key
+from .layout.tier import C_LOCAL_HITS, C_LOCAL_MISSES
+from .mapping import ItemAccess, _pairs
+from .remote import log
+
+_MISSING = object()
+
+
+class TierMapping(ItemAccess):
+    """The mapping methods of ``TieredCache`` (which provides get, put, add, pop, the local kind and the remote)."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        """The namespace's keys in Redis (a SCAN: costs a pass over the namespace)."""
+        self._check_open()
+        return len(self._remote.scan())
+
+    def _keys(self) -> list:
+        self._check_open()
+        return [k for _, k in self._scanned(self._remote.scan())]
+
+    def _scanned(self, kbs: list) -> list:
+        """(encoded key, key) of the keys found; one that is no key's encoding (another writer's) is skipped."""
+        out = []
+        for kb in kbs:
+            try:
+                out.append((kb, decode_key(kb)))
+            except ValueError:
+                log.warning("shmcache: Redis key %r of namespace %r is no shmcache key; skipped",
+                            self._remote.key(kb), self.namespace)
+        return out
+
+    def _items(self) -> list:
+        """The pairs of the keys a scan finds, each value read once (one pipeline); no copy is made locally."""
+        self._check_open()
+        found = self._scanned(self._remote.scan())
+        blobs = self._remote.read_many([kb for kb, _ in found])
+        out = []
+        for (kb, key), blob in zip(found, blobs):
+            decoded = None if blob is None else self._decode(kb, blob)
+            if decoded is not None:
+                out.append((key, decoded[3]))
+        return out
+
+    def popitem(self) -> tuple:
+        """Remove some key of the namespace and return (key, value): Redis keeps no LRU order, so which is
+        arbitrary (the first a scan finds). The pop itself is atomic: if another caller took the key first, the
+        next is tried. :raises KeyError: if the namespace is empty."""
+        for key in self._keys():
+            value = self.pop(key, _MISSING)
+            if value is not _MISSING:
+                return key, value
+        raise KeyError("popitem(): the cache is empty") from None
+
+    def setdefault(self, key, default=None, ttl: float | None = None):
+        """The value of ``key`` in Redis, or ``default`` stored (``add``) and returned: across the fleet one caller
+        stores and every other gets its value. Needs Redis (RemoteError otherwise)."""
+        while True:
+            if self.add(key, default, ttl):
+                return default
+            value, version = self.get_with_version(key, _MISSING)
+            if version is not None:
+                return value
+            # Deleted between the add and the read: try again.
+
+    def get_many(self, keys, default=None) -> list:
+        """``[get(k, default) for k in keys]``: the host's copies in one hold of the local lock, the rest fetched
+        from Redis key by key as get does."""
+        self._check_open()
+        keys = list(keys)
+        values = self._kind.get_many(keys, _MISSING)
+        row = self._row
+        for i, value in enumerate(values):
+            if value is not _MISSING:
+                row[C_LOCAL_HITS] += 1
+                continue
+            row[C_LOCAL_MISSES] += 1
+            try:
+                value = self._fetch(encode_key(keys[i]))
+            except RemoteError:
+                if self.strict:
+                    raise
+                value = self._MISSING
+            values[i] = default if value is self._MISSING else value
+        return values
+
+    def put_many(self, items, ttl: float | None = None) -> None:
+        """``put`` of every (key, value) of ``items`` (a mapping, or an iterable of pairs), in order."""
+        for key, value in _pairs(items):
+            self.put(key, value, ttl)
+
+    def ttl(self, key) -> float | None:
+        """Seconds ``key`` has left to live in Redis, or None if it never expires. Needs Redis (RemoteError
+        otherwise). :raises KeyError: if Redis does not have the key."""
+        self._check_open()
+        ms = self._remote.pttl(encode_key(key))
+        if ms == -2:
+            raise KeyError(key)
+        return None if ms < 0 else max(ms, 1) / 1000
+
+    def _count_prefix(self, prefix: bytes) -> int:
+        """Keys of the namespace in Redis whose encoding starts with ``prefix`` (memoize's ``currsize``)."""
+        self._check_open()
+        return len(self._remote.scan(prefix))
+
+    def _maxsize(self):
+        return None  # Redis's own maxmemory bounds the namespace, not a count
+

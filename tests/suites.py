@@ -1,0 +1,69 @@
+"""Other projects' test suites, loaded from their published sources at test time (never copied into this
+repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools' tests
+from its sdist on PyPI (``pip download``, unpacked into a temporary directory removed at exit).
+
+Where a suite cannot be had, the tests that use it skip with the reason, unless SHMCACHE_REQUIRE_SUITES=1 (as in
+CI), which makes them fail instead."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import pytest
+
+CACHETOOLS_PIN = "8.0.0"  # the cachetools release whose tests run (its CacheTestMixin and LRU tests)
+
+
+def unavailable(reason: str):
+    """Skip the calling test module for ``reason``, or fail it where SHMCACHE_REQUIRE_SUITES=1."""
+    if os.environ.get("SHMCACHE_REQUIRE_SUITES") == "1":
+        pytest.fail(f"SHMCACHE_REQUIRE_SUITES=1: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def cpython_mapping_tests():
+    """CPython's ``test.mapping_tests`` module for the running Python, from the system's test package."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    path = f"/usr/lib/python{version}/test/mapping_tests.py"
+    if not os.path.exists(path):
+        unavailable(f"{path} is missing (Debian: apt-get install libpython{version}-testsuite)")
+    spec = importlib.util.spec_from_file_location("cpython_mapping_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cachetools_tests():
+    """cachetools' test package (``tests/__init__.py`` with CacheTestMixin, and ``tests/test_lru.py``) of release
+    CACHETOOLS_PIN, imported as ``cachetools_tests`` with its own ``cachetools`` source first on sys.path."""
+    if "cachetools_tests" in sys.modules:
+        return sys.modules["cachetools_tests"], sys.modules["cachetools_tests.test_lru"]
+    where = tempfile.mkdtemp(prefix="shmcache-suites-")
+    atexit.register(shutil.rmtree, where, True)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
+                               "--no-deps", f"cachetools=={CACHETOOLS_PIN}", "-d", where],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            raise OSError(f"pip download failed: {done.stderr.strip()[-500:]}")
+        (sdist,) = [f for f in os.listdir(where) if f.endswith(".tar.gz")]
+        with tarfile.open(os.path.join(where, sdist)) as tar:
+            tar.extractall(where, filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        unavailable(f"cachetools=={CACHETOOLS_PIN} sources could not be downloaded: {exc!r}")
+    root = os.path.join(where, f"cachetools-{CACHETOOLS_PIN}")
+    sys.path.insert(0, os.path.join(root, "src"))  # the tests import cachetools itself (types, LRUCache)
+    spec = importlib.util.spec_from_file_location("cachetools_tests", os.path.join(root, "tests", "__init__.py"),
+                                                  submodule_search_locations=[os.path.join(root, "tests")])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["cachetools_tests"] = package
+    spec.loader.exec_module(package)
+    return package, importlib.import_module("cachetools_tests.test_lru")
