@@ -21,14 +21,14 @@ import time
 import numpy as np
 import posix_ipc
 
-from . import layout, ofd, tierstats
+from . import layout, ofd, space, tierstats
 from .errors import LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
 from .lock import init_mutex
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
-_SHM_DIR = "/dev/shm"
+_SHM_DIR = space.SHM_DIR
 _INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
 
 
@@ -55,23 +55,9 @@ def _flock(fd: int, deadline: float) -> None:
             time.sleep(0.001)
 
 
-def _check_space(nbytes: int, name: str) -> None:
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return  # no /dev/shm to ask (not Linux): fallocate below still refuses what cannot be backed
-    free = st.f_bavail * st.f_frsize
-    if nbytes > free:
-        raise OSError(errno.ENOSPC, _space_message(nbytes, free, name))
-
-
-def _space_message(nbytes: int, free: int | None, name: str) -> str:
-    have = f"{free / 2**20:.1f} MiB are free" if free is not None else "it could not be reserved"
-    return (
-        f"cache {name!r} needs {nbytes / 2**20:.1f} MiB of shared memory but {have} in {_SHM_DIR}; "
-        "pass a smaller capacity_bytes / max_entries, remove unused caches (`shmcache ls`, `shmcache rm`), "
-        "or give the host or container more shared memory (e.g. docker run --shm-size=1g)"
-    )
+def _space_args(name: str) -> tuple[str, str]:
+    """What a cache segment is called, and how to ask for a smaller one, in ``space``'s messages."""
+    return f"cache {name!r}", "pass a smaller capacity_bytes / max_entries"
 
 
 class Segment:
@@ -88,7 +74,7 @@ class Segment:
         self.name = name
         self.shm_name = shm_name(name)
         if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
-            _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
+            space.check(geometry.total_nbytes, *_space_args(name))  # before anything is created
         deadline = time.monotonic() + _INIT_WAIT_S
         while True:
             shm = self._open(create, mode)
@@ -185,15 +171,8 @@ class Segment:
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
-        _check_space(total, self.name)
-        try:
-            os.ftruncate(fd, total)
-            # Reserve every page now: a tmpfs that cannot back the segment must fail here, not SIGBUS later.
-            os.posix_fallocate(fd, 0, total)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise OSError(exc.errno, _space_message(total, None, self.name)) from None
-            raise
+        # Every page reserved now: a tmpfs that cannot back the segment fails here, not with SIGBUS later.
+        space.reserve(fd, total, *_space_args(self.name))
         self._map(fd, geometry)
         h = self.header_words
         h[d.H_TOTAL_NBYTES] = total
