@@ -37,7 +37,7 @@ from .layout.dtypes import (
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
     H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS, H_WRITING,
 )
-from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
+from .lock import Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
 from .mapping import ItemAccess
@@ -156,13 +156,17 @@ class SharedCache(ItemAccess):
         self._capacity_bytes = g.capacity_bytes
         self._table = Table(seg, clock)
         self._pins = PinDescriptions(seg.fd)
-        self._lock = SegmentLock(seg.lock_address, lock_timeout)
+        self._lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd).st_ino)
         self._addr = self._lock.handle
         self._trylock = _trylock
         self._unlock = _unlock
         self._lock_timeout = lock_timeout
         self.name = seg.name
         self._closed = False
+        # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
+        # waiter would find the damage, a lone caller never), so each attacher looks once.
+        if self._lock.kind_damaged() and not self._lock.word():
+            self._lock.reinit_damaged(seg.fd, self._mark_dirty)
 
     # ------------------------------------------------------------------------------------------- locking
     # The pattern of every call (see the module docstring), written once in ``_locked``; get and put inline it, and
@@ -225,15 +229,22 @@ class SharedCache(ItemAccess):
                 return self._addr
             except Reentered:
                 return self._lock.private_handle
-            except Unrecoverable:
+            except (Unrecoverable, Damaged) as exc:
                 if self._closed:
                     raise _closed() from None
-                self._lock.reinit_unrecoverable(self._seg.fd)
+                if isinstance(exc, Unrecoverable):
+                    self._lock.reinit_unrecoverable(self._seg.fd)
+                elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None:
+                    raise exc.fallback from None
                 rc = self._trylock(self._addr)
                 if rc == 0:
                     return self._addr
-        raise CorruptionError("the cache lock stays unrecoverable", what="lock",
+        raise CorruptionError("the cache lock stays unrecoverable or damaged", what="lock",
                               hint="remove the cache with `shmcache rm NAME` and recreate it")
+
+    def _mark_dirty(self) -> None:
+        """Make the next holder verify and repair the segment (a damaged lock is being re-initialised)."""
+        self._h[H_DIRTY] = 1
 
     def _repair_locked(self, deep: bool = False) -> None:
         """Verify the segment (``deep``: checksums too) and repair what fails; empty the cache if even that fails."""

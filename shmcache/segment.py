@@ -207,6 +207,8 @@ class Segment:
         # deciding; the caller's name check then sees the name gone and retries.
         self.live_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         ofd.lock(self.live_fd, ofd.LIVE_BYTE, ofd.READ, wait=True)
+        # And this process's PID namespace: the lock trusts a holder's thread id only where no handle is foreign.
+        ofd.lock(self.live_fd, ofd.NS_BASE + ofd.pid_namespace(), ofd.READ, wait=True)
         self.mm = mmap.mmap(fd, g.total_nbytes)
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
