@@ -50,6 +50,7 @@ from .view import PinDescriptions, View
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
 _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
@@ -83,8 +84,10 @@ class SharedCache(ItemAccess):
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``mode`` sets the permissions of a new segment (0o600: only this user). ``lock_timeout`` bounds the wait for a
-    lock held by a live process; a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
-    the capacity) is the time to live of entries stored without a ``ttl``; None or 0: they never expire.
+    lock held by a live process; a dead holder is detected at once. ``attach_timeout`` bounds the wait for a segment
+    that another process is still creating (then TimeoutError, or LayoutError if it was never initialised).
+    ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
+    ``ttl``; None or 0: they never expire.
 
     Expiry times are CLOCK_MONOTONIC readings, which every process of the host shares and which never jump with
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
@@ -110,19 +113,21 @@ class SharedCache(ItemAccess):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         default_ttl: float | None = None,
         clock=None,
+        attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError(f"mode must be a permission mode between 0 and 0o777, got {mode!r}")
-        if not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
-            raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
+        for what, v in (("lock_timeout", lock_timeout), ("attach_timeout", attach_timeout)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
         wanted = Geometry.for_capacity(
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
-        seg = Segment(name, None if create is False else wanted, create, mode, default_ttl_ns)
+        seg = Segment(name, None if create is False else wanted, create, mode, default_ttl_ns, attach_timeout)
         try:
             found = seg.geometry
             for what, asked, have in (

@@ -69,17 +69,17 @@ class Segment:
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, mode: int,
-                 default_ttl_ns: int = 0) -> None:
+                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self.name = name
         self.shm_name = shm_name(name)
         if geometry is not None and create is not False and not os.path.exists(_SHM_DIR + self.shm_name):
             space.check(geometry.total_nbytes, *_space_args(name))  # before anything is created
-        deadline = time.monotonic() + _INIT_WAIT_S
+        deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, mode)
             try:
-                if self._init_or_attach(shm, geometry, mode):
+                if self._init_or_attach(shm, geometry, deadline):
                     if not self._name_moved(shm.fd):
                         return
                     # Unlinked (and perhaps created anew) while we attached: join what the name holds now.
@@ -123,9 +123,9 @@ class Segment:
         os.fchmod(shm.fd, mode)  # shm_open honours the umask; the mode asked for is the mode wanted
         return shm
 
-    def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
+    def _init_or_attach(self, shm, geometry: Geometry | None, deadline: float) -> bool:
         """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later."""
-        _flock(shm.fd, time.monotonic() + _INIT_WAIT_S)
+        _flock(shm.fd, deadline)
         try:
             size = os.fstat(shm.fd).st_size
             if size >= d.HEADER_NBYTES:

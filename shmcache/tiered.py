@@ -24,7 +24,7 @@ import time
 import weakref
 
 from . import copies, flight, lease, memo, ofd
-from .cache import SharedCache, ttl_ns
+from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, ttl_ns
 from .codec import KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
@@ -589,14 +589,16 @@ def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
     return tier
 
 
-def host_stats(cache_name: str, namespace: str) -> TierStats:
+def host_stats(cache_name: str, namespace: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> TierStats:
     """The stats of a namespace on this host, read from outside (``shmcache tier``): no Redis, no row claimed.
+    ``timeout`` bounds the waits for the local cache's creation and its lock.
 
     :raises FileNotFoundError: if the cache or the namespace's stats segment does not exist.
+    :raises LockTimeout: if the local cache's lock did not come within ``timeout``.
     """
     rows = Rows(cache_name, namespace, claim=False)
     try:
-        with SharedCache(cache_name, create=False) as local:
+        with SharedCache(cache_name, create=False, lock_timeout=timeout, attach_timeout=timeout) as local:
             kinds = local.stats().kinds
             kind = kinds.get(f"tier:{namespace}")
             number = list(kinds).index(f"tier:{namespace}") + 1 if kind else 0
