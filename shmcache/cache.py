@@ -239,7 +239,8 @@ class SharedCache(ItemAccess):
                     raise _closed() from None
                 if isinstance(exc, Unrecoverable):
                     self._lock.reinit_unrecoverable(self._seg.fd)
-                elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None:
+                elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None \
+                        and self._lock.word() == exc.word:  # not repaired by another process meanwhile either
                     raise exc.fallback from None
                 rc = self._trylock(self._addr)
                 if rc == 0:

@@ -179,11 +179,13 @@ class Unrecoverable(Exception):
 
 class Damaged(Exception):
     """The mutex's bytes are provably damaged (``SegmentLock.damage``). ``SegmentLock.reinit_damaged`` makes it usable
-    again; ``fallback`` is the error to raise if, looked at again under ``flock``, there is nothing to repair."""
+    again; ``fallback`` is the error to raise if, looked at again under ``flock``, there is nothing to repair and the
+    futex word is still ``word`` (an owner that could not be judged after all: another PID namespace)."""
 
-    def __init__(self, reason: str, fallback: Exception | None = None) -> None:
+    def __init__(self, reason: str, fallback: Exception | None = None, word: int = 0) -> None:
         super().__init__(reason)
         self.fallback = fallback
+        self.word = word  # the futex word judged
 
 
 class SegmentLock:
@@ -219,6 +221,7 @@ class SegmentLock:
             rc = _mutex_trylock(self.address)
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
         extensions = 0
+        waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
         ts = _Timespec()
         while True:
             if rc == 0:
@@ -243,19 +246,30 @@ class SegmentLock:
                     what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
                 )
             if now >= deadline:
-                timeout = LockTimeout(
-                    f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it",
-                    what="lock",
-                    hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
-                )
+                # Why one more try: a re-initialisation by another waiter wakes no one sleeping on the old word.
+                rc = _mutex_trylock(self.address)
+                if rc != errno.EBUSY:
+                    continue
+                word = self.word()
                 if self.owner_gone():
-                    raise Damaged("owner", timeout)
-                if repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
+                    raise Damaged("owner", self._timeout(), word)
+                if word & FUTEX_TID_MASK != waited_for and not moved:
+                    # The holder waited for is gone (released or repaired away) and another has it now: the wait
+                    # starts again for that one, once, so that a waiter is not failed by a damage repaired meanwhile.
+                    moved, waited_for = True, word & FUTEX_TID_MASK
+                    deadline = now + int(self.timeout * 1e9)
+                elif repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
                     extensions += 1
                     deadline = now + int(self.timeout * 1e9)
                 else:
-                    raise timeout
+                    raise self._timeout()
             rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
+
+    def _timeout(self) -> LockTimeout:
+        return LockTimeout(
+            f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it", what="lock",
+            hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
+        )
 
     def reinit_unrecoverable(self, fd: int) -> None:
         """Re-initialise the mutex if it is still unrecoverable, excluding every other process that tries the same
