@@ -253,10 +253,11 @@ class SegmentLock:
                 word = self.word()
                 if self.owner_gone():
                     raise Damaged("owner", self._timeout(), word)
-                if word & FUTEX_TID_MASK != waited_for and not moved:
+                holder = self.word() & FUTEX_TID_MASK  # Why again: another waiter may have just re-initialised it
+                if holder != waited_for and not moved:
                     # The holder waited for is gone (released or repaired away) and another has it now: the wait
                     # starts again for that one, once, so that a waiter is not failed by a damage repaired meanwhile.
-                    moved, waited_for = True, word & FUTEX_TID_MASK
+                    moved, waited_for = True, holder
                     deadline = now + int(self.timeout * 1e9)
                 elif repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
                     extensions += 1

@@ -196,3 +196,40 @@ def test_lock_holder_in_another_pid_namespace_is_never_judged_gone(name):
             except LockTimeout:
                 continue
         assert c.get("k") == 1 and c.verify().ok
+
+
+def _wait_and_use(name: str, i: int, queue) -> None:
+    try:
+        with SharedCache(name, create=False, lock_timeout=0.5) as c:
+            v = c.get("k0")
+            if v is not None:
+                check_value("k0", v)
+            key = f"w{i}"
+            c.put(key, make_value(key, i, 50))
+            check_value(key, c.get(key))
+        queue.put("ok")
+    except BaseException as exc:
+        queue.put(repr(exc))
+
+
+def test_lock_gone_owner_with_many_waiters_lets_every_one_through(name):
+    """Several processes block on an owner no thread has: one re-initialises the lock, and the others, asleep on
+    the old futex word (which a re-initialisation does not wake), still get it instead of timing out."""
+    import multiprocessing as mp
+
+    from tests.workers import start_and_collect
+
+    with SharedCache(name, **SMALL) as c:
+        c.put("k0", make_value("k0", 0, 80))
+    with open(f"/dev/shm/shmcache.{name}", "r+b") as f, mmap.mmap(f.fileno(), 4096) as mm:
+        b = bytearray(mm[H_LOCK_OFF : H_LOCK_OFF + 40])
+        _word(b, 0, WAITERS | _gone_tid())
+        mm[H_LOCK_OFF : H_LOCK_OFF + 40] = bytes(b)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    results = start_and_collect([ctx.Process(target=_wait_and_use, args=(name, i, queue)) for i in range(4)], queue)
+    assert results == ["ok"] * 4
+    with SharedCache(name, create=False) as c:
+        assert c.verify().ok
+        for i in range(4):
+            check_value(f"w{i}", c.get(f"w{i}"))
