@@ -41,6 +41,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import random
+import subprocess
 import sys
 import time
 import traceback
@@ -139,9 +140,11 @@ def _gone_tid() -> int:
     return pid
 
 
-def corrupt_lock(mm, rng: random.Random) -> str:
+def corrupt_lock(mm, rng: random.Random, stranger: int) -> str:
     """Damage the mutex's bytes in ``mm`` (a mapping of the segment, or of its first page); returns what was done.
-    The fields (glibc): futex word 0 (owner tid | WAITERS | OWNER_DIED), count 4, owner 8, users 12, kind 16."""
+    The fields (glibc): futex word 0 (owner tid | WAITERS | OWNER_DIED), count 4, owner 8, users 12, kind 16.
+    ``stranger``: the pid of a live process that does not map the cache. (A garbage owner naming a live process of
+    the cache is the documented limit of shmcache/lock.py: calls time out until that thread exits.)"""
     lock = H_LOCK_OFF
     what = rng.choice(("random bytes", "random field", "pi kind", "pp kind", "garbage kind", "gone owner",
                        "stranger owner", "waiters only", "count owner users", "all ff", "all zero", "all zero held"))
@@ -160,8 +163,8 @@ def corrupt_lock(mm, rng: random.Random) -> str:
         words[16] = rng.getrandbits(32)
     elif what == "gone owner":
         words[0] = _gone_tid() | rng.choice((0, 0x80000000))
-    elif what == "stranger owner":  # a live process that does not map the cache: a thread id reused
-        words[0] = os.getppid()
+    elif what == "stranger owner":  # a thread id reused by a process that has nothing to do with the cache
+        words[0] = stranger
     elif what == "waiters only":
         words[0] = 0x80000000
     elif what == "count owner users":
@@ -175,7 +178,7 @@ def corrupt_lock(mm, rng: random.Random) -> str:
     return f"lock: {what} " + " ".join(f"+{off}={v:#x}" for off, v in words.items())
 
 
-def lock_damage_child(name: str, row: int, seed: int, counts) -> None:
+def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> None:
     """Take the lock while the workers run, damage its bytes, and exit without unlocking."""
     _watchdog()
     try:
@@ -186,7 +189,7 @@ def lock_damage_child(name: str, row: int, seed: int, counts) -> None:
         counts[row * NF + ERRORS] += 1
         os._exit(0)
     mm = raw_map(name, writable=True)
-    what = corrupt_lock(mm, random.Random(seed))
+    what = corrupt_lock(mm, random.Random(seed), stranger)
     print(f"lock damaged by its holder ({os.getpid()}): {what}", file=sys.stderr)
     os._exit(0)  # holding the lock, like a crash: no unlock, no cleanup
 
@@ -277,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         hangs, crashes = hangs + h, crashes + c
 
     t0 = time.monotonic()
+    stranger = subprocess.Popen(["sleep", "86400"])  # a live process that maps nothing of the cache
     try:
         mm = raw_map(name, writable=True)
         while time.monotonic() - t0 < args.seconds:
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs = [(ops_child, (name, row, rng.randrange(2**63), counts, OPS_PER_ROUND, args.keys,
                                  args.max_value_bytes)) for row in range(args.workers)]
             if rng.random() < LOCK_HOLDER_SHARE:
-                jobs.append((lock_damage_child, (name, solo, rng.randrange(2**63), counts)))
+                jobs.append((lock_damage_child, (name, solo, rng.randrange(2**63), counts, stranger.pid)))
                 lock_rounds += 1
             h, c = run(ctx, jobs)
             hangs, crashes = hangs + h, crashes + c
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 hangs, crashes, corruptions = hangs + h, crashes + c, corruptions + 1
             for _ in range(rng.randint(1, CORRUPT_MAX)):
                 lock_spot = rng.random() < args.lock_share
-                log.append(corrupt_lock(mm, rng) if lock_spot else corrupt(mm, g, rng))
+                log.append(corrupt_lock(mm, rng, stranger.pid) if lock_spot else corrupt(mm, g, rng))
                 corruptions += 1
                 lock_corruptions += lock_spot
             if rounds % REPAIR_EVERY == 0:
@@ -320,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if failures() == before:
             ok = cache.verify().ok
     finally:
+        stranger.kill()
+        stranger.wait()
         cache.close()
         unlink_quietly(name)
     fields = {"ops": total(counts, OPS), "corruptions": corruptions, "lock_corruptions": lock_corruptions,
