@@ -42,14 +42,14 @@ def _word(b: bytearray, off: int, value: int, fmt: str = "<I") -> None:
 def _damage(kind: str, b: bytearray, live_pid: int) -> None:
     """Write one damage into ``b``, the mutex's 40 bytes (glibc: __lock 0, __count 4, __owner 8, __nusers 12,
     __kind 16, spins 20, list 24)."""
-    MUTEX_KIND = _kind(b)
+    init_kind = _kind(b)  # what init_mutex wrote
     if kind == "pi-kind-dead-owner":  # glibc asserts in its PI code (ESRCH from the kernel for a robust mutex)
-        _word(b, 16, MUTEX_KIND | PI)
+        _word(b, 16, init_kind | PI)
         _word(b, 0, _gone_tid())
     elif kind == "pi-kind-free":
-        _word(b, 16, MUTEX_KIND | PI)
+        _word(b, 16, init_kind | PI)
     elif kind == "pp-kind":
-        _word(b, 16, MUTEX_KIND | PP)
+        _word(b, 16, init_kind | PP)
     elif kind == "garbage-kind":
         _word(b, 16, 0x5A5A5A5A)
     elif kind == "dead-owner":
@@ -92,7 +92,7 @@ from shmcache import SharedCache
 from tests.workers import check_value, make_value
 
 name, keys = sys.argv[1], int(sys.argv[2])
-c = SharedCache(name, create=False, lock_timeout=0.3)
+c = SharedCache(name, create=False, lock_timeout=1.0)
 found = 0
 for i in range(keys):
     v = c.get(f"k{i}")
@@ -102,7 +102,7 @@ for i in range(keys):
 errors = []
 def work(t):
     try:
-        with SharedCache(name, create=False, lock_timeout=0.3) as mine:
+        with SharedCache(name, create=False, lock_timeout=1.0) as mine:
             for i in range(200):
                 key = f"t{t}-{i % 10}"
                 mine.put(key, make_value(key, i, 100))
@@ -139,7 +139,7 @@ def test_lock_damaged_bytes_are_repaired_not_fatal(name, damage):
         bystander.wait(10)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
     assert run.stdout.startswith("ok")
-    with SharedCache(name, create=False, lock_timeout=0.3) as c:
+    with SharedCache(name, create=False, lock_timeout=1.0) as c:
         assert c.verify().ok
         assert _kind(c._seg.lock_mm[H_LOCK_OFF : H_LOCK_OFF + 40]) == kind
         for i in range(KEYS):
@@ -200,7 +200,7 @@ def test_lock_holder_in_another_pid_namespace_is_never_judged_gone(name):
 
 def _wait_and_use(name: str, i: int, queue) -> None:
     try:
-        with SharedCache(name, create=False, lock_timeout=0.5) as c:
+        with SharedCache(name, create=False, lock_timeout=1.0) as c:
             v = c.get("k0")
             if v is not None:
                 check_value("k0", v)
