@@ -175,9 +175,9 @@ def test_lock_holder_in_another_pid_namespace_is_never_judged_gone(name):
     with SharedCache(name, lock_timeout=0.3, **SMALL) as c:
         c.put("k", 1)
         tid = _gone_tid()  # no thread of this namespace has it
-        holder = subprocess.Popen(["unshare", "-p", "-f", "--kill-child", "--mount-proc", sys.executable, "-c", _HOLD_IN_NAMESPACE,
-                                   name, str(tid)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        holder = subprocess.Popen(["unshare", "-p", "-f", "--kill-child", "--mount-proc", sys.executable, "-c",
+                                   _HOLD_IN_NAMESPACE, name, str(tid)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:
             line = holder.stdout.readline()
             if not line.startswith("held"):
