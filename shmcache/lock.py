@@ -27,9 +27,10 @@ Limits. A garbage thread id naming a live thread that maps the segment (a live p
 reuse) cannot be told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits.
 Where /proc is missing or hides the owner's process, no owner is judged gone. A kind word damaged while a live
 thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes through the mutex's list
-pointers); a re-initialisation after a kind damage waits up to the lock timeout for the futex word to clear, and a
-thread that took the damaged lock by trylock in the instant before the re-initialisation shares the critical section
-with the next locker once -- the dirty word and the values' checksums make that a repair, never a wrong value read.
+pointers); a re-initialisation after a kind damage waits up to the lock timeout for the futex word to clear (unless
+it names an owner provably gone), and a thread that took the damaged lock by trylock in the instant before the
+re-initialisation shares the critical section with the next locker once -- the dirty word and the values' checksums
+make that a repair, never a wrong value read.
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class SegmentLock:
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
         extensions = 0
         waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
+        judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
         ts = _Timespec()
         while True:
             if rc == 0:
@@ -235,7 +237,10 @@ class SegmentLock:
             now = time.monotonic_ns()
             # Invariant: glibc never blocks on a mutex of another kind than init_mutex's (it may assert in there).
             if self.kind_damaged():
-                if self.word() and now < deadline:  # a holder may be inside through the damaged kind: let it leave
+                word = self.word()
+                if word != judged:  # judged once per futex word: no reading of /proc at every poll
+                    judged, may_hold = word, not self.owner_gone()
+                if word and may_hold and now < deadline:  # a holder may be inside through the damaged kind: wait
                     time.sleep(_DAMAGE_POLL_S)
                     rc = _mutex_trylock(self.address) if not self.kind_damaged() else errno.EBUSY
                     continue
