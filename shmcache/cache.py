@@ -17,6 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -35,7 +36,7 @@ from .layout.dtypes import (
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
     H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS, H_WRITING,
 )
-from .lock import Reentered, SegmentLock, Unrecoverable, signals_deferred
+from .lock import Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
 from .mapping import LocalMapping
@@ -49,6 +50,7 @@ from .view import Pin, PinDescriptions, View
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
 _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
@@ -83,6 +85,8 @@ class SharedCache(LocalMapping):
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``lock_timeout`` bounds the wait for a lock held by a live process; a dead holder is detected at once.
+    ``attach_timeout`` bounds the wait for a segment that another process is still creating (then TimeoutError,
+    or LayoutError if it was never initialised).
     ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
     ``ttl``; None or 0: they never expire.
 
@@ -125,18 +129,20 @@ class SharedCache(LocalMapping):
         clock=None,
         trust_owner=None,
         group=None,
+        attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         trust = Trust.of(mode, trust_owner, group)
-        if not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
-            raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
+        for what, v in (("lock_timeout", lock_timeout), ("attach_timeout", attach_timeout)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
         wanted = Geometry.for_capacity(
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
-        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns)
+        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout)
         try:
             found = seg.geometry
             for what, asked, have in (
@@ -170,13 +176,17 @@ class SharedCache(LocalMapping):
         self._capacity_bytes = g.capacity_bytes
         self._table = Table(seg, clock)
         self._pins = PinDescriptions(seg.fd)
-        self._lock = SegmentLock(seg.lock_address, lock_timeout)
+        self._lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd).st_ino)
         self._addr = self._lock.handle
         self._trylock = _trylock
         self._unlock = _unlock
         self._lock_timeout = lock_timeout
         self.name = seg.name
         self._closed = False
+        # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
+        # waiter would find the damage, a lone caller never), so each attacher looks once.
+        if self._lock.kind_damaged() and not self._lock.word():
+            self._lock.reinit_damaged(seg.fd, self._mark_dirty)
 
     # ------------------------------------------------------------------------------------------- locking
     # The pattern of every call (see the module docstring), written once in ``_locked``; get and put inline it, and
@@ -239,15 +249,23 @@ class SharedCache(LocalMapping):
                 return self._addr
             except Reentered:
                 return self._lock.private_handle
-            except Unrecoverable:
+            except (Unrecoverable, Damaged) as exc:
                 if self._closed:
                     raise _closed() from None
-                self._lock.reinit_unrecoverable(self._seg.fd)
+                if isinstance(exc, Unrecoverable):
+                    self._lock.reinit_unrecoverable(self._seg.fd)
+                elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None \
+                        and self._lock.word() == exc.word:  # not repaired by another process meanwhile either
+                    raise exc.fallback from None
                 rc = self._trylock(self._addr)
                 if rc == 0:
                     return self._addr
-        raise CorruptionError("the cache lock stays unrecoverable", what="lock",
+        raise CorruptionError("the cache lock stays unrecoverable or damaged", what="lock",
                               hint="remove the cache with `shmcache rm NAME` and recreate it")
+
+    def _mark_dirty(self) -> None:
+        """Make the next holder verify and repair the segment (a damaged lock is being re-initialised)."""
+        self._h[H_DIRTY] = 1
 
     def _repair_locked(self, deep: bool = False) -> None:
         """Verify the segment (``deep``: checksums too) and repair what fails; empty the cache if even that fails."""

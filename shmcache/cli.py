@@ -16,38 +16,49 @@ import time
 
 from . import __version__
 from .cache import SharedCache
-from .errors import OwnershipError
+from .errors import OwnershipError, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
 
 
 
+# Why short: a listing must not stall on one cache whose lock is held by a stopped process, or that another process
+# is still creating; the lock is held for microseconds by a healthy cache, so this is a lifetime.
+INSPECT_TIMEOUT_S = 0.25
+
+
 def _open(args, name: str) -> SharedCache:
-    """Attach to a cache with the trust the command line asked for (--mode, --trust-owner)."""
-    return SharedCache(name, create=False, mode=args.mode, trust_owner=args.trust_owner)
+    """Attach to an existing cache with the trust the command line asked for (--mode, --trust-owner), waiting at
+    most ``INSPECT_TIMEOUT_S`` for its lock or its creation: no command stalls on a stuck cache."""
+    return SharedCache(name, create=False, mode=args.mode, trust_owner=args.trust_owner,
+                       lock_timeout=INSPECT_TIMEOUT_S, attach_timeout=INSPECT_TIMEOUT_S)
 
 
 def _describe(args, name: str) -> dict:
-    with _open(args, name) as c:
-        s = c.stats()
-        h = c._seg.header_words
-        created_ns, pid = h[H_CREATED_NS], h[H_CREATOR_PID]
-        size = c._seg.geometry.total_nbytes
-        uid = os.fstat(c._seg.fd).st_uid
-    return {
-        "name": name,
-        "size_bytes": size,
-        "entries": s.entries,
-        "max_entries": s.max_entries,
-        "retained_bytes": s.retained_bytes,
-        "max_retained_bytes": s.max_retained_bytes,
-        "fill": s.retained_bytes / s.max_retained_bytes,
-        "hit_ratio": s.hit_ratio,
-        "creator_pid": pid,
-        "owner": _user(uid),
-        "age_s": max(0.0, (time.time_ns() - created_ns) / 1e9),
-    }
+    """One row of ``ls``: ``state`` is ``ok``, ``busy`` (its lock or its creation did not come within the timeout:
+    a holder is stuck or stopped), ``damaged`` (the segment cannot be read as a cache) or ``skipped`` (not opened:
+    another user's, more open than --mode, not a regular file; ``reason`` says which); the figures that need the
+    lock are missing unless ``ok``."""
+    try:
+        c = _open(args, name)
+    except OwnershipError as exc:
+        return {"name": name, "state": "skipped", "reason": exc.reason}
+    except (TimeoutError, ShmCacheError) as exc:  # LockTimeout and an unfinished creation are TimeoutErrors
+        return {"name": name, "state": "busy" if isinstance(exc, TimeoutError) else "damaged", "error": str(exc)}
+    with c:
+        h = c._seg.header_words  # creation-time words: read without the lock
+        row = {"name": name, "state": "ok", "size_bytes": c._seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
+               "owner": _user(os.fstat(c._seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
+        try:
+            s = c.stats()
+        except ShmCacheError as exc:
+            row.update(state="busy" if isinstance(exc, TimeoutError) else "damaged", error=str(exc))
+            return row
+    row.update(entries=s.entries, max_entries=s.max_entries, retained_bytes=s.retained_bytes,
+               max_retained_bytes=s.max_retained_bytes, fill=s.retained_bytes / s.max_retained_bytes,
+               hit_ratio=s.hit_ratio)
+    return row
 
 
 def _user(uid: int) -> str:
@@ -115,24 +126,26 @@ def cmd_ls(args) -> int:
     for name in segment_names():
         try:
             caches.append(_describe(args, name))
-        except OwnershipError as exc:  # another user's, too open, a symlink...: not opened, listed as skipped
-            caches.append({"name": name, "skipped": exc.reason})
-        except Exception as exc:  # a damaged segment is listed, not fatal
-            caches.append({"name": name, "error": str(exc)})
+        except Exception as exc:  # an unexpected failure is listed, not fatal
+            caches.append({"name": name, "state": "error", "error": str(exc)})
     if args.json:
         _print_json(caches)
         return 0
     if not caches:
         print("no shmcache caches on this host")
         return 0
-    rows = [["NAME", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
+    rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
-        if "error" in c or "skipped" in c:
-            note = f"error: {c['error']}" if "error" in c else f"skipped: {c['skipped']}"
-            rows.append([c["name"], "-", "-", "-", "-", "-", "-", note])
+        if "size_bytes" not in c:
+            rows.append([c["name"], c["state"], "-", "-", "-", "-", "-", "-",
+                         f"{c['state']}: {c.get('reason') or c.get('error')}"])
             continue
-        rows.append([c["name"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}", f"{c['fill']:.0%}",
-                     f"{c['hit_ratio']:.1%}", c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"])
+        age = [c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"]
+        if c["state"] != "ok":
+            rows.append([c["name"], c["state"], _human(c["size_bytes"]), "-", "-", "-", *age])
+            continue
+        rows.append([c["name"], c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
+                     f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
     return 0
 
@@ -304,7 +317,8 @@ def cmd_tier(args) -> int:
               f"(it fronts: {', '.join(spaces) or 'none'})", file=sys.stderr)
         return 1
     while True:
-        stats = host_stats(args.name, args.namespace, mode=args.mode, trust_owner=args.trust_owner)
+        stats = host_stats(args.name, args.namespace, mode=args.mode, trust_owner=args.trust_owner,
+                           timeout=INSPECT_TIMEOUT_S)
         d = stats.as_dict()
 
         def render() -> None:

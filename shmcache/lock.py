@@ -10,6 +10,27 @@ instruction -- the kernel marks the mutex owner-dead as the process exits, and t
 once. No timeout, no PID check, so PID reuse cannot fool it. The new owner repairs the shared structures and then
 calls ``pthread_mutex_consistent``; if it dies before that, the next locker is told again. Waiting blocks in a futex
 (no spinning), in slices so that Python can deliver signals such as Ctrl-C to a waiter.
+
+Damaged bytes. The mutex's bytes are shared memory like any other, so garbage there must neither abort the process
+(glibc asserts in its priority-inheritance code when the kind word has PTHREAD_MUTEX_PRIO_INHERIT set and the owner
+is gone) nor block every call forever (an owner thread id that no thread has: the kernel's robust list releases only
+the locks of threads that die holding them). The waiting path -- never the fast path, where a successful trylock
+costs nothing more -- checks the mutex before every blocking call (``damage``): a kind word other than what
+``init_mutex`` writes is damage at once, and an owner that provably does not hold it is damage once the lock timeout
+has passed. The thread id in the futex word is "provably not a holder" only when no thread has it (``kill(tid, 0)``
+says ESRCH) or when its process does not map the segment at all (its ``/proc/<tid>/maps``), and only when no handle
+of another PID namespace has the segment open (``ofd.other_pid_namespaces``), since a thread id is only meaningful in
+its own namespace. A damaged mutex is re-initialised under ``flock`` on the segment, after the damage is seen again
+under it, and the segment is marked dirty so the next holder verifies and repairs it (``cache.py``).
+
+Limits. A garbage thread id naming a live thread that maps the segment (a live process of the cache, after thread-id
+reuse) cannot be told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits.
+Where /proc is missing or hides the owner's process, no owner is judged gone. A kind word damaged while a live
+thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes through the mutex's list
+pointers); a re-initialisation after a kind damage waits up to the lock timeout for the futex word to clear (unless
+it names an owner provably gone), and a thread that took the damaged lock by trylock in the instant before the
+re-initialisation shares the critical section with the next locker once -- the dirty word and the values' checksums
+make that a repair, never a wrong value read.
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ import signal
 import threading
 import time
 
+from . import ofd
 from .errors import CorruptionError, LockTimeout
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -36,6 +58,12 @@ _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, 
 _SPIN_TRIES = 50  # trylock + sched_yield rounds before a contended waiter blocks in the kernel (~25-50 us)
 _REPAIR_PATIENCE = 10  # a waiter gives a holder that is repairing the segment this many more lock timeouts
 FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
+FUTEX_OWNER_DIED = 0x40000000  # set by the kernel when the holder died with the mutex on its robust list
+# glibc's struct __pthread_mutex_s (x86_64 and aarch64): __lock (the futex word) at 0, __count 4, __owner 8,
+# __nusers 12, __kind 16, spins/elision 20, the robust list pointers 24..40. Only __lock and __kind are trusted by
+# glibc before it takes the mutex; __count, __owner and __nusers are rewritten by every lock.
+_KIND_OFF = 16
+_DAMAGE_POLL_S = 0.001  # how often a waiter on a mutex of a damaged kind looks whether its futex word has cleared
 
 
 class _Timespec(ctypes.Structure):
@@ -106,6 +134,36 @@ def init_mutex(address: int) -> None:
         _mutexattr_destroy(attr)
 
 
+def _mutex_kind() -> int:
+    """The kind word ``init_mutex`` writes (read back from a private mutex: glibc's flag values are not an ABI)."""
+    buf = ctypes.create_string_buffer(64)
+    init_mutex(ctypes.addressof(buf))
+    return ctypes.c_int.from_buffer(buf, _KIND_OFF).value
+
+
+MUTEX_KIND = _mutex_kind()
+
+
+def _maps_file(tid: int, ino: int) -> bool | None:
+    """Whether thread ``tid`` exists and its process maps the file with inode ``ino`` from /dev/shm; None: cannot tell
+    (another user's process hidden or unreadable, /proc missing)."""
+    if tid <= 0:
+        return False  # Why: kill(0) or kill(-n) would name process groups, not a thread
+    try:
+        os.kill(tid, 0)  # a thread id too, on Linux; unaffected by /proc's hidepid
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{tid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return None
+    needle = b" %d " % ino
+    return any(needle in line and b" /dev/shm/" in line for line in maps.splitlines())
+
+
 class Reentered(RuntimeError):
     """This thread already holds the lock: a cache call was made from inside another (a signal handler, a __del__
     run by the garbage collector in the middle of a call)."""
@@ -120,13 +178,25 @@ class Unrecoverable(Exception):
     consistent. ``SegmentLock.reinit_unrecoverable`` makes it usable again."""
 
 
+class Damaged(Exception):
+    """The mutex's bytes are provably damaged (``SegmentLock.damage``). ``SegmentLock.reinit_damaged`` makes it usable
+    again; ``fallback`` is the error to raise if, looked at again under ``flock``, there is nothing to repair and the
+    futex word is still ``word`` (an owner that could not be judged after all: another PID namespace)."""
+
+    def __init__(self, reason: str, fallback: Exception | None = None, word: int = 0) -> None:
+        super().__init__(reason)
+        self.fallback = fallback
+        self.word = word  # the futex word judged
+
+
 class SegmentLock:
     """Handle on the mutex at ``address`` (inside a mapping the caller keeps alive). ``acquire`` returns True when
     the previous holder died; the caller marks the mutex consistent and repairs what the holder left half-done."""
 
-    def __init__(self, address: int, timeout: float) -> None:
+    def __init__(self, address: int, timeout: float, inode: int = 0) -> None:
         self.address = address
         self.timeout = timeout
+        self.inode = inode  # the segment file's inode: a holder's process maps it
         # A private mutex that no thread ever holds: a call that must not release the real lock (it did not take
         # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
         self._private = ctypes.create_string_buffer(64)
@@ -152,6 +222,8 @@ class SegmentLock:
             rc = _mutex_trylock(self.address)
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
         extensions = 0
+        waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
+        judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
         ts = _Timespec()
         while True:
             if rc == 0:
@@ -162,22 +234,48 @@ class SegmentLock:
                 raise Reentered()
             if rc == errno.ENOTRECOVERABLE:
                 raise Unrecoverable()
+            now = time.monotonic_ns()
+            # Invariant: glibc never blocks on a mutex of another kind than init_mutex's (it may assert in there).
+            if self.kind_damaged():
+                word = self.word()
+                if word != judged:  # judged once per futex word: no reading of /proc at every poll
+                    judged, may_hold = word, not self.owner_gone()
+                if word and may_hold and now < deadline:  # a holder may be inside through the damaged kind: wait
+                    time.sleep(_DAMAGE_POLL_S)
+                    rc = _mutex_trylock(self.address) if not self.kind_damaged() else errno.EBUSY
+                    continue
+                raise Damaged("kind")
             if rc not in (errno.EBUSY, errno.ETIMEDOUT):
                 raise CorruptionError(
                     f"locking the cache failed with {errno.errorcode.get(rc, rc)}: the lock's bytes are damaged",
                     what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
                 )
-            now = time.monotonic_ns()
-            if now >= deadline and repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
-                extensions += 1
-                deadline = now + int(self.timeout * 1e9)
             if now >= deadline:
-                raise LockTimeout(
-                    f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it",
-                    what="lock",
-                    hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
-                )
+                # Why one more try: a re-initialisation by another waiter wakes no one sleeping on the old word.
+                rc = _mutex_trylock(self.address)
+                if rc != errno.EBUSY:
+                    continue
+                word = self.word()
+                if self.owner_gone():
+                    raise Damaged("owner", self._timeout(), word)
+                holder = self.word() & FUTEX_TID_MASK  # Why again: another waiter may have just re-initialised it
+                if holder != waited_for and not moved:
+                    # The holder waited for is gone (released or repaired away) and another has it now: the wait
+                    # starts again for that one, once, so that a waiter is not failed by a damage repaired meanwhile.
+                    moved, waited_for = True, holder
+                    deadline = now + int(self.timeout * 1e9)
+                elif repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
+                    extensions += 1
+                    deadline = now + int(self.timeout * 1e9)
+                else:
+                    raise self._timeout()
             rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
+
+    def _timeout(self) -> LockTimeout:
+        return LockTimeout(
+            f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it", what="lock",
+            hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
+        )
 
     def reinit_unrecoverable(self, fd: int) -> None:
         """Re-initialise the mutex if it is still unrecoverable, excluding every other process that tries the same
@@ -195,6 +293,52 @@ class SegmentLock:
                 _mutex_unlock(self.address)
         finally:
             os.close(lfd)  # releases the flock
+
+    def reinit_damaged(self, fd: int, mark_dirty) -> bool:
+        """Re-initialise the mutex if, under ``flock`` on the segment (``fd``), it is still provably damaged
+        (``damage``), calling ``mark_dirty()`` first so that the next holder repairs what the damage may have let
+        through. False: nothing to repair (another process did it, or the owner turned out to be alive)."""
+        lfd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX)
+            if self.damage(fd) is None:
+                return False
+            # Ordering: dirty first, so a locker of the fresh mutex repairs even if this process dies right here.
+            mark_dirty()
+            init_mutex(self.address)
+            return True
+        finally:
+            os.close(lfd)  # releases the flock
+
+    def damage(self, fd: int) -> str | None:
+        """What provably damages the mutex now: ``"kind"`` (not the kind word init_mutex writes), ``"owner"`` (the
+        futex word names no thread that could hold it: see the module docstring), or None. A wrong kind with a holder
+        inside is damage too: the caller has waited the lock timeout for it to leave."""
+        if self.kind_damaged():
+            return "kind"
+        if self.owner_gone() and not ofd.other_pid_namespaces(fd):
+            return "owner"
+        return None
+
+    def kind_damaged(self) -> bool:
+        return ctypes.c_int.from_address(self.address + _KIND_OFF).value != MUTEX_KIND
+
+    def word(self) -> int:
+        """The futex word: holder's thread id and the WAITERS / OWNER_DIED bits; 0 when free."""
+        return ctypes.c_uint.from_address(self.address).value
+
+    def owner_gone(self) -> bool:
+        """Whether the futex word says the mutex is held by a thread that provably cannot be holding it (no such
+        thread, or its process does not map this segment); the robust list's OWNER_DIED is not this case."""
+        word = self.word()
+        if not word or word & FUTEX_OWNER_DIED:
+            return False
+        tid = word & FUTEX_TID_MASK
+        if tid and _maps_file(tid, self.inode) is not False:
+            return False
+        # Ordering: the kernel sets OWNER_DIED on a dying holder's mutexes before its thread id is freed, so a word
+        # unchanged after its thread was found gone was never a live holder's.
+        return self.word() == word
 
     def mark_consistent(self) -> None:
         """Tell the mutex that the state left by a dead holder has been repaired."""

@@ -3,10 +3,12 @@
 Unlike classic POSIX record locks they belong to an open file description, not to a process: threads exclude each
 other through separate descriptions, closing another descriptor of the file drops nothing, and the kernel releases
 them when the last descriptor of the description closes -- at the latest when its processes die. The segment uses
-three disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
+disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
 ``get_or_compute``'s claims (``flight.py``); ``LIVE_BYTE`` itself, read-locked by every open handle, so that
-``sweep`` can tell a segment nobody has open; and one byte per entry slot above it, read-locked by the views that
-pin the entry (``view.py``).
+``sweep`` can tell a segment nobody has open; one byte per entry slot above it, read-locked by the views that
+pin the entry (``view.py``); the tier's listener bytes (``layout.tier.LISTENER_BASE``); and one byte per PID
+namespace, read-locked by every open handle from that namespace (``NS_BASE``), so that the lock can tell whether
+a holder's thread id may belong to a namespace it cannot see (``lock.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ _FLOCK = struct.Struct("hhxxxxqqi4x")
 READ, WRITE = fcntl.F_RDLCK, fcntl.F_WRLCK
 LIVE_BYTE = 2**62  # read-locked by every open handle; get_or_compute's key bytes are all below it
 PIN_BASE = LIVE_BYTE + 1  # byte PIN_BASE + e is read-locked by every view pinning entry slot e
+# Byte NS_BASE + (inode of /proc/self/ns/pid, a 32-bit number) is read-locked by every open handle of a process in that
+# PID namespace; above the pin bytes and the tier's LISTENER_BASE (2**62 + 2**40 + kind).
+NS_BASE = 2**62 + 2**41
+NS_SPAN = 2**32
 
 
 def lock(fd: int, byte: int, kind: int, *, wait: bool, length: int = 1) -> bool:
@@ -48,8 +54,29 @@ def unlock(fd: int, byte: int) -> None:
 
 def held_elsewhere(fd: int, byte: int) -> bool:
     """Whether a description other than ``fd``'s holds any lock on ``byte`` (``F_OFD_GETLK``)."""
-    reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(WRITE, os.SEEK_SET, byte, 1, 0))
+    return held_in(fd, byte, 1)
+
+
+def held_in(fd: int, start: int, length: int) -> bool:
+    """Whether a description other than ``fd``'s holds any lock on the ``length`` bytes from ``start``."""
+    reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(WRITE, os.SEEK_SET, start, length, 0))
     return _FLOCK.unpack(reply)[0] != fcntl.F_UNLCK
+
+
+def pid_namespace() -> int:
+    """This process's PID namespace as a number below ``NS_SPAN`` (0 when /proc cannot tell)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino % NS_SPAN
+    except OSError:
+        return 0
+
+
+def other_pid_namespaces(fd: int) -> bool:
+    """Whether a handle on the file open as ``fd`` belongs to a process of another PID namespace than this one's, whose
+    thread ids this process cannot interpret."""
+    own = NS_BASE + pid_namespace()
+    below, above = own - NS_BASE, NS_BASE + NS_SPAN - own - 1
+    return (below > 0 and held_in(fd, NS_BASE, below)) or (above > 0 and held_in(fd, own + 1, above))
 
 
 def judge(path: str, name: str, byte: int, length: int, remove: bool, trust) -> dict | None:

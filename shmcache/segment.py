@@ -26,7 +26,7 @@ import time
 import numpy as np
 import posix_ipc
 
-from . import layout, ofd, tierstats
+from . import layout, ofd, space, tierstats
 from .errors import LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
@@ -34,7 +34,7 @@ from .lock import init_mutex
 from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
-_SHM_DIR = "/dev/shm"
+_SHM_DIR = space.SHM_DIR
 _INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
 
 
@@ -61,23 +61,9 @@ def _flock(fd: int, deadline: float) -> None:
             time.sleep(0.001)
 
 
-def _check_space(nbytes: int, name: str) -> None:
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return  # no /dev/shm to ask (not Linux): fallocate below still refuses what cannot be backed
-    free = st.f_bavail * st.f_frsize
-    if nbytes > free:
-        raise OSError(errno.ENOSPC, _space_message(nbytes, free, name))
-
-
-def _space_message(nbytes: int, free: int | None, name: str) -> str:
-    have = f"{free / 2**20:.1f} MiB are free" if free is not None else "it could not be reserved"
-    return (
-        f"cache {name!r} needs {nbytes / 2**20:.1f} MiB of shared memory but {have} in {_SHM_DIR}; "
-        "pass a smaller capacity_bytes / max_entries, remove unused caches (`shmcache ls`, `shmcache rm`), "
-        "or give the host or container more shared memory (e.g. docker run --shm-size=1g)"
-    )
+def _space_args(name: str) -> tuple[str, str]:
+    """What a cache segment is called, and how to ask for a smaller one, in ``space``'s messages."""
+    return f"cache {name!r}", "pass a smaller capacity_bytes / max_entries"
 
 
 class Segment:
@@ -89,22 +75,22 @@ class Segment:
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
-                 default_ttl_ns: int = 0) -> None:
+                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self.name = name
         self.shm_name = shm_name(name)
         self.trust = trust
         path = _SHM_DIR + self.shm_name
         if geometry is not None and create is not False and not os.path.lexists(path):
-            _check_space(geometry.total_nbytes, name)  # before anything is created (checked again at creation)
-        deadline = time.monotonic() + _INIT_WAIT_S
+            space.check(geometry.total_nbytes, *_space_args(name))  # before anything is created
+        deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, trust)
             try:
                 # Invariant: checked before any byte of the file is read or written and before its flock is taken
                 # (another user's file could hold that flock to stall us), on the descriptor that will be used.
                 trust.check(shm.fd, path, "attach")
-                if self._init_or_attach(shm, geometry, trust.mode):
+                if self._init_or_attach(shm, geometry, deadline):
                     if not self._name_moved(shm.fd):
                         return
                     # Unlinked (and perhaps created anew) while we attached: join what the name holds now.
@@ -157,14 +143,14 @@ class Segment:
             raise
         return shm
 
-    def _init_or_attach(self, shm, geometry: Geometry | None, mode: int) -> bool:
+    def _init_or_attach(self, shm, geometry: Geometry | None, deadline: float) -> bool:
         """Under flock: attach if initialised, else initialise if we have a geometry. False: try again later.
         Only for a file that passed the trust check."""
         # Why a file without magic is initialised even when this call did not create it: it passed the owner and
         # mode checks, so only this user, a trusted owner (or root) can have made it -- as trustworthy as a file made
         # here. It is what a creator that died between shm_open and the magic leaves (a crashed gunicorn master);
         # refusing it would wedge the name until someone removes it by hand. Another user's file never gets here.
-        _flock(shm.fd, time.monotonic() + _INIT_WAIT_S)
+        _flock(shm.fd, deadline)
         try:
             size = os.fstat(shm.fd).st_size
             if size >= d.HEADER_NBYTES:
@@ -210,15 +196,8 @@ class Segment:
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
-        _check_space(total, self.name)
-        try:
-            os.ftruncate(fd, total)
-            # Reserve every page now: a tmpfs that cannot back the segment must fail here, not SIGBUS later.
-            os.posix_fallocate(fd, 0, total)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise OSError(exc.errno, _space_message(total, None, self.name)) from None
-            raise
+        # Every page reserved now: a tmpfs that cannot back the segment fails here, not with SIGBUS later.
+        space.reserve(fd, total, *_space_args(self.name))
         self._map(fd, geometry)
         h = self.header_words
         h[d.H_TOTAL_NBYTES] = total
@@ -253,6 +232,8 @@ class Segment:
         # deciding; the caller's name check then sees the name gone and retries.
         self.live_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         ofd.lock(self.live_fd, ofd.LIVE_BYTE, ofd.READ, wait=True)
+        # And this process's PID namespace: the lock trusts a holder's thread id only where no handle is foreign.
+        ofd.lock(self.live_fd, ofd.NS_BASE + ofd.pid_namespace(), ofd.READ, wait=True)
         self.mm = mmap.mmap(fd, g.total_nbytes)
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.

@@ -24,7 +24,7 @@ import time
 import weakref
 
 from . import copies, flight, lease, memo, ofd
-from .cache import SharedCache, ttl_ns
+from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, ttl_ns
 from .codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
@@ -607,16 +607,20 @@ def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
     return tier
 
 
-def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owner=None) -> TierStats:
+def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owner=None,
+               timeout: float = DEFAULT_LOCK_TIMEOUT) -> TierStats:
     """The stats of a namespace on this host, read from outside (``shmcache tier``): no Redis, no row claimed.
-    ``mode`` and ``trust_owner`` are those of ``SharedCache``, for the cache and the stats segment alike.
+    ``mode`` and ``trust_owner`` are those of ``SharedCache``, for the cache and the stats segment alike;
+    ``timeout`` bounds the waits for the local cache's creation and its lock.
 
     :raises FileNotFoundError: if the cache or the namespace's stats segment does not exist.
     :raises OwnershipError: if either is refused (see ``SharedCache``).
+    :raises LockTimeout: if the local cache's lock did not come within ``timeout``.
     """
     rows = Rows(cache_name, namespace, Trust.of(mode, trust_owner), claim=False)
     try:
-        with SharedCache(cache_name, create=False, mode=mode, trust_owner=trust_owner) as local:
+        with SharedCache(cache_name, create=False, mode=mode, trust_owner=trust_owner, lock_timeout=timeout,
+                         attach_timeout=timeout) as local:
             kinds = local.stats().kinds
             kind = kinds.get(f"tier:{namespace}")
             number = list(kinds).index(f"tier:{namespace}") + 1 if kind else 0

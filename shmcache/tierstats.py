@@ -12,6 +12,7 @@ Rows are claimed through descriptions reopened from the checked descriptor, neve
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import mmap
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import ofd
+from . import ofd, space
 from .errors import LayoutError, LayoutVersionError
 from .trust import Trust
 from .layout.tier import (
@@ -125,10 +126,14 @@ class Rows:
                 if size == 0:
                     # Why an empty file is sized even when this call did not create it: it passed the owner and
                     # mode checks (another user's never gets here), and a creator that died before this leaves it.
-                    os.ftruncate(fd, tier_nbytes())
+                    self._reserve_new(fd)
                 elif size != tier_nbytes():
                     raise LayoutError(f"{self.path} is {size} bytes, a tier stats segment is {tier_nbytes()}",
                                       what="open", hint="remove it (TieredCache.unlink) if it is a leftover")
+                else:
+                    # Why again: a file sized by an older shmcache (ftruncate only) may still have holes, and a page
+                    # the tmpfs cannot back would SIGBUS whoever counts in it. Fills only holes; never shrinks.
+                    space.reserve(fd, tier_nbytes(), *self._space_args())
                 self.mm = mmap.mmap(fd, tier_nbytes())
                 self.header = memoryview(self.mm)[: TIER_HEADER_WORDS * 8].cast("q")
                 h = self.header
@@ -149,6 +154,20 @@ class Rows:
         self.words = np.frombuffer(self.mm, dtype="<i8", count=TIER_ROWS * TIER_ROW_WORDS,
                                    offset=TIER_HEADER_WORDS * 8).reshape(TIER_ROWS, TIER_ROW_WORDS)
         self.row = self._claim() if claim else memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
+
+    def _space_args(self) -> tuple[str, None]:
+        return f"the TieredCache stats segment {self.name!r}", None  # of a fixed size: nothing smaller to ask for
+
+    def _reserve_new(self, fd: int) -> None:
+        """Size and back a file just made (under its flock, so nobody has it mapped); on failure leave no file."""
+        try:
+            space.reserve(fd, tier_nbytes(), *self._space_args())
+        except BaseException:
+            os.ftruncate(fd, 0)  # never a sparse file of the right size, which the next opener would map
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:  # still the file made here
+                    os.unlink(self.path)
+            raise
 
     def _claim(self):
         """Claim a free row; a private one (counted by nobody else) if all are taken."""

@@ -16,10 +16,11 @@ first, then are SIGKILLed), die, or return a wrong value.
 
 Reading the summary line:
 
-    fuzz: ops=N corruptions=C errors=E refused=R wrong=0 foreign=0 hangs=0 crashes=0 unverified=0 repairs=P
-          verify=ok seconds=S workers=W
+    fuzz: ops=N corruptions=C lock_corruptions=L lock_holder_damages=H errors=E refused=R wrong=0 foreign=0 hangs=0
+          crashes=0 unverified=0 repairs=P verify=ok seconds=S workers=W
 
-ops          operations run by the children; corruptions: spots damaged
+ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the mutex)
+lock_holder_damages   rounds in which a child damaged the lock while holding it, then died
 errors       ShmCacheError raised (CorruptionError, LockTimeout...): the expected reaction to damage
 refused      attaches refused with LayoutError right after --identity damage (any other refusal is a failure)
 wrong        gets that returned a value not put under that key; must be 0
@@ -40,13 +41,15 @@ import faulthandler
 import multiprocessing as mp
 import os
 import random
+import subprocess
 import sys
 import time
 import traceback
 
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
-from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_UNUSED_NEXT, KIND
+from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_LOCK_OFF, H_UNUSED_NEXT, KIND
+from shmcache.lock import MUTEX_KIND
 
 from .common import (
     ERRORS, FOREIGN, MIX, NF, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm, final_check,
@@ -67,6 +70,9 @@ IDENTITY_OPS = 20  # operations tried after attaching to a segment with a damage
 ROUND_SECONDS = 10.0  # a child running longer than this is hung
 LOCK_SECONDS = 3.0  # children's lock_timeout: a hung holder shows up as LockTimeout in the others
 AIMED_SHARE = 0.5
+LOCK_SHARE = 0.1  # odds that a spot damaged between rounds is in the mutex's bytes
+LOCK_HOLDER_SHARE = 0.25  # odds that a round has a child that damages the lock while holding it, then dies
+MUTEX_NBYTES = 40  # glibc's pthread_mutex_t on x86_64 (aarch64: 48, of which the last 8 are padding)
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "kinds": 0.5}  # odds of damaging each
 FUZZ_MIX = {**MIX, "verify": 1.0}
 
@@ -125,6 +131,69 @@ def corrupt(mm, g: Geometry, rng: random.Random) -> str:
     return f"{region} word at {off}: {old} -> {_word(mm, off)}"
 
 
+def _gone_tid() -> int:
+    """A thread id that no thread has: the pid of a child that has exited and been reaped."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def corrupt_lock(mm, rng: random.Random, stranger: int) -> str:
+    """Damage the mutex's bytes in ``mm`` (a mapping of the segment, or of its first page); returns what was done.
+    The fields (glibc): futex word 0 (owner tid | WAITERS | OWNER_DIED), count 4, owner 8, users 12, kind 16.
+    ``stranger``: the pid of a live process that does not map the cache. (A garbage owner naming a live process of
+    the cache is the documented limit of shmcache/lock.py: calls time out until that thread exits.)"""
+    lock = H_LOCK_OFF
+    what = rng.choice(("random bytes", "random field", "pi kind", "pp kind", "garbage kind", "gone owner",
+                       "stranger owner", "waiters only", "count owner users", "all ff", "all zero", "all zero held"))
+    words: dict[int, int] = {}
+    if what == "random bytes":
+        off = lock + rng.randrange(MUTEX_NBYTES)
+        n = rng.randint(1, lock + MUTEX_NBYTES - off)
+        mm[off : off + n] = rng.randbytes(n)
+        return f"lock: {n} random bytes at +{off - lock}"
+    if what == "random field":
+        words[rng.choice((0, 4, 8, 12, 16))] = rng.getrandbits(32)
+    elif what in ("pi kind", "pp kind"):
+        words[16] = MUTEX_KIND | (32 if what == "pi kind" else 64)  # PTHREAD_MUTEX_PRIO_INHERIT_NP / PROTECT_NP
+        words[0] = rng.choice((0, _gone_tid()))
+    elif what == "garbage kind":
+        words[16] = rng.getrandbits(32)
+    elif what == "gone owner":
+        words[0] = _gone_tid() | rng.choice((0, 0x80000000))
+    elif what == "stranger owner":  # a thread id reused by a process that has nothing to do with the cache
+        words[0] = stranger
+    elif what == "waiters only":
+        words[0] = 0x80000000
+    elif what == "count owner users":
+        words.update({4: rng.getrandbits(32), 8: rng.getrandbits(32), 12: rng.getrandbits(32)})
+    else:
+        mm[lock : lock + MUTEX_NBYTES] = (b"\xff" if what == "all ff" else b"\0") * MUTEX_NBYTES
+        if what == "all zero held":
+            words[0] = 1  # a plain mutex's "locked"
+    for off, v in words.items():
+        mm[lock + off : lock + off + 4] = v.to_bytes(4, "little")
+    return f"lock: {what} " + " ".join(f"+{off}={v:#x}" for off, v in words.items())
+
+
+def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> None:
+    """Take the lock while the workers run, damage its bytes, and exit without unlocking."""
+    _watchdog()
+    try:
+        cache = SharedCache(name, create=False, lock_timeout=LOCK_SECONDS)
+        time.sleep(random.Random(seed).random() * 0.05)  # somewhere in the workers' round
+        cache._enter()
+    except ShmCacheError:
+        counts[row * NF + ERRORS] += 1
+        os._exit(0)
+    mm = raw_map(name, writable=True)
+    what = corrupt_lock(mm, random.Random(seed), stranger)
+    print(f"lock damaged by its holder ({os.getpid()}): {what}", file=sys.stderr)
+    os._exit(0)  # holding the lock, like a crash: no unlock, no cleanup
+
+
 def _watchdog() -> None:
     faulthandler.enable()  # a segfault prints the Python stack
     faulthandler.dump_traceback_later(ROUND_SECONDS - 1.0)  # so does a hang, just before the parent kills us
@@ -143,8 +212,12 @@ def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max
         counts[base + ERRORS] += 1
         return
     with cache:
-        w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes, mix=FUZZ_MIX,
-                     strict=False)
+        try:  # registers its key kind: a locked call, which damage may fail like any other
+            w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes, mix=FUZZ_MIX,
+                         strict=False)
+        except ShmCacheError:
+            counts[base + ERRORS] += 1
+            return
         for _ in range(nops):
             w.step()
 
@@ -183,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--identity", action="store_true", help="also damage line 0 and expect LayoutError on attach")
     parser.add_argument("--keep-going", action="store_true", help="go on after a round that failed")
+    parser.add_argument("--lock-share", type=float, default=LOCK_SHARE, metavar="P",
+                        help=f"odds that a spot damaged between rounds is in the mutex's bytes (default {LOCK_SHARE})")
     args = parser.parse_args(argv)
     exit_on_sigterm()
     rng = random.Random(args.seed)
@@ -192,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = ctx.RawArray("q", (args.workers + 1) * NF)
     solo = args.workers  # the counts row of the repair and identity children
     cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
-    hangs = crashes = corruptions = rounds = 0
+    hangs = crashes = corruptions = rounds = lock_corruptions = lock_rounds = 0
     ok, elapsed, log = False, 0.0, []
 
     def failures() -> int:  # a LayoutError outside the identity test means the cache damaged line 0 itself
@@ -205,13 +280,18 @@ def main(argv: list[str] | None = None) -> int:
         hangs, crashes = hangs + h, crashes + c
 
     t0 = time.monotonic()
+    stranger = subprocess.Popen(["sleep", "86400"])  # a live process that maps nothing of the cache
     try:
         mm = raw_map(name, writable=True)
         while time.monotonic() - t0 < args.seconds:
             rounds += 1
             before = failures()
-            h, c = run(ctx, [(ops_child, (name, row, rng.randrange(2**63), counts, OPS_PER_ROUND, args.keys,
-                                          args.max_value_bytes)) for row in range(args.workers)])
+            jobs = [(ops_child, (name, row, rng.randrange(2**63), counts, OPS_PER_ROUND, args.keys,
+                                 args.max_value_bytes)) for row in range(args.workers)]
+            if rng.random() < LOCK_HOLDER_SHARE:
+                jobs.append((lock_damage_child, (name, solo, rng.randrange(2**63), counts, stranger.pid)))
+                lock_rounds += 1
+            h, c = run(ctx, jobs)
             hangs, crashes = hangs + h, crashes + c
             if args.identity:
                 off = 8 * rng.randrange(8)
@@ -225,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     _put_word(mm, off, saved)
                 hangs, crashes, corruptions = hangs + h, crashes + c, corruptions + 1
             for _ in range(rng.randint(1, CORRUPT_MAX)):
-                log.append(corrupt(mm, g, rng))
+                lock_spot = rng.random() < args.lock_share
+                log.append(corrupt_lock(mm, rng, stranger.pid) if lock_spot else corrupt(mm, g, rng))
                 corruptions += 1
+                lock_corruptions += lock_spot
             if rounds % REPAIR_EVERY == 0:
                 repair()
             if failures() > before:
@@ -242,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         if failures() == before:
             ok = cache.verify().ok
     finally:
+        stranger.kill()
+        stranger.wait()
         cache.close()
         unlink_quietly(name)
-    fields = {"ops": total(counts, OPS), "corruptions": corruptions}
+    fields = {"ops": total(counts, OPS), "corruptions": corruptions, "lock_corruptions": lock_corruptions,
+              "lock_holder_damages": lock_rounds}
     fields.update({k: total(counts, f) for k, f in (("errors", ERRORS), ("refused", REFUSED), ("wrong", WRONG),
                                                    ("foreign", FOREIGN))})
     fields.update(hangs=hangs, crashes=crashes, unverified=total(counts, UNVERIFIED), repairs=total(counts, REPAIRS),

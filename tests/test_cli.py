@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import re
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from shmcache import CacheLimits, SharedCache
 from shmcache.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -177,10 +182,6 @@ def test_cli_set_limits_takes_units(capsys, filled, name):
     assert rc == 0 and filled.limits() == CacheLimits(max_entries=10, max_retained_bytes=32 * 1024)
 
 
-def _cli(*argv: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shmcache", *argv], capture_output=True, text=True, timeout=60, **kw)
-
-
 def test_cli_broken_pipe_exits_quietly(filled, name):
     # A reader that closes at once: the command must not print a traceback or "Exception ignored" on stderr.
     proc = subprocess.run(f"{sys.executable} -m shmcache stats {name} --watch 0.01 --json | head -n 1",
@@ -242,3 +243,67 @@ def test_cli_tier_names_the_namespaces_of_a_cache_without_one(capsys, filled, na
     assert rc == 1 and "fronts 0 TieredCache namespaces (none)" in err and "name one" not in err
     rc, out, err = run(capsys, "tier", name, "ns")
     assert rc == 1 and "fronts no namespace 'ns'" in err
+
+
+def _hold_lock_and_stop(name: str) -> None:
+    """Take the cache lock, then stop: a live holder that will never let go until killed."""
+    cache = SharedCache(name, create=False)
+    cache._enter()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(120)
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_cli_ls_shows_a_stuck_cache_as_busy_and_goes_on(name):
+    """One cache whose lock a stopped process holds: ``ls`` marks it busy instead of stalling on it, and lists the
+    others as usual (``stats`` and ``tier`` give up on it as quickly)."""
+    healthy_name = name + "-ok"
+    stuck = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True)
+    healthy = SharedCache(healthy_name, capacity_bytes=64 * 1024, max_entries=64, create=True)
+    child = mp.get_context("fork").Process(target=_hold_lock_and_stop, args=(name,))
+    try:
+        healthy.put("k", 1)
+        child.start()
+        for _ in range(3000):
+            if _stopped(child.pid):
+                break
+            time.sleep(0.01)
+        assert _stopped(child.pid), "the child never stopped holding the lock"
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        ls = subprocess.run([sys.executable, "-m", "shmcache", "ls", "--json"], capture_output=True, text=True,
+                            timeout=60, env=env)
+        assert ls.returncode == 0, ls.stderr
+        mine = {c["name"]: c for c in json.loads(ls.stdout) if c["name"] in (name, healthy_name)}
+        assert mine[name]["state"] == "busy" and "entries" not in mine[name]
+        assert mine[name]["creator_pid"] == os.getpid()  # what needs no lock is still shown
+        assert mine[healthy_name]["state"] == "ok" and mine[healthy_name]["entries"] == 1
+        table = subprocess.run([sys.executable, "-m", "shmcache", "ls"], capture_output=True, text=True, timeout=60,
+                               env=env)
+        assert table.returncode == 0, table.stderr
+        rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
+        assert rows[name][1] == "busy" and rows[healthy_name][1] == "ok"
+        stats = subprocess.run([sys.executable, "-m", "shmcache", "stats", name], capture_output=True, text=True,
+                               timeout=60, env=env)
+        assert stats.returncode == 1 and "could not lock" in stats.stderr
+    finally:
+        if child.pid is not None:
+            child.kill()
+            child.join(10)
+        stuck.close()
+        healthy.close()
+        SharedCache.unlink_name(healthy_name)
+
+
+def test_cli_ls_shows_a_never_initialised_segment_as_damaged(capsys, name):
+    """A segment whose creator died before writing it: listed at once as damaged, not waited for."""
+    os.close(os.open(f"/dev/shm/shmcache.{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    rc, out, _ = run(capsys, "ls", "--json")
+    mine = [c for c in json.loads(out) if c["name"] == name]
+    assert rc == 0 and len(mine) == 1
+    assert mine[0]["state"] == "damaged" and "never initialised" in mine[0]["error"]

@@ -18,7 +18,7 @@ from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
-from .workers import check_value, make_value, reap, start_and_collect
+from .workers import check_value, make_value, reap
 
 Point = collections.namedtuple("Point", "x y")
 LOCAL = ("shared", "kind")

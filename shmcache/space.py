@@ -1,0 +1,54 @@
+"""Reserve the memory of a file in /dev/shm before mapping it: every file the package sizes and maps goes through here.
+
+Why: ``ftruncate`` alone makes a sparse file on tmpfs; its pages are allocated on first touch, and a full /dev/shm
+then kills the toucher with SIGBUS instead of failing the call that made the file. ``posix_fallocate`` allocates
+every page at once, so a tmpfs that cannot back the file fails here, with an ``OSError(ENOSPC)`` that says what was
+asked, what is free and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+SHM_DIR = "/dev/shm"
+_NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG)
+
+
+def check(nbytes: int, what: str, smaller: str | None) -> None:
+    """Raise ``OSError(ENOSPC)`` if /dev/shm has less than ``nbytes`` free (a quick refusal before anything is made;
+    ``reserve`` is the check that counts)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return  # no /dev/shm to ask (not Linux): fallocate still refuses what cannot be backed
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise OSError(errno.ENOSPC, message(nbytes, free, what, smaller))
+
+
+def reserve(fd: int, nbytes: int, what: str, smaller: str | None) -> None:
+    """Size the file open as ``fd`` to ``nbytes`` and allocate every page of it now.
+
+    :param what: what needs the memory, for the message (``"cache 'x'"``).
+    :param smaller: how the caller can ask for less, for the message (``"pass a smaller capacity_bytes"``), or None.
+    :raises OSError: ENOSPC (or ENOMEM, EFBIG) with a message saying what was asked, what is free and what to do.
+    """
+    check(nbytes, what, smaller)
+    try:
+        os.ftruncate(fd, nbytes)
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise OSError(exc.errno, message(nbytes, None, what, smaller)) from None
+        raise
+
+
+def message(nbytes: int, free: int | None, what: str, smaller: str | None) -> str:
+    have = f"{free / 2**20:.1f} MiB are free" if free is not None else "it could not be reserved"
+    return (
+        f"{what} needs {nbytes / 2**20:.1f} MiB of shared memory but {have} in {SHM_DIR}; "
+        + (f"{smaller}, " if smaller else "")
+        + "remove unused caches (`shmcache ls`, `shmcache sweep`, `shmcache rm`), "
+        "or give the host or container more shared memory (e.g. docker run --shm-size=1g)"
+    )
