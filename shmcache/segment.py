@@ -318,9 +318,12 @@ def sweep(remove: bool = False, names=None, *, mode: int = 0o600, trust_owner=No
 
 
 def unlink_name(name: str) -> None:
-    """Remove the named cache's segment; processes that have it mapped keep their mapping until they close it."""
+    """Remove the named cache's segment, and the stats segments of the TieredCache namespaces it fronts; processes
+    that have them mapped keep their mappings until they close them."""
+    path = shm_name(name)  # validates the name before anything is removed
+    tierstats.unlink_of(name)
     try:
-        posix_ipc.unlink_shared_memory(shm_name(name))
+        posix_ipc.unlink_shared_memory(path)
     except posix_ipc.ExistentialError:
         raise FileNotFoundError(errno.ENOENT, f"no cache named {name!r}", shm_name(name)) from None
 

@@ -230,6 +230,16 @@ class Rows:
             pass
 
 
+def unlink_of(cache_name: str) -> None:
+    """Remove the stats segments of every namespace of ``cache_name`` (when the cache itself is removed): processes
+    that have one open keep counting in their mapping, and a TieredCache made later starts a fresh one. A file this
+    user may not remove (another user's, in the sticky /dev/shm) is left alone."""
+    for cache, namespace in segments():
+        if cache == cache_name:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                os.unlink(_SHM_DIR + segment_name(cache, namespace))  # a symlink is removed, never followed
+
+
 def _open(path: str, trust: Trust, create: bool) -> int:
     """The file at ``path`` opened without following a symlink; with ``create``, made first if there is none,
     owner-only, then given the trust's group and mode. Refusals the open itself meets are OwnershipErrors."""

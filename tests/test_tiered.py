@@ -375,3 +375,18 @@ def test_tiered_stats_segment_swept_once_nobody_has_it(redis_url, namespace):
         assert not os.path.exists("/dev/shm/" + stats_name)
     finally:
         h.close()
+
+
+def test_tiered_unlinking_the_local_cache_removes_its_stats_segments(name):
+    # No Redis needed: the client is made on first use, the stats segment at construction.
+    local = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    tiers = [TieredCache(local, "redis://127.0.0.1:1", namespace=ns) for ns in ("a", "b")]
+    paths = ["/dev/shm/" + t._rows.name for t in tiers]
+    try:
+        assert all(os.path.exists(p) for p in paths)
+        local.unlink()
+        assert not any(os.path.exists(p) for p in paths)
+    finally:
+        for t in tiers:
+            t.close()
+        local.close()
