@@ -61,7 +61,12 @@ _depth = _Depth()  # how many ext values the current thread is inside, while enc
 
 class _Packers(threading.local):
     """One msgpack Packer of each kind per thread: a Packer keeps a buffer, so sharing one between threads (or
-    re-entering it from a ``default`` hook) would mix their output."""
+    re-entering it from a ``default`` hook) would mix their output.
+
+    Invariant: ``value`` is None while a call of this thread is inside the value packer. Its ``default`` hook runs
+    Python code, so a signal handler (or a ``__del__``) can run in the middle of a pack and store a value of its
+    own: that nested call finds None and packs with a fresh Packer, never the buffer half-filled beneath it. The
+    plain packer has no hook: no Python code runs inside it, so nothing can re-enter it."""
 
     def __init__(self) -> None:
         self.plain = msgpack.Packer(use_bin_type=True, strict_types=True).pack
@@ -73,7 +78,8 @@ def _packb(obj) -> bytes:
 
 
 def _packb_nested(obj) -> bytes:
-    # Called from inside the value Packer's default hook: a fresh packer, never the one that is mid-call.
+    # Called from inside the value Packer (its default hook, or a signal handler run while it packs): a fresh
+    # packer, never the one that is mid-call.
     return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)
 
 
@@ -212,13 +218,16 @@ def encode_key_prefix(items: list, length: int) -> bytes:
 def _default(obj):
     t = type(obj)
     if t is tuple:
-        _depth.n += 1
+        depth = _depth.n
         try:
-            if _depth.n > _MAX_DEPTH:
+            # Why set, not incremented, and restored in finally: an exception raised by a signal handler at any
+            # bytecode must not leave the count off for the rest of the thread's life.
+            _depth.n = depth + 1
+            if depth >= _MAX_DEPTH:
                 raise TypeError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
             return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
         finally:
-            _depth.n -= 1
+            _depth.n = depth
     if t is int:
         return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
     if isinstance(obj, np.ndarray):
@@ -255,21 +264,54 @@ def encode_parts(value) -> tuple[int, bytes]:
         dtype_str, shape, raw = _array_bytes(value, "value")
         header = _packb([dtype_str, shape])
         return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
+    packers = _packers
+    pack = packers.value
     try:
-        return TAG_MSGPACK, _packers.value(value)
+        packers.value = None  # see _Packers: a call nested in this one (a signal handler) must not use it
+        body = (_packb_nested if pack is None else pack)(value)
     except (OverflowError, ValueError, RecursionError) as exc:  # msgpack's own limits (nesting depth, sizes)
         raise TypeError(f"cannot encode value: {exc}") from None
+    finally:
+        packers.value = pack  # None again when this call is itself the nested one
+    # Why: the packer writes a msgpack.ExtType as it is, before any default hook sees it, and it would come back as
+    # a tuple, an array or an error. No ext marker byte in the output (one C pass) rules it out; only values that
+    # hold one (our own tuples and arrays, or a number's bytes) are walked.
+    if len(body.translate(None, _EXT_MARKERS)) != len(body) and _holds_ext(value):
+        raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would come "
+                        "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
+                        "lists, tuples and dicts of these")
+    return TAG_MSGPACK, body
+
+
+_EXT_MARKERS = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))  # msgpack's ext 8/16/32 and fixext 1-16
+
+
+def _holds_ext(value) -> bool:
+    """Whether a msgpack.ExtType occurs anywhere in ``value`` (dict keys included); a value the packer took is a
+    finite tree, so the walk ends."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, msgpack.ExtType):
+            return True
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
 
 
 def _ext_hook(code: int, data: bytes):
     if code == _EXT_TUPLE:
-        _depth.n += 1
+        depth = _depth.n
         try:
-            if _depth.n > _MAX_DEPTH:
+            _depth.n = depth + 1  # set and restored, as in _default
+            if depth >= _MAX_DEPTH:
                 raise ValueError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
             return tuple(_unpackb(data))
         finally:
-            _depth.n -= 1
+            _depth.n = depth
     if code == _EXT_NDARRAY:
         (hlen,) = _EXT_ARRAY_PREFIX.unpack_from(data)
         dtype, shape = _array_header(data[4 : 4 + hlen])
