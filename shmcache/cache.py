@@ -355,7 +355,17 @@ class SharedCache(ItemAccess):
             return body
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
-        return decode_body(tag, body)
+        try:
+            return decode_body(tag, body)
+        except ValueError as exc:
+            self._undecodable(exc)
+
+    def _undecodable(self, exc: ValueError):
+        """A value passed its checksum but does not decode: it was stored so. Drop every such entry (a deep repair
+        decodes each value), then report."""
+        self._locked(self._repair_locked, True)
+        raise CorruptionError(f"a stored value does not decode and was dropped: {exc}", what="get",
+                              hint="the operation can be retried; the value must be stored again") from exc
 
     def _checksum_failed(self, e: int):
         """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
@@ -537,7 +547,10 @@ class SharedCache(ItemAccess):
         if found is None:
             return default, None
         tag, body, version = found
-        return decode_body(tag, body), version
+        try:
+            return decode_body(tag, body), version
+        except ValueError as exc:
+            self._undecodable(exc)
 
     def _get_with_version_locked(self, kb: bytes, fp: int):
         h = self._h
@@ -594,7 +607,13 @@ class SharedCache(ItemAccess):
         present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
         found = self._locked(self._pop_locked, kb, fingerprint(kb))
-        return default if found is None else decode_body(*found)
+        if found is None:
+            return default
+        try:
+            return decode_body(*found)
+        except ValueError as exc:  # removed already: nothing is left to drop
+            raise CorruptionError(f"the value popped does not decode: {exc}", what="pop",
+                                  hint="the value must be stored again") from exc
 
     def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
         h = self._h
@@ -905,8 +924,8 @@ class SharedCache(ItemAccess):
         h[H_DIRTY] = 0
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
-        """Check every invariant of the segment (``deep`` also re-hashes every stored key and value); with
-        ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
+        """Check every invariant of the segment (``deep`` also re-hashes every stored key and value and decodes every
+        value); with ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
         return self._locked(self._verify_locked, deep, repair_damage)
 
     def _verify_locked(self, deep: bool, repair_damage: bool) -> VerifyReport:

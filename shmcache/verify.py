@@ -2,7 +2,8 @@
 operation failed half-way, by the stress scripts and by the state-machine test.
 
 Every loop is bounded by the table sizes, never by a value read from the segment, so a walk over garbage ends.
-``repair`` keeps every entry whose block, key fingerprint and value checksum still agree, relinks them, rebuilds the
+``repair`` keeps every entry whose block, key fingerprint and value checksum still agree and whose value decodes,
+relinks them, rebuilds the
 index, the free list and the ring, and recomputes the occupancy counters; whatever does not check out is dropped. A
 cache may lose entries this way, never return a wrong value. All functions assume the cache lock is held.
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from . import index, ofd
 from .arena import block_nbytes, write_dead
-from .codec import checksum, fingerprint
+from .codec import TAG_BYTES, checksum, decode_body, fingerprint
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KINDS, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
@@ -48,22 +49,37 @@ class _Problems(list):
 
 
 def _block_ok(seg, e: int, deep: bool) -> bool:
-    """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says."""
+    """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says and
+    its value decodes."""
+    return _block_problem(seg, e, deep) is None
+
+
+def _block_problem(seg, e: int, deep: bool) -> str | None:
+    """What is wrong with entry ``e``'s block (see ``_block_ok``), or None."""
     ent, size = seg.entry_words, seg.geometry.arena_nbytes
     b = e * _W
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
     if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
-        return False
+        return "its block is out of bounds"
     nb = block_nbytes(klen + vlen)
     if off + nb > size or seg.arena_words[off >> 3] != nb | (e << 32) or ent[b + E_CHECK] == 0:
-        return False
+        return "its block is out of bounds, not its own, or it has no checksum"
     if not deep:
-        return True
+        return None
     v0 = off + BLOCK_HEADER_NBYTES
     arena = seg.arena
-    return fingerprint(arena[v0 + vlen : v0 + vlen + klen]) == ent[b + E_FP] and checksum(
-        arena[v0 : v0 + vlen]
-    ) == ent[b + E_CHECK]
+    if fingerprint(arena[v0 + vlen : v0 + vlen + klen]) != ent[b + E_FP]:
+        return "its key does not hash to its fingerprint"
+    if checksum(arena[v0 : v0 + vlen]) != ent[b + E_CHECK]:
+        return "its value fails its checksum"
+    # A value stored with a valid checksum may still not decode (written so by a bug, or by hand): a get would
+    # fail on it for ever, so it counts as damage too.
+    try:
+        if arena[v0] != TAG_BYTES:  # bytes need no decoding
+            decode_body(arena[v0], arena[v0 + 1 : v0 + vlen])
+    except ValueError as exc:
+        return f"its value does not decode ({exc})"
+    return None
 
 
 def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
@@ -90,7 +106,8 @@ def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
 
 def check(seg, deep: bool = True) -> VerifyReport:
     """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
-    value (O(bytes stored)); without it the walk is O(entries + index slots + ring blocks)."""
+    value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
+    blocks)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
     slots, mask = g.entry_slots, g.index_slots - 1
@@ -104,8 +121,9 @@ def check(seg, deep: bool = True) -> VerifyReport:
     blocks, good = [], []
     for e in order:
         b = e * _W
-        if not _block_ok(seg, e, deep):
-            problems.add(f"entry {e}: its block is out of bounds, unowned, or fails its checksum")
+        bad = _block_problem(seg, e, deep)
+        if bad:
+            problems.add(f"entry {e}: {bad}")
             continue
         good.append(e)
         klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]

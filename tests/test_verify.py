@@ -243,3 +243,50 @@ def test_verify_damaged_free_list_head_never_overwrites_a_resident_entry(name, f
             check_value(f"k{i}", v)
         assert c.verify().ok
         c.unlink()
+
+
+# Values whose checksum is right but whose bytes do not decode: (tag, body) as a put would store them.
+UNDECODABLE = {
+    "msgpack never-used byte": (ord("M"), b"\xc1"),
+    "msgpack truncated": (ord("M"), b"\x92\x01"),
+    "msgpack extra data": (ord("M"), b"\x01\x02"),
+    "msgpack unknown ext": (ord("M"), b"\xd4\x09\x00"),
+    "array short data": (ord("A"), b"\x00\x05\x00\x00\x00\x00\x00" + b"\x92\xa3<i8\x91\x03" + b"\0" * 3),
+    "unknown tag": (ord("Z"), b"payload"),
+}
+
+
+def _plant(c: SharedCache, key: str, tag: int, body: bytes) -> None:
+    """Store ``body`` under ``key`` as a put would, with a correct checksum, through the cache's own store."""
+    from shmcache.layout import EMPTY
+
+    c._locked(c._store_locked, EMPTY, *c._encode(key, None, parts=(tag, body)), 0)
+
+
+@pytest.mark.parametrize("what", sorted(UNDECODABLE))
+def test_verify_deep_reports_a_value_that_does_not_decode_and_repair_drops_it(name, what):
+    with _filled(name) as c:
+        _plant(c, "bad", *UNDECODABLE[what])
+        assert c.verify(deep=False).ok  # its block and checksum are in order: only decoding tells
+        r = c.verify(deep=True)
+        assert not r.ok and any("does not decode" in p for p in r.problems), r.problems
+        c.verify(repair_damage=True)
+        assert c.verify().ok and c.get("bad") is None
+        for i in range(20):
+            check_value(f"k{i}", c.get(f"k{i}"))
+
+
+@pytest.mark.parametrize("what", sorted(UNDECODABLE))
+def test_verify_get_of_a_value_that_does_not_decode_raises_corruption_and_drops_it(name, what):
+    with _filled(name) as c:
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):  # (an array's header is read under the lock: damage, repaired)
+            c.get("bad")
+        assert c.get("bad") is None and c.verify().ok and len(c) == 20
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):
+            c.get_with_version("bad")
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):
+            c.pop("bad")
+        assert c.get("bad") is None and c.verify().ok
