@@ -31,7 +31,7 @@ from .codec import (
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
@@ -44,7 +44,7 @@ from .mapping import ItemAccess
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
-from .verify import VerifyReport, check, repair
+from .verify import VerifyReport, check, header_problems, repair
 from .view import PinDescriptions, View
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
@@ -58,7 +58,7 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
-MAX_TTL = 2**61 / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
+MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
 
 
@@ -405,6 +405,8 @@ class SharedCache(ItemAccess):
         """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
         if ttl is None:
             ttl = self._h[H_DEFAULT_TTL]
+            if not 0 <= ttl <= MAX_TTL_NS:
+                raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
         return self._clock() + ttl if ttl else 0
 
     def put(self, key, value, ttl: float | None = None) -> None:
@@ -427,12 +429,15 @@ class SharedCache(ItemAccess):
             h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
+            if ttl is None:  # _expires_locked, inlined
+                ttl = h[H_DEFAULT_TTL]
+                if not 0 <= ttl <= MAX_TTL_NS:  # damaged (every put would expire at once): repaired, then used
+                    self._repair_locked()
+                    ttl = h[H_DEFAULT_TTL]
             old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find_live, inlined
             if old != EMPTY and self._exp[old] and self._table.expired(old):
                 self._lapse_locked(old, True)
                 old = EMPTY
-            if ttl is None:  # _expires_locked, inlined
-                ttl = h[H_DEFAULT_TTL]
             self._store_locked(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
         except BaseException as exc:
             self._fault(exc, addr)
@@ -778,10 +783,20 @@ class SharedCache(ItemAccess):
             h[word] = max(0, h[word] + delta)
 
     def __len__(self) -> int:
-        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed)."""
+        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed).
+
+        :raises CorruptionError: never for a damaged count: the segment is repaired and its count returned."""
         if self._closed:
             raise _closed()
-        return self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
+        n = self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock
+        if 0 <= n < self._table.slots:
+            return n
+        return self._locked(self._len_locked)  # damaged: repaired under the lock (len() must not raise ValueError)
+
+    def _len_locked(self) -> int:
+        if not 0 <= self._h[H_ENTRIES] < self._table.slots:
+            self._repair_locked()
+        return self._h[H_ENTRIES]
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
@@ -815,6 +830,8 @@ class SharedCache(ItemAccess):
         return self._locked(self._stats_locked)
 
     def _stats_locked(self) -> CacheStats:
+        if header_problems(self._seg):  # a counter or limit out of range is never reported: repaired first
+            self._repair_locked()
         return read_stats(self._h, kinds.stats_locked(self._seg))
 
     # ------------------------------------------------------------------------------------------- kinds and views

@@ -22,6 +22,7 @@ long double arrays are refused as keys because their padding bytes are undefined
 from __future__ import annotations
 
 import math
+import re
 import struct
 import threading
 
@@ -60,17 +61,24 @@ _depth = _Depth()  # how many ext values the current thread is inside, while enc
 
 
 class _Packers(threading.local):
-    """One msgpack Packer of each kind per thread: a Packer keeps a buffer, so sharing one between threads (or
-    re-entering it from a ``default`` hook) would mix their output.
-
-    Invariant: ``value`` is None while a call of this thread is inside the value packer. Its ``default`` hook runs
-    Python code, so a signal handler (or a ``__del__``) can run in the middle of a pack and store a value of its
-    own: that nested call finds None and packs with a fresh Packer, never the buffer half-filled beneath it. The
-    plain packer has no hook: no Python code runs inside it, so nothing can re-enter it."""
+    """One plain msgpack Packer per thread (keys, array headers): a Packer keeps a buffer, so sharing one between
+    threads would mix their output. No Python code runs inside a plain pack (it has no default hook), so nothing can
+    re-enter it; the value Packers, which have one, are kept apart (``_idle_value_packers``)."""
 
     def __init__(self) -> None:
         self.plain = msgpack.Packer(use_bin_type=True, strict_types=True).pack
-        self.value = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default).pack
+
+
+# Invariant: a value Packer serves one call at a time. Each encode_parts takes one off this list (a new one when none
+# is idle) and puts it back when done. Its default hook runs Python code, so a signal handler (or a __del__) can run
+# in the middle of a pack and store a value of its own: that nested call takes another Packer, never the buffer
+# half-filled beneath it. list.pop and list.append are atomic, so threads share the list; it holds as many Packers as
+# calls ever ran at once. Why not one per thread with a busy flag: a threading.local costs more than the list does.
+_idle_value_packers: list = []
+
+
+def _value_packer():
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=_default).pack
 
 
 def _packb(obj) -> bytes:
@@ -78,8 +86,7 @@ def _packb(obj) -> bytes:
 
 
 def _packb_nested(obj) -> bytes:
-    # Called from inside the value Packer (its default hook, or a signal handler run while it packs): a fresh
-    # packer, never the one that is mid-call.
+    # Called from inside the value Packer's default hook: a fresh packer, never the one that is mid-call.
     return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)
 
 
@@ -264,19 +271,22 @@ def encode_parts(value) -> tuple[int, bytes]:
         dtype_str, shape, raw = _array_bytes(value, "value")
         header = _packb([dtype_str, shape])
         return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
-    packers = _packers
-    pack = packers.value
     try:
-        packers.value = None  # see _Packers: a call nested in this one (a signal handler) must not use it
-        body = (_packb_nested if pack is None else pack)(value)
+        pack = _idle_value_packers.pop()
+    except IndexError:
+        pack = _value_packer()
+    try:
+        body = pack(value)
     except (OverflowError, ValueError, RecursionError) as exc:  # msgpack's own limits (nesting depth, sizes)
         raise TypeError(f"cannot encode value: {exc}") from None
     finally:
-        packers.value = pack  # None again when this call is itself the nested one
+        _idle_value_packers.append(pack)  # a pack that raised has reset its buffer: reusable
     # Why: the packer writes a msgpack.ExtType as it is, before any default hook sees it, and it would come back as
-    # a tuple, an array or an error. No ext marker byte in the output (one C pass) rules it out; only values that
-    # hold one (our own tuples and arrays, or a number's bytes) are walked.
-    if len(body.translate(None, _EXT_MARKERS)) != len(body) and _holds_ext(value):
+    # a tuple, an array or an error. No ext marker byte in the output rules it out (one C pass over a small value,
+    # a search that stops at the first marker for a large one); only values that hold one (our own tuples and
+    # arrays, or a number's bytes) are walked.
+    if (1 in body.translate(_EXT_MARKER_FLAGS) if len(body) <= _SCAN_NBYTES else _ext_marker(body)) \
+            and _holds_ext(value):
         raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would come "
                         "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
                         "lists, tuples and dicts of these")
@@ -284,6 +294,9 @@ def encode_parts(value) -> tuple[int, bytes]:
 
 
 _EXT_MARKERS = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))  # msgpack's ext 8/16/32 and fixext 1-16
+_EXT_MARKER_FLAGS = bytes(1 if b in _EXT_MARKERS else 0 for b in range(256))  # a translation table: 1 for a marker
+_ext_marker = re.compile(b"[" + re.escape(_EXT_MARKERS) + b"]").search
+_SCAN_NBYTES = 4096  # up to this size, a translation (no early exit, no set-up) is cheaper than a search
 
 
 def _holds_ext(value) -> bool:

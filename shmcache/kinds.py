@@ -193,8 +193,12 @@ class KindView(ItemAccess):
         return self.cache._locked(self._stats_locked)
 
     def _stats_locked(self) -> KindStats:
-        kw = self.cache._seg.kind_words
-        return KindStats(kw[self._n * KIND_WORDS + K_ENTRIES], kw[self._n * KIND_WORDS + K_RETAINED])
+        seg = self.cache._seg
+        kw, n = seg.kind_words, self._n * KIND_WORDS
+        if not (0 <= kw[n + K_ENTRIES] < seg.geometry.entry_slots
+                and 0 <= kw[n + K_RETAINED] <= seg.geometry.capacity_bytes):
+            self.cache._repair_locked()  # damaged counts are never reported (len() must not raise ValueError)
+        return KindStats(kw[n + K_ENTRIES], kw[n + K_RETAINED])
 
     def __repr__(self) -> str:
         return f"<KindView {self.name!r} of {self.cache!r}>"

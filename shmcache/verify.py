@@ -17,11 +17,17 @@ import numpy as np
 from . import index, ofd
 from .arena import block_nbytes, write_dead
 from .codec import TAG_BYTES, checksum, decode_body, fingerprint
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KINDS, NEVER, NIL, SENTINEL
+from .layout import (
+    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURES, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
+    MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
+)
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
-    H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_KINDS_USED, H_MAX_ENTRIES,
-    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_VERSION_CLOCK, H_WRITING, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_NBYTES,
+    H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_DELETES,
+    H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
+    H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
+    H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
+    H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_RETAINED, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -104,6 +110,47 @@ def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
     return order
 
 
+_COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
+             H_WAITS, H_TAKEOVERS, H_EXPIRED)
+_INT64_MAX = 2**63 - 1
+_DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
+
+
+def header_ranges(g) -> dict[int, tuple[int, int]]:
+    """The valid range ``(lowest, highest)`` of every header word but the lock, for a segment of geometry ``g``.
+    Words that describe the structures (occupancy, ring, free list, expiry bound, version clock) are also checked
+    against them by ``check``; a word in range can still be wrong, but one out of range always is."""
+    slots, cap, arena = g.entry_slots, g.capacity_bytes, g.arena_nbytes
+    ranges = {w: (v, v) for w, v in _identity(g).items()}
+    ranges.update({w: (0, MAX_COUNTER) for w in _COUNTERS})
+    ranges.update({
+        H_DIRTY: (0, _DIRTY_MAX),
+        H_ENTRIES: (0, slots - 1), H_RETAINED: (0, cap), H_MAX_ENTRIES: (1, slots - 1), H_MAX_RETAINED: (1, cap),
+        H_HEAD: (0, arena - 1), H_TAIL: (0, arena - 1), H_FILL: (0, arena), H_ARENA_USED: (0, arena),
+        H_FREE_HEAD: (NIL, slots - 1), H_UNUSED_NEXT: (1, slots), H_CREATED_NS: (0, _INT64_MAX),
+        H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
+        H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
+    })
+    return ranges
+
+
+def _identity(g) -> dict[int, int]:
+    """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
+    return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: FEATURES, H_TOTAL_NBYTES: g.total_nbytes,
+            H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
+            H_CAPACITY_BYTES: g.capacity_bytes}
+
+
+_WORD_NAMES = {HEADER.fields[n][1] // 8: n for n in HEADER.names if n != "lock"}
+
+
+def header_problems(seg) -> list[str]:
+    """The header words out of their range (``header_ranges``), one message each: O(1), for stats() and len()."""
+    h = seg.header_words
+    return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
+            for w, (lo, hi) in header_ranges(seg.geometry).items() if not lo <= h[w] <= hi]
+
+
 def check(seg, deep: bool = True) -> VerifyReport:
     """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
     value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
@@ -111,6 +158,8 @@ def check(seg, deep: bool = True) -> VerifyReport:
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
     slots, mask = g.entry_slots, g.index_slots - 1
+    for msg in header_problems(seg):
+        problems.add(msg)
     if h[H_WRITING]:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
@@ -303,10 +352,25 @@ def repair(seg) -> int:
             del kept_ids[i]
             retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
             h[H_EVICTIONS] += 1
-    dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
+    dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
     _rebuild(seg, kept_ids, unused)
     h[H_WRITING] = 0
+    _repair_words(seg)
     return max(dropped, 0)
+
+
+def _repair_words(seg) -> None:
+    """Put back in range the header words that nothing rebuilds: line 0 from this handle's geometry (what it
+    attached to, so later attachers are not refused), a counter to 0, the display words to 0, and the default time
+    to live to 0 (never expire: a damaged one could make every put expire at once, and its true value is lost)."""
+    h = seg.header_words
+    for w, v in _identity(seg.geometry).items():
+        h[w] = v
+    ranges = header_ranges(seg.geometry)
+    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL):
+        lo, hi = ranges[w]
+        if not lo <= h[w] <= hi:
+            h[w] = 0
 
 
 def _pinned(seg, e: int) -> bool:
@@ -352,12 +416,14 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     dropped[kept] = False
     x[dropped | (x < 0)] = 0
     del x
-    # Versions: the clock above every kept one; a damaged version is replaced by a fresh one (a cas holding the
-    # old one then fails, as it should: the entry cannot be shown unchanged).
-    clock = max([h[H_VERSION_CLOCK], 0] + [seg.versions_words[e] for e in kept])
+    # Versions: the clock above every kept one; a damaged version (out of range) is replaced by a fresh one (a cas
+    # holding the old one then fails, as it should: the entry cannot be shown unchanged). A clock out of range
+    # restarts from the highest kept version. Why not keep it: a clock near 2**63 makes every later store overflow.
+    valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= MAX_VERSION]
+    clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= MAX_VERSION else 0] + valid)
     for e in kept:
         seg.kinds_bytes[e] = _key_kind(seg, e)
-        if seg.versions_words[e] <= 0:
+        if not 0 < seg.versions_words[e] <= MAX_VERSION:
             clock += 1
             seg.versions_words[e] = clock
     h[H_VERSION_CLOCK] = clock
