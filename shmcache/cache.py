@@ -18,6 +18,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 
@@ -71,6 +72,22 @@ def ttl_ns(ttl) -> int:
     return max(1, round(ttl * 1e9)) if ttl else 0
 
 
+def seconds(name: str, value, *, none: bool = False, zero: bool = False):
+    """``value``, a duration in seconds given as parameter ``name``, checked: a finite number above 0 (from 0 with
+    ``zero``), or None where ``none`` allows it (no bound). NaN and the infinities are refused: an infinite wait is
+    asked for with None where one is allowed, never with a number that later arithmetic cannot take.
+
+    :raises ValueError: naming the parameter, for anything else.
+    """
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
+            value >= 0 if zero else value > 0):
+        allowed = ("from 0" if zero else "above 0") + (", or None for no bound" if none else "")
+        raise ValueError(f"{name} must be a finite number of seconds {allowed}; got {value!r}")
+    return value
+
+
 def _closed() -> ClosedError:
     return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
 
@@ -83,7 +100,8 @@ class SharedCache(ItemAccess):
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``mode`` sets the permissions of a new segment (0o600: only this user). ``lock_timeout`` bounds the wait for a
-    lock held by a live process; a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
+    lock held by a live process (a finite number of seconds: a stuck holder must make the others fail, not hang
+    them); a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
     the capacity) is the time to live of entries stored without a ``ttl``; None or 0: they never expire.
 
     Expiry times are CLOCK_MONOTONIC readings, which every process of the host shares and which never jump with
@@ -115,8 +133,7 @@ class SharedCache(ItemAccess):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError(f"mode must be a permission mode between 0 and 0o777, got {mode!r}")
-        if not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
-            raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
+        seconds("lock_timeout", lock_timeout)
         wanted = Geometry.for_capacity(
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
@@ -727,12 +744,13 @@ class SharedCache(ItemAccess):
         A waiter holds neither the cache lock nor anything that delays other keys. If the computing caller raises,
         the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
         frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
-        bound; ``fn`` itself is never interrupted); ``ttl`` is the stored result's, as in ``put``. A result too large for the cache is returned without being
+        bound; a finite number of seconds otherwise; ``fn`` itself is never interrupted); ``ttl`` is the stored result's, as in ``put``. A result too large for the cache is returned without being
         stored. Stats: the call counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
         """
+        seconds("timeout", timeout, none=True, zero=True)
         if ttl is not None:
             ttl_ns(ttl)  # refused before anything is looked up, hit or miss
         value = self.get(key, self._MISSING)
@@ -768,6 +786,8 @@ class SharedCache(ItemAccess):
         the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this process's calls: served from the
         cache, or computed here) and ``cache_clear()`` (removes this function's entries for everyone).
         """
+        seconds("timeout", timeout, none=True, zero=True)
+
         def decorate(f):
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 

@@ -24,7 +24,7 @@ import time
 import weakref
 
 from . import copies, flight, lease, memo, ofd
-from .cache import SharedCache, ttl_ns
+from .cache import SharedCache, seconds, ttl_ns
 from .codec import KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
@@ -76,8 +76,7 @@ class TieredCache(ItemAccess):
             raise ValueError(f"namespace must be 1 to {MAX_NAMESPACE} letters, digits, _ or -; got {namespace!r}")
         for what, v in (("max_age", max_age), ("timeout", timeout), ("retry_interval", retry_interval),
                         ("lock_lease", lock_lease)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-                raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
+            seconds(what, v)
         ttl_ns(default_ttl)
         _redis()  # redis-py missing: ImportError now, with the extra to install
         self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
@@ -419,9 +418,10 @@ class TieredCache(ItemAccess):
         for the whole fleet: one process per host asks Redis (the host's single-flight), and one host computes
         while the others wait for its result (``lease.py``: a Redis lock with an owner token, renewed while the
         host lives; if it dies, its lock expires after ``lock_lease`` and a waiting host takes over). ``timeout``
-        bounds the wait for another computation (ComputeTimeout). With Redis unavailable, the host computes on
-        its own (``strict``: RemoteError)."""
+        bounds the wait for another computation (ComputeTimeout; None: no bound, else a finite number of
+        seconds). With Redis unavailable, the host computes on its own (``strict``: RemoteError)."""
         self._check_open()
+        seconds("timeout", timeout, none=True, zero=True)
         ttl = self._ttl(ttl)
         lkey = KindKey(self._n, key)
         value = self.local.get(lkey, _MISSING)
@@ -453,6 +453,8 @@ class TieredCache(ItemAccess):
                 ttl: float | None = None):
         """``SharedCache.memoize`` over the fleet: each result computed once by the whole fleet
         (``get_or_compute``); ``cache_clear`` clears it on every host and in Redis."""
+        seconds("timeout", timeout, none=True, zero=True)
+
         def decorate(f):
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
