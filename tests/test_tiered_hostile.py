@@ -110,3 +110,27 @@ def test_tiered_garbled_invalidation_is_refused_and_drops_the_namespace_copies(h
     eventually(lambda: b.local_copy("k") is None, what="b's copies dropped")
     a.tier.put("k", "v2")
     eventually(lambda: b.tier.get("k") == "v2" and b.local_copy("k") == "v2", what="b keeps a copy of v2 again")
+
+
+def test_tiered_stats_row_counts_out_of_range_start_over(redis_url, namespace):
+    """A stats row left with counts near 2**63 (damaged, or written by hand) must not make the next increment, on
+    the hot path of the process that claims it, overflow and fail its call."""
+    from .tiers import Host
+
+    h = Host(redis_url, namespace)
+    try:
+        rows = h.tier._rows
+        for r in range(4):  # the next claimers' rows
+            rows.words[r][:] = 2**63 - 1
+        h.tier.close()
+        from shmcache import TieredCache
+
+        t = TieredCache(h.local, redis_url, namespace=namespace)
+        try:
+            t.put("k", 1)
+            assert t.get("k") == 1 and t.get("absent") is None
+            assert 0 <= t._row[0] < 2**62
+        finally:
+            t.close()
+    finally:
+        h.close()
