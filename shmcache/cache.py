@@ -101,8 +101,8 @@ class SharedCache(ItemAccess):
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``mode`` sets the permissions of a new segment (0o600: only this user). ``lock_timeout`` bounds the wait for a
     lock held by a live process (a finite number of seconds: a stuck holder must make the others fail, not hang
-    them); a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like
-    the capacity) is the time to live of entries stored without a ``ttl``; None or 0: they never expire.
+    them); a dead holder is detected at once. ``default_ttl`` (seconds; creation only, like the capacity) is the
+    time to live of entries stored without a ``ttl``; None or 0: they never expire.
 
     Expiry times are CLOCK_MONOTONIC readings, which every process of the host shares and which never jump with
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
@@ -744,11 +744,13 @@ class SharedCache(ItemAccess):
         A waiter holds neither the cache lock nor anything that delays other keys. If the computing caller raises,
         the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
         frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
-        bound; a finite number of seconds otherwise; ``fn`` itself is never interrupted); ``ttl`` is the stored result's, as in ``put``. A result too large for the cache is returned without being
-        stored. Stats: the call counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
+        bound; a finite number of seconds otherwise; ``fn`` itself is never interrupted); ``ttl`` is the stored
+        result's, as in ``put``. A result too large for the cache is returned without being stored. Stats: the call
+        counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
+        :raises ValueError: if ``timeout`` is neither None nor a finite number of seconds from 0.
         """
         seconds("timeout", timeout, none=True, zero=True)
         if ttl is not None:
@@ -803,9 +805,8 @@ class SharedCache(ItemAccess):
             h[word] = max(0, h[word] + delta)
 
     def __len__(self) -> int:
-        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed).
-
-        :raises CorruptionError: never for a damaged count: the segment is repaired and its count returned."""
+        """Resident entries, expired ones not yet dropped included (they go when read or when room is needed). A
+        count out of range (damaged) is repaired under the lock first, so the number returned is always valid."""
         if self._closed:
             raise _closed()
         n = self._h[H_ENTRIES]  # one aligned word: a consistent read without the lock

@@ -3,9 +3,9 @@ operation failed half-way, by the stress scripts and by the state-machine test.
 
 Every loop is bounded by the table sizes, never by a value read from the segment, so a walk over garbage ends.
 ``repair`` keeps every entry whose block, key fingerprint and value checksum still agree and whose value decodes,
-relinks them, rebuilds the
-index, the free list and the ring, and recomputes the occupancy counters; whatever does not check out is dropped. A
-cache may lose entries this way, never return a wrong value. All functions assume the cache lock is held.
+relinks them, rebuilds the index, the free list and the ring, recomputes the occupancy counters and puts every
+header word back in its range (``header_ranges``); whatever does not check out is dropped. A cache may lose entries
+this way, never return a wrong value. All functions assume the cache lock is held.
 """
 
 from __future__ import annotations
@@ -320,6 +320,7 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
 def repair(seg) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    _repair_words(seg)  # first: the counters it puts back in range are counted in below
     slots = g.entry_slots
     unused = h[H_UNUSED_NEXT] if 1 <= h[H_UNUSED_NEXT] <= slots else slots
     listed = _walk_lru(ent, slots, _Problems())
@@ -355,7 +356,6 @@ def repair(seg) -> int:
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
     _rebuild(seg, kept_ids, unused)
     h[H_WRITING] = 0
-    _repair_words(seg)
     return max(dropped, 0)
 
 

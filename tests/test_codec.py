@@ -823,7 +823,8 @@ def test_value_ext_type_refused(value):
         encode_value(value)
 
 
-@pytest.mark.parametrize("key", [msgpack.ExtType(1, b"\x90"), [msgpack.ExtType(5, b"x")], {"a": msgpack.ExtType(5, b"")}])
+@pytest.mark.parametrize("key", [msgpack.ExtType(1, b"\x90"), [msgpack.ExtType(5, b"x")],
+                                 {"a": msgpack.ExtType(5, b"")}])
 def test_key_ext_type_refused(key):
     with pytest.raises(TypeError):
         encode_key(key)

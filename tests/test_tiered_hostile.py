@@ -20,11 +20,12 @@ BAD_VERSIONS = [2.0**63 - 1, 2.0**63 - 2**11, 2.0**62, float(MAX_REMOTE_VERSION)
                 -5.0, 0.0, 1.5]
 
 
-def _crafted(tier, key, value, version: float, flags: int = 0) -> bytes:
+def _crafted(key, value, version: float, flags: int = 0) -> bytes:
     """A value for ``key`` with a valid checksum, as the write script would lay it out, but with ``version`` and
     ``flags`` as given."""
     kb = encode_key(key)
-    return REMOTE_HEADER.pack(REMOTE_MAGIC, version, flags) + pack_payload(kb, *encode_parts(value))[REMOTE_HEADER.size:]
+    payload = pack_payload(kb, *encode_parts(value))[REMOTE_HEADER.size:]
+    return REMOTE_HEADER.pack(REMOTE_MAGIC, version, flags) + payload
 
 
 def _local_puts_all_work(host, n: int = 200) -> None:
@@ -40,7 +41,7 @@ def _local_puts_all_work(host, n: int = 200) -> None:
 def test_tiered_value_with_version_out_of_range_is_refused_and_counted(hosts, version):
     a, b = hosts
     client = a.tier._remote.client
-    client.set(a.tier._remote.key(encode_key("crafted")), _crafted(a.tier, "crafted", "evil", version))
+    client.set(a.tier._remote.key(encode_key("crafted")), _crafted("crafted", "evil", version))
     before = a.tier.stats().remote_errors
     assert a.tier.get("crafted") is None and a.local_copy("crafted") is None
     assert a.tier.get_with_version("crafted") == (None, None)
@@ -58,7 +59,7 @@ def test_tiered_value_with_version_out_of_range_is_refused_and_counted(hosts, ve
 def test_tiered_value_with_unknown_flags_is_refused(hosts):
     a, _ = hosts
     client = a.tier._remote.client
-    client.set(a.tier._remote.key(encode_key("flags")), _crafted(a.tier, "flags", "evil", 1e15, flags=0x80))
+    client.set(a.tier._remote.key(encode_key("flags")), _crafted("flags", "evil", 1e15, flags=0x80))
     before = a.tier.stats().remote_errors
     assert a.tier.get("flags") is None and a.tier.stats().remote_errors == before + 1
     a.tier.put("flags", "good")  # KEEPTTL-free write: the flags are the script's own again
@@ -70,7 +71,7 @@ def test_tiered_crafted_versions_never_raise_the_clock_of_a_host_that_puts_a_lot
     a, _ = hosts
     client = a.tier._remote.client
     for i, version in enumerate(BAD_VERSIONS):
-        client.set(a.tier._remote.key(encode_key(f"c{i}")), _crafted(a.tier, f"c{i}", i, version))
+        client.set(a.tier._remote.key(encode_key(f"c{i}")), _crafted(f"c{i}", i, version))
         assert a.tier.get(f"c{i}") is None
     failures = 0
     for i in range(600):

@@ -47,8 +47,9 @@ is 0 for every slot not resident; the header's ``next_expiry`` is a lower bound 
 entries are looked for only once one can exist. ``versions`` takes the next value of the header's
 ``version_clock`` at every store, so a version is never reused (every version is from 1 to ``MAX_VERSION``, and
 one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). ``kinds`` repeats the kind
-byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has pinned the entry; whether a
-pin is still held is asked of the kernel (below), since a pin ends with its process without a word written.
+byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
+pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
+without a word written.
 
 Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
 header packs the block length (low 32 bits) and the owning entry slot (high 32 bits, 0 for a dead block). Blocks are
