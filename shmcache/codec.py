@@ -285,7 +285,7 @@ def encode_parts(value) -> tuple[int, bytes]:
     # a tuple, an array or an error. No ext marker byte in the output rules it out (one C pass over a small value,
     # a search that stops at the first marker for a large one); only values that hold one (our own tuples and
     # arrays, or a number's bytes) are walked.
-    if (1 in body.translate(_EXT_MARKER_FLAGS) if len(body) <= _SCAN_NBYTES else _ext_marker(body)) \
+    if (body.translate(_EXT_MARKERS_CHANGED) is not body if len(body) <= _SCAN_NBYTES else _ext_marker(body)) \
             and _holds_ext(value):
         raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would come "
                         "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
@@ -294,7 +294,8 @@ def encode_parts(value) -> tuple[int, bytes]:
 
 
 _EXT_MARKERS = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))  # msgpack's ext 8/16/32 and fixext 1-16
-_EXT_MARKER_FLAGS = bytes(1 if b in _EXT_MARKERS else 0 for b in range(256))  # a translation table: 1 for a marker
+# A translation that changes the markers alone (to 0): bytes.translate returns its very input when nothing changed.
+_EXT_MARKERS_CHANGED = bytes(0 if b in _EXT_MARKERS else b for b in range(256))
 _ext_marker = re.compile(b"[" + re.escape(_EXT_MARKERS) + b"]").search
 _SCAN_NBYTES = 4096  # up to this size, a translation (no early exit, no set-up) is cheaper than a search
 
