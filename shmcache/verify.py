@@ -27,7 +27,7 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -251,6 +251,15 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         problems.add(f"arena ring holds {found} live blocks, the LRU list {len(live)} entries")
 
 
+def _named_kinds(seg) -> int:
+    """How many kind records, from record 1 on, have a name of a valid length (records handed out have one)."""
+    kw = seg.kind_words
+    for k in range(1, MAX_KINDS + 1):
+        if not 0 < kw[k * KIND_WORDS + K_NAME_NBYTES] <= KIND_NAME_NBYTES:
+            return k - 1
+    return MAX_KINDS
+
+
 def _key_kind(seg, e: int) -> int:
     """The kind number in entry ``e``'s key (0: a key of no kind)."""
     b = e * _W
@@ -276,6 +285,8 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
     if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
         problems.add(f"kinds_used={h[H_KINDS_USED]} is out of range")
+    elif _named_kinds(seg) != h[H_KINDS_USED]:
+        problems.add(f"kinds_used={h[H_KINDS_USED]}, but records 1 to {_named_kinds(seg)} have names")
     clock = h[H_VERSION_CLOCK]
     for e in good:
         if seg.kinds_bytes[e] != _key_kind(seg, e):
@@ -431,9 +442,9 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     for k in range(1, MAX_KINDS + 1):
         kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]
     highest = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
-    if not highest <= h[H_KINDS_USED] <= MAX_KINDS:
-        # Damaged: the records up to the highest kind in use stay handed out (their names are still there).
-        h[H_KINDS_USED] = highest
+    # The records handed out are those with a name (records are handed out in order, the name before the count),
+    # and at least those up to the highest kind in use: a count beyond them would make kind() find the table full.
+    h[H_KINDS_USED] = max(highest, _named_kinds(seg))
     expiring = [exp[e] for e in kept if exp[e]]
     h[H_NEXT_EXPIRY] = min(expiring) if expiring else NEVER
 

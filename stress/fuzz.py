@@ -164,8 +164,12 @@ def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max
         counts[base + ERRORS] += 1
         return
     with cache:
-        w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes, mix=FUZZ_MIX,
-                     strict=False)
+        try:  # it opens a key kind: damage met there raises like any operation's
+            w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes,
+                         mix=FUZZ_MIX, strict=False)
+        except ShmCacheError:
+            counts[base + ERRORS] += 1
+            return
         for _ in range(nops):
             w.step()
 

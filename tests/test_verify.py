@@ -365,3 +365,22 @@ def test_verify_version_clock_near_the_top_never_stops_puts(name):
                 failures += 1
         assert failures <= 1 and c.verify().ok
         assert all(c.get(f"v{i}") == i for i in range(30, 60))
+
+
+@pytest.mark.parametrize("bad", [255, 7, -1, 2**63 - 1])
+def test_verify_kinds_used_damaged_never_fills_the_kind_table(name, bad):
+    """kinds_used set beyond the records that have names (in range or not): check() reports it, and a new kind can
+    still be made afterwards (a count of 255 made every new kind() fail with "255 kinds already")."""
+    from shmcache.verify import check
+
+    with _filled(name) as c:
+        c.kind("a").put("x", 1)
+        c._seg.header_words[d.H_KINDS_USED] = bad
+        assert not check(c._seg).ok
+        try:
+            b = c.kind("b")
+        except CorruptionError:  # out of range: found by kind() itself, repaired
+            b = c.kind("b")
+        b.put("y", 2)
+        assert c.verify().ok and c.kind("a").get("x") == 1 and b.get("y") == 2
+        assert c._seg.header_words[d.H_KINDS_USED] == 2
