@@ -285,8 +285,8 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
     if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
         problems.add(f"kinds_used={h[H_KINDS_USED]} is out of range")
-    elif _named_kinds(seg) != h[H_KINDS_USED]:
-        problems.add(f"kinds_used={h[H_KINDS_USED]}, but records 1 to {_named_kinds(seg)} have names")
+    elif _named_kinds(seg) < h[H_KINDS_USED]:
+        problems.add(f"kinds_used={h[H_KINDS_USED]}, but only records 1 to {_named_kinds(seg)} have names")
     clock = h[H_VERSION_CLOCK]
     for e in good:
         if seg.kinds_bytes[e] != _key_kind(seg, e):
@@ -351,7 +351,9 @@ def repair(seg) -> int:
                 continue
             kept.pop()
         kept.append((off, nb, e))
-    kept_ids = sorted((e for _, _, e in kept), key=lambda e: rank.get(e, slots))
+    # Entries of a kind whose record lost its name (or lies beyond a record that did) go: no kind() can reach them.
+    named = _named_kinds(seg)
+    kept_ids = sorted((e for _, _, e in kept if _key_kind(seg, e) <= named), key=lambda e: rank.get(e, slots))
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
@@ -380,7 +382,8 @@ def _repair_words(seg) -> None:
     ranges = header_ranges(seg.geometry)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL):
         lo, hi = ranges[w]
-        if not lo <= h[w] <= hi:
+        # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
+        if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):
             h[w] = 0
 
 
@@ -441,10 +444,9 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     counts, nbytes = _kind_counts(seg, kept)
     for k in range(1, MAX_KINDS + 1):
         kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]
-    highest = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
-    # The records handed out are those with a name (records are handed out in order, the name before the count),
-    # and at least those up to the highest kind in use: a count beyond them would make kind() find the table full.
-    h[H_KINDS_USED] = max(highest, _named_kinds(seg))
+    # The records handed out are those with a name (records are handed out in order, the name before the count;
+    # repair dropped the entries of kinds beyond them): a count beyond them would make kind() find the table full.
+    h[H_KINDS_USED] = _named_kinds(seg)
     expiring = [exp[e] for e in kept if exp[e]]
     h[H_NEXT_EXPIRY] = min(expiring) if expiring else NEVER
 
