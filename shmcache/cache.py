@@ -17,6 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -30,7 +31,7 @@ from .codec import (
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, SENTINEL, Geometry
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
@@ -44,7 +45,7 @@ from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
 from .trust import Trust
-from .verify import VerifyReport, check, repair
+from .verify import VerifyReport, check, header_problems, repair
 from .view import Pin, PinDescriptions, View
 
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
@@ -59,7 +60,7 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
-MAX_TTL = 2**61 / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
+MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
 _MISSING_ARG = object()  # an argument not given
 
@@ -73,6 +74,22 @@ def ttl_ns(ttl) -> int:
     return max(1, round(ttl * 1e9)) if ttl else 0
 
 
+def seconds(name: str, value, *, none: bool = False, zero: bool = False):
+    """``value``, a duration in seconds given as parameter ``name``, checked: a finite number above 0 (from 0 with
+    ``zero``), or None where ``none`` allows it (no bound). NaN and the infinities are refused: an infinite wait is
+    asked for with None where one is allowed, never with a number that later arithmetic cannot take.
+
+    :raises ValueError: naming the parameter, for anything else.
+    """
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
+            value >= 0 if zero else value > 0):
+        allowed = ("from 0" if zero else "above 0") + (", or None for no bound" if none else "")
+        raise ValueError(f"{name} must be a finite number of seconds {allowed}; got {value!r}")
+    return value
+
+
 def _closed() -> ClosedError:
     return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
 
@@ -84,7 +101,8 @@ class SharedCache(LocalMapping):
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 64 MiB) bounds the
     encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
-    ``lock_timeout`` bounds the wait for a lock held by a live process; a dead holder is detected at once.
+    ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
+    must make the others fail, not hang them); a dead holder is detected at once.
     ``attach_timeout`` bounds the wait for a segment that another process is still creating (then TimeoutError,
     or LayoutError if it was never initialised).
     ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
@@ -134,9 +152,8 @@ class SharedCache(LocalMapping):
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         trust = Trust.of(mode, trust_owner, group)
-        for what, v in (("lock_timeout", lock_timeout), ("attach_timeout", attach_timeout)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
+        seconds("lock_timeout", lock_timeout)
+        seconds("attach_timeout", attach_timeout)
         wanted = Geometry.for_capacity(
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
@@ -387,7 +404,17 @@ class SharedCache(LocalMapping):
             return body
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
-        return decode_body(tag, body)
+        try:
+            return decode_body(tag, body)
+        except ValueError as exc:
+            self._undecodable(exc)
+
+    def _undecodable(self, exc: ValueError):
+        """A value passed its checksum but does not decode: it was stored so. Drop every such entry (a deep repair
+        decodes each value), then report."""
+        self._locked(self._repair_locked, True)
+        raise CorruptionError(f"a stored value does not decode and was dropped: {exc}", what="get",
+                              hint="the operation can be retried; the value must be stored again") from exc
 
     def _checksum_failed(self, e: int):
         """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
@@ -427,6 +454,8 @@ class SharedCache(LocalMapping):
         """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
         if ttl is None:
             ttl = self._h[H_DEFAULT_TTL]
+            if not 0 <= ttl <= MAX_TTL_NS:
+                raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
         return self._clock() + ttl if ttl else 0
 
     def put(self, key, value, ttl: float | None = None) -> None:
@@ -449,12 +478,15 @@ class SharedCache(LocalMapping):
             h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
+            if ttl is None:  # _expires_locked, inlined
+                ttl = h[H_DEFAULT_TTL]
+                if not 0 <= ttl <= MAX_TTL_NS:  # damaged (every put would expire at once): repaired, then used
+                    self._repair_locked()
+                    ttl = h[H_DEFAULT_TTL]
             old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find_live, inlined
             if old != EMPTY and self._exp[old] and self._table.expired(old):
                 self._lapse_locked(old, True)
                 old = EMPTY
-            if ttl is None:  # _expires_locked, inlined
-                ttl = h[H_DEFAULT_TTL]
             self._store_locked(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
         except BaseException as exc:
             self._fault(exc, addr)
@@ -569,7 +601,10 @@ class SharedCache(LocalMapping):
         if found is None:
             return default, None
         tag, body, version = found
-        return decode_body(tag, body), version
+        try:
+            return decode_body(tag, body), version
+        except ValueError as exc:
+            self._undecodable(exc)
 
     def _get_with_version_locked(self, kb: bytes, fp: int):
         h = self._h
@@ -630,7 +665,11 @@ class SharedCache(LocalMapping):
             if default is _MISSING_ARG:
                 raise KeyError(key)
             return default
-        return decode_body(*found)
+        try:
+            return decode_body(*found)
+        except ValueError as exc:  # removed already: nothing is left to drop
+            raise CorruptionError(f"the value popped does not decode: {exc}", what="pop",
+                                  hint="the value must be stored again") from exc
 
     def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
         h = self._h
@@ -739,12 +778,15 @@ class SharedCache(LocalMapping):
         A waiter holds neither the cache lock nor anything that delays other keys. If the computing caller raises,
         the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
         frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
-        bound; ``fn`` itself is never interrupted); ``ttl`` is the stored result's, as in ``put``. A result too large for the cache is returned without being
-        stored. Stats: the call counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
+        bound; a finite number of seconds otherwise; ``fn`` itself is never interrupted); ``ttl`` is the stored
+        result's, as in ``put``. A result too large for the cache is returned without being stored. Stats: the call
+        counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
+        :raises ValueError: if ``timeout`` is neither None nor a finite number of seconds from 0.
         """
+        seconds("timeout", timeout, none=True, zero=True)
         if ttl is not None:
             ttl_ns(ttl)  # refused before anything is looked up, hit or miss
         value = self.get(key, self._MISSING)
@@ -787,6 +829,8 @@ class SharedCache(LocalMapping):
         the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this process's calls: served from the
         cache, or computed here) and ``cache_clear()`` (removes this function's entries for everyone).
         """
+        seconds("timeout", timeout, none=True, zero=True)
+
         def decorate(f):
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
@@ -803,8 +847,14 @@ class SharedCache(LocalMapping):
 
     def __len__(self) -> int:
         """Resident entries of no kind (what iteration yields; a kind's are its KindView's), expired ones not yet
-        dropped included (they go when read or when room is needed)."""
-        return self._locked(kinds.plain_entries_locked, self._seg)
+        dropped included (they go when read or when room is needed). A count out of range (damaged) is repaired
+        first, so the number returned is always valid."""
+        return self._locked(self._len_locked)
+
+    def _len_locked(self) -> int:
+        if not 0 <= self._h[H_ENTRIES] < self._table.slots:
+            self._repair_locked()  # len() must not raise a raw ValueError on a damaged count
+        return kinds.plain_entries_locked(self._seg)
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
@@ -841,6 +891,8 @@ class SharedCache(LocalMapping):
         return self._locked(self._stats_locked)
 
     def _stats_locked(self) -> CacheStats:
+        if header_problems(self._seg):  # a counter or limit out of range is never reported: repaired first
+            self._repair_locked()
         return read_stats(self._h, kinds.stats_locked(self._seg))
 
     # ------------------------------------------------------------------------------------------- kinds and views
@@ -960,8 +1012,8 @@ class SharedCache(LocalMapping):
         h[H_DIRTY] = 0
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
-        """Check every invariant of the segment (``deep`` also re-hashes every stored key and value); with
-        ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
+        """Check every invariant of the segment (``deep`` also re-hashes every stored key and value and decodes every
+        value); with ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
         return self._locked(self._verify_locked, deep, repair_damage)
 
     def _verify_locked(self, deep: bool, repair_damage: bool) -> VerifyReport:

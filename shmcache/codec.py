@@ -22,6 +22,7 @@ long double arrays are refused as keys because their padding bytes are undefined
 from __future__ import annotations
 
 import math
+import re
 import struct
 import threading
 
@@ -60,12 +61,24 @@ _depth = _Depth()  # how many ext values the current thread is inside, while enc
 
 
 class _Packers(threading.local):
-    """One msgpack Packer of each kind per thread: a Packer keeps a buffer, so sharing one between threads (or
-    re-entering it from a ``default`` hook) would mix their output."""
+    """One plain msgpack Packer per thread (keys, array headers): a Packer keeps a buffer, so sharing one between
+    threads would mix their output. No Python code runs inside a plain pack (it has no default hook), so nothing can
+    re-enter it; the value Packers, which have one, are kept apart (``_idle_value_packers``)."""
 
     def __init__(self) -> None:
         self.plain = msgpack.Packer(use_bin_type=True, strict_types=True).pack
-        self.value = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default).pack
+
+
+# Invariant: a value Packer serves one call at a time. Each encode_parts takes one off this list (a new one when none
+# is idle) and puts it back when done. Its default hook runs Python code, so a signal handler (or a __del__) can run
+# in the middle of a pack and store a value of its own: that nested call takes another Packer, never the buffer
+# half-filled beneath it. list.pop and list.append are atomic, so threads share the list; it holds as many Packers as
+# calls ever ran at once. Why not one per thread with a busy flag: a threading.local costs more than the list does.
+_idle_value_packers: list = []
+
+
+def _value_packer():
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=_default).pack
 
 
 def _packb(obj) -> bytes:
@@ -134,6 +147,8 @@ def _key_part(k, depth: int = 0) -> bytes:
         return _key_part(k.item(), depth)
     if t is EncodedKey:
         raise TypeError("an EncodedKey is taken by SharedCache.get only")
+    if isinstance(k, msgpack.ExtType):  # a namedtuple, but its own type to msgpack: it would not come back a tuple
+        raise TypeError("cannot encode a msgpack.ExtType as a key: extension types are not stored")
     for base in (int, float, bytes, tuple):
         if isinstance(k, base):  # subclasses (IntEnum, namedtuple...) key as their base value
             return _key_part(base(k), depth)
@@ -221,13 +236,19 @@ def encode_key_prefix(items: list, length: int) -> bytes:
 def _default(obj):
     t = type(obj)
     if t is tuple or isinstance(obj, tuple):  # a namedtuple is stored as a plain tuple
-        _depth.n += 1
+        if t is not tuple and isinstance(obj, msgpack.ExtType):  # a subclass (ExtType itself never gets here)
+            raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would "
+                            "come back as something else)")
+        depth = _depth.n
         try:
-            if _depth.n > _MAX_DEPTH:
+            # Why set, not incremented, and restored in finally: an exception raised by a signal handler at any
+            # bytecode must not leave the count off for the rest of the thread's life.
+            _depth.n = depth + 1
+            if depth >= _MAX_DEPTH:
                 raise TypeError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
             return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
         finally:
-            _depth.n -= 1
+            _depth.n = depth
     if t is int:
         return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
     if isinstance(obj, np.ndarray):
@@ -265,20 +286,70 @@ def encode_parts(value) -> tuple[int, bytes]:
         header = _packb([dtype_str, shape])
         return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
     try:
-        return TAG_MSGPACK, _packers.value(value)
+        pack = _idle_value_packers.pop()
+    except IndexError:
+        pack = _value_packer()
+    try:
+        body = pack(value)
     except (OverflowError, ValueError, RecursionError) as exc:  # msgpack's own limits (nesting depth, sizes)
         raise TypeError(f"cannot encode value: {exc}") from None
+    finally:
+        _idle_value_packers.append(pack)  # a pack that raised has reset its buffer: reusable
+    # Why: the packer writes a msgpack.ExtType as it is, before any default hook sees it, and it would come back as
+    # a tuple, an array or an error. No ext marker byte in the output rules it out (one C pass over a small value,
+    # a search that stops at the first marker for a large one); only values that hold one (our own tuples and
+    # arrays, or a number's bytes) are walked.
+    if (body.translate(_EXT_MARKERS_CHANGED) is not body if len(body) <= _SCAN_NBYTES else _ext_marker(body)) \
+            and _holds_ext(value):
+        raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would come "
+                        "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
+                        "lists, tuples and dicts of these")
+    return TAG_MSGPACK, body
+
+
+_EXT_MARKERS = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))  # msgpack's ext 8/16/32 and fixext 1-16
+# A translation that changes the markers alone (to 0): bytes.translate returns its very input when nothing changed.
+_EXT_MARKERS_CHANGED = bytes(0 if b in _EXT_MARKERS else b for b in range(256))
+_ext_marker = re.compile(b"[" + re.escape(_EXT_MARKERS) + b"]").search
+_SCAN_NBYTES = 4096  # up to this size, a translation (no early exit, no set-up) is cheaper than a search
+
+
+def _holds_ext(value) -> bool:
+    """Whether a msgpack.ExtType occurs anywhere in ``value`` (dict keys included); a value the packer took is a
+    finite tree, so the walk ends."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            parts = (x.keys(), x.values())
+        elif isinstance(x, (list, tuple)):
+            if isinstance(x, msgpack.ExtType):
+                return True
+            parts = (x,)
+        else:
+            continue
+        for part in parts:
+            # Why the item types of a long container in one C pass first: a Python step per item made a put of a
+            # list of 10,000 floats (whose bytes hold marker bytes) ten times slower; this makes it about twice.
+            if len(part) > 16 and not any(issubclass(k, _CONTAINERS) for k in set(map(type, part))):
+                continue
+            stack.extend(y for y in part if isinstance(y, _CONTAINERS))  # an ExtType is a tuple: checked above
+    return False
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def _ext_hook(code: int, data: bytes):
     if code == _EXT_TUPLE:
-        _depth.n += 1
+        depth = _depth.n
         try:
-            if _depth.n > _MAX_DEPTH:
+            _depth.n = depth + 1  # set and restored, as in _default
+            if depth >= _MAX_DEPTH:
                 raise ValueError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
             return tuple(_unpackb(data))
         finally:
-            _depth.n -= 1
+            _depth.n = depth
     if code == _EXT_NDARRAY:
         (hlen,) = _EXT_ARRAY_PREFIX.unpack_from(data)
         dtype, shape = _array_header(data[4 : 4 + hlen])

@@ -23,7 +23,9 @@ from . import kinds
 from .codec import decode_body
 from .errors import ShmCacheError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY
+from .layout.dtypes import (
+    E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY, MAX_REMOTE_VERSION,
+)
 
 
 def _mark(cache, m: int) -> int:
@@ -49,7 +51,7 @@ def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, generation: int, v
                  deadline: float) -> bool:
     """Store the copy ``encoded`` (``SharedCache._encode``) of Redis version ``version`` for ``ttl`` ns, if its fill
     is in time, its mark (of ``generation``) is still there and nothing newer is known; False if refused."""
-    if time.monotonic() > deadline:
+    if time.monotonic() > deadline or not 1 <= version <= MAX_REMOTE_VERSION:
         return False
     m = cache._find_live(mkb, mfp)
     if m == EMPTY or cache._table.ver[m] != generation or _mark(cache, m) > version:
@@ -63,8 +65,14 @@ def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, generation: int, v
 
 def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: int) -> bool:
     """Apply an invalidation of ``version``: raise a lower mark, drop (or expire, if pinned) an older copy; whether
-    a copy went."""
+    a copy went. A version out of range (refused from Redis) is never adopted: the copy and the mark go, so the
+    fills in flight are refused too, and the next fill reads Redis afresh."""
     m = cache._find_live(mkb, mfp)
+    if not 1 <= version <= MAX_REMOTE_VERSION:
+        _drop(cache, m)
+        e = cache._find_live(kb, fp)
+        _drop(cache, e)
+        return e != EMPTY
     if m != EMPTY and _mark(cache, m) < version:
         try:  # the same generation: the fills registered on this mark stay registered
             cache._store_locked(m, *cache._encode(None, version, mkb), cache._exp[m],

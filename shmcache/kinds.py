@@ -17,6 +17,7 @@ import numpy as np
 
 from . import memo
 from .codec import KindKey
+from .errors import CorruptionError
 from .layout import KIND_PREFIX, MAX_KINDS
 from .layout.dtypes import (
     E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_ENTRIES, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES,
@@ -57,7 +58,12 @@ def _used(seg) -> int:
 def register_locked(seg, name: bytes) -> int:
     """The number of the kind called ``name``, a new one if there is none yet; 0 if the table is full."""
     kw, h = seg.kind_words, seg.header_words
-    used = _used(seg)
+    used = h[H_KINDS_USED]
+    # Damaged (out of range, or beyond the records that have names): the caller repairs and may ask again; never
+    # "the table is full" because of a count.
+    if not 0 <= used <= MAX_KINDS or (used and not 0 < kw[used * KIND_WORDS + K_NAME_NBYTES] <= KIND_NAME_NBYTES):
+        raise CorruptionError(f"kinds_used={used} is out of range or beyond the kinds made", what="kind",
+                              hint="the operation can be retried")
     for k in range(1, used + 1):
         if _name(seg, k) == name:
             return k
@@ -203,8 +209,12 @@ class KindView(LocalMapping):
         return self.cache._locked(self._stats_locked)
 
     def _stats_locked(self) -> KindStats:
-        kw = self.cache._seg.kind_words
-        return KindStats(kw[self._n * KIND_WORDS + K_ENTRIES], kw[self._n * KIND_WORDS + K_RETAINED])
+        seg = self.cache._seg
+        kw, n = seg.kind_words, self._n * KIND_WORDS
+        if not (0 <= kw[n + K_ENTRIES] < seg.geometry.entry_slots
+                and 0 <= kw[n + K_RETAINED] <= seg.geometry.capacity_bytes):
+            self.cache._repair_locked()  # damaged counts are never reported (len() must not raise ValueError)
+        return KindStats(kw[n + K_ENTRIES], kw[n + K_RETAINED])
 
     def limits(self):
         """The cache's limits (a kind has none of its own)."""

@@ -22,9 +22,10 @@ import time
 
 from .codec import _xxh
 from .errors import RemoteError
+from .layout.dtypes import MAX_REMOTE_VERSION
 from .layout.tier import (
     C_LATENCY, C_REMOTE_CALLS, C_REMOTE_ERRORS, C_REMOTE_NS, C_REMOTE_SKIPPED, C_REMOTE_TIMEOUTS, LATENCY_BUCKETS,
-    F_EXPIRES, LATENCY_PER_OCTAVE, MESSAGE_HEADER, OP_CLEAR, PAYLOAD_HEADER, REMOTE_HEADER, REMOTE_MAGIC,
+    F_EXPIRES, F_KNOWN, LATENCY_PER_OCTAVE, MESSAGE_HEADER, OP_CLEAR, PAYLOAD_HEADER, REMOTE_HEADER, REMOTE_MAGIC,
 )
 
 log = logging.getLogger("shmcache.tiered")
@@ -51,6 +52,10 @@ local old, oldflags = 0, 0
 if #head == {REMOTE_HEADER.size} and string.sub(head, 1, 3) == '{_LUA_MAGIC}' then
   old, oldflags = struct.unpack('<dB', head, 4)
 end
+-- A version out of range (crafted, damaged: NaN, inf, fractional, huge) is no version: the key starts afresh from
+-- the clock, instead of carrying it on. Unknown flag bits: whether it expires is asked of Redis.
+if old ~= old or old < 1 or old > {MAX_REMOTE_VERSION} or old % 1 ~= 0 then old = 0 end
+if oldflags ~= 0 and oldflags ~= {F_EXPIRES} then oldflags = {F_EXPIRES} end
 local t = redis.call('TIME')
 local v = math.max(old + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 """
@@ -148,20 +153,38 @@ def pack_payload(kb: bytes, tag: int, body) -> bytes:
     return _HEADER_ROOM + PAYLOAD_HEADER.pack(tag, _check(kb, tag, body)) + body
 
 
+UNKNOWN_VERSION = -1  # what a script replied instead of a valid version: the write happened, its version is unknown
+
+
+def remote_version(v) -> int:
+    """``v``, a version from Redis (a value's header, a script's reply, an invalidation), as an int.
+
+    :raises ValueError: unless it is an integer from 1 to ``MAX_REMOTE_VERSION`` (a float that is one included).
+    """
+    if type(v) is float and v.is_integer():  # NaN and the infinities are not
+        v = int(v)
+    if type(v) is not int or not 1 <= v <= MAX_REMOTE_VERSION:
+        raise ValueError(f"version {v!r} is not an integer from 1 to {MAX_REMOTE_VERSION}")
+    return v
+
+
 def unpack_value(kb: bytes, blob: bytes) -> tuple[int, int, memoryview]:
     """(version, tag, body) of a value read from Redis for the key ``kb``.
 
-    :raises ValueError: if the blob is not a shmcache value of this format, or is not this key's (checksum).
+    :raises ValueError: if the blob is not a shmcache value of this format, is not this key's (checksum), or has a
+        version or flags out of range.
     """
     start = REMOTE_HEADER.size + PAYLOAD_HEADER.size
     if len(blob) < start or blob[:3] != REMOTE_MAGIC:
         raise ValueError("not a shmcache value of this format (another writer, or another version of shmcache)")
-    _, version, _ = REMOTE_HEADER.unpack_from(blob)
+    _, version, flags = REMOTE_HEADER.unpack_from(blob)
     tag, check = PAYLOAD_HEADER.unpack_from(blob, REMOTE_HEADER.size)
     body = memoryview(blob)[start:]
     if _check(kb, tag, body) != check:
         raise ValueError("checksum mismatch: the value was damaged, or written for another key")
-    return int(version), tag, body
+    if flags & ~F_KNOWN:
+        raise ValueError(f"flags {flags:#x} have bits this format does not define")
+    return remote_version(version), tag, body
 
 
 def _glob_escape(data: bytes) -> bytes:
@@ -266,6 +289,23 @@ class Remote:
             self._logged[kind] = now + LOG_EVERY_S
             log.warning("shmcache: Redis %s failed: %r (logged at most every %g s)", what, exc, LOG_EVERY_S)
 
+    def refused(self, what: str, detail: str, *args) -> None:
+        """Count something read from Redis that is refused (a value or an invalidation that is foreign, damaged or
+        out of range: ``remote_errors``), and log it at most every ``LOG_EVERY_S`` per ``what``."""
+        self.rows.row[C_REMOTE_ERRORS] += 1
+        now = time.monotonic()
+        if now >= self._logged.get(what, 0.0):
+            self._logged[what] = now + LOG_EVERY_S
+            log.warning("shmcache: " + detail + " (logged at most every %g s)", *args, LOG_EVERY_S)
+
+    def _version(self, v, what: str) -> int:
+        """A version a script replied with, or UNKNOWN_VERSION (counted and logged) if it is out of range."""
+        try:
+            return remote_version(v)
+        except ValueError as exc:
+            self.refused("version", "Redis %s replied with %s; the local copy is dropped", what, exc)
+            return UNKNOWN_VERSION
+
     def _recovered(self) -> None:
         with self._lock:
             was, self._down = self._down, False
@@ -287,25 +327,37 @@ class Remote:
         if blob[:3] != REMOTE_MAGIC or len(blob) < REMOTE_HEADER.size or not blob[REMOTE_HEADER.size - 1] & F_EXPIRES:
             return blob, -1
         ms = self._call("get", lambda c: c.pttl(key))
+        if type(ms) is not int or ms < -2:
+            ms = 0  # a reply out of range: the value is returned, and no copy of it kept
         return None if ms == -2 else (blob, ms)  # -2: gone in between
 
     def write(self, kb: bytes, payload: bytes, ttl_ms: int, mode: str = "set", expected: int = 0):
-        """Write and publish; the new version, or None if ``mode``'s condition failed (add: present; replace: absent;
-        cas: ``expected`` is not the current version). ``ttl_ms``: 0 none, -1 keep the key's."""
+        """Write and publish; the new version (UNKNOWN_VERSION if out of range), or None if ``mode``'s condition
+        failed (add: present; replace: absent; cas: ``expected`` is not the current version). ``ttl_ms``: 0 none, -1
+        keep the key's."""
         v = self._call("write", lambda c: self._scripts[0](keys=[self.prefix + kb],
                                                            args=[self.channel, kb, payload, ttl_ms, mode, expected]))
-        return None if v is None else int(v)
+        return None if v is None else self._version(v, "write")
 
     def delete(self, kb: bytes, want_value: bool = False):
         """Delete and publish; None if absent, else the new version, or (``want_value``) the new version and the
-        value removed."""
-        return self._call("delete", lambda c: self._scripts[1](keys=[self.prefix + kb],
-                                                              args=[self.channel, kb, "1" if want_value else "0"]))
+        value removed. A version out of range is UNKNOWN_VERSION."""
+        found = self._call("delete", lambda c: self._scripts[1](keys=[self.prefix + kb],
+                                                               args=[self.channel, kb, "1" if want_value else "0"]))
+        if found is None:
+            return None
+        if want_value:
+            if not isinstance(found, list) or len(found) != 2 or not isinstance(found[1], bytes):
+                self.refused("reply", "Redis delete replied with %r; the local copy is dropped", found)
+                return UNKNOWN_VERSION, b""
+            return self._version(found[0], "delete"), found[1]
+        return self._version(found, "delete")
 
     def touch(self, kb: bytes, ttl_ms: int):
-        """Set the time to live (0: none) and publish; the new version, or None if absent."""
+        """Set the time to live (0: none) and publish; the new version (UNKNOWN_VERSION if out of range), or None if
+        absent."""
         v = self._call("touch", lambda c: self._scripts[2](keys=[self.prefix + kb], args=[self.channel, kb, ttl_ms]))
-        return None if v is None else int(v)
+        return None if v is None else self._version(v, "touch")
 
     def clear(self, match_prefix: bytes = b"") -> int:
         """Delete every key of the namespace (whose encoded key starts with ``match_prefix``); how many. One

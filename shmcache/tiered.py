@@ -24,17 +24,17 @@ import time
 import weakref
 
 from . import copies, flight, lease, memo, ofd
-from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, ttl_ns
+from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, seconds, ttl_ns
 from .codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from .layout import KIND_PREFIX
 from .layout.tier import (
     C_COMPUTATIONS, C_INVALIDATIONS, C_LISTENER_STARTS, C_LOCAL_CLEARS, C_LOCAL_HITS, C_LOCAL_MISSES,
-    C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_ERRORS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
-    MESSAGE_HEADER, OP_CLEAR,
+    C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
+    MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
 from .listener import Listener
-from .remote import Remote, _redis, connect, log, pack_payload, unpack_value
+from .remote import UNKNOWN_VERSION, Remote, _redis, connect, pack_payload, remote_version, unpack_value
 from .tiermap import TierMapping
 from .tierstats import Rows, TierStats
 from .trust import Trust
@@ -78,8 +78,7 @@ class TieredCache(TierMapping):
             raise ValueError(f"namespace must be 1 to {MAX_NAMESPACE} letters, digits, _ or -; got {namespace!r}")
         for what, v in (("max_age", max_age), ("timeout", timeout), ("retry_interval", retry_interval),
                         ("lock_lease", lock_lease)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-                raise ValueError(f"{what} must be a positive number of seconds, got {v!r}")
+            seconds(what, v)
         ttl_ns(default_ttl)
         _redis()  # redis-py missing: ImportError now, with the extra to install
         self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
@@ -184,15 +183,14 @@ class TieredCache(TierMapping):
             version, tag, body = unpack_value(kb, blob)
             return version, tag, body, decode_body(tag, body)
         except ValueError as exc:
-            self._row[C_REMOTE_ERRORS] += 1
-            log.warning("shmcache: Redis key %r of namespace %r holds no valid value (%s); treated as absent",
-                        self._remote.key(kb), self.namespace, exc)
+            self._remote.refused("value", "Redis key %r of namespace %r holds no valid value (%s); treated as absent",
+                                 self._remote.key(kb), self.namespace, exc)
             return None
 
     def _keep(self, kb: bytes, tag: int, body, version: int, ttl: float, deadline: float, generation) -> None:
         """Store a copy of Redis version ``version`` for ``ttl`` s, unless it is stale or late (``copies.py``)."""
-        if generation is None:  # no mark, so no copy: and an older one must not stay
-            self._drop_older(kb, version)
+        if generation is None or version == UNKNOWN_VERSION:  # no mark, or no version: no copy, and an older one
+            self._drop_older(kb, version)  # must not stay
             return
         local = self.local
         mkb = self._mprefix + kb
@@ -205,7 +203,8 @@ class TieredCache(TierMapping):
             self._drop_older(kb, version)
 
     def _drop_older(self, kb: bytes, version: int) -> None:
-        """Apply an invalidation of ``version`` to this host's copy of ``kb``."""
+        """Apply an invalidation of ``version`` to this host's copy of ``kb`` (a version out of range, such as
+        UNKNOWN_VERSION, drops the copy and its mark, whatever their versions: see copies.invalidate_locked)."""
         lkb, mkb = self._kprefix + kb, self._mprefix + kb
         self.local._locked(copies.invalidate_locked, self.local, lkb, fingerprint(lkb), mkb, fingerprint(mkb),
                            version)
@@ -343,7 +342,7 @@ class TieredCache(TierMapping):
         self._row[C_PUTS] += 1
         if version is None:
             return False
-        self._drop_older(kb, int(version))
+        self._drop_older(kb, version)
         return True
 
     def pop(self, key, default=_MISSING):
@@ -363,7 +362,7 @@ class TieredCache(TierMapping):
         if found is None:
             return _absent(key, default)
         version, blob = found
-        self._drop_older(kb, int(version))
+        self._drop_older(kb, version)
         decoded = self._decode(kb, blob)
         return _absent(key, default) if decoded is None else decoded[3]
 
@@ -423,9 +422,10 @@ class TieredCache(TierMapping):
         for the whole fleet: one process per host asks Redis (the host's single-flight), and one host computes
         while the others wait for its result (``lease.py``: a Redis lock with an owner token, renewed while the
         host lives; if it dies, its lock expires after ``lock_lease`` and a waiting host takes over). ``timeout``
-        bounds the wait for another computation (ComputeTimeout). With Redis unavailable, the host computes on
-        its own (``strict``: RemoteError)."""
+        bounds the wait for another computation (ComputeTimeout; None: no bound, else a finite number of
+        seconds). With Redis unavailable, the host computes on its own (``strict``: RemoteError)."""
         self._check_open()
+        seconds("timeout", timeout, none=True, zero=True)
         ttl = self._ttl(ttl)
         lkey = KindKey(self._n, key)
         value = self.local.get(lkey, _MISSING)
@@ -463,6 +463,8 @@ class TieredCache(TierMapping):
                 ttl: float | None = None):
         """``SharedCache.memoize`` over the fleet: each result computed once by the whole fleet
         (``get_or_compute``); ``cache_clear`` clears it on every host and in Redis."""
+        seconds("timeout", timeout, none=True, zero=True)
+
         def decorate(f):
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
@@ -486,14 +488,28 @@ class TieredCache(TierMapping):
     def _on_listening(self) -> None:
         self._row[C_LISTENER_STARTS] += 1
 
-    def _on_message(self, data: bytes) -> None:
+    def _on_message(self, data) -> None:
+        """Apply an invalidation message. One that is not valid is refused (counted in remote_errors, logged at most
+        every minute) and never adopted: a key's with a version out of range drops that key's copy and mark; one
+        whose key cannot be told drops the namespace's copies (a gap)."""
+        if type(data) is not bytes or len(data) < MESSAGE_HEADER.size or data[:1] not in (OP_KEY, OP_CLEAR):
+            self._remote.refused("message", "an invalidation of namespace %r is not valid (%r); the namespace's "
+                                 "copies are dropped", self.namespace, data[:MESSAGE_HEADER.size + 16])
+            self._on_gap()
+            return
         op, version = MESSAGE_HEADER.unpack_from(data)
-        kb = bytes(data[MESSAGE_HEADER.size:])
+        kb = data[MESSAGE_HEADER.size:]
         if op == OP_CLEAR:
             self._clear_local(kb)
             return
+        try:
+            version = remote_version(version)
+        except ValueError as exc:
+            self._remote.refused("message", "an invalidation of key %r of namespace %r is not valid (%s); the key's "
+                                 "copy is dropped", kb, self.namespace, exc)
+            version = UNKNOWN_VERSION
         # This host's own writes come back too: they drop nothing (the writer's copy has the version named).
-        self._drop_older(kb, int(version))
+        self._drop_older(kb, version)
         self._row[C_INVALIDATIONS] += 1
 
     # ------------------------------------------------------------------------------------------- the rest

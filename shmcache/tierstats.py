@@ -23,6 +23,7 @@ import numpy as np
 
 from . import ofd, space
 from .errors import LayoutError, LayoutVersionError
+from .layout.dtypes import MAX_COUNTER
 from .trust import Trust
 from .layout.tier import (
     C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
@@ -177,6 +178,10 @@ class Rows:
             # a segment; a process opening it in that instant counts privately (and says so).
             if ofd.lock(fd, r, ofd.WRITE, wait=False):
                 self._claim_fd = fd
+                # A count out of range (damaged, or written by hand) starts over at 0: near 2**63, the next
+                # increment would overflow and fail the call that counts.
+                words = self.words[r]
+                words[(words < 0) | (words > MAX_COUNTER)] = 0
                 off = (TIER_HEADER_WORDS + r * TIER_ROW_WORDS) * 8
                 return memoryview(self.mm)[off : off + TIER_ROW_WORDS * 8].cast("q")
         os.close(fd)

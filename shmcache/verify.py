@@ -2,9 +2,10 @@
 operation failed half-way, by the stress scripts and by the state-machine test.
 
 Every loop is bounded by the table sizes, never by a value read from the segment, so a walk over garbage ends.
-``repair`` keeps every entry whose block, key fingerprint and value checksum still agree, relinks them, rebuilds the
-index, the free list and the ring, and recomputes the occupancy counters; whatever does not check out is dropped. A
-cache may lose entries this way, never return a wrong value. All functions assume the cache lock is held.
+``repair`` keeps every entry whose block, key fingerprint and value checksum still agree and whose value decodes,
+relinks them, rebuilds the index, the free list and the ring, recomputes the occupancy counters and puts every
+header word back in its range (``header_ranges``); whatever does not check out is dropped. A cache may lose entries
+this way, never return a wrong value. All functions assume the cache lock is held.
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ import numpy as np
 
 from . import index, ofd
 from .arena import block_nbytes, write_dead
-from .codec import checksum, fingerprint
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_KINDS, NEVER, NIL, SENTINEL
+from .codec import TAG_BYTES, checksum, decode_body, fingerprint
+from .layout import (
+    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURES, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
+    MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
+)
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED,
-    H_CAPACITY_BYTES, H_ENTRIES, H_EVICTIONS, H_FILL, H_FREE_HEAD, H_HEAD, H_KINDS_USED, H_MAX_ENTRIES,
-    H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_VERSION_CLOCK, H_WRITING, H_TAIL, H_UNUSED_NEXT, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_NBYTES,
+    H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_DELETES,
+    H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
+    H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
+    H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
+    H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES, KIND_WORDS,
 )
 
 _W = ENTRY_WORDS
@@ -48,22 +55,37 @@ class _Problems(list):
 
 
 def _block_ok(seg, e: int, deep: bool) -> bool:
-    """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says."""
+    """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says and
+    its value decodes."""
+    return _block_problem(seg, e, deep) is None
+
+
+def _block_problem(seg, e: int, deep: bool) -> str | None:
+    """What is wrong with entry ``e``'s block (see ``_block_ok``), or None."""
     ent, size = seg.entry_words, seg.geometry.arena_nbytes
     b = e * _W
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
     if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
-        return False
+        return "its block is out of bounds"
     nb = block_nbytes(klen + vlen)
     if off + nb > size or seg.arena_words[off >> 3] != nb | (e << 32) or ent[b + E_CHECK] == 0:
-        return False
+        return "its block is out of bounds, not its own, or it has no checksum"
     if not deep:
-        return True
+        return None
     v0 = off + BLOCK_HEADER_NBYTES
     arena = seg.arena
-    return fingerprint(arena[v0 + vlen : v0 + vlen + klen]) == ent[b + E_FP] and checksum(
-        arena[v0 : v0 + vlen]
-    ) == ent[b + E_CHECK]
+    if fingerprint(arena[v0 + vlen : v0 + vlen + klen]) != ent[b + E_FP]:
+        return "its key does not hash to its fingerprint"
+    if checksum(arena[v0 : v0 + vlen]) != ent[b + E_CHECK]:
+        return "its value fails its checksum"
+    # A value stored with a valid checksum may still not decode (written so by a bug, or by hand): a get would
+    # fail on it for ever, so it counts as damage too.
+    try:
+        if arena[v0] != TAG_BYTES:  # bytes need no decoding
+            decode_body(arena[v0], arena[v0 + 1 : v0 + vlen])
+    except ValueError as exc:
+        return f"its value does not decode ({exc})"
+    return None
 
 
 def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
@@ -88,12 +110,56 @@ def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
     return order
 
 
+_COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
+             H_WAITS, H_TAKEOVERS, H_EXPIRED)
+_INT64_MAX = 2**63 - 1
+_DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
+
+
+def header_ranges(g) -> dict[int, tuple[int, int]]:
+    """The valid range ``(lowest, highest)`` of every header word but the lock, for a segment of geometry ``g``.
+    Words that describe the structures (occupancy, ring, free list, expiry bound, version clock) are also checked
+    against them by ``check``; a word in range can still be wrong, but one out of range always is."""
+    slots, cap, arena = g.entry_slots, g.capacity_bytes, g.arena_nbytes
+    ranges = {w: (v, v) for w, v in _identity(g).items()}
+    ranges.update({w: (0, MAX_COUNTER) for w in _COUNTERS})
+    ranges.update({
+        H_DIRTY: (0, _DIRTY_MAX),
+        H_ENTRIES: (0, slots - 1), H_RETAINED: (0, cap), H_MAX_ENTRIES: (1, slots - 1), H_MAX_RETAINED: (1, cap),
+        H_HEAD: (0, arena - 1), H_TAIL: (0, arena - 1), H_FILL: (0, arena), H_ARENA_USED: (0, arena),
+        H_FREE_HEAD: (NIL, slots - 1), H_UNUSED_NEXT: (1, slots), H_CREATED_NS: (0, _INT64_MAX),
+        H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
+        H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
+    })
+    return ranges
+
+
+def _identity(g) -> dict[int, int]:
+    """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
+    return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: FEATURES, H_TOTAL_NBYTES: g.total_nbytes,
+            H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
+            H_CAPACITY_BYTES: g.capacity_bytes}
+
+
+_WORD_NAMES = {HEADER.fields[n][1] // 8: n for n in HEADER.names if n != "lock"}
+
+
+def header_problems(seg) -> list[str]:
+    """The header words out of their range (``header_ranges``), one message each: O(1), for stats() and len()."""
+    h = seg.header_words
+    return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
+            for w, (lo, hi) in header_ranges(seg.geometry).items() if not lo <= h[w] <= hi]
+
+
 def check(seg, deep: bool = True) -> VerifyReport:
     """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
-    value (O(bytes stored)); without it the walk is O(entries + index slots + ring blocks)."""
+    value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
+    blocks)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
     slots, mask = g.entry_slots, g.index_slots - 1
+    for msg in header_problems(seg):
+        problems.add(msg)
     if h[H_WRITING]:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
@@ -104,8 +170,9 @@ def check(seg, deep: bool = True) -> VerifyReport:
     blocks, good = [], []
     for e in order:
         b = e * _W
-        if not _block_ok(seg, e, deep):
-            problems.add(f"entry {e}: its block is out of bounds, unowned, or fails its checksum")
+        bad = _block_problem(seg, e, deep)
+        if bad:
+            problems.add(f"entry {e}: {bad}")
             continue
         good.append(e)
         klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
@@ -184,6 +251,15 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         problems.add(f"arena ring holds {found} live blocks, the LRU list {len(live)} entries")
 
 
+def _named_kinds(seg) -> int:
+    """How many kind records, from record 1 on, have a name of a valid length (records handed out have one)."""
+    kw = seg.kind_words
+    for k in range(1, MAX_KINDS + 1):
+        if not 0 < kw[k * KIND_WORDS + K_NAME_NBYTES] <= KIND_NAME_NBYTES:
+            return k - 1
+    return MAX_KINDS
+
+
 def _key_kind(seg, e: int) -> int:
     """The kind number in entry ``e``'s key (0: a key of no kind)."""
     b = e * _W
@@ -209,6 +285,8 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
     if not 0 <= h[H_KINDS_USED] <= MAX_KINDS:
         problems.add(f"kinds_used={h[H_KINDS_USED]} is out of range")
+    elif _named_kinds(seg) < h[H_KINDS_USED]:
+        problems.add(f"kinds_used={h[H_KINDS_USED]}, but only records 1 to {_named_kinds(seg)} have names")
     clock = h[H_VERSION_CLOCK]
     for e in good:
         if seg.kinds_bytes[e] != _key_kind(seg, e):
@@ -253,6 +331,7 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
 def repair(seg) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    _repair_words(seg)  # first: the counters it puts back in range are counted in below
     slots = g.entry_slots
     unused = h[H_UNUSED_NEXT] if 1 <= h[H_UNUSED_NEXT] <= slots else slots
     listed = _walk_lru(ent, slots, _Problems())
@@ -272,7 +351,9 @@ def repair(seg) -> int:
                 continue
             kept.pop()
         kept.append((off, nb, e))
-    kept_ids = sorted((e for _, _, e in kept), key=lambda e: rank.get(e, slots))
+    # Entries of a kind whose record lost its name (or lies beyond a record that did) go: no kind() can reach them.
+    named = _named_kinds(seg)
+    kept_ids = sorted((e for _, _, e in kept if _key_kind(seg, e) <= named), key=lambda e: rank.get(e, slots))
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
@@ -285,10 +366,25 @@ def repair(seg) -> int:
             del kept_ids[i]
             retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
             h[H_EVICTIONS] += 1
-    dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids)
+    dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
     _rebuild(seg, kept_ids, unused)
     h[H_WRITING] = 0
     return max(dropped, 0)
+
+
+def _repair_words(seg) -> None:
+    """Put back in range the header words that nothing rebuilds: line 0 from this handle's geometry (what it
+    attached to, so later attachers are not refused), a counter to 0, the display words to 0, and the default time
+    to live to 0 (never expire: a damaged one could make every put expire at once, and its true value is lost)."""
+    h = seg.header_words
+    for w, v in _identity(seg.geometry).items():
+        h[w] = v
+    ranges = header_ranges(seg.geometry)
+    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL):
+        lo, hi = ranges[w]
+        # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
+        if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):
+            h[w] = 0
 
 
 def _pinned(seg, e: int) -> bool:
@@ -334,22 +430,23 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     dropped[kept] = False
     x[dropped | (x < 0)] = 0
     del x
-    # Versions: the clock above every kept one; a damaged version is replaced by a fresh one (a cas holding the
-    # old one then fails, as it should: the entry cannot be shown unchanged).
-    clock = max([h[H_VERSION_CLOCK], 0] + [seg.versions_words[e] for e in kept])
+    # Versions: the clock above every kept one; a damaged version (out of range) is replaced by a fresh one (a cas
+    # holding the old one then fails, as it should: the entry cannot be shown unchanged). A clock out of range
+    # restarts from the highest kept version. Why not keep it: a clock near 2**63 makes every later store overflow.
+    valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= MAX_VERSION]
+    clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= MAX_VERSION else 0] + valid)
     for e in kept:
         seg.kinds_bytes[e] = _key_kind(seg, e)
-        if seg.versions_words[e] <= 0:
+        if not 0 < seg.versions_words[e] <= MAX_VERSION:
             clock += 1
             seg.versions_words[e] = clock
     h[H_VERSION_CLOCK] = clock
     counts, nbytes = _kind_counts(seg, kept)
     for k in range(1, MAX_KINDS + 1):
         kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED] = counts[k], nbytes[k]
-    highest = max(k for k in range(MAX_KINDS + 1) if k == 0 or counts[k])
-    if not highest <= h[H_KINDS_USED] <= MAX_KINDS:
-        # Damaged: the records up to the highest kind in use stay handed out (their names are still there).
-        h[H_KINDS_USED] = highest
+    # The records handed out are those with a name (records are handed out in order, the name before the count;
+    # repair dropped the entries of kinds beyond them): a count beyond them would make kind() find the table full.
+    h[H_KINDS_USED] = _named_kinds(seg)
     expiring = [exp[e] for e in kept if exp[e]]
     h[H_NEXT_EXPIRY] = min(expiring) if expiring else NEVER
 

@@ -5,7 +5,9 @@ stress.hammer, with verify calls that may repair). Then the parent damages the s
 /dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
 slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters,
 ring and expiry words (lines 2-5), the index, the entry table, the arena, the per-entry columns (expires, versions,
-kinds, pins) and the kind table, half of them aimed at words in use. Line 0
+kinds, pins) and the kind table, half of them aimed at words in use; and up to HEADER_WORDS_MAX header words of
+lines 2-5 (any of them: counters, limits, default_ttl, version clock, next_expiry...) set to extremes (0, -1,
+2**63 - 1, -2**63, just past the version and counter bounds, random), unless --no-header-words. Line 0
 (identity and geometry) and line 1 (the mutex) are left alone: attaching to a segment whose identity is damaged
 fails by design. With --identity, each round also damages one line-0 word, checks that attaching then either works
 or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
@@ -48,7 +50,7 @@ import traceback
 
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
-from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_LOCK_OFF, H_UNUSED_NEXT, KIND
+from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_LOCK_OFF, H_UNUSED_NEXT, HEADER, KIND
 from shmcache.lock import MUTEX_KIND
 
 from .common import (
@@ -194,6 +196,25 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
     os._exit(0)  # holding the lock, like a crash: no unlock, no cleanup
 
 
+# Header words the header-word damage aims at: every word of lines 2-5 (counters, dirty, occupancy, limits, ring,
+# slot allocator, display words, version clock, expiry bound, default time to live, kinds, writing). Line 0 is the
+# --identity test's; line 1 is the mutex.
+HEADER_WORDS = [n for n in HEADER.names if n != "lock" and HEADER.fields[n][1] >= 128]
+HEADER_WORDS_MAX = 2  # header words damaged after each round: 0 to this many
+
+
+def damage_header_word(mm, rng: random.Random) -> str:
+    """Set one header word to a value chosen to be out of its range or at an extreme (0, -1, 2**63 - 1, -2**63,
+    just above the version and counter bounds, random), or plausibly off by one; returns what was done."""
+    word = rng.choice(HEADER_WORDS)
+    off = HEADER.fields[word][1]
+    old = _word(mm, off)
+    new = rng.choice((0, -1, 1, 2**63 - 1, -(2**63), 2**62, 2**62 + 1, 2**53 + 1, -rng.randrange(1, 2**40),
+                      rng.randrange(2**40), rng.getrandbits(64) - 2**63, old + 1, old - 1, old * 2, -old))
+    _put_word(mm, off, new)
+    return f"header word {word}: {old} -> {_word(mm, off)}"
+
+
 def _watchdog() -> None:
     faulthandler.enable()  # a segfault prints the Python stack
     faulthandler.dump_traceback_later(ROUND_SECONDS - 1.0)  # so does a hang, just before the parent kills us
@@ -212,9 +233,9 @@ def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max
         counts[base + ERRORS] += 1
         return
     with cache:
-        try:  # registers its key kind: a locked call, which damage may fail like any other
-            w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes, mix=FUZZ_MIX,
-                         strict=False)
+        try:  # it opens a key kind: damage met there raises like any operation's
+            w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes,
+                         mix=FUZZ_MIX, strict=False)
         except ShmCacheError:
             counts[base + ERRORS] += 1
             return
@@ -258,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-going", action="store_true", help="go on after a round that failed")
     parser.add_argument("--lock-share", type=float, default=LOCK_SHARE, metavar="P",
                         help=f"odds that a spot damaged between rounds is in the mutex's bytes (default {LOCK_SHARE})")
+    parser.add_argument("--no-header-words", dest="header_words", action="store_false",
+                        help="do not also set header words of lines 2-5 to extreme or out-of-range values")
     args = parser.parse_args(argv)
     exit_on_sigterm()
     rng = random.Random(args.seed)
@@ -309,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                 log.append(corrupt_lock(mm, rng, stranger.pid) if lock_spot else corrupt(mm, g, rng))
                 corruptions += 1
                 lock_corruptions += lock_spot
+            for _ in range(rng.randint(0, HEADER_WORDS_MAX) if args.header_words else 0):
+                log.append(damage_header_word(mm, rng))
+                corruptions += 1
             if rounds % REPAIR_EVERY == 0:
                 repair()
             if failures() > before:

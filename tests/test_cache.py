@@ -309,3 +309,25 @@ def test_cache_many_entries_index_stays_consistent(name):
         present = [i for i in range(5000) if c.get(f"key-{i}") == i]
         assert len(present) == len(c)
         assert c.verify().ok
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0, 0, 0.0, -float("inf"), True, "1", None])
+def test_cache_lock_timeout_must_be_finite_and_positive(name, bad):
+    with pytest.raises(ValueError, match="lock_timeout"):
+        SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=bad)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0, -float("inf"), True, "1"])
+def test_cache_get_or_compute_timeout_must_be_finite_or_none(cache, bad):
+    with pytest.raises(ValueError, match="timeout"):
+        cache.get_or_compute("k", lambda: 1, timeout=bad)
+    with pytest.raises(ValueError, match="timeout"):
+        cache.memoize(timeout=bad)
+    assert cache.get_or_compute("k", lambda: 1, timeout=None) == 1 and cache.get_or_compute("j", lambda: 2,
+                                                                                           timeout=0) == 2
+
+
+def test_cache_lock_timeout_finite_large_works(name):
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=1e9) as c:
+        c.put("k", 1)
+        assert c.get("k") == 1

@@ -736,3 +736,104 @@ def test_decode_deeply_nested_tuples_does_not_crash(mode, depth, allowed):
                           timeout=60)
     assert proc.returncode == 0, f"decoder process died with status {proc.returncode}"
     assert proc.stdout.strip() in allowed
+
+
+_PUT_FROM_HANDLER = r"""
+import json, signal, sys, time
+from shmcache import SharedCache
+from shmcache.lock import Reentered
+from tests.workers import check_varied_value, make_varied_value
+
+c = SharedCache(sys.argv[1], capacity_bytes=8 << 20, max_entries=2048)
+last = {}  # key -> seq of the last put that returned
+nested = refused = 0
+busy = False  # a signal arriving while the handler runs is skipped: handlers nest, and would nest without end
+
+def handler(signum, frame):
+    global nested, refused, busy
+    if busy:
+        return
+    busy = True
+    try:
+        nested += 1
+        key = f"s{nested % 97}"
+        try:
+            c.put(key, make_varied_value(key, nested))
+        except Reentered:  # it landed while the main thread held the lock: refused, and nothing written
+            refused += 1
+            return
+        last[key] = nested
+    finally:
+        busy = False
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.00007)
+deadline = time.monotonic() + 3
+i = 0
+while time.monotonic() < deadline:
+    i += 1
+    key = f"m{i % 301}"
+    c.put(key, make_varied_value(key, i))
+    last[key] = i
+signal.setitimer(signal.ITIMER_REAL, 0)
+bad = []
+for key, seq in sorted(last.items()):
+    try:
+        check_varied_value(key, c.get(key), seq)
+    except Exception as exc:
+        bad.append(f"{key}: {exc!r:.300}")
+print(json.dumps({"puts": i, "nested": nested, "refused": refused, "bad": len(bad), "first": bad[:5],
+                  "verify": list(c.verify(deep=True).problems)[:5]}))
+c.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_codec_put_from_signal_handler_never_corrupts_a_value(name):
+    """A signal handler that puts while the main thread is encoding a value re-enters the value encoder: each of the
+    two values must still be stored whole, and every key must read back the value last put under it."""
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run([sys.executable, "-c", _PUT_FROM_HANDLER, name], cwd=root, capture_output=True,
+                             text=True, timeout=50)
+        assert out.returncode == 0, out.stderr[-3000:]
+        r = json.loads(out.stdout)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            from shmcache import SharedCache
+
+            SharedCache.unlink_name(name)
+    assert r["nested"] > 100 and r["puts"] > 1000, r  # the storm did happen
+    assert r["bad"] == 0 and r["verify"] == [], r
+
+
+@pytest.mark.parametrize("value", [
+    msgpack.ExtType(1, b"\x90"),  # our own tuple code: would come back as ()
+    msgpack.ExtType(5, b"x"),
+    [1, msgpack.ExtType(2, b"")],
+    {"a": {"b": [msgpack.ExtType(3, b"\x01")]}},
+    {msgpack.ExtType(5, b"k"): 1},
+    (1, (msgpack.ExtType(1, b"\x90"),)),
+    {"arr": np.arange(3), "x": [msgpack.ExtType(127, b"\0" * 4)]},
+    [0.5] * 100 + [[1.5] * 40 + [{"deep": msgpack.ExtType(4, b"")}]],  # long containers: the C pass over types
+    [type("Sub", (msgpack.ExtType,), {})(6, b"")],  # a subclass reaches the default hook
+])
+def test_value_ext_type_refused(value):
+    with pytest.raises(TypeError, match="ExtType"):
+        encode_value(value)
+
+
+@pytest.mark.parametrize("key", [msgpack.ExtType(1, b"\x90"), [msgpack.ExtType(5, b"x")],
+                                 {"a": msgpack.ExtType(5, b"")}])
+def test_key_ext_type_refused(key):
+    with pytest.raises(TypeError):
+        encode_key(key)
+
+
+def test_value_ext_marker_bytes_in_plain_data_still_encode():
+    """Bytes that look like ext markers inside numbers, strings and arrays are data, not refused."""
+    value = {"f": struct.unpack("<d", bytes([0xC7, 0xD4, 0xD8, 0xC9, 0, 0, 0, 0x40]))[0], "b": bytes(range(256)),
+             "t": (1, 2), "a": np.arange(300, dtype=np.uint16)}
+    assert same_value(value, decode_value(encode_value(value)))

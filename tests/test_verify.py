@@ -243,3 +243,144 @@ def test_verify_damaged_free_list_head_never_overwrites_a_resident_entry(name, f
             check_value(f"k{i}", v)
         assert c.verify().ok
         c.unlink()
+
+
+# Values whose checksum is right but whose bytes do not decode: (tag, body) as a put would store them.
+UNDECODABLE = {
+    "msgpack never-used byte": (ord("M"), b"\xc1"),
+    "msgpack truncated": (ord("M"), b"\x92\x01"),
+    "msgpack extra data": (ord("M"), b"\x01\x02"),
+    "msgpack unknown ext": (ord("M"), b"\xd4\x09\x00"),
+    "array short data": (ord("A"), b"\x00\x05\x00\x00\x00\x00\x00" + b"\x92\xa3<i8\x91\x03" + b"\0" * 3),
+    "unknown tag": (ord("Z"), b"payload"),
+}
+
+
+def _plant(c: SharedCache, key: str, tag: int, body: bytes) -> None:
+    """Store ``body`` under ``key`` as a put would, with a correct checksum, through the cache's own store."""
+    from shmcache.layout import EMPTY
+
+    c._locked(c._store_locked, EMPTY, *c._encode(key, None, parts=(tag, body)), 0)
+
+
+@pytest.mark.parametrize("what", sorted(UNDECODABLE))
+def test_verify_deep_reports_a_value_that_does_not_decode_and_repair_drops_it(name, what):
+    with _filled(name) as c:
+        _plant(c, "bad", *UNDECODABLE[what])
+        assert c.verify(deep=False).ok  # its block and checksum are in order: only decoding tells
+        r = c.verify(deep=True)
+        assert not r.ok and any("does not decode" in p for p in r.problems), r.problems
+        c.verify(repair_damage=True)
+        assert c.verify().ok and c.get("bad") is None
+        for i in range(20):
+            check_value(f"k{i}", c.get(f"k{i}"))
+
+
+@pytest.mark.parametrize("what", sorted(UNDECODABLE))
+def test_verify_get_of_a_value_that_does_not_decode_raises_corruption_and_drops_it(name, what):
+    with _filled(name) as c:
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):  # (an array's header is read under the lock: damage, repaired)
+            c.get("bad")
+        assert c.get("bad") is None and c.verify().ok and len(c) == 20
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):
+            c.get_with_version("bad")
+        _plant(c, "bad", *UNDECODABLE[what])
+        with pytest.raises(CorruptionError):
+            c.pop("bad")
+        assert c.get("bad") is None and c.verify().ok
+
+
+HEADER_WORDS = [n for n in d.HEADER.names if n != "lock"]
+BAD_WORDS = [-1, 2**63 - 1, -(2**63), 2**62 + 12345]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("word", HEADER_WORDS)
+def test_verify_header_word_out_of_range_is_reported_and_repaired(name, word):
+    """Each header word, damaged to values out of its range: check() names it, and after the repair the word is in
+    range, verify() is ok, put and get work, len() and stats() answer, and a new handle can attach."""
+    from shmcache.verify import check, header_ranges
+
+    w = d.HEADER.fields[word][1] // 8
+    with _filled(name) as c:
+        lo, hi = header_ranges(c._seg.geometry)[w]
+        for n, bad in enumerate(BAD_WORDS):
+            if lo <= bad <= hi:
+                continue  # (created_ns: any time from 0 on is one)
+            c._seg.header_words[w] = bad
+            report = check(c._seg)
+            assert not report.ok and any(p.startswith(f"header word {word}=") for p in report.problems), \
+                (bad, report.problems)
+            c.verify(repair_damage=True)
+            assert lo <= c._seg.header_words[w] <= hi, (bad, c._seg.header_words[w])
+            assert c.verify().ok, c.verify().problems
+            _all_ops_sound(c, [f"k{i}" for i in range(20)])
+            for i in range(10):
+                key = f"n{n}-{i}"
+                c.put(key, make_value(key, i, 60))
+                check_value(key, c.get(key))  # not vanished (default_ttl), not refused (clock, counters)
+            assert 0 <= len(c) <= 32 and c.stats().entries == len(c)
+            with SharedCache(name, create=False) as other:  # line 0 restored: attach is not refused
+                assert len(other) == len(c)
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**63), 2**63 - 1])
+def test_verify_len_of_a_damaged_entry_count_repairs_and_answers(name, bad):
+    with _filled(name) as c:
+        c._seg.header_words[d.H_ENTRIES] = bad
+        assert len(c) == 20 and c.verify().ok
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**63), 2**63 - 1])
+def test_verify_kind_len_of_a_damaged_count_repairs_and_answers(name, bad):
+    with _filled(name) as c:
+        kind = c.kind("k")
+        kind.put("a", 1)
+        kw = c._seg.kind_words
+        kw[kind._n * d.KIND_WORDS + d.K_ENTRIES] = bad
+        assert len(kind) == 1 and c.verify().ok
+
+
+@pytest.mark.parametrize("bad", [-1, -(10**9), -(2**63)])
+def test_verify_damaged_default_ttl_never_makes_puts_vanish(name, bad):
+    with _filled(name) as c:
+        c._seg.header_words[d.H_DEFAULT_TTL] = bad
+        try:
+            c.put("new", "v")
+        except CorruptionError:  # found damaged by the put itself, and repaired
+            c.put("new", "v")
+        assert c.get("new") == "v" and c.verify().ok
+
+
+def test_verify_version_clock_near_the_top_never_stops_puts(name):
+    with _filled(name) as c:
+        c._seg.header_words[d.H_VERSION_CLOCK] = 2**63 - 1
+        failures = 0
+        for i in range(60):
+            try:
+                c.put(f"v{i}", i)
+            except CorruptionError:
+                failures += 1
+        assert failures <= 1 and c.verify().ok
+        assert all(c.get(f"v{i}") == i for i in range(30, 60))
+
+
+@pytest.mark.parametrize("bad", [255, 7, -1, 2**63 - 1])
+def test_verify_kinds_used_damaged_never_fills_the_kind_table(name, bad):
+    """kinds_used set beyond the records that have names (in range or not): check() reports it, and a new kind can
+    still be made afterwards (a count of 255 made every new kind() fail with "255 kinds already")."""
+    from shmcache.verify import check
+
+    with _filled(name) as c:
+        c.kind("a").put("x", 1)
+        c._seg.header_words[d.H_KINDS_USED] = bad
+        assert not check(c._seg).ok
+        try:
+            b = c.kind("b")
+        except CorruptionError:  # out of range: found by kind() itself, repaired
+            b = c.kind("b")
+        b.put("y", 2)
+        assert c.verify().ok and c.kind("a").get("x") == 1 and b.get("y") == 2
+        assert c._seg.header_words[d.H_KINDS_USED] == 2

@@ -53,6 +53,43 @@ def check_value(key: str, value) -> None:
     assert pad == bytes((value["seq"] + i) % 251 for i in range(len(pad))), f"wrong bytes under key {key!r}"
 
 
+def make_varied_value(key: str, seq: int):
+    """A value of many shapes (nested dicts, lists, tuples, arrays, strings) that names its key and carries a
+    checksum of its contents: what a store from a signal handler must not mix up with the value being encoded."""
+    n = seq % 9
+    shapes = (
+        lambda: {"t": tuple(range(n)), "rows": [{"i": i, "s": str(i) * n} for i in range(n + 2)]},
+        lambda: [(i, (i, (str(i),))) for i in range(n + 3)],
+        lambda: "x" * (seq % 500) + key,
+        lambda: {"a": np.arange(n + 5, dtype=np.int32), "b": [np.full(3, seq, dtype=np.float64), (n, "t")]},
+        lambda: ((((seq,),),), [(), (1,), {"k": (key, n)}]),
+        lambda: [np.arange(n, dtype=np.uint8).reshape(1, n), {"d": {"e": [n, (n,)]}}],
+    )
+    payload = shapes[seq % len(shapes)]()
+    return {"key": key, "seq": seq, "payload": payload, "sum": xxhash.xxh3_64_intdigest(_canonical(payload))}
+
+
+def _canonical(x) -> bytes:
+    """Bytes that differ whenever two payloads of make_varied_value differ (types, dtypes and shapes included)."""
+    if isinstance(x, np.ndarray):
+        return b"A" + x.dtype.str.encode() + repr(x.shape).encode() + x.tobytes()
+    if isinstance(x, (list, tuple)):
+        return (b"L" if isinstance(x, list) else b"T") + b"".join(_canonical(i) + b"," for i in x) + b"]"
+    if isinstance(x, dict):
+        return b"D" + b"".join(_canonical(k) + b":" + _canonical(v) + b"," for k, v in x.items()) + b"}"
+    return type(x).__name__.encode() + repr(x).encode()
+
+
+def check_varied_value(key: str, value, seq: int | None = None) -> None:
+    """Raise AssertionError unless ``value`` is what make_varied_value built for ``key`` (and ``seq``, if given)."""
+    assert isinstance(value, dict) and value.get("key") == key, f"value {value!r:.200} under key {key!r}"
+    assert seq is None or value["seq"] == seq, f"seq {value['seq']} under key {key!r}, expected {seq}"
+    want = make_varied_value(key, value["seq"])
+    assert xxhash.xxh3_64_intdigest(_canonical(value["payload"])) == value["sum"] == want["sum"], \
+        f"torn value under key {key!r}"
+    assert _canonical(value["payload"]) == _canonical(want["payload"]), f"wrong payload under key {key!r}"
+
+
 def mixed_workload(cache, worker: int, ops: int, keys: int, seed: int) -> dict:
     """Random get/put/delete on shared keys, checking every value read; returns this worker's own counts."""
     rng = random.Random(seed * 1000 + worker)

@@ -45,9 +45,11 @@ Columns. Per-entry data kept beside the entry table rather than in its record, s
 record and expiry and kind walks are vectorised scans. ``expires`` is a CLOCK_MONOTONIC time in ns (0: never) and
 is 0 for every slot not resident; the header's ``next_expiry`` is a lower bound of the non-zero ones, so expired
 entries are looked for only once one can exist. ``versions`` takes the next value of the header's
-``version_clock`` at every store, so a version is never reused. ``kinds`` repeats the kind byte of the key (below),
-and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has pinned the entry; whether a
-pin is still held is asked of the kernel (below), since a pin ends with its process without a word written.
+``version_clock`` at every store, so a version is never reused (every version is from 1 to ``MAX_VERSION``, and
+one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). ``kinds`` repeats the kind
+byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
+pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
+without a word written.
 
 Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
 header packs the block length (low 32 bits) and the owning entry slot (high 32 bits, 0 for a dead block). Blocks are
@@ -78,13 +80,14 @@ Layout versions.
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURES, HEADER, HEADER_NBYTES, INDEX_SLOT,
-    KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_KINDS, NEVER, NIL, PAGE,
-    SEGMENT_PREFIX, SENTINEL,
+    KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_COUNTER, MAX_KINDS, MAX_PID,
+    MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
 )
 from .geometry import Geometry
 
 __all__ = [
     "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURES", "Geometry",
     "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES", "MAGIC",
-    "MAX_BLOCK_NBYTES", "MAX_KINDS", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+    "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS", "MAX_VERSION",
+    "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -25,6 +25,18 @@ NIL = 0  # "no slot" in the entry free list
 EMPTY = 0  # an empty index slot (entry slot 0 is the sentinel, so it can never be a real target)
 SENTINEL = 0  # entry slot of the LRU list's sentinel
 NEVER = 2**63 - 1  # next_expiry when no resident entry expires
+# The valid range of every version, time to live and counter a word of the segment holds (``verify.check`` tests
+# each header word against these, and the Redis tier refuses anything from Redis outside them).
+MAX_REMOTE_VERSION = 2**53  # a Redis tier version: a double in Redis (Lua numbers are doubles), exact integers end
+#                             at 2**53; versions are µs since the epoch, which reach it in the year 2255
+MAX_VERSION = 2**62  # version_clock and every entry's version: copies raise the clock to at most
+#                      MAX_REMOTE_VERSION and each store adds 1, so 2**62 - 2**53 stores (146 years at 10**9 a
+#                      second) stay below it; higher is damage, and the clock's +1 can never overflow the word
+MAX_COUNTER = 2**62  # a header counter (hits, puts, clears...): a few per operation stay below it for 146 years at
+#                      10**9 operations a second; higher is damage, and its +1 can never overflow the word
+MAX_TTL_NS = 2**61  # default_ttl_ns and every time to live: clock + ttl stays below 2**63 for every
+#                     CLOCK_MONOTONIC reading below 2**62 ns (146 years of uptime)
+MAX_PID = 2**22  # creator_pid: Linux's pid_max is at most 2**22
 KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
 HEADER_NBYTES = 512  # 8 cache lines; lines 6-7 are reserved for later layout versions

@@ -8,7 +8,9 @@ payload the client sends: the value's tag byte, an 8-byte little-endian checksum
 (``shmcache/codec.py``). The checksum is xxh3-64 of the body seeded with the encoded key's xxh3-64 plus the tag, so
 a value is never accepted for another key, nor when damage changed it. The version is assigned by Redis, inside
 the script that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and
-keeps growing across a delete as long as the server's clock does.
+keeps growing across a delete as long as the server's clock does. A valid version is an integer from 1 to
+``MAX_REMOTE_VERSION`` (``dtypes.py``) and valid flags have no bit but ``F_EXPIRES``; a value (or a reply, or a
+message) with anything else is refused, never adopted, and a script treats a previous version out of range as none.
 
 Invalidation message, published on the namespace's channel by the same script that wrote (so no write is ever
 visible without its message): the op byte (``OP_KEY`` or ``OP_CLEAR``), the new version (8-byte double), then the
@@ -30,6 +32,7 @@ import struct
 REMOTE_MAGIC = b"SC\x01"
 REMOTE_HEADER = struct.Struct("<3sdB")  # magic, version, flags
 F_EXPIRES = 1  # flags: the key was given a time to live (a reader then asks Redis how much is left)
+F_KNOWN = F_EXPIRES  # every flag bit defined: a value with another bit set is refused
 PAYLOAD_HEADER = struct.Struct("<BQ")  # tag, checksum
 MESSAGE_HEADER = struct.Struct("<cd")  # op, version
 OP_KEY, OP_CLEAR = b"k", b"c"
