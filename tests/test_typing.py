@@ -241,3 +241,27 @@ def test_typing_shared_cache_returns_what_it_declares(cache):
     memoized = cache.memoize(lambda x: x, name="typing.identity")
     memoized(1)
     _check([(memoized.cache_info, (), {}), (memoized.cache_clear, (), {}), (memoized.cache_parameters, (), {})])
+
+
+def test_typing_tiered_cache_returns_what_it_declares(cache, redis_url, namespace):
+    with TieredCache(cache, redis_url, namespace=namespace, strict=True) as tier:
+        tier.put("a", 1)
+        try:
+            _check([
+                (tier.get, ("a",), {}), (tier.put, ("b", 2), {}), (tier.add, ("c", 3), {}),
+                (tier.replace, ("c", 4), {}), (tier.get_with_version, ("c",), {}),
+                (tier.get_with_version, ("absent",), {}), (tier.cas, ("c", 5, 1), {}),
+                (tier.touch, ("c", 5.0), {}), (tier.ttl, ("c",), {}), (tier.ttl, ("a",), {}),
+                (tier.incr, ("n",), {}), (tier.decr, ("n",), {}), (tier.delete, ("n",), {}),
+                (tier.pop, ("c",), {}), (tier.setdefault, ("s", 1), {}), (tier.get_many, (["a", "b"],), {}),
+                (tier.put_many, ({"m": 1},), {}), (tier.__contains__, ("a",), {}), (tier.__len__, (), {}),
+                (tier.get_or_compute, ("gc", lambda: 5), {}), (tier.memoize, (lambda: 1,), {}),
+                (tier.stats, (), {}), (tier.set_limits, (), {"max_entries": 64}), (tier.values, (), {}),
+                (tier.items, (), {}), (tier.__iter__, (), {}), (tier.__enter__, (), {}), (tier.__reduce__, (), {}),
+                (tier.popitem, (), {}), (tier.clear, (), {}),
+            ])
+            limits = TieredCache.limits
+            assert isinstance(limits, property)
+            assert _conforms(tier.limits, _returns(limits)) and isinstance(tier.limits(), CacheLimits)
+        finally:
+            tier.unlink()
