@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
@@ -48,6 +50,9 @@ from .trust import Trust
 from .verify import VerifyReport, check, header_problems, repair
 from .view import Pin, PinDescriptions, View
 
+if TYPE_CHECKING:
+    from .memo import Memoized
+
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
 DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
@@ -63,9 +68,12 @@ _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
 MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
 _MISSING_ARG = object()  # an argument not given
+P = ParamSpec("P")
+R = TypeVar("R")
+_SC = TypeVar("_SC", bound="SharedCache")
 
 
-def ttl_ns(ttl) -> int:
+def ttl_ns(ttl: float) -> int:
     """A time to live in seconds as ns (0: never expires); raises ValueError or TypeError for anything else."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
@@ -144,9 +152,9 @@ class SharedCache(LocalMapping):
         mode: int = 0o600,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         default_ttl: float | None = None,
-        clock=None,
-        trust_owner=None,
-        group=None,
+        clock: Callable[[], int] | None = None,
+        trust_owner: int | str | Iterable[int | str] | None = None,
+        group: int | str | None = None,
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
     ) -> None:
         if create not in (None, True, False):
@@ -323,7 +331,7 @@ class SharedCache(LocalMapping):
 
     # ------------------------------------------------------------------------------------------- the dict-like API
 
-    def get(self, key, default=None):
+    def get(self, key: Any, default: Any = None) -> Any:
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
         # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
         # an object to carry them (and no other method takes one: encode_key refuses it).
@@ -458,7 +466,7 @@ class SharedCache(LocalMapping):
                 raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
         return self._clock() + ttl if ttl else 0
 
-    def put(self, key, value, ttl: float | None = None) -> None:
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
         the limits require (expired ones first). ``ttl``: seconds until the entry expires (0: never; None: the
         cache's ``default_ttl``).
@@ -551,7 +559,7 @@ class SharedCache(LocalMapping):
         return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
                              what="put", hint=f"raise {name} or store a smaller value")
 
-    def delete(self, key) -> bool:
+    def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
         return self._locked(self._delete_locked, kb, fingerprint(kb))
@@ -570,12 +578,12 @@ class SharedCache(LocalMapping):
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
 
-    def add(self, key, value, ttl: float | None = None) -> bool:
+    def add(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is absent (or expired); True if it was stored (memcached ``add``, APCu
         ``apcu_add``, diskcache ``add``)."""
         return self._store_if(key, value, ttl, present=False)
 
-    def replace(self, key, value, ttl: float | None = None) -> bool:
+    def replace(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is present; True if it was stored (memcached ``replace``)."""
         return self._store_if(key, value, ttl, present=True)
 
@@ -593,7 +601,7 @@ class SharedCache(LocalMapping):
         self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
         return True
 
-    def get_with_version(self, key, default=None) -> tuple:
+    def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         """``(value, version)`` for ``key``, or ``(default, None)`` if it is absent; the version changes with every
         store of the key and is what ``cas`` compares (memcached ``gets``)."""
         kb = encode_key(key)
@@ -619,14 +627,14 @@ class SharedCache(LocalMapping):
         h[H_DIRTY] = 0
         return tag, body, self._table.ver[e]
 
-    def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
+    def cas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key``'s entry still has ``version`` (from ``get_with_version``): nobody stored
         the key in between. True if stored; False if the key changed, expired or went (memcached ``cas``)."""
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int from get_with_version, got {version!r}")
         return self._store_if(key, value, ttl, present=True, version=version)
 
-    def touch(self, key, ttl: float | None = None) -> bool:
+    def touch(self, key: Any, ttl: float | None = None) -> bool:
         """Give ``key`` a new time to live from now (0: never expires; None: the cache's default), without
         changing its value, version or place in the LRU order; True if the key was present (memcached ``touch``,
         diskcache ``touch``)."""
@@ -656,7 +664,7 @@ class SharedCache(LocalMapping):
         self._h[H_DIRTY] = 0
         return n
 
-    def pop(self, key, default=_MISSING_ARG):
+    def pop(self, key: Any, default: Any = _MISSING_ARG) -> Any:
         """Remove ``key`` and return its value, or ``default`` if it is absent (without a default: KeyError);
         counted as a lookup and, when present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
@@ -686,7 +694,7 @@ class SharedCache(LocalMapping):
         h[H_DIRTY] = 0
         return found
 
-    def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def incr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """Add ``delta`` to the integer stored under ``key`` and return the new value. An absent key starts at
         ``initial`` (``None``: raise KeyError instead). memcached ``incr``, APCu ``apcu_inc``, diskcache ``incr``.
 
@@ -718,7 +726,7 @@ class SharedCache(LocalMapping):
         self._store_locked(old, *self._encode(key, value, kb), expires)
         return value
 
-    def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def decr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """``incr`` by ``-delta`` (no floor at zero, unlike memcached: the values are Python ints)."""
         if type(delta) is not int:
             raise TypeError("decr needs an int delta")
@@ -762,7 +770,7 @@ class SharedCache(LocalMapping):
             h[H_DIRTY] = 0
         return len(doomed)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         """Whether ``key`` is cached (and not expired); neither counts as a lookup nor changes the LRU order. An
         expired entry it finds is dropped, and counted in ``expired``."""
         kb = encode_key(key)
@@ -770,7 +778,8 @@ class SharedCache(LocalMapping):
 
     _MISSING = object()
 
-    def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
+    def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                       ttl: float | None = None) -> R:
         """The value cached for ``key``; on a miss, ``fn()``'s result, stored and returned, with ``fn`` run by one
         caller on the whole host at a time: callers in other processes (or threads) that miss the same key
         meanwhile wait for that result instead of computing it again.
@@ -817,8 +826,16 @@ class SharedCache(LocalMapping):
         finally:
             claim.release()
 
-    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None):
+    @overload
+    def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R]: ...
+
+    @overload
+    def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+
+    def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """Decorator: memoize a function in this cache, for every process, like ``functools.lru_cache`` with the
         cache shared. ``@cache.memoize`` or ``@cache.memoize(name=..., timeout=...)``.
 
@@ -831,7 +848,7 @@ class SharedCache(LocalMapping):
         """
         seconds("timeout", timeout, none=True, zero=True)
 
-        def decorate(f):
+        def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
@@ -908,7 +925,7 @@ class SharedCache(LocalMapping):
                                 hint="use fewer kinds (they are namespaces, not data)")
         return KindView(self, k, name)
 
-    def view(self, key) -> View:
+    def view(self, key: Any) -> View:
         """The value of ``key`` without a copy: ``with cache.view(key) as arr:`` gives a read-only numpy array
         (a read-only memoryview for a bytes value) over the bytes in shared memory. Counted as a lookup.
 
@@ -1060,13 +1077,13 @@ class SharedCache(LocalMapping):
         """Remove the named cache without opening it. :raises FileNotFoundError: if there is none."""
         unlink_name(name)
 
-    def __enter__(self) -> SharedCache:
+    def __enter__(self: _SC) -> _SC:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., SharedCache], tuple[Any, ...]]:
         # Pickled by name (and what it trusts): a spawned or forkserver worker re-attaches to the same segment.
         return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args()))
 
@@ -1085,6 +1102,7 @@ class SharedCache(LocalMapping):
         return self.limits().max_entries
 
 
-def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner=(), group=None) -> SharedCache:
+def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),
+              group: int | str | None = None) -> SharedCache:
     return SharedCache(name, create=False, lock_timeout=lock_timeout, mode=mode, trust_owner=trust_owner,
                        group=group)

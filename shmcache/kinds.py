@@ -11,7 +11,9 @@ scan. Functions ending in ``_locked`` need the cache lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
@@ -24,6 +26,15 @@ from .layout.dtypes import (
     K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
 from .mapping import LocalMapping
+
+if TYPE_CHECKING:
+    from .cache import SharedCache
+    from .memo import Memoized
+    from .stats import CacheLimits
+    from .view import View
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -126,60 +137,69 @@ class KindView(LocalMapping):
     global stats stay the whole cache's. The view shares its cache's handle: closing the cache closes it.
     """
 
-    def __init__(self, cache, number: int, name: str) -> None:
+    def __init__(self, cache: SharedCache, number: int, name: str) -> None:
         self.cache = cache
         self.name = name
         self._n = number
 
-    def get(self, key, default=None):
+    def get(self, key: Any, default: Any = None) -> Any:
         return self.cache.get(KindKey(self._n, key), default)
 
-    def put(self, key, value, ttl: float | None = None) -> None:
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         self.cache.put(KindKey(self._n, key), value, ttl)
 
-    def add(self, key, value, ttl: float | None = None) -> bool:
+    def add(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         return self.cache.add(KindKey(self._n, key), value, ttl)
 
-    def replace(self, key, value, ttl: float | None = None) -> bool:
+    def replace(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         return self.cache.replace(KindKey(self._n, key), value, ttl)
 
-    def delete(self, key) -> bool:
+    def delete(self, key: Any) -> bool:
         return self.cache.delete(KindKey(self._n, key))
 
-    def pop(self, key, *default):
+    def pop(self, key: Any, *default: Any) -> Any:
         try:
             return self.cache.pop(KindKey(self._n, key), *default)
         except KeyError:
             raise KeyError(key) from None
 
-    def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def incr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         try:
             return self.cache.incr(KindKey(self._n, key), delta, initial)
         except KeyError:
             raise KeyError(key) from None
 
-    def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def decr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         try:
             return self.cache.decr(KindKey(self._n, key), delta, initial)
         except KeyError:
             raise KeyError(key) from None
 
-    def touch(self, key, ttl: float | None = None) -> bool:
+    def touch(self, key: Any, ttl: float | None = None) -> bool:
         return self.cache.touch(KindKey(self._n, key), ttl)
 
-    def get_with_version(self, key, default=None) -> tuple:
+    def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         return self.cache.get_with_version(KindKey(self._n, key), default)
 
-    def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
+    def cas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
         return self.cache.cas(KindKey(self._n, key), value, version, ttl)
 
-    def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
+    def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                       ttl: float | None = None) -> R:
         return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
 
-    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None):
+    @overload
+    def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R]: ...
+
+    @overload
+    def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+
+    def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
-        def decorate(f):
+        def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
@@ -188,13 +208,13 @@ class KindView(LocalMapping):
         """``SharedCache._delete_prefix`` for keys of this kind (memoize's ``cache_clear``)."""
         return self.cache._delete_prefix(bytes((KIND_PREFIX, self._n)) + prefix)
 
-    def view(self, key):
+    def view(self, key: Any) -> View:
         try:
             return self.cache.view(KindKey(self._n, key))
         except KeyError:
             raise KeyError(key) from None
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         return KindKey(self._n, key) in self.cache
 
     def __len__(self) -> int:
@@ -216,11 +236,11 @@ class KindView(LocalMapping):
             self.cache._repair_locked()  # damaged counts are never reported (len() must not raise ValueError)
         return KindStats(kw[n + K_ENTRIES], kw[n + K_RETAINED])
 
-    def limits(self):
+    def limits(self) -> CacheLimits:
         """The cache's limits (a kind has none of its own)."""
         return self.cache.limits()
 
-    def set_limits(self, limits=None, **kwargs) -> None:
+    def set_limits(self, limits: CacheLimits | None = None, **kwargs: int | None) -> None:
         """The cache's ``set_limits``: limits are the whole cache's."""
         self.cache.set_limits(limits, **kwargs)
 

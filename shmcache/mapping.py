@@ -12,7 +12,8 @@ mutable mappings are unhashable in Python (``dict``); so are these. Registries o
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Mapping, MutableMapping, ValuesView
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
+from typing import Any
 
 from . import entries
 from .codec import _MASK63, KIND_PREFIXES, _xxh, decode_body, encode_key, fingerprint
@@ -22,26 +23,26 @@ from .keys import decode_key
 _MISSING = object()
 
 
-class _Values(ValuesView):
+class _Values(ValuesView[Any]):
     """``values()``: over one snapshot of the items, not a lookup per key."""
 
     __slots__ = ()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for _, value in self._mapping._items():
             yield value
 
 
-class _Items(ItemsView):
+class _Items(ItemsView[Any, Any]):
     """``items()``: over one snapshot of the items, not a lookup per key."""
 
     __slots__ = ()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return iter(self._mapping._items())
 
 
-class ItemAccess(MutableMapping):
+class ItemAccess(MutableMapping[Any, Any]):
     """``[]`` raises KeyError on a miss (or returns ``__missing__(key)`` where a subclass defines it) and ``del`` on
     an absent key, as a dict does. Subclasses provide get, put, delete, pop, popitem, setdefault, clear, put_many,
     ``__len__``, ``_keys()`` and ``_items()`` (lists: a snapshot)."""
@@ -49,7 +50,7 @@ class ItemAccess(MutableMapping):
     __slots__ = ()
     __hash__ = None  # see the module docstring
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
         if value is _MISSING:
             missing = getattr(type(self), "__missing__", None)
@@ -58,26 +59,26 @@ class ItemAccess(MutableMapping):
             raise KeyError(key)
         return value
 
-    def __setitem__(self, key, value) -> None:
+    def __setitem__(self, key: Any, value: Any) -> None:
         self.put(key, value)
 
-    def __delitem__(self, key) -> None:
+    def __delitem__(self, key: Any) -> None:
         if not self.delete(key):
             raise KeyError(key)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._keys())
 
-    def __reversed__(self):
+    def __reversed__(self) -> Iterator[Any]:
         return reversed(self._keys())
 
-    def values(self):
+    def values(self) -> ValuesView[Any]:
         return _Values(self)
 
-    def items(self):
+    def items(self) -> ItemsView[Any, Any]:
         return _Items(self)
 
-    def update(self, other=(), /, **kwargs) -> None:
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """``dict.update``, stored as one batch (``put_many``): every pair is gathered and encoded first."""
         if isinstance(other, Mapping):
             pairs = list(other.items())
@@ -117,7 +118,7 @@ class LocalMapping(ItemAccess):
         return [(k, decode_body(*entries.checked(cache, tag, body, check, e, False)))
                 for k, (_, tag, body, check, e) in zip(keys, found)]
 
-    def popitem(self) -> tuple:
+    def popitem(self) -> tuple[Any, Any]:
         """Remove the least recently used entry and return it as (key, value), in one hold of the lock (entries an
         open view pins are passed over); counted as a delete, not a lookup. :raises KeyError: if there is none."""
         cache, space = self._space()
@@ -127,7 +128,7 @@ class LocalMapping(ItemAccess):
         (key,) = _decode_keys(cache, [found[0]])
         return key, decode_body(found[1], found[2])
 
-    def setdefault(self, key, default=None, ttl: float | None = None):
+    def setdefault(self, key: Any, default: Any = None, ttl: float | None = None) -> Any:
         """The value of ``key`` if it is cached (a hit); else store ``default`` (``ttl`` as in put) and return it (a
         miss). One hold of the lock, so across processes exactly one caller stores and every other gets its value.
         ``default`` is encoded first, so it must be storable even when the key is present."""
@@ -136,7 +137,7 @@ class LocalMapping(ItemAccess):
         found = cache._locked(entries.setdefault_locked, cache, _ttl_ns(ttl), *encoded)
         return default if found is None else decode_body(*found)
 
-    def get_many(self, keys, default=None) -> list:
+    def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]`` in one hold of the lock: each key counted as a lookup and a hit made
         the most recent, as get does. A list in the order asked (keys may be unhashable: lists, dicts, arrays)."""
         cache, space = self._space()
@@ -161,7 +162,7 @@ class LocalMapping(ItemAccess):
             out.append(decode_body(tag, body))
         return out
 
-    def put_many(self, items, ttl: float | None = None) -> None:
+    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """Store every (key, value) of ``items`` (a mapping, or an iterable of pairs) as put does, in one hold of the
         lock; all are encoded first. An entry too large refuses the batch before anything is stored; a write that
         meets a pinned entry (PinnedError) stops the batch there, the entries before it stored."""
@@ -175,7 +176,7 @@ class LocalMapping(ItemAccess):
         if encoded:
             cache._locked(entries.put_many_locked, cache, _ttl_ns(ttl), encoded)
 
-    def ttl(self, key) -> float | None:
+    def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live, or None if it never expires; neither a lookup nor a move in the LRU
         order. :raises KeyError: if the key is absent (or expired)."""
         cache, _ = self._space()

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from .codec import encode_key_prefix
+
+if TYPE_CHECKING:
+    from .cache import SharedCache
+    from .kinds import KindView
+    from .tiered import TieredCache
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 _FAMILY = "shmcache.memoize"  # first item of every memoized key: [_FAMILY, function name, args, kwargs]
 _KEY_ITEMS = 4
@@ -25,7 +35,22 @@ class MemoInfo(NamedTuple):
     currsize: int
 
 
-def function_name(fn) -> str:
+class Memoized(Protocol[P, R_co]):
+    """What ``memoize`` returns for a function ``(*P) -> R``: a function of the same signature with
+    ``functools.lru_cache``'s ``cache_info()``, ``cache_clear()`` and ``cache_parameters()``."""
+
+    cache_name: str  # the key's function name: ``module.qualname``, or ``name=``
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def cache_info(self) -> MemoInfo: ...
+
+    def cache_clear(self) -> int: ...
+
+    def cache_parameters(self) -> dict[str, Any]: ...
+
+
+def function_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of ``fn``, the same in every process: the main script is ``__main__`` everywhere,
     although multiprocessing's spawned children import it as ``__mp_main__``."""
     module = getattr(fn, "__module__", None) or "?"
@@ -34,17 +59,18 @@ def function_name(fn) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = None):
+def memoized(cache: SharedCache | KindView | TieredCache, fn: Callable[P, R], name: str, timeout: float | None,
+             ttl: float | None = None) -> Memoized[P, R]:
     """The wrapper ``cache.memoize`` returns for ``fn``."""
     prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
     counts = [0, 0]  # hits, misses of this process
     lock = threading.Lock()
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         computed = False
 
-        def compute():
+        def compute() -> R:
             nonlocal computed
             computed = True
             return fn(*args, **kwargs)
@@ -61,7 +87,7 @@ def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = No
             hits, misses = counts
         return MemoInfo(hits, misses, cache._maxsize(), cache._count_prefix(prefix))
 
-    def cache_parameters() -> dict:
+    def cache_parameters() -> dict[str, Any]:
         """``functools.lru_cache``'s ``cache_parameters()``: ``maxsize`` and ``typed`` (always True: ``f(1)`` and
         ``f(1.0)`` are two entries), with the key's name, the compute timeout and the results' time to live."""
         return {"maxsize": cache._maxsize(), "typed": True, "name": name, "timeout": timeout, "ttl": ttl}
@@ -76,4 +102,4 @@ def memoized(cache, fn, name: str, timeout: float | None, ttl: float | None = No
     wrapper.cache_clear = cache_clear
     wrapper.cache_parameters = cache_parameters
     wrapper.cache_name = name
-    return wrapper
+    return cast("Memoized[P, R]", wrapper)  # Why: a function's attributes cannot be declared; the Protocol does

@@ -22,6 +22,8 @@ import fcntl
 import mmap
 import os
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -299,7 +301,8 @@ def segment_names() -> list[str]:
     return sorted(f[len(layout.SEGMENT_PREFIX) :] for f in files if f.startswith(layout.SEGMENT_PREFIX))
 
 
-def sweep(remove: bool = False, names=None, *, mode: int = 0o600, trust_owner=None) -> list[dict]:
+def sweep(remove: bool = False, names: Iterable[str] | None = None, *, mode: int = 0o600,
+          trust_owner: int | str | Iterable[int | str] | None = None) -> list[dict[str, Any]]:
     """Every cache segment on the host (or those of ``names``), and every ``TieredCache`` stats segment (of those
     caches), with its state: ``in use`` (some process has it open), ``orphan`` (nobody does: left behind by
     processes that are all gone), or ``skipped``, with a ``reason``: a file SharedCache would refuse with the same

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS,
     H_UPDATES, H_WAITS,
 )
+
+if TYPE_CHECKING:
+    from .kinds import KindStats
+    from .tierstats import TierStats
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
@@ -66,7 +71,7 @@ class CacheStats:
     capacity_bytes: int
     arena_bytes: int
     arena_used_bytes: int
-    kinds: dict = field(default_factory=dict)
+    kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float:
@@ -74,7 +79,7 @@ class CacheStats:
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The counters as a plain dict, hit_ratio included."""
         d = asdict(self)
         d["hit_ratio"] = self.hit_ratio
@@ -128,7 +133,8 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def prometheus_text(stats_by_cache: dict[str, CacheStats], tiers: dict | None = None) -> str:
+def prometheus_text(stats_by_cache: dict[str, CacheStats],
+                    tiers: dict[tuple[str, str], TierStats] | None = None) -> str:
     """Prometheus text exposition (format 0.0.4) of the stats of each named cache, labelled ``cache="NAME"``:
     what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it.
     ``tiers`` maps ``(cache name, namespace)`` to a ``TieredCache``'s ``stats()``: its counters follow, as

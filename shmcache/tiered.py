@@ -22,6 +22,8 @@ import math
 import os
 import time
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import copies, flight, lease, memo, ofd
 from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, seconds, ttl_ns
@@ -39,6 +41,13 @@ from .tiermap import TierMapping
 from .tierstats import Rows, TierStats
 from .trust import Trust
 
+if TYPE_CHECKING:
+    from .memo import Memoized
+    from .stats import CacheLimits
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_TC = TypeVar("_TC", bound="TieredCache")
 _MISSING = object()
 _NAMESPACE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 MAX_NAMESPACE = 32  # so that "mark:" + namespace fits a kind name
@@ -68,7 +77,7 @@ class TieredCache(TierMapping):
 
     _MISSING = _MISSING
 
-    def __init__(self, local: SharedCache, remote, *, namespace: str, max_age: float = 60.0, timeout: float = 0.1,
+    def __init__(self, local: SharedCache, remote: Any, *, namespace: str, max_age: float = 60.0, timeout: float = 0.1,
                  retry_interval: float = 1.0, strict: bool = False, lock_lease: float = 10.0,
                  default_ttl: float = 0.0, cluster: bool = False) -> None:
         if not isinstance(local, SharedCache):
@@ -122,7 +131,7 @@ class TieredCache(TierMapping):
 
     # ------------------------------------------------------------------------------------------- reads
 
-    def get(self, key, default=None):
+    def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``: from the local cache if it has a copy, else from Redis (and copied locally), else
         ``default``. With Redis unavailable, a local miss returns ``default`` (``strict``: raises RemoteError)."""
         if self._state is not _READY:
@@ -209,7 +218,7 @@ class TieredCache(TierMapping):
         self.local._locked(copies.invalidate_locked, self.local, lkb, fingerprint(lkb), mkb, fingerprint(mkb),
                            version)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         """Whether the key has a value, locally or in Redis (neither counts as a lookup). With Redis unavailable,
         whether this host has a copy (``strict``: RemoteError)."""
         self._check_open()
@@ -222,7 +231,7 @@ class TieredCache(TierMapping):
                 raise
             return False
 
-    def get_with_version(self, key, default=None) -> tuple:
+    def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         """``(value, version)`` as Redis has them, or ``(default, None)``; the version is what ``cas`` compares.
         Always asks Redis (RemoteError if it is unavailable, strict or not: a version is the fleet's)."""
         self._check_open()
@@ -263,7 +272,7 @@ class TieredCache(TierMapping):
         """A copy's time to live: the value's (0: none), and never beyond ``max_age``."""
         return min(ttl, self.max_age) if ttl else self.max_age
 
-    def put(self, key, value, ttl: float | None = None) -> None:
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` in Redis and in the local cache (``ttl``: seconds, 0 never, None the
         default). With Redis unavailable, the value is kept locally only, for at most ``max_age`` (``strict``:
         RemoteError)."""
@@ -281,22 +290,22 @@ class TieredCache(TierMapping):
         except TooLargeError:
             pass  # correct to return, impossible to keep
 
-    def add(self, key, value, ttl: float | None = None) -> bool:
+    def add(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store only if Redis has no value for ``key``; whether it stored (RemoteError if Redis is unavailable)."""
         return self._write(key, value, ttl, "add")
 
-    def replace(self, key, value, ttl: float | None = None) -> bool:
+    def replace(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store only if Redis has a value for ``key``; whether it stored (RemoteError if Redis is unavailable)."""
         return self._write(key, value, ttl, "replace")
 
-    def cas(self, key, value, version: int, ttl: float | None = None) -> bool:
+    def cas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
         """Store only if Redis's version of ``key`` is still ``version`` (from ``get_with_version``); whether it
         stored (RemoteError if Redis is unavailable)."""
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int from get_with_version, got {version!r}")
         return self._write(key, value, ttl, "cas", version)
 
-    def incr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def incr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """Add ``delta`` to the int under ``key`` (absent: start from ``initial``; None: KeyError) and return the
         result; atomic across the fleet (a compare-and-swap loop on Redis), and a counter keeps its time to live.
         A counter is the fleet's: RemoteError if Redis is unavailable, strict or not."""
@@ -322,13 +331,13 @@ class TieredCache(TierMapping):
             if done:
                 return value
 
-    def decr(self, key, delta: int = 1, initial: int | None = 0) -> int:
+    def decr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """``incr`` by ``-delta``."""
         if type(delta) is not int:
             raise TypeError("decr needs an int delta")
         return self.incr(key, -delta, initial)
 
-    def delete(self, key) -> bool:
+    def delete(self, key: Any) -> bool:
         """Remove ``key`` from Redis and from every host's local cache; whether Redis had it. With Redis
         unavailable, only this host's copy goes (``strict``: RemoteError)."""
         self._check_open()
@@ -345,7 +354,7 @@ class TieredCache(TierMapping):
         self._drop_older(kb, version)
         return True
 
-    def pop(self, key, default=_MISSING):
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
         """Remove ``key`` everywhere and return its value, or ``default`` (also when what Redis held was not a
         valid value); without a default, an absent key raises KeyError. With Redis unavailable, this host's copy
         is popped (``strict``: RemoteError)."""
@@ -366,7 +375,7 @@ class TieredCache(TierMapping):
         decoded = self._decode(kb, blob)
         return _absent(key, default) if decoded is None else decoded[3]
 
-    def touch(self, key, ttl: float | None = None) -> bool:
+    def touch(self, key: Any, ttl: float | None = None) -> bool:
         """Give ``key`` a new time to live from now, in Redis; every host drops its copy (which carries the old
         one). Whether Redis had the key. With Redis unavailable, only this host's copy is touched."""
         self._check_open()
@@ -417,7 +426,8 @@ class TieredCache(TierMapping):
 
     # ------------------------------------------------------------------------------------------- compute
 
-    def get_or_compute(self, key, fn, *, timeout: float | None = None, ttl: float | None = None):
+    def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                       ttl: float | None = None) -> R:
         """The value of ``key``; on a miss everywhere, ``fn()``'s result, stored and returned, with ``fn`` run once
         for the whole fleet: one process per host asks Redis (the host's single-flight), and one host computes
         while the others wait for its result (``lease.py``: a Redis lock with an owner token, renewed while the
@@ -459,13 +469,21 @@ class TieredCache(TierMapping):
         finally:
             claim.release()
 
-    def memoize(self, fn=None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None):
+    @overload
+    def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R]: ...
+
+    @overload
+    def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+
+    def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
+                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize`` over the fleet: each result computed once by the whole fleet
         (``get_or_compute``); ``cache_clear`` clears it on every host and in Redis."""
         seconds("timeout", timeout, none=True, zero=True)
 
-        def decorate(f):
+        def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
@@ -524,11 +542,11 @@ class TieredCache(TierMapping):
         return self._rows.stats(self.namespace, local.entries, local.retained_bytes, listening)
 
     @property
-    def limits(self):
+    def limits(self) -> Callable[[], CacheLimits]:
         """The local cache's limits (Redis's are its own ``maxmemory``)."""
         return self.local.limits
 
-    def set_limits(self, limits=None, **kwargs) -> None:
+    def set_limits(self, limits: CacheLimits | None = None, **kwargs: int | None) -> None:
         """The local cache's ``set_limits``."""
         self.local.set_limits(limits, **kwargs)
 
@@ -559,16 +577,16 @@ class TieredCache(TierMapping):
         """Remove the host's stats segment of this namespace (the local cache and Redis are untouched)."""
         self._rows.unlink()
 
-    def __enter__(self) -> TieredCache:
+    def __enter__(self: _TC) -> _TC:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.namespace!r}, local={self.local.name!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., TieredCache], tuple[Any, ...]]:
         """Pickles as its settings (the local cache by name, Redis by URL), for "spawn" workers: the copy opens its
         own handle, as a SharedCache's does."""
         if self._url is None:
@@ -610,7 +628,7 @@ def _release(listener_box: list, rows: Rows, remote: Remote, owns_client: bool) 
 _reopened: dict = {}
 
 
-def _reopen(local: SharedCache, url: str, settings: dict) -> TieredCache:
+def _reopen(local: SharedCache, url: str, settings: dict[str, Any]) -> TieredCache:
     """The unpickled TieredCache: one per process for the same settings, however often it is unpickled (a task
     argument is, once per task). Unpickling opened ``local`` anew: the handle kept owns it."""
     key = (os.getpid(), local.name, url, tuple(sorted(settings.items())))

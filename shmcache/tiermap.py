@@ -11,6 +11,9 @@ is a put per key (each write is a Redis script that versions the value and publi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from .codec import encode_key
 from .errors import RemoteError
 from .keys import decode_key
@@ -58,7 +61,7 @@ class TierMapping(ItemAccess):
                 out.append((key, decoded[3]))
         return out
 
-    def popitem(self) -> tuple:
+    def popitem(self) -> tuple[Any, Any]:
         """Remove some key of the namespace and return (key, value): Redis keeps no LRU order, so which is
         arbitrary (the first a scan finds). The pop itself is atomic: if another caller took the key first, the
         next is tried. :raises KeyError: if the namespace is empty."""
@@ -68,7 +71,7 @@ class TierMapping(ItemAccess):
                 return key, value
         raise KeyError("popitem(): the cache is empty") from None
 
-    def setdefault(self, key, default=None, ttl: float | None = None):
+    def setdefault(self, key: Any, default: Any = None, ttl: float | None = None) -> Any:
         """The value of ``key`` in Redis, or ``default`` stored (``add``) and returned: across the fleet one caller
         stores and every other gets its value. Needs Redis (RemoteError otherwise)."""
         while True:
@@ -79,7 +82,7 @@ class TierMapping(ItemAccess):
                 return value
             # Deleted between the add and the read: try again.
 
-    def get_many(self, keys, default=None) -> list:
+    def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]``: the host's copies in one hold of the local lock, the rest fetched
         from Redis key by key as get does."""
         self._check_open()
@@ -100,12 +103,12 @@ class TierMapping(ItemAccess):
             values[i] = default if value is self._MISSING else value
         return values
 
-    def put_many(self, items, ttl: float | None = None) -> None:
+    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """``put`` of every (key, value) of ``items`` (a mapping, or an iterable of pairs), in order."""
         for key, value in _pairs(items):
             self.put(key, value, ttl)
 
-    def ttl(self, key) -> float | None:
+    def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live in Redis, or None if it never expires. Needs Redis (RemoteError
         otherwise). :raises KeyError: if Redis does not have the key."""
         self._check_open()

@@ -18,6 +18,7 @@ import logging
 import mmap
 import os
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class TierStats:
         lookups = self.local_hits + self.local_misses
         return (self.local_hits + self.remote_hits) / lookups if lookups else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "hit_ratio": self.hit_ratio}
 
 

@@ -32,8 +32,12 @@ import operator
 import os
 import sys
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 from . import ofd
 from .errors import ClosedError
@@ -253,12 +257,12 @@ class View:
         self._pins = pins
         pins.hand_over(owner, pin)  # last: until here, an exception drops the pin, closing its description
 
-    def __enter__(self):
+    def __enter__(self) -> npt.NDArray[Any] | memoryview:
         if not self._open:
             raise ValueError("this view is closed; take a new one with cache.view(key)")
         return self._obj
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._close(sys._getframe(1))
         self._pins.drain()  # in case a release was cut short
 
