@@ -17,6 +17,7 @@ segment before reading it (``_repair_locked``), so no half-made update is ever s
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -37,9 +38,10 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, M
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
     H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
-    H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS, H_WRITING,
+    H_LOCK_OFF, H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS,
+    H_WRITING,
 )
-from .lock import Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
+from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
 from .mapping import LocalMapping
@@ -58,6 +60,12 @@ DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
+# The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
+# trylock, because glibc asserts, and aborts the process, inside trylock on some damaged kinds. A damaged word is
+# answered as a busy lock (EBUSY), and the waiting path (lock.py) judges and repairs it. Read through the lock page's
+# own words (``Segment.lock_words``), which a concurrent close() never releases.
+_H_MUTEX_KIND = (H_LOCK_OFF + KIND_OFF) // 8
+_EBUSY = errno.EBUSY
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
 _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
@@ -203,6 +211,7 @@ class SharedCache(LocalMapping):
         self._pins = PinDescriptions(seg.fd)
         self._lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd).st_ino)
         self._addr = self._lock.handle
+        self._lockw = seg.lock_words
         self._trylock = _trylock
         self._unlock = _unlock
         self._lock_timeout = lock_timeout
@@ -231,7 +240,7 @@ class SharedCache(LocalMapping):
 
     def _enter(self):
         """Take the lock; returns the handle the caller releases (see ``_wait``). Follow with ``_admit``."""
-        rc = self._trylock(self._addr)
+        rc = self._trylock(self._addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY
         return self._wait(rc) if rc else self._addr
 
     def _locked(self, fn, *args):
@@ -282,7 +291,7 @@ class SharedCache(LocalMapping):
                 elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None \
                         and self._lock.word() == exc.word:  # not repaired by another process meanwhile either
                     raise exc.fallback from None
-                rc = self._trylock(self._addr)
+                rc = self._lock.try_checked()
                 if rc == 0:
                     return self._addr
         raise CorruptionError("the cache lock stays unrecoverable or damaged", what="lock",
@@ -354,7 +363,7 @@ class SharedCache(LocalMapping):
         h, ix, ent, mm, base = self._h, self._ix, self._ent, self._mm, self._base
         addr = self._addr
         try:
-            rc = _trylock(addr)  # _enter() and _admit(), inlined
+            rc = _trylock(addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY  # _enter(), _admit()
             if rc:
                 addr = self._wait(rc)
             if addr is not self._addr or self._closed or h[H_DIRTY]:
@@ -480,10 +489,10 @@ class SharedCache(LocalMapping):
             ttl = ttl_ns(ttl)
         addr = self._addr
         try:
-            rc = _trylock(addr)  # _enter() and _admit(), inlined on the hot path
+            h = self._h
+            rc = _trylock(addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY  # _enter(), _admit()
             if rc:
                 addr = self._wait(rc)
-            h = self._h
             if addr is not self._addr or self._closed or h[H_DIRTY]:
                 self._admit(addr)
             if ttl is None:  # _expires_locked, inlined

@@ -142,6 +142,18 @@ def _mutex_kind() -> int:
 
 
 MUTEX_KIND = _mutex_kind()
+KIND_OFF = _KIND_OFF  # byte offset of the kind word in the mutex; 8-aligned, so a 64-bit word starts there
+
+
+def _mutex_kind_word() -> int:
+    """The 64-bit word at ``KIND_OFF`` of a mutex ``init_mutex`` made (the kind, and the spin and elision counts that
+    an error-checking mutex never changes): what the hot path compares before every trylock."""
+    buf = ctypes.create_string_buffer(64)
+    init_mutex(ctypes.addressof(buf))
+    return ctypes.c_int64.from_buffer(buf, _KIND_OFF).value
+
+
+MUTEX_KIND_WORD = _mutex_kind_word()
 
 
 def _maps_file(tid: int, ino: int) -> bool | None:
@@ -219,7 +231,7 @@ class SegmentLock:
             if rc != errno.EBUSY:
                 break
             os.sched_yield()
-            rc = _mutex_trylock(self.address)
+            rc = self.try_checked()
         deadline = time.monotonic_ns() + int(self.timeout * 1e9)
         extensions = 0
         waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
@@ -252,7 +264,7 @@ class SegmentLock:
                 )
             if now >= deadline:
                 # Why one more try: a re-initialisation by another waiter wakes no one sleeping on the old word.
-                rc = _mutex_trylock(self.address)
+                rc = self.try_checked()
                 if rc != errno.EBUSY:
                     continue
                 word = self.word()
@@ -283,7 +295,7 @@ class SegmentLock:
         lfd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
         try:
             fcntl.flock(lfd, fcntl.LOCK_EX)
-            rc = _mutex_trylock(self.address)
+            rc = self.try_checked()
             if rc == errno.ENOTRECOVERABLE:
                 init_mutex(self.address)
             elif rc == errno.EOWNERDEAD:
@@ -322,6 +334,12 @@ class SegmentLock:
 
     def kind_damaged(self) -> bool:
         return ctypes.c_int.from_address(self.address + _KIND_OFF).value != MUTEX_KIND
+
+    def try_checked(self) -> int:
+        """``pthread_mutex_trylock``, unless the kind word is not ``init_mutex``'s: then EBUSY, and the waiting path
+        judges the damage. Why: glibc asserts inside trylock itself on some kinds (a priority-inheritance kind
+        without the robust flag, with the owner-died bit set, aborts the process)."""
+        return errno.EBUSY if self.kind_damaged() else _mutex_trylock(self.address)
 
     def word(self) -> int:
         """The futex word: holder's thread id and the WAITERS / OWNER_DIED bits; 0 when free."""

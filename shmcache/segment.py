@@ -225,6 +225,9 @@ class Segment:
         # The lock lives in a mapping of its own that outlives close(): a thread still on its way into a cache call
         # when another thread closes the handle must find the lock (and then the closed flag), never unmapped memory.
         self.lock_mm = mmap.mmap(fd, layout.PAGE)
+        # The words of the lock's page, kept as long as the page: the hot path reads the mutex's kind word through
+        # them before every trylock, also when another thread is closing the handle (never a released view).
+        self.lock_words = memoryview(self.lock_mm).cast("q")
         self._lock_holder = ctypes.c_char.from_buffer(self.lock_mm, d.H_LOCK_OFF)
         self.lock_address = ctypes.addressof(self._lock_holder)
         self.fd = os.dup(fd)  # kept for re-initialising an unrecoverable lock (lock.py)

@@ -91,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     heavy_opts = dict(nkeys=args.keys, max_nbytes=args.capacity_bytes // 4, mix=HEAVY_MIX, big_share=HEAVY_BIG_SHARE)
     cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
     procs, dead, born = [], [], [0] * args.workers  # born: the slot's op count when its worker started
+
+    def bury(p) -> None:
+        """Release a dead worker's descriptors at once (a Process keeps two pipe ends until closed: thousands of
+        kills would run the parent out of descriptors); one not yet reaped is kept for the final reap."""
+        if p.exitcode is None:
+            dead.append(p)
+        else:
+            p.close()
     hangs = crashes = kills = locked_kills = recoveries = wrong = 0
     ok, elapsed = False, 0.0
 
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 if p.exitcode is not None:
                     crashes += 1
                     print(f"worker {p.pid} exited with status {p.exitcode}", file=sys.stderr)
-                    dead.append(p)
+                    bury(p)
                     procs[row] = spawn(row)
             if progress.stalled():
                 hangs += 1
@@ -124,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             p.join(5.0)
             kills += 1
             locked_kills += held
-            dead.append(p)
             row = procs.index(p)
             procs[row] = spawn(row)
+            bury(p)
         elapsed = time.monotonic() - t0
         stop.value = 1
         stuck = reap(procs, JOIN_SECONDS)

@@ -113,7 +113,7 @@ class SignalWorkload(Workload):
 
     def _pop(self) -> None:
         key = self.key()
-        v = self.cache.pop(key)
+        v = self.cache.pop(key, None)
         why = None if v is None else check_value(key, v)
         if why:
             self.report(WRONG, f"pop({key!r}) returned a wrong value: {why}")

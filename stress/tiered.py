@@ -256,7 +256,7 @@ class TierWorkload:
         self.tier.delete(key)
 
     def _pop(self, key, i) -> None:
-        self.check("pop", key, self.tier.pop(key))
+        self.check("pop", key, self.tier.pop(key, None))
 
     def _touch(self, key, i) -> None:
         self.tier.touch(key, self.rng.choice((0,) + TTLS))

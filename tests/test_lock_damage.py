@@ -26,6 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEYS = 20
 PI, PP = 32, 64  # glibc's PTHREAD_MUTEX_PRIO_INHERIT_NP / PRIO_PROTECT_NP bits of the kind word
 WAITERS = 0x80000000
+ROBUST = 16  # PTHREAD_MUTEX_ROBUST_NORMAL_NP in the kind word
+OWNER_DIED = 0x40000000  # FUTEX_OWNER_DIED in the futex word
 
 
 def _gone_tid() -> int:
@@ -46,6 +48,11 @@ def _damage(kind: str, b: bytearray, live_pid: int) -> None:
     if kind == "pi-kind-dead-owner":  # glibc asserts in its PI code (ESRCH from the kernel for a robust mutex)
         _word(b, 16, init_kind | PI)
         _word(b, 0, _gone_tid())
+    elif kind == "pi-kind-not-robust-owner-died":  # glibc asserts inside trylock itself (the fast path)
+        _word(b, 16, (init_kind & ~ROBUST) | PI)
+        _word(b, 0, _gone_tid() | OWNER_DIED)
+    elif kind == "spins-word":  # the rest of the kind's 64-bit word, which the fast path compares whole
+        _word(b, 20, 0x7FFF0001)
     elif kind == "pi-kind-free":
         _word(b, 16, init_kind | PI)
     elif kind == "pp-kind":
@@ -81,7 +88,7 @@ def _kind(b) -> int:
     return struct.unpack_from("<i", b, 16)[0]
 
 
-DAMAGES = ["pi-kind-dead-owner", "pi-kind-free", "pp-kind", "garbage-kind", "dead-owner", "waiters-bit-no-owner",
+DAMAGES = ["pi-kind-dead-owner", "pi-kind-not-robust-owner-died", "spins-word", "pi-kind-free", "pp-kind", "garbage-kind", "dead-owner", "waiters-bit-no-owner",
            "live-owner-not-mapping", "count-owner-nusers", "owner-notrecoverable", "list-pointers", "all-ff",
            "all-zero", "all-zero-held"]
 
