@@ -49,6 +49,10 @@ class Listener:
         self._fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
         self._stop = threading.Event()
         self.leading = False
+        # Set once this process's listener has found its place: another process listens, or this one has made its
+        # first subscription (and its gap), or failed to. A TieredCache waits for it before its first call, so that
+        # a first subscription's gap never drops a copy its own first put stored (see TieredCache._listen).
+        self.settled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shmcache-listener", daemon=True)
         self._thread.start()
 
@@ -64,6 +68,7 @@ class Listener:
             while not self._stop.is_set():
                 if not self.leading:
                     if not ofd.lock(self._fd, self._byte, ofd.WRITE, wait=False):
+                        self.settled.set()  # another process listens for the host
                         self._owner()  # ends the thread once the handle is gone
                         self._stop.wait(ELECT_S)
                         continue
@@ -74,6 +79,7 @@ class Listener:
                 except _Gone:
                     raise
                 except Exception as exc:  # the connection failed: the next subscription starts with a gap
+                    self.settled.set()
                     if self._stop.is_set():
                         break
                     log.info("shmcache: invalidation listener lost Redis (%r); resubscribing", exc)
@@ -82,6 +88,7 @@ class Listener:
         except _Gone:
             pass
         finally:
+            self.settled.set()  # a thread that ends has settled too: nobody waits on it
             if self._stop.is_set() or self._owner_ref() is None:
                 self._close_fd()
 
@@ -101,6 +108,7 @@ class Listener:
             owner._on_gap()
             owner._on_listening()
             del owner
+            self.settled.set()
             heard = pinged = time.monotonic()
             while not self._stop.is_set():
                 msg = pubsub.get_message(timeout=POLL_S)

@@ -19,6 +19,7 @@ import math
 import socket
 import threading
 import time
+import urllib.parse
 
 from .codec import _xxh
 from .errors import RemoteError
@@ -120,6 +121,33 @@ def _redis():
     except ImportError:
         raise ImportError('the Redis tier needs redis-py: pip install "shmcache[redis]"') from None
     return redis
+
+
+def check_url(url: str) -> None:
+    """Refuse, when a TieredCache is made, a Redis URL that could never connect: an unknown scheme, a port that is
+    not a number from 1 to 65535, a database that is not a number, a unix URL without a path, an option that
+    redis-py cannot read. Such a URL is a mistake to report at once, not an outage to ride out.
+
+    :raises ValueError: saying what is wrong (the URL is shown without its password).
+    """
+    parts = urllib.parse.urlsplit(url)
+    shown = repr(url) if "@" not in url else repr(f"{parts.scheme}://...@{url.rsplit('@', 1)[1]}")  # no password
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"remote must be a redis://, rediss:// or unix:// URL, got {shown}")
+    try:
+        port = parts.port  # ValueError for a port out of range or not a number
+        _redis().connection.parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"remote {shown} is not a valid Redis URL: {exc}") from None
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"remote {shown} names no socket path")
+        return
+    if port == 0:
+        raise ValueError(f"remote {shown} has port 0: name the port Redis listens on (6379 by default)")
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"remote {shown}: the database after the host must be a number, got {db!r}")
 
 
 def _outage_classes(redis) -> tuple:

@@ -36,7 +36,7 @@ from .layout.tier import (
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
 from .listener import Listener
-from .remote import UNKNOWN_VERSION, Remote, _redis, connect, pack_payload, remote_version, unpack_value
+from .remote import UNKNOWN_VERSION, Remote, _redis, check_url, connect, pack_payload, remote_version, unpack_value
 from .tiermap import TierMapping
 from .tierstats import Rows, TierStats
 from .trust import Trust
@@ -93,8 +93,8 @@ class TieredCache(TierMapping):
         self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
                               strict=strict, lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
         self._url = remote if isinstance(remote, str) else None
-        if self._url is not None and not self._url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"remote must be a redis://, rediss:// or unix:// URL, got {remote!r}")
+        if self._url is not None:
+            check_url(self._url)
         self.local = local
         self.namespace = namespace
         self.max_age = float(max_age)
@@ -491,9 +491,16 @@ class TieredCache(TierMapping):
     # ------------------------------------------------------------------------------------------- invalidations
 
     def _listen(self) -> None:
-        """Start this process's listener thread (it listens if it wins the host's election)."""
+        """Start this process's listener thread (it listens if it wins the host's election), and wait, briefly, for
+        it to settle."""
         if self._listener_box[0] is None and self._state is not _CLOSED:
-            self._listener_box[0] = Listener(self.local._seg.fd, LISTENER_BASE + self._n, weakref.ref(self))
+            listener = Listener(self.local._seg.fd, LISTENER_BASE + self._n, weakref.ref(self))
+            self._listener_box[0] = listener
+            # Why wait: the first subscription on a host begins with a gap that drops the namespace's copies, so a
+            # put made before it would lose its copy, and the get after it would go to Redis. Settling takes one
+            # connection and one SUBSCRIBE (or the failure of either, bounded by the Redis timeout), or nothing at
+            # all when another process already listens; the wait is capped all the same.
+            listener.settled.wait(min(SETTLE_WAIT_S, 2 * self._settings["timeout"] + 1.0))
 
     def _subscribe(self):
         pubsub = self._remote.client.pubsub()
@@ -665,6 +672,8 @@ def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owne
 
 
 # Keyed by id(): a TieredCache is a mapping, so unhashable (mapping.py).
+SETTLE_WAIT_S = 5.0  # the most a new handle waits for its listener's first subscription (see TieredCache._listen)
+
 _handles: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 

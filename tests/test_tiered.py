@@ -390,3 +390,20 @@ def test_tiered_unlinking_the_local_cache_removes_its_stats_segments(name):
         for t in tiers:
             t.close()
         local.close()
+
+
+def test_tiered_fresh_host_serves_its_first_put_from_its_copy(redis_url, name, namespace):
+    # The host's first subscription begins with a gap that drops the namespace's copies: a handle waits for it when
+    # it is made, so the put after it keeps its copy and the get is a local hit, not a Redis read.
+    local = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    try:
+        with TieredCache(local, redis_url, namespace=namespace) as t:
+            t.put("k", make_value("k", 1, 16))
+            eventually(lambda: t.stats().listener_starts == 1, what="the listener's first subscription")
+            check_value("k", t.get("k"))
+            s = t.stats()
+            assert (s.local_hits, s.remote_hits, s.remote_misses) == (1, 0, 0)
+            t.unlink()
+    finally:
+        local.close()
+        local.unlink()

@@ -319,3 +319,17 @@ def test_tiered_writes_redis_refuses_drop_the_copy(hosts, redis_server, namespac
         assert h.tier.stats().local_only_puts == 3
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("url, what", [
+    ("redis://localhost:99999", "Port"), ("redis://localhost:abc", "Port"), ("redis://localhost:0", "port 0"),
+    ("redis://localhost:6379/zero", "database"), ("http://localhost:6379", "URL"), ("unix://", "socket path"),
+    ("redis://localhost:6379/0?socket_timeout=soon", "socket_timeout"),
+    ("redis://user:secret@localhost:99999", "Port"),
+])
+def test_tiered_malformed_url_refused_when_made(name, url, what):
+    # A URL that can never connect is a mistake, reported at once, not an outage to ride out (and no password shown).
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as local:
+        with pytest.raises(ValueError, match=what) as caught:
+            TieredCache(local, url, namespace="x")
+        assert "secret" not in str(caught.value)
