@@ -2,14 +2,19 @@
 
 One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and
 the arena. Only ``cache.SharedCache`` takes it (its private methods that need it end in ``_locked``); ``index``,
-``lru``, ``arena``, ``stats`` and ``verify`` assume it is held. Segment creation is serialised separately, by
-``flock`` on the segment's own file descriptor (see ``segment.py``).
+``lru``, ``arena``, ``stats`` and ``verify`` assume it is held. Segment creation, and the re-initialisation of a
+broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see ``segment.py``). The order
+of this lock against every other lock of the package is in ``docs/design.md``.
 
 Why a robust mutex (the mechanism LMDB relies on): when its holder dies -- SIGKILL, OOM killer, segfault, at any
 instruction -- the kernel marks the mutex owner-dead as the process exits, and the next locker gets ``EOWNERDEAD`` at
-once. No timeout, no PID check, so PID reuse cannot fool it. The new owner repairs the shared structures and then
-calls ``pthread_mutex_consistent``; if it dies before that, the next locker is told again. Waiting blocks in a futex
-(no spinning), in slices so that Python can deliver signals such as Ctrl-C to a waiter.
+once. No timeout, no PID check, so PID reuse cannot fool it. The new owner calls ``pthread_mutex_consistent`` at
+once (``cache.SharedCache._wait``), then, before reading anything, repairs what the dead holder left half-done, which
+the segment's ``dirty`` word records (``_admit`` -> ``_repair_locked``). If it dies before marking the mutex
+consistent, the next locker is told again; if it dies during the repair, ``dirty`` is still set for the next locker;
+if it unlocks without marking it, the mutex is unrecoverable and is re-initialised under ``flock``
+(``reinit_unrecoverable``). A waiter first retries a bounded number of times, yielding the CPU (``_SPIN_TRIES``),
+then blocks in a futex, in slices so that Python can deliver signals such as Ctrl-C to a waiter.
 
 Damaged bytes. The mutex's bytes are shared memory like any other, so garbage there must neither abort the process
 (glibc asserts in its priority-inheritance code when the kind word has PTHREAD_MUTEX_PRIO_INHERIT set and the owner
@@ -202,8 +207,9 @@ class Damaged(Exception):
 
 
 class SegmentLock:
-    """Handle on the mutex at ``address`` (inside a mapping the caller keeps alive). ``acquire`` returns True when
-    the previous holder died; the caller marks the mutex consistent and repairs what the holder left half-done."""
+    """Handle on the mutex at ``address`` (inside a mapping the caller keeps alive). ``acquire_slow`` returns True
+    when the previous holder died; the caller marks the mutex consistent at once, then repairs what the holder left
+    half-done (the ``dirty`` word says whether there is anything)."""
 
     def __init__(self, address: int, timeout: float, inode: int = 0) -> None:
         self.address = address
