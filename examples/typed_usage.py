@@ -20,9 +20,10 @@ import numpy.typing as npt
 
 import shmcache
 from shmcache import (
-    CacheLimits, CacheStats, ClosedError, ComputeTimeout, CorruptionError, KindStats, KindView, LayoutError,
-    LayoutVersionError, LockTimeout, OwnershipError, PinnedError, RemoteError, SharedCache, ShmCacheError,
-    TieredCache, TierStats, TooLargeError, VerifyReport, View, prometheus_text, sweep,
+    AttachTimeout, CacheLimits, CacheStats, ClosedError, ComputeTimeout, CorruptionError, KindsFullError, KindStats,
+    KindView, LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError,
+    RemoteError, SharedCache, ShmCacheError, TieredCache, TierStats, TooLargeError, VerifyReport, View,
+    prometheus_text, sweep,
 )
 
 
@@ -226,8 +227,11 @@ def errors_api(name: str) -> None:
         assert isinstance(exc, ShmCacheError)
     caught: tuple[type[ShmCacheError], ...] = (
         LayoutError, LayoutVersionError, CorruptionError, LockTimeout, ComputeTimeout, OwnershipError, RemoteError,
+        AttachTimeout, KindsFullError, ReentrantCallError,
     )
     assert issubclass(LockTimeout, TimeoutError) and issubclass(ComputeTimeout, TimeoutError)
+    assert issubclass(AttachTimeout, TimeoutError) and issubclass(KindsFullError, ValueError)
+    assert issubclass(ReentrantCallError, RuntimeError)
     assert issubclass(OwnershipError, PermissionError) and issubclass(RemoteError, ConnectionError)
     assert all(issubclass(e, ShmCacheError) for e in caught)
 

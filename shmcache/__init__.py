@@ -6,8 +6,8 @@ limits, LRU order and stats are global. No server runs: the cache is a segment i
 
 from .cache import SharedCache
 from .errors import (
-    ClosedError, ComputeTimeout, CorruptionError, LayoutError, LayoutVersionError, LockTimeout, OwnershipError,
-    PinnedError, RemoteError, ShmCacheError, TooLargeError,
+    AttachTimeout, ClosedError, ComputeTimeout, CorruptionError, KindsFullError, LayoutError, LayoutVersionError,
+    LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError, ShmCacheError, TooLargeError,
 )
 from .kinds import KindStats, KindView
 from .segment import sweep
@@ -20,8 +20,8 @@ from .view import View
 __version__ = "0.1.0"
 
 __all__ = [
-    "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats", "KindView",
-    "LayoutError", "LayoutVersionError", "LockTimeout", "OwnershipError", "PinnedError", "RemoteError", "SharedCache",
-    "ShmCacheError", "TieredCache", "TierStats", "TooLargeError", "VerifyReport", "View", "__version__",
-    "prometheus_text", "sweep",
+    "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats",
+    "KindView", "KindsFullError", "LayoutError", "LayoutVersionError", "LockTimeout", "OwnershipError", "PinnedError",
+    "ReentrantCallError", "RemoteError", "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError",
+    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]

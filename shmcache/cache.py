@@ -31,7 +31,7 @@ from .codec import (
     _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
     decode_body, encode_key, encode_parts, fingerprint,
 )
-from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
+from .errors import ClosedError, CorruptionError, KindsFullError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
 from .kinds import KindView
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
@@ -119,7 +119,7 @@ class SharedCache(LocalMapping):
     and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
     ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
     must make the others fail, not hang them); a dead holder is detected at once.
-    ``attach_timeout`` bounds the wait for a segment that another process is still creating (then TimeoutError,
+    ``attach_timeout`` bounds the wait for a segment that another process is still creating (then AttachTimeout,
     or LayoutError if it was never initialised).
     ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
     ``ttl``; None or 0: they never expire.
@@ -145,6 +145,8 @@ class SharedCache(LocalMapping):
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
     :raises OwnershipError: when the file at the name is another user's (and not trusted), more open than ``mode``,
         or not a regular file: nothing of it was read or written.
+    :raises AttachTimeout: (a TimeoutError) when another process is still creating the segment after
+        ``attach_timeout`` seconds.
     """
 
     _seg: Segment | None = None
@@ -801,7 +803,7 @@ class SharedCache(LocalMapping):
         counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
-        :raises RuntimeError: if ``fn`` itself calls ``get_or_compute`` for the same key.
+        :raises ReentrantCallError: (a RuntimeError) if ``fn`` itself calls ``get_or_compute`` for the same key.
         :raises ValueError: if ``timeout`` is neither None nor a finite number of seconds from 0.
         """
         seconds("timeout", timeout, none=True, zero=True)
@@ -930,8 +932,8 @@ class SharedCache(LocalMapping):
         nb = kinds.check_name(name)
         k = self._locked(kinds.register_locked, self._seg, nb)
         if not k:
-            raise ShmCacheError(f"cache {self.name!r} has 255 kinds already; no room for {name!r}", what="kind",
-                                hint="use fewer kinds (they are namespaces, not data)")
+            raise KindsFullError(f"cache {self.name!r} has 255 kinds already; no room for {name!r}", what="kind",
+                                 hint="use fewer kinds (they are namespaces, not data)")
         return KindView(self, k, name)
 
     def view(self, key: Any) -> View:

@@ -29,6 +29,12 @@ class LockTimeout(ShmCacheError, TimeoutError):
     """The cache lock was not obtained within the timeout (its holder is alive but stuck or stopped)."""
 
 
+class AttachTimeout(ShmCacheError, TimeoutError):
+    """Another process was still creating the cache's segment after ``attach_timeout`` seconds (it holds the
+    segment file's ``flock`` while it initialises). Not a ``LockTimeout``: the cache lock is not involved, and
+    the segment may never become usable if its creator is stopped."""
+
+
 class ComputeTimeout(ShmCacheError, TimeoutError):
     """``get_or_compute`` waited its whole ``timeout`` for another process computing the same key."""
 
@@ -45,6 +51,19 @@ class OwnershipError(ShmCacheError, PermissionError):
     def __init__(self, message: str, *, what: str = "", hint: str = "", reason: str = "") -> None:
         super().__init__(message, what=what, hint=hint)
         self.reason = reason
+
+
+class KindsFullError(ShmCacheError, ValueError):
+    """The cache has all 255 kinds it can hold and the name asked for is not one of them. A ``ValueError`` like
+    ``TooLargeError``: a request this cache can never satisfy (kinds last as long as the cache), refused before
+    anything changed; not an ``OverflowError``, which Python keeps for arithmetic results too large to represent."""
+
+
+class ReentrantCallError(ShmCacheError, RuntimeError):
+    """A cache call was made from inside another on the same thread that holds what it needs, so waiting would
+    never end: the cache lock (a signal handler, or a ``__del__`` run by the garbage collector, in the middle of a
+    call), or the claim of a key (``get_or_compute``'s ``fn`` asking for its own key). The inner call is refused
+    and changed nothing."""
 
 
 class ClosedError(ShmCacheError, ValueError):

@@ -36,7 +36,7 @@ import time
 import weakref
 
 from . import ofd
-from .errors import ComputeTimeout
+from .errors import ComputeTimeout, ReentrantCallError
 
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
@@ -103,15 +103,17 @@ class Claim:
         there.
 
         :raises ComputeTimeout: if the key stays claimed for ``timeout`` seconds.
-        :raises RuntimeError: if this thread already holds the claim (``fn`` called ``get_or_compute`` on its own
-            key).
+        :raises ReentrantCallError: (a RuntimeError) if this thread already holds the claim (``fn`` called
+            ``get_or_compute`` on its own key).
         """
         byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
         tag = (os.fstat(segment_fd).st_ino, byte)
         other = _claims.keys.get(tag)
         other = other and other()
         if other is not None and other.held:
-            raise RuntimeError("get_or_compute was called for a key inside the computation of that same key")
+            raise ReentrantCallError("get_or_compute was called for a key inside the computation of that same key",
+                                     what="get_or_compute",
+                                     hint="fn must not ask for its own key; it would wait for itself")
         self._tag = tag
         # A description of our own for this claim (the segment's descriptor is shared with whatever else this
         # process does with it, and is inherited by forked children).

@@ -50,7 +50,7 @@ import threading
 import time
 
 from . import ofd
-from .errors import CorruptionError, LockTimeout
+from .errors import CorruptionError, LockTimeout, ReentrantCallError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _PTHREAD_PROCESS_SHARED = 1
@@ -181,13 +181,15 @@ def _maps_file(tid: int, ino: int) -> bool | None:
     return any(needle in line and b" /dev/shm/" in line for line in maps.splitlines())
 
 
-class Reentered(RuntimeError):
+class Reentered(ReentrantCallError):
     """This thread already holds the lock: a cache call was made from inside another (a signal handler, a __del__
     run by the garbage collector in the middle of a call)."""
 
     def __init__(self) -> None:
         super().__init__("this thread already holds the cache lock: the cache was called from inside a cache call "
-                         "(a signal handler or a __del__); do not call the cache from there")
+                         "(a signal handler or a __del__)", what="lock",
+                         hint="do not call the cache from a signal handler or a __del__; set a flag there and act "
+                              "on it after the call returns")
 
 
 class Unrecoverable(Exception):

@@ -29,7 +29,7 @@ import numpy as np
 import posix_ipc
 
 from . import layout, ofd, space, tierstats
-from .errors import LayoutError, LayoutVersionError
+from .errors import AttachTimeout, LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
 from .lock import init_mutex
@@ -59,7 +59,10 @@ def _flock(fd: int, deadline: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise TimeoutError("another process has been initialising this cache for too long") from None
+                raise AttachTimeout("another process has been initialising this cache for longer than "
+                                    "attach_timeout", what="attach",
+                                    hint="if its creator is stopped or stuck, remove the cache with "
+                                         "`shmcache rm NAME`; else pass a larger attach_timeout") from None
             time.sleep(0.001)
 
 

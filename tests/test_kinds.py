@@ -7,7 +7,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from shmcache import KindStats, SharedCache, ShmCacheError, prometheus_text
+from shmcache import KindsFullError, KindStats, SharedCache, ShmCacheError, prometheus_text
 from shmcache.codec import encode_key, encode_value
 
 JOIN_S = 60
@@ -113,8 +113,10 @@ def test_kinds_names_are_checked_and_the_table_is_bounded(cache):
     assert cache.kind("é" * 20).name == "é" * 20  # 40 bytes of UTF-8: the longest name
     for i in range(254):
         cache.kind(f"k{i}")
-    with pytest.raises(ShmCacheError, match="255 kinds"):
+    with pytest.raises(ShmCacheError, match="255 kinds") as info:
         cache.kind("one too many")
+    assert isinstance(info.value, KindsFullError) and isinstance(info.value, ValueError)
+    assert info.value.what == "kind" and info.value.hint
     assert cache.kind("k0").get("x") is None  # existing kinds still open
     assert cache.stats().recoveries == 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import multiprocessing as mp
 import os
 import pickle
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from shmcache import SharedCache, segment
+from shmcache import AttachTimeout, SharedCache, ShmCacheError, segment
 from tests.conftest import unique_name
 from tests.workers import open_and_put
 
@@ -35,6 +36,24 @@ def test_lifecycle_create_none_attaches_or_creates(name):
         a.put("k", "v")
         assert b.get("k") == "v"
         assert b.stats() == a.stats()
+
+
+def test_lifecycle_attach_to_a_segment_still_being_created_is_an_attach_timeout(name):
+    # A creator holds the segment file's flock while it initialises; this one never finishes.
+    path = "/dev/shm/" + segment.shm_name(name)[1:]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for create in (None, False):
+            with pytest.raises(TimeoutError) as info:
+                SharedCache(name, create=create, attach_timeout=0.2, **({} if create is False else SMALL))
+            exc = info.value
+            assert isinstance(exc, AttachTimeout) and isinstance(exc, ShmCacheError)
+            assert exc.what == "attach" and "attach_timeout" in exc.hint
+            assert os.fstat(fd).st_size == 0  # the waiter wrote nothing
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 def test_lifecycle_attach_with_matching_parameters(name):

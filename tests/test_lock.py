@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from shmcache import ClosedError, LockTimeout, SharedCache
+from shmcache import ClosedError, LockTimeout, ReentrantCallError, SharedCache, ShmCacheError
 from tests.workers import check_value, half_put_then_die, hold_lock, make_value, repair_slowly
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -133,6 +133,35 @@ def test_lock_reentry_from_same_thread_is_an_error_not_a_hang(name):
         finally:
             c._unlock(c._addr)
         assert c.get("k") is None
+
+
+def test_lock_reentry_from_a_signal_handler_is_a_reentrant_call_error(name):
+    # A handler that runs while this thread holds the lock (taken here by hand, as an interrupted call holds it).
+    seen = []
+
+    def handler(signum, frame):
+        try:
+            c.put("k", 2)
+        except BaseException as exc:
+            seen.append(exc)
+
+    with SharedCache(name, **SMALL) as c:
+        c.put("k", 1)
+        old = signal.signal(signal.SIGUSR1, handler)
+        try:
+            c._enter()
+            try:
+                signal.raise_signal(signal.SIGUSR1)
+            finally:
+                c._unlock(c._addr)
+        finally:
+            signal.signal(signal.SIGUSR1, old)
+        assert len(seen) == 1, seen
+        exc = seen[0]
+        assert isinstance(exc, ReentrantCallError) and isinstance(exc, ShmCacheError)
+        assert isinstance(exc, RuntimeError)  # what ``except RuntimeError`` caught before
+        assert exc.what == "lock" and "signal handler" in exc.hint
+        assert c.get("k") == 1  # the refused put changed nothing
 
 
 def test_lock_threads_share_one_handle(name):

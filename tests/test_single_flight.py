@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shmcache import ComputeTimeout, SharedCache
+from shmcache import ComputeTimeout, ReentrantCallError, SharedCache
 
 from .workers import check_value, make_value
 
@@ -193,8 +193,9 @@ def test_flight_exception_propagates_and_nothing_is_stored(shared):
 def test_flight_recursive_same_key_is_refused_other_keys_work(shared):
     def outer():
         inner = shared.get_or_compute("inner", lambda: 1)
-        with pytest.raises(RuntimeError, match="same key"):
+        with pytest.raises(RuntimeError, match="same key") as info:
             shared.get_or_compute("outer", lambda: 2)
+        assert isinstance(info.value, ReentrantCallError) and info.value.what == "get_or_compute"
         return inner + 10
 
     assert shared.get_or_compute("outer", outer) == 11
