@@ -44,7 +44,7 @@ from .layout.dtypes import (
 from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock as _trylock
 from .lock import hot_unlock as _unlock
-from .mapping import LocalMapping
+from .mapping import MISSING, LocalMapping
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats, read_stats, reset_counters
 from .table import Table
@@ -75,7 +75,6 @@ _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary upd
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
 MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
-_MISSING_ARG = object()  # an argument not given
 P = ParamSpec("P")
 R = TypeVar("R")
 _SC = TypeVar("_SC", bound="SharedCache")
@@ -675,13 +674,13 @@ class SharedCache(LocalMapping):
         self._h[H_DIRTY] = 0
         return n
 
-    def pop(self, key: Any, default: Any = _MISSING_ARG) -> Any:
+    def pop(self, key: Any, default: Any = MISSING) -> Any:
         """Remove ``key`` and return its value, or ``default`` if it is absent (without a default: KeyError);
         counted as a lookup and, when present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
         found = self._locked(self._pop_locked, kb, fingerprint(kb))
         if found is None:
-            if default is _MISSING_ARG:
+            if default is MISSING:
                 raise KeyError(key)
             return default
         try:
@@ -787,8 +786,6 @@ class SharedCache(LocalMapping):
         kb = encode_key(key)
         return self._locked(self._find_live, kb, fingerprint(kb)) != EMPTY
 
-    _MISSING = object()
-
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
                        ttl: float | None = None) -> R:
         """The value cached for ``key``; on a miss, ``fn()``'s result, stored and returned, with ``fn`` run by one
@@ -809,8 +806,8 @@ class SharedCache(LocalMapping):
         seconds("timeout", timeout, none=True, zero=True)
         if ttl is not None:
             ttl_ns(ttl)  # refused before anything is looked up, hit or miss
-        value = self.get(key, self._MISSING)
-        if value is not self._MISSING:
+        value = self.get(key, MISSING)
+        if value is not MISSING:
             return value
         kb = encode_key(key)
         # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at any
@@ -820,8 +817,8 @@ class SharedCache(LocalMapping):
             waited = claim.take(self._seg.fd, fingerprint(kb), timeout, lambda: key in self)
             # Another caller may have stored the value while this one waited, or between its miss and its claim.
             if not claim.held or key in self:
-                value = self.get(key, self._MISSING)
-                if value is not self._MISSING:
+                value = self.get(key, MISSING)
+                if value is not MISSING:
                     # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
                     self._count((H_MISSES, -1), (H_WAITS, 1 if waited else 0))
                     return value

@@ -16,6 +16,7 @@ import time
 
 from .errors import ComputeTimeout, RemoteError
 from .layout.tier import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
+from .mapping import MISSING
 
 WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
 
@@ -71,13 +72,13 @@ def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
     pause, waited = WAIT_FIRST_S, False
     while True:
         value = _ask(tier._fetch, kb, not waited)
-        if value is not tier._MISSING:
+        if value is not MISSING:
             return value
         if _ask(remote.try_lock, kb, token, tier._lease_ms):
             # The computer may have stored its value and released the lock between the read above and this lock:
             # one more read, now that no other host can be computing.
             value = _ask(tier._fetch, kb, False)
-            if value is not tier._MISSING:
+            if value is not MISSING:
                 _unlock(remote, kb, token)
                 return value
             break

@@ -20,7 +20,9 @@ from .codec import _MASK63, KIND_PREFIXES, _xxh, decode_body, encode_key, finger
 from .errors import CorruptionError
 from .keys import decode_key
 
-_MISSING = object()
+# The one "no value" sentinel of the package: an argument not given, or a lookup that found nothing. Compared by
+# identity, so every module imports this object rather than making its own.
+MISSING = object()
 
 
 class _Values(ValuesView[Any]):
@@ -51,8 +53,8 @@ class ItemAccess(MutableMapping[Any, Any]):
     __hash__ = None  # see the module docstring
 
     def __getitem__(self, key: Any) -> Any:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
+        value = self.get(key, MISSING)
+        if value is MISSING:
             missing = getattr(type(self), "__missing__", None)
             if missing is not None:
                 return missing(self, key)

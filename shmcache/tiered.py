@@ -37,6 +37,7 @@ from .layout.tier import (
 )
 from .listener import Listener
 from .remote import UNKNOWN_VERSION, Remote, _redis, check_url, connect, pack_payload, remote_version, unpack_value
+from .mapping import MISSING
 from .tiermap import TierMapping
 from .tierstats import Rows, TierStats
 from .trust import Trust
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 _TC = TypeVar("_TC", bound="TieredCache")
-_MISSING = object()
 _NAMESPACE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 MAX_NAMESPACE = 32  # so that "mark:" + namespace fits a kind name
 _READY, _CLOSED, _FORKED = "ready", "closed", "forked"
@@ -74,8 +74,6 @@ class TieredCache(TierMapping):
     :param default_ttl: time to live of values stored without ``ttl=`` (0: never expire).
     :param cluster: ``remote`` is a Redis Cluster URL (ignored when ``remote`` is a client).
     """
-
-    _MISSING = _MISSING
 
     def __init__(self, local: SharedCache, remote: Any, *, namespace: str, max_age: float = 60.0, timeout: float = 0.1,
                  retry_interval: float = 1.0, strict: bool = False, lock_lease: float = 10.0,
@@ -143,8 +141,8 @@ class TieredCache(TierMapping):
                 lkb = self._kprefix + encode_key(key)  # raises the TypeError
         else:
             lkb = self._kprefix + encode_key(key)
-        value = self.local.get(EncodedKey(lkb), _MISSING)
-        if value is not _MISSING:
+        value = self.local.get(EncodedKey(lkb), MISSING)
+        if value is not MISSING:
             self._row[C_LOCAL_HITS] += 1
             return value
         self._row[C_LOCAL_MISSES] += 1
@@ -154,10 +152,10 @@ class TieredCache(TierMapping):
             if self.strict:
                 raise
             return default
-        return default if value is _MISSING else value
+        return default if value is MISSING else value
 
     def _fetch(self, kb: bytes, count_miss: bool = True):
-        """The value of ``kb`` from Redis, copied into the local cache, or _MISSING if Redis has none (or one that
+        """The value of ``kb`` from Redis, copied into the local cache, or MISSING if Redis has none (or one that
         is not valid). Counts the remote hit or miss; raises RemoteError."""
         t0 = time.monotonic()  # before the mark: the deadline must fall within the mark's life
         generation = self._begin(kb)
@@ -166,7 +164,7 @@ class TieredCache(TierMapping):
         if decoded is None:
             if count_miss:
                 self._row[C_REMOTE_MISSES] += 1
-            return _MISSING
+            return MISSING
         version, tag, body, value = decoded
         self._row[C_REMOTE_HITS] += 1
         ttl = self.max_age - (time.monotonic() - t0)  # the age counts from before the read
@@ -354,7 +352,7 @@ class TieredCache(TierMapping):
         self._drop_older(kb, version)
         return True
 
-    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+    def pop(self, key: Any, default: Any = MISSING) -> Any:
         """Remove ``key`` everywhere and return its value, or ``default`` (also when what Redis held was not a
         valid value); without a default, an absent key raises KeyError. With Redis unavailable, this host's copy
         is popped (``strict``: RemoteError)."""
@@ -438,8 +436,8 @@ class TieredCache(TierMapping):
         seconds("timeout", timeout, none=True, zero=True)
         ttl = self._ttl(ttl)
         lkey = KindKey(self._n, key)
-        value = self.local.get(lkey, _MISSING)
-        if value is not _MISSING:
+        value = self.local.get(lkey, MISSING)
+        if value is not MISSING:
             self._row[C_LOCAL_HITS] += 1
             return value
         self._row[C_LOCAL_MISSES] += 1
@@ -450,8 +448,8 @@ class TieredCache(TierMapping):
         try:
             waited = claim.take(self.local._seg.fd, fp, timeout, lambda: lkey in self.local)
             if waited:  # another process of this host fetched or computed it meanwhile
-                value = self.local.get(lkey, _MISSING)
-                if value is not _MISSING:
+                value = self.local.get(lkey, MISSING)
+                if value is not MISSING:
                     self._row[C_LOCAL_MISSES] -= 1  # counted as a hit after all, as SharedCache does
                     self._row[C_LOCAL_HITS] += 1
                     return value
@@ -618,7 +616,7 @@ class TieredCache(TierMapping):
 
 def _absent(key, default):
     """What pop returns for an absent key: ``default``, or KeyError without one (as dict.pop)."""
-    if default is _MISSING:
+    if default is MISSING:
         raise KeyError(key)
     return default
 

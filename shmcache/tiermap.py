@@ -18,10 +18,8 @@ from .codec import encode_key
 from .errors import RemoteError
 from .keys import decode_key
 from .layout.tier import C_LOCAL_HITS, C_LOCAL_MISSES
-from .mapping import ItemAccess, _pairs
+from .mapping import MISSING, ItemAccess, _pairs
 from .remote import log
-
-_MISSING = object()
 
 
 class TierMapping(ItemAccess):
@@ -66,8 +64,8 @@ class TierMapping(ItemAccess):
         arbitrary (the first a scan finds). The pop itself is atomic: if another caller took the key first, the
         next is tried. :raises KeyError: if the namespace is empty."""
         for key in self._keys():
-            value = self.pop(key, _MISSING)
-            if value is not _MISSING:
+            value = self.pop(key, MISSING)
+            if value is not MISSING:
                 return key, value
         raise KeyError("popitem(): the cache is empty") from None
 
@@ -77,7 +75,7 @@ class TierMapping(ItemAccess):
         while True:
             if self.add(key, default, ttl):
                 return default
-            value, version = self.get_with_version(key, _MISSING)
+            value, version = self.get_with_version(key, MISSING)
             if version is not None:
                 return value
             # Deleted between the add and the read: try again.
@@ -87,10 +85,10 @@ class TierMapping(ItemAccess):
         from Redis key by key as get does."""
         self._check_open()
         keys = list(keys)
-        values = self._kind.get_many(keys, _MISSING)
+        values = self._kind.get_many(keys, MISSING)
         row = self._row
         for i, value in enumerate(values):
-            if value is not _MISSING:
+            if value is not MISSING:
                 row[C_LOCAL_HITS] += 1
                 continue
             row[C_LOCAL_MISSES] += 1
@@ -99,8 +97,8 @@ class TierMapping(ItemAccess):
             except RemoteError:
                 if self.strict:
                     raise
-                value = self._MISSING
-            values[i] = default if value is self._MISSING else value
+                value = MISSING
+            values[i] = default if value is MISSING else value
         return values
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
