@@ -258,10 +258,6 @@ class SharedCache(LocalMapping):
         finally:
             self._unlock(addr)
 
-    def _find(self, kb: bytes, fp: int) -> int:
-        """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY (lock held)."""
-        return index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-
     def _admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
         The hot paths call it only when one of the three applies."""
@@ -460,8 +456,8 @@ class SharedCache(LocalMapping):
         h[H_DIRTY] = 0
 
     def _find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
-        """``_find``, an expired entry being dropped and reported absent (lock held); ``to_insert``: see
-        ``_lapse_locked``."""
+        """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY, an expired entry being dropped and
+        reported absent (lock held); ``to_insert``: see ``_lapse_locked``."""
         e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
         if e != EMPTY and self._exp[e] and self._table.expired(e):
             self._lapse_locked(e, to_insert)

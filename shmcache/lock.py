@@ -221,12 +221,10 @@ class SegmentLock:
         # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
         self._private = ctypes.create_string_buffer(64)
         init_mutex(ctypes.addressof(self._private))
-        # The handles the callers pass to ``trylock``/``unlock`` (and compare by identity): one for the lock, one
-        # for the private mutex.
+        # The handles the callers pass to ``hot_trylock``/``hot_unlock`` (and compare by identity): one for the
+        # lock, one for the private mutex.
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
-        self.trylock = hot_trylock
-        self.unlock = hot_unlock
 
     def acquire_slow(self, rc: int, repairing=None) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is
