@@ -64,9 +64,12 @@ Kernel locks on the segment's file (open-file-description locks, ``shmcache/ofd.
 in the segment's bytes): ``get_or_compute`` claims a key with an exclusive lock on one byte below 2**62, at an
 offset taken from the key's fingerprint (``shmcache/flight.py``); every open handle holds a shared lock on byte
 2**62 (``LIVE_BYTE``), which ``sweep`` takes exclusively to know that nobody has the segment open; and a view pins
-entry slot ``e`` with a shared lock on byte 2**62 + 1 + e (``shmcache/view.py``); and every open handle holds a shared
-lock on byte 2**62 + 2**41 + its process's PID namespace (the inode number of /proc/self/ns/pid), so that the lock
-can tell when a holder's thread id may belong to a namespace the reader cannot see (``shmcache/lock.py``).
+entry slot ``e`` with a shared lock on byte 2**62 + 1 + e (``shmcache/view.py``); a ``TieredCache`` namespace's
+invalidation listener holds an exclusive lock on byte 2**62 + 2**40 + its kind number (``LISTENER_BASE``, the
+host's election: one listener per host); and every open handle holds a shared lock on byte 2**62 + 2**41 + its
+process's PID namespace (the inode number of /proc/self/ns/pid, taken modulo ``NS_SPAN``), so that the lock can tell
+when a holder's thread id may belong to a namespace the reader cannot see (``shmcache/lock.py``). The ranges are
+disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far fewer), listeners below 2**62 + 2**41.
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
