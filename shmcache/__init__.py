@@ -12,8 +12,7 @@ from .errors import (
 from .kinds import KindStats, KindView
 from .segment import sweep
 from .stats import CacheLimits, CacheStats, prometheus_text
-from .tiered import TieredCache
-from .tierstats import TierStats
+from .tier import TierStats, TieredCache
 from .verify import VerifyReport
 from .view import View
 

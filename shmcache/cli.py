@@ -287,8 +287,8 @@ def cmd_set_limits(args) -> int:
 
 
 def cmd_tier(args) -> int:
-    from .tiered import host_stats
-    from .tierstats import segments
+    from .tier.stats import segments
+    from .tier.tiered import host_stats
 
     caches = set(segment_names())
     if args.name is None:  # list the namespaces, saying which have lost their cache

@@ -13,7 +13,7 @@ from .codec import encode_key_prefix
 if TYPE_CHECKING:
     from .cache import SharedCache
     from .kinds import KindView
-    from .tiered import TieredCache
+    from .tier.tiered import TieredCache
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -6,7 +6,7 @@ them when the last descriptor of the description closes -- at the latest when it
 disjoint byte ranges (see ``shmcache/layout/__init__.py``): one byte per key below ``LIVE_BYTE`` for
 ``get_or_compute``'s claims (``flight.py``); ``LIVE_BYTE`` itself, read-locked by every open handle, so that
 ``sweep`` can tell a segment nobody has open; one byte per entry slot above it, read-locked by the views that
-pin the entry (``view.py``); the tier's listener bytes (``layout.tier.LISTENER_BASE``); and one byte per PID
+pin the entry (``view.py``); the tier's listener bytes (``tier.layout.LISTENER_BASE``); and one byte per PID
 namespace, read-locked by every open handle from that namespace (``NS_BASE``), so that the lock can tell whether
 a holder's thread id may belong to a namespace it cannot see (``lock.py``).
 """

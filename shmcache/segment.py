@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from . import layout, ofd, space, tierstats
+from . import layout, ofd, space
 from .errors import AttachTimeout, LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
@@ -323,14 +323,19 @@ def sweep(remove: bool = False, names: Iterable[str] | None = None, *, mode: int
         if entry is not None:
             found.append({**entry, "cache": name})
     # The stats segments of TieredCache namespaces, of these caches (or of all).
-    return found + tierstats.sweep(remove, None if names is None else set(names), trust)
+    # Why: imported here, not at the top: the tier package imports cache.py, which imports this module.
+    from .tier import stats as tier_stats
+
+    return found + tier_stats.sweep(remove, None if names is None else set(names), trust)
 
 
 def unlink_name(name: str) -> None:
     """Remove the named cache's segment, and the stats segments of the TieredCache namespaces it fronts; processes
     that have them mapped keep their mappings until they close them."""
     path = shm_name(name)  # validates the name before anything is removed
-    tierstats.unlink_of(name)
+    from .tier import stats as tier_stats  # Why: imported here, as in sweep
+
+    tier_stats.unlink_of(name)
     try:
         posix_ipc.unlink_shared_memory(path)
     except posix_ipc.ExistentialError:

@@ -13,7 +13,7 @@ from .layout.dtypes import (
 
 if TYPE_CHECKING:
     from .kinds import KindStats
-    from .tierstats import TierStats
+    from .tier.stats import TierStats
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
@@ -161,7 +161,7 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats],
 
 
 def _tier_lines(lines: list, tiers: dict) -> None:
-    from .layout.tier import COUNTERS
+    from .tier.layout import COUNTERS
 
     items = sorted(tiers.items())
 

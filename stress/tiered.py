@@ -69,9 +69,9 @@ import numpy as np
 from benchmarks.servers import RedisClusterServers, RedisServer
 from shmcache import ComputeTimeout, PinnedError, RemoteError, SharedCache, TieredCache, TooLargeError
 from shmcache.codec import KindKey, encode_key
-from shmcache.layout.tier import C_LOCAL_ONLY_PUTS, C_REMOTE_ERRORS
-from shmcache.tiered import host_stats
-from shmcache.tierstats import segment_name
+from shmcache.tier import host_stats
+from shmcache.tier.layout import C_LOCAL_ONLY_PUTS, C_REMOTE_ERRORS
+from shmcache.tier.stats import segment_name
 
 from .common import MAX_REPORTS, check_value, exit_on_sigterm, finish, make_value, reap, start, unlink_quietly
 
@@ -452,7 +452,7 @@ def subscribed_port(url: str, namespace: str) -> int:
     channel's slot."""
     import redis
 
-    from shmcache.remote import KEY_PREFIX
+    from shmcache.tier.remote import KEY_PREFIX
 
     client = redis.RedisCluster.from_url(url)
     try:
@@ -546,7 +546,7 @@ def intact(observer: TieredCache, locals_: list, names: list[str], nkeys: int) -
             values = [("Redis", observer.get_with_version(key)[0])]
         except RemoteError:
             values = []  # already counted as divergent by converge()
-        except ValueError as exc:  # shmcache.remote.unpack_value: a damaged blob
+        except ValueError as exc:  # shmcache.tier.remote.unpack_value: a damaged blob
             values = [("Redis", f"undecodable: {exc}")]
         values += [(f"host {h}", local.get(KindKey(kinds[h], key))) for h, local in enumerate(locals_)]
         for where, v in values:

@@ -1,4 +1,4 @@
-"""The mapping API (mapping.py, entries.py, tiermap.py), one behaviour suite bound to SharedCache, KindView and
+"""The mapping API (mapping.py, entries.py, tier/mapping.py), one behaviour suite bound to SharedCache, KindView and
 TieredCache: iteration over a snapshot that counts nothing, pop/popitem/setdefault like a dict's, batches under one
 hold of the lock, ttl(), set_limits with one limit, namedtuples, memoize's cache_info, __missing__, repr, equality."""
 

@@ -23,7 +23,7 @@ import pytest
 
 from shmcache import OwnershipError, SharedCache, ShmCacheError, sweep
 from shmcache.cli import main
-from shmcache.tierstats import Rows, segment_name
+from shmcache.tier.stats import Rows, segment_name
 from shmcache.trust import Trust
 
 from .conftest import unique_name

@@ -13,7 +13,7 @@ import pytest
 
 from shmcache import RemoteError, SharedCache, TieredCache
 from shmcache.codec import KindKey, encode_key
-from shmcache.tiered import host_stats
+from shmcache.tier import host_stats
 
 from .tiers import Host, eventually, mark as _mark
 from .workers import check_value, make_value

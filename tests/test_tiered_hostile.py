@@ -10,8 +10,8 @@ import pytest
 from shmcache.codec import encode_key, encode_parts
 from shmcache.layout import MAX_REMOTE_VERSION, MAX_VERSION
 from shmcache.layout.dtypes import H_VERSION_CLOCK
-from shmcache.layout.tier import MESSAGE_HEADER, OP_KEY, REMOTE_HEADER, REMOTE_MAGIC
-from shmcache.remote import pack_payload
+from shmcache.tier.layout import MESSAGE_HEADER, OP_KEY, REMOTE_HEADER, REMOTE_MAGIC
+from shmcache.tier.remote import pack_payload
 
 from .tiers import eventually, mark
 from .workers import check_value, make_value

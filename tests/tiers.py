@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from shmcache import SharedCache, TieredCache, copies
+from shmcache import SharedCache, TieredCache
 from shmcache.codec import KindKey, encode_key, fingerprint
 from shmcache.layout import EMPTY
+from shmcache.tier import copies
 
 from .conftest import unique_name
 

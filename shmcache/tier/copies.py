@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import time
 
-from . import kinds
-from .codec import decode_body
-from .errors import ShmCacheError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import (
+from .. import kinds
+from ..codec import decode_body
+from ..errors import ShmCacheError
+from ..layout import BLOCK_HEADER_NBYTES, EMPTY
+from ..layout.dtypes import (
     E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY, MAX_REMOTE_VERSION,
 )
 

@@ -14,9 +14,9 @@ import os
 import threading
 import time
 
-from .errors import ComputeTimeout, RemoteError
-from .layout.tier import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
-from .mapping import MISSING
+from ..errors import ComputeTimeout, RemoteError
+from ..mapping import MISSING
+from .layout import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
 
 WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .codec import encode_key
-from .errors import RemoteError
-from .keys import decode_key
-from .layout.tier import C_LOCAL_HITS, C_LOCAL_MISSES
-from .mapping import MISSING, ItemAccess, _pairs
+from ..codec import encode_key
+from ..errors import RemoteError
+from ..keys import decode_key
+from ..mapping import MISSING, ItemAccess, _pairs
+from .layout import C_LOCAL_HITS, C_LOCAL_MISSES
 from .remote import log
 
 

@@ -25,26 +25,27 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from . import copies, flight, lease, memo, ofd
-from .cache import DEFAULT_LOCK_TIMEOUT, SharedCache, seconds, ttl_ns
-from .codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
-from .errors import ClosedError, PinnedError, RemoteError, TooLargeError
-from .layout import KIND_PREFIX
-from .layout.tier import (
+from .. import flight, memo, ofd
+from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, seconds, ttl_ns
+from ..codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
+from ..errors import ClosedError, PinnedError, RemoteError, TooLargeError
+from ..layout import KIND_PREFIX
+from ..mapping import MISSING
+from ..trust import Trust
+from . import copies, lease
+from .layout import (
     C_COMPUTATIONS, C_INVALIDATIONS, C_LISTENER_STARTS, C_LOCAL_CLEARS, C_LOCAL_HITS, C_LOCAL_MISSES,
     C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
 from .listener import Listener
+from .mapping import TierMapping
 from .remote import UNKNOWN_VERSION, Remote, _redis, check_url, connect, pack_payload, remote_version, unpack_value
-from .mapping import MISSING
-from .tiermap import TierMapping
-from .tierstats import Rows, TierStats
-from .trust import Trust
+from .stats import Rows, TierStats
 
 if TYPE_CHECKING:
-    from .memo import Memoized
-    from .stats import CacheLimits
+    from ..memo import Memoized
+    from ..stats import CacheLimits
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -2,7 +2,7 @@
 channel and applies every write's invalidation to the host's shared-memory cache.
 
 Every process with a handle runs a daemon thread that tries, every ``ELECT_S``, to take an exclusive
-open-file-description lock on the namespace's byte of the local segment (``layout.tier.LISTENER_BASE``); the one
+open-file-description lock on the namespace's byte of the local segment (``tier.layout.LISTENER_BASE``); the one
 that holds it listens. When the listener's process dies the kernel frees the lock and another process takes over
 within ``ELECT_S``. Why one per host: each message costs a lock hold on the shared-memory cache, and N listeners per
 host would do the same work N times.
@@ -24,7 +24,7 @@ import os
 import threading
 import time
 
-from . import ofd
+from .. import ofd
 
 log = logging.getLogger("shmcache.tiered")
 

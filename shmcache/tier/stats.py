@@ -1,5 +1,5 @@
 """The per-host stats of a ``TieredCache`` namespace: a small shared-memory segment of per-process rows
-(``layout.tier``), and ``TierStats``, their sum.
+(``tier/layout.py``), and ``TierStats``, their sum.
 
 Each process writes only its own row, so counting is a plain increment with no lock; a row is claimed with an
 exclusive open-file-description lock on one byte of the segment's file, which the kernel drops when the process
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from . import ofd, space
-from .errors import LayoutError, LayoutVersionError
-from .layout.dtypes import MAX_COUNTER
-from .trust import Trust
-from .layout.tier import (
+from .. import ofd, space
+from ..errors import LayoutError, LayoutVersionError
+from ..layout.dtypes import MAX_COUNTER
+from ..trust import Trust
+from .layout import (
     C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
     TIER_HEADER_WORDS, TIER_MAGIC, TIER_ROW_WORDS, TIER_ROWS, TIER_SEGMENT_PREFIX, TIER_VERSION,
     tier_nbytes,
@@ -54,7 +54,7 @@ def segments() -> list[tuple[str, str]]:
 @dataclass(frozen=True)
 class TierStats:
     """The host's counts for one namespace, summed over every process since the stats segment was made (see
-    ``layout.tier.COUNTERS`` for each counter), with the remote latency percentiles (upper bounds of histogram
+    ``tier.layout.COUNTERS`` for each counter), with the remote latency percentiles (upper bounds of histogram
     buckets 19 % wide, in µs; 0.0 before any call), the namespace's resident entries and bytes in the local
     cache, and whether some process of the host holds the listener role (``listening``)."""
 

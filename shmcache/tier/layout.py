@@ -1,4 +1,4 @@
-"""The bytes of the Redis tier (``shmcache/tiered.py``): how a value is stored in Redis, how an invalidation is
+"""The bytes of the Redis tier (``shmcache/tier/tiered.py``): how a value is stored in Redis, how an invalidation is
 published, and the per-host stats segment.
 
 Redis value. ``REMOTE_MAGIC`` (3 bytes, the last one the format number), the entry's version as a little-endian
@@ -9,7 +9,7 @@ payload the client sends: the value's tag byte, an 8-byte little-endian checksum
 a value is never accepted for another key, nor when damage changed it. The version is assigned by Redis, inside
 the script that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and
 keeps growing across a delete as long as the server's clock does. A valid version is an integer from 1 to
-``MAX_REMOTE_VERSION`` (``dtypes.py``) and valid flags have no bit but ``F_EXPIRES``; a value (or a reply, or a
+``MAX_REMOTE_VERSION`` (``layout/dtypes.py``) and valid flags have no bit but ``F_EXPIRES``; a value (or a reply, or a
 message) with anything else is refused, never adopted, and a script treats a previous version out of range as none.
 
 Invalidation message, published on the namespace's channel by the same script that wrote (so no write is ever
@@ -42,7 +42,7 @@ TIER_MAGIC = 0x3172656974_6d6873  # "shmtier1", little-endian
 TIER_VERSION = 1
 TIER_HEADER_WORDS = 8  # magic, version, rows, row words, 4 spare: one cache line
 H_MAGIC, H_VERSION, H_ROWS, H_ROW_WORDS = range(4)
-TIER_ROWS = 256  # processes counting at once; a process finding none free counts privately (see tierstats)
+TIER_ROWS = 256  # processes counting at once; a process finding none free counts privately (see tier/stats.py)
 TIER_ROW_WORDS = 128  # 1 KiB: the counters (18 so far, room for 32) and a 96-bucket histogram
 
 COUNTERS = (

@@ -9,7 +9,7 @@ fails or times out is counted, logged once per outage, and turned into ``RemoteE
 not asked again for ``retry_interval`` seconds (calls are counted as skipped), so a dead Redis costs each process
 one timeout per interval, not one per call.
 
-The caller passes the stats row of its process (``tierstats``); nothing here takes the local cache's lock.
+The caller passes the stats row of its process (``stats.py``); nothing here takes the local cache's lock.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import threading
 import time
 import urllib.parse
 
-from .codec import _xxh
-from .errors import RemoteError
-from .layout.dtypes import MAX_REMOTE_VERSION
-from .layout.tier import (
+from ..codec import _xxh
+from ..errors import RemoteError
+from ..layout.dtypes import MAX_REMOTE_VERSION
+from .layout import (
     C_LATENCY, C_REMOTE_CALLS, C_REMOTE_ERRORS, C_REMOTE_NS, C_REMOTE_SKIPPED, C_REMOTE_TIMEOUTS, LATENCY_BUCKETS,
     F_EXPIRES, F_KNOWN, LATENCY_PER_OCTAVE, MESSAGE_HEADER, OP_CLEAR, PAYLOAD_HEADER, REMOTE_HEADER, REMOTE_MAGIC,
 )
