@@ -256,7 +256,19 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:
+                self._restore_kind(addr)
             self._unlock(addr)
+
+    def _restore_kind(self, addr) -> None:
+        """The mutex's kind word was damaged while this thread held the lock: put it back before unlocking (glibc's
+        unlock of some kinds asserts and aborts the process), and have the next holder repair the segment."""
+        if addr is self._addr:
+            self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+            try:
+                self._h[H_DIRTY] = 1
+            except ValueError:  # closed meanwhile: nothing of this handle to repair
+                pass
 
     def _admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
@@ -411,6 +423,8 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:  # damaged while held: see _restore_kind
+                self._restore_kind(addr)
             _unlock(addr)
         if tag == TAG_ARRAY:
             if array_checksum(head, body) != check:
@@ -506,6 +520,8 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:  # damaged while held: see _restore_kind
+                self._restore_kind(addr)
             _unlock(addr)
 
     def _encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> tuple:
@@ -1066,6 +1082,8 @@ class SharedCache(LocalMapping):
             self._closed = True
             return
         finally:
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:
+                self._restore_kind(addr)
             self._unlock(addr)
         self._table.close()
         self._pins.close()

@@ -61,6 +61,30 @@ def _describe(args, name: str) -> dict:
     return row
 
 
+def _shown(name: str) -> str:
+    """A name as it may be printed: one another user chose may hold terminal control codes or bytes that are not
+    UTF-8 (escaped here, as repr does), never written to the terminal as they are."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
+def _shell_word(name: str) -> str:
+    """``name`` quoted for a shell command line the user may paste: as shlex does, or, for a name with control codes
+    or bytes that are not UTF-8, in ANSI-C quoting (bash, zsh: ``$'...'``), so the hint names exactly that file and
+    prints no control code."""
+    if name.isprintable():
+        return shlex.quote(name)
+    out = []
+    for c in name:
+        n = ord(c)
+        if 0xDC80 <= n <= 0xDCFF:  # a byte that is not UTF-8, as os.listdir gives it
+            out.append(f"\\x{n - 0xDC00:02x}")
+        elif c in "\\'" or not c.isprintable():
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"
+
+
 def _user(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -137,14 +161,14 @@ def cmd_ls(args) -> int:
     rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
         if "size_bytes" not in c:
-            rows.append([c["name"], c["state"], "-", "-", "-", "-", "-", "-",
+            rows.append([_shown(c["name"]), c["state"], "-", "-", "-", "-", "-", "-",
                          f"{c['state']}: {c.get('reason') or c.get('error')}"])
             continue
         age = [c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"]
         if c["state"] != "ok":
-            rows.append([c["name"], c["state"], _human(c["size_bytes"]), "-", "-", "-", *age])
+            rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), "-", "-", "-", *age])
             continue
-        rows.append([c["name"], c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
+        rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
                      f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
     return 0
@@ -228,18 +252,18 @@ def cmd_sweep(args) -> int:
         what = "removed" if f.get("removed") else f["state"]
         if "reason" in f:
             what += f": {f['reason']}"
-        print(f"{f['name']:<40} {size:>10}  {what}")
+        print(f"{_shown(f['name']):<40} {size:>10}  {what}")
     missing = sorted(set(args.names) - {f["cache"] for f in found})
     for name in missing:
         print(f"shmcache: no cache named {name!r} (and no TieredCache stats segment of it)", file=sys.stderr)
     if orphans and not args.yes:
         # The hint removes exactly what was listed: the caches named, never every orphan on the host.
-        again = ["shmcache", "sweep", "--yes", *sorted({f["cache"] for f in orphans})]
+        again = ["shmcache", "sweep", "--yes", *map(_shell_word, sorted({f["cache"] for f in orphans}))]
         if args.mode != 0o600:
             again += ["--mode", oct(args.mode)[2:]]
         for owner in args.trust_owner or ():
-            again += ["--trust-owner", str(owner)]
-        print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `{shlex.join(again)}`.")
+            again += ["--trust-owner", shlex.quote(str(owner))]
+        print(f"\n{len(orphans)} orphan(s): nobody has them open. Remove them with `{' '.join(again)}`.")
     elif not found and not args.names:
         print("no shmcache caches on this host")
     return 1 if missing else 0
@@ -251,7 +275,7 @@ def cmd_rm(args) -> int:
         try:
             in_use = segment_in_use(name)
             SharedCache.unlink_name(name)
-            print(f"removed {name}")
+            print(f"removed {_shown(name)}")
             if in_use:
                 print(f"shmcache: warning: processes still have {name!r} open: they keep using the removed memory "
                       "until they close it, and a cache created under this name now is a new, separate one",

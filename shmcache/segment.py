@@ -21,6 +21,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -77,6 +78,7 @@ class Segment:
     # Class-level defaults make close() safe on a half-built object.
     mm: mmap.mmap | None = None
     geometry: Geometry | None = None
+    fd = -1  # the segment's descriptor while open; -1 before and after (never a number another file may reuse)
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
@@ -283,9 +285,11 @@ class Segment:
         live_fd = self.__dict__.pop("live_fd", None)
         if live_fd is not None:
             os.close(live_fd)  # this handle no longer holds the segment open (for sweep)
+        fd = self.__dict__.pop("fd", None)
+        if fd is not None:  # closed once (an attach cut short has one too): never a number reused meanwhile
+            os.close(fd)
         if self.mm is None:
             return
-        os.close(self.fd)
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
                      "versions_words", "kinds_bytes", "pins_bytes", "kind_words", "_mv"):
             view = self.__dict__.pop(attr, None)
@@ -319,7 +323,12 @@ def sweep(remove: bool = False, names: Iterable[str] | None = None, *, mode: int
     trust = Trust.of(mode, trust_owner)
     found = []
     for name in segment_names() if names is None else sorted(set(names)):
-        entry = ofd.judge(_SHM_DIR + shm_name(name), name, ofd.LIVE_BYTE, 1, remove, trust)
+        try:
+            path = _SHM_DIR + shm_name(name)
+        except UnicodeEncodeError:  # another user's file, named in bytes that are not UTF-8: no cache of ours
+            found.append({"name": name, "cache": name, "state": "skipped", "reason": "its name is not valid UTF-8"})
+            continue
+        entry = ofd.judge(path, name, ofd.LIVE_BYTE, 1, remove, trust)
         if entry is not None:
             found.append({**entry, "cache": name})
     # The stats segments of TieredCache namespaces, of these caches (or of all).
@@ -345,10 +354,13 @@ def unlink_name(name: str) -> None:
 def segment_in_use(name: str) -> bool:
     """Whether some process has the named cache open (holds its ``LIVE_BYTE``), asked without attaching to it."""
     try:
-        fd = os.open(_SHM_DIR + shm_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Why O_NONBLOCK: a FIFO planted at the name would otherwise block the open for ever.
+        fd = os.open(_SHM_DIR + shm_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False  # gone, or not ours to look at
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         return ofd.held_elsewhere(fd, ofd.LIVE_BYTE)
     finally:
         os.close(fd)

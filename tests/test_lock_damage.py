@@ -240,3 +240,32 @@ def test_lock_gone_owner_with_many_waiters_lets_every_one_through(name):
         assert c.verify().ok
         for i in range(4):
             check_value(f"w{i}", c.get(f"w{i}"))
+
+
+_DAMAGED_WHILE_HELD = r"""
+import mmap, struct, sys
+from shmcache import SharedCache
+from shmcache.layout.dtypes import H_LOCK_OFF
+from shmcache.lock import KIND_OFF
+
+name, kind = sys.argv[1], int(sys.argv[2])
+c = SharedCache(name, create=False, lock_timeout=1.0)
+
+def damage():  # another process writing the kind word while this one holds the lock
+    with open(f"/dev/shm/shmcache.{name}", "r+b") as f, mmap.mmap(f.fileno(), 4096) as mm:
+        struct.pack_into("<i", mm, H_LOCK_OFF + KIND_OFF, kind)
+
+c._locked(damage)   # the unlock after it must not reach glibc with that kind (it asserts, and aborts)
+c.put("after", 1)
+assert c.get("after") == 1 and c.verify().ok
+c.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("kind", [0x40, 0x20, 0x5A5A5A5A])  # priority protect, priority inherit, garbage
+def test_lock_kind_damaged_while_held_never_aborts_the_holder(name, kind):
+    SharedCache(name, **SMALL).close()
+    run = subprocess.run([sys.executable, "-c", _DAMAGED_WHILE_HELD, name, str(kind)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=90)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), f"exit {run.returncode}: {run.stderr[-3000:]}"

@@ -6,6 +6,8 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +120,44 @@ def test_sweep_cli_names_a_cache_that_does_not_exist(capsys, name):
     assert main(["sweep", name]) == 1
     out, err = capsys.readouterr()
     assert f"no cache named {name!r}" in err and "no shmcache caches on this host" not in out
+
+
+def test_sweep_skips_a_name_that_is_not_utf8(name):
+    # Another user may name a file in bytes that are not UTF-8: it is reported as skipped, and the sweep goes on.
+    weird = name + "\udcff"  # how os.listdir gives the byte 0xff
+    path = os.fsencode(f"/dev/shm/shmcache.{weird}")
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True).close()
+        found = {f["name"]: f for f in sweep(names=[weird, name])}
+        assert found[weird]["state"] == "skipped" and "UTF-8" in found[weird]["reason"]
+        assert found[name]["state"] == "orphan"
+    finally:
+        os.unlink(path)
+
+
+def test_sweep_rm_never_blocks_on_a_fifo_at_the_name(name):
+    path = f"/dev/shm/shmcache.{name}"
+    os.mkfifo(path, 0o600)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shmcache", "rm", name], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0 and "warning" not in proc.stderr
+        assert not os.path.lexists(path)
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)
+
+
+def test_sweep_cli_escapes_control_codes_in_names(capsys, name):
+    odd = name + "\x1b[2J"
+    os.close(os.open(f"/dev/shm/shmcache.{odd}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        assert main(["sweep", odd]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and name in out
+        hint = out.split("Remove them with `")[1].split("`")[0]  # names that very file, in ANSI-C quoting
+        proc = subprocess.run(["bash", "-c", f"printf '%s' {hint.split()[-1]}"], capture_output=True, timeout=30)
+        assert proc.stdout == odd.encode()
+    finally:
+        os.unlink(f"/dev/shm/shmcache.{odd}")

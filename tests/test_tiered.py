@@ -407,3 +407,22 @@ def test_tiered_fresh_host_serves_its_first_put_from_its_copy(redis_url, name, n
     finally:
         local.close()
         local.unlink()
+
+
+def test_tiered_host_stats_never_waits_on_a_held_stats_file(name, namespace):
+    # A process stopped while it opened the stats segment (it holds the file's flock) must not block `shmcache tier`.
+    import fcntl
+
+    from shmcache.errors import AttachTimeout
+
+    local = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    tier = TieredCache(local, "redis://127.0.0.1:1", namespace=namespace)
+    try:
+        with open("/dev/shm/" + tier._rows.name, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            with pytest.raises(AttachTimeout):
+                host_stats(name, namespace, timeout=0.2)
+    finally:
+        tier.close()
+        local.close()
+        local.unlink()

@@ -17,13 +17,14 @@ import fcntl
 import logging
 import mmap
 import os
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import ofd, space
-from ..errors import LayoutError, LayoutVersionError
+from ..errors import AttachTimeout, LayoutError, LayoutVersionError
 from ..layout.dtypes import MAX_COUNTER
 from ..trust import Trust
 from .layout import (
@@ -103,12 +104,16 @@ def percentile(histogram: np.ndarray, q: float) -> float:
     return round(2 ** ((i + 1) / LATENCY_PER_OCTAVE), 1)
 
 
+OPEN_TIMEOUT_S = 10.0  # how long an opener waits for another that is creating the file (it holds the flock)
+
+
 class Rows:
     """This process's handle on the stats segment: ``row`` is its own row, a memoryview of 8-byte words."""
 
     _fd = -1  # the checked descriptor, kept open for reopening (class default: close() on a half-built object)
 
-    def __init__(self, cache_name: str, namespace: str, trust: Trust = Trust(), *, claim: bool = True) -> None:
+    def __init__(self, cache_name: str, namespace: str, trust: Trust = Trust(), *, claim: bool = True,
+                 timeout: float = OPEN_TIMEOUT_S) -> None:
         """Open (with ``claim``: create if need be, and claim a row) the stats segment of the namespace; without
         ``claim``, only read it (FileNotFoundError if it does not exist).
 
@@ -122,7 +127,7 @@ class Rows:
             trust.check(fd, self.path, "open")
             # Why flock: creation and the header's first write must not race; whole-file flock locks are apart from
             # the byte locks that claim rows.
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock(fd, time.monotonic() + timeout, self.path)
             try:
                 size = os.fstat(fd).st_size
                 if size == 0:
@@ -234,6 +239,20 @@ class Rows:
                 os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _flock(fd: int, deadline: float, path: str) -> None:
+    """Take the file's flock, polling until ``deadline``: a process stopped while it held it (or anyone who may
+    open the file and holds it) must not block an opener, nor ``shmcache tier``, for ever."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AttachTimeout(f"{path} stays locked by another process that is opening it",
+                                    what="open", hint="if that process is stopped or stuck, end it") from None
+            time.sleep(0.001)
 
 
 def unlink_of(cache_name: str) -> None:

@@ -657,7 +657,7 @@ def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owne
     :raises OwnershipError: if either is refused (see ``SharedCache``).
     :raises LockTimeout: if the local cache's lock did not come within ``timeout``.
     """
-    rows = Rows(cache_name, namespace, Trust.of(mode, trust_owner), claim=False)
+    rows = Rows(cache_name, namespace, Trust.of(mode, trust_owner), claim=False, timeout=timeout)
     try:
         with SharedCache(cache_name, create=False, mode=mode, trust_owner=trust_owner, lock_timeout=timeout,
                          attach_timeout=timeout) as local:
