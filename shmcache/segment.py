@@ -53,18 +53,23 @@ def shm_name(name: str) -> str:
     return "/" + layout.SEGMENT_PREFIX + name
 
 
-def _flock(fd: int, deadline: float) -> None:
+def flock_until(fd: int, deadline: float, error) -> None:
+    """Take the file's ``flock``, polling until ``deadline`` (``time.monotonic``); then raise ``error()``. The holder
+    is a process creating the file: one stopped or stuck there must not block an opener for ever."""
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise AttachTimeout("another process has been initialising this cache for longer than "
-                                    "attach_timeout", what="attach",
-                                    hint="if its creator is stopped or stuck, remove the cache with "
-                                         "`shmcache rm NAME`; else pass a larger attach_timeout") from None
+                raise error() from None
             time.sleep(0.001)
+
+
+def _still_creating() -> AttachTimeout:
+    return AttachTimeout("another process has been initialising this cache for longer than attach_timeout",
+                         what="attach", hint="if its creator is stopped or stuck, remove the cache with "
+                                             "`shmcache rm NAME`; else pass a larger attach_timeout")
 
 
 def _space_args(name: str) -> tuple[str, str]:
@@ -157,7 +162,7 @@ class Segment:
         # mode checks, so only this user, a trusted owner (or root) can have made it -- as trustworthy as a file made
         # here. It is what a creator that died between shm_open and the magic leaves (a crashed gunicorn master);
         # refusing it would wedge the name until someone removes it by hand. Another user's file never gets here.
-        _flock(shm.fd, deadline)
+        flock_until(shm.fd, deadline, _still_creating)
         try:
             size = os.fstat(shm.fd).st_size
             if size >= d.HEADER_NBYTES:

@@ -26,6 +26,7 @@ import numpy as np
 from .. import ofd, space
 from ..errors import AttachTimeout, LayoutError, LayoutVersionError
 from ..layout.dtypes import MAX_COUNTER
+from ..segment import flock_until
 from ..trust import Trust
 from .layout import (
     C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
@@ -127,7 +128,9 @@ class Rows:
             trust.check(fd, self.path, "open")
             # Why flock: creation and the header's first write must not race; whole-file flock locks are apart from
             # the byte locks that claim rows.
-            _flock(fd, time.monotonic() + timeout, self.path)
+            flock_until(fd, time.monotonic() + timeout, lambda: AttachTimeout(
+                f"{self.path} stays locked by another process that is opening it", what="open",
+                hint="if that process is stopped or stuck, end it"))
             try:
                 size = os.fstat(fd).st_size
                 if size == 0:
@@ -239,20 +242,6 @@ class Rows:
                 os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-
-def _flock(fd: int, deadline: float, path: str) -> None:
-    """Take the file's flock, polling until ``deadline``: a process stopped while it held it (or anyone who may
-    open the file and holds it) must not block an opener, nor ``shmcache tier``, for ever."""
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise AttachTimeout(f"{path} stays locked by another process that is opening it",
-                                    what="open", hint="if that process is stopped or stuck, end it") from None
-            time.sleep(0.001)
 
 
 def unlink_of(cache_name: str) -> None:
