@@ -63,7 +63,10 @@ _W = ENTRY_WORDS
 # The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
 # trylock, because glibc asserts, and aborts the process, inside trylock on some damaged kinds. A damaged word is
 # answered as a busy lock (EBUSY), and the waiting path (lock.py) judges and repairs it. Read through the lock page's
-# own words (``Segment.lock_words``), which a concurrent close() never releases.
+# own words (``Segment.lock_words``), which a concurrent close() never releases. Before every unlock too: a word
+# damaged while this thread held the lock is put back (glibc's unlock of some kinds asserts as well), and the dirty
+# word (also on that page) has the next holder repair the segment. Written inline, without a call: a call is a point
+# where an interrupt can be raised, and nothing may come between the finally and the unlock.
 _H_MUTEX_KIND = (H_LOCK_OFF + KIND_OFF) // 8
 _EBUSY = errno.EBUSY
 _VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
@@ -256,19 +259,10 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:
-                self._restore_kind(addr)
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
+                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+                self._lockw[H_DIRTY] = 1
             self._unlock(addr)
-
-    def _restore_kind(self, addr) -> None:
-        """The mutex's kind word was damaged while this thread held the lock: put it back before unlocking (glibc's
-        unlock of some kinds asserts and aborts the process), and have the next holder repair the segment."""
-        if addr is self._addr:
-            self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
-            try:
-                self._h[H_DIRTY] = 1
-            except ValueError:  # closed meanwhile: nothing of this handle to repair
-                pass
 
     def _admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
@@ -423,8 +417,9 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:  # damaged while held: see _restore_kind
-                self._restore_kind(addr)
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
+                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+                self._lockw[H_DIRTY] = 1
             _unlock(addr)
         if tag == TAG_ARRAY:
             if array_checksum(head, body) != check:
@@ -520,8 +515,9 @@ class SharedCache(LocalMapping):
             self._fault(exc, addr)
             raise
         finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:  # damaged while held: see _restore_kind
-                self._restore_kind(addr)
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
+                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+                self._lockw[H_DIRTY] = 1
             _unlock(addr)
 
     def _encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> tuple:
@@ -1082,8 +1078,9 @@ class SharedCache(LocalMapping):
             self._closed = True
             return
         finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD:
-                self._restore_kind(addr)
+            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
+                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+                self._lockw[H_DIRTY] = 1
             self._unlock(addr)
         self._table.close()
         self._pins.close()

@@ -135,17 +135,9 @@ def get_many_locked(cache, kbs: list, fps: list) -> list:
             misses += 1
             append(None)
             continue
-        p = ent[b + E_PREV]
-        if p != SENTINEL:  # lru.move_to_front, inlined
-            h[H_DIRTY] = 1
-            n = ent[b + E_NEXT]
-            ent[p * _W + E_NEXT] = n
-            ent[n * _W + E_PREV] = p
-            first = ent[E_NEXT]
-            ent[b + E_PREV] = SENTINEL
-            ent[b + E_NEXT] = first
-            ent[first * _W + E_PREV] = e
-            ent[E_NEXT] = e
+        if ent[b + E_PREV] != SENTINEL:  # not already the most recent
+            h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair
+            lru.move_to_front(ent, e)
             h[H_DIRTY] = 0
         hits += 1
         append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
