@@ -13,16 +13,12 @@ at it and whose ``check`` is non-zero. All methods assume the cache lock is held
 
 from __future__ import annotations
 
+from . import block
 from .errors import CorruptionError, PinnedError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES
 from .layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
 
-_LEN_MASK = 0xFFFFFFFF
-
-
-def block_nbytes(payload_nbytes: int) -> int:
-    """Bytes a block takes for a payload of ``payload_nbytes`` (header and padding included)."""
-    return (BLOCK_HEADER_NBYTES + payload_nbytes + BLOCK_ALIGN - 1) & -BLOCK_ALIGN
+block_nbytes = block.nbytes  # the allocator's unit, named where the ring's callers look for it
 
 
 def write_dead(words, off: int, nbytes: int) -> None:
@@ -89,7 +85,7 @@ class Arena:
                     raise PinnedError(f"no contiguous {nb} bytes between the blocks pinned by open views",
                                       what="put", hint="close views sooner, or raise the capacity")
                 raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
-        self.words[head >> 3] = nb | (e << 32)
+        self.words[head >> 3] = nb | (e << 32)  # block.header, inlined: every new entry's path
         off = head
         head += nb
         # Ordering: head, tail and fill are written together after the block; a fault before this point leaves the
@@ -101,11 +97,9 @@ class Arena:
         return off
 
     def _clean_one(self, head: int, tail: int, fill: int) -> tuple[int, int, int]:
-        hdr = self.words[tail >> 3]
-        nb = hdr & _LEN_MASK
+        nb, e = block.split_header(self.words[tail >> 3])
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > self.nbytes - tail or nb > fill:
             raise CorruptionError(f"arena block at {tail} has an impossible length {nb}", what="arena alloc")
-        e = hdr >> 32
         if 0 < e < self.entry_slots:
             b = e * ENTRY_WORDS
             if self.ent[b + E_OFF] == tail and self.ent[b + E_CHECK]:
@@ -134,7 +128,7 @@ class Arena:
 
     def free(self, off: int, nb: int, e: int) -> None:
         """Mark entry ``e``'s block of ``nb`` bytes at ``off`` dead; its bytes are reclaimed when the cleaner passes."""
-        if not 0 <= off < self.nbytes or off & 7 or self.words[off >> 3] != nb | (e << 32):
+        if not 0 <= off < self.nbytes or off & 7 or self.words[off >> 3] != block.header(nb, e):
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="arena free")
         self.words[off >> 3] = nb
         self.h[H_ARENA_USED] -= nb

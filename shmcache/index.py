@@ -31,7 +31,7 @@ def find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
         b = e * ENTRY_WORDS
         klen = len(kb)
         if ent[b + E_KEY_NBYTES] == klen:
-            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
             if mm[k0 : k0 + klen] == kb:
                 return e
     return find_rest(ix, ent, mm, base, mask, fp, kb)
@@ -50,7 +50,7 @@ def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
         if ix[w] == fp:
             b = e * ENTRY_WORDS
             if ent[b + E_KEY_NBYTES] == klen:
-                k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+                k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
                 if mm[k0 : k0 + klen] == kb:
                     return e
     raise _full()

@@ -59,3 +59,15 @@ def reset(ent) -> None:
     """Make the list empty."""
     ent[E_PREV] = SENTINEL
     ent[E_NEXT] = SENTINEL
+
+
+def relink(ent, order) -> None:
+    """Make the list exactly the entries of ``order``, most recent first (a repair's rebuild); their other words
+    are left as they are."""
+    prev = SENTINEL
+    for e in order:
+        ent[prev * _W + E_NEXT] = e
+        ent[e * _W + E_PREV] = prev
+        prev = e
+    ent[prev * _W + E_NEXT] = SENTINEL
+    ent[E_PREV] = prev

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import index, ofd
-from .arena import block_nbytes, write_dead
+from . import block, index, lru, ofd
+from .arena import write_dead
 from .codec import TAG_BYTES, checksum, decode_body, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURES, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
@@ -67,12 +67,12 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
     if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
         return "its block is out of bounds"
-    nb = block_nbytes(klen + vlen)
-    if off + nb > size or seg.arena_words[off >> 3] != nb | (e << 32) or ent[b + E_CHECK] == 0:
+    nb = block.nbytes(klen + vlen)
+    if off + nb > size or seg.arena_words[off >> 3] != block.header(nb, e) or ent[b + E_CHECK] == 0:
         return "its block is out of bounds, not its own, or it has no checksum"
     if not deep:
         return None
-    v0 = off + BLOCK_HEADER_NBYTES
+    v0 = block.value_at(ent, 0, e)
     arena = seg.arena
     if fingerprint(arena[v0 + vlen : v0 + vlen + klen]) != ent[b + E_FP]:
         return "its key does not hash to its fingerprint"
@@ -177,7 +177,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
         good.append(e)
         klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
         retained += klen + vlen
-        nb = block_nbytes(klen + vlen)
+        nb = block.nbytes(klen + vlen)
         used += nb
         blocks.append((off, nb))
         s = ent[b + E_SLOT]
@@ -239,8 +239,7 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
     for _ in range(size // BLOCK_ALIGN + 1):
         if left == 0:
             break
-        hdr = aw[pos >> 3]
-        nb, e = hdr & 0xFFFFFFFF, hdr >> 32
+        nb, e = block.split_header(aw[pos >> 3])
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > left or pos + nb > size:
             problems.add(f"arena block at {pos} has an impossible length {nb}")
             return
@@ -262,9 +261,8 @@ def _named_kinds(seg) -> int:
 
 def _key_kind(seg, e: int) -> int:
     """The kind number in entry ``e``'s key (0: a key of no kind)."""
-    b = e * _W
-    k0 = seg.entry_words[b + E_OFF] + BLOCK_HEADER_NBYTES + seg.entry_words[b + E_VAL_NBYTES]
-    if seg.entry_words[b + E_KEY_NBYTES] >= 2 and seg.arena[k0] == KIND_PREFIX:
+    k0 = block.key_at(seg.entry_words, 0, e)
+    if seg.entry_words[e * _W + E_KEY_NBYTES] >= 2 and seg.arena[k0] == KIND_PREFIX:
         return seg.arena[k0 + 1]
     return 0
 
@@ -333,15 +331,14 @@ def repair(seg) -> int:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
     slots = g.entry_slots
-    unused = h[H_UNUSED_NEXT] if 1 <= h[H_UNUSED_NEXT] <= slots else slots
+    unused = block.handed_out(h, slots)
     listed = _walk_lru(ent, slots, _Problems())
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
     cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
     for e in range(1, unused):
         if (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True):
-            b = e * _W
-            candidates.append((ent[b + E_OFF], block_nbytes(ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]), e))
+            candidates.append((ent[e * _W + E_OFF], block.entry_nbytes(ent, e), e))
     # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
     candidates.sort()
     kept: list[tuple[int, int, int]] = []
@@ -404,17 +401,12 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
             ent[e * _W + E_NEXT] = free
             free = e
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
-    prev = SENTINEL
+    lru.relink(ent, kept)  # most recent first
     retained = 0
-    for e in kept:  # most recent first
+    for e in kept:
         b = e * _W
-        ent[prev * _W + E_NEXT] = e
-        ent[b + E_PREV] = prev
         index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
-        prev = e
-    ent[prev * _W + E_NEXT] = SENTINEL
-    ent[E_PREV] = prev
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept)
     _rebuild_columns(seg, kept)
@@ -461,8 +453,7 @@ def _sane_limits(h, g) -> tuple[int, int]:
 def _rebuild_ring(seg, kept: list[int]) -> None:
     """Lay the ring over the kept blocks in address order, with dead blocks filling the gaps between them."""
     h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.geometry.arena_nbytes
-    blocks = sorted((ent[e * _W + E_OFF], block_nbytes(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]))
-                    for e in kept)
+    blocks = sorted((ent[e * _W + E_OFF], block.entry_nbytes(ent, e)) for e in kept)
     if not blocks:
         h[H_HEAD] = h[H_TAIL] = h[H_FILL] = h[H_ARENA_USED] = 0
         return
