@@ -1,56 +1,47 @@
 """SharedCache: one bounded LRU cache in shared memory, used the same way from every process on the host.
 
-This is the only module that takes the cache lock. Keys and values are encoded and hashed before the lock is taken
-and (arrays aside) decoded after it is released, so the lock is held only for the index probe, the list and counter
-updates and the copy of the bytes. Methods whose name ends in ``_locked`` must be called with the lock held.
+The public facade over three parts (docs/design.md draws them): ``guard.Guard`` runs the lock protocol (take,
+admit, wait, fault, repair), ``store.Store`` the locked operations over the structures, and ``table.Table`` the
+structures themselves. Keys and values are encoded and hashed before the lock is taken and (arrays aside) decoded
+after it is released, so the lock is held only for the index probe, the list and counter updates and the copy of the
+bytes. ``get`` and ``put`` are the hot path: they write the guard's protocol and the store's lookup inline, citing
+what they copy (``tests/test_hot_paths.py`` runs them against the composed operations and compares the segments).
 
-Every operation runs the same protocol: take the lock inside ``try`` (so that an exception raised at any bytecode
-still reaches ``finally``), check the closed flag and the ``dirty`` word under the lock, set ``dirty`` before the
-first write of an update and clear it after the last, and unlock in ``finally`` -- an unlock by a thread that does
-not hold the lock is refused by the error-checking mutex (EPERM) and changes nothing.
-
-Crash window: a process can die, or an exception (Ctrl-C) can cut an update short, between any two writes. A dead
-holder is reported to the next locker by the robust mutex, which marks it consistent at once; ``dirty`` then says
-whether the dead holder left an update half-done. Whoever locks and finds ``dirty`` set verifies and repairs the
-segment before reading it (``_repair_locked``), so no half-made update is ever seen.
+Modules built on the core (kinds, entries, the Redis tier, the CLI) reach the parts through ``parts(cache)``, never
+through a private attribute.
 """
 
 from __future__ import annotations
 
-import errno
-import math
-import os
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
-import numpy as np
-
-from . import flight, index, lru, memo, ofd
+from . import flight, index, memo
+from .durations import seconds, ttl_ns
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
-    decode_body, encode_key, encode_parts, fingerprint,
+    TAG_ARRAY, EncodedKey, array_checksum, body_checksum, copy_array, decode_body, encode_key, fingerprint,
 )
-from .errors import ClosedError, CorruptionError, KindsFullError, PinnedError, ShmCacheError, TooLargeError
+from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
+from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
+from .guard import EBUSY, H_MUTEX_KIND, REFUSALS, Guard
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
+from .layout import EMPTY, MAX_TTL_NS, SENTINEL, Geometry
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_COMPUTATIONS,
-    H_DEFAULT_TTL, H_DELETES, H_DIRTY, H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES,
-    H_LOCK_OFF, H_NEXT_EXPIRY, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS, H_UNUSED_NEXT, H_UPDATES, H_WAITS,
-    H_WRITING,
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL,
+    H_DIRTY, H_HITS, H_MISSES, H_TAKEOVERS, H_WAITS,
 )
-from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
-from .lock import hot_trylock as _trylock
-from .lock import hot_unlock as _unlock
-from .mapping import MISSING, LocalMapping
+from .lock import MUTEX_KIND_WORD, hot_trylock as _trylock, hot_unlock as _unlock
+from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
-from .stats import CacheLimits, CacheStats, read_stats, reset_counters
+from .stats import CacheLimits, CacheStats
+from .store import UNVIEWABLE, Store
 from .table import Table
 from .trust import Trust
-from .verify import VerifyReport, check, header_problems, repair
+from .verify import VerifyReport, check
 from .view import Pin, PinDescriptions, View
+from . import ofd
 
 if TYPE_CHECKING:
     from .memo import Memoized
@@ -60,57 +51,24 @@ DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
-# The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
-# trylock, because glibc asserts, and aborts the process, inside trylock on some damaged kinds. A damaged word is
-# answered as a busy lock (EBUSY), and the waiting path (lock.py) judges and repairs it. Read through the lock page's
-# own words (``Segment.lock_words``), which a concurrent close() never releases. Before every unlock too: a word
-# damaged while this thread held the lock is put back (glibc's unlock of some kinds asserts as well), and the dirty
-# word (also on that page) has the next holder repair the segment. Written inline, without a call: a call is a point
-# where an interrupt can be raised, and nothing may come between the finally and the unlock.
-_H_MUTEX_KIND = (H_LOCK_OFF + KIND_OFF) // 8
-_EBUSY = errno.EBUSY
-_VALUE_START = BLOCK_HEADER_NBYTES  # a block is [header][value][key]
-_BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
-# What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
-# is an interruption, which needs a repair only if it cut an update short (the dirty word says).
-_DAMAGE = (CorruptionError, ValueError) + MALFORMED
-_REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
-_VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
-MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
-_UNVIEWABLE = object()
+_VALUE_START = 8  # block.VALUE_START, inlined (a block is [header][value][key]; tests/test_hot_paths.py pins it)
 P = ParamSpec("P")
 R = TypeVar("R")
 _SC = TypeVar("_SC", bound="SharedCache")
 
 
-def ttl_ns(ttl: float) -> int:
-    """A time to live in seconds as ns (0: never expires); raises ValueError or TypeError for anything else."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
-    if not 0 <= ttl <= MAX_TTL:
-        raise ValueError(f"ttl must be a number of seconds from 0 (never expires) to {MAX_TTL:.0f}, got {ttl!r}")
-    return max(1, round(ttl * 1e9)) if ttl else 0
+class Parts(NamedTuple):
+    """The parts of an open SharedCache that the modules built on the core use: its segment, its guard (the lock
+    protocol: ``guard.run(fn, *args)``) and its store (the locked operations, ``fn``'s first argument)."""
+
+    seg: Segment
+    guard: Guard
+    store: Store
 
 
-def seconds(name: str, value, *, none: bool = False, zero: bool = False):
-    """``value``, a duration in seconds given as parameter ``name``, checked: a finite number above 0 (from 0 with
-    ``zero``), or None where ``none`` allows it (no bound). NaN and the infinities are refused: an infinite wait is
-    asked for with None where one is allowed, never with a number that later arithmetic cannot take.
-
-    :raises ValueError: naming the parameter, for anything else.
-    """
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
-            value >= 0 if zero else value > 0):
-        allowed = ("from 0" if zero else "above 0") + (", or None for no bound" if none else "")
-        raise ValueError(f"{name} must be a finite number of seconds {allowed}; got {value!r}")
-    return value
-
-
-def _closed() -> ClosedError:
-    return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
-
+def parts(cache: SharedCache) -> Parts:
+    """``cache``'s parts (see Parts); the one way in for kinds, entries, the Redis tier and the CLI."""
+    return cache._parts
 
 class SharedCache(LocalMapping):
     """A bounded LRU cache in POSIX shared memory that every process on the host can open by name.
@@ -152,7 +110,7 @@ class SharedCache(LocalMapping):
     """
 
     _seg: Segment | None = None
-    _closed = True
+    _guard: Guard | None = None
 
     def __init__(
         self,
@@ -200,146 +158,30 @@ class SharedCache(LocalMapping):
 
     def _bind(self, seg: Segment, lock_timeout: float, clock) -> None:
         g = seg.geometry
-        self._seg = seg
-        self._h = seg.header_words
-        self._ix = seg.index_words
-        self._ent = seg.entry_words
-        self._exp = seg.expires_words
+        table = Table(seg, clock)
+        guard = Guard(seg, table, lock_timeout)
+        store = Store(seg, table, clock, guard.repair)
+        self._parts = Parts(seg, guard, store)
+        self._seg, self._guard, self._store = seg, guard, store
+        # The hot path's own references (one attribute read each instead of two).
+        self._h, self._ix, self._ent, self._exp, self._mm = (seg.header_words, seg.index_words, seg.entry_words,
+                                                             seg.expires_words, seg.mm)
         self._clock = clock
         self._arena = seg.arena
-        self._mm = seg.mm
         self._base = g.arena_off
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
-        self._table = Table(seg, clock)
+        self._table = table
         self._pins = PinDescriptions(seg.fd)
-        self._lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd).st_ino)
-        self._addr = self._lock.handle
+        self._addr = guard.addr
         self._lockw = seg.lock_words
-        self._trylock = _trylock
-        self._unlock = _unlock
         self._lock_timeout = lock_timeout
         self.name = seg.name
-        self._closed = False
-        # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
-        # waiter would find the damage, a lone caller never), so each attacher looks once.
-        if self._lock.kind_damaged() and not self._lock.word():
-            self._lock.reinit_damaged(seg.fd, self._mark_dirty)
 
-    # ------------------------------------------------------------------------------------------- locking
-    # The pattern of every call (see the module docstring), written once in ``_locked``; get and put inline it, and
-    # close() varies it (it must mark the handle closed even when the lock cannot be had):
-    #     addr = self._addr
-    #     try:
-    #         addr = self._enter()
-    #         self._admit(addr)
-    #         ...
-    #     except BaseException as exc:
-    #         self._fault(exc, addr)
-    #         raise
-    #     finally:
-    #         self._unlock(addr)
-    # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
-    # must leave the lock to the call that holds it.
-
-    def _enter(self):
-        """Take the lock; returns the handle the caller releases (see ``_wait``). Follow with ``_admit``."""
-        rc = self._trylock(self._addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY
-        return self._wait(rc) if rc else self._addr
-
-    def _locked(self, fn, *args):
-        """``fn(*args)`` run under the lock, with the protocol above: every operation but the inlined get and put
-        goes through here. Methods meant to be ``fn`` end in ``_locked``."""
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            return fn(*args)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
-                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self._lockw[H_DIRTY] = 1
-            self._unlock(addr)
-
-    def _admit(self, addr) -> None:
-        """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
-        The hot paths call it only when one of the three applies."""
-        if addr is not self._addr:
-            raise Reentered()
-        if self._closed:
-            raise _closed()
-        if self._h[H_DIRTY]:
-            self._repair_locked()
-
-    def _wait(self, rc: int):
-        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's handle;
-        when this thread already holds the lock, the private mutex's handle instead, and the caller raises
-        Reentered."""
-        for _ in range(3):
-            try:
-                if self._lock.acquire_slow(rc, self._repairing):
-                    # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
-                    self._lock.mark_consistent()
-                return self._addr
-            except Reentered:
-                return self._lock.private_handle
-            except (Unrecoverable, Damaged) as exc:
-                if self._closed:
-                    raise _closed() from None
-                if isinstance(exc, Unrecoverable):
-                    self._lock.reinit_unrecoverable(self._seg.fd)
-                elif not self._lock.reinit_damaged(self._seg.fd, self._mark_dirty) and exc.fallback is not None \
-                        and self._lock.word() == exc.word:  # not repaired by another process meanwhile either
-                    raise exc.fallback from None
-                rc = self._lock.try_checked()
-                if rc == 0:
-                    return self._addr
-        raise CorruptionError("the cache lock stays unrecoverable or damaged", what="lock",
-                              hint="remove the cache with `shmcache rm NAME` and recreate it")
-
-    def _mark_dirty(self) -> None:
-        """Make the next holder verify and repair the segment (a damaged lock is being re-initialised)."""
-        self._h[H_DIRTY] = 1
-
-    def _repair_locked(self, deep: bool = False) -> None:
-        """Verify the segment (``deep``: checksums too) and repair what fails; empty the cache if even that fails."""
-        h = self._h
-        with signals_deferred():
-            h[H_DIRTY] = _REPAIRING  # Crash window: dying in here leaves the repair to the next locker.
-            try:
-                if not check(self._seg, deep=deep).ok:
-                    repair(self._seg)
-                    h[H_RECOVERIES] += 1
-            except Exception:  # repair itself failed on garbage: start over with an empty cache
-                self._table.reset()
-                h[H_RECOVERIES] += 1
-            h[H_DIRTY] = 0
-
-    def _repairing(self) -> bool:
-        """Whether the lock's holder is repairing the segment (read without the lock: one word, for patience only)."""
-        try:
-            return not self._closed and self._h[H_DIRTY] == _REPAIRING
-        except ValueError:  # closed meanwhile by another thread
-            return False
-
-    def _fault(self, exc: BaseException, addr) -> None:
-        """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""
-        if addr is not self._addr:
-            return  # this thread re-entered: the lock belongs to the call it interrupted
-        if not self._lock.owned():
-            return  # raised before the lock was taken (timeout, bad handle...): nothing was touched
-        self._lock.mark_consistent()  # in case it was taken from a dead holder; refused (EINVAL) otherwise
-        if self._closed:
-            return
-        damage = isinstance(exc, _DAMAGE) and (isinstance(exc, CorruptionError) or not isinstance(exc, ShmCacheError))
-        if damage or self._h[H_DIRTY]:
-            self._repair_locked(deep=damage)
-        if damage and not isinstance(exc, CorruptionError):
-            raise CorruptionError(f"shared data failed a check and the cache was repaired: {exc!r}", what="access",
-                                  hint="the operation can be retried") from exc
+    @property
+    def closed(self) -> bool:
+        """Whether this handle is closed (``close()``); the cache itself lives on for the other processes."""
+        return self._guard is None or self._guard.closed
 
     # ------------------------------------------------------------------------------------------- the dict-like API
 
@@ -347,8 +189,9 @@ class SharedCache(LocalMapping):
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
         # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
         # an object to carry them (and no other method takes one: encode_key refuses it).
-        # The hot path, written out in one function: encode_key, fingerprint, index.find's first probe and
-        # lru.move_to_front are inlined (each call costs as much as the work it does); the other paths use them.
+        # The hot path, written out in one function (each call costs as much as the work it does): the guard's
+        # protocol (Guard.run), encode_key, fingerprint, Store.find_live with index.find's first probe,
+        # block.value_at / key_at, and Store.hit with lru.move_to_front and the dirty bracket (guard.updating).
         if type(key) is str:
             try:
                 kb = key.encode()
@@ -363,14 +206,14 @@ class SharedCache(LocalMapping):
         # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
         w = (fp & self._mask) << 1
         klen = len(kb)
-        h, ix, ent, mm, base = self._h, self._ix, self._ent, self._mm, self._base
+        h, ix, ent, mm, base, guard = self._h, self._ix, self._ent, self._mm, self._base, self._guard
         addr = self._addr
         try:
-            rc = _trylock(addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY  # _enter(), _admit()
+            rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
             if rc:
-                addr = self._wait(rc)
-            if addr is not self._addr or self._closed or h[H_DIRTY]:
-                self._admit(addr)
+                addr = guard.wait(rc)
+            if addr is not self._addr or guard.closed or h[H_DIRTY]:
+                guard.admit(addr)
             e = ix[w + 1]
             if e == EMPTY:
                 h[H_MISSES] += 1
@@ -389,7 +232,7 @@ class SharedCache(LocalMapping):
                 vlen = ent[b + E_VAL_NBYTES]
             x = self._exp[e]
             if x and x <= self._clock():
-                self._lapse_locked(e)
+                self._store.lapse(e)
                 h[H_MISSES] += 1
                 return default
             p = ent[b + E_PREV]
@@ -414,72 +257,23 @@ class SharedCache(LocalMapping):
             else:
                 body = mm[v0 + 1 : v0 + vlen]
         except BaseException as exc:
-            self._fault(exc, addr)
+            guard.fault(exc, addr)
             raise
         finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
-                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
+            if self._lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see guard.H_MUTEX_KIND
+                self._lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
                 self._lockw[H_DIRTY] = 1
             _unlock(addr)
         if tag == TAG_ARRAY:
             if array_checksum(head, body) != check:
-                self._checksum_failed(e)
+                guard.checksum_failed(e)
             return body
         if (_xxh(body, tag) & _MASK63) | 1 != check:
-            self._checksum_failed(e)
+            guard.checksum_failed(e)
         try:
             return decode_body(tag, body)
         except ValueError as exc:
-            self._undecodable(exc)
-
-    def _undecodable(self, exc: ValueError):
-        """A value passed its checksum but does not decode: it was stored so. Drop every such entry (a deep repair
-        decodes each value), then report."""
-        self._locked(self._repair_locked, True)
-        raise CorruptionError(f"a stored value does not decode and was dropped: {exc}", what="get",
-                              hint="the operation can be retried; the value must be stored again") from exc
-
-    def _checksum_failed(self, e: int):
-        """A value copied out failed its checksum: count the lookup as a miss, repair, then report."""
-        self._locked(self._checksum_failed_locked)
-        raise CorruptionError(f"entry {e} failed its checksum and was dropped", what="get",
-                              hint="the operation can be retried")
-
-    def _checksum_failed_locked(self) -> None:
-        self._h[H_HITS] -= 1
-        self._h[H_MISSES] += 1
-        self._repair_locked(deep=True)
-
-    def _lapse_locked(self, e: int, to_insert: bool = False) -> None:
-        """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
-        stays (it reads as absent), unless the caller is about to insert its key (``to_insert``), which raises
-        PinnedError: the key must never be in the index twice."""
-        h, table = self._h, self._table
-        if table.pins[e] and table.pinned(e):
-            if to_insert:
-                table.refuse_pinned(e, "replaced")
-            return
-        h[H_DIRTY] = 1
-        table.remove(e)
-        h[H_EXPIRED] += 1
-        h[H_DIRTY] = 0
-
-    def _find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
-        """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY, an expired entry being dropped and
-        reported absent (lock held); ``to_insert``: see ``_lapse_locked``."""
-        e = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)
-        if e != EMPTY and self._exp[e] and self._table.expired(e):
-            self._lapse_locked(e, to_insert)
-            return EMPTY
-        return e
-
-    def _expires_locked(self, ttl) -> int:
-        """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
-        if ttl is None:
-            ttl = self._h[H_DEFAULT_TTL]
-            if not 0 <= ttl <= MAX_TTL_NS:
-                raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
-        return self._clock() + ttl if ttl else 0
+            guard.undecodable(exc)
 
     def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
@@ -490,108 +284,48 @@ class SharedCache(LocalMapping):
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         :raises PinnedError: if an open view pins the key's entry, or the room needed is pinned.
         """
-        kb, tag, body, fp, check, size, nb = self._encode(key, value)
+        store = self._store
+        kb, tag, body, fp, check, size, nb = store.encode(key, value)
         if ttl is not None:
             ttl = ttl_ns(ttl)
+        guard = self._guard
         addr = self._addr
         try:
             h = self._h
-            rc = _trylock(addr) if self._lockw[_H_MUTEX_KIND] == MUTEX_KIND_WORD else _EBUSY  # _enter(), _admit()
+            rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
             if rc:
-                addr = self._wait(rc)
-            if addr is not self._addr or self._closed or h[H_DIRTY]:
-                self._admit(addr)
-            if ttl is None:  # _expires_locked, inlined
+                addr = guard.wait(rc)
+            if addr is not self._addr or guard.closed or h[H_DIRTY]:
+                guard.admit(addr)
+            if ttl is None:  # Store.expires_at, inlined
                 ttl = h[H_DEFAULT_TTL]
                 if not 0 <= ttl <= MAX_TTL_NS:  # damaged (every put would expire at once): repaired, then used
-                    self._repair_locked()
+                    guard.repair()
                     ttl = h[H_DEFAULT_TTL]
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # _find_live, inlined
+            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # find_live, inlined
             if old != EMPTY and self._exp[old] and self._table.expired(old):
-                self._lapse_locked(old, True)
+                store.lapse(old, True)
                 old = EMPTY
-            self._store_locked(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
-        except BaseException as exc:
-            self._fault(exc, addr)
-            raise
-        finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
-                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self._lockw[H_DIRTY] = 1
-            _unlock(addr)
-
-    def _encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> tuple:
-        """Everything a store needs that can be computed without the lock: (key bytes, value tag, value body,
-        fingerprint, checksum, payload size, block size); ``kb``: the key already encoded; ``parts``: the value
-        already encoded, as (tag, body). Raises TypeError or TooLargeError; nothing has changed."""
-        if kb is None:
-            kb = encode_key(key)
-        tag, body = encode_parts(value) if parts is None else parts  # one function: the put path pays no call
-        size = len(kb) + len(body) + 1
-        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
-        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
-            raise self._too_large(size, self._capacity_bytes, "capacity_bytes")
-        return kb, tag, body, _xxh(kb) & _MASK63, (_xxh(body, tag) & _MASK63) | 1, size, nb
-
-    def _store_locked(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int,
-                      nb: int, expires: int, version: int = 0) -> None:
-        """Store an encoded entry as the most recent, expiring at ``expires`` (0: never), with ``version`` (0: the
-        next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
-
-        :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
-        :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is.
-        """
-        h, table = self._h, self._table
-        if size > h[H_MAX_RETAINED]:
-            raise self._too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-        if old != EMPTY and table.pins[old]:
-            table.refuse_pinned(old, "replaced")
-        h[H_DIRTY] = 1
-        if old != EMPTY:
-            h[H_UPDATES] += 1
-            if not table.overwrite(old, kb, tag, body, check, nb, expires, version):
-                table.remove(old)
-                old = EMPTY
-        if old == EMPTY:
+            h[H_DIRTY] = 1  # Store.store: Store.write in the dirty bracket of guard.updating, inlined
             try:
-                if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-                    table.evict_until(1, size)
-                while True:
-                    try:
-                        table.insert(kb, tag, body, fp, check, nb, expires, version)
-                        break
-                    except PinnedError:
-                        # Pinned blocks split the free space: evicting more (what is not pinned) may join it.
-                        if not table.evict_one():
-                            raise
-            except PinnedError:
-                # Refused with every structure consistent (the evictions done stand): no repair is needed.
-                h[H_WRITING] = 0
+                store.write(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
+            except REFUSALS:
                 h[H_DIRTY] = 0
                 raise
-        h[H_PUTS] += 1
-        h[H_WRITING] = 0
-        h[H_DIRTY] = 0
-
-    def _too_large(self, size: int, limit: int, name: str) -> TooLargeError:
-        return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
-                             what="put", hint=f"raise {name} or store a smaller value")
+            h[H_DIRTY] = 0
+        except BaseException as exc:
+            guard.fault(exc, addr)
+            raise
+        finally:
+            if self._lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see guard.H_MUTEX_KIND
+                self._lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
+                self._lockw[H_DIRTY] = 1
+            _unlock(addr)
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
-        return self._locked(self._delete_locked, kb, fingerprint(kb))
-
-    def _delete_locked(self, kb: bytes, fp: int) -> bool:
-        e = self._find_live(kb, fp)
-        if e == EMPTY:
-            return False
-        self._table.refuse_pinned(e, "deleted")
-        self._h[H_DIRTY] = 1
-        self._table.remove(e)
-        self._h[H_DELETES] += 1
-        self._h[H_DIRTY] = 0
-        return True
+        return self._guard.run(self._store.delete, kb, fingerprint(kb))
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
@@ -606,44 +340,22 @@ class SharedCache(LocalMapping):
         return self._store_if(key, value, ttl, present=True)
 
     def _store_if(self, key, value, ttl, *, present: bool, version: int | None = None) -> bool:
-        encoded = self._encode(key, value)
-        return self._locked(self._store_if_locked, present, version, None if ttl is None else ttl_ns(ttl), *encoded)
-
-    def _store_if_locked(self, present: bool, version: int | None, ttl, kb: bytes, tag: int, body: bytes, fp: int,
-                         check: int, size: int, nb: int) -> bool:
-        old = self._find_live(kb, fp, not present)
-        if (old != EMPTY) != present or (version is not None and self._table.ver[old] != version):
-            if size > self._h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
-                raise self._too_large(size, self._h[H_MAX_RETAINED], "max_retained_bytes")
-            return False
-        self._store_locked(old, kb, tag, body, fp, check, size, nb, self._expires_locked(ttl))
-        return True
+        encoded = self._store.encode(key, value)
+        return self._guard.run(self._store.store_if, present, version, None if ttl is None else ttl_ns(ttl),
+                               *encoded)
 
     def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         """``(value, version)`` for ``key``, or ``(default, None)`` if it is absent; the version changes with every
         store of the key and is what ``cas`` compares (memcached ``gets``)."""
         kb = encode_key(key)
-        found = self._locked(self._get_with_version_locked, kb, fingerprint(kb))
+        found = self._guard.run(self._store.get_with_version, kb, fingerprint(kb))
         if found is None:
             return default, None
         tag, body, version = found
         try:
             return decode_body(tag, body), version
         except ValueError as exc:
-            self._undecodable(exc)
-
-    def _get_with_version_locked(self, kb: bytes, fp: int):
-        h = self._h
-        e = self._find_live(kb, fp)
-        if e == EMPTY:
-            h[H_MISSES] += 1
-            return None
-        tag, body = self._body_locked(e)
-        h[H_DIRTY] = 1
-        lru.move_to_front(self._ent, e)
-        h[H_HITS] += 1
-        h[H_DIRTY] = 0
-        return tag, body, self._table.ver[e]
+            self._guard.undecodable(exc)
 
     def cas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key``'s entry still has ``version`` (from ``get_with_version``): nobody stored
@@ -657,36 +369,17 @@ class SharedCache(LocalMapping):
         changing its value, version or place in the LRU order; True if the key was present (memcached ``touch``,
         diskcache ``touch``)."""
         kb = encode_key(key)
-        return self._locked(self._touch_locked, kb, fingerprint(kb), None if ttl is None else ttl_ns(ttl))
-
-    def _touch_locked(self, kb: bytes, fp: int, ttl) -> bool:
-        e = self._find_live(kb, fp)
-        if e == EMPTY:
-            return False
-        expires = self._expires_locked(ttl)
-        h = self._h
-        # Ordering: next_expiry (a lower bound) is lowered before the entry's expiry is, so that dying between the
-        # two writes leaves it a bound still; neither write needs the dirty word.
-        if expires and expires < h[H_NEXT_EXPIRY]:
-            h[H_NEXT_EXPIRY] = expires
-        self._exp[e] = expires
-        return True
+        return self._guard.run(self._store.touch, kb, fingerprint(kb), None if ttl is None else ttl_ns(ttl))
 
     def expire(self) -> int:
         """Drop every expired entry now (they are otherwise dropped when read, or when room is needed); how many."""
-        return self._locked(self._expire_locked)
-
-    def _expire_locked(self) -> int:
-        self._h[H_DIRTY] = 1
-        n = self._table.reclaim_expired()
-        self._h[H_DIRTY] = 0
-        return n
+        return self._guard.run(self._store.expire)
 
     def pop(self, key: Any, default: Any = MISSING) -> Any:
         """Remove ``key`` and return its value, or ``default`` if it is absent (without a default: KeyError);
         counted as a lookup and, when present, a delete (``dict.pop``; diskcache ``pop``)."""
         kb = encode_key(key)
-        found = self._locked(self._pop_locked, kb, fingerprint(kb))
+        found = self._guard.run(self._store.pop, kb, fingerprint(kb))
         if found is None:
             if default is MISSING:
                 raise KeyError(key)
@@ -697,21 +390,6 @@ class SharedCache(LocalMapping):
             raise CorruptionError(f"the value popped does not decode: {exc}", what="pop",
                                   hint="the value must be stored again") from exc
 
-    def _pop_locked(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
-        h = self._h
-        e = self._find_live(kb, fp)
-        if e == EMPTY:
-            h[H_MISSES] += 1
-            return None
-        self._table.refuse_pinned(e, "popped")
-        found = self._body_locked(e)
-        h[H_DIRTY] = 1
-        self._table.remove(e)
-        h[H_HITS] += 1
-        h[H_DELETES] += 1
-        h[H_DIRTY] = 0
-        return found
-
     def incr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """Add ``delta`` to the integer stored under ``key`` and return the new value. An absent key starts at
         ``initial`` (``None``: raise KeyError instead). memcached ``incr``, APCu ``apcu_inc``, diskcache ``incr``.
@@ -721,27 +399,9 @@ class SharedCache(LocalMapping):
         if type(delta) is not int or (initial is not None and type(initial) is not int):
             raise TypeError("incr needs int delta and initial")
         kb = encode_key(key)
-        value = self._locked(self._incr_locked, key, kb, fingerprint(kb), delta, initial)
+        value = self._guard.run(self._store.incr, key, kb, fingerprint(kb), delta, initial)
         if isinstance(value, Exception):
             raise value
-        return value
-
-    def _incr_locked(self, key, kb: bytes, fp: int, delta: int, initial: int | None):
-        """The new value, or the exception to raise once the lock is released: raised here, a KeyError or a
-        TypeError would be taken for damage (see ``_fault``) and cost a repair."""
-        old = self._find_live(kb, fp, initial is not None)
-        if old == EMPTY:
-            if initial is None:
-                return KeyError(key)
-            current = initial
-            expires = self._expires_locked(None)
-        else:
-            current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
-            if type(current) is not int:
-                return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
-            expires = self._exp[old]  # a counter keeps its expiry (memcached does the same)
-        value = current + delta
-        self._store_locked(old, *self._encode(key, value, kb), expires)
         return value
 
     def decr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
@@ -750,49 +410,11 @@ class SharedCache(LocalMapping):
             raise TypeError("decr needs an int delta")
         return self.incr(key, -delta, initial)
 
-    def _body_locked(self, e: int) -> tuple[int, bytes]:
-        """Tag and body bytes of resident entry ``e``, copied and checked against its checksum (lock held)."""
-        ent, base = self._ent, self._base
-        b = e * _W
-        v0 = base + ent[b + E_OFF] + _VALUE_START
-        vlen = ent[b + E_VAL_NBYTES]
-        tag = self._mm[v0]
-        body = self._mm[v0 + 1 : v0 + vlen]
-        if body_checksum(tag, body) != ent[b + E_CHECK]:
-            raise CorruptionError(f"entry {e} failed its checksum", what="read")
-        return tag, body
-
-    def _delete_prefix(self, prefix: bytes) -> int:
-        """Remove every entry whose encoded key starts with ``prefix``; how many. Walks the whole LRU list under the
-        lock (bounded by the table size), like clear(): for rare maintenance, not the hot path."""
-        return self._locked(self._delete_prefix_locked, prefix)
-
-    def _delete_prefix_locked(self, prefix: bytes) -> int:
-        h, ent, mm, base, n = self._h, self._ent, self._mm, self._base, len(prefix)
-        doomed = []
-        e = ent[E_NEXT]
-        for _ in range(self._table.slots):
-            if e == SENTINEL:
-                break
-            b = e * _W
-            if ent[b + E_KEY_NBYTES] >= n:
-                k0 = base + ent[b + E_OFF] + _VALUE_START + ent[b + E_VAL_NBYTES]
-                if mm[k0 : k0 + n] == prefix and not self._table.pinned(e):
-                    doomed.append(e)
-            e = ent[b + E_NEXT]
-        if doomed:
-            h[H_DIRTY] = 1
-            for e in doomed:
-                self._table.remove(e)
-            h[H_DELETES] += len(doomed)
-            h[H_DIRTY] = 0
-        return len(doomed)
-
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is cached (and not expired); neither counts as a lookup nor changes the LRU order. An
         expired entry it finds is dropped, and counted in ``expired``."""
         kb = encode_key(key)
-        return self._locked(self._find_live, kb, fingerprint(kb)) != EMPTY
+        return self._guard.run(self._store.find_live, kb, fingerprint(kb)) != EMPTY
 
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
                        ttl: float | None = None) -> R:
@@ -865,68 +487,30 @@ class SharedCache(LocalMapping):
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
+            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
 
     def _count(self, *deltas: tuple[int, int]) -> None:
-        """Add to header counters: ``(word, delta)`` pairs (never below 0: a clear() may have reset one between)."""
-        self._locked(self._count_locked, deltas)
-
-    def _count_locked(self, deltas) -> None:
-        h = self._h
-        for word, delta in deltas:
-            h[word] = max(0, h[word] + delta)
+        """Add to header counters: ``(word, delta)`` pairs."""
+        self._guard.run(self._store.count, deltas)
 
     def __len__(self) -> int:
         """Resident entries of no kind (what iteration yields; a kind's are its KindView's), expired ones not yet
         dropped included (they go when read or when room is needed). A count out of range (damaged) is repaired
         first, so the number returned is always valid."""
-        return self._locked(self._len_locked)
-
-    def _len_locked(self) -> int:
-        if not 0 <= self._h[H_ENTRIES] < self._table.slots:
-            self._repair_locked()  # len() must not raise a raw ValueError on a damaged count
-        return kinds.plain_entries_locked(self._seg)
+        return self._guard.run(self._store.plain_entries)
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
     def clear(self) -> int:
         """Drop every entry, of every kind, and reset the counters (``clears`` counts this call; ``recoveries`` is
         kept); how many entries were dropped."""
-        return self._locked(self._clear_locked)
-
-    def _clear_locked(self) -> int:
-        h, table = self._h, self._table
-        before = h[H_ENTRIES]
-        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= table.slots else table.slots
-        flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8, count=handed_out)).tolist()
-        keep = {e for e in flagged if self._ent[e * _W + E_CHECK] and table.pinned(e)}
-        h[H_DIRTY] = 1
-        if not keep:
-            table.reset()
-        else:  # entries pinned by open views stay; the rest go one by one
-            e = self._ent[E_NEXT]
-            for _ in range(table.slots):
-                if e == SENTINEL:
-                    break
-                n = self._ent[e * _W + E_NEXT]
-                if e not in keep:
-                    table.remove(e)
-                e = n
-        reset_counters(h)
-        h[H_CLEARS] += 1
-        h[H_DIRTY] = 0
-        return before - h[H_ENTRIES]
+        return self._guard.run(self._store.clear)
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of the global counters, with each key kind's counts."""
-        return self._locked(self._stats_locked)
-
-    def _stats_locked(self) -> CacheStats:
-        if header_problems(self._seg):  # a counter or limit out of range is never reported: repaired first
-            self._repair_locked()
-        return read_stats(self._h, kinds.stats_locked(self._seg))
+        return self._guard.run(self._store.stats)
 
     # ------------------------------------------------------------------------------------------- kinds and views
 
@@ -935,11 +519,11 @@ class SharedCache(LocalMapping):
         and counts (also in ``stats().kinds``); eviction and limits stay global. A kind is created on first use and
         lasts as long as the cache (at most 255 kinds; a name is 1 to 40 bytes of UTF-8)."""
         nb = kinds.check_name(name)
-        k = self._locked(kinds.register_locked, self._seg, nb)
+        k = self._guard.run(kinds.register_locked, self._seg, nb)
         if not k:
             raise KindsFullError(f"cache {self.name!r} has 255 kinds already; no room for {name!r}", what="kind",
                                  hint="use fewer kinds (they are namespaces, not data)")
-        return KindView(self, k, name)
+        return KindView(self, self._parts, k, name)
 
     def view(self, key: Any) -> View:
         """The value of ``key`` without a copy: ``with cache.view(key) as arr:`` gives a read-only numpy array
@@ -960,10 +544,10 @@ class SharedCache(LocalMapping):
         # took (see view.py).
         pin = Pin()
         try:
-            found = self._locked(self._pin_locked, kb, fingerprint(kb), pins.take(pin))
+            found = self._guard.run(self._store.pin, kb, fingerprint(kb), pins.take(pin))
             if found is None:
                 raise KeyError(key)
-            if found is _UNVIEWABLE:
+            if found is UNVIEWABLE:
                 raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
             e, voff, vlen, check = found
             pin.byte = ofd.PIN_BASE + e
@@ -971,30 +555,11 @@ class SharedCache(LocalMapping):
             # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
             if body_checksum(value[0], value[1:]) != check:
                 pins.release(pin)
-                self._checksum_failed(e)
+                self._guard.checksum_failed(e)
             return View(value, pins, pin)
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
-
-    def _pin_locked(self, kb: bytes, fp: int, fd: int):
-        h, table = self._h, self._table
-        e = self._find_live(kb, fp)
-        if e == EMPTY:
-            h[H_MISSES] += 1
-            return None
-        b = e * _W
-        if self._mm[self._base + self._ent[b + E_OFF] + _VALUE_START] not in _VIEWABLE:
-            return _UNVIEWABLE  # refused before anything is counted or pinned
-        # Ordering: the flag before the kernel lock, so a holder dying between the two leaves a stale flag (cleared
-        # by the next who tests it), never a pin nobody can see.
-        table.pins[e] = 1
-        ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
-        h[H_DIRTY] = 1
-        lru.move_to_front(self._ent, e)
-        h[H_HITS] += 1
-        h[H_DIRTY] = 0
-        return e, self._ent[b + E_OFF] + _VALUE_START, self._ent[b + E_VAL_NBYTES], self._ent[b + E_CHECK]
 
     def limits(self) -> CacheLimits:
         """The limits in force."""
@@ -1027,32 +592,17 @@ class SharedCache(LocalMapping):
                 f"limits {limits} exceed the capacity of cache {self.name!r} (max_entries={g.max_entries}, "
                 f"capacity_bytes={g.capacity_bytes}); capacity is fixed at creation: recreate the cache to raise it"
             )
-        self._locked(self._set_limits_locked, max_entries, max_retained_bytes)
-
-    def _set_limits_locked(self, max_entries: int | None, max_retained_bytes: int | None) -> None:
-        h = self._h
-        before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
-        h[H_DIRTY] = 1
-        h[H_MAX_ENTRIES] = before[0] if max_entries is None else max_entries
-        h[H_MAX_RETAINED] = before[1] if max_retained_bytes is None else max_retained_bytes
-        try:
-            self._table.evict_until(0, 0)
-        except PinnedError:
-            # Pinned entries alone exceed the new limits: the old ones stay (the evictions made still meet them).
-            h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = before
-            h[H_DIRTY] = 0
-            raise
-        h[H_DIRTY] = 0
+        self._guard.run(self._store.set_limits, max_entries, max_retained_bytes)
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
         """Check every invariant of the segment (``deep`` also re-hashes every stored key and value and decodes every
         value); with ``repair_damage`` a failing segment is repaired before returning the report of what was found."""
-        return self._locked(self._verify_locked, deep, repair_damage)
+        return self._guard.run(self._verify_locked, deep, repair_damage)
 
     def _verify_locked(self, deep: bool, repair_damage: bool) -> VerifyReport:
         report = check(self._seg, deep=deep)
         if not report.ok and repair_damage:
-            self._repair_locked(deep=deep)
+            self._guard.repair(deep=deep)
         return report
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -1062,26 +612,8 @@ class SharedCache(LocalMapping):
 
         Waits for calls other threads have in progress on this handle; calls made after it raise ClosedError.
         """
-        if self._closed:
+        if self.closed or not self._guard.close():
             return
-        addr = self._addr
-        try:
-            addr = self._enter()
-            self._admit(addr)
-            self._closed = True
-        except BaseException as exc:
-            self._fault(exc, addr)
-            if not isinstance(exc, (ShmCacheError, RuntimeError)):
-                raise
-            # The lock could not be had: mark the handle closed and leave the unmapping to the garbage collector,
-            # in case a call of another thread is still inside.
-            self._closed = True
-            return
-        finally:
-            if self._lockw[_H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see _H_MUTEX_KIND
-                self._lockw[_H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self._lockw[H_DIRTY] = 1
-            self._unlock(addr)
         self._table.close()
         self._pins.close()
         self._seg.close()
@@ -1108,17 +640,14 @@ class SharedCache(LocalMapping):
 
     def __repr__(self) -> str:
         name = f"{type(self).__name__}({getattr(self, 'name', '?')!r}"
-        if self._closed:
+        if self.closed:
             return f"{name}, closed)"
         # Why without the lock: a repr (in a traceback, a debugger) must never wait; a racy count is fine to show.
         entries = kinds.plain_entries_locked(self._seg)
         return f"{name}, entries={entries}, capacity_bytes={self._capacity_bytes})"
 
-    def _space(self) -> tuple:
-        return self, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
-
-    def _maxsize(self) -> int:
-        return self.limits().max_entries
+    def _space(self) -> tuple[Parts, int]:
+        return self._parts, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),

@@ -15,7 +15,7 @@ import sys
 import time
 
 from . import __version__
-from .cache import SharedCache
+from .cache import SharedCache, parts
 from .errors import OwnershipError, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
@@ -47,9 +47,9 @@ def _describe(args, name: str) -> dict:
     except (TimeoutError, ShmCacheError) as exc:  # LockTimeout and an unfinished creation are TimeoutErrors
         return {"name": name, "state": "busy" if isinstance(exc, TimeoutError) else "damaged", "error": str(exc)}
     with c:
-        h = c._seg.header_words  # creation-time words: read without the lock
-        row = {"name": name, "state": "ok", "size_bytes": c._seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
-               "owner": _user(os.fstat(c._seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
+        h = parts(c).seg.header_words  # creation-time words: read without the lock
+        row = {"name": name, "state": "ok", "size_bytes": parts(c).seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
+               "owner": _user(os.fstat(parts(c).seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
         try:
             s = c.stats()
         except ShmCacheError as exc:
@@ -202,11 +202,11 @@ def cmd_stats(args) -> int:
 
 def cmd_inspect(args) -> int:
     with _open(args, args.name) as c:
-        g = c._seg.geometry
+        g = parts(c).seg.geometry
         report = c.verify(deep=not args.shallow)
         s = c.stats()
-        fill = c._seg.header_words[H_FILL]  # read without the lock: a display figure, not a decision
-        default_ttl_ns = c._seg.header_words[H_DEFAULT_TTL]  # written once, at creation
+        fill = parts(c).seg.header_words[H_FILL]  # read without the lock: a display figure, not a decision
+        default_ttl_ns = parts(c).seg.header_words[H_DEFAULT_TTL]  # written once, at creation
     data = {
         "name": args.name,
         "layout": {"total_nbytes": g.total_nbytes, "index_off": g.index_off, "index_slots": g.index_slots,

@@ -44,11 +44,13 @@ _ARRAY_HLEN = struct.Struct("<H")  # the header length within that prefix, at by
 _EXT_ARRAY_PREFIX = struct.Struct("<I")
 _MAX_NDIM = 64
 _MAX_DEPTH = 32  # nesting of tuples, arrays and (in keys) containers; each level of ext costs the decoder C stack
-_MASK63 = (1 << 63) - 1
+MASK63 = (1 << 63) - 1  # fingerprints and checksums keep 63 bits: they fit an int64 word of the segment
+_MASK63 = MASK63
 NON_STR_KEY = b"\xc1"  # first byte of every key that is not a str: msgpack's one unused byte, never in UTF-8
 _NAN = float("nan")
 
-_xxh = xxhash.xxh3_64_intdigest
+xxh3 = xxhash.xxh3_64_intdigest  # the hash of fingerprints and checksums (a value's is seeded with its tag)
+_xxh = xxh3
 # What damaged bytes make struct, msgpack, numpy and indexing raise (ValueError aside, which passes as it is).
 MALFORMED = (IndexError, KeyError, TypeError, OverflowError, struct.error, msgpack.UnpackException)
 

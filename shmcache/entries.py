@@ -1,8 +1,8 @@
 """The locked operations behind the mapping API of a SharedCache and its KindViews: snapshots of keys and items,
 popitem, setdefault, batches, a key's time to live and a key family's count.
 
-Every function ending in ``_locked`` runs under the cache lock (``cache._locked(fn, cache, ...)``), as one hold: what
-it reads is one state of the cache. They copy bytes out and leave decoding to the caller, after the unlock. A
+Every function ending in ``_locked`` runs under the cache lock (``guard.run(fn, store, ...)``, with the cache's
+``store.Store``), as one hold: what it reads is one state of the cache. They copy bytes out and leave decoding to the caller, after the unlock. A
 *space* selects the entries an operation sees: 0 for the keys of no kind (a SharedCache's own), ``k`` for kind ``k``
 (a KindView's); a key of kind ``k`` is stored with the two bytes ``KIND_PREFIX, k`` in front, which the copies drop.
 None of these count a lookup or move an entry in the LRU order, except the batch get and setdefault, which are
@@ -11,14 +11,14 @@ lookups like get. Walks are bounded by the table's size, so a damaged list canno
 
 from __future__ import annotations
 
-from . import index, lru
+from . import block, index, lru
 from .codec import body_checksum
-from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
     H_MAX_RETAINED, H_MISSES,
 )
+from .store import too_large
 
 _W = ENTRY_WORDS
 
@@ -32,18 +32,18 @@ def _key_start(mm, k0: int, klen: int, space: int) -> int:
     return 2 if of_kind and mm[k0 + 1] == space else -1
 
 
-def snapshot_locked(cache, space: int, with_values: bool) -> list:
+def snapshot_locked(store, space: int, with_values: bool) -> list:
     """The live (unexpired) entries of ``space``, most recently used first: their key bytes (kind prefix dropped),
     or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the caller to check."""
-    ent, mm, base, exp = cache._ent, cache._mm, cache._base, cache._exp
-    now = cache._clock()
+    ent, mm, base, exp = store.ent, store.mm, store.base, store.exp
+    now = store.clock()
     out = []
     e = ent[SENTINEL * _W + E_NEXT]
-    for _ in range(cache._table.slots):
+    for _ in range(store.table.slots):
         if e == SENTINEL:
             break
         b = e * _W
-        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
+        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES  # block.value_at, inlined (a walk of every entry)
         vlen, klen = ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
         k0 = v0 + vlen
         skip = _key_start(mm, k0, klen, space)
@@ -55,59 +55,52 @@ def snapshot_locked(cache, space: int, with_values: bool) -> list:
     return out
 
 
-def popitem_locked(cache, space: int):
+def popitem_locked(store, space: int):
     """Remove the least recently used live entry of ``space`` that no view pins, counted as a delete; its (key
     bytes, tag, body), or None if there is none. Expired entries met on the way are dropped (counted as expired)."""
-    ent, mm, base, table, h = cache._ent, cache._mm, cache._base, cache._table, cache._h
+    ent, mm, base, table = store.ent, store.mm, store.base, store.table
     e = ent[SENTINEL * _W + E_PREV]
     for _ in range(table.slots):
         if e == SENTINEL:
             return None
         b = e * _W
         before = ent[b + E_PREV]
-        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
-        k0 = v0 + ent[b + E_VAL_NBYTES]
+        k0 = block.key_at(ent, base, e)
         klen = ent[b + E_KEY_NBYTES]
         skip = _key_start(mm, k0, klen, space)
         if skip >= 0:
-            if cache._exp[e] and table.expired(e):
-                cache._lapse_locked(e)
+            if store.exp[e] and table.expired(e):
+                store.lapse(e)
             elif not table.pinned(e):
                 kb = mm[k0 + skip : k0 + klen]
-                tag, body = cache._body_locked(e)
-                h[H_DIRTY] = 1
-                table.remove(e)
-                h[H_DELETES] += 1
-                h[H_DIRTY] = 0
+                tag, body = store.body(e)
+                store.remove(e, H_DELETES)
                 return kb, tag, body
         e = before
     return None
 
 
-def setdefault_locked(cache, ttl, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int):
+def setdefault_locked(store, ttl, encoded):
     """``dict.setdefault`` as one hold: the resident value's (tag, body) if the key is live (a hit, made the most
-    recent), else None once the encoded default is stored (a miss). ``ttl``: ns, or None for the default."""
-    e = cache._find_live(kb, fp, True)
-    h = cache._h
+    recent), else None once ``encoded`` (the default's ``store.Encoded``) is stored (a miss). ``ttl``: ns, or None
+    for the default."""
+    e = store.find_live(encoded.kb, encoded.fp, True)
     if e == EMPTY:
-        cache._store_locked(EMPTY, kb, tag, body, fp, check, size, nb, cache._expires_locked(ttl))
-        h[H_MISSES] += 1
+        store.store(EMPTY, *encoded, store.expires_at(ttl))
+        store.h[H_MISSES] += 1
         return None
-    found = cache._body_locked(e)
-    h[H_DIRTY] = 1
-    lru.move_to_front(cache._ent, e)
-    h[H_HITS] += 1
-    h[H_DIRTY] = 0
+    found = store.body(e)
+    store.hit(e)
     return found
 
 
-def get_many_locked(cache, kbs: list, fps: list) -> list:
+def get_many_locked(store, kbs: list, fps: list) -> list:
     """A lookup of each key (bytes ``kbs[i]``, fingerprint ``fps[i]``), as get does: a hit becomes the most recent.
     For each, None or (tag, body, checksum, slot), the checksum for the caller to check after the unlock."""
     # The batch's reason to be is its cost per key: the index's first probe and the move to the front are inlined,
-    # as in SharedCache.get, and everything the loop reads is bound once.
-    ix, ent, mm, base, mask, exp, h = cache._ix, cache._ent, cache._mm, cache._base, cache._mask, cache._exp, cache._h
-    now = cache._clock()
+    # as in SharedCache.get (block.value_at, inlined), and everything the loop reads is bound once.
+    ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
+    now = store.clock()
     out = []
     append = out.append
     hits = misses = 0
@@ -129,14 +122,14 @@ def get_many_locked(cache, kbs: list, fps: list) -> list:
         if e != EMPTY:
             x = exp[e]
             if x and x <= now:
-                cache._lapse_locked(e)
+                store.lapse(e)
                 e = EMPTY
         if e == EMPTY:
             misses += 1
             append(None)
             continue
-        if ent[b + E_PREV] != SENTINEL:  # not already the most recent
-            h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair
+        if ent[b + E_PREV] != SENTINEL:  # not already the most recent (Store.hit's move, its count below)
+            h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair (guard.updating, inlined)
             lru.move_to_front(ent, e)
             h[H_DIRTY] = 0
         hits += 1
@@ -146,40 +139,40 @@ def get_many_locked(cache, kbs: list, fps: list) -> list:
     return out
 
 
-def put_many_locked(cache, ttl, encoded: list) -> None:
-    """Store each encoded entry (``SharedCache._encode``'s tuples) in order, as put does, all expiring after
-    ``ttl`` (ns; None: the default). Every size is checked against the byte limit first, so an entry that can
-    never fit refuses the whole batch before anything is stored."""
-    limit = cache._h[H_MAX_RETAINED]
+def put_many_locked(store, ttl, encoded: list) -> None:
+    """Store each entry of ``encoded`` (``store.Encoded``) in order, as put does, all expiring after ``ttl`` (ns;
+    None: the default). Every size is checked against the byte limit first, so an entry that can never fit
+    refuses the whole batch before anything is stored."""
+    limit = store.h[H_MAX_RETAINED]
     for item in encoded:
-        if item[5] > limit:
-            raise cache._too_large(item[5], limit, "max_retained_bytes")
-    expires = cache._expires_locked(ttl)
-    for kb, tag, body, fp, check, size, nb in encoded:
-        cache._store_locked(cache._find_live(kb, fp, True), kb, tag, body, fp, check, size, nb, expires)
+        if item.size > limit:
+            raise too_large(item.size, limit, "max_retained_bytes")
+    expires = store.expires_at(ttl)
+    for item in encoded:
+        store.store(store.find_live(item.kb, item.fp, True), *item, expires)
 
 
-def ttl_locked(cache, kb: bytes, fp: int):
+def ttl_locked(store, kb: bytes, fp: int):
     """The ns the key has left to live (0: no expiry), or None if it is absent or expired."""
-    e = cache._find_live(kb, fp)
+    e = store.find_live(kb, fp)
     if e == EMPTY:
         return None
-    x = cache._exp[e]
-    return max(x - cache._clock(), 1) if x else 0
+    x = store.exp[e]
+    return max(x - store.clock(), 1) if x else 0
 
 
-def count_prefix_locked(cache, prefix: bytes) -> int:
+def count_prefix_locked(store, prefix: bytes) -> int:
     """How many live entries have a key whose stored bytes start with ``prefix`` (kind bytes included)."""
-    ent, mm, base, exp, n = cache._ent, cache._mm, cache._base, cache._exp, len(prefix)
-    now = cache._clock()
+    ent, mm, base, exp, n = store.ent, store.mm, store.base, store.exp, len(prefix)
+    now = store.clock()
     count = 0
     e = ent[SENTINEL * _W + E_NEXT]
-    for _ in range(cache._table.slots):
+    for _ in range(store.table.slots):
         if e == SENTINEL:
             break
         b = e * _W
         if ent[b + E_KEY_NBYTES] >= n:
-            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+            k0 = block.key_at(ent, base, e)
             x = exp[e]
             if mm[k0 : k0 + n] == prefix and not (x and x <= now):
                 count += 1
@@ -187,14 +180,10 @@ def count_prefix_locked(cache, prefix: bytes) -> int:
     return count
 
 
-def checked(cache, tag: int, body, check: int, e: int, counted: bool) -> tuple[int, bytes]:
+def checked(guard, tag: int, body, check: int, e: int, counted: bool) -> tuple[int, bytes]:
     """(tag, body) copied out under the lock, once its checksum is found right (after the unlock). A mismatch
-    costs a deep repair and raises CorruptionError; ``counted``: the read was counted as a hit, which becomes a
-    miss (``SharedCache._checksum_failed``)."""
+    costs a deep repair and raises CorruptionError (``Guard.checksum_failed``; ``counted``: the read was counted as
+    a hit, which becomes a miss)."""
     if body_checksum(tag, body) != check:
-        if counted:
-            cache._checksum_failed(e)
-        cache._locked(cache._repair_locked, True)
-        raise CorruptionError(f"entry {e} failed its checksum and was dropped", what="read",
-                              hint="the operation can be retried")
+        guard.checksum_failed(e, counted, "read")
     return tag, body

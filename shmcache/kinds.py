@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
-from . import memo
+from . import block, memo
 from .codec import KindKey
 from .errors import CorruptionError
-from .layout import KIND_PREFIX, MAX_KINDS
+from .layout import MAX_KINDS
 from .layout.dtypes import (
-    E_CHECK, ENTRY_WORDS, H_DELETES, H_DIRTY, H_ENTRIES, H_KINDS_USED, H_UNUSED_NEXT, K_ENTRIES, K_NAME_NBYTES,
+    E_CHECK, ENTRY_WORDS, H_DELETES, H_ENTRIES, H_KINDS_USED, K_ENTRIES, K_NAME_NBYTES,
     K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
-from .mapping import LocalMapping
+from .mapping import LocalMapping, memo_family
 
 if TYPE_CHECKING:
-    from .cache import SharedCache
+    from .cache import Parts, SharedCache
     from .memo import Memoized
     from .stats import CacheLimits
     from .view import View
@@ -109,24 +109,20 @@ def plain_entries_locked(seg) -> int:
 
 def slots_locked(table, *numbers: int) -> list[int]:
     """The resident entry slots of the kinds ``numbers``: one vectorised scan of the kinds column."""
-    handed_out = table.h[H_UNUSED_NEXT] if 0 < table.h[H_UNUSED_NEXT] <= table.slots else table.slots
+    handed_out = block.handed_out(table.h, table.slots)
     kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
     ent = table.ent
     # A free slot may keep the kind byte of its last entry: resident ones have a checksum (never 0).
     return [e for e in np.flatnonzero(np.isin(kinds, numbers)).tolist() if ent[e * ENTRY_WORDS + E_CHECK]]
 
 
-def clear_locked(table, k: int) -> int:
+def clear_locked(store, k: int) -> int:
     """Remove every entry of kind ``k`` that no view pins; how many (counted as deletes)."""
-    h = table.h
     removed = 0
-    h[H_DIRTY] = 1
-    for e in slots_locked(table, k):
-        if not table.pinned(e):
-            table.remove(e)
+    for e in slots_locked(store.table, k):
+        if not store.table.pinned(e):
+            store.remove(e, H_DELETES)
             removed += 1
-    h[H_DELETES] += removed
-    h[H_DIRTY] = 0
     return removed
 
 
@@ -137,10 +133,17 @@ class KindView(LocalMapping):
     global stats stay the whole cache's. The view shares its cache's handle: closing the cache closes it.
     """
 
-    def __init__(self, cache: SharedCache, number: int, name: str) -> None:
+    def __init__(self, cache: SharedCache, parts: Parts, number: int, name: str) -> None:
         self.cache = cache
         self.name = name
+        self._parts = parts
         self._n = number
+
+    @property
+    def number(self) -> int:
+        """The kind's number in its cache (1 to 255): its keys are stored with the bytes ``KIND_PREFIX, number``
+        in front."""
+        return self._n
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self.cache.get(KindKey(self._n, key), default)
@@ -200,13 +203,9 @@ class KindView(LocalMapping):
                 ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
+            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
-
-    def _delete_prefix(self, prefix: bytes) -> int:
-        """``SharedCache._delete_prefix`` for keys of this kind (memoize's ``cache_clear``)."""
-        return self.cache._delete_prefix(bytes((KIND_PREFIX, self._n)) + prefix)
 
     def view(self, key: Any) -> View:
         try:
@@ -222,18 +221,18 @@ class KindView(LocalMapping):
 
     def clear(self) -> int:
         """Remove every entry of this kind (those an open view pins excepted); how many were removed."""
-        return self.cache._locked(clear_locked, self.cache._table, self._n)
+        return self._parts.guard.run(clear_locked, self._parts.store, self._n)
 
     def stats(self) -> KindStats:
         """This kind's resident entries and their bytes."""
-        return self.cache._locked(self._stats_locked)
+        return self._parts.guard.run(self._stats_locked)
 
     def _stats_locked(self) -> KindStats:
-        seg = self.cache._seg
+        seg = self._parts.seg
         kw, n = seg.kind_words, self._n * KIND_WORDS
         if not (0 <= kw[n + K_ENTRIES] < seg.geometry.entry_slots
                 and 0 <= kw[n + K_RETAINED] <= seg.geometry.capacity_bytes):
-            self.cache._repair_locked()  # damaged counts are never reported (len() must not raise ValueError)
+            self._parts.store.repair()  # damaged counts are never reported (len() must not raise ValueError)
         return KindStats(kw[n + K_ENTRIES], kw[n + K_RETAINED])
 
     def limits(self) -> CacheLimits:
@@ -244,14 +243,11 @@ class KindView(LocalMapping):
         """The cache's ``set_limits``: limits are the whole cache's."""
         self.cache.set_limits(limits, **kwargs)
 
-    def _space(self) -> tuple:
-        return self.cache, self._n
-
-    def _maxsize(self) -> int:
-        return self.cache._maxsize()
+    def _space(self) -> tuple[Parts, int]:
+        return self._parts, self._n
 
     def __repr__(self) -> str:
-        if self.cache._closed:
+        if self.cache.closed:
             return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, closed)"
-        entries = self.cache._seg.kind_words[self._n * KIND_WORDS + K_ENTRIES]  # without the lock, as the cache's
+        entries = self._parts.seg.kind_words[self._n * KIND_WORDS + K_ENTRIES]  # without the lock, as the cache's
         return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, entries={entries})"

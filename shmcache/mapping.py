@@ -13,10 +13,13 @@ mutable mappings are unhashable in Python (``dict``); so are these. Registries o
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
+from functools import partial
 from typing import Any
 
-from . import entries
-from .codec import _MASK63, KIND_PREFIXES, _xxh, decode_body, encode_key, fingerprint
+from . import entries, memo
+from .codec import KIND_PREFIXES, MASK63, decode_body, encode_key, fingerprint
+from .codec import xxh3 as fingerprint_of
+from .durations import ttl_ns
 from .errors import CorruptionError
 from .keys import decode_key
 
@@ -93,56 +96,61 @@ class ItemAccess(MutableMapping[Any, Any]):
             self.put_many(pairs)
 
 
-def _pairs(items) -> list:
+def pairs_of(items) -> list:
+    """``items`` (a mapping, or an iterable of pairs) as a list of (key, value) pairs."""
     return list(items.items()) if isinstance(items, Mapping) else [(k, v) for k, v in items]
 
 
 class LocalMapping(ItemAccess):
     """The mapping API of a SharedCache (its keys of no kind) and of a KindView (its kind's keys). A class provides
-    ``_space()``: (the SharedCache, the space of ``entries.py``)."""
+    ``_space()``: (the cache's ``cache.Parts``, the space of ``entries.py``)."""
 
     __slots__ = ()
 
+    def _space(self) -> tuple:
+        """(the cache's ``cache.Parts``, the space of ``entries.py`` this object's keys are in)."""
+        raise NotImplementedError
+
     def _encode_key(self, key) -> bytes:
-        cache, space = self._space()
+        _, space = self._space()
         return KIND_PREFIXES[space] + encode_key(key) if space else encode_key(key)
 
     def _keys(self) -> list:
         """The live keys, most recently used first, as one snapshot."""
-        cache, space = self._space()
-        return _decode_keys(cache, cache._locked(entries.snapshot_locked, cache, space, False))
+        parts, space = self._space()
+        return _decode_keys(parts, parts.guard.run(entries.snapshot_locked, parts.store, space, False))
 
     def _items(self) -> list:
         """The live (key, value) pairs, most recently used first, as one snapshot (no lookup counted)."""
-        cache, space = self._space()
-        found = cache._locked(entries.snapshot_locked, cache, space, True)
-        keys = _decode_keys(cache, [f[0] for f in found])
-        return [(k, decode_body(*entries.checked(cache, tag, body, check, e, False)))
+        parts, space = self._space()
+        found = parts.guard.run(entries.snapshot_locked, parts.store, space, True)
+        keys = _decode_keys(parts, [f[0] for f in found])
+        return [(k, decode_body(*entries.checked(parts.guard, tag, body, check, e, False)))
                 for k, (_, tag, body, check, e) in zip(keys, found)]
 
     def popitem(self) -> tuple[Any, Any]:
         """Remove the least recently used entry and return it as (key, value), in one hold of the lock (entries an
         open view pins are passed over); counted as a delete, not a lookup. :raises KeyError: if there is none."""
-        cache, space = self._space()
-        found = cache._locked(entries.popitem_locked, cache, space)
+        parts, space = self._space()
+        found = parts.guard.run(entries.popitem_locked, parts.store, space)
         if found is None:
             raise KeyError("popitem(): the cache is empty") from None
-        (key,) = _decode_keys(cache, [found[0]])
+        (key,) = _decode_keys(parts, [found[0]])
         return key, decode_body(found[1], found[2])
 
     def setdefault(self, key: Any, default: Any = None, ttl: float | None = None) -> Any:
         """The value of ``key`` if it is cached (a hit); else store ``default`` (``ttl`` as in put) and return it (a
         miss). One hold of the lock, so across processes exactly one caller stores and every other gets its value.
         ``default`` is encoded first, so it must be storable even when the key is present."""
-        cache, _ = self._space()
-        encoded = cache._encode(None, default, self._encode_key(key))
-        found = cache._locked(entries.setdefault_locked, cache, _ttl_ns(ttl), *encoded)
+        parts, _ = self._space()
+        encoded = parts.store.encode(None, default, self._encode_key(key))
+        found = parts.guard.run(entries.setdefault_locked, parts.store, _ttl_ns(ttl), encoded)
         return default if found is None else decode_body(*found)
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]`` in one hold of the lock: each key counted as a lookup and a hit made
         the most recent, as get does. A list in the order asked (keys may be unhashable: lists, dicts, arrays)."""
-        cache, space = self._space()
+        parts, space = self._space()
         prefix = KIND_PREFIXES[space] if space else b""
         # Why inline: a batch must cost well under its keys' single gets; encode_key's str case and the
         # fingerprint cost a call each otherwise.
@@ -151,16 +159,16 @@ class LocalMapping(ItemAccess):
             kbs = [prefix + (k.encode() if type(k) is str else encode_key(k)) for k in keys]
         except UnicodeEncodeError:  # a str no UTF-8 can hold: encode_key raises the TypeError
             kbs = [prefix + encode_key(k) for k in keys]
-        fps = [_xxh(kb) & _MASK63 for kb in kbs]
-        found = cache._locked(entries.get_many_locked, cache, kbs, fps)
+        fps = [fingerprint_of(kb) & MASK63 for kb in kbs]
+        found = parts.guard.run(entries.get_many_locked, parts.store, kbs, fps)
         out = []
         for f in found:
             if f is None:
                 out.append(default)
                 continue
             tag, body, check, e = f
-            if (_xxh(body, tag) & _MASK63) | 1 != check:
-                cache._checksum_failed(e)
+            if (fingerprint_of(body, tag) & MASK63) | 1 != check:
+                parts.guard.checksum_failed(e)
             out.append(decode_body(tag, body))
         return out
 
@@ -168,42 +176,64 @@ class LocalMapping(ItemAccess):
         """Store every (key, value) of ``items`` (a mapping, or an iterable of pairs) as put does, in one hold of the
         lock; all are encoded first. An entry too large refuses the batch before anything is stored; a write that
         meets a pinned entry (PinnedError) stops the batch there, the entries before it stored."""
-        cache, space = self._space()
+        parts, space = self._space()
         prefix = KIND_PREFIXES[space] if space else b""
-        encode, pairs = cache._encode, _pairs(items)
+        encode, pairs = parts.store.encode, pairs_of(items)
         try:
             encoded = [encode(None, v, prefix + (k.encode() if type(k) is str else encode_key(k))) for k, v in pairs]
         except UnicodeEncodeError:  # a str no UTF-8 can hold: encode_key raises the TypeError
             encoded = [encode(None, v, prefix + encode_key(k)) for k, v in pairs]
         if encoded:
-            cache._locked(entries.put_many_locked, cache, _ttl_ns(ttl), encoded)
+            parts.guard.run(entries.put_many_locked, parts.store, _ttl_ns(ttl), encoded)
 
     def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live, or None if it never expires; neither a lookup nor a move in the LRU
         order. :raises KeyError: if the key is absent (or expired)."""
-        cache, _ = self._space()
+        parts, _ = self._space()
         kb = self._encode_key(key)
-        left = cache._locked(entries.ttl_locked, cache, kb, fingerprint(kb))
+        left = parts.guard.run(entries.ttl_locked, parts.store, kb, fingerprint(kb))
         if left is None:
             raise KeyError(key)
         return left / 1e9 if left else None
 
-    def _count_prefix(self, prefix: bytes) -> int:
-        """Live entries of this space whose encoded key starts with ``prefix`` (memoize's ``currsize``)."""
-        cache, space = self._space()
-        return cache._locked(entries.count_prefix_locked, cache, KIND_PREFIXES[space] + prefix if space else prefix)
+
+def _stored_prefix(m: LocalMapping, prefix: bytes) -> tuple:
+    parts, space = m._space()
+    return parts, KIND_PREFIXES[space] + prefix if space else prefix
+
+
+def count_prefix(m: LocalMapping, prefix: bytes) -> int:
+    """Live entries of ``m``'s space whose encoded key starts with ``prefix`` (memoize's ``currsize``)."""
+    parts, stored = _stored_prefix(m, prefix)
+    return parts.guard.run(entries.count_prefix_locked, parts.store, stored)
+
+
+def delete_prefix(m: LocalMapping, prefix: bytes) -> int:
+    """Remove the entries of ``m``'s space whose encoded key starts with ``prefix`` (memoize's ``cache_clear``);
+    how many."""
+    parts, stored = _stored_prefix(m, prefix)
+    return parts.guard.run(parts.store.delete_prefix, stored)
+
+
+def max_entries(m: LocalMapping) -> int:
+    """The cache's entry limit in force (memoize's ``maxsize``)."""
+    parts, _ = m._space()
+    return parts.guard.run(parts.store.stats).max_entries
+
+
+def memo_family(m: LocalMapping) -> memo.Family:
+    """What memoize needs of ``m`` (a SharedCache or a KindView) for one function's entries."""
+    return memo.Family(partial(count_prefix, m), partial(delete_prefix, m), partial(max_entries, m))
 
 
 def _ttl_ns(ttl):
-    from .cache import ttl_ns  # cache.py imports this module
-
     return None if ttl is None else ttl_ns(ttl)
 
 
-def _decode_keys(cache, raw: list) -> list:
+def _decode_keys(parts, raw: list) -> list:
     try:
         return [decode_key(kb) for kb in raw]
     except ValueError as exc:
-        cache._locked(cache._repair_locked, True)
+        parts.guard.run(parts.store.repair, True)
         raise CorruptionError(f"a stored key failed to decode and the cache was repaired: {exc}", what="iterate",
                               hint="the operation can be retried") from None

@@ -59,8 +59,16 @@ def function_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def memoized(cache: SharedCache | KindView | TieredCache, fn: Callable[P, R], name: str, timeout: float | None,
-             ttl: float | None = None) -> Memoized[P, R]:
+class Family(NamedTuple):
+    """What a cache class gives memoize for one function's entries, all sharing an encoded key prefix."""
+
+    count: Callable[[bytes], int]  # live entries whose key starts with the prefix
+    delete: Callable[[bytes], int]  # remove them; how many
+    maxsize: Callable[[], int]  # the cache's entry limit in force
+
+
+def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str,
+             timeout: float | None, ttl: float | None = None) -> Memoized[P, R]:
     """The wrapper ``cache.memoize`` returns for ``fn``."""
     prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
     counts = [0, 0]  # hits, misses of this process
@@ -85,18 +93,18 @@ def memoized(cache: SharedCache | KindView | TieredCache, fn: Callable[P, R], na
         the cache's entries, under its lock)."""
         with lock:
             hits, misses = counts
-        return MemoInfo(hits, misses, cache._maxsize(), cache._count_prefix(prefix))
+        return MemoInfo(hits, misses, family.maxsize(), family.count(prefix))
 
     def cache_parameters() -> dict[str, Any]:
         """``functools.lru_cache``'s ``cache_parameters()``: ``maxsize`` and ``typed`` (always True: ``f(1)`` and
         ``f(1.0)`` are two entries), with the key's name, the compute timeout and the results' time to live."""
-        return {"maxsize": cache._maxsize(), "typed": True, "name": name, "timeout": timeout, "ttl": ttl}
+        return {"maxsize": family.maxsize(), "typed": True, "name": name, "timeout": timeout, "ttl": ttl}
 
     def cache_clear() -> int:
         """Remove this function's entries from the shared cache (for every process); how many there were."""
         with lock:
             counts[0] = counts[1] = 0
-        return cache._delete_prefix(prefix)
+        return family.delete(prefix)
 
     wrapper.cache_info = cache_info
     wrapper.cache_clear = cache_clear

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import index, lru, ofd
-from .arena import Arena, block_nbytes
+from . import block, index, lru, ofd
+from .arena import Arena
 from .errors import CorruptionError, PinnedError
-from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
@@ -21,6 +21,7 @@ from .layout.dtypes import (
 )
 
 _W = ENTRY_WORDS
+_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _ENTRY_NBYTES = ENTRY_STRUCT.size
 _pack_entry = ENTRY_STRUCT.pack_into
 _unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
@@ -66,31 +67,46 @@ class Table:
             raise PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
                               hint="close the view (leave its with block) first")
 
-    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, nb: int, expires: int,
+    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int, expires: int,
                version: int = 0) -> None:
-        """Store a new entry (the key is absent and the limits leave room) as the most recently used. The value is
-        ``tag`` then ``body``; ``nb`` is the block size (``block_nbytes`` of key + value); ``expires`` its expiry
-        time (0: never); ``version`` the version to give it (0: the clock's next)."""
-        # Slot allocation, index.insert's first probe and lru.push_front are inlined: this is every new key's path.
+        """Store a new entry (the key is absent) as the most recently used, evicting first as the limits require:
+        expired entries, then the least recently used, pinned ones excepted; and, if pinned blocks split the free
+        space so that no run of ``nb`` bytes is left, more (what is not pinned) until one is. The value is ``tag``
+        then ``body``; ``size`` is key + value bytes and ``nb`` the block size (``block.nbytes(size)``);
+        ``expires`` its expiry time (0: never); ``version`` the version to give it (0: the clock's next).
+
+        :raises PinnedError: if the room needed is pinned (the evictions made stand; every structure is consistent).
+        """
+        # The one place eviction is decided (with evict_until and evict_one below). Slot allocation, index.insert's
+        # first probe, lru.push_front (the entry's own links in the pack below) and block.value_at are inlined:
+        # this is every new key's path.
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
+        if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+            self.evict_until(1, size)
         klen, vlen = len(kb), len(body) + 1
         # The slot is chosen first (its number goes in the block header) but taken only once the block is had:
-        # an allocation refused because pinned blocks split the free space must leave the slots as they were.
-        # ``writing`` names the slot once it is known to be free (the caller clears it when the store is whole).
-        e = h[H_FREE_HEAD]
-        if e == NIL:
-            e = h[H_UNUSED_NEXT]
-            if not 0 < e < self.slots:
-                raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
-            h[H_WRITING] = e
-            off = self.ring.alloc(nb, e)
-            h[H_UNUSED_NEXT] = e + 1
-        else:
-            if not 0 < e < self.slots or ent[e * _W + E_CHECK]:
+        # an allocation refused because pinned blocks split the free space must leave the slots as they were (an
+        # eviction then frees a slot, so the choice is made again). ``writing`` names the slot once it is known to
+        # be free (the caller clears it when the store is whole).
+        while True:
+            e = h[H_FREE_HEAD]
+            if e == NIL:
+                e = h[H_UNUSED_NEXT]
+                if not 0 < e < self.slots:
+                    raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
+            elif not 0 < e < self.slots or ent[e * _W + E_CHECK]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
             h[H_WRITING] = e
-            off = self.ring.alloc(nb, e)
+            try:
+                off = self.ring.alloc(nb, e)
+                break
+            except PinnedError:
+                if not self.evict_one():
+                    raise
+        if e == h[H_FREE_HEAD]:
             h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
+        else:
+            h[H_UNUSED_NEXT] = e + 1
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
         k0 = v0 + vlen
         mm[v0] = tag
@@ -137,15 +153,15 @@ class Table:
         b = e * _W
         klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
         vlen = len(body) + 1
-        if (block_nbytes(klen + old_vlen) != nb or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
+        if ((klen + old_vlen + _PAD) & -BLOCK_ALIGN != nb  # block.nbytes, inlined or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
                 or not 0 < e < self.slots):
             return False
         # The block must be this entry's own (its header names it) before anything is written into it.
-        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):
+        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):  # block.header, inlined
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
         mm = self.mm
         h[H_WRITING] = e  # the caller clears it once the store is whole
-        v0 = self.base + off + BLOCK_HEADER_NBYTES
+        v0 = self.base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
         k0 = v0 + vlen
         mm[v0] = tag
         mm[v0 + 1 : k0] = body
@@ -180,13 +196,13 @@ class Table:
         if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
-        self.ring.free(off, block_nbytes(klen + vlen), e)
+        self.ring.free(off, block.nbytes(klen + vlen), e)
         index.remove(self.ix, ent, self.mask, s)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
         b = e * _W
         ent[b + E_CHECK] = 0
-        ent[b + E_NEXT] = h[H_FREE_HEAD]
+        ent[b + E_NEXT] = h[H_FREE_HEAD]  # a free slot's next word links the free list, not the LRU list
         h[H_FREE_HEAD] = e
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
@@ -254,7 +270,7 @@ class Table:
         each eviction for as long as an expired entry stays pinned)."""
         h = self.h
         now = self.clock()
-        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= self.slots else self.slots
+        handed_out = block.handed_out(h, self.slots)
         x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
         removed = 0
         for e in np.flatnonzero((x != 0) & (x <= now)).tolist():
@@ -273,7 +289,7 @@ class Table:
         h = self.h
         _, index_arr, entries = self.seg.arrays()
         # Zero the check word of every slot ever handed out first, so none is mistaken for resident by a repair.
-        handed_out = h[H_UNUSED_NEXT] if 0 < h[H_UNUSED_NEXT] <= len(entries) else len(entries)
+        handed_out = block.handed_out(h, self.slots)
         entries["check"][:handed_out] = 0
         index_arr["entry"] = EMPTY
         for column in self.seg.columns():

@@ -186,7 +186,7 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
     try:
         cache = SharedCache(name, create=False, lock_timeout=LOCK_SECONDS)
         time.sleep(random.Random(seed).random() * 0.05)  # somewhere in the workers' round
-        cache._enter()
+        cache._guard.enter()
     except ShmCacheError:
         counts[row * NF + ERRORS] += 1
         os._exit(0)

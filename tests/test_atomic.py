@@ -159,7 +159,7 @@ def test_atomic_cas_stores_only_over_the_version_read(cache):
 def test_atomic_repair_gives_a_damaged_version_a_fresh_one(cache):
     cache.put("k", 1)
     _, version = cache.get_with_version("k")
-    e = cache._locked(cache._find_live, b"k", fingerprint(b"k"))
+    e = cache._guard.run(cache._store.find_live, b"k", fingerprint(b"k"))
     cache._seg.versions_words[e] = -5
     report = cache.verify(repair_damage=True)
     assert not report.ok and any("version -5" in p for p in report.problems)

@@ -248,7 +248,7 @@ def test_cli_tier_names_the_namespaces_of_a_cache_without_one(capsys, filled, na
 def _hold_lock_and_stop(name: str) -> None:
     """Take the cache lock, then stop: a live holder that will never let go until killed."""
     cache = SharedCache(name, create=False)
-    cache._enter()
+    cache._guard.enter()
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(120)
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from shmcache import ClosedError, LockTimeout, ReentrantCallError, SharedCache, ShmCacheError
+from shmcache.lock import hot_unlock
 from tests.workers import check_value, half_put_then_die, hold_lock, make_value, repair_slowly
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -84,7 +85,7 @@ def test_lock_dead_holder_thread_is_detected_while_its_pid_lives(name):
     detected even though its process (same PID) is alive -- the situation PID reuse would otherwise fake."""
     with SharedCache(name, **SMALL) as c:
         c.put("k", 1)
-        t = threading.Thread(target=c._enter)
+        t = threading.Thread(target=c._guard.enter)
         t.start()
         t.join(timeout=10)
         assert c.get("k") == 1  # this thread takes over the dead thread's lock
@@ -124,14 +125,14 @@ def test_lock_waiting_does_not_spin(name):
 
 def test_lock_reentry_from_same_thread_is_an_error_not_a_hang(name):
     with SharedCache(name, **SMALL) as c:
-        c._enter()
+        c._guard.enter()
         try:
             for call in (lambda: c.get("k"), lambda: c.put("k", 1), lambda: c.delete("k"), c.stats, c.clear):
                 with pytest.raises(RuntimeError, match="already holds"):
                     call()
-                assert c._lock.owned()  # the inner call left the lock to the call it interrupted
+                assert c._guard.lock.owned()  # the inner call left the lock to the call it interrupted
         finally:
-            c._unlock(c._addr)
+            hot_unlock(c._addr)
         assert c.get("k") is None
 
 
@@ -149,11 +150,11 @@ def test_lock_reentry_from_a_signal_handler_is_a_reentrant_call_error(name):
         c.put("k", 1)
         old = signal.signal(signal.SIGUSR1, handler)
         try:
-            c._enter()
+            c._guard.enter()
             try:
                 signal.raise_signal(signal.SIGUSR1)
             finally:
-                c._unlock(c._addr)
+                hot_unlock(c._addr)
         finally:
             signal.signal(signal.SIGUSR1, old)
         assert len(seen) == 1, seen
@@ -250,7 +251,7 @@ while time.monotonic() < deadline:
         except AssertionError as exc:
             wrong.append(str(exc))
 signal.setitimer(signal.ITIMER_REAL, 0)
-owned = c._lock.owned()
+owned = c._guard.lock.owned()
 print(json.dumps({"interrupted": interrupted, "calls": i, "owned": owned, "wrong": wrong, "ok": c.verify().ok}))
 c.close()
 """

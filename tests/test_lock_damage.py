@@ -163,7 +163,7 @@ with open("/proc/sys/kernel/ns_last_pid", "w") as f:  # the next thread made in 
     f.write(str(tid - 1))
 def hold():
     c = SharedCache(name, create=False)
-    c._enter()
+    c._guard.enter()
     print("held", threading.get_native_id(), flush=True)
     time.sleep(60)
 threading.Thread(target=hold).start()
@@ -255,7 +255,7 @@ def damage():  # another process writing the kind word while this one holds the 
     with open(f"/dev/shm/shmcache.{name}", "r+b") as f, mmap.mmap(f.fileno(), 4096) as mm:
         struct.pack_into("<i", mm, H_LOCK_OFF + KIND_OFF, kind)
 
-c._locked(damage)   # the unlock after it must not reach glibc with that kind (it asserts, and aborts)
+c._guard.run(damage)   # the unlock after it must not reach glibc with that kind (it asserts, and aborts)
 c.put("after", 1)
 assert c.get("after") == 1 and c.verify().ok
 c.close()

@@ -317,13 +317,14 @@ def test_mapping_get_many_and_put_many(impl):
 def test_mapping_batches_take_the_lock_once(local):
     cache, m = local.cache, local.m
     taken = []
-    real = cache._trylock
+    guard = cache._guard
+    real = guard.enter
 
-    def counting(addr):
-        taken.append(addr)
-        return real(addr)
+    def counting():
+        taken.append(1)
+        return real()
 
-    cache._trylock = counting
+    guard.enter = counting
     try:
         m.put_many({f"k{i}": i for i in range(64)})
         assert len(taken) == 1
@@ -332,7 +333,7 @@ def test_mapping_batches_take_the_lock_once(local):
         assert m.get_many([f"k{i}" for i in reversed(range(64))] + ["nope"]) == list(reversed(range(64))) + [None]
         assert len(taken) == 1
     finally:
-        cache._trylock = real
+        del guard.enter
     after = cache.stats()
     assert (after.hits - before.hits, after.misses - before.misses) == (64, 1)
     assert m.popitem()[0] == "k63"  # each key the batch got became the most recent in turn: k63 is the least

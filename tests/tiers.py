@@ -67,8 +67,8 @@ def mark(host: Host, key) -> int:
     """The mark of ``key`` on ``host``: the highest invalidation applied since a fill of it began (-1: no mark)."""
     mkb = host.tier._mprefix + encode_key(key)
 
-    def read(cache):
-        m = cache._find_live(mkb, fingerprint(mkb))
-        return -1 if m == EMPTY else copies._mark(cache, m)
+    def read(store):
+        m = store.find_live(mkb, fingerprint(mkb))
+        return -1 if m == EMPTY else copies._mark(store, m)
 
-    return host.local._locked(read, host.local)
+    return host.local._guard.run(read, host.local._store)

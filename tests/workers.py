@@ -12,6 +12,7 @@ import numpy as np
 import xxhash
 
 from shmcache import SharedCache
+from shmcache.lock import hot_unlock
 
 
 def reap(procs, timeout: float = 60) -> None:
@@ -137,13 +138,13 @@ def open_and_put(name: str, worker: int, barrier, queue, mode: int = 0o600) -> N
 def hold_lock(name: str, ready, release=None, then: str = "sleep") -> None:
     """Take the cache lock and keep it: sleep forever (to be killed), or release when told, or die holding it."""
     cache = SharedCache(name, create=False)
-    cache._enter()
+    cache._guard.enter()
     ready.set()
     if then == "exit":
         os._exit(0)  # dies holding the lock, without any cleanup
     if release is not None:
         release.wait(timeout=60)
-        cache._unlock(cache._addr)
+        hot_unlock(cache._addr)
         cache.close()
         return
     time.sleep(120)
@@ -160,7 +161,7 @@ def half_put_then_die(name: str, ready) -> None:
     )
 
     cache = SharedCache(name, create=False)
-    cache._enter()
+    cache._guard.enter()
     cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
     e = cache._h[H_FREE_HEAD] or cache._h[H_UNUSED_NEXT]  # the slot Table.insert would take
@@ -182,16 +183,16 @@ def half_put_then_die(name: str, ready) -> None:
 
 def repair_slowly(name: str, ready, seconds: float) -> None:
     """Hold the lock as a long repair does (dirty word at its repairing value), then finish cleanly."""
-    from shmcache.cache import _REPAIRING
+    from shmcache.guard import _REPAIRING
     from shmcache.layout.dtypes import H_DIRTY
 
     cache = SharedCache(name, create=False)
-    cache._enter()
+    cache._guard.enter()
     cache._h[H_DIRTY] = _REPAIRING
     ready.set()
     time.sleep(seconds)
     cache._h[H_DIRTY] = 0
-    cache._unlock(cache._addr)
+    hot_unlock(cache._addr)
     cache.close()
 
 

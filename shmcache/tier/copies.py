@@ -1,5 +1,5 @@
 """A ``TieredCache``'s near copies in the host's ``SharedCache``: versioned stores, fills, marks and invalidations.
-Every function here runs under the cache lock (``SharedCache._locked``), which is what makes each check-and-store
+Every function here runs under the cache lock (``guard.run(fn, store, ...)``), which is what makes each check-and-store
 indivisible.
 
 Invariants, for one key of a namespace (``tiered.py`` says why they bound staleness):
@@ -19,112 +19,100 @@ from __future__ import annotations
 
 import time
 
-from .. import kinds
+from .. import block, kinds
 from ..codec import decode_body
 from ..errors import ShmCacheError
-from ..layout import BLOCK_HEADER_NBYTES, EMPTY
-from ..layout.dtypes import (
-    E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_NEXT_EXPIRY, MAX_REMOTE_VERSION,
-)
+from ..layout import EMPTY
+from ..layout.dtypes import H_DELETES, MAX_REMOTE_VERSION
+from ..store import Encoded
 
 
-def _mark(cache, m: int) -> int:
-    value = decode_body(*cache._body_locked(m))
+def _mark(store, m: int) -> int:
+    value = decode_body(*store.body(m))
     return value if type(value) is int else 0
 
 
-def begin_fill_locked(cache, mkb: bytes, mfp: int, mark_ttl: int) -> int:
+def begin_fill_locked(store, mkb: bytes, mfp: int, mark_ttl: int) -> int:
     """Register a fill of the key whose mark is at ``mkb``: create its mark at 0, or make it live ``mark_ttl`` ns
     from now if it exists. Returns the mark's generation (its entry version), which the fill's store must find
     again: a mark dropped and made anew (by a later fill) is another mark, which may have missed invalidations."""
-    m = cache._find_live(mkb, mfp, True)
-    expires = cache._expires_locked(mark_ttl)
+    m = store.find_live(mkb, mfp, True)
+    expires = store.expires_at(mark_ttl)
     if m == EMPTY:
-        cache._store_locked(EMPTY, *cache._encode(None, 0, mkb), expires)
-        m = cache._find_live(mkb, mfp)
-    elif cache._exp[m] and cache._exp[m] < expires:
-        cache._exp[m] = expires  # later, never earlier: the bound next_expiry stays a lower bound
-    return int(cache._table.ver[m])
+        store.store(EMPTY, *store.encode(None, 0, mkb), expires)
+        m = store.find_live(mkb, mfp)
+    elif store.exp[m] and store.exp[m] < expires:
+        store.set_expiry(m, expires)  # later, never earlier
+    return store.version(m)
 
 
-def store_locked(cache, encoded: tuple, mkb: bytes, mfp: int, generation: int, version: int, ttl: int,
+def store_locked(store, encoded: Encoded, mkb: bytes, mfp: int, generation: int, version: int, ttl: int,
                  deadline: float) -> bool:
-    """Store the copy ``encoded`` (``SharedCache._encode``) of Redis version ``version`` for ``ttl`` ns, if its fill
+    """Store the copy ``encoded`` of Redis version ``version`` for ``ttl`` ns, if its fill
     is in time, its mark (of ``generation``) is still there and nothing newer is known; False if refused."""
     if time.monotonic() > deadline or not 1 <= version <= MAX_REMOTE_VERSION:
         return False
-    m = cache._find_live(mkb, mfp)
-    if m == EMPTY or cache._table.ver[m] != generation or _mark(cache, m) > version:
+    m = store.find_live(mkb, mfp)
+    if m == EMPTY or store.version(m) != generation or _mark(store, m) > version:
         return False
-    old = cache._find_live(encoded[0], encoded[3], True)
-    if old != EMPTY and cache._table.ver[old] > version:
+    old = store.find_live(encoded.kb, encoded.fp, True)
+    if old != EMPTY and store.version(old) > version:
         return False
-    cache._store_locked(old, *encoded, cache._expires_locked(ttl), version)
+    store.store(old, *encoded, store.expires_at(ttl), version)
     return True
 
 
-def invalidate_locked(cache, kb: bytes, fp: int, mkb: bytes, mfp: int, version: int) -> bool:
+def invalidate_locked(store, kb: bytes, fp: int, mkb: bytes, mfp: int, version: int) -> bool:
     """Apply an invalidation of ``version``: raise a lower mark, drop (or expire, if pinned) an older copy; whether
     a copy went. A version out of range (refused from Redis) is never adopted: the copy and the mark go, so the
     fills in flight are refused too, and the next fill reads Redis afresh."""
-    m = cache._find_live(mkb, mfp)
+    m = store.find_live(mkb, mfp)
     if not 1 <= version <= MAX_REMOTE_VERSION:
-        _drop(cache, m)
-        e = cache._find_live(kb, fp)
-        _drop(cache, e)
+        _drop(store, m)
+        e = store.find_live(kb, fp)
+        _drop(store, e)
         return e != EMPTY
-    if m != EMPTY and _mark(cache, m) < version:
+    if m != EMPTY and _mark(store, m) < version:
         try:  # the same generation: the fills registered on this mark stay registered
-            cache._store_locked(m, *cache._encode(None, version, mkb), cache._exp[m],
-                                int(cache._table.ver[m]))
+            store.store(m, *store.encode(None, version, mkb), store.exp[m], store.version(m))
         except ShmCacheError:  # no room for the larger int: without its mark, the fill it served is refused
-            _drop(cache, cache._find_live(mkb, mfp))
-    e = cache._find_live(kb, fp)
-    if e == EMPTY or cache._table.ver[e] >= version:
+            _drop(store, store.find_live(mkb, mfp))
+    e = store.find_live(kb, fp)
+    if e == EMPTY or store.version(e) >= version:
         return False
-    _drop(cache, e)
+    _drop(store, e)
     return True
 
 
-def drop_locked(cache, kb: bytes, fp: int):
+def drop_locked(store, kb: bytes, fp: int):
     """Drop this host's copy at ``kb`` (expire it, if pinned), as a Redis-less delete does; its (tag, body), or
     None if there was none."""
-    e = cache._find_live(kb, fp)
+    e = store.find_live(kb, fp)
     if e == EMPTY:
         return None
-    found = cache._body_locked(e)
-    _drop(cache, e)
+    found = store.body(e)
+    _drop(store, e)
     return found
 
 
-def _drop(cache, e: int) -> None:
+def _drop(store, e: int) -> None:
     if e == EMPTY:
         return
-    h, table = cache._h, cache._table
-    if table.pinned(e):
-        now = cache._clock()
-        if now < h[H_NEXT_EXPIRY]:  # Ordering: the bound is lowered before the entry's expiry, as in touch
-            h[H_NEXT_EXPIRY] = now
-        cache._exp[e] = now
+    if store.table.pinned(e):
+        store.set_expiry(e, store.clock())  # expired at once: no lookup returns it, and it goes once unpinned
         return
-    h[H_DIRTY] = 1
-    table.remove(e)
-    h[H_DELETES] += 1
-    h[H_DIRTY] = 0
+    store.remove(e, H_DELETES)
 
 
-def clear_locked(cache, copies_kind: int, marks_kind: int, prefix: bytes = b"") -> int:
+def clear_locked(store, copies_kind: int, marks_kind: int, prefix: bytes = b"") -> int:
     """Drop the namespace's copies (those whose key bytes start with ``prefix``, if given) and all its marks; how
     many copies."""
-    table, ent, mm, base = cache._table, cache._ent, cache._mm, cache._base
+    table = store.table
     dropped = 0
     for e in kinds.slots_locked(table, copies_kind, marks_kind):
         is_copy = table.kinds[e] == copies_kind
-        if prefix and is_copy:
-            b = e * ENTRY_WORDS
-            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # a block: [header][value][key]
-            if mm[k0 : k0 + min(len(prefix), ent[b + E_KEY_NBYTES])] != prefix:
-                continue
-        _drop(cache, e)
+        if prefix and is_copy and not block.key_of(store.mm, store.ent, store.base, e).startswith(prefix):
+            continue
+        _drop(store, e)
         dropped += is_copy
     return dropped

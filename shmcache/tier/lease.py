@@ -64,38 +64,41 @@ def _ask(call, *args):
         raise RedisDown(exc) from exc
 
 
-def compute(tier, key, kb: bytes, fn, deadline: float | None, ttl: float):
+def compute(remote, fetch, put_computed, row, lease_ms: int, key, kb: bytes, fn, deadline: float | None,
+            ttl: float):
     """The value of ``key`` from Redis, or computed by this host under the fleet's lock and written through.
-    Raises RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past ``deadline``."""
-    remote = tier._remote
+    A TieredCache's parts: ``remote`` (a ``remote.Remote``), ``fetch(kb, count_miss)`` (Redis's value copied
+    locally, or MISSING), ``put_computed(key, value, ttl)`` (the write-through), ``row`` (its stats row) and
+    ``lease_ms`` (the lock's lease). Raises RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past
+    ``deadline``."""
     token = os.urandom(16)
     pause, waited = WAIT_FIRST_S, False
     while True:
-        value = _ask(tier._fetch, kb, not waited)
+        value = _ask(fetch, kb, not waited)
         if value is not MISSING:
             return value
-        if _ask(remote.try_lock, kb, token, tier._lease_ms):
+        if _ask(remote.try_lock, kb, token, lease_ms):
             # The computer may have stored its value and released the lock between the read above and this lock:
             # one more read, now that no other host can be computing.
-            value = _ask(tier._fetch, kb, False)
+            value = _ask(fetch, kb, False)
             if value is not MISSING:
                 _unlock(remote, kb, token)
                 return value
             break
         if not waited:
             waited = True
-            tier._row[C_LOCK_WAITS] += 1
+            row[C_LOCK_WAITS] += 1
         if deadline is not None and time.monotonic() >= deadline:
             raise ComputeTimeout("another host has been computing this key for too long", what="get_or_compute",
                                  hint="raise timeout=, or look at the computing host")
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, WAIT_MAX_S)
     if waited:
-        tier._row[C_LOCK_TAKEOVERS] += 1
-    tier._row[C_COMPUTATIONS] += 1
-    with Lease(remote, kb, token, tier._lease_ms):
+        row[C_LOCK_TAKEOVERS] += 1
+    row[C_COMPUTATIONS] += 1
+    with Lease(remote, kb, token, lease_ms):
         value = fn()
-        tier._put_computed(key, value, ttl)
+        put_computed(key, value, ttl)
     return value
 
 

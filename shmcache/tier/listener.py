@@ -23,6 +23,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .. import ofd
 
@@ -39,12 +41,24 @@ class _Gone(Exception):
     """The TieredCache was collected."""
 
 
+class Calls(NamedTuple):
+    """What the listener calls on its owner (each takes the owner first): open a subscription (a redis-py PubSub
+    subscribed to the namespace's channel), apply a message, drop every copy after a gap in the stream, and note
+    that the host is listening again."""
+
+    subscribe: Callable[[Any], Any]
+    on_message: Callable[[Any, bytes], None]
+    on_gap: Callable[[Any], None]
+    on_listening: Callable[[Any], None]
+
+
 class Listener:
     """The listening thread of one process; ``close()`` stops it and frees the listener role."""
 
-    def __init__(self, segment_fd: int, byte: int, owner_ref) -> None:
+    def __init__(self, segment_fd: int, byte: int, owner_ref, calls: Calls) -> None:
         self._byte = byte
-        self._owner_ref = owner_ref  # weakref to the TieredCache: _subscribe, _on_message, _on_gap, _on_listening
+        self._owner_ref = owner_ref  # weakref to the TieredCache, which ``calls`` are made on
+        self._calls = calls
         # A description of our own: the lock is this description's, whatever else the process does with the fd.
         self._fd = os.open(f"/proc/self/fd/{segment_fd}", os.O_RDWR | os.O_CLOEXEC)
         self._stop = threading.Event()
@@ -93,7 +107,7 @@ class Listener:
                 self._close_fd()
 
     def _listen(self) -> None:
-        pubsub = self._owner()._subscribe()
+        pubsub = self._calls.subscribe(self._owner())
         try:
             # Invariant: nothing is dropped before the subscription is confirmed, so whatever is written after
             # this gap is either dropped here or arrives as a message.
@@ -105,8 +119,8 @@ class Listener:
                 if time.monotonic() > deadline:
                     raise TimeoutError("no subscription confirmed")
             owner = self._owner()
-            owner._on_gap()
-            owner._on_listening()
+            self._calls.on_gap(owner)
+            self._calls.on_listening(owner)
             del owner
             self.settled.set()
             heard = pinged = time.monotonic()
@@ -134,12 +148,12 @@ class Listener:
     def _apply(self, data: bytes) -> None:
         owner = self._owner()
         try:
-            owner._on_message(data)
+            self._calls.on_message(owner, data)
         except Exception:
             # An invalidation not applied is a lost one: drop everything instead (and if that fails too, the
             # subscription starts over, with a gap).
             log.exception("shmcache: an invalidation failed to apply; dropping the namespace's copies")
-            owner._on_gap()
+            self._calls.on_gap(owner)
 
     def _close_fd(self) -> None:
         if self._fd >= 0:

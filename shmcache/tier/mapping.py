@@ -17,7 +17,7 @@ from typing import Any
 from ..codec import encode_key
 from ..errors import RemoteError
 from ..keys import decode_key
-from ..mapping import MISSING, ItemAccess, _pairs
+from ..mapping import MISSING, ItemAccess, pairs_of
 from .layout import C_LOCAL_HITS, C_LOCAL_MISSES
 from .remote import log
 
@@ -103,7 +103,7 @@ class TierMapping(ItemAccess):
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """``put`` of every (key, value) of ``items`` (a mapping, or an iterable of pairs), in order."""
-        for key, value in _pairs(items):
+        for key, value in pairs_of(items):
             self.put(key, value, ttl)
 
     def ttl(self, key: Any) -> float | None:

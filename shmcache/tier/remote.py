@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 
-from ..codec import _xxh
+from ..codec import xxh3 as _xxh
 from ..errors import RemoteError
 from ..layout.dtypes import MAX_REMOTE_VERSION
 from .layout import (
@@ -115,7 +115,8 @@ _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL'
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 
 
-def _redis():
+def redis_py():
+    """The redis module; ImportError, naming the extra to install, without it."""
     try:
         import redis
     except ImportError:
@@ -136,7 +137,7 @@ def check_url(url: str) -> None:
         raise ValueError(f"remote must be a redis://, rediss:// or unix:// URL, got {shown}")
     try:
         port = parts.port  # ValueError for a port out of range or not a number
-        _redis().connection.parse_url(url)
+        redis_py().connection.parse_url(url)
     except ValueError as exc:
         raise ValueError(f"remote {shown} is not a valid Redis URL: {exc}") from None
     if parts.scheme == "unix":
@@ -160,7 +161,7 @@ def connect(url: str, *, timeout: float, cluster: bool):
     """A redis-py client for ``url`` whose calls give up after ``timeout`` seconds and are not retried by redis-py
     (this module decides when to ask again), except that a cluster client follows one redirection (a slot that
     moved: MOVED, ASK). Connections use TCP keepalive, so a peer that vanished without a word is noticed."""
-    redis = _redis()
+    redis = redis_py()
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
@@ -295,7 +296,7 @@ class Remote:
         return result
 
     def _failed(self, what: str, exc: Exception) -> None:
-        redis = _redis()
+        redis = redis_py()
         row = self.rows.row
         row[C_REMOTE_ERRORS] += 1
         if isinstance(exc, redis.exceptions.TimeoutError):

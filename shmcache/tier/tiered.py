@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import flight, memo, ofd
-from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, seconds, ttl_ns
+from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, parts, seconds, ttl_ns
 from ..codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from ..errors import ClosedError, PinnedError, RemoteError, TooLargeError
 from ..layout import KIND_PREFIX
@@ -38,9 +38,9 @@ from .layout import (
     C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
-from .listener import Listener
+from .listener import Calls, Listener
 from .mapping import TierMapping
-from .remote import UNKNOWN_VERSION, Remote, _redis, check_url, connect, pack_payload, remote_version, unpack_value
+from .remote import UNKNOWN_VERSION, Remote, check_url, redis_py, connect, pack_payload, remote_version, unpack_value
 from .stats import Rows, TierStats
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class TieredCache(TierMapping):
                         ("lock_lease", lock_lease)):
             seconds(what, v)
         ttl_ns(default_ttl)
-        _redis()  # redis-py missing: ImportError now, with the extra to install
+        redis_py()  # redis-py missing: ImportError now, with the extra to install
         self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
                               strict=strict, lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
         self._url = remote if isinstance(remote, str) else None
@@ -105,8 +105,10 @@ class TieredCache(TierMapping):
         self._fill_s = 2 * timeout + 0.5
         self._mark_s = self._fill_s + 1.0
         kind, marks = local.kind(f"tier:{namespace}"), local.kind(f"mark:{namespace}")
-        self._kind, self._n, self._marks_n = kind, kind._n, marks._n
-        self._kprefix, self._mprefix = bytes((KIND_PREFIX, kind._n)), bytes((KIND_PREFIX, marks._n))
+        self._kind, self._n, self._marks_n = kind, kind.number, marks.number
+        self._kprefix, self._mprefix = bytes((KIND_PREFIX, kind.number)), bytes((KIND_PREFIX, marks.number))
+        # The local cache's guard and store, for the locked operations of copies.py.
+        self._local = parts(local)
         if self._url is None:
             encoder = getattr(remote, "get_encoder", None)
             if encoder is None or encoder().decode_responses:
@@ -116,7 +118,7 @@ class TieredCache(TierMapping):
         else:
             factory = lambda: connect(remote, timeout=timeout, cluster=cluster)  # noqa: E731
         # The local cache's trust: the stats segment may be owned by whom the cache may, and is as open as it.
-        self._rows = Rows(local.name, namespace, local._seg.trust)
+        self._rows = Rows(local.name, namespace, self._local.seg.trust)
         self._row = self._rows.row  # the hot path's copy of it, kept in step by fork and close
         self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval)
         self._listener_box: list = [None]
@@ -180,7 +182,7 @@ class TieredCache(TierMapping):
         cannot hold the mark (a key too large for it, or all its room pinned): then no copy is stored."""
         mkb = self._mprefix + kb
         try:
-            return self.local._locked(copies.begin_fill_locked, self.local, mkb, fingerprint(mkb),
+            return self._local.guard.run(copies.begin_fill_locked, self._local.store, mkb, fingerprint(mkb),
                                       ttl_ns(self._mark_s))
         except (TooLargeError, PinnedError):
             return None
@@ -200,11 +202,11 @@ class TieredCache(TierMapping):
         if generation is None or version == UNKNOWN_VERSION:  # no mark, or no version: no copy, and an older one
             self._drop_older(kb, version)  # must not stay
             return
-        local = self.local
+        local = self._local
         mkb = self._mprefix + kb
         try:
-            encoded = local._encode(None, None, self._kprefix + kb, (tag, body))
-            if not local._locked(copies.store_locked, local, encoded, mkb, fingerprint(mkb), generation, version,
+            encoded = local.store.encode(None, None, self._kprefix + kb, (tag, body))
+            if not local.guard.run(copies.store_locked, local.store, encoded, mkb, fingerprint(mkb), generation, version,
                                  ttl_ns(ttl), deadline):
                 self._row[C_STALE_FILLS] += 1
         except (TooLargeError, PinnedError):  # no room for it, or a view holds the old copy: the old must go
@@ -214,7 +216,7 @@ class TieredCache(TierMapping):
         """Apply an invalidation of ``version`` to this host's copy of ``kb`` (a version out of range, such as
         UNKNOWN_VERSION, drops the copy and its mark, whatever their versions: see copies.invalidate_locked)."""
         lkb, mkb = self._kprefix + kb, self._mprefix + kb
-        self.local._locked(copies.invalidate_locked, self.local, lkb, fingerprint(lkb), mkb, fingerprint(mkb),
+        self._local.guard.run(copies.invalidate_locked, self._local.store, lkb, fingerprint(lkb), mkb, fingerprint(mkb),
                            version)
 
     def __contains__(self, key: object) -> bool:
@@ -396,7 +398,7 @@ class TieredCache(TierMapping):
         """A write Redis could not take, applied to this host's copy: it goes (expired, if a view pins it)."""
         self._row[C_LOCAL_ONLY_PUTS] += 1
         lkb = self._kprefix + kb
-        return self.local._locked(copies.drop_locked, self.local, lkb, fingerprint(lkb))
+        return self._local.guard.run(copies.drop_locked, self._local.store, lkb, fingerprint(lkb))
 
     def clear(self) -> int:
         """Remove every key of the namespace from Redis and every host's copies; how many keys Redis held. Not
@@ -418,7 +420,7 @@ class TieredCache(TierMapping):
 
     def _clear_local(self, prefix: bytes = b"", count: bool = True) -> None:
         """Drop this host's copies (of keys starting with ``prefix``) and every fill in flight."""
-        self.local._locked(copies.clear_locked, self.local, self._n, self._marks_n, self._kprefix + prefix
+        self._local.guard.run(copies.clear_locked, self._local.store, self._n, self._marks_n, self._kprefix + prefix
                            if prefix else b"")
         if count:
             self._row[C_LOCAL_CLEARS] += 1
@@ -447,7 +449,7 @@ class TieredCache(TierMapping):
         fp = fingerprint(self._kprefix + kb)
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
         try:
-            waited = claim.take(self.local._seg.fd, fp, timeout, lambda: lkey in self.local)
+            waited = claim.take(self._local.seg.fd, fp, timeout, lambda: lkey in self.local)
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, MISSING)
                 if value is not MISSING:
@@ -455,9 +457,10 @@ class TieredCache(TierMapping):
                     self._row[C_LOCAL_HITS] += 1
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
-                    claim.take(self.local._seg.fd, fp, timeout)
+                    claim.take(self._local.seg.fd, fp, timeout)
             try:
-                return lease.compute(self, key, kb, fn, deadline, ttl)
+                return lease.compute(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms, key,
+                                     kb, fn, deadline, ttl)
             except lease.RedisDown as down:  # Redis failed; fn's own exceptions, RemoteError included, pass
                 if self.strict:
                     raise down.error from None
@@ -483,7 +486,8 @@ class TieredCache(TierMapping):
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, f, name or memo.function_name(f), timeout, ttl)
+            return memo.memoized(self, memo.Family(self._count_prefix, self._delete_prefix, self._maxsize), f,
+                                 name or memo.function_name(f), timeout, ttl)
 
         return decorate if fn is None else decorate(fn)
 
@@ -493,7 +497,7 @@ class TieredCache(TierMapping):
         """Start this process's listener thread (it listens if it wins the host's election), and wait, briefly, for
         it to settle."""
         if self._listener_box[0] is None and self._state is not _CLOSED:
-            listener = Listener(self.local._seg.fd, LISTENER_BASE + self._n, weakref.ref(self))
+            listener = Listener(self._local.seg.fd, LISTENER_BASE + self._n, weakref.ref(self), _LISTENER_CALLS)
             self._listener_box[0] = listener
             # Why wait: the first subscription on a host begins with a gap that drops the namespace's copies, so a
             # put made before it would lose its copy, and the get after it would go to Redis. Settling takes one
@@ -543,7 +547,7 @@ class TieredCache(TierMapping):
         self._check_open()
         local = self._kind.stats()
         listener = self._listener_box[0]
-        listening = ofd.held_elsewhere(self.local._seg.fd, LISTENER_BASE + self._n) or bool(
+        listening = ofd.held_elsewhere(self._local.seg.fd, LISTENER_BASE + self._n) or bool(
             listener and listener.leading)
         return self._rows.stats(self.namespace, local.entries, local.retained_bytes, listening)
 
@@ -664,7 +668,7 @@ def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owne
             kinds = local.stats().kinds
             kind = kinds.get(f"tier:{namespace}")
             number = list(kinds).index(f"tier:{namespace}") + 1 if kind else 0
-            listening = bool(number) and ofd.held_elsewhere(local._seg.fd, LISTENER_BASE + number)
+            listening = bool(number) and ofd.held_elsewhere(parts(local).seg.fd, LISTENER_BASE + number)
             return rows.stats(namespace, kind.entries if kind else 0, kind.retained_bytes if kind else 0, listening)
     finally:
         rows.close()
@@ -685,3 +689,7 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# The listener's calls on its TieredCache (it holds the handle weakly, so that a handle never closed is collected).
+_LISTENER_CALLS = Calls(TieredCache._subscribe, TieredCache._on_message, TieredCache._on_gap, TieredCache._on_listening)

@@ -1,0 +1,342 @@
+"""The locked operations of a SharedCache over its structures: store, remove-and-count, lapse, expire, pin, clear.
+
+Every method of ``Store`` runs with the cache lock held (``Guard.run``), as one hold: what it reads is one state of
+the cache. Methods that write the structures are bracketed by the dirty word (``guard.updating``) or are made of
+such brackets. This is the named internal API the other modules call (``entries``, ``kinds``, ``tier.copies``), with
+the ``Encoded`` entry that ``encode`` prepares before the lock is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import block, index, kinds, lru, ofd
+from .codec import MASK63, TAG_ARRAY, TAG_BYTES, body_checksum, decode_body, encode_key, encode_parts, xxh3
+from .errors import CorruptionError, PinnedError, TooLargeError
+from .guard import updating
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
+from .layout.dtypes import (
+    E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
+    H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
+    H_UPDATES, H_WRITING,
+)
+from .stats import CacheStats, read_stats, reset_counters
+from .verify import header_problems
+
+_W = ENTRY_WORDS
+_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
+_VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
+UNVIEWABLE = object()  # ``Store.pin``'s answer for a value view() does not serve
+_new_encoded = tuple.__new__  # Why: builds an Encoded without NamedTuple's Python-level __new__ (the put path)
+
+
+class Encoded(NamedTuple):
+    """An entry ready to store, computed before the lock is taken (``Store.encode``)."""
+
+    kb: bytes  # the stored key bytes (a kind's prefix included)
+    tag: int  # the value's tag byte
+    body: bytes  # the value's bytes after the tag
+    fp: int  # the key's fingerprint
+    check: int  # the value's checksum
+    size: int  # key + value bytes: what the entry counts against max_retained_bytes
+    nb: int  # its block's size in the arena
+
+
+def too_large(size: int, limit: int, name: str) -> TooLargeError:
+    return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
+                         what="put", hint=f"raise {name} or store a smaller value")
+
+
+class Store:
+    """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held)."""
+
+    def __init__(self, seg, table, clock, repair) -> None:
+        g = seg.geometry
+        self.seg, self.table, self.clock, self.repair = seg, table, clock, repair
+        self.h, self.ix, self.ent, self.exp, self.mm = (seg.header_words, seg.index_words, seg.entry_words,
+                                                        seg.expires_words, seg.mm)
+        self.arena = seg.arena
+        self.base = g.arena_off
+        self.mask = g.index_slots - 1
+        self.capacity_bytes = g.capacity_bytes
+
+    # ------------------------------------------------------------------------------------------- before the lock
+
+    def encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> Encoded:
+        """Everything a store needs that can be computed without the lock; ``kb``: the key already encoded;
+        ``parts``: the value already encoded, as (tag, body). Raises TypeError or TooLargeError; nothing has
+        changed."""
+        if kb is None:
+            kb = encode_key(key)
+        tag, body = encode_parts(value) if parts is None else parts  # one function: the put path pays no call
+        size = len(kb) + len(body) + 1
+        nb = (size + _PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
+        if size > self.capacity_bytes or nb > MAX_BLOCK_NBYTES:
+            raise too_large(size, self.capacity_bytes, "capacity_bytes")
+        return _new_encoded(Encoded, (kb, tag, body, xxh3(kb) & MASK63, (xxh3(body, tag) & MASK63) | 1, size, nb))
+
+    # ------------------------------------------------------------------------------------------- reading one entry
+
+    def find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
+        """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY, an expired entry being dropped and
+        reported absent; ``to_insert``: see ``lapse``."""
+        e = index.find(self.ix, self.ent, self.mm, self.base, self.mask, fp, kb)
+        if e != EMPTY and self.exp[e] and self.table.expired(e):
+            self.lapse(e, to_insert)
+            return EMPTY
+        return e
+
+    def body(self, e: int) -> tuple[int, bytes]:
+        """Tag and body bytes of resident entry ``e``, copied and checked against its checksum."""
+        v0 = block.value_at(self.ent, self.base, e)
+        vlen = self.ent[e * _W + E_VAL_NBYTES]
+        tag = self.mm[v0]
+        body = self.mm[v0 + 1 : v0 + vlen]
+        if body_checksum(tag, body) != self.ent[e * _W + E_CHECK]:
+            raise CorruptionError(f"entry {e} failed its checksum", what="read")
+        return tag, body
+
+    def version(self, e: int) -> int:
+        """Resident entry ``e``'s version (changed by every store of its key)."""
+        return int(self.table.ver[e])
+
+    def expires_at(self, ttl) -> int:
+        """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
+        if ttl is None:
+            ttl = self.h[H_DEFAULT_TTL]
+            if not 0 <= ttl <= MAX_TTL_NS:
+                raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
+        return self.clock() + ttl if ttl else 0
+
+    def set_expiry(self, e: int, expires: int) -> None:
+        """Give resident entry ``e`` a new expiry time (0: never)."""
+        h = self.h
+        # Ordering: next_expiry (a lower bound) is lowered before the entry's expiry is, so that dying between the
+        # two writes leaves it a bound still; neither write needs the dirty word.
+        if expires and expires < h[H_NEXT_EXPIRY]:
+            h[H_NEXT_EXPIRY] = expires
+        self.exp[e] = expires
+
+    # ------------------------------------------------------------------------------------------- writing
+
+    @updating
+    def remove(self, e: int, counter: int) -> None:
+        """Drop entry ``e`` and count it in header word ``counter`` (deletes, expired)."""
+        self.table.remove(e)
+        self.h[counter] += 1
+
+    @updating
+    def hit(self, e: int) -> None:
+        """Count a hit on entry ``e`` and make it the most recently used."""
+        lru.move_to_front(self.ent, e)
+        self.h[H_HITS] += 1
+
+    def lapse(self, e: int, to_insert: bool = False) -> None:
+        """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
+        stays (it reads as absent), unless the caller is about to insert its key (``to_insert``), which raises
+        PinnedError: the key must never be in the index twice."""
+        table = self.table
+        if table.pins[e] and table.pinned(e):
+            if to_insert:
+                table.refuse_pinned(e, "replaced")
+            return
+        self.remove(e, H_EXPIRED)
+
+    def write(self, old: int, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int,
+              expires: int, version: int = 0) -> None:
+        """``store``, inside a dirty bracket the caller holds (SharedCache.put writes it inline)."""
+        h, table = self.h, self.table
+        if size > h[H_MAX_RETAINED]:
+            raise too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+        if old != EMPTY and table.pins[old]:
+            table.refuse_pinned(old, "replaced")
+        if old != EMPTY:
+            h[H_UPDATES] += 1
+            if not table.overwrite(old, kb, tag, body, check, nb, expires, version):
+                table.remove(old)
+                old = EMPTY
+        if old == EMPTY:
+            try:
+                table.insert(kb, tag, body, fp, check, size, nb, expires, version)
+            except PinnedError:
+                h[H_WRITING] = 0
+                raise
+        h[H_PUTS] += 1
+        h[H_WRITING] = 0
+
+    store = updating(write)
+    store.__doc__ = """Store an encoded entry as the most recent, expiring at ``expires`` (0: never), with ``version`` (0:
+        the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
+
+        :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
+        :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is (the evictions made
+            stand; every structure is consistent).
+        """
+
+    # ------------------------------------------------------------------------------------------- operations
+
+    def delete(self, kb: bytes, fp: int) -> bool:
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            return False
+        self.table.refuse_pinned(e, "deleted")
+        self.remove(e, H_DELETES)
+        return True
+
+    def store_if(self, present: bool, version: int | None, ttl, kb: bytes, tag: int, body: bytes, fp: int,
+                 check: int, size: int, nb: int) -> bool:
+        """Store only if the key is ``present`` (and, with ``version``, still has that version); whether it was."""
+        old = self.find_live(kb, fp, not present)
+        if (old != EMPTY) != present or (version is not None and self.table.ver[old] != version):
+            if size > self.h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
+                raise too_large(size, self.h[H_MAX_RETAINED], "max_retained_bytes")
+            return False
+        self.store(old, kb, tag, body, fp, check, size, nb, self.expires_at(ttl))
+        return True
+
+    def get_with_version(self, kb: bytes, fp: int):
+        """A lookup as get's (the composed path: find_live, body, hit): (tag, body, version), or None."""
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            self.h[H_MISSES] += 1
+            return None
+        tag, body = self.body(e)
+        self.hit(e)
+        return tag, body, self.version(e)
+
+    def touch(self, kb: bytes, fp: int, ttl) -> bool:
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            return False
+        self.set_expiry(e, self.expires_at(ttl))
+        return True
+
+    @updating
+    def expire(self) -> int:
+        return self.table.reclaim_expired()
+
+    def pop(self, kb: bytes, fp: int) -> tuple[int, bytes] | None:
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            self.h[H_MISSES] += 1
+            return None
+        self.table.refuse_pinned(e, "popped")
+        found = self.body(e)
+        self.remove(e, H_DELETES)
+        self.h[H_HITS] += 1
+        return found
+
+    def incr(self, key, kb: bytes, fp: int, delta: int, initial: int | None):
+        """The new value, or the exception to raise once the lock is released: raised here, a KeyError or a
+        TypeError would be taken for damage (see ``Guard.fault``) and cost a repair."""
+        old = self.find_live(kb, fp, initial is not None)
+        if old == EMPTY:
+            if initial is None:
+                return KeyError(key)
+            current = initial
+            expires = self.expires_at(None)
+        else:
+            current = decode_body(*self.body(old))  # a few bytes: decoded under the lock
+            if type(current) is not int:
+                return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
+            expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)
+        value = current + delta
+        self.store(old, *self.encode(key, value, kb), expires)
+        return value
+
+    @updating
+    def delete_prefix(self, prefix: bytes) -> int:
+        """Remove every entry whose stored key starts with ``prefix`` (no view pins); how many. Walks the whole LRU
+        list (bounded by the table size), like clear(): for rare maintenance, not the hot path."""
+        ent, mm, base, table, n = self.ent, self.mm, self.base, self.table, len(prefix)
+        doomed = []
+        e = ent[E_NEXT]
+        for _ in range(table.slots):
+            if e == SENTINEL:
+                break
+            if ent[e * _W + E_KEY_NBYTES] >= n:
+                k0 = block.key_at(ent, base, e)
+                if mm[k0 : k0 + n] == prefix and not table.pinned(e):
+                    doomed.append(e)
+            e = ent[e * _W + E_NEXT]
+        for e in doomed:
+            table.remove(e)
+        self.h[H_DELETES] += len(doomed)
+        return len(doomed)
+
+    def count(self, deltas) -> None:
+        """Add to header counters: ``(word, delta)`` pairs (never below 0: a clear() may have reset one between)."""
+        h = self.h
+        for word, delta in deltas:
+            h[word] = max(0, h[word] + delta)
+
+    def plain_entries(self) -> int:
+        """Resident entries of no kind; a count out of range (damaged) is repaired first, so the number returned is
+        always valid."""
+        if not 0 <= self.h[H_ENTRIES] < self.table.slots:
+            self.repair()  # len() must not raise a raw ValueError on a damaged count
+        return kinds.plain_entries_locked(self.seg)
+
+    @updating
+    def clear(self) -> int:
+        """Drop every entry of every kind but those open views pin, and reset the counters; how many went."""
+        h, table, ent = self.h, self.table, self.ent
+        before = h[H_ENTRIES]
+        flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8,
+                                               count=block.handed_out(h, table.slots))).tolist()
+        keep = {e for e in flagged if ent[e * _W + E_CHECK] and table.pinned(e)}
+        if not keep:
+            table.reset()
+        else:  # entries pinned by open views stay; the rest go one by one
+            e = ent[E_NEXT]
+            for _ in range(table.slots):
+                if e == SENTINEL:
+                    break
+                n = ent[e * _W + E_NEXT]
+                if e not in keep:
+                    table.remove(e)
+                e = n
+        reset_counters(h)
+        h[H_CLEARS] += 1
+        return before - h[H_ENTRIES]
+
+    def stats(self) -> CacheStats:
+        if header_problems(self.seg):  # a counter or limit out of range is never reported: repaired first
+            self.repair()
+        return read_stats(self.h, kinds.stats_locked(self.seg))
+
+    def pin(self, kb: bytes, fp: int, fd: int) -> Any:
+        """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in
+        the arena, value length, checksum); None on a miss; UNVIEWABLE for a value view() does not serve."""
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            self.h[H_MISSES] += 1
+            return None
+        voff = block.value_at(self.ent, 0, e)
+        if self.arena[voff] not in _VIEWABLE:
+            return UNVIEWABLE  # refused before anything is counted or pinned
+        # Ordering: the flag before the kernel lock, so a holder dying between the two leaves a stale flag (cleared
+        # by the next who tests it), never a pin nobody can see.
+        self.table.pins[e] = 1
+        ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
+        self.hit(e)
+        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK]
+
+    @updating
+    def set_limits(self, max_entries: int | None, max_retained_bytes: int | None) -> None:
+        """New limits (None: keep that one), met at once by evicting.
+
+        :raises PinnedError: if entries pinned by open views alone exceed them (the old limits stay).
+        """
+        h = self.h
+        before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
+        h[H_MAX_ENTRIES] = before[0] if max_entries is None else max_entries
+        h[H_MAX_RETAINED] = before[1] if max_retained_bytes is None else max_retained_bytes
+        try:
+            self.table.evict_until(0, 0)
+        except PinnedError:
+            # Pinned entries alone exceed the new limits: the old ones stay (the evictions made still meet them).
+            h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = before
+            raise
