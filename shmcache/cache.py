@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
-from . import flight, index, lru, memo, ofd
+from . import flight, index, lru, memo, ofd, serializers
 from .codec import (
     _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
-    decode_body, encode_key, encode_parts, fingerprint,
+    encode_key, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, KindsFullError, PinnedError, ShmCacheError, TooLargeError
 from . import kinds
@@ -141,10 +141,16 @@ class SharedCache(LocalMapping):
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
     ``clock`` replaces the clock (a function returning ns) for this handle only: for deterministic tests.
 
+    ``serializer`` (creation only, recorded in the segment) encodes the values: ``"msgpack"`` (the default) stores
+    plain data and never runs code when reading; ``"pickle"`` stores any picklable value (bytes and numeric arrays
+    keep their raw encodings), and every handle must then ask for it: whoever can write the segment can run code in
+    each process that reads it (shmcache/serializers.py). Keys are never pickled.
+
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
     :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
+    :raises SerializerMismatch: (a ValueError) when the cache was created with the other ``serializer``.
     :raises OwnershipError: when the file at the name is another user's (and not trusted), more open than ``mode``,
         or not a regular file: nothing of it was read or written.
     :raises AttachTimeout: (a TimeoutError) when another process is still creating the segment after
@@ -168,9 +174,11 @@ class SharedCache(LocalMapping):
         trust_owner: int | str | Iterable[int | str] | None = None,
         group: int | str | None = None,
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
+        serializer: str = "msgpack",
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
+        ser = serializers.named(serializer)
         trust = Trust.of(mode, trust_owner, group)
         seconds("lock_timeout", lock_timeout)
         seconds("attach_timeout", attach_timeout)
@@ -179,8 +187,10 @@ class SharedCache(LocalMapping):
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
-        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout)
+        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
+                      ser.feature)
         try:
+            serializers.check(name, seg.features, ser)
             found = seg.geometry
             for what, asked, have in (
                 ("capacity_bytes", capacity_bytes, found.capacity_bytes),
@@ -191,16 +201,17 @@ class SharedCache(LocalMapping):
                 if asked is not None and asked != have:
                     raise ValueError(f"cache {name!r} exists with {what}={have}, not {asked}; "
                                      f"omit {what} to attach to it as it is, or use another name")
-            self._bind(seg, lock_timeout, clock or time.monotonic_ns)
+            self._bind(seg, lock_timeout, clock or time.monotonic_ns, ser)
         except BaseException:
             seg.close()
             if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
                 unlink_name(name)
             raise
 
-    def _bind(self, seg: Segment, lock_timeout: float, clock) -> None:
+    def _bind(self, seg: Segment, lock_timeout: float, clock, ser: serializers.Serializer) -> None:
         g = seg.geometry
         self._seg = seg
+        self._serializer = ser  # encodes every value stored, decodes every value read
         self._h = seg.header_words
         self._ix = seg.index_words
         self._ent = seg.entry_words
@@ -428,7 +439,7 @@ class SharedCache(LocalMapping):
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             self._checksum_failed(e)
         try:
-            return decode_body(tag, body)
+            return self._serializer.decode(tag, body)
         except ValueError as exc:
             self._undecodable(exc)
 
@@ -526,7 +537,7 @@ class SharedCache(LocalMapping):
         already encoded, as (tag, body). Raises TypeError or TooLargeError; nothing has changed."""
         if kb is None:
             kb = encode_key(key)
-        tag, body = encode_parts(value) if parts is None else parts  # one function: the put path pays no call
+        tag, body = self._serializer.encode(value) if parts is None else parts
         size = len(kb) + len(body) + 1
         nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # arena.block_nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
@@ -628,7 +639,7 @@ class SharedCache(LocalMapping):
             return default, None
         tag, body, version = found
         try:
-            return decode_body(tag, body), version
+            return self._serializer.decode(tag, body), version
         except ValueError as exc:
             self._undecodable(exc)
 
@@ -692,7 +703,7 @@ class SharedCache(LocalMapping):
                 raise KeyError(key)
             return default
         try:
-            return decode_body(*found)
+            return self._serializer.decode(*found)
         except ValueError as exc:  # removed already: nothing is left to drop
             raise CorruptionError(f"the value popped does not decode: {exc}", what="pop",
                                   hint="the value must be stored again") from exc
@@ -736,7 +747,7 @@ class SharedCache(LocalMapping):
             current = initial
             expires = self._expires_locked(None)
         else:
-            current = decode_body(*self._body_locked(old))  # a few bytes: decoded under the lock
+            current = self._serializer.decode(*self._body_locked(old))  # a few bytes: decoded under the lock
             if type(current) is not int:
                 return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
             expires = self._exp[old]  # a counter keeps its expiry (memcached does the same)
@@ -1104,7 +1115,7 @@ class SharedCache(LocalMapping):
 
     def __reduce__(self) -> tuple[Callable[..., SharedCache], tuple[Any, ...]]:
         # Pickled by name (and what it trusts): a spawned or forkserver worker re-attaches to the same segment.
-        return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args()))
+        return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args(), self._serializer.name))
 
     def __repr__(self) -> str:
         name = f"{type(self).__name__}({getattr(self, 'name', '?')!r}"
@@ -1122,6 +1133,6 @@ class SharedCache(LocalMapping):
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),
-              group: int | str | None = None) -> SharedCache:
+              group: int | str | None = None, serializer: str = "msgpack") -> SharedCache:
     return SharedCache(name, create=False, lock_timeout=lock_timeout, mode=mode, trust_owner=trust_owner,
-                       group=group)
+                       group=group, serializer=serializer)

@@ -16,7 +16,7 @@ from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMappi
 from typing import Any
 
 from . import entries
-from .codec import _MASK63, KIND_PREFIXES, _xxh, decode_body, encode_key, fingerprint
+from .codec import _MASK63, KIND_PREFIXES, _xxh, encode_key, fingerprint
 from .errors import CorruptionError
 from .keys import decode_key
 
@@ -117,7 +117,7 @@ class LocalMapping(ItemAccess):
         cache, space = self._space()
         found = cache._locked(entries.snapshot_locked, cache, space, True)
         keys = _decode_keys(cache, [f[0] for f in found])
-        return [(k, decode_body(*entries.checked(cache, tag, body, check, e, False)))
+        return [(k, _decoded(cache, *entries.checked(cache, tag, body, check, e, False)))
                 for k, (_, tag, body, check, e) in zip(keys, found)]
 
     def popitem(self) -> tuple[Any, Any]:
@@ -128,7 +128,7 @@ class LocalMapping(ItemAccess):
         if found is None:
             raise KeyError("popitem(): the cache is empty") from None
         (key,) = _decode_keys(cache, [found[0]])
-        return key, decode_body(found[1], found[2])
+        return key, _decoded(cache, found[1], found[2])
 
     def setdefault(self, key: Any, default: Any = None, ttl: float | None = None) -> Any:
         """The value of ``key`` if it is cached (a hit); else store ``default`` (``ttl`` as in put) and return it (a
@@ -137,7 +137,7 @@ class LocalMapping(ItemAccess):
         cache, _ = self._space()
         encoded = cache._encode(None, default, self._encode_key(key))
         found = cache._locked(entries.setdefault_locked, cache, _ttl_ns(ttl), *encoded)
-        return default if found is None else decode_body(*found)
+        return default if found is None else _decoded(cache, *found)
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]`` in one hold of the lock: each key counted as a lookup and a hit made
@@ -153,15 +153,19 @@ class LocalMapping(ItemAccess):
             kbs = [prefix + encode_key(k) for k in keys]
         fps = [_xxh(kb) & _MASK63 for kb in kbs]
         found = cache._locked(entries.get_many_locked, cache, kbs, fps)
+        decode = cache._serializer.decode
         out = []
-        for f in found:
-            if f is None:
-                out.append(default)
-                continue
-            tag, body, check, e = f
-            if (_xxh(body, tag) & _MASK63) | 1 != check:
-                cache._checksum_failed(e)
-            out.append(decode_body(tag, body))
+        try:
+            for f in found:
+                if f is None:
+                    out.append(default)
+                    continue
+                tag, body, check, e = f
+                if (_xxh(body, tag) & _MASK63) | 1 != check:
+                    cache._checksum_failed(e)
+                out.append(decode(tag, body))
+        except ValueError as exc:
+            cache._undecodable(exc)
         return out
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
@@ -198,6 +202,14 @@ def _ttl_ns(ttl):
     from .cache import ttl_ns  # cache.py imports this module
 
     return None if ttl is None else ttl_ns(ttl)
+
+
+def _decoded(cache, tag: int, body):
+    """The value of (tag, body) read from ``cache``; one that does not decode is damage (``_undecodable``)."""
+    try:
+        return cache._serializer.decode(tag, body)
+    except ValueError as exc:
+        cache._undecodable(exc)
 
 
 def _decode_keys(cache, raw: list) -> list:
