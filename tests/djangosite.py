@@ -10,7 +10,7 @@ django = pytest.importorskip("django", reason="Django is in the test extra (pip 
 
 from django.conf import settings  # noqa: E402
 
-BASE_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django.contrib.sessions"]
+BASE_APPS = ["django.contrib.sessions"]  # the session engines (the cache one needs no table, the others do)
 
 
 def configure(extra_apps: tuple[str, ...] = ()) -> None:

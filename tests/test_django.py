@@ -21,7 +21,13 @@ from django.test import override_settings  # noqa: E402
 from shmcache import SerializerMismatch, SharedCache  # noqa: E402
 from shmcache.contrib import django as backend  # noqa: E402
 
-djangosite.configure()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _configured():
+    # Why not at import: tests/test_django_suite.py, collected after this module, configures Django first with
+    # Django's own cache test app (settings are configured once per process); this one needs no more than that.
+    djangosite.configure()
 
 
 @pytest.fixture
