@@ -20,11 +20,12 @@ Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION
 ``FEATURES``), the total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic
 is in place is fully initialised. ``features`` bit 0 (``FEATURE_PICKLE``) says the values may be pickled: the creator
 asked for ``serializer="pickle"``, and a handle that did not ask for it is refused (and one that did, on a segment
-without it); no other bit is defined, and an attacher refuses a segment with a bit it does not know. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters and the
-``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
-entry-slot allocator, the creation stamp and the rarely written counters (``clears``; ``get_or_compute``'s
-computations, waits and takeovers), line 5 the version clock, the expiry bound and counter, the default time to
-live, the number of kinds and the entry a store is writing. See ``dtypes.HEADER`` for each field.
+without it); no other bit is defined, and an attacher refuses a segment with a bit it does not know. Line 1 is the
+process-shared robust mutex. Line 2 holds the hit/miss/put counters and the ``dirty`` word (what every operation
+writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-slot allocator, the creation stamp
+and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
+version clock, the expiry bound and counter, the default time to live, the number of kinds and the entry a store is
+writing. See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -97,6 +98,6 @@ from .geometry import Geometry
 __all__ = [
     "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURE_PICKLE", "FEATURES",
     "Geometry", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES",
-    "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS", "MAX_VERSION",
-    "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+    "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS",
+    "MAX_VERSION", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -15,7 +15,7 @@ _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
 LAYOUT_VERSION = 3
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
-FEATURES = FEATURE_PICKLE  # every bit this version knows: a reader refuses a segment with any other (LayoutVersionError)
+FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
 BLOCK_ALIGN = 8  # arena blocks start on 8-byte boundaries so their headers are whole words
