@@ -2,12 +2,15 @@
 
 Worker pools (pre-fork web servers, multiprocessing pools, DataLoader workers) open the same cache by name; entries,
 limits, LRU order and stats are global. No server runs: the cache is a segment in /dev/shm and a lock inside it.
+``shmcache.contrib`` holds thin adapters over this API for frameworks (``shmcache.contrib.django``: a Django cache
+backend), imported only by those who use them.
 """
 
 from .cache import SharedCache
 from .errors import (
     AttachTimeout, ClosedError, ComputeTimeout, CorruptionError, KindsFullError, LayoutError, LayoutVersionError,
-    LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError, ShmCacheError, TooLargeError,
+    LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError, SerializerMismatch, ShmCacheError,
+    TooLargeError,
 )
 from .kinds import KindStats, KindView
 from .segment import sweep
@@ -21,6 +24,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats",
     "KindView", "KindsFullError", "LayoutError", "LayoutVersionError", "LockTimeout", "OwnershipError", "PinnedError",
-    "ReentrantCallError", "RemoteError", "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError",
-    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
+    "ReentrantCallError", "RemoteError", "SerializerMismatch", "SharedCache", "ShmCacheError", "TieredCache",
+    "TierStats", "TooLargeError", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]

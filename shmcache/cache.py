@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
-from . import flight, index, memo
+from . import flight, index, memo, serializers
 from .durations import seconds, ttl_ns
 from .codec import (
-    TAG_ARRAY, EncodedKey, array_checksum, body_checksum, copy_array, decode_body, encode_key, fingerprint,
+    TAG_ARRAY, EncodedKey, array_checksum, body_checksum, copy_array, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
 from .errors import CorruptionError, KindsFullError, TooLargeError
@@ -99,10 +99,16 @@ class SharedCache(LocalMapping):
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
     ``clock`` replaces the clock (a function returning ns) for this handle only: for deterministic tests.
 
+    ``serializer`` (creation only, recorded in the segment) encodes the values: ``"msgpack"`` (the default) stores
+    plain data and never runs code when reading; ``"pickle"`` stores any picklable value (bytes and numeric arrays
+    keep their raw encodings), and every handle must then ask for it: whoever can write the segment can run code in
+    each process that reads it (shmcache/serializers.py). Keys are never pickled.
+
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
     :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
+    :raises SerializerMismatch: (a ValueError) when the cache was created with the other ``serializer``.
     :raises OwnershipError: when the file at the name is another user's (and not trusted), more open than ``mode``,
         or not a regular file: nothing of it was read or written.
     :raises AttachTimeout: (a TimeoutError) when another process is still creating the segment after
@@ -126,9 +132,11 @@ class SharedCache(LocalMapping):
         trust_owner: int | str | Iterable[int | str] | None = None,
         group: int | str | None = None,
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
+        serializer: str = "msgpack",
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
+        ser = serializers.named(serializer)
         trust = Trust.of(mode, trust_owner, group)
         seconds("lock_timeout", lock_timeout)
         seconds("attach_timeout", attach_timeout)
@@ -137,8 +145,10 @@ class SharedCache(LocalMapping):
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
-        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout)
+        seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
+                      ser.feature)
         try:
+            serializers.check(name, seg.features, ser)
             found = seg.geometry
             for what, asked, have in (
                 ("capacity_bytes", capacity_bytes, found.capacity_bytes),
@@ -149,24 +159,25 @@ class SharedCache(LocalMapping):
                 if asked is not None and asked != have:
                     raise ValueError(f"cache {name!r} exists with {what}={have}, not {asked}; "
                                      f"omit {what} to attach to it as it is, or use another name")
-            self._bind(seg, lock_timeout, clock or time.monotonic_ns)
+            self._bind(seg, lock_timeout, clock or time.monotonic_ns, ser)
         except BaseException:
             seg.close()
             if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
                 unlink_name(name)
             raise
 
-    def _bind(self, seg: Segment, lock_timeout: float, clock) -> None:
+    def _bind(self, seg: Segment, lock_timeout: float, clock, ser: serializers.Serializer) -> None:
         g = seg.geometry
         table = Table(seg, clock)
         guard = Guard(seg, table, lock_timeout)
-        store = Store(seg, table, clock, guard.repair)
+        store = Store(seg, table, clock, guard.repair, ser)
         self._parts = Parts(seg, guard, store)
         self._seg, self._guard, self._store = seg, guard, store
         # The hot path's own references (one attribute read each instead of two).
         self._h, self._ix, self._ent, self._exp, self._mm = (seg.header_words, seg.index_words, seg.entry_words,
                                                              seg.expires_words, seg.mm)
         self._clock = clock
+        self._decode = ser.decode  # the serializer's: every value read
         self._arena = seg.arena
         self._base = g.arena_off
         self._mask = g.index_slots - 1
@@ -271,7 +282,7 @@ class SharedCache(LocalMapping):
         if (_xxh(body, tag) & _MASK63) | 1 != check:
             guard.checksum_failed(e)
         try:
-            return decode_body(tag, body)
+            return self._decode(tag, body)
         except ValueError as exc:
             guard.undecodable(exc)
 
@@ -353,7 +364,7 @@ class SharedCache(LocalMapping):
             return default, None
         tag, body, version = found
         try:
-            return decode_body(tag, body), version
+            return self._decode(tag, body), version
         except ValueError as exc:
             self._guard.undecodable(exc)
 
@@ -385,7 +396,7 @@ class SharedCache(LocalMapping):
                 raise KeyError(key)
             return default
         try:
-            return decode_body(*found)
+            return self._decode(*found)
         except ValueError as exc:  # removed already: nothing is left to drop
             raise CorruptionError(f"the value popped does not decode: {exc}", what="pop",
                                   hint="the value must be stored again") from exc
@@ -636,7 +647,7 @@ class SharedCache(LocalMapping):
 
     def __reduce__(self) -> tuple[Callable[..., SharedCache], tuple[Any, ...]]:
         # Pickled by name (and what it trusts): a spawned or forkserver worker re-attaches to the same segment.
-        return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args()))
+        return (_reattach, (self.name, self._lock_timeout, *self._seg.trust.args(), self._store.serializer.name))
 
     def __repr__(self) -> str:
         name = f"{type(self).__name__}({getattr(self, 'name', '?')!r}"
@@ -651,6 +662,6 @@ class SharedCache(LocalMapping):
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),
-              group: int | str | None = None) -> SharedCache:
+              group: int | str | None = None, serializer: str = "msgpack") -> SharedCache:
     return SharedCache(name, create=False, lock_timeout=lock_timeout, mode=mode, trust_owner=trust_owner,
-                       group=group)
+                       group=group, serializer=serializer)

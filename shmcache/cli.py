@@ -16,7 +16,7 @@ import time
 
 from . import __version__
 from .cache import SharedCache, parts
-from .errors import OwnershipError, ShmCacheError
+from .errors import OwnershipError, SerializerMismatch, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
@@ -30,9 +30,14 @@ INSPECT_TIMEOUT_S = 0.25
 
 def _open(args, name: str) -> SharedCache:
     """Attach to an existing cache with the trust the command line asked for (--mode, --trust-owner), waiting at
-    most ``INSPECT_TIMEOUT_S`` for its lock or its creation: no command stalls on a stuck cache."""
-    return SharedCache(name, create=False, mode=args.mode, trust_owner=args.trust_owner,
-                       lock_timeout=INSPECT_TIMEOUT_S, attach_timeout=INSPECT_TIMEOUT_S)
+    most ``INSPECT_TIMEOUT_S`` for its lock or its creation: no command stalls on a stuck cache. A pickle cache is
+    opened as one: no command reads a value, so none unpickles anything."""
+    kwargs = dict(create=False, mode=args.mode, trust_owner=args.trust_owner, lock_timeout=INSPECT_TIMEOUT_S,
+                  attach_timeout=INSPECT_TIMEOUT_S)
+    try:
+        return SharedCache(name, **kwargs)
+    except SerializerMismatch as exc:
+        return SharedCache(name, serializer=exc.found, **kwargs)
 
 
 def _describe(args, name: str) -> dict:

@@ -66,6 +66,18 @@ class ReentrantCallError(ShmCacheError, RuntimeError):
     and changed nothing."""
 
 
+class SerializerMismatch(ShmCacheError, ValueError):
+    """A handle asked for one value serializer and the cache's segment records the other (``serializer=`` of
+    ``SharedCache``: fixed at creation, like the capacity). A default handle never opens a pickle cache, whose
+    values it could not read, and a pickle handle never opens a default one, whose writers did not opt into code
+    running in its readers. ``asked`` and ``found`` name the two."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "", asked: str = "", found: str = "") -> None:
+        super().__init__(message, what=what, hint=hint)
+        self.asked = asked
+        self.found = found
+
+
 class ClosedError(ShmCacheError, ValueError):
     """The cache handle was used after ``close()``."""
 

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from . import entries, memo
-from .codec import KIND_PREFIXES, MASK63, decode_body, encode_key, fingerprint
+from .codec import KIND_PREFIXES, MASK63, encode_key, fingerprint
 from .codec import xxh3 as fingerprint_of
 from .durations import ttl_ns
 from .errors import CorruptionError
@@ -125,7 +125,7 @@ class LocalMapping(ItemAccess):
         parts, space = self._space()
         found = parts.guard.run(entries.snapshot_locked, parts.store, space, True)
         keys = _decode_keys(parts, [f[0] for f in found])
-        return [(k, decode_body(*entries.checked(parts.guard, tag, body, check, e, False)))
+        return [(k, _decoded(parts, *entries.checked(parts.guard, tag, body, check, e, False)))
                 for k, (_, tag, body, check, e) in zip(keys, found)]
 
     def popitem(self) -> tuple[Any, Any]:
@@ -136,7 +136,7 @@ class LocalMapping(ItemAccess):
         if found is None:
             raise KeyError("popitem(): the cache is empty") from None
         (key,) = _decode_keys(parts, [found[0]])
-        return key, decode_body(found[1], found[2])
+        return key, _decoded(parts, found[1], found[2])
 
     def setdefault(self, key: Any, default: Any = None, ttl: float | None = None) -> Any:
         """The value of ``key`` if it is cached (a hit); else store ``default`` (``ttl`` as in put) and return it (a
@@ -145,7 +145,7 @@ class LocalMapping(ItemAccess):
         parts, _ = self._space()
         encoded = parts.store.encode(None, default, self._encode_key(key))
         found = parts.guard.run(entries.setdefault_locked, parts.store, _ttl_ns(ttl), encoded)
-        return default if found is None else decode_body(*found)
+        return default if found is None else _decoded(parts, *found)
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]`` in one hold of the lock: each key counted as a lookup and a hit made
@@ -161,15 +161,19 @@ class LocalMapping(ItemAccess):
             kbs = [prefix + encode_key(k) for k in keys]
         fps = [fingerprint_of(kb) & MASK63 for kb in kbs]
         found = parts.guard.run(entries.get_many_locked, parts.store, kbs, fps)
+        decode = parts.store.serializer.decode
         out = []
-        for f in found:
-            if f is None:
-                out.append(default)
-                continue
-            tag, body, check, e = f
-            if (fingerprint_of(body, tag) & MASK63) | 1 != check:
-                parts.guard.checksum_failed(e)
-            out.append(decode_body(tag, body))
+        try:
+            for f in found:
+                if f is None:
+                    out.append(default)
+                    continue
+                tag, body, check, e = f
+                if (fingerprint_of(body, tag) & MASK63) | 1 != check:
+                    parts.guard.checksum_failed(e)
+                out.append(decode(tag, body))
+        except ValueError as exc:
+            parts.guard.undecodable(exc)
         return out
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
@@ -228,6 +232,14 @@ def memo_family(m: LocalMapping) -> memo.Family:
 
 def _ttl_ns(ttl):
     return None if ttl is None else ttl_ns(ttl)
+
+
+def _decoded(parts, tag: int, body):
+    """The value of (tag, body) read from the cache; one that does not decode is damage (Guard.undecodable)."""
+    try:
+        return parts.store.serializer.decode(tag, body)
+    except ValueError as exc:
+        parts.guard.undecodable(exc)
 
 
 def _decode_keys(parts, raw: list) -> list:

@@ -85,10 +85,12 @@ class Segment:
     geometry: Geometry | None = None
     fd = -1  # the segment's descriptor while open; -1 before and after (never a number another file may reuse)
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
+    features = 0  # the segment's ``features`` word, as attached to (or written)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
-                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S) -> None:
+                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
+        self._features = features  # likewise
         self.name = name
         self.shm_name = shm_name(name)
         self.trust = trust
@@ -183,16 +185,17 @@ class Segment:
         if words[d.H_MAGIC] != layout.MAGIC:
             raise LayoutError(f"{self.shm_name} is not a shmcache segment (bad magic)", what="attach",
                               hint="another program owns this name; choose another cache name")
-        if words[d.H_VERSION] != layout.LAYOUT_VERSION or words[d.H_FEATURES] != layout.FEATURES:
+        if words[d.H_VERSION] != layout.LAYOUT_VERSION or words[d.H_FEATURES] & ~layout.FEATURES:
             raise LayoutVersionError(
                 f"cache {self.name!r} has layout version {words[d.H_VERSION]} (features {words[d.H_FEATURES]:#x}); "
-                f"this shmcache reads version {layout.LAYOUT_VERSION} (features {layout.FEATURES:#x})",
+                f"this shmcache reads version {layout.LAYOUT_VERSION} (features within {layout.FEATURES:#x})",
                 what="attach", hint="use the same shmcache version in every process, or remove and recreate the cache",
             )
         try:
             geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1)
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
+        self.features = words[d.H_FEATURES]
         if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes) != (
             words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES]
         ):
@@ -226,7 +229,7 @@ class Segment:
         h[d.H_CREATOR_PID] = os.getpid()
         init_mutex(self.lock_address)
         h[d.H_VERSION] = layout.LAYOUT_VERSION
-        h[d.H_FEATURES] = layout.FEATURES
+        h[d.H_FEATURES] = self.features = self._features
         # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
         h[d.H_MAGIC] = layout.MAGIC
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import block, index, kinds, lru, ofd
-from .codec import MASK63, TAG_ARRAY, TAG_BYTES, body_checksum, decode_body, encode_key, encode_parts, xxh3
+from .codec import MASK63, TAG_ARRAY, TAG_BYTES, body_checksum, encode_key, xxh3
 from .errors import CorruptionError, PinnedError, TooLargeError
 from .guard import updating
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
@@ -50,11 +50,14 @@ def too_large(size: int, limit: int, name: str) -> TooLargeError:
 
 
 class Store:
-    """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held)."""
+    """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held); ``serializer``
+    the handle's (serializers.py)."""
 
-    def __init__(self, seg, table, clock, repair) -> None:
+    def __init__(self, seg, table, clock, repair, serializer) -> None:
         g = seg.geometry
         self.seg, self.table, self.clock, self.repair = seg, table, clock, repair
+        self.serializer = serializer  # encodes every value stored, decodes every value read
+        self._encode_value = serializer.encode
         self.h, self.ix, self.ent, self.exp, self.mm = (seg.header_words, seg.index_words, seg.entry_words,
                                                         seg.expires_words, seg.mm)
         self.arena = seg.arena
@@ -70,7 +73,7 @@ class Store:
         changed."""
         if kb is None:
             kb = encode_key(key)
-        tag, body = encode_parts(value) if parts is None else parts  # one function: the put path pays no call
+        tag, body = self._encode_value(value) if parts is None else parts
         size = len(kb) + len(body) + 1
         nb = (size + _PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
         if size > self.capacity_bytes or nb > MAX_BLOCK_NBYTES:
@@ -238,7 +241,7 @@ class Store:
             current = initial
             expires = self.expires_at(None)
         else:
-            current = decode_body(*self.body(old))  # a few bytes: decoded under the lock
+            current = self.serializer.decode(*self.body(old))  # a few bytes: decoded under the lock
             if type(current) is not int:
                 return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
             expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)

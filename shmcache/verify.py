@@ -18,7 +18,7 @@ from . import block, index, lru, ofd
 from .arena import write_dead
 from .codec import TAG_BYTES, checksum, decode_body, fingerprint
 from .layout import (
-    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURES, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
+    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
     MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout.dtypes import (
@@ -29,6 +29,7 @@ from .layout.dtypes import (
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
     H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES, KIND_WORDS,
 )
+from .serializers import TAG_PICKLE, check_pickle
 
 _W = ENTRY_WORDS
 _MAX_PROBLEMS = 50  # a report lists this many problems at most; garbage would otherwise produce millions
@@ -79,9 +80,12 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
     if checksum(arena[v0 : v0 + vlen]) != ent[b + E_CHECK]:
         return "its value fails its checksum"
     # A value stored with a valid checksum may still not decode (written so by a bug, or by hand): a get would
-    # fail on it for ever, so it counts as damage too.
+    # fail on it for ever, so it counts as damage too. A pickled value of a pickle segment is never unpickled here
+    # (that would run its code under the lock): only its frame is checked. Elsewhere the tag is unknown: damage.
     try:
-        if arena[v0] != TAG_BYTES:  # bytes need no decoding
+        if arena[v0] == TAG_PICKLE and seg.features & FEATURE_PICKLE:
+            check_pickle(arena[v0 + 1 : v0 + vlen])
+        elif arena[v0] != TAG_BYTES:  # bytes need no decoding
             decode_body(arena[v0], arena[v0 + 1 : v0 + vlen])
     except ValueError as exc:
         return f"its value does not decode ({exc})"
@@ -116,12 +120,13 @@ _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
 
 
-def header_ranges(g) -> dict[int, tuple[int, int]]:
-    """The valid range ``(lowest, highest)`` of every header word but the lock, for a segment of geometry ``g``.
+def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
+    """The valid range ``(lowest, highest)`` of every header word but the lock, for a segment of geometry ``g``
+    created with ``features``.
     Words that describe the structures (occupancy, ring, free list, expiry bound, version clock) are also checked
     against them by ``check``; a word in range can still be wrong, but one out of range always is."""
     slots, cap, arena = g.entry_slots, g.capacity_bytes, g.arena_nbytes
-    ranges = {w: (v, v) for w, v in _identity(g).items()}
+    ranges = {w: (v, v) for w, v in _identity(g, features).items()}
     ranges.update({w: (0, MAX_COUNTER) for w in _COUNTERS})
     ranges.update({
         H_DIRTY: (0, _DIRTY_MAX),
@@ -134,9 +139,9 @@ def header_ranges(g) -> dict[int, tuple[int, int]]:
     return ranges
 
 
-def _identity(g) -> dict[int, int]:
+def _identity(g, features: int) -> dict[int, int]:
     """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
-    return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: FEATURES, H_TOTAL_NBYTES: g.total_nbytes,
+    return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
             H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
             H_CAPACITY_BYTES: g.capacity_bytes}
 
@@ -148,7 +153,7 @@ def header_problems(seg) -> list[str]:
     """The header words out of their range (``header_ranges``), one message each: O(1), for stats() and len()."""
     h = seg.header_words
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
-            for w, (lo, hi) in header_ranges(seg.geometry).items() if not lo <= h[w] <= hi]
+            for w, (lo, hi) in header_ranges(seg.geometry, seg.features).items() if not lo <= h[w] <= hi]
 
 
 def check(seg, deep: bool = True) -> VerifyReport:
@@ -374,9 +379,9 @@ def _repair_words(seg) -> None:
     attached to, so later attachers are not refused), a counter to 0, the display words to 0, and the default time
     to live to 0 (never expire: a damaged one could make every put expire at once, and its true value is lost)."""
     h = seg.header_words
-    for w, v in _identity(seg.geometry).items():
+    for w, v in _identity(seg.geometry, seg.features).items():
         h[w] = v
-    ranges = header_ranges(seg.geometry)
+    ranges = header_ranges(seg.geometry, seg.features)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.

@@ -1,6 +1,6 @@
 """Other projects' test suites, loaded from their published sources at test time (never copied into this
-repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools' tests
-from its sdist on PyPI (``pip download``, unpacked into a temporary directory removed at exit).
+repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools' and
+Django's tests from their sdists on PyPI (``pip download``, unpacked into a temporary directory removed at exit).
 
 Where a suite cannot be had, the tests that use it skip with the reason, unless SHMCACHE_REQUIRE_SUITES=1 (as in
 CI), which makes them fail instead."""
@@ -41,6 +41,38 @@ def cpython_mapping_tests():
     return module
 
 
+def _sdist(requirement: str, where: str) -> str:
+    """Download the sdist of ``requirement`` (``name==version``) into ``where``; its path. Raises OSError."""
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+                           requirement, "-d", where], capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise OSError(f"pip download failed: {done.stderr.strip()[-500:]}")
+    (sdist,) = [f for f in os.listdir(where) if f.endswith(".tar.gz")]
+    return os.path.join(where, sdist)
+
+
+def django_tests_dir() -> str:
+    """The ``tests`` directory of the installed Django version's sdist, holding its ``cache`` test app (tests.py,
+    models.py and the backends its tests name), put first on sys.path so that it imports as ``cache``."""
+    import django
+
+    version = django.__version__
+    where = tempfile.mkdtemp(prefix="shmcache-suites-")
+    atexit.register(shutil.rmtree, where, True)
+    try:
+        with tarfile.open(_sdist(f"django=={version}", where)) as tar:
+            # Only the cache test app: the sdist holds the whole framework and all its tests (~10 MB packed).
+            members = [m for m in tar.getmembers() if m.name.split("/")[1:3] == ["tests", "cache"]]
+            if not members:
+                raise ValueError("the sdist has no tests/cache/")
+            tar.extractall(where, members=members, filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
+        unavailable(f"django=={version} sources could not be downloaded: {exc!r}")
+    root = os.path.join(where, members[0].name.split("/")[0], "tests")
+    sys.path.insert(0, root)
+    return root
+
+
 def cachetools_tests():
     """cachetools' test package (``tests/__init__.py`` with CacheTestMixin, and ``tests/test_lru.py``) of release
     CACHETOOLS_PIN, imported as ``cachetools_tests`` with its own ``cachetools`` source first on sys.path."""
@@ -49,13 +81,7 @@ def cachetools_tests():
     where = tempfile.mkdtemp(prefix="shmcache-suites-")
     atexit.register(shutil.rmtree, where, True)
     try:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
-                               "--no-deps", f"cachetools=={CACHETOOLS_PIN}", "-d", where],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode:
-            raise OSError(f"pip download failed: {done.stderr.strip()[-500:]}")
-        (sdist,) = [f for f in os.listdir(where) if f.endswith(".tar.gz")]
-        with tarfile.open(os.path.join(where, sdist)) as tar:
+        with tarfile.open(_sdist(f"cachetools=={CACHETOOLS_PIN}", where)) as tar:
             tar.extractall(where, filter="data")
     except (subprocess.SubprocessError, OSError, ValueError) as exc:
         unavailable(f"cachetools=={CACHETOOLS_PIN} sources could not be downloaded: {exc!r}")

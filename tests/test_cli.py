@@ -45,6 +45,24 @@ def test_cli_ls_lists_the_cache(capsys, filled, name):
     assert rc == 0 and name in out
 
 
+def test_cli_opens_a_pickle_cache_without_unpickling(capsys, name, monkeypatch):
+    import pickle
+
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, serializer="pickle") as c:
+        c.put("k", {1, 2})
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the command unpickled a value")
+
+        monkeypatch.setattr(pickle, "loads", refuse)
+        rc, out, _ = run(capsys, "stats", name, "--json")
+        assert rc == 0 and json.loads(out)["entries"] == 1
+        rc, out, _ = run(capsys, "inspect", name, "--json")
+        assert rc == 0 and json.loads(out)["verify"]["ok"]
+        rc, out, _ = run(capsys, "ls", "--json")
+        assert [r["state"] for r in json.loads(out) if r["name"] == name] == ["ok"]
+
+
 def test_cli_stats_json_matches_the_api(capsys, filled, name):
     rc, out, _ = run(capsys, "stats", name, "--json")
     assert rc == 0 and json.loads(out) == filled.stats().as_dict()

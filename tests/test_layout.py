@@ -36,6 +36,18 @@ def test_layout_golden_version_3_additions():
     assert layout.KIND_PREFIX == 0xF5 and layout.MAX_KINDS == 255 and d.LAYOUT_VERSION == 3
 
 
+def test_layout_golden_features():
+    assert layout.FEATURE_PICKLE == 1 and layout.FEATURES == 1  # bit 0 only; every other bit is refused on attach
+    assert d.H_FEATURES == 2
+
+
+@pytest.mark.parametrize("serializer,word", [("msgpack", 0), ("pickle", 1)])
+def test_layout_features_word_as_created(name, serializer, word):
+    SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, serializer=serializer).close()
+    with open(f"/dev/shm/shmcache.{name}", "rb") as f:
+        assert int.from_bytes(f.read(24)[16:24], "little") == word
+
+
 def test_layout_columns_follow_the_entry_table_in_order_and_aligned():
     g = layout.Geometry.for_capacity(1 << 20, 1000)
     offs = [g.entries_off, g.expires_off, g.versions_off, g.kinds_off, g.pins_off, g.kind_table_off, g.arena_off]
@@ -104,6 +116,9 @@ MALFORMED = [
     ("bad magic", lambda w, fd: w.__setitem__(d.H_MAGIC, 12345), LayoutError),
     ("other version", lambda w, fd: w.__setitem__(d.H_VERSION, 99), LayoutVersionError),
     ("unknown feature", lambda w, fd: w.__setitem__(d.H_FEATURES, 1 << 40), LayoutVersionError),
+    ("unknown feature bit 1", lambda w, fd: w.__setitem__(d.H_FEATURES, 2), LayoutVersionError),
+    ("pickle with an unknown bit", lambda w, fd: w.__setitem__(d.H_FEATURES, 3), LayoutVersionError),
+    ("negative features", lambda w, fd: w.__setitem__(d.H_FEATURES, -1), LayoutVersionError),
     ("impossible geometry", lambda w, fd: w.__setitem__(d.H_ENTRY_SLOTS, -3), LayoutError),
     ("header disagrees", lambda w, fd: w.__setitem__(d.H_ARENA_NBYTES, 17), LayoutError),
     ("truncated", lambda w, fd: os.ftruncate(fd, 8192), LayoutError),

@@ -16,13 +16,16 @@ these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two re
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
 blocks by byte offset from the start of the arena, so any process may map the segment anywhere.
 
-Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (``FEATURES``), the
-total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic is in place is
-fully initialised. Line 1 is the process-shared robust mutex. Line 2 holds the hit/miss/put counters and the
-``dirty`` word (what every operation writes), line 3 the occupancy, the limits and the arena ring, line 4 the
-entry-slot allocator, the creation stamp and the rarely written counters (``clears``; ``get_or_compute``'s
-computations, waits and takeovers), line 5 the version clock, the expiry bound and counter, the default time to
-live, the number of kinds and the entry a store is writing. See ``dtypes.HEADER`` for each field.
+Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (bits of
+``FEATURES``), the total size and the creation parameters; the creator writes ``magic`` last, so a segment whose magic
+is in place is fully initialised. ``features`` bit 0 (``FEATURE_PICKLE``) says the values may be pickled: the creator
+asked for ``serializer="pickle"``, and a handle that did not ask for it is refused (and one that did, on a segment
+without it); no other bit is defined, and an attacher refuses a segment with a bit it does not know. Line 1 is the
+process-shared robust mutex. Line 2 holds the hit/miss/put counters and the ``dirty`` word (what every operation
+writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-slot allocator, the creation stamp
+and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
+version clock, the expiry bound and counter, the default time to live, the number of kinds and the entry a store is
+writing. See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -73,24 +76,28 @@ disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far fewe
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
-the key's own encoding. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body.
+the key's own encoding. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body; in a segment with
+``FEATURE_PICKLE`` also ``P``, a pickle stream of protocol 5 (``shmcache/serializers.py``), which a reader of any
+other segment refuses as damage, never unpickling it.
 
 Layout versions.
     1 -- str keys as msgpack strings; the value checksum over tag and body together.
     2 -- str keys as UTF-8, the tag-seeded checksum, ``dirty`` moved to line 2.
     3 -- the layout described above: the columns, the kind table and header line 5 (versions, expiry, kinds).
+         ``FEATURE_PICKLE`` was added to version 3 without a new version: a default segment is byte for byte what
+         it was, and a reader that predates the bit refuses a pickle segment by its ``features`` word alone.
 """
 
 from .dtypes import (
-    ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURES, HEADER, HEADER_NBYTES, INDEX_SLOT,
-    KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_COUNTER, MAX_KINDS, MAX_PID,
-    MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
+    ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURE_PICKLE, FEATURES, HEADER,
+    HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_COUNTER,
+    MAX_KINDS, MAX_PID, MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
 )
 from .geometry import Geometry
 
 __all__ = [
-    "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURES", "Geometry",
-    "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES", "MAGIC",
-    "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS", "MAX_VERSION",
-    "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+    "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURE_PICKLE", "FEATURES",
+    "Geometry", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES",
+    "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS",
+    "MAX_VERSION", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -14,7 +14,8 @@ import numpy as np
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
 LAYOUT_VERSION = 3
-FEATURES = 0  # no optional feature is defined yet; a reader must refuse any bit it does not know
+FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
+FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
 BLOCK_ALIGN = 8  # arena blocks start on 8-byte boundaries so their headers are whole words
@@ -61,7 +62,7 @@ HEADER = _record(
         (0, [
             ("magic", _W),           # MAGIC; written last at creation, so a half-built segment never validates
             ("version", _W),         # LAYOUT_VERSION of the creator
-            ("features", _W),        # FEATURES bit set of the creator
+            ("features", _W),        # the creator's bits of FEATURES (FEATURE_PICKLE: the pickle serializer)
             ("total_nbytes", _W),    # size of the whole segment in bytes; checked against the object's real size
             ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel
             ("index_slots", _W),     # records in the index table, a power of two

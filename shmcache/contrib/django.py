@@ -1,0 +1,200 @@
+"""A Django cache backend over SharedCache: one cache in shared memory for every worker process of the host.
+
+    CACHES = {
+        "default": {
+            "BACKEND": "shmcache.contrib.django.SharedMemoryCache",
+            "LOCATION": "mysite",  # the cache's name: every process that names it shares it
+            "TIMEOUT": 300,
+            "OPTIONS": {"capacity_bytes": 256 * 2**20, "max_entries": 100_000},
+        }
+    }
+
+``OPTIONS`` are ``SharedCache`` keywords: ``capacity_bytes``, ``max_entries`` and ``mode`` (fixed by whichever
+process creates the cache; an attacher that gives them must match), and ``lock_timeout``, ``attach_timeout``,
+``trust_owner``, ``group``. Django's own ``MAX_ENTRIES`` and ``CULL_FREQUENCY`` are for the backends that cull by
+count; this one evicts the least recently used entries as ``capacity_bytes`` and ``max_entries`` require, and
+ignores them.
+
+The cache is created with ``serializer="pickle"`` (Django caches model instances, sessions and responses): every
+process that can write the segment can run code in every process that reads it; with the default ``mode`` 0o600
+that is the same user only. Keys are Django's (``KEY_PREFIX``, ``VERSION``, ``KEY_FUNCTION``), validated with the
+warnings Django gives for keys memcached would refuse.
+
+Invariant: a process uses the handle it opened. The handle is opened on first use and shared by every backend
+instance (Django makes one per thread and alias) of the same name and options in the process; a forked child sees
+another pid and opens its own. ``close()``, which Django calls at the end of every request, keeps it: opening a
+cache costs an attach (a mapping, file locks), not a connection from a pool.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+from django.core.exceptions import ImproperlyConfigured
+
+from shmcache import SharedCache, TooLargeError
+from shmcache.durations import MAX_TTL
+
+OPTIONS = frozenset(("capacity_bytes", "max_entries", "mode", "lock_timeout", "attach_timeout", "trust_owner",
+                     "group"))
+# Why 1 ns, not a delete: Django's timeout 0 (or below) stores the value already expired, so ``add`` still answers
+# whether the key was absent, atomically, the value is still pickled (a PickleError is raised as for any set),
+# and the old value is gone. No read can come within 1 ns of the store: the entry is expired for every reader.
+_EXPIRED = 1e-9
+_MISSING = object()
+
+# This process's handles, by (name, options): (the pid that opened it, the handle). The pid is checked at every use,
+# so a child forked by any means opens its own; the fork hook also forgets the parent's at once.
+_handles: dict[tuple, tuple[int, SharedCache]] = {}
+_opening = threading.Lock()
+
+
+def close_handles() -> None:
+    """Close this process's handles; every backend opens its cache again on next use. For tests, and for a process
+    that wants its mappings gone before it exits."""
+    with _opening:
+        entries = list(_handles.values())
+        _handles.clear()
+    for pid, handle in entries:
+        if pid == os.getpid():
+            handle.close()
+
+
+def _forked_child() -> None:
+    global _opening
+    # The parent's handles stay valid here, but each process uses its own (see the Invariant); the lock may have
+    # been held by a thread of the parent that does not exist here.
+    _handles.clear()
+    _opening = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
+
+class SharedMemoryCache(BaseCache):
+    """Django's cache API over one SharedCache shared by every process of the host (see the module docstring)."""
+
+    def __init__(self, location: str, params: dict) -> None:
+        super().__init__(params)
+        if not location or not isinstance(location, str):
+            raise ImproperlyConfigured("SharedMemoryCache needs LOCATION: the name of the cache (one for every "
+                                       "process that shares it)")
+        options = {k: v for k, v in params.get("OPTIONS", {}).items() if not k.isupper()}
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise ImproperlyConfigured(f"SharedMemoryCache OPTIONS {unknown} are unknown; it takes "
+                                       f"{sorted(OPTIONS)} (SharedCache's keywords)")
+        self._name = location
+        self._options = options
+        self._handle_key = (location, repr(sorted(options.items())))
+
+    @property
+    def _cache(self) -> SharedCache:
+        """This process's handle, opened (or re-opened after a fork) on first use."""
+        entry = _handles.get(self._handle_key)
+        if entry is None or entry[0] != os.getpid():
+            return self._open()
+        return entry[1]
+
+    def _open(self) -> SharedCache:
+        pid = os.getpid()
+        with _opening:
+            entry = _handles.get(self._handle_key)
+            if entry is None or entry[0] != pid:
+                entry = _handles[self._handle_key] = pid, SharedCache(self._name, serializer="pickle", **self._options)
+        return entry[1]
+
+    def _ttl(self, timeout) -> float:
+        """SharedCache's ttl for a Django timeout: seconds, 0 for never (None), ``_EXPIRED`` for 0 or below."""
+        if timeout is DEFAULT_TIMEOUT:
+            timeout = self.default_timeout
+        if timeout is None:
+            return 0
+        if timeout <= 0:
+            return _EXPIRED
+        return min(float(timeout), MAX_TTL)  # 73 years: longer is forever in all but name
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        """Store ``value`` only if ``key`` is absent (or expired), atomically across processes; whether it did."""
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            return self._cache.add(key, value, self._ttl(timeout))
+        except TooLargeError:
+            return False
+
+    def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.get(key, default)
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
+        """Store ``value``. One too large for the cache is not stored and the key's old value goes (what Django's
+        memcached backends do with memcached's item size limit)."""
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            self._cache.put(key, value, self._ttl(timeout))
+        except TooLargeError:
+            self._cache.delete(key)
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.touch(key, self._ttl(timeout))
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.delete(key)
+
+    def has_key(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return key in self._cache
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        """Add ``delta`` to the int stored under ``key``, atomically across processes, keeping its expiry.
+
+        :raises ValueError: if the key is absent (Django's contract). :raises TypeError: if its value is not an int.
+        """
+        made = self.make_and_validate_key(key, version=version)
+        try:
+            return self._cache.incr(made, delta, initial=None)
+        except KeyError:
+            raise ValueError(f"Key '{key}' not found") from None
+
+    def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict:
+        """The values of the keys found, read under one hold of the lock."""
+        keys = list(keys)
+        made = [self.make_and_validate_key(k, version=version) for k in keys]
+        values = self._cache.get_many(made, _MISSING)
+        return {k: v for k, v in zip(keys, values) if v is not _MISSING}
+
+    def set_many(self, data: dict, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> list:
+        """Store every pair under one hold of the lock; the keys not stored (too large: their old values go)."""
+        pairs = [(self.make_and_validate_key(k, version=version), k, v) for k, v in data.items()]
+        if not pairs:
+            return []
+        ttl = self._ttl(timeout)
+        try:
+            self._cache.put_many([(made, v) for made, _, v in pairs], ttl)
+            return []
+        except TooLargeError:  # refused whole before anything was stored: one at a time, to store the others
+            failed = []
+            for made, k, v in pairs:
+                try:
+                    self._cache.put(made, v, ttl)
+                except TooLargeError:
+                    self._cache.delete(made)
+                    failed.append(k)
+            return failed
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        for made in [self.make_and_validate_key(k, version=version) for k in keys]:
+            self._cache.delete(made)
+
+    def clear(self) -> None:
+        """Empty the whole cache, for every process and every key prefix (memcached's ``flush_all``)."""
+        self._cache.clear()
+
+    def close(self, **kwargs: Any) -> None:
+        """Called by Django at the end of every request: the process's handle stays open (see the module docstring)."""

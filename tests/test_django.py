@@ -1,0 +1,326 @@
+"""The Django cache backend (shmcache.contrib.django): Django's semantics on top of SharedCache, its settings, one
+lock hold per batch, a handle per process (re-opened after fork), add atomic across processes, and the two users of
+the cache framework that matter most: sessions and the cache middleware. Django's own backend tests run in
+tests/test_django_suite.py; real gunicorn workers in tests/test_django_gunicorn.py."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import warnings
+
+import pytest
+
+from . import djangosite
+from .workers import reap
+
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402  (djangosite skips without Django)
+from django.test import override_settings  # noqa: E402
+
+from shmcache import SerializerMismatch, SharedCache  # noqa: E402
+from shmcache.contrib import django as backend  # noqa: E402
+from shmcache.guard import Guard  # noqa: E402
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _configured():
+    # Why not at import: tests/test_django_suite.py, collected after this module, configures Django first with
+    # Django's own cache test app (settings are configured once per process); this one needs no more than that.
+    djangosite.configure()
+
+
+@pytest.fixture
+def dcache(name):
+    """Django's default cache: a SharedMemoryCache named ``name``."""
+    with override_settings(CACHES=djangosite.caches_setting(name, OPTIONS={"capacity_bytes": 1 << 20,
+                                                                             "max_entries": 256})):
+        from django.core.cache import cache
+
+        yield cache
+    backend.close_handles()
+
+
+def _ttl(name: str, key: str):
+    """The time to live of ``key`` (Django's made key) read through a handle of our own."""
+    with SharedCache(name, create=False, serializer="pickle") as c:
+        return c.ttl(key)
+
+
+def test_django_backend_round_trips_what_django_caches(dcache):
+    import datetime
+    import decimal
+
+    values = {"s": "text", "n": None, "d": {"a": [1, (2, 3)], "when": datetime.datetime(2024, 1, 2)},
+              "dec": decimal.Decimal("2.50"), "set": {1, 2}, "b": b"\x00raw"}
+    for k, v in values.items():
+        dcache.set(k, v)
+    assert {k: dcache.get(k) for k in values} == values
+    assert dcache.get("absent", "dflt") == "dflt" and dcache.get("n", "dflt") is None
+
+
+def test_django_backend_add_delete_has_key_touch_clear(dcache, name):
+    assert dcache.add("k", 1) is True and dcache.add("k", 2) is False and dcache.get("k") == 1
+    assert dcache.has_key("k") and "k" in dcache and not dcache.has_key("other")
+    assert dcache.touch("k", 100) is True and dcache.touch("nope") is False
+    assert 99 < _ttl(name, ":1:k") <= 100  # Django's key: KEY_PREFIX:VERSION:key
+    assert dcache.delete("k") is True and dcache.delete("k") is False
+    dcache.set_many({"a": 1, "b": 2})
+    dcache.clear()
+    assert dcache.get_many(["a", "b"]) == {}
+
+
+def test_django_backend_incr_decr(dcache, name):
+    dcache.set("n", 41, 50)
+    assert dcache.incr("n") == 42 and dcache.decr("n", 10) == 32 and dcache.get("n") == 32
+    assert 49 < _ttl(name, ":1:n") <= 50  # incr keeps the expiry, as memcached does
+    with pytest.raises(ValueError):
+        dcache.incr("absent")
+    with pytest.raises(ValueError):
+        dcache.decr("absent")
+    dcache.set("none", None)
+    with pytest.raises(TypeError):
+        dcache.incr("none")
+    assert dcache.incr_version("n") == 2 and dcache.get("n", version=2) == 32 and dcache.get("n") is None
+
+
+def test_django_backend_timeouts(dcache, name):
+    dcache.set("default", 1)
+    assert 299 < _ttl(name, ":1:default") <= 300  # TIMEOUT's default
+    dcache.set("forever", 1, None)
+    assert _ttl(name, ":1:forever") is None
+    dcache.set("float", 1, 2.5)
+    assert 2 < _ttl(name, ":1:float") <= 2.5
+    dcache.set("long", 1, 10**12)  # past SharedCache's 73 years: clamped, not refused
+    assert _ttl(name, ":1:long") > 10**9
+    for timeout in (0, -1, -10.5):
+        dcache.set("gone", "old")
+        dcache.set("gone", "new", timeout)
+        assert dcache.get("gone") is None and not dcache.has_key("gone")  # not stored, and the old value went
+        assert dcache.add("add0", 1, timeout) is True and dcache.get("add0") is None
+        dcache.set("live", 1)
+        assert dcache.add("live", 2, timeout) is False and dcache.get("live") == 1  # present: add changes nothing
+        assert dcache.touch("live", timeout) is True and dcache.get("live") is None
+        dcache.set_many({"m1": 1, "m2": 2}, timeout)
+        assert dcache.get_many(["m1", "m2"]) == {}
+
+
+def test_django_backend_timeout_setting(name):
+    with override_settings(CACHES=djangosite.caches_setting(name, TIMEOUT=None)):
+        from django.core.cache import cache
+
+        cache.set("k", 1)
+        assert _ttl(name, ":1:k") is None
+    with override_settings(CACHES=djangosite.caches_setting(name, TIMEOUT=0)):
+        from django.core.cache import cache
+
+        cache.set("k", 1)
+        assert cache.get("k") is None
+    backend.close_handles()
+
+
+def test_django_backend_keys_are_djangos(dcache, name):
+    with override_settings(CACHES={**djangosite.caches_setting(name), "other": {
+            "BACKEND": "shmcache.contrib.django.SharedMemoryCache", "LOCATION": name, "KEY_PREFIX": "p",
+            "VERSION": 3}}):
+        from django.core.cache import caches
+
+        caches["default"].set("k", "plain")
+        caches["other"].set("k", "prefixed")
+        assert caches["default"].get("k") == "plain" and caches["other"].get("k") == "prefixed"
+        with SharedCache(name, create=False, serializer="pickle") as c:
+            assert c.get("p:3:k") == "prefixed"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            caches["default"].set("with space", 1)
+        from django.core.cache import CacheKeyWarning
+
+        assert [w.category for w in caught] == [CacheKeyWarning]
+
+
+def test_django_backend_batches(dcache):
+    assert dcache.set_many({"a": 1, "b": [2], "c": None}) == []
+    assert dcache.get_many(iter(["a", "b", "c", "x"])) == {"a": 1, "b": [2], "c": None}
+    assert dcache.delete_many(["a", "b"]) is None and dcache.get_many(["a", "b", "c"]) == {"c": None}
+    assert dcache.set_many({}) == []
+
+
+def test_django_backend_batches_hold_the_lock_once(dcache, monkeypatch):
+    dcache.set("warm", 0)  # opens the handle
+    holds = []
+    real = Guard.run
+
+    def counted(self, fn, *args):
+        holds.append(fn)
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(Guard, "run", counted)
+    dcache.set_many({f"k{i}": i for i in range(20)})
+    assert len(holds) == 1
+    holds.clear()
+    assert dcache.get_many([f"k{i}" for i in range(25)]) == {f"k{i}": i for i in range(20)}
+    assert len(holds) == 1
+
+
+def test_django_backend_too_large_values_are_not_stored(dcache):
+    big = b"x" * (2 << 20)  # above capacity_bytes
+    dcache.set("k", "old")
+    dcache.set("k", big)
+    assert dcache.get("k") is None  # not stored, and the old value went (memcached's rule)
+    assert dcache.add("k", big) is False
+    dcache.set("k2", "old")
+    assert dcache.set_many({"k2": big, "k3": 3}) == ["k2"]
+    assert dcache.get("k2") is None and dcache.get("k3") == 3
+
+
+def test_django_backend_pickle_errors_propagate(dcache):
+    import threading
+
+    with pytest.raises((pickle.PickleError, TypeError)):
+        dcache.set("lock", threading.Lock())
+
+
+def test_django_backend_options_pass_to_the_cache(name):
+    with override_settings(CACHES=djangosite.caches_setting(name, OPTIONS={
+            "capacity_bytes": 300_000, "max_entries": 77, "mode": 0o600, "lock_timeout": 5, "MAX_ENTRIES": 9})):
+        from django.core.cache import cache
+
+        cache.set("k", 1)
+        with SharedCache(name, create=False, serializer="pickle") as c:
+            limits = c.limits()
+        assert (limits.max_entries, limits.max_retained_bytes) == (77, 300_000)
+    backend.close_handles()
+
+
+def test_django_backend_bad_settings_are_refused(name):
+    from django.core.cache import caches
+
+    for params, match in (({"LOCATION": ""}, "LOCATION"), ({"LOCATION": name, "OPTIONS": {"capacity": 1}},
+                                                             "capacity")):
+        with override_settings(CACHES={"default": {"BACKEND": "shmcache.contrib.django.SharedMemoryCache",
+                                                   **params}}):
+            with pytest.raises(ImproperlyConfigured, match=match):
+                caches["default"]
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")
+
+
+def test_django_backend_refuses_a_default_cache_of_the_same_name(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True):
+        with override_settings(CACHES=djangosite.caches_setting(name)):
+            from django.core.cache import cache
+
+            with pytest.raises(SerializerMismatch):
+                cache.get("k")
+    backend.close_handles()
+
+
+def test_django_backend_close_keeps_the_handle(dcache):
+    from django.core.signals import request_finished
+
+    dcache.set("k", 1)
+    handle = dcache._cache
+    dcache.close()
+    request_finished.send(sender=None)  # Django closes every cache at the end of a request
+    assert dcache.get("k") == 1 and dcache._cache is handle
+
+
+def test_django_backend_one_handle_per_process_for_every_instance(dcache, name):
+    from django.core.cache.backends.base import BaseCache  # noqa: F401
+
+    other = backend.SharedMemoryCache(name, {"OPTIONS": {"capacity_bytes": 1 << 20, "max_entries": 256}})
+    dcache.set("k", 1)
+    assert other.get("k") == 1 and other._cache is dcache._cache
+
+
+def _in_forked_child(cache, parent_handle, queue) -> None:
+    try:
+        value = cache.get("from-parent")
+        queue.put(("value", value, cache._cache is not parent_handle, os.getpid()))
+        cache.set("from-child", {"pid": os.getpid()})
+    except BaseException as exc:  # reported, not lost
+        queue.put(("error", repr(exc), False, os.getpid()))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_django_backend_reopens_after_fork(dcache):
+    dcache.set("from-parent", "hello")
+    parent_handle = dcache._cache
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_in_forked_child, args=(dcache, parent_handle, queue))
+    child.start()
+    try:
+        kind, value, reopened, pid = queue.get(timeout=30)
+    finally:
+        reap([child], 30)
+    assert (kind, value, reopened) == ("value", "hello", True)
+    assert dcache.get("from-child") == {"pid": pid} and dcache._cache is parent_handle
+
+
+def _race_add(name: str, who: int, keys: list, queue) -> None:
+    with override_settings(CACHES=djangosite.caches_setting(name)):
+        from django.core.cache import cache
+
+        won = [k for k in keys if cache.add(k, {"key": k, "by": who, "check": f"{k}/{who}"})]
+        seen = {k: cache.get(k) for k in keys}
+    queue.put((who, won, seen))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_django_backend_add_is_atomic_across_processes(dcache, name):
+    dcache.set("open", 1)  # created here, so the racers only attach
+    keys = [f"k{i}" for i in range(200)]
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_race_add, args=(name, who, keys, queue)) for who in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=60) for _ in procs]
+    finally:
+        reap(procs, 30)
+    winners: dict = {}
+    for who, won, _ in results:
+        for k in won:
+            assert k not in winners, f"{k} added by {winners[k]} and {who}"
+            winners[k] = who
+    assert sorted(winners) == sorted(keys)  # every key added exactly once
+    for who, _, seen in results:
+        for k, v in seen.items():  # every process read the one winner's value, whole
+            assert v == {"key": k, "by": winners[k], "check": f"{k}/{winners[k]}"}, (who, k, v)
+
+
+def test_django_sessions_on_the_backend(dcache):
+    from django.contrib.sessions.backends.cache import SessionStore
+
+    with override_settings(SESSION_CACHE_ALIAS="default"):
+        s = SessionStore()
+        s["cart"] = {"items": [1, 2], "total": 3}
+        s.save()
+        key = s.session_key
+        again = SessionStore(session_key=key)
+        assert again["cart"] == {"items": [1, 2], "total": 3}
+        assert again.exists(key)
+        again.flush()
+        assert not SessionStore().exists(key) and SessionStore(session_key=key).load() == {}
+
+
+def test_django_cache_middleware_on_the_backend(dcache):
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from django.views.decorators.cache import cache_page
+
+    calls = []
+
+    @cache_page(60)
+    def view(request):
+        calls.append(1)
+        return HttpResponse(f"rendered {len(calls)}")
+
+    with override_settings(ALLOWED_HOSTS=["testserver"]):
+        first = view(RequestFactory().get("/page"))
+        second = view(RequestFactory().get("/page"))
+    assert first.content == second.content == b"rendered 1" and len(calls) == 1
