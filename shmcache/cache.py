@@ -28,7 +28,7 @@ import numpy as np
 
 from . import flight, index, lru, memo, ofd
 from .codec import (
-    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
+    _MASK63, MALFORMED, TAG_ARRAY, TAG_BYTES, TAG_TENSOR, EncodedKey, _xxh, array_checksum, body_checksum, copy_array,
     decode_body, encode_key, encode_parts, fingerprint,
 )
 from .errors import ClosedError, CorruptionError, KindsFullError, PinnedError, ShmCacheError, TooLargeError
@@ -75,7 +75,7 @@ _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
-_VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
+_VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
 MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 _UNVIEWABLE = object()
 P = ParamSpec("P")
@@ -943,7 +943,8 @@ class SharedCache(LocalMapping):
 
     def view(self, key: Any) -> View:
         """The value of ``key`` without a copy: ``with cache.view(key) as arr:`` gives a read-only numpy array
-        (a read-only memoryview for a bytes value) over the bytes in shared memory. Counted as a lookup.
+        (a read-only memoryview for a bytes value, a tensor over read-only memory for a tensor value: see view.py)
+        over the bytes in shared memory. Counted as a lookup.
 
         While the block runs, the entry is pinned: not evicted, not moved, not overwritten (put, delete and pop of
         the key raise PinnedError; clear() keeps it). The pin ends with the block -- the array handed out is then
@@ -951,7 +952,7 @@ class SharedCache(LocalMapping):
         is dropped; and whenever the process dies.
 
         :raises KeyError: if the key is absent.
-        :raises TypeError: if the value is neither a numpy array nor bytes (use get()); nothing is counted.
+        :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
         """
         kb = encode_key(key)
         pins = self._pins
@@ -964,7 +965,8 @@ class SharedCache(LocalMapping):
             if found is None:
                 raise KeyError(key)
             if found is _UNVIEWABLE:
-                raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
+                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                                "others")
             e, voff, vlen, check = found
             pin.byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
@@ -972,7 +974,7 @@ class SharedCache(LocalMapping):
             if body_checksum(value[0], value[1:]) != check:
                 pins.release(pin)
                 self._checksum_failed(e)
-            return View(value, pins, pin)
+            return View(value, pins, pin, self._base + voff)
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
