@@ -167,6 +167,28 @@ def test_tensor_values_need_no_torch_until_one_is_read(name):
         assert proc.stdout.split() == ["False", "True", "torch", "[0.0,", "1.0,", "2.0,", "3.0]"]
 
 
+def test_tensor_read_without_torch_says_what_is_missing(name):
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        c.put("tensor", torch.arange(4.0))
+        code = textwrap.dedent(f"""
+            import sys
+            sys.modules["torch"] = None  # as if torch were not installed: importing it raises ImportError
+            from shmcache import SharedCache
+            c = SharedCache({name!r})
+            try:
+                c.get("tensor")
+            except ModuleNotFoundError as exc:
+                print(exc.name, "pip install torch" in str(exc))
+            assert c.verify(deep=True).ok and "tensor" in c  # nothing taken for damage
+            c.close()
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                              env={**os.environ, "PYTHONPATH": REPO})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["torch", "True"]
+        assert torch.equal(c.get("tensor"), torch.arange(4.0))
+
+
 def test_tensor_verify_deep_checks_tensor_values(big):
     big.put("t", torch.arange(3.0))
     big.put("n", [torch.arange(2), 1])
