@@ -3,8 +3,11 @@
 
 Each ``dataset[i]`` goes through ``cache.get_or_compute``, which is single-flight host-wide: the first process to ask
 for a sample computes it while the others that ask meanwhile wait for its result. The dataset pickles with the cache
-by name (``SharedCache.__reduce__``), so it works with DataLoader workers started by fork, spawn or forkserver, and
-DDP ranks that open the same cache name share its samples.
+by name (``SharedCache.__reduce__``), so it works with DataLoader workers started by fork, spawn or forkserver. The
+trainer processes of one node (DDP ranks) share samples by opening the same cache name, each with
+``SharedCache(name, capacity_bytes=...)`` (``create=None``: the first creates it, the others attach), and wrapping the
+same dataset under the same ``name``. What stays cached is bounded by the cache's limits: an evicted sample is
+computed again when next asked for.
 
 Samples are stored by shmcache's codec, never pickled: a tensor as a tensor value (CPU, dense, no grad; dtype, shape
 and values exact, bfloat16 included), and a tuple, list or dict of tensors, arrays, numbers and strings -- an
