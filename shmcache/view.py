@@ -58,6 +58,7 @@ _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for
 os.register_at_fork(after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
                     after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
 
+_UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
@@ -207,7 +208,10 @@ class PinDescriptions:
         that pin while the mapping lives."""
         start = off - off % mmap.ALLOCATIONGRANULARITY
         with io.FileIO(self._path, "r") as file:  # closes in C if cut short, like the pins' descriptions
-            return mmap.mmap(file.fileno(), off + nbytes - start, access=mmap.ACCESS_READ, offset=start), off - start
+            # Why trackfd=False where there is one (3.13): an mmap otherwise keeps a descriptor of its own open, one
+            # per live tensor view.
+            return mmap.mmap(file.fileno(), off + nbytes - start, access=mmap.ACCESS_READ, offset=start,
+                             **_UNTRACKED), off - start
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
