@@ -538,7 +538,8 @@ class SharedCache(LocalMapping):
 
     def view(self, key: Any) -> View:
         """The value of ``key`` without a copy: ``with cache.view(key) as arr:`` gives a read-only numpy array
-        (a read-only memoryview for a bytes value) over the bytes in shared memory. Counted as a lookup.
+        (a read-only memoryview for a bytes value, a tensor over read-only memory for a tensor value: see view.py)
+        over the bytes in shared memory. Counted as a lookup.
 
         While the block runs, the entry is pinned: not evicted, not moved, not overwritten (put, delete and pop of
         the key raise PinnedError; clear() keeps it). The pin ends with the block -- the array handed out is then
@@ -546,7 +547,7 @@ class SharedCache(LocalMapping):
         is dropped; and whenever the process dies.
 
         :raises KeyError: if the key is absent.
-        :raises TypeError: if the value is neither a numpy array nor bytes (use get()); nothing is counted.
+        :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
         """
         kb = encode_key(key)
         pins = self._pins
@@ -559,7 +560,8 @@ class SharedCache(LocalMapping):
             if found is None:
                 raise KeyError(key)
             if found is UNVIEWABLE:
-                raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
+                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                                "others")
             e, voff, vlen, check = found
             pin.byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
@@ -567,7 +569,7 @@ class SharedCache(LocalMapping):
             if body_checksum(value[0], value[1:]) != check:
                 pins.release(pin)
                 self._guard.checksum_failed(e)
-            return View(value, pins, pin)
+            return View(value, pins, pin, self._base + voff)
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise

@@ -10,10 +10,12 @@ like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three 
 A value starts with a one-byte tag, and its checksum is xxh3 of the rest seeded with the tag, so a get can copy the
 body alone and still have the tag covered. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
 (dtype, shape) padded to 8 bytes, then the raw C-order data, so that a get copies the data once, straight into the
-array it returns. ``M``: anything else, msgpack with ext types for arrays, tuples and big ints (msgpack's own
-Timestamp, ext -1, round-trips as ``msgpack.Timestamp``). Decoding builds only plain data (no constructor named by the
-data is ever called), so whoever can write the segment cannot run code in a reader; tuples and arrays nest at most
-``_MAX_DEPTH`` deep, so crafted bytes cannot exhaust the decoder's C stack either.
+array it returns. ``T``: a torch tensor, laid out as ``A`` with a dtype code in the prefix's second byte
+(``shmcache/tensors.py``; torch is imported only to store or read one). ``M``: anything else, msgpack with ext types
+for arrays, tuples, big ints and tensors (msgpack's own Timestamp, ext -1, round-trips as ``msgpack.Timestamp``).
+Decoding builds only plain data and tensors (no constructor named by the data is ever called), so whoever can write
+the segment cannot run code in a reader; tuples and arrays nest at most ``_MAX_DEPTH`` deep, so crafted bytes cannot
+exhaust the decoder's C stack either.
 
 Equal keys give equal bytes: floats are canonical (``-0.0`` keys as ``0.0``, every NaN as one NaN), in arrays too;
 long double arrays are refused as keys because their padding bytes are undefined.
@@ -30,17 +32,21 @@ import msgpack
 import numpy as np
 import xxhash
 
+from . import tensors
 from .layout import KIND_PREFIX
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2
 _EXT_BIGINT = 3
+_EXT_TENSOR = 4  # its data: a ``T`` value without its tag byte
 _ARRAY_KINDS = "biufc"  # bool, int, uint, float, complex: plain numbers, no object pointers
 TAG_BYTES = ord("B")
 TAG_ARRAY = ord("A")
 TAG_MSGPACK = ord("M")
+TAG_TENSOR = ord("T")
 _ARRAY_PREFIX = struct.Struct("<BxHxxxx")  # tag, header length; the header is then padded to 8 bytes
 _ARRAY_HLEN = struct.Struct("<H")  # the header length within that prefix, at byte 2
+_TENSOR_PREFIX = struct.Struct("<BBHxxxx")  # tag, tensors.py's dtype code, header length: then as an array
 _EXT_ARRAY_PREFIX = struct.Struct("<I")
 _MAX_NDIM = 64
 _MAX_DEPTH = 32  # nesting of tuples, arrays and (in keys) containers; each level of ext costs the decoder C stack
@@ -264,8 +270,10 @@ def _default(obj):
             return base(obj)
     if isinstance(obj, (bytearray, memoryview)):
         return bytes(obj)
+    if tensors.is_tensor(obj):
+        return msgpack.ExtType(_EXT_TENSOR, _tensor_body(obj))
     raise TypeError(f"cannot encode a value of type {t.__name__}: use None, bool, int, float, str, bytes, "
-                    "numpy arrays, or lists, tuples and dicts of these")
+                    "numpy arrays, torch tensors, or lists, tuples and dicts of these")
 
 
 _packers = _Packers()
@@ -287,6 +295,8 @@ def encode_parts(value) -> tuple[int, bytes]:
         dtype_str, shape, raw = _array_bytes(value, "value")
         header = _packb([dtype_str, shape])
         return TAG_ARRAY, _ARRAY_PREFIX.pack(TAG_ARRAY, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
+    if t not in _PLAIN_TYPES and tensors.is_tensor(value):
+        return TAG_TENSOR, _tensor_body(value)
     try:
         pack = _idle_value_packers.pop()
     except IndexError:
@@ -307,6 +317,14 @@ def encode_parts(value) -> tuple[int, bytes]:
                         "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
                         "lists, tuples and dicts of these")
     return TAG_MSGPACK, body
+
+
+def _tensor_body(t) -> bytes:
+    """A ``T`` value without its tag byte (also ext 4's data). Raises TypeError for a tensor that cannot be stored."""
+    code, arr = tensors.to_array(t)
+    dtype_str, shape, raw = _array_bytes(arr, "value")
+    header = _packb([dtype_str, shape])
+    return _TENSOR_PREFIX.pack(TAG_TENSOR, code, len(header))[1:] + header + b"\0" * (-len(header) % 8) + raw
 
 
 _EXT_MARKERS = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))  # msgpack's ext 8/16/32 and fixext 1-16
@@ -358,6 +376,8 @@ def _ext_hook(code: int, data: bytes):
         return _array_from(memoryview(data)[4 + hlen :], dtype, shape)
     if code == _EXT_BIGINT:
         return int.from_bytes(data, "little", signed=True)
+    if code == _EXT_TENSOR:
+        return _decode_tensor(memoryview(data))
     raise ValueError(f"unknown msgpack ext type {code}")
 
 
@@ -457,6 +477,33 @@ def _decode_array(view, skipped: int = 0) -> np.ndarray:
     return _array_from(view[start + hlen + (-hlen % 8) :], dtype, shape)
 
 
+def _decode_tensor(body):
+    """The tensor in ``body``, a ``T`` value without its tag; inside ``check_body``, checked and left an array."""
+    arr = _decode_array(body, 1)
+    if _checking.on:
+        tensors.check(body[0], arr.dtype)
+        return arr
+    return tensors.from_array(body[0], arr)
+
+
+class _Checking(threading.local):
+    on = False
+
+
+_checking = _Checking()  # whether this thread is inside check_body
+
+
+def check_body(tag: int, body) -> None:
+    """Raise ValueError unless ``decode_body(tag, body)`` would decode, without building tensors (so without
+    importing torch: ``verify`` runs this under the cache lock)."""
+    on = _checking.on
+    try:
+        _checking.on = True  # set and restored, as _depth in _default
+        decode_body(tag, body)
+    finally:
+        _checking.on = on
+
+
 def decode_value(data: bytes):
     """The value encoded in ``data``; raises ValueError if the bytes are not a valid encoding."""
     if not data:
@@ -474,6 +521,8 @@ def decode_body(tag: int, body):
             return body if type(body) is bytes else bytes(body)
         if tag == TAG_ARRAY:
             return _decode_array(memoryview(body), 1)
+        if tag == TAG_TENSOR:
+            return _decode_tensor(memoryview(body))
     except ValueError:
         raise
     except MALFORMED as exc:  # what malformed bytes make the parsers raise; an interrupt passes through as it is

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import block, index, kinds, lru, ofd
-from .codec import MASK63, TAG_ARRAY, TAG_BYTES, body_checksum, encode_key, xxh3
+from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_TENSOR, body_checksum, encode_key, xxh3
 from .errors import CorruptionError, PinnedError, TooLargeError
 from .guard import updating
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
@@ -27,7 +27,7 @@ from .verify import header_problems
 
 _W = ENTRY_WORDS
 _PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
-_VIEWABLE = (TAG_ARRAY, TAG_BYTES)  # the value tags view() serves
+_VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
 UNVIEWABLE = object()  # ``Store.pin``'s answer for a value view() does not serve
 _new_encoded = tuple.__new__  # Why: builds an Encoded without NamedTuple's Python-level __new__ (the put path)
 

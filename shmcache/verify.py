@@ -16,7 +16,7 @@ import numpy as np
 
 from . import block, index, lru, ofd
 from .arena import write_dead
-from .codec import TAG_BYTES, checksum, decode_body, fingerprint
+from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
     MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
@@ -86,7 +86,7 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
         if arena[v0] == TAG_PICKLE and seg.features & FEATURE_PICKLE:
             check_pickle(arena[v0 + 1 : v0 + vlen])
         elif arena[v0] != TAG_BYTES:  # bytes need no decoding
-            decode_body(arena[v0], arena[v0 + 1 : v0 + vlen])
+            check_body(arena[v0], arena[v0 + 1 : v0 + vlen])
     except ValueError as exc:
         return f"its value does not decode ({exc})"
     return None

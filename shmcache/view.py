@@ -1,5 +1,5 @@
-"""Zero-copy reads: ``SharedCache.view(key)`` pins an entry and hands out a read-only numpy array (or, for a bytes
-value, a memoryview) over its bytes in the segment, with no copy.
+"""Zero-copy reads: ``SharedCache.view(key)`` pins an entry and hands out a read-only numpy array (for a bytes value,
+a memoryview; for a tensor value, a tensor) over its bytes in the segment, with no copy.
 
 Pinning. The pin is a shared open-file-description lock on byte ``ofd.PIN_BASE + e`` of the segment's file (``e``
 being the entry slot), taken under the cache lock through a description the view opens for itself, plus a flag in
@@ -20,6 +20,16 @@ itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() t
 name by counting references. (On CPython before 3.13 that count reads the caller's ``f_locals``, a snapshot the
 frame then keeps until it returns or is read again: an array derived in the same function may hold its pin until
 then. Never longer than something could read it; sometimes longer than needed.)
+
+Tensors. torch has no read-only tensors: a tensor over the segment's own (writable) mapping could be written through,
+changing the value under every other process. So a tensor value's bytes are mapped a second time, read-only
+(PROT_READ, through a description of their own that takes no lock), and the tensor is built over that mapping: a
+write through it, or through ``t.numpy()``, faults (SIGSEGV) instead of changing the cached value; ``t.clone()`` is a
+writable copy. torch warns once per process that the array is not writable: that is the truth, and is left to show.
+A tensor is never revoked in place: torch code outside Python's reference counts (autograd's saved tensors, a DLPack
+capsule) may hold it, and ``set_()`` would free the memory under them. So its pin ends when the tensor, and every
+tensor sharing its memory, is garbage collected (each holds the array the tensor was made from, which holds the
+mapping and the pin), not when the block ends: ``del`` the name after the block to end the pin there.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import fcntl
 import functools
 import io
 import itertools
+import mmap
 import operator
 import os
 import sys
@@ -39,14 +50,15 @@ import numpy as np
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-from . import ofd
+from . import ofd, tensors
 from .errors import ClosedError
-from .codec import TAG_ARRAY, TAG_BYTES, array_layout
+from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout
 
 _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hooks
 os.register_at_fork(after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
                     after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
 
+_UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
 _CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
@@ -190,6 +202,17 @@ class PinDescriptions:
         else:
             self._idle.append(file)
 
+    def map_read_only(self, off: int, nbytes: int) -> tuple[mmap.mmap, int]:
+        """A read-only mapping of the segment's bytes ``off`` to ``off + nbytes`` and where they start in it. Through
+        a description of its own: the mapping keeps its description open, and one a pin was taken through would keep
+        that pin while the mapping lives."""
+        start = off - off % mmap.ALLOCATIONGRANULARITY
+        with io.FileIO(self._path, "r") as file:  # closes in C if cut short, like the pins' descriptions
+            # Why trackfd=False where there is one (3.13): an mmap otherwise keeps a descriptor of its own open, one
+            # per live tensor view.
+            return mmap.mmap(file.fileno(), off + nbytes - start, access=mmap.ACCESS_READ, offset=start,
+                             **_UNTRACKED), off - start
+
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
         self._closed = True
@@ -230,22 +253,33 @@ def _nothing(*_) -> None:
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin) -> None:
-        """``value``: a read-only view of the pinned entry's encoded value (tag byte first); ``pin``: released
-        through ``pins`` once the memory is no longer referenced. Raises TypeError for a value of another kind, and
-        ValueError for a malformed array (the caller then releases the pin)."""
+    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1) -> None:
+        """``value``: a read-only view of the pinned entry's encoded value (tag byte first), at offset ``off`` of the
+        segment; ``pin``: released through ``pins`` once the memory is no longer referenced. Raises TypeError for a
+        value of another kind, and ValueError for a malformed array (the caller then releases the pin)."""
         tag = value[0]
-        if tag == TAG_ARRAY:
+        if tag == TAG_ARRAY or tag == TAG_TENSOR:
             dtype, shape, data0 = array_layout(value)
+            if tag == TAG_TENSOR:
+                tensors.check(value[1], dtype)
         elif tag != TAG_BYTES:
-            raise TypeError("view() reads numpy arrays and bytes values without copying; use get() for others")
+            raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                            "others")
         # ``owner`` is the one object that references the pinned memory directly: every array or memoryview handed
         # out derives from it (numpy collapses a view's base to it), so it is garbage collected -- and the pin
         # released -- only after the last of them.
-        owner = np.frombuffer(value, dtype=np.uint8)
+        if tag == TAG_TENSOR:
+            mapping, start = pins.map_read_only(off, len(value))  # unmapped as the last array over it goes
+            owner = np.frombuffer(mapping, dtype=np.uint8, count=len(value), offset=start)
+        else:
+            owner = np.frombuffer(value, dtype=np.uint8)
         self._keep = None
         if tag == TAG_BYTES:
             self._obj = memoryview(owner[1:])
+        elif tag == TAG_TENSOR:
+            # The tensor's storage holds the array, which holds ``owner``: the pin lasts while any tensor sharing
+            # this memory does (see the module docstring: why a tensor is not revoked).
+            self._obj = tensors.from_array(value[1], owner[data0:].view(dtype).reshape(shape))
         else:
             self._obj = owner[data0:].view(dtype).reshape(shape)
             # Revoking the array (close) drops its reference to ``owner``; whatever still points into its memory
@@ -257,7 +291,7 @@ class View:
         self._pins = pins
         pins.hand_over(owner, pin)  # last: until here, an exception drops the pin, closing its description
 
-    def __enter__(self) -> npt.NDArray[Any] | memoryview:
+    def __enter__(self) -> npt.NDArray[Any] | memoryview | Any:
         if not self._open:
             raise ValueError("this view is closed; take a new one with cache.view(key)")
         return self._obj
@@ -276,6 +310,8 @@ class View:
             return
         self._open = False
         obj, self._obj = self._obj, None
+        if tensors.is_tensor(obj):
+            return  # not revoked: it lives, and keeps its pin, while anything holds it
         if isinstance(obj, memoryview):
             try:
                 obj.release()

@@ -84,6 +84,12 @@ def ext_array(header, data: bytes, hlen: int | None = None) -> bytes:
     return b"M" + msgpack.packb(msgpack.ExtType(2, payload), use_bin_type=True)
 
 
+def t_tagged(code: int, header, data: bytes) -> bytes:
+    """A ``T``-tagged value (a tensor) laid out as the layout spec says, with any dtype code, header and data."""
+    hb = msgpack.packb(header, use_bin_type=True)
+    return struct.pack("<BBHxxxx", ord("T"), code, len(hb)) + hb + b"\0" * (-len(hb) % 8) + data
+
+
 def ext_raw(code: int, payload: bytes) -> bytes:
     """A msgpack ext object of any code, negative (reserved) ones included, which msgpack.ExtType refuses."""
     return struct.pack(">BIb", 0xC9, len(payload), code) + payload
@@ -556,6 +562,21 @@ MALFORMED = {
     "array-header-length-past-end": struct.pack("<BxHxxxx", ord("A"), 1000) + msgpack.packb(["<i4", [1]]) + bytes(4),
     "array-header-garbage": struct.pack("<BxHxxxx", ord("A"), 1) + b"\xc1" + bytes(7),
     "array-header-length-zero": struct.pack("<BxHxxxx", ord("A"), 0) + bytes(8),
+    "tensor-unknown-dtype-code": t_tagged(2, ["<f4", [1]], bytes(4)),
+    "tensor-code-255": t_tagged(255, ["<f4", [1]], bytes(4)),
+    "tensor-big-endian-dtype": t_tagged(0, [">f4", [1]], bytes(4)),
+    "tensor-long-double-dtype": t_tagged(0, [np.dtype("g").str, [1]], bytes(np.dtype("g").itemsize)),
+    "tensor-bfloat16-not-u2": t_tagged(1, ["<f2", [1]], bytes(2)),
+    "tensor-bfloat16-signed-bits": t_tagged(1, ["<i2", [1]], bytes(2)),
+    "tensor-object-dtype": t_tagged(0, ["|O", [1]], bytes(8)),
+    "tensor-data-short": t_tagged(0, ["<i4", [3]], bytes(11)),
+    "tensor-data-long": t_tagged(0, ["<i4", [3]], bytes(13)),
+    "tensor-huge-shape": t_tagged(0, ["<i1", [2**62]], bytes(1)),
+    "tensor-tag-only": b"T",
+    "tensor-prefix-truncated": b"T\x00\x10\x00",
+    "ext-tensor-empty-payload": ext(4, b""),
+    "ext-tensor-unknown-code": ext(4, t_tagged(7, ["<f4", [1]], bytes(4))[1:]),
+    "ext-tensor-data-short": ext(4, t_tagged(0, ["<f4", [2]], bytes(4))[1:]),
 }
 MALFORMED_ARRAY_PATH = {
     "empty": b"",
@@ -639,7 +660,7 @@ def test_decode_concurrent_threads():
     assert not errors
 
 
-@pytest.mark.parametrize("code", [0, 4, 5, 42, 127, -2, -100, -128])
+@pytest.mark.parametrize("code", [0, 5, 42, 127, -2, -100, -128])
 def test_decode_unknown_ext_code_raises_value_error(code):
     in_map = b"M\x92\x01\x81\xa1k" + ext_raw(code, b"")  # [1, {"k": ext}]
     in_tuple = ext(1, b"\x91" + ext_raw(code, b"x"))
@@ -837,3 +858,63 @@ def test_value_ext_marker_bytes_in_plain_data_still_encode():
     value = {"f": struct.unpack("<d", bytes([0xC7, 0xD4, 0xD8, 0xC9, 0, 0, 0, 0x40]))[0], "b": bytes(range(256)),
              "t": (1, 2), "a": np.arange(300, dtype=np.uint16)}
     assert same_value(value, decode_value(encode_value(value)))
+
+
+# ---------------------------------------------------------------------------------------------------- tensors
+# (Round trips of every dtype and shape, refusals and the import rule are in test_torch.py; here, the bytes.)
+
+TENSOR_GOLDEN = [  # (what, make the tensor, its encoding as the layout spec gives it)
+    ("float32", lambda torch: torch.tensor([1.5]),
+     "54 00 07 00 00 00 00 00 92 a3 3c 66 34 91 01 00 00 00 c0 3f"),
+    ("bfloat16-0d", lambda torch: torch.tensor(-2.0, dtype=torch.bfloat16),
+     "54 01 06 00 00 00 00 00 92 a3 3c 75 32 90 00 00 00 c0"),
+    ("bool-empty-2d", lambda torch: torch.zeros((2, 0), dtype=torch.bool),
+     "54 00 08 00 00 00 00 00 92 a3 7c 62 31 92 02 00"),
+    ("int64-transposed", lambda torch: torch.tensor([[1, 2], [3, 4]]).T,
+     "54 00 08 00 00 00 00 00 92 a3 3c 69 38 92 02 02"
+     " 01 00 00 00 00 00 00 00 03 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 04 00 00 00 00 00 00 00"),
+]
+
+
+@pytest.mark.parametrize("what, make, golden", TENSOR_GOLDEN, ids=[g[0] for g in TENSOR_GOLDEN])
+def test_value_tensor_golden_bytes(what, make, golden):
+    torch = pytest.importorskip("torch", reason="torch is optional (pip install torch); CI installs the CPU build")
+    tensor = make(torch)
+    encoded = encode_value(tensor)
+    assert encoded == bytes.fromhex(golden)
+    out = decode_value(encoded)
+    assert type(out) is torch.Tensor and out.dtype == tensor.dtype and out.shape == tensor.shape
+    assert torch.equal(out, tensor)
+
+
+def test_value_tensor_nested_golden_bytes():
+    torch = pytest.importorskip("torch", reason="torch is optional (pip install torch); CI installs the CPU build")
+    value = (torch.tensor([1.5]), 7)
+    tensor_body = bytes.fromhex(TENSOR_GOLDEN[0][2])[1:]  # ext 4 holds a T value without its tag
+    items = b"\x92" + msgpack.packb(msgpack.ExtType(4, tensor_body)) + b"\x07"  # [tensor, 7]
+    expected = b"M" + msgpack.packb(msgpack.ExtType(1, items))
+    assert encode_value(value) == expected
+    out = decode_value(expected)
+    assert type(out) is tuple and out[1] == 7 and torch.equal(out[0], value[0])
+
+
+def test_value_tensor_malformed_never_imports_torch():
+    """A malformed tensor value is refused before torch is imported (verify checks tensors without torch)."""
+    code = textwrap.dedent("""
+        import sys
+        from shmcache.codec import check_body, decode_value
+        for data in (BAD):
+            try:
+                decode_value(data)
+            except ValueError:
+                pass
+            else:
+                raise SystemExit(f"decoded {data!r}")
+        check_body(ord("T"), GOOD[1:])
+        print("torch" in sys.modules)
+    """).replace("BAD", repr(tuple(v for k, v in MALFORMED.items() if "tensor" in k))).replace(
+        "GOOD", repr(t_tagged(1, ["<u2", [2]], bytes(4))))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -1,2 +1,3 @@
-"""Thin adapters of shmcache for frameworks, over its public API only: ``shmcache.contrib.django`` (a Django cache
-backend). Each module imports its framework, so ``shmcache`` itself never does; import the one you use."""
+"""Thin adapters of shmcache to frameworks and libraries, over its public API only: ``shmcache.contrib.django`` (a
+Django cache backend) and ``shmcache.contrib.torch`` (``CachedDataset``). Each module imports its library, so
+``shmcache`` itself never does; import the one you use."""

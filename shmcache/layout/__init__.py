@@ -76,9 +76,26 @@ disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far fewe
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
-the key's own encoding. Encoded values: a tag byte (``B``, ``A``, ``M``) followed by the body; in a segment with
-``FEATURE_PICKLE`` also ``P``, a pickle stream of protocol 5 (``shmcache/serializers.py``), which a reader of any
+the key's own encoding. Encoded values: a tag byte (``B``, ``A``, ``T``, ``M``) followed by the body; in a segment
+with ``FEATURE_PICKLE`` also ``P``, a pickle stream of protocol 5 (``shmcache/serializers.py``), which a reader of any
 other segment refuses as damage, never unpickling it.
+
+    ``B`` -- raw bytes.
+    ``A`` -- a numpy array: byte 0 the tag, byte 1 zero, bytes 2-3 the header's length ``h`` (uint16), bytes 4-7
+             zero; at 8 the header, msgpack ``[dtype.str, shape]`` (bool, int, uint, float or complex; at most 64
+             non-negative dims), zero-padded to a multiple of 8 bytes; then the C-order data, exactly
+             prod(shape) * itemsize bytes.
+    ``T`` -- a torch tensor, laid out as ``A`` but for byte 1, the tensor's dtype code (``shmcache/tensors.py``):
+             0, the tensor's dtype is the header's (one that ``torch.from_numpy`` reads, in the host's byte order);
+             1, bfloat16, whose header says ``<u2`` and whose data are the bfloat16 bit patterns. Any other code, or
+             a dtype the code does not allow, is malformed. E.g. ``torch.tensor([1.5])`` (float32) is
+             ``54 00 07 00 00 00 00 00 | 92 a3 3c 66 34 91 01 00 | 00 00 c0 3f``.
+    ``M`` -- msgpack, with ext types 1 (a tuple: its items as a msgpack array), 2 (an array: uint32 header
+             length, the ``A`` header, the data), 3 (an int beyond 64 bits: little-endian two's complement) and 4
+             (a tensor: a ``T`` value without its tag byte).
+
+The value tags and ext types are not covered by ``LAYOUT_VERSION``: a reader meets a tag or ext type it does not know
+(``T`` and ext 4 before they were added) as a value that does not decode, which it reports and drops.
 
 Layout versions.
     1 -- str keys as msgpack strings; the value checksum over tag and body together.

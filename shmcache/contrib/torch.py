@@ -1,0 +1,79 @@
+"""``CachedDataset``: a map-style torch Dataset whose samples are computed once per host and then read from a
+``SharedCache`` by every DataLoader worker, every epoch and every trainer process of the node.
+
+Each ``dataset[i]`` goes through ``cache.get_or_compute``, which is single-flight host-wide: the first process to ask
+for a sample computes it while the others that ask meanwhile wait for its result. The dataset pickles with the cache
+by name (``SharedCache.__reduce__``), so it works with DataLoader workers started by fork, spawn or forkserver. The
+trainer processes of one node (DDP ranks) share samples by opening the same cache name, each with
+``SharedCache(name, capacity_bytes=...)`` (``create=None``: the first creates it, the others attach), and wrapping the
+same dataset under the same ``name``. What stays cached is bounded by the cache's limits: an evicted sample is
+computed again when next asked for.
+
+Samples are stored by shmcache's codec, never pickled: a tensor as a tensor value (CPU, dense, no grad; dtype, shape
+and values exact, bfloat16 included), and a tuple, list or dict of tensors, arrays, numbers and strings -- an
+``(image, label)`` pair -- as one msgpack value in which each tensor is an extension (codec.py, ext 4), so a sample is
+one entry, read with one lookup and one checksum. A sample the codec cannot encode (a PIL image...) raises TypeError
+the first time it is computed: convert it to a tensor in the dataset's transform.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+from torch.utils.data import Dataset
+
+from shmcache import SharedCache
+
+__all__ = ["CachedDataset"]
+
+
+class CachedDataset(Dataset):
+    """``dataset`` with its samples cached in ``cache``: ``CachedDataset(dataset, cache)[i]`` is ``dataset[i]``,
+    computed at most once on the host while it stays cached, and ``len()`` is ``len(dataset)``.
+
+    Keys. By default sample ``i`` is cached under ``(name, i)``: ``name`` defaults to the dataset's class,
+    ``"module.QualName"``, so two datasets of different classes never share a key, and a dataset is found again
+    under the same keys by the next run, the next process and the other ranks. Two datasets of the same class
+    with different samples (a train and a validation ``ImageFolder``, or one with other transforms) must be given
+    different names, or they would read each other's samples. An index that is an integer (a Python, numpy or
+    torch int) keys as a Python int. ``key``, a function of the index, replaces the whole scheme (it must return a
+    key the cache takes, and be picklable for spawned workers).
+
+    ``ttl`` (seconds) is each stored sample's time to live (None: the cache's default); ``timeout`` bounds the wait
+    for a sample another process is computing (None: no bound; then ``ComputeTimeout``).
+    """
+
+    def __init__(self, dataset: Any, cache: SharedCache, key: Callable[[Any], Any] | None = None,
+                 ttl: float | None = None, timeout: float | None = None, *, name: str | None = None) -> None:
+        if key is not None and name is not None:
+            raise ValueError("pass key= (the whole key) or name= (the namespace of the default key), not both")
+        if not isinstance(cache, SharedCache):
+            raise TypeError(f"cache must be a SharedCache, not {type(cache).__name__}")
+        cls = type(dataset)
+        self.dataset = dataset
+        self.cache = cache
+        self.key = key
+        self.name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
+        self.ttl = ttl
+        self.timeout = timeout
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.cache.get_or_compute(self.key_of(index), lambda: self.dataset[index], timeout=self.timeout,
+                                         ttl=self.ttl)
+
+    def key_of(self, index: Any) -> Any:
+        """The cache key of sample ``index``."""
+        if self.key is not None:
+            return self.key(index)
+        try:
+            index = operator.index(index)  # numpy and torch integers key as the int they are
+        except TypeError:
+            pass
+        return (self.name, index)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dataset!r}, {self.cache!r}, name={self.name!r})"

@@ -1,0 +1,431 @@
+"""torch tensors as values (round trips, refusals, the import rule, views) and ``shmcache.contrib.torch.CachedDataset``
+under DataLoader workers (fork and spawn) and trainer processes sharing one cache."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import xxhash
+
+torch = pytest.importorskip("torch", reason="torch is optional (pip install torch); CI installs the CPU build")
+
+from shmcache import PinnedError, SharedCache  # noqa: E402
+from shmcache.codec import decode_value, encode_value  # noqa: E402
+from shmcache.contrib.torch import CachedDataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+DTYPES = [torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
+          torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
+SHAPES = [(), (0,), (3, 0), (5,), (2, 3), (2, 1, 3)]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sample_tensor(dtype, shape=(2, 3)):
+    """Values of every kind the dtype has: negatives, and for floats NaN, infinities and -0.0."""
+    n = int(np.prod(shape))
+    if dtype is torch.bool:
+        return (torch.arange(n) % 2 == 1).reshape(shape)
+    if dtype.is_floating_point or dtype.is_complex:
+        special = [float("nan"), float("inf"), -float("inf"), -0.0, 1.5, -2.25]
+        values = torch.tensor([special[i % len(special)] + (i // len(special)) for i in range(n)], dtype=torch.float64)
+        t = values.to(dtype)
+        return (t + 1j * torch.arange(n).to(dtype) if dtype.is_complex else t).reshape(shape)
+    low = 0 if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else -3
+    return (torch.arange(n, dtype=torch.int64) * 7 + low).to(dtype).reshape(shape)
+
+
+def raw(t) -> bytes:
+    """The tensor's values, bit for bit, in C order."""
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if t.dtype is torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def same_tensor(a, b) -> bool:
+    return type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
+
+
+@pytest.fixture
+def big(name):
+    c = SharedCache(name, capacity_bytes=4 * 2**20, max_entries=256, create=True)
+    yield c
+    c.close()
+
+
+# ---------------------------------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tensor_round_trip_through_the_cache(big, dtype, shape):
+    t = sample_tensor(dtype, shape)
+    big.put("t", t)
+    out = big.get("t")
+    assert same_tensor(t, out) and out.is_contiguous()
+    assert same_tensor(t, decode_value(encode_value(t)))
+    assert same_tensor(t, big.get_many(["t"])[0])  # through another read path: the same decode
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: t.T,
+    lambda t: t[:, ::2],
+    lambda t: t[1:, 1:3],
+    lambda t: t[0].expand(3, 4),
+    lambda t: t.to(torch.complex64).conj(),
+    lambda t: torch._neg_view(t),
+    lambda t: t.to(torch.bfloat16).T,
+], ids=["transposed", "strided", "offset", "expanded", "conj", "neg-view", "bfloat16-transposed"])
+def test_tensor_non_contiguous_stored_contiguous(big, make):
+    t = make(torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert not t.is_contiguous() or t.is_conj() or t.is_neg() or t.storage_offset()
+    big.put("t", t)
+    out = big.get("t")
+    assert same_tensor(t, out) and out.is_contiguous() and not out.is_conj() and not out.is_neg()
+
+
+def test_tensor_read_is_a_private_writable_copy(big):
+    t = torch.arange(6, dtype=torch.int32)
+    big.put("t", t)
+    out = big.get("t")
+    out += 100  # neither the cached value nor the tensor stored changes
+    t[0] = -1
+    assert big.get("t").tolist() == list(range(6)) and out.tolist() == list(range(100, 106))
+
+
+def test_tensor_nested_in_tuples_lists_and_dicts_round_trip(big):
+    image, label = sample_tensor(torch.float32, (3, 4, 4)), 7
+    value = {"pair": (image, label), "many": [sample_tensor(torch.bfloat16, (2,)), sample_tensor(torch.uint8, ())],
+             "arr": np.arange(3)}
+    big.put("v", value)
+    out = big.get("v")
+    assert type(out["pair"]) is tuple and same_tensor(image, out["pair"][0]) and out["pair"][1] == label
+    assert same_tensor(value["many"][0], out["many"][0]) and same_tensor(value["many"][1], out["many"][1])
+    assert np.array_equal(out["arr"], np.arange(3))
+
+
+def test_tensor_subclass_stored_as_a_tensor(big):
+    big.put("p", torch.nn.Parameter(torch.ones(2), requires_grad=False))
+    assert type(big.get("p")) is torch.Tensor and big.get("p").tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: torch.ones(2, requires_grad=True), ".detach()"),
+    (lambda: torch.nn.Parameter(torch.ones(2)), ".detach()"),
+    (lambda: torch.ones(2).to_sparse(), "to_dense()"),
+    (lambda: torch.ones(2, 2).to_sparse_csr(), "to_dense()"),
+    (lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8), "dequantize()"),
+    (lambda: torch.ones(2, device="meta"), ".detach().cpu()"),
+    (lambda: torch.ones(2, dtype=torch.float8_e4m3fn), "float8_e4m3fn"),
+    (lambda: torch.ones(2, dtype=torch.complex32), "complex32"),
+], ids=["requires-grad", "parameter", "sparse-coo", "sparse-csr", "quantized", "meta-device", "float8", "complex32"])
+def test_tensor_refused_with_what_to_do(big, make, says):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own, on making a quantized or complex32 tensor
+        t = make()
+    for value in (t, (t, 1), [0, {"x": t}]):
+        with pytest.raises(TypeError, match=f"(?s)tensor.*{says.replace('(', '[(]').replace(')', '[)]')}"):
+            big.put("k", value)
+        assert "k" not in big
+    assert big.stats().puts == 0
+
+
+def test_tensor_values_need_no_torch_until_one_is_read(name):
+    """A process that stores and reads other values, views them and verifies a cache holding tensors never imports
+    torch; reading a tensor imports it."""
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        c.put("tensor", torch.arange(4.0))
+        c.put("pair", (torch.ones(2, dtype=torch.bfloat16), 3))
+        code = textwrap.dedent(f"""
+            import sys
+            import numpy as np
+            from shmcache import SharedCache
+            c = SharedCache({name!r})
+            c.put("b", b"x"); c.put("a", np.arange(3)); c.put("m", {{"k": (1, [2.5])}})
+            assert c.get("b") == b"x" and c.get("a").tolist() == [0, 1, 2] and c.get("m") == {{"k": (1, [2.5])}}
+            with c.view("a") as arr:
+                assert arr.tolist() == [0, 1, 2]
+            assert c.verify(deep=True).ok
+            c.get_or_compute("computed", lambda: [1])
+            before = "torch" in sys.modules
+            t = c.get("tensor")
+            print(before, "torch" in sys.modules, type(t).__module__, t.tolist())
+            c.close()
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                              env={**os.environ, "PYTHONPATH": REPO})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["False", "True", "torch", "[0.0,", "1.0,", "2.0,", "3.0]"]
+
+
+def test_tensor_read_without_torch_says_what_is_missing(name):
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        c.put("tensor", torch.arange(4.0))
+        code = textwrap.dedent(f"""
+            import sys
+            sys.modules["torch"] = None  # as if torch were not installed: importing it raises ImportError
+            from shmcache import SharedCache
+            c = SharedCache({name!r})
+            try:
+                c.get("tensor")
+            except ModuleNotFoundError as exc:
+                print(exc.name, "pip install torch" in str(exc))
+            assert c.verify(deep=True).ok and "tensor" in c  # nothing taken for damage
+            c.close()
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                              env={**os.environ, "PYTHONPATH": REPO})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["torch", "True"]
+        assert torch.equal(c.get("tensor"), torch.arange(4.0))
+
+
+def test_tensor_verify_deep_checks_tensor_values(big):
+    big.put("t", torch.arange(3.0))
+    big.put("n", [torch.arange(2), 1])
+    assert big.verify(deep=True).ok
+
+
+# ---------------------------------------------------------------------------------------------------- view
+# torch warns once per process that the view's array is not writable: true, and left to show (see view.py).
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+def test_view_of_a_tensor_is_a_tensor_over_the_entry(big, dtype):
+    t = sample_tensor(dtype, (4, 5))
+    big.put("t", t)
+    with big.view("t") as v:
+        assert same_tensor(t, v)
+        with pytest.raises(PinnedError):
+            big.put("t", 0)
+    del v
+    big.put("t", 0)  # the pin ended with the tensor
+    assert big.verify().ok
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_view_of_a_tensor_pinned_while_a_derived_tensor_lives(big):
+    big.put("t", torch.arange(10, dtype=torch.int32))
+    with big.view("t") as v:
+        part = v[2:5]
+        alias = v.numpy()
+    del v
+    for holder in ("part", "alias"):
+        with pytest.raises(PinnedError):
+            big.put("t", 0)
+        if holder == "part":
+            assert part.tolist() == [2, 3, 4]
+            del part
+        else:
+            assert alias.tolist() == list(range(10))
+            del alias
+    big.put("t", 0)
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_view_of_a_tensor_outlives_the_block_until_dropped(big):
+    big.put("t", torch.arange(4.0))
+    with big.view("t") as v:
+        pass
+    assert v.tolist() == [0.0, 1.0, 2.0, 3.0]  # not revoked: still readable, still pinned
+    with pytest.raises(PinnedError):
+        big.put("t", 0)
+    del v
+    big.put("t", 0)
+
+
+@pytest.mark.multiprocess
+def test_view_of_a_tensor_cannot_be_written(name):
+    """A write through the tensor faults (its memory is mapped read-only) and the cached value stays as it was."""
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        c.put("t", torch.arange(4.0))
+        code = textwrap.dedent(f"""
+            import warnings
+            warnings.simplefilter("ignore")
+            from shmcache import SharedCache
+            c = SharedCache({name!r})
+            with c.view("t") as v:
+                print("viewed", flush=True)
+                v.add_(1)
+            print("wrote")
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                              env={**os.environ, "PYTHONPATH": REPO, "PYTHONFAULTHANDLER": ""})
+        assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr)
+        assert proc.stdout.split() == ["viewed"]
+        assert c.get("t").tolist() == [0.0, 1.0, 2.0, 3.0] and c.verify(deep=True).ok
+        c.put("t", 0)  # the dead process's pin is gone with it
+
+
+# ---------------------------------------------------------------------------------------------------- CachedDataset
+
+
+class CountingDataset(Dataset):
+    """Sample ``i`` is (a tensor made from ``i``, ``i``, the tensor's checksum); each computation appends ``i`` to
+    ``log`` (O_APPEND, one write per line), so computations can be counted across processes."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n = n
+        self.log = log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{i} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+        return make_sample(i)
+
+
+def make_sample(i: int):
+    g = torch.Generator().manual_seed(i)
+    image = torch.rand((3, 16, 16), generator=g)
+    return image, i, checksum(image)
+
+
+def checksum(t) -> int:
+    return xxhash.xxh3_64_intdigest(raw(t)) >> 2
+
+
+def check_sample(sample, i: int) -> None:
+    image, index, check = sample
+    assert index == i and check == checksum(image) and same_tensor(make_sample(i)[0], image), f"sample {i} wrong"
+
+
+def computations(log: str) -> list[int]:
+    try:
+        with open(log) as f:
+            return sorted(int(line.split()[0]) for line in f)
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def log(tmp_path):
+    return str(tmp_path / "computed.log")
+
+
+def test_cached_dataset_serves_each_sample_from_one_computation(big, log):
+    ds = CachedDataset(CountingDataset(6, log), big)
+    assert len(ds) == 6
+    for _ in range(2):
+        for i in range(6):
+            check_sample(ds[i], i)
+    assert computations(log) == list(range(6)) and big.stats().computations == 6
+
+
+def test_cached_dataset_key_scheme(big, log):
+    inner = CountingDataset(3, log)
+    ds = CachedDataset(inner, big)
+    assert ds.key_of(1) == (f"{__name__}.CountingDataset", 1)
+    assert ds.key_of(np.int64(2)) == ds.key_of(torch.tensor(2)) == ds.key_of(2)  # integers key as Python ints
+    assert type(ds.key_of(torch.tensor(2))[1]) is int
+    ds[1]
+    assert (f"{__name__}.CountingDataset", 1) in big
+    other = CachedDataset(inner, big, name="val")
+    assert other.key_of(1) == ("val", 1)
+    check_sample(other[1], 1)
+    assert computations(log) == [1, 1]  # another name, other entries
+    custom = CachedDataset(inner, big, key=lambda i: f"sample-{i}")
+    check_sample(custom[2], 2)
+    assert "sample-2" in big
+    with pytest.raises(ValueError):
+        CachedDataset(inner, big, key=str, name="x")
+    with pytest.raises(TypeError):
+        CachedDataset(inner, {})
+
+
+def test_cached_dataset_pickles_with_the_cache_by_name(big, log):
+    ds = CachedDataset(CountingDataset(4, log), big, name="p", ttl=60)
+    check_sample(ds[0], 0)
+    copy = pickle.loads(pickle.dumps(ds))
+    try:
+        assert copy.cache is not big and copy.cache.name == big.name and copy.name == "p" and copy.ttl == 60
+        check_sample(copy[0], 0)
+        check_sample(copy[3], 3)
+        assert computations(log) == [0, 3] and big.stats().computations == 2
+    finally:
+        copy.cache.close()
+
+
+def test_cached_dataset_unencodable_sample_says_so(big):
+    ds = CachedDataset([object()], big)
+    with pytest.raises(TypeError, match="cannot encode"):
+        ds[0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_cached_dataset_dataloader_workers_compute_each_sample_once(big, log, method):
+    n = 24
+    ds = CachedDataset(CountingDataset(n, log), big, timeout=60)
+    loader = DataLoader(ds, batch_size=None, shuffle=True, num_workers=2, multiprocessing_context=method,
+                        timeout=120, generator=torch.Generator().manual_seed(1))
+    for epoch in range(2):
+        seen = []
+        for sample in loader:
+            i = sample[1]
+            check_sample(sample, i)
+            seen.append(i)
+        assert sorted(seen) == list(range(n))
+        assert computations(log) == list(range(n)), f"epoch {epoch}"  # each sample once, across both workers
+    s = big.stats()
+    assert s.computations == n and s.hits >= n  # the second epoch computed nothing
+    assert big.verify(deep=True).ok
+
+
+def rank_main(cache_name: str, log: str, n: int, rank: int, barrier, results) -> None:
+    """One "trainer process" of a node: opens the cache by name, waits for the other rank, reads every sample."""
+    cache = SharedCache(cache_name)
+    try:
+        ds = CachedDataset(CountingDataset(n, log), cache, timeout=60)
+        order = range(n) if rank == 0 else [(i * 7) % n for i in range(n)]  # different orders, overlapping
+        barrier.wait(60)
+        wrong = 0
+        for i in order:
+            try:
+                check_sample(ds[i], i)
+            except AssertionError:
+                wrong += 1
+        results.put((rank, wrong))
+    finally:
+        cache.close()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_cached_dataset_shared_by_two_trainer_processes(big, log):
+    n = 40
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(big.name, log, n, rank, barrier, results)) for rank in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        got = sorted(results.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    assert got == [(0, 0), (1, 0)]  # every sample each rank read was its own, bit for bit
+    assert computations(log) == list(range(n)) and big.stats().computations == n
+    check_sample(CachedDataset(CountingDataset(n, log), big)[n - 1], n - 1)  # read from the cache: no computation
+    assert computations(log) == list(range(n))
