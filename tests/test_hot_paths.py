@@ -1,0 +1,124 @@
+"""The hot paths' inlined copies stay equal to what they copy.
+
+``SharedCache.get`` and ``put`` write the guard's protocol, Store.find_live, block.value_at / key_at, Store.hit and the
+dirty bracket inline (cache.py); ``entries.get_many_locked`` inlines the probe and the move. The same random
+operations are run on two caches of one geometry and one clock: through the hot paths on one, through the composed
+operations on the other (``get_with_version``: find_live, body, hit; ``put_many`` of one pair: find_live, store),
+and the two segments must stay byte for byte the same, with the same answers, LRU order and counters. The block
+helpers are checked against the entries the segment really holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shmcache import SharedCache, TooLargeError
+from shmcache import block
+from shmcache.codec import encode_key
+from shmcache.layout import LOCK_NBYTES, SENTINEL
+from shmcache.layout.dtypes import E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_LOCK_OFF
+from tests.conftest import unique_name
+
+KEYS = [f"k{i}" for i in range(6)] + [("t", i) for i in range(3)]  # few: most gets hit, many entries move
+_IGNORED = [(H_CREATED_NS * 8, 8), (H_LOCK_OFF, LOCK_NBYTES)]  # when each was made; the mutex's own words
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10**12
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _image(c: SharedCache) -> bytes:
+    raw = bytearray(c._seg.mm)
+    for off, n in _IGNORED:
+        raw[off : off + n] = bytes(n)
+    return bytes(raw)
+
+
+def _value(i: int, size: int):
+    if size % 3 == 0:
+        return np.full(size, i % 251, dtype=np.uint8)  # the array path: copied out under the lock
+    return {"i": i, "pad": "x" * size}
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("get"), st.sampled_from(KEYS)),
+        st.tuples(st.just("put"), st.sampled_from(KEYS), st.integers(0, 600), st.sampled_from([None, 0, 1e-6, 5])),
+        st.tuples(st.just("many"), st.lists(st.sampled_from(KEYS), max_size=5)),
+        st.tuples(st.just("tick"), st.integers(0, 3_000_000_000)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops)
+def test_hot_paths_equal_the_composed_operations(script):
+    clock = Clock()
+    names = unique_name("hot"), unique_name("composed")
+    hot, composed = (SharedCache(n, capacity_bytes=8192, max_entries=16, create=True, clock=clock, default_ttl=2)
+                     for n in names)
+    try:
+        for step, op in enumerate(script):
+            if op[0] == "get":
+                got = hot.get(op[1], "absent")
+                want = composed.get_with_version(op[1], "absent")[0]
+                _same(got, want)
+            elif op[0] == "put":
+                value = _value(step, op[2])
+                outcomes = []
+                for c, put in ((hot, lambda: hot.put(op[1], value, op[3])),
+                               (composed, lambda: composed.put_many([(op[1], value)], op[3]))):
+                    try:
+                        put()
+                        outcomes.append(None)
+                    except TooLargeError as exc:
+                        outcomes.append(type(exc))
+                assert outcomes[0] == outcomes[1]
+            elif op[0] == "many":
+                got = hot.get_many(op[1], "absent")
+                want = [composed.get_with_version(k, "absent")[0] for k in op[1]]
+                for a, b in zip(got, want):
+                    _same(a, b)
+            else:
+                clock.now += op[1]
+            assert _image(hot) == _image(composed), f"segments differ after step {step}: {op[:2]}"
+        assert hot.stats() == composed.stats()
+        assert list(hot) == list(composed)
+    finally:
+        for c, n in zip((hot, composed), names):
+            c.close()
+            SharedCache.unlink_name(n)
+
+
+def _same(a, b) -> None:
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_hot_paths_block_helpers_find_every_resident_key(cache):
+    for i, k in enumerate(KEYS):
+        cache.put(k, _value(i, 40 + i))
+    seg = cache._seg
+    ent, mm, base = seg.entry_words, seg.mm, seg.geometry.arena_off
+    seen = []
+    e = ent[E_NEXT]
+    while e != SENTINEL:
+        kb = block.key_of(mm, ent, base, e)
+        assert len(kb) == ent[e * ENTRY_WORDS + E_KEY_NBYTES]
+        assert block.key_at(ent, base, e) == block.value_at(ent, base, e) + ent[e * ENTRY_WORDS + E_VAL_NBYTES]
+        nb, owner = block.split_header(seg.arena_words[(block.value_at(ent, 0, e) - block.VALUE_START) >> 3])
+        assert (nb, owner) == (block.entry_nbytes(ent, e), e)
+        assert block.header(nb, owner) == seg.arena_words[(block.value_at(ent, 0, e) - block.VALUE_START) >> 3]
+        seen.append(kb)
+        e = ent[e * ENTRY_WORDS + E_NEXT]
+    assert sorted(seen) == sorted(encode_key(k) for k in cache)
+    assert block.handed_out(seg.header_words, seg.geometry.entry_slots) > len(seen)
