@@ -492,8 +492,9 @@ class SharedCache(LocalMapping):
         encoded canonically: keyword order does not matter, argument types do (``f(1)`` and ``f(1.0)`` are two
         entries), and, as with ``lru_cache``, ``f(1, b=2)`` and ``f(1, 2)`` are two entries. Arguments must be
         valid keys (TypeError otherwise). Misses go through ``get_or_compute``, so concurrent callers anywhere on
-        the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this process's calls: served from the
-        cache, or computed here) and ``cache_clear()`` (removes this function's entries for everyone).
+        the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this
+        process's calls: served from the cache, or computed here) and ``cache_clear()`` (removes this function's
+        entries for everyone).
         """
         seconds("timeout", timeout, none=True, zero=True)
 

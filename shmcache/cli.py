@@ -52,9 +52,10 @@ def _describe(args, name: str) -> dict:
     except (TimeoutError, ShmCacheError) as exc:  # LockTimeout and an unfinished creation are TimeoutErrors
         return {"name": name, "state": "busy" if isinstance(exc, TimeoutError) else "damaged", "error": str(exc)}
     with c:
-        h = parts(c).seg.header_words  # creation-time words: read without the lock
-        row = {"name": name, "state": "ok", "size_bytes": parts(c).seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
-               "owner": _user(os.fstat(parts(c).seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
+        seg = parts(c).seg
+        h = seg.header_words  # creation-time words: read without the lock
+        row = {"name": name, "state": "ok", "size_bytes": seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
+               "owner": _user(os.fstat(seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
         try:
             s = c.stats()
         except ShmCacheError as exc:

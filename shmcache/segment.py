@@ -23,8 +23,8 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import numpy as np
 import posix_ipc
@@ -310,6 +310,25 @@ class Segment:
         self.mm = None
 
 
+class Companion(NamedTuple):
+    """Segments that belong to a cache and go with it (the Redis tier's stats segments), as the module that makes
+    them lists and removes them: ``unlink_of(cache_name)``; ``sweep(remove, cache_names or None, trust)``, entries
+    as ``sweep`` returns them."""
+
+    unlink_of: Callable[[str], None]
+    sweep: Callable[[bool, Any, Trust], list]
+
+
+# Why a registry: the modules that make companion segments sit above this one (the tier package imports cache.py,
+# which imports this module), so they register here when imported; ``import shmcache`` imports them all.
+_COMPANIONS: list[Companion] = []
+
+
+def add_companion(companion: Companion) -> None:
+    """Have ``sweep`` and ``unlink_name`` also handle ``companion``'s segments."""
+    _COMPANIONS.append(companion)
+
+
 def segment_names() -> list[str]:
     """Names of the shmcache caches on this host (their segments in /dev/shm)."""
     try:
@@ -339,20 +358,17 @@ def sweep(remove: bool = False, names: Iterable[str] | None = None, *, mode: int
         entry = ofd.judge(path, name, ofd.LIVE_BYTE, 1, remove, trust)
         if entry is not None:
             found.append({**entry, "cache": name})
-    # The stats segments of TieredCache namespaces, of these caches (or of all).
-    # Why: imported here, not at the top: the tier package imports cache.py, which imports this module.
-    from .tier import stats as tier_stats
-
-    return found + tier_stats.sweep(remove, None if names is None else set(names), trust)
+    for companion in _COMPANIONS:  # the stats segments of TieredCache namespaces, of these caches (or of all)
+        found += companion.sweep(remove, None if names is None else set(names), trust)
+    return found
 
 
 def unlink_name(name: str) -> None:
-    """Remove the named cache's segment, and the stats segments of the TieredCache namespaces it fronts; processes
-    that have them mapped keep their mappings until they close them."""
+    """Remove the named cache's segment, and its companions' (the stats segments of the TieredCache namespaces it
+    fronts); processes that have them mapped keep their mappings until they close them."""
     path = shm_name(name)  # validates the name before anything is removed
-    from .tier import stats as tier_stats  # Why: imported here, as in sweep
-
-    tier_stats.unlink_of(name)
+    for companion in _COMPANIONS:
+        companion.unlink_of(name)
     try:
         posix_ipc.unlink_shared_memory(path)
     except posix_ipc.ExistentialError:

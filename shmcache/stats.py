@@ -13,7 +13,7 @@ from .layout.dtypes import (
 
 if TYPE_CHECKING:
     from .kinds import KindStats
-    from .tier.stats import TierStats
+    from .tier.stats import TierStats  # noqa: F401 (the annotation of prometheus_text's tiers)
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
@@ -129,7 +129,7 @@ _PROMETHEUS = (
 )
 
 
-def _label(value: str) -> str:
+def prometheus_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -146,7 +146,7 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats],
         lines.append(f"# TYPE {metric} {kind}")
         for cache, stats in sorted(stats_by_cache.items()):
             value = getattr(stats, attr)
-            lines.append(f'{metric}{{cache="{_label(cache)}"}} {value!r}')
+            lines.append(f'{metric}{{cache="{prometheus_label(cache)}"}} {value!r}')
     for suffix, attr, help_text in (("kind_entries", "entries", "resident entries of a key kind"),
                                     ("kind_retained_bytes", "retained_bytes", "encoded keys and values of a key kind")):
         metric = f"shmcache_{suffix}"
@@ -154,39 +154,8 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats],
         lines.append(f"# TYPE {metric} gauge")
         for cache, stats in sorted(stats_by_cache.items()):
             for kind, counts in sorted(stats.kinds.items()):
-                lines.append(f'{metric}{{cache="{_label(cache)}",kind="{_label(kind)}"}} {getattr(counts, attr)!r}')
-    if tiers:
-        _tier_lines(lines, tiers)
+                labels = f'cache="{prometheus_label(cache)}",kind="{prometheus_label(kind)}"'
+                lines.append(f"{metric}{{{labels}}} {getattr(counts, attr)!r}")
+    if tiers:  # each TierStats formats its kind's lines (the tier package sits above this module)
+        lines += next(iter(tiers.values())).prometheus_lines(sorted(tiers.items()))
     return "\n".join(lines) + "\n"
-
-
-def _tier_lines(lines: list, tiers: dict) -> None:
-    from .tier.layout import COUNTERS
-
-    items = sorted(tiers.items())
-
-    def labels(cache, namespace, extra=""):
-        return f'cache="{_label(cache)}",namespace="{_label(namespace)}"{extra}'
-
-    for name in COUNTERS:
-        if name == "remote_ns":
-            continue  # the summary's _sum
-        metric = f"shmcache_tier_{name}_total"
-        lines.append(f"# HELP {metric} TieredCache {name.replace('_', ' ')}, on this host")
-        lines.append(f"# TYPE {metric} counter")
-        lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]
-    metric = "shmcache_tier_remote_latency_seconds"
-    lines.append(f"# HELP {metric} TieredCache remote call latency (quantiles: histogram bucket upper bounds)")
-    lines.append(f"# TYPE {metric} summary")
-    for (c, ns), t in items:
-        for q, us in (("0.5", t.remote_p50_us), ("0.9", t.remote_p90_us), ("0.99", t.remote_p99_us)):
-            quantile = f',quantile="{q}"'
-            lines.append(f"{metric}{{{labels(c, ns, quantile)}}} {us / 1e6!r}")
-        lines.append(f"{metric}_sum{{{labels(c, ns)}}} {t.remote_ns / 1e9!r}")
-        lines.append(f"{metric}_count{{{labels(c, ns)}}} {t.remote_calls!r}")
-    for name, help_text in (("local_entries", "copies of a TieredCache namespace in the host's cache"),
-                            ("local_retained_bytes", "bytes of those copies")):
-        metric = f"shmcache_tier_{name}"
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} gauge")
-        lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]

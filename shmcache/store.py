@@ -170,8 +170,8 @@ class Store:
         h[H_WRITING] = 0
 
     store = updating(write)
-    store.__doc__ = """Store an encoded entry as the most recent, expiring at ``expires`` (0: never), with ``version`` (0:
-        the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
+    store.__doc__ = """Store an encoded entry as the most recent, expiring at ``expires`` (0: never), with ``version``
+        (0: the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
 
         :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
         :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is (the evictions made

@@ -26,7 +26,8 @@ import numpy as np
 from .. import ofd, space
 from ..errors import AttachTimeout, LayoutError, LayoutVersionError
 from ..layout.dtypes import MAX_COUNTER
-from ..segment import flock_until
+from ..segment import Companion, add_companion, flock_until
+from ..stats import prometheus_label
 from ..trust import Trust
 from .layout import (
     C_LATENCY, COUNTERS, H_MAGIC, H_ROW_WORDS, H_ROWS, H_VERSION, LATENCY_BUCKETS, LATENCY_PER_OCTAVE,
@@ -94,6 +95,40 @@ class TierStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "hit_ratio": self.hit_ratio}
+
+    @staticmethod
+    def prometheus_lines(items: list) -> list[str]:
+        """Prometheus text lines for ``items``, ``((cache name, namespace), TierStats)`` pairs (see
+        ``stats.prometheus_text``)."""
+        lines: list[str] = []
+
+        def labels(cache, namespace, extra=""):
+            return f'cache="{prometheus_label(cache)}",namespace="{prometheus_label(namespace)}"{extra}'
+
+        for name in COUNTERS:
+            if name == "remote_ns":
+                continue  # the summary's _sum
+            metric = f"shmcache_tier_{name}_total"
+            lines.append(f"# HELP {metric} TieredCache {name.replace('_', ' ')}, on this host")
+            lines.append(f"# TYPE {metric} counter")
+            lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]
+        metric = "shmcache_tier_remote_latency_seconds"
+        lines.append(f"# HELP {metric} TieredCache remote call latency (quantiles: histogram bucket upper bounds)")
+        lines.append(f"# TYPE {metric} summary")
+        for (c, ns), t in items:
+            for q, us in (("0.5", t.remote_p50_us), ("0.9", t.remote_p90_us), ("0.99", t.remote_p99_us)):
+                quantile = f',quantile="{q}"'
+                lines.append(f"{metric}{{{labels(c, ns, quantile)}}} {us / 1e6!r}")
+            lines.append(f"{metric}_sum{{{labels(c, ns)}}} {t.remote_ns / 1e9!r}")
+            lines.append(f"{metric}_count{{{labels(c, ns)}}} {t.remote_calls!r}")
+        for name, help_text in (("local_entries", "copies of a TieredCache namespace in the host's cache"),
+                                ("local_retained_bytes", "bytes of those copies")):
+            metric = f"shmcache_tier_{name}"
+            lines.append(f"# HELP {metric} {help_text}")
+            lines.append(f"# TYPE {metric} gauge")
+            lines += [f"{metric}{{{labels(c, ns)}}} {getattr(t, name)!r}" for (c, ns), t in items]
+        return lines
+
 
 
 def percentile(histogram: np.ndarray, q: float) -> float:
@@ -295,3 +330,6 @@ def sweep(remove: bool = False, caches=None, trust: Trust = Trust()) -> list[dic
         if entry is not None:
             found.append({**entry, "cache": cache})
     return found
+
+
+add_companion(Companion(unlink_of, sweep))  # a cache's removal and the sweep take its namespaces' stats segments
