@@ -1,16 +1,16 @@
 """The cross-process cache lock: a robust, process-shared, error-checking pthread mutex living in the segment header.
 
 One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and
-the arena. Only ``cache.SharedCache`` takes it (its private methods that need it end in ``_locked``); ``index``,
-``lru``, ``arena``, ``stats`` and ``verify`` assume it is held. Segment creation, and the re-initialisation of a
+the arena. Only ``guard.Guard`` takes it (``SharedCache.get`` and ``put`` inline its protocol); ``store``, ``table``,
+``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it is held. Segment creation, and the re-initialisation of a
 broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see ``segment.py``). The order
 of this lock against every other lock of the package is in ``docs/design.md``.
 
 Why a robust mutex (the mechanism LMDB relies on): when its holder dies -- SIGKILL, OOM killer, segfault, at any
 instruction -- the kernel marks the mutex owner-dead as the process exits, and the next locker gets ``EOWNERDEAD`` at
 once. No timeout, no PID check, so PID reuse cannot fool it. The new owner calls ``pthread_mutex_consistent`` at
-once (``cache.SharedCache._wait``), then, before reading anything, repairs what the dead holder left half-done, which
-the segment's ``dirty`` word records (``_admit`` -> ``_repair_locked``). If it dies before marking the mutex
+once (``guard.Guard.wait``), then, before reading anything, repairs what the dead holder left half-done, which
+the segment's ``dirty`` word records (``Guard.admit`` -> ``Guard.repair``). If it dies before marking the mutex
 consistent, the next locker is told again; if it dies during the repair, ``dirty`` is still set for the next locker;
 if it unlocks without marking it, the mutex is unrecoverable and is re-initialised under ``flock``
 (``reinit_unrecoverable``). A waiter first retries a bounded number of times, yielding the CPU (``_SPIN_TRIES``),
