@@ -263,6 +263,20 @@ def test_cli_tier_names_the_namespaces_of_a_cache_without_one(capsys, filled, na
     assert rc == 1 and "fronts no namespace 'ns'" in err
 
 
+def test_cli_tier_reads_a_pickle_cache_namespace_without_unpickling(capsys, name):
+    from shmcache.tier.stats import Rows
+
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, serializer="pickle") as c:
+        c.kind("tier:ns").put("k", {"a": 1})
+        rows = Rows(name, "ns")  # the namespace's stats segment, as a TieredCache makes it
+        try:
+            rc, out, err = run(capsys, "tier", name, "ns", "--json")
+        finally:
+            rows.close()
+    assert rc == 0, err
+    assert json.loads(out)["local_entries"] == 1
+
+
 def _hold_lock_and_stop(name: str) -> None:
     """Take the cache lock, then stop: a live holder that will never let go until killed."""
     cache = SharedCache(name, create=False)

@@ -357,7 +357,7 @@ def test_tiered_arguments_checked(redis_url, name):
                 t.put("k", 1, ttl=-1)
             with pytest.raises(TypeError):
                 t.put("k", object())
-            assert t.limits == local.limits
+            assert t.limits() == local.limits()
             t.unlink()
 
 

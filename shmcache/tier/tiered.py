@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .. import flight, memo, ofd
 from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, parts, seconds, ttl_ns
 from ..codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
-from ..errors import ClosedError, PinnedError, RemoteError, TooLargeError
+from ..errors import ClosedError, PinnedError, RemoteError, SerializerMismatch, TooLargeError
 from ..layout import KIND_PREFIX
 from ..mapping import MISSING
 from ..trust import Trust
@@ -551,10 +551,9 @@ class TieredCache(TierMapping):
             listener and listener.leading)
         return self._rows.stats(self.namespace, local.entries, local.retained_bytes, listening)
 
-    @property
-    def limits(self) -> Callable[[], CacheLimits]:
+    def limits(self) -> CacheLimits:
         """The local cache's limits (Redis's are its own ``maxmemory``)."""
-        return self.local.limits
+        return self.local.limits()
 
     def set_limits(self, limits: CacheLimits | None = None, **kwargs: int | None) -> None:
         """The local cache's ``set_limits``."""
@@ -662,9 +661,13 @@ def host_stats(cache_name: str, namespace: str, *, mode: int = 0o600, trust_owne
     :raises LockTimeout: if the local cache's lock did not come within ``timeout``.
     """
     rows = Rows(cache_name, namespace, Trust.of(mode, trust_owner), claim=False, timeout=timeout)
+    opening = dict(create=False, mode=mode, trust_owner=trust_owner, lock_timeout=timeout, attach_timeout=timeout)
     try:
-        with SharedCache(cache_name, create=False, mode=mode, trust_owner=trust_owner, lock_timeout=timeout,
-                         attach_timeout=timeout) as local:
+        try:
+            local = SharedCache(cache_name, **opening)
+        except SerializerMismatch as exc:  # a pickle cache, opened as one: nothing here reads a value
+            local = SharedCache(cache_name, serializer=exc.found, **opening)
+        with local:
             kinds = local.stats().kinds
             kind = kinds.get(f"tier:{namespace}")
             number = list(kinds).index(f"tier:{namespace}") + 1 if kind else 0
