@@ -1,7 +1,8 @@
 """PyTorch DataLoader workers sharing decoded samples through one shmcache.
 
 Each sample is decoded and transformed once on the whole host, by whichever DataLoader worker asks first; every
-other worker, and every later epoch, reads it from the cache instead of decoding it again, and the cached arrays are
+other worker, and every later epoch, reads it from the cache instead of decoding it again (shmcache.contrib.torch.
+CachedDataset wraps the plain dataset), and the cached tensors are
 held once in shared memory rather than once per worker.
 
     pip install torch          # any CPU build will do
@@ -19,31 +20,29 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from shmcache import SharedCache
+from shmcache.contrib.torch import CachedDataset
 
 SHAPE = (3, 32, 32)
 
 
-def decode(index: int) -> np.ndarray:
+def decode(index: int) -> torch.Tensor:
     """Stands in for reading and decoding an image, then augmenting it: deterministic in ``index``."""
     rng = np.random.default_rng(index)
     img = rng.integers(0, 256, SHAPE, dtype=np.uint8).astype(np.float32) / 255.0
-    return (img - img.mean()) / (img.std() + 1e-6)
+    return torch.from_numpy((img - img.mean()) / (img.std() + 1e-6))
 
 
-class CachedDataset(Dataset):
-    """A map-style dataset whose ``__getitem__`` goes through the shared cache. The cache handle pickles by name,
-    so the dataset works with the "fork" and "spawn" worker start methods alike."""
+class Decoded(Dataset):
+    """The dataset as it would be without a cache: every ``__getitem__`` decodes."""
 
-    def __init__(self, n: int, cache: SharedCache) -> None:
+    def __init__(self, n: int) -> None:
         self.n = n
-        self.cache = cache
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int):
-        sample = self.cache.get_or_compute(("decoded", index), lambda: decode(index))
-        return torch.from_numpy(sample), index
+        return decode(index), index
 
 
 def main(argv=None) -> int:
@@ -58,14 +57,17 @@ def main(argv=None) -> int:
     epochs = []
     with SharedCache(args.name, capacity_bytes=32 * 2**20, max_entries=4096, create=True) as cache:
         try:
-            loader = DataLoader(CachedDataset(args.samples, cache), batch_size=8, shuffle=True,
+            # The wrapped dataset goes through the cache: its handle pickles by name, so "fork" and "spawn"
+            # workers alike share it, and each sample is decoded once on the host.
+            dataset = CachedDataset(Decoded(args.samples), cache, name="decoded")
+            loader = DataLoader(dataset, batch_size=8, shuffle=True,
                                 num_workers=args.workers, multiprocessing_context=args.start_method)
             ok = True
             for _ in range(args.epochs):
                 seen = []
                 for batch, indices in loader:
                     for sample, index in zip(batch, indices.tolist()):
-                        ok &= bool(torch.equal(sample, torch.from_numpy(decode(index))))
+                        ok &= bool(torch.equal(sample, decode(index)))
                         seen.append(index)
                 s = cache.stats()
                 ok &= sorted(seen) == list(range(args.samples))
