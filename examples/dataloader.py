@@ -1,9 +1,9 @@
 """PyTorch DataLoader workers sharing decoded samples through one shmcache.
 
 Each sample is decoded and transformed once on the whole host, by whichever DataLoader worker asks first; every
-other worker, and every later epoch, reads it from the cache instead of decoding it again (shmcache.contrib.torch.
-CachedDataset wraps the plain dataset), and the cached tensors are
-held once in shared memory rather than once per worker.
+other worker, and every later epoch, reads it from the cache instead of decoding it again
+(``shmcache.contrib.torch.CachedDataset`` wraps the plain dataset), and the cached tensors are held once in shared
+memory rather than once per worker.
 
     pip install torch          # any CPU build will do
     python examples/dataloader.py --epochs 2 --workers 2
