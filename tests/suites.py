@@ -97,10 +97,10 @@ def cachetools_tests():
 
 
 def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
-    """The ``tests`` directory of the installed Flask-Caching version's sdist, and its modules ``names`` (file stems,
-    such as ``test_memoize``) imported by path as ``flask_caching_tests.<stem>``. Its conftest.py is not imported (it
-    needs pytest-xprocess for the Redis and memcached servers of its own backends' tests): the caller provides the
-    fixtures the tests ask for."""
+    """The ``tests`` directory of the installed Flask-Caching version's sdist, and those of its modules ``names``
+    (file stems, such as ``test_memoize``) that this version has, imported by path as ``flask_caching_tests.<stem>``.
+    Its conftest.py is not imported (it needs pytest-xprocess for the Redis and memcached servers of its own
+    backends' tests): the caller provides the fixtures the tests ask for."""
     from importlib.metadata import version as installed
 
     version = installed("Flask-Caching")
@@ -117,6 +117,8 @@ def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
     root = os.path.join(where, members[0].name.split("/")[0], "tests")
     modules = {}
     for stem in names:
+        if not os.path.exists(os.path.join(root, f"{stem}.py")):
+            continue  # a module of a later (or earlier) release
         spec = importlib.util.spec_from_file_location(f"flask_caching_tests.{stem}", os.path.join(root, f"{stem}.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module

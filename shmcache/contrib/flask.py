@@ -34,6 +34,7 @@ Invariant: a process uses the handle it opened, on first use, and a forked child
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from flask import Flask
@@ -61,7 +62,8 @@ class SharedMemoryCache(BaseCache):
 
     def __init__(self, name: str, *, default_timeout: int | dt.timedelta = 300, key_prefix: str | None = None,
                  ignore_delete_many_errors: bool = False, **options: Any) -> None:
-        super().__init__(default_timeout=default_timeout, ignore_delete_many_errors=ignore_delete_many_errors)
+        super().__init__(default_timeout=default_timeout)  # Why one argument: Flask-Caching before 2.5 takes no more
+        self.ignore_delete_many_errors = ignore_delete_many_errors  # recorded only: a delete here cannot fail
         if not name or not isinstance(name, str):
             raise ValueError(f"SharedMemoryCache needs {NAME_CONFIG}: the name of the cache (one for every process "
                              f"that shares it), got {name!r}")
@@ -91,7 +93,9 @@ class SharedMemoryCache(BaseCache):
 
     def _ttl(self, timeout: int | dt.timedelta | None) -> float:
         """SharedCache's ttl for a cachelib timeout: seconds, 0 for never, ``EXPIRED`` below 0."""
-        seconds = self._normalize_timeout(timeout)  # cachelib's: None is the default, a timedelta whole seconds
+        if isinstance(timeout, dt.timedelta):  # whole seconds, rounded up, as cachelib 0.17 does (older: no timedelta)
+            timeout = math.ceil(timeout.total_seconds())
+        seconds = self._normalize_timeout(timeout)  # cachelib's: None is the default
         if seconds == 0:
             return 0
         if seconds < 0:
