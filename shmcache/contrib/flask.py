@@ -57,7 +57,7 @@ class SharedMemoryCache(BaseCache):
     :param name: the cache's name (``CACHE_SHMCACHE_NAME``); every process that names it shares it.
     :param key_prefix: put before every key (``CACHE_KEY_PREFIX``).
     :param options: SharedCache's keywords (``CACHE_OPTIONS``), as the module docstring lists.
-    :raises ValueError: for a missing name or an unknown option.
+    :raises ValueError: for a missing name or an unknown option. :raises TypeError: for a key prefix not a str.
     """
 
     def __init__(self, name: str, *, default_timeout: int | dt.timedelta = 300, key_prefix: str | None = None,
