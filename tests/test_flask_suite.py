@@ -9,8 +9,9 @@ opened in the test (SharedCache's ``clock``), so the tests of expiry run in full
 
 Excluded, with the reason (``EXCLUDED``): the tests that build a cache of another backend of their own (Redis's
 ``unlink``, SimpleCache's ``CACHE_IGNORE_ERRORS``, FileSystemCache's hash method), where this backend is not the one
-tested; and with Flask-Caching before 2.5 (Python 3.10), its test of the ``delete_many`` rule 2.5 changed. Not run: the modules about other backends' construction (test_basic_app, test_cachelib, test_init) and
-``CACHE_SERIALIZER`` (test_serializer: this backend pickles through SharedCache and takes no cachelib serializer).
+tested; and with Flask-Caching before 2.5 (Python 3.10), its test of the ``delete_many`` rule 2.5 changed. Not run:
+the modules about other backends' construction (test_basic_app, test_cachelib, test_init) and ``CACHE_SERIALIZER``
+(test_serializer: this backend pickles through SharedCache and takes no cachelib serializer).
 """
 
 from __future__ import annotations
