@@ -3,7 +3,7 @@
 Worker pools (pre-fork web servers, multiprocessing pools, DataLoader workers) open the same cache by name; entries,
 limits, LRU order and stats are global. No server runs: the cache is a segment in /dev/shm and a lock inside it.
 ``shmcache.contrib`` holds thin adapters over this API for frameworks (``shmcache.contrib.django``: a Django cache
-backend), imported only by those who use them.
+backend; ``shmcache.contrib.flask``: a Flask-Caching backend), imported only by those who use them.
 """
 
 from .cache import SharedCache

@@ -1,6 +1,7 @@
 """Other projects' test suites, loaded from their published sources at test time (never copied into this
-repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools' and
-Django's tests from their sdists on PyPI (``pip download``, unpacked into a temporary directory removed at exit).
+repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools',
+Django's and Flask-Caching's tests from their sdists on PyPI (``pip download``, unpacked into a temporary directory
+removed at exit).
 
 Where a suite cannot be had, the tests that use it skip with the reason, unless SHMCACHE_REQUIRE_SUITES=1 (as in
 CI), which makes them fail instead."""
@@ -93,3 +94,34 @@ def cachetools_tests():
     sys.modules["cachetools_tests"] = package
     spec.loader.exec_module(package)
     return package, importlib.import_module("cachetools_tests.test_lru")
+
+
+def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
+    """The ``tests`` directory of the installed Flask-Caching version's sdist, and those of its modules ``names``
+    (file stems, such as ``test_memoize``) that this version has, imported by path as ``flask_caching_tests.<stem>``.
+    Its conftest.py is not imported (it needs pytest-xprocess for the Redis and memcached servers of its own
+    backends' tests): the caller provides the fixtures the tests ask for."""
+    from importlib.metadata import version as installed
+
+    version = installed("Flask-Caching")
+    where = tempfile.mkdtemp(prefix="shmcache-suites-")
+    atexit.register(shutil.rmtree, where, True)
+    try:
+        with tarfile.open(_sdist(f"Flask-Caching=={version}", where)) as tar:
+            members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
+            if not members:
+                raise ValueError("the sdist has no tests/")
+            tar.extractall(where, members=members, filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
+        unavailable(f"Flask-Caching=={version} sources could not be downloaded: {exc!r}")
+    root = os.path.join(where, members[0].name.split("/")[0], "tests")
+    modules = {}
+    for stem in names:
+        if not os.path.exists(os.path.join(root, f"{stem}.py")):
+            continue  # a module of a later (or earlier) release
+        spec = importlib.util.spec_from_file_location(f"flask_caching_tests.{stem}", os.path.join(root, f"{stem}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        modules[stem] = module
+    return root, modules

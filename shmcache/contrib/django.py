@@ -22,14 +22,12 @@ warnings Django gives for keys memcached would refuse.
 
 Invariant: a process uses the handle it opened. The handle is opened on first use and shared by every backend
 instance (Django makes one per thread and alias) of the same name and options in the process; a forked child sees
-another pid and opens its own. ``close()``, which Django calls at the end of every request, keeps it: opening a
-cache costs an attach (a mapping, file locks), not a connection from a pool.
+another pid and opens its own (``shmcache.contrib.backends``). ``close()``, which Django calls at the end of every
+request, keeps it: opening a cache costs an attach (a mapping, file locks), not a connection from a pool.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,42 +35,12 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from shmcache import SharedCache, TooLargeError
+from shmcache.contrib import backends
+from shmcache.contrib.backends import OPTIONS, close_handles
 from shmcache.durations import MAX_TTL
 
-OPTIONS = frozenset(("capacity_bytes", "max_entries", "mode", "lock_timeout", "attach_timeout", "trust_owner",
-                     "group"))
-# Why 1 ns, not a delete: Django's timeout 0 (or below) stores the value already expired, so ``add`` still answers
-# whether the key was absent, atomically, the value is still pickled (a PickleError is raised as for any set),
-# and the old value is gone. No read can come within 1 ns of the store: the entry is expired for every reader.
-_EXPIRED = 1e-9
+__all__ = ["SharedMemoryCache", "close_handles"]
 _MISSING = object()
-
-# This process's handles, by (name, options): (the pid that opened it, the handle). The pid is checked at every use,
-# so a child forked by any means opens its own; the fork hook also forgets the parent's at once.
-_handles: dict[tuple, tuple[int, SharedCache]] = {}
-_opening = threading.Lock()
-
-
-def close_handles() -> None:
-    """Close this process's handles; every backend opens its cache again on next use. For tests, and for a process
-    that wants its mappings gone before it exits."""
-    with _opening:
-        entries = list(_handles.values())
-        _handles.clear()
-    for pid, handle in entries:
-        if pid == os.getpid():
-            handle.close()
-
-
-def _forked_child() -> None:
-    global _opening
-    # The parent's handles stay valid here, but each process uses its own (see the Invariant); the lock may have
-    # been held by a thread of the parent that does not exist here.
-    _handles.clear()
-    _opening = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked_child)
 
 
 class SharedMemoryCache(BaseCache):
@@ -84,38 +52,25 @@ class SharedMemoryCache(BaseCache):
             raise ImproperlyConfigured("SharedMemoryCache needs LOCATION: the name of the cache (one for every "
                                        "process that shares it)")
         options = {k: v for k, v in params.get("OPTIONS", {}).items() if not k.isupper()}
-        unknown = sorted(set(options) - OPTIONS)
+        unknown = backends.unknown_options(options)
         if unknown:
             raise ImproperlyConfigured(f"SharedMemoryCache OPTIONS {unknown} are unknown; it takes "
                                        f"{sorted(OPTIONS)} (SharedCache's keywords)")
-        self._name = location
-        self._options = options
-        self._handle_key = (location, repr(sorted(options.items())))
+        self._handle = backends.ProcessHandle(location, options)
 
     @property
     def _cache(self) -> SharedCache:
         """This process's handle, opened (or re-opened after a fork) on first use."""
-        entry = _handles.get(self._handle_key)
-        if entry is None or entry[0] != os.getpid():
-            return self._open()
-        return entry[1]
-
-    def _open(self) -> SharedCache:
-        pid = os.getpid()
-        with _opening:
-            entry = _handles.get(self._handle_key)
-            if entry is None or entry[0] != pid:
-                entry = _handles[self._handle_key] = pid, SharedCache(self._name, serializer="pickle", **self._options)
-        return entry[1]
+        return self._handle.get()
 
     def _ttl(self, timeout) -> float:
-        """SharedCache's ttl for a Django timeout: seconds, 0 for never (None), ``_EXPIRED`` for 0 or below."""
+        """SharedCache's ttl for a Django timeout: seconds, 0 for never (None), ``EXPIRED`` for 0 or below."""
         if timeout is DEFAULT_TIMEOUT:
             timeout = self.default_timeout
         if timeout is None:
             return 0
         if timeout <= 0:
-            return _EXPIRED
+            return backends.EXPIRED
         return min(float(timeout), MAX_TTL)  # 73 years: longer is forever in all but name
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
@@ -134,10 +89,7 @@ class SharedMemoryCache(BaseCache):
         """Store ``value``. One too large for the cache is not stored and the key's old value goes (what Django's
         memcached backends do with memcached's item size limit)."""
         key = self.make_and_validate_key(key, version=version)
-        try:
-            self._cache.put(key, value, self._ttl(timeout))
-        except TooLargeError:
-            self._cache.delete(key)
+        backends.put(self._cache, key, value, self._ttl(timeout))
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
@@ -171,22 +123,9 @@ class SharedMemoryCache(BaseCache):
 
     def set_many(self, data: dict, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> list:
         """Store every pair under one hold of the lock; the keys not stored (too large: their old values go)."""
-        pairs = [(self.make_and_validate_key(k, version=version), k, v) for k, v in data.items()]
-        if not pairs:
-            return []
-        ttl = self._ttl(timeout)
-        try:
-            self._cache.put_many([(made, v) for made, _, v in pairs], ttl)
-            return []
-        except TooLargeError:  # refused whole before anything was stored: one at a time, to store the others
-            failed = []
-            for made, k, v in pairs:
-                try:
-                    self._cache.put(made, v, ttl)
-                except TooLargeError:
-                    self._cache.delete(made)
-                    failed.append(k)
-            return failed
+        keys = list(data)
+        pairs = [(self.make_and_validate_key(k, version=version), data[k]) for k in keys]
+        return [keys[i] for i in backends.put_many(self._cache, pairs, self._ttl(timeout))]
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         for made in [self.make_and_validate_key(k, version=version) for k in keys]:
