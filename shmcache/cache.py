@@ -116,7 +116,7 @@ class SharedCache(LocalMapping):
     """
 
     _seg: Segment | None = None
-    _guard: Guard | None = None
+    _guard: Guard  # set by _bind; absent from an object whose construction failed (then it is closed)
 
     def __init__(
         self,
@@ -192,7 +192,8 @@ class SharedCache(LocalMapping):
     @property
     def closed(self) -> bool:
         """Whether this handle is closed (``close()``); the cache itself lives on for the other processes."""
-        return self._guard is None or self._guard.closed
+        guard = self.__dict__.get("_guard")
+        return guard is None or guard.closed
 
     # ------------------------------------------------------------------------------------------- the dict-like API
 
