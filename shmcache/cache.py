@@ -27,7 +27,7 @@ from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
 from .guard import EBUSY, H_MUTEX_KIND, REFUSALS, Guard
 from .kinds import KindView
-from .layout import EMPTY, MAX_TTL_NS, SENTINEL, Geometry
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL,
     H_DIRTY, H_HITS, H_MISSES, H_TAKEOVERS, H_WAITS,
@@ -36,7 +36,7 @@ from .lock import MUTEX_KIND_WORD, hot_trylock as _trylock, hot_unlock as _unloc
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
-from .store import UNVIEWABLE, Store
+from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
@@ -52,6 +52,7 @@ DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
 _VALUE_START = 8  # block.VALUE_START, inlined (a block is [header][value][key]; tests/test_hot_paths.py pins it)
+_BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 P = ParamSpec("P")
 R = TypeVar("R")
 _SC = TypeVar("_SC", bound="SharedCache")
@@ -178,6 +179,7 @@ class SharedCache(LocalMapping):
                                                              seg.expires_words, seg.mm)
         self._clock = clock
         self._decode = ser.decode  # the serializer's: every value read
+        self._encode_value = ser.encode  # and every value stored
         self._arena = seg.arena
         self._base = g.arena_off
         self._mask = g.index_slots - 1
@@ -296,11 +298,24 @@ class SharedCache(LocalMapping):
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         :raises PinnedError: if an open view pins the key's entry, or the room needed is pinned.
         """
-        store = self._store
-        kb, tag, body, fp, check, size, nb = store.encode(key, value)
+        # Store.encode, inlined (the call and its named tuple cost as much as the arithmetic).
+        if type(key) is str:
+            try:
+                kb = key.encode()
+            except UnicodeEncodeError:
+                kb = encode_key(key)  # raises the TypeError
+        else:
+            kb = encode_key(key)
+        tag, body = self._encode_value(value)
+        size = len(kb) + len(body) + 1
+        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
+        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
+            raise too_large(size, self._capacity_bytes, "capacity_bytes")
+        fp = _xxh(kb) & _MASK63
+        check = (_xxh(body, tag) & _MASK63) | 1
         if ttl is not None:
             ttl = ttl_ns(ttl)
-        guard = self._guard
+        guard, store = self._guard, self._store
         addr = self._addr
         try:
             h = self._h

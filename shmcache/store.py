@@ -23,6 +23,7 @@ from .layout.dtypes import (
     H_UPDATES, H_WRITING,
 )
 from .stats import CacheStats, read_stats, reset_counters
+from .table import pinned_error
 from .verify import header_problems
 
 _W = ENTRY_WORDS
@@ -143,7 +144,9 @@ class Store:
         table = self.table
         if table.pins[e] and table.pinned(e):
             if to_insert:
-                table.refuse_pinned(e, "replaced")
+                # Why not refuse_pinned: it would ask the kernel again, and a pin ended in between would let the
+                # caller insert the key a second time, beside this entry.
+                raise pinned_error("replaced")
             return
         self.remove(e, H_EXPIRED)
 

@@ -27,6 +27,12 @@ _pack_entry = ENTRY_STRUCT.pack_into
 _unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
 
 
+def pinned_error(what: str) -> PinnedError:
+    """The refusal of an operation (``what``: replaced, deleted, popped) on an entry an open view pins."""
+    return PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
+                       hint="close the view (leave its with block) first")
+
+
 class Table:
     """The structures of one mapped segment."""
 
@@ -64,8 +70,7 @@ class Table:
     def refuse_pinned(self, e: int, what: str) -> None:
         """Raise PinnedError if entry ``e`` is pinned: its bytes must stay as they are while a view reads them."""
         if self.pins[e] and self.pinned(e):
-            raise PinnedError(f"the entry is pinned by an open view and cannot be {what}", what=what,
-                              hint="close the view (leave its with block) first")
+            raise pinned_error(what)
 
     def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int, expires: int,
                version: int = 0) -> None:

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from shmcache import SharedCache, prometheus_text
+from shmcache import PinnedError, SharedCache, prometheus_text
+from shmcache.table import Table
 from tests.workers import put_and_die_at, start_and_collect
 
 S = 10**9  # ns per second
@@ -285,6 +286,20 @@ def test_ttl_an_expired_entry_a_view_pins_goes_first_once_unpinned(tcache, clock
         assert "live0" not in tcache and tcache.verify().ok
     tcache.put("z", 3)  # unpinned: the expired entry goes before any live one
     assert tcache.stats().expired == 1 and "live1" in tcache and tcache.verify().ok
+
+
+def test_ttl_a_pin_that_ends_while_a_put_drops_its_expired_key_never_doubles_the_key(tcache, clock, monkeypatch):
+    tcache.put("k", b"old", ttl=1)
+    with tcache.view("k"):
+        clock.advance(1)
+        answers = iter([True, False])  # pinned when first asked; the view has ended by a second question
+        monkeypatch.setattr(Table, "pinned", lambda self, e: next(answers, False))
+        with pytest.raises(PinnedError):
+            tcache.put("k", b"new")
+        monkeypatch.undo()
+    assert tcache.verify().ok and tcache.get("k") is None
+    tcache.put("k", b"new")
+    assert tcache.get("k") == b"new" and len(tcache) == 1 and tcache.verify().ok
 
 
 @pytest.mark.timeout(120)
