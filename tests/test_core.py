@@ -466,3 +466,113 @@ def test_core_hostile_segment_hands_over_never_crashes(seed):
     assert out.returncode == 0, f"the C path crashed (rc {out.returncode}):\n{out.stderr[-3000:]}"
     counts = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert counts["handover"] > 0, counts  # the damage was seen
+
+
+# ---------------------------------------------------------------------------------------------------- the lock
+
+
+def _hold_lock(name: str, seconds: float, die: bool, ready) -> None:
+    """Take the cache lock, say so, then release it after ``seconds`` -- or exit holding it (``die``)."""
+    import time
+
+    from shmcache.lock import hot_trylock, hot_unlock
+
+    c = SharedCache(name, create=False)
+    assert hot_trylock(c._addr) == 0
+    ready.set()
+    time.sleep(seconds)
+    if die:
+        os._exit(0)  # the robust mutex tells the next locker: EOWNERDEAD
+    hot_unlock(c._addr)
+    c.close()
+
+
+def _locked_elsewhere(name: str, seconds: float, die: bool):
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_lock, args=(name, seconds, die, ready))
+    p.start()
+    assert ready.wait(30), "the child never took the lock"
+    return p
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_core_lock_busy_is_waited_for_in_c(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        c.put("a", b"v")
+        k = core.bind(c._seg, 20.0)
+        p = _locked_elsewhere(name, 0.3, die=False)
+        try:
+            kb = encode_key("a")
+            r = k.get(kb, fingerprint(kb), 0)  # waits ~0.3 s for the holder, then serves: no hand-over
+            assert r is not core.HANDOVER and r[1] == b"v", (r, k.reason)
+        finally:
+            reap([p], 30)
+            k.release()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_core_lock_wait_past_the_timeout_hands_over(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 0.2)
+        p = _locked_elsewhere(name, 3.0, die=False)
+        try:
+            kb = encode_key("a")
+            assert k.get(kb, fingerprint(kb), 0) is core.HANDOVER and k.reason == "timeout"
+        finally:
+            reap([p], 30)
+            k.release()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_core_lock_of_a_dead_holder_is_made_consistent_and_handed_over(name):
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        c.put("a", b"v")
+        k = core.bind(c._seg, 20.0)
+        p = _locked_elsewhere(name, 0.0, die=True)
+        try:
+            p.join(30)
+            kb = encode_key("a")
+            assert k.get(kb, fingerprint(kb), 0) is core.HANDOVER and k.reason == "ownerdead"
+            assert c.get("a") == b"v"  # consistent again: the Python path locks normally
+            assert k.get(kb, fingerprint(kb), 0)[1] == b"v"
+        finally:
+            reap([p], 30)
+            k.release()
+
+
+def test_core_reentered_call_hands_over(name):
+    from shmcache.lock import hot_trylock, hot_unlock
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            assert hot_trylock(c._addr) == 0  # as a Python-path call of this thread would hold it
+            try:
+                kb = encode_key("a")
+                assert k.get(kb, fingerprint(kb), 0) is core.HANDOVER and k.reason == "reentered"
+            finally:
+                hot_unlock(c._addr)
+        finally:
+            k.release()
+
+
+def test_core_damaged_mutex_kind_hands_over(name):
+    from shmcache.lock import KIND_OFF
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            word = (H_LOCK_OFF + KIND_OFF) // 8
+            saved = c._seg.lock_words[word]
+            c._seg.lock_words[word] = saved ^ 0x10  # a kind glibc would assert on must never reach trylock
+            try:
+                kb = encode_key("a")
+                assert k.get(kb, fingerprint(kb), 0) is core.HANDOVER and k.reason == "kind"
+            finally:
+                c._seg.lock_words[word] = saved
+        finally:
+            k.release()
