@@ -419,7 +419,7 @@ _HOSTILE = textwrap.dedent("""
         g = c._seg.geometry
         words = np.frombuffer(c._seg.mm, dtype=np.int64)
         regions = [(g.index_off, g.entries_off), (g.entries_off, g.expires_off), (g.arena_off, g.total_nbytes),
-                   (128, 320)]
+                   (g.expires_off, g.arena_off), (128, 384)]
         counts = {"answered": 0, "handover": 0, "pinned": 0}
         for round in range(300):
             lo, hi = rng.choice(regions)
