@@ -32,8 +32,10 @@ from .conftest import unique_name
 from .workers import check_value, make_value, reap
 
 if core._core is None:
-    pytest.skip("shmcache._core is not built (python setup.py build_ext --inplace), or SHMCACHE_PURE_PYTHON=1",
-                allow_module_level=True)
+    _why = "shmcache._core is not built (python setup.py build_ext --inplace), or SHMCACHE_PURE_PYTHON=1"
+    if os.environ.get("SHMCACHE_REQUIRE_CORE") == "1":
+        pytest.fail(f"SHMCACHE_REQUIRE_CORE=1: {_why}", pytrace=False)
+    pytest.skip(_why, allow_module_level=True)
 
 MISS = object()
 # Bytes of the segment that may differ between two segments put through the same operations: the mutex (its owner
@@ -576,3 +578,20 @@ def test_core_damaged_mutex_kind_hands_over(name):
                 c._seg.lock_words[word] = saved
         finally:
             k.release()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["core-get", "core-put-new", "core-put-update", "core-put-evict"])
+def test_core_benchmark_child_runs_each_case(case):
+    # What `python -m benchmarks.instructions --cases core-get,...` measures must run, and clean up, without valgrind.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.instructions", "--child", case, "300"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert "elapsed_ns" in err and "handovers 0" in err, err[-3000:]
+    assert not os.path.exists(f"/dev/shm/shmcache.benchmarks-instructions-{proc.pid}")
