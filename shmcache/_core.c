@@ -79,6 +79,7 @@ typedef struct {
     int released;   /* release() was called: no new section starts; the export goes with the last one */
     int users;      /* calls inside a method (one may wait with the GIL released) */
     int reason;     /* WHY_* of the last hand-over */
+    long long waits; /* calls that found the lock busy and waited for it in C */
     int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
     int64_t timeout_ns;
     /* regions */
@@ -352,8 +353,10 @@ static int lock(Core *c)
         return ST_HANDOVER;
     }
     int rc = try_checked(c);
-    if (rc == EBUSY)
+    if (rc == EBUSY) {
+        c->waits++;
         rc = wait_lock(c);
+    }
     if (rc == -2)
         return -1;
     if (rc == 0 && c->released) {
@@ -1190,6 +1193,11 @@ static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
     return PyUnicode_FromString(why_names[c->reason]);
 }
 
+static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(c->waits);
+}
+
 static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(c->released);
@@ -1215,6 +1223,7 @@ static PyMethodDef Core_methods[] = {
 static PyGetSetDef Core_getset[] = {
     {"reason", (getter)Core_get_reason, NULL, "why the last call was handed over (a key of REASONS)", NULL},
     {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
+    {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

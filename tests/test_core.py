@@ -335,13 +335,15 @@ def test_core_path_names_what_runs():
 # ---------------------------------------------------------------------------------------------------- two processes
 
 
-def _worker(name: str, use_core: bool, seed: int, rounds: int, queue) -> None:
+def _worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> None:
     """Puts and gets self-checking values on a few shared keys, through Core (with the Python path when it hands
-    over) or through SharedCache alone; reports (reads checked, handovers) or the error."""
+    over) or through SharedCache alone, once every worker is ready; reports (reads checked, handovers, lock waits
+    made in C) or the error."""
     try:
         c = SharedCache(name, create=False)
         k = core.bind(c._seg, 10.0) if use_core else None
         rng = random.Random(seed)
+        assert go.wait(60), "never told to start"
         checked = handovers = 0
         try:
             for i in range(rounds):
@@ -377,9 +379,9 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, queue) -> None:
             if k is not None:
                 k.release()
             c.close()
-        queue.put(("ok", checked, handovers))
+        queue.put(("ok", checked, handovers, 0 if k is None else k.waits))
     except BaseException as exc:  # reported, so the parent fails with the cause
-        queue.put(("error", repr(exc), 0))
+        queue.put(("error", repr(exc), 0, 0))
 
 
 @pytest.mark.multiprocess
@@ -387,17 +389,20 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, queue) -> None:
 def test_core_and_python_processes_share_a_segment(name):
     with SharedCache(name, capacity_bytes=16 * 1024, max_entries=16, create=True) as c:
         ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(name, use_core, seed, 4000, queue))
+        queue, go = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_worker, args=(name, use_core, seed, 20000, go, queue))
                  for seed, use_core in enumerate((True, False, True))]
         try:
             for p in procs:
                 p.start()
+            go.set()  # all at once, so that the lock is contended
             results = [queue.get(timeout=100) for _ in procs]
         finally:
             reap(procs, 30)
         assert all(r[0] == "ok" for r in results), results
-        assert all(r[1] > 100 for r in results), results  # every process read values back, each checked
+        assert all(r[1] > 1000 for r in results), results  # every process read values back, each checked
+        # A busy lock is waited for in C: no call went to the Python path (the seeds' workers 0 and 2 use Core).
+        assert all(r[2] == 0 for r in results), results
         assert c.verify().ok
         s = c.stats()
         assert s.puts > 0 and s.hits > 0
