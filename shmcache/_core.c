@@ -1030,7 +1030,7 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
 
 static int arg_bytes(PyObject *o, const char *what, const char **p, int64_t *n)
 {
-    if (!PyBytes_CheckExact(o)) {
+    if (!PyBytes_Check(o)) { /* a subclass too: TieredCache hands over EncodedKey */
         PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.100s", what, Py_TYPE(o)->tp_name);
         return -1;
     }

@@ -600,3 +600,18 @@ def test_core_benchmark_child_runs_each_case(case):
     assert proc.returncode == 0, err[-3000:]
     assert "elapsed_ns" in err and "handovers 0" in err, err[-3000:]
     assert not os.path.exists(f"/dev/shm/shmcache.benchmarks-instructions-{proc.pid}")
+
+
+def test_core_takes_an_encoded_key(name):
+    from shmcache.codec import EncodedKey
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        c.put("a", b"v")
+        k = core.bind(c._seg, 1.0)
+        try:
+            kb = EncodedKey(encode_key("a"))  # what TieredCache's local hits pass to SharedCache.get
+            assert k.get(kb, fingerprint(kb), 0)[1] == b"v"
+            with pytest.raises(TypeError):
+                k.get("a", fingerprint(kb), 0)
+        finally:
+            k.release()
