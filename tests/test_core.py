@@ -615,3 +615,60 @@ def test_core_takes_an_encoded_key(name):
                 k.get("a", fingerprint(kb), 0)
         finally:
             k.release()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_core_release_during_a_wait_hands_over_and_keeps_memory_mapped(name):
+    import threading
+
+    c = SharedCache(name, capacity_bytes=4096, max_entries=8, create=True)
+    k = core.bind(c._seg, 20.0)
+    p = _locked_elsewhere(name, 1.0, die=False)
+    out = []
+    try:
+        kb = encode_key("a")
+        t = threading.Thread(target=lambda: out.append(k.get(kb, fingerprint(kb), 0)))
+        t.start()
+        while k.waits == 0:  # the thread is inside the C wait, with the GIL released
+            t.join(0.01)
+        k.release()
+        c.close()  # the export is still held by the waiting call: the mapping stays until it returns
+        t.join(30)
+        assert out == [core.HANDOVER] and k.reason == "released"
+    finally:
+        reap([p], 30)
+        c.unlink()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_core_signal_handler_runs_during_a_wait(name):
+    import signal
+
+    from shmcache.lock import hot_trylock, hot_unlock
+
+    def interrupt(signum, frame):
+        raise _Interrupted()
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 20.0)
+        p = _locked_elsewhere(name, 3.0, die=False)
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            kb = encode_key("a")
+            with pytest.raises(_Interrupted):
+                k.get(kb, fingerprint(kb), 0)  # Ctrl-C reaches a waiter, as it does the Python path's
+            assert not c._lock.owned()  # raised while waiting: the lock was never taken
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            reap([p], 30)
+            k.release()
+        assert hot_trylock(c._addr) == 0  # free once the holder left
+        hot_unlock(c._addr)
