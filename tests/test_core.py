@@ -274,15 +274,22 @@ _op = st.one_of(
               st.sampled_from([None, 0, 1, 2.5])),
     st.tuples(st.just("delete"), st.integers(0, 11)),
     st.tuples(st.just("tick"), st.sampled_from([1, 10**9, 3 * 10**9])),
+    st.tuples(st.just("limits"), st.sampled_from([0.3, 0.6, 1.0])),
+    st.tuples(st.just("view"), st.integers(0, 11)),
+    st.tuples(st.just("unview")),
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(_op, max_size=80), capacity=st.sampled_from([2048, 4096, 16384]),
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)), capacity=st.sampled_from([2048, 4096, 16384]),
        max_entries=st.sampled_from([3, 6, 16]), default_ttl=st.sampled_from([None, 2]))
 def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl):
+    # Lengths drawn uniformly (hypothesis's own lists are a few operations long on average).
     handovers = _run(ops, capacity, max_entries, default_ttl)
-    assert not handovers, f"Core handed over {handovers} without a pin, damage or limit to justify it"
+    # Core hands over only where a pin flag is in its way (a view was opened) or a put exceeds a lowered byte limit.
+    allowed = {"pinned"} if any(op[0] == "view" for op in ops) else set()
+    allowed |= {"limit"} if any(op[0] == "limits" for op in ops) else set()
+    assert set(handovers) <= allowed, f"Core handed over {handovers} without a pin or limit to justify it"
 
 
 @pytest.mark.parametrize("seed", range(40))
