@@ -6,10 +6,12 @@
  *
  * Each method runs the whole locked section in C, as shmcache/table.py, arena.py, index.py and lru.py do it in
  * Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
- * unusual is handed back to the Python path, which knows how to judge, repair and raise: the dirty word set on
- * entry, a damaged mutex kind word, a pin flag in the way before the first write, a re-entered call (EDEADLK),
- * a dead holder (EOWNERDEAD), a lock wait past the timeout, and any bound failing on the segment's bytes. A bound
- * failing after the first write of an update leaves the dirty word set, so the Python path's next holder repairs.
+ * unusual is handed back to the Python path (HANDOVER), which knows how to judge, repair and raise: the dirty word
+ * set on entry, a damaged mutex kind word, a re-entered call (EDEADLK), a dead holder (EOWNERDEAD), a lock wait past
+ * the timeout, a put above the byte limit or a damaged default time to live, and any bound failing on the segment's
+ * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
+ * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
+ * and a refusal is answered with PINNED, the segment consistent, for the caller to raise PinnedError.
  *
  * Why plain C and not Cython: no build-time dependency beyond a C compiler, direct control over the GIL and the
  * memory touched, and no generated code to audit.
@@ -46,16 +48,16 @@
 enum {
     ST_OK = 0,
     ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
-    ST_PINNED = 2,   /* a write met pinned entries mid-update; the segment is consistent: raise PinnedError */
+    ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
 };
 
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
-    WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_PINNED,
-    WHY_RELEASED, WHY_LIMIT, WHY_LOCK, WHY_COUNT
+    WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
+    WHY_LIMIT, WHY_LOCK, WHY_COUNT
 };
 static const char *const why_names[WHY_COUNT] = {
-    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "pinned", "released", "limit", "lock",
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock",
 };
 
 #define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
@@ -893,13 +895,12 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     if (e != c->empty) {
         int64_t x = c->exp[e];
         if (x && x <= now) {
-            if (c->pins[e]) { /* a view may pin it: the Python path asks the kernel */
-                c->reason = WHY_PINNED;
-                return ST_HANDOVER;
-            }
-            if ((r = lapse(c, e)))
+            int pin = pinned(c, e);
+            if (pin < 0)
+                return bounds(c);
+            if (!pin && (r = lapse(c, e)))
                 return r;
-            e = c->empty;
+            e = c->empty; /* a pinned expired entry stays, and reads as absent */
         }
     }
     if (e == c->empty) {
@@ -942,10 +943,9 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
     if ((r = find(c, st->kb, st->klen, st->fp, &old)))
         return r;
     if (old != c->empty && c->exp[old] && c->exp[old] <= now) {
-        if (c->pins[old]) {
-            c->reason = WHY_PINNED;
-            return ST_HANDOVER;
-        }
+        int pin = pinned(c, old);
+        if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
+            return pin < 0 ? bounds(c) : ST_PINNED;
         if ((r = lapse(c, old)))
             return r;
         old = c->empty;
@@ -956,9 +956,10 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
         c->reason = WHY_LIMIT;
         return ST_HANDOVER;
     }
-    if (old != c->empty && c->pins[old]) {
-        c->reason = WHY_PINNED;
-        return ST_HANDOVER;
+    if (old != c->empty) {
+        int pin = pinned(c, old);
+        if (pin)
+            return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
     }
     HW(dirty) = 1;
     if (old != c->empty) {
@@ -1011,12 +1012,13 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
         return r;
     if (e == c->empty)
         return ST_OK;
-    if (c->pins[e]) {
-        c->reason = WHY_PINNED;
-        return ST_HANDOVER;
-    }
-    if (c->exp[e] && c->exp[e] <= now)
-        return lapse(c, e);
+    int pin = pinned(c, e);
+    if (pin < 0)
+        return bounds(c);
+    if (c->exp[e] && c->exp[e] <= now) /* expired: absent (dropped, unless a view pins it) */
+        return pin ? ST_OK : lapse(c, e);
+    if (pin)
+        return ST_PINNED;
     HW(dirty) = 1;
     if ((r = table_remove(c, e)))
         return r;
@@ -1175,6 +1177,10 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
     r = delete_locked(c, kb, klen, fp, now, &deleted);
     unlock(c);
     leave(c);
+    if (r == ST_PINNED) {
+        Py_INCREF(PINNED);
+        return PINNED;
+    }
     if (r)
         return handover();
     return PyBool_FromLong(deleted);
@@ -1207,14 +1213,15 @@ static PyMethodDef Core_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Core_get, METH_FASTCALL,
      "get(kb, fp, now_ns) -> (tag, body, check) | None | HANDOVER\n\nA lookup as SharedCache.get does it under "
      "the lock: a hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
-     "a miss. The body is copied out; its checksum is the caller's to check after."},
+     "a miss (an expired entry a view pins stays). The body is copied out; its checksum is the caller's to check "
+     "after."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
-     "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: pinned entries left "
-     "no room (the segment is consistent; raise PinnedError)."},
+     "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
+     "entry, or the room needed (the segment is consistent; raise PinnedError)."},
     {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
-     "delete(kb, fp, now_ns) -> bool | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if it was "
-     "present and live."},
+     "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
+     "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},
