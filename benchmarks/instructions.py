@@ -70,19 +70,18 @@ class _CoreOps:
             raise RuntimeError(f"shmcache._core is not available ({core.PATH}); python setup.py build_ext --inplace")
         self.cache, self.handover = cache, core.HANDOVER
         self.handovers = 0  # calls the Python path made instead (printed: a figure with some is not Core's alone)
-        self.xxh, self.clock, self.decode, self.encode, self.nb = (xxhash.xxh3_64_intdigest, time.monotonic_ns,
-                                                                  decode_body, encode_parts, block_nbytes)
+        self.xxh, self.decode, self.encode, self.nb = xxhash.xxh3_64_intdigest, decode_body, encode_parts, block_nbytes
 
     def get(self, key: str, default=None):
         kb = key.encode()
         fp = self.xxh(kb) & 0x7FFFFFFFFFFFFFFF
-        r = self.core.get(kb, fp, self.clock())
+        r = self.core.get(kb, fp, -1)  # -1: Core reads CLOCK_MONOTONIC itself, if an expiry needs it
         if r is None:
             return default
         if r is self.handover:
             self.handovers += 1
             return self.cache.get(key, default)
-        tag, body, check = r
+        tag, body, check, _ = r
         if (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1 != check:
             raise RuntimeError("checksum")
         return self.decode(tag, body)
@@ -92,7 +91,7 @@ class _CoreOps:
         tag, body = self.encode(value)
         size = len(kb) + len(body) + 1
         r = self.core.put(kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
-                          (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, self.nb(size), self.clock(), -1)
+                          (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, self.nb(size), -1, -1)
         if r is not None:
             self.handovers += 1
             self.cache.put(key, value)
@@ -158,7 +157,7 @@ def _child(case: str, n: int) -> None:
             ops = _CoreOps(cache)
             for k in keys[:RESIDENT]:
                 ops.put(k, value)
-            kc, handover, now = ops.core, ops.handover, time.monotonic_ns()
+            kc, handover, now = ops.core, ops.handover, -1
             # The arguments of each resident key are made once (a cost that does not grow with n, so it cancels).
             if case == "core-get-raw":
                 call = kc.get
@@ -222,10 +221,11 @@ def _child(case: str, n: int) -> None:
         SharedCache.unlink_name(name)
 
 
-def count(case: str, n: int) -> int:
-    """Instructions of one child run of ``n`` operations."""
+def count(case: str, n: int, collect: str | None = None) -> int:
+    """Instructions of one child run of ``n`` operations (with ``collect``, only those inside that C function)."""
+    toggle = [f"--toggle-collect={collect}"] if collect else []
     out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggle, sys.executable, "-m",
          "benchmarks.instructions", "--child", case, str(n)],
         capture_output=True, text=True, check=True, timeout=1800,
         env={**os.environ, "PYTHONHASHSEED": "0"})  # str hashing salted per run moves counts by a few percent
@@ -254,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--delta", type=int, default=10000, help="DELTA, the extra operations (default 10000)")
     ap.add_argument("--wall", action="store_true", help="also wall time per operation (median of --repeats runs of "
                     "N + DELTA operations, without valgrind; the loop case subtracted)")
+    ap.add_argument("--collect", metavar="FUNCTION", help="count only the instructions inside this C function "
+                    "(callgrind --toggle-collect), e.g. Core_get with --cases core-get-raw: the C section alone, "
+                    "without the interpreter's loop and call around it; no loop case is subtracted")
     ap.add_argument("--repeats", type=int, default=5, help="child runs per case for --wall (default 5)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -268,14 +271,14 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s): {', '.join(unknown)}")
     def per_op(case: str) -> float:
-        return (count(case, args.ops + args.delta) - count(case, args.ops)) / args.delta
+        return (count(case, args.ops + args.delta, args.collect) - count(case, args.ops, args.collect)) / args.delta
 
     n_wall = args.ops + args.delta
 
     def wall_per_op(case: str) -> float:
         return wall(case, n_wall, args.repeats) / n_wall
 
-    loop = per_op("loop")
+    loop = per_op("loop") if not args.collect else 0.0
     loop_ns = wall_per_op("loop") if args.wall else 0.0
     print(f"{'case':16s} {'instructions/op':>16s}" + (f" {'ns/op':>8s}" if args.wall else "") + "  what")
     for case in cases:

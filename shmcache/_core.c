@@ -877,7 +877,7 @@ static int lapse(Core *c, int64_t e)
 /* ------------------------------------------------------------------------------------------------ sections */
 
 typedef struct {
-    int64_t tag, check, vlen, off;
+    int64_t tag, check, vlen, off, slot;
     int hit;
 } Found;
 
@@ -894,7 +894,7 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
         return r;
     if (e != c->empty) {
         int64_t x = c->exp[e];
-        if (x && x <= now) {
+        if (x && x <= (now < 0 ? (now = mono_ns()) : now)) {
             int pin = pinned(c, e);
             if (pin < 0)
                 return bounds(c);
@@ -918,6 +918,7 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     }
     ADD(HW(hits), 1);
     f->hit = 1;
+    f->slot = e;
     f->check = EN(e, check);
     f->off = EN(e, off) + c->block_header; /* checked by find */
     f->vlen = EN(e, vlen);
@@ -933,6 +934,8 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
         c->reason = WHY_DIRTY;
         return ST_HANDOVER;
     }
+    if (now < 0)
+        now = mono_ns();
     if (ttl < 0) {
         ttl = HW(default_ttl);
         if (ttl < 0 || ttl > c->max_ttl) { /* damaged: the Python path repairs it */
@@ -1012,6 +1015,8 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
         return r;
     if (e == c->empty)
         return ST_OK;
+    if (now < 0)
+        now = mono_ns();
     int pin = pinned(c, e);
     if (pin < 0)
         return bounds(c);
@@ -1093,7 +1098,7 @@ static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
         leave(c);
         return r < 0 ? NULL : handover();
     }
-    Found f = {0, 0, 0, 0, 0};
+    Found f = {0, 0, 0, 0, 0, 0};
     PyObject *body = NULL;
     r = get_locked(c, kb, klen, fp, now, &f);
     if (r == ST_OK && f.hit) /* bytes are not tracked by the GC: this allocation runs no Python code */
@@ -1106,17 +1111,20 @@ static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     if (body == NULL)
         return NULL;
-    PyObject *out = PyTuple_New(3), *tag = PyLong_FromLongLong(f.tag), *check = PyLong_FromLongLong(f.check);
-    if (out == NULL || tag == NULL || check == NULL) {
+    PyObject *out = PyTuple_New(4), *tag = PyLong_FromLongLong(f.tag), *check = PyLong_FromLongLong(f.check),
+             *slot = PyLong_FromLongLong(f.slot);
+    if (out == NULL || tag == NULL || check == NULL || slot == NULL) {
         Py_XDECREF(out);
         Py_XDECREF(tag);
         Py_XDECREF(check);
+        Py_XDECREF(slot);
         Py_DECREF(body);
         return NULL;
     }
     PyTuple_SET_ITEM(out, 0, tag);
     PyTuple_SET_ITEM(out, 1, body);
     PyTuple_SET_ITEM(out, 2, check);
+    PyTuple_SET_ITEM(out, 3, slot);
     return out;
 }
 
@@ -1211,10 +1219,12 @@ static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
 
 static PyMethodDef Core_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Core_get, METH_FASTCALL,
-     "get(kb, fp, now_ns) -> (tag, body, check) | None | HANDOVER\n\nA lookup as SharedCache.get does it under "
-     "the lock: a hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
+     "get(kb, fp, now_ns) -> (tag, body, check, slot) | None | HANDOVER\n\nA lookup as SharedCache.get does it under "
+     "the lock (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only "
+     "if an expiry needs it; the same for put and delete). "
+     "A hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
      "a miss (an expired entry a view pins stays). The body is copied out; its checksum is the caller's to check "
-     "after."},
+     "after (the slot names the entry in a CorruptionError, as entries.get_many_locked's tuples do)."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
      "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "

@@ -112,7 +112,7 @@ class Twins:
         elif r is None:
             got = MISS
         else:
-            tag, body, check = r
+            tag, body, check, _ = r
             assert body_checksum(tag, body) == check
             got = decode_body(tag, body)
         return want, got
@@ -395,7 +395,7 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> Non
                         elif r is None:
                             got = None
                         else:
-                            tag, body, check = r
+                            tag, body, check, _ = r
                             assert body_checksum(tag, body) == check, "checksum"
                             got = decode_body(tag, body)
                     if got is not None:
@@ -698,3 +698,23 @@ def test_core_signal_handler_runs_during_a_wait(name):
             k.release()
         assert hot_trylock(c._addr) == 0  # free once the holder left
         hot_unlock(c._addr)
+
+
+def test_core_reads_the_monotonic_clock_itself_when_told(name):
+    import time
+
+    from shmcache.layout.dtypes import H_NEXT_EXPIRY
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            kb, tag, body, fp, check, size, nb = _encode("a", b"v")
+            before = time.monotonic_ns()
+            assert k.put(kb, tag, body, fp, check, size, nb, -1, 10**12) is None  # -1: Core reads CLOCK_MONOTONIC
+            after = time.monotonic_ns()
+            assert before + 10**12 <= c._seg.header_words[H_NEXT_EXPIRY] <= after + 10**12
+            assert k.get(kb, fp, -1)[1] == b"v"  # 1000 s to live: not expired by Core's own reading
+            assert k.get(kb, fp, after + 10**12 + 1) is None  # expired by the reading given
+            assert k.delete(kb, fp, -1) is False
+        finally:
+            k.release()
