@@ -30,6 +30,7 @@ try:
 except ImportError:
     _core = None
 
+Core = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
 PINNED = None if _core is None else _core.PINNED  # put: pinned entries left no room; raise PinnedError
@@ -70,4 +71,4 @@ def bind(seg, lock_timeout: float):
     busy lock before handing over; None when the extension is not built (or SHMCACHE_PURE_PYTHON=1)."""
     if _core is None:
         return None
-    return _core.Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)))
+    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)))

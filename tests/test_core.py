@@ -31,7 +31,7 @@ from shmcache.layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_
 from .conftest import unique_name
 from .workers import check_value, make_value, reap
 
-if core._core is None:
+if core.Core is None:
     _why = "shmcache._core is not built (python setup.py build_ext --inplace), or SHMCACHE_PURE_PYTHON=1"
     if os.environ.get("SHMCACHE_REQUIRE_CORE") == "1":
         pytest.fail(f"SHMCACHE_REQUIRE_CORE=1: {_why}", pytrace=False)
@@ -335,7 +335,7 @@ def test_core_bind_refuses_a_missing_offset(name):
         offsets = core.offsets(c._seg.geometry)
         del offsets["E_CHECK"]
         with pytest.raises(KeyError, match="E_CHECK"):
-            core._core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9)
+            core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9)
 
 
 def test_core_put_refuses_an_inconsistent_encoding(name):
