@@ -11,6 +11,11 @@ bench extra (``pip install -e ".[bench]"``).
 
     python -m benchmarks.instructions               # every case
     python -m benchmarks.instructions --cases get,lmdb-get
+    python -m benchmarks.instructions --cases get,core-get --wall   # also wall time per operation (no valgrind)
+
+The ``core-*`` cases run the compiled critical section (``shmcache._core``, built by ``python setup.py build_ext
+--inplace``) as SharedCache will call it: encode and hash before, the locked section in C, checksum and decode
+after (``_CoreOps``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from .measure import make_key, small_value
 
@@ -37,14 +43,67 @@ CASES = {
     "put-evict": "put of a new key into a full cache (evicts one entry)",
     "get-many": "per key of get_many of 64 resident keys (compare with get)",
     "put-many": "per key of put_many of 64 resident keys (compare with put-update)",
+    "core-get": "get hit through shmcache._core (encode, C section, checksum, decode)",
+    "core-put-new": "put of a new key through shmcache._core (no eviction)",
+    "core-put-update": "put of a resident key through shmcache._core, value of the same size",
+    "core-put-evict": "put of a new key into a full cache through shmcache._core (evicts one entry)",
+    "core-get-raw": "Core.get alone, called with arguments made before the loop (nothing encoded or decoded)",
+    "core-put-raw": "Core.put alone (a resident key, same size), called with the entry encoded before the loop",
     "lmdb-get": "lmdb: read transaction, get, pickle.loads",
     "lmdb-put": "lmdb: pickle.dumps, write transaction, put",
     "loop": "the set-up per operation and the driving loop alone (subtracted from the rows above)",
 }
 
 
+class _CoreOps:
+    """get and put through the compiled section, with the work SharedCache does around it (str keys only)."""
+
+    def __init__(self, cache) -> None:
+        import xxhash
+
+        from shmcache import core
+        from shmcache.arena import block_nbytes
+        from shmcache.codec import decode_body, encode_parts
+
+        self.core = core.bind(cache._seg, 10.0)
+        if self.core is None:
+            raise RuntimeError(f"shmcache._core is not available ({core.PATH}); python setup.py build_ext --inplace")
+        self.cache, self.handover = cache, core.HANDOVER
+        self.handovers = 0  # calls the Python path made instead (printed: a figure with some is not Core's alone)
+        self.xxh, self.decode, self.encode, self.nb = xxhash.xxh3_64_intdigest, decode_body, encode_parts, block_nbytes
+
+    def get(self, key: str, default=None):
+        kb = key.encode()
+        fp = self.xxh(kb) & 0x7FFFFFFFFFFFFFFF
+        r = self.core.get(kb, fp, -1)  # -1: Core reads CLOCK_MONOTONIC itself, if an expiry needs it
+        if r is None:
+            return default
+        if r is self.handover:
+            self.handovers += 1
+            return self.cache.get(key, default)
+        tag, body, check, _ = r
+        if (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1 != check:
+            raise RuntimeError("checksum")
+        return self.decode(tag, body)
+
+    def put(self, key: str, value) -> None:
+        kb = key.encode()
+        tag, body = self.encode(value)
+        size = len(kb) + len(body) + 1
+        r = self.core.put(kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
+                          (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, self.nb(size), -1, -1)
+        if r is not None:
+            self.handovers += 1
+            self.cache.put(key, value)
+
+    def close(self) -> None:
+        print(f"handovers {self.handovers}", file=sys.stderr)
+        self.core.release()
+
+
 def _child(case: str, n: int) -> None:
-    """The measured process: set up, then run ``n`` operations of ``case``."""
+    """The measured process: set up, then run ``n`` operations of ``case``; prints the loop's wall time (ns) on
+    stderr (``--wall``)."""
     import random
 
     value = small_value()
@@ -78,7 +137,7 @@ def _child(case: str, n: int) -> None:
     from shmcache import SharedCache
 
     name = f"benchmarks-instructions-{os.getpid()}"
-    cache = SharedCache(name, capacity_bytes=64 * 2**20, max_entries=RESIDENT + (0 if case == "put-evict" else n),
+    cache = SharedCache(name, capacity_bytes=64 * 2**20, max_entries=RESIDENT + (0 if case.endswith("put-evict") else n),
                         create=True)
     try:
         get, put = cache.get, cache.put
@@ -93,9 +152,42 @@ def _child(case: str, n: int) -> None:
         elif case == "kind-get":
             kind = cache.kind("bench")
             get, put = kind.get, kind.put
-        for k in keys[:RESIDENT]:
-            put(k, value)
-        if case in ("get", "kind-get", "tier-get"):
+        ops = None
+        if case.endswith("-raw"):
+            ops = _CoreOps(cache)
+            for k in keys[:RESIDENT]:
+                ops.put(k, value)
+            kc, handover, now = ops.core, ops.handover, -1
+            # The arguments of each resident key are made once (a cost that does not grow with n, so it cancels).
+            if case == "core-get-raw":
+                call = kc.get
+                prepared = {k: (k.encode(), ops.xxh(k.encode()) & 0x7FFFFFFFFFFFFFFF, now) for k in keys[:RESIDENT]}
+            else:
+                call = kc.put
+                tag, body = ops.encode(value)
+                prepared = {}
+                for k in keys[:RESIDENT]:
+                    kb = k.encode()
+                    size = len(kb) + len(body) + 1
+                    prepared[k] = (kb, tag, body, ops.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
+                                   (ops.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, ops.nb(size), now, -1)
+            t0 = time.perf_counter_ns()
+            for k in drawn:
+                if call(*prepared[k]) is handover:
+                    ops.handovers += 1
+            print(f"elapsed_ns {time.perf_counter_ns() - t0}", file=sys.stderr)
+            case = "done"
+        elif case.startswith("core-"):
+            ops = _CoreOps(cache)
+            get, put = ops.get, ops.put
+            case = case[len("core-"):]
+        if case != "done":
+            for k in keys[:RESIDENT]:
+                put(k, value)
+        t0 = time.perf_counter_ns()
+        if case == "done":
+            pass
+        elif case in ("get", "kind-get", "tier-get"):
             for k in drawn:
                 get(k)
         elif case == "get-many":
@@ -117,7 +209,11 @@ def _child(case: str, n: int) -> None:
         elif case == "loop":
             for k in drawn:
                 pass
+        if case != "done":
+            print(f"elapsed_ns {time.perf_counter_ns() - t0}", file=sys.stderr)
     finally:
+        if ops is not None:
+            ops.close()
         if case == "tier-get":
             tier.close()
             tier.unlink()
@@ -125,10 +221,11 @@ def _child(case: str, n: int) -> None:
         SharedCache.unlink_name(name)
 
 
-def count(case: str, n: int) -> int:
-    """Instructions of one child run of ``n`` operations."""
+def count(case: str, n: int, collect: str | None = None) -> int:
+    """Instructions of one child run of ``n`` operations (with ``collect``, only those inside that C function)."""
+    toggle = [f"--toggle-collect={collect}"] if collect else []
     out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggle, sys.executable, "-m",
          "benchmarks.instructions", "--child", case, str(n)],
         capture_output=True, text=True, check=True, timeout=1800,
         env={**os.environ, "PYTHONHASHSEED": "0"})  # str hashing salted per run moves counts by a few percent
@@ -138,12 +235,29 @@ def count(case: str, n: int) -> int:
     return int(m.group(1))
 
 
+def wall(case: str, n: int, repeats: int) -> float:
+    """Median wall time (ns) of ``n`` operations of ``case`` over ``repeats`` child runs, without valgrind."""
+    times = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.instructions", "--child", case, str(n)],
+                             capture_output=True, text=True, check=True, timeout=600,
+                             env={**os.environ, "PYTHONHASHSEED": "0"})
+        times.append(int(re.search(r"elapsed_ns (\d+)", out.stderr).group(1)))
+    return sorted(times)[len(times) // 2]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.instructions",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--ops", type=int, default=2000, help="N, the operations of the first run (default 2000)")
     ap.add_argument("--delta", type=int, default=10000, help="DELTA, the extra operations (default 10000)")
+    ap.add_argument("--wall", action="store_true", help="also wall time per operation (median of --repeats runs of "
+                    "N + DELTA operations, without valgrind; the loop case subtracted)")
+    ap.add_argument("--collect", metavar="FUNCTION", help="count only the instructions inside this C function "
+                    "(callgrind --toggle-collect), e.g. Core_get with --cases core-get-raw: the C section alone, "
+                    "without the interpreter's loop and call around it; no loop case is subtracted")
+    ap.add_argument("--repeats", type=int, default=5, help="child runs per case for --wall (default 5)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -157,20 +271,28 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s): {', '.join(unknown)}")
     def per_op(case: str) -> float:
-        return (count(case, args.ops + args.delta) - count(case, args.ops)) / args.delta
+        return (count(case, args.ops + args.delta, args.collect) - count(case, args.ops, args.collect)) / args.delta
 
-    loop = per_op("loop")
-    print(f"{'case':12s} {'instructions/op':>16s}  what")
+    n_wall = args.ops + args.delta
+
+    def wall_per_op(case: str) -> float:
+        return wall(case, n_wall, args.repeats) / n_wall
+
+    loop = per_op("loop") if not args.collect else 0.0
+    loop_ns = wall_per_op("loop") if args.wall else 0.0
+    print(f"{'case':16s} {'instructions/op':>16s}" + (f" {'ns/op':>8s}" if args.wall else "") + "  what")
     for case in cases:
         if case == "loop":
-            print(f"{case:12s} {loop:16,.0f}  {CASES[case]}", flush=True)
+            print(f"{case:16s} {loop:16,.0f}" + (f" {loop_ns:8,.0f}" if args.wall else "") + f"  {CASES[case]}",
+                  flush=True)
             continue
         try:
             net = per_op(case) - loop
+            ns = wall_per_op(case) - loop_ns if args.wall else 0.0
         except (subprocess.CalledProcessError, RuntimeError) as exc:
-            print(f"{case:12s} {'error':>16s}  {exc}")
+            print(f"{case:16s} {'error':>16s}  {exc}")
             continue
-        print(f"{case:12s} {net:16,.0f}  {CASES[case]}", flush=True)
+        print(f"{case:16s} {net:16,.0f}" + (f" {ns:8,.0f}" if args.wall else "") + f"  {CASES[case]}", flush=True)
     return 0
 
 

@@ -1,0 +1,64 @@
+"""Build of the optional C extension ``shmcache._core`` (everything else is in pyproject.toml).
+
+The extension is optional: where no C compiler (or no Python headers) is found, the build warns and installs the
+pure-Python package, which works the same, only slower (``shmcache.core.PATH`` says which one runs).
+
+Environment:
+    SHMCACHE_WERROR=1        add -Werror (development and CI: the build must stay free of warnings)
+    SHMCACHE_REQUIRE_CORE=1  fail the build when the extension does not build (CI, wheels), instead of warning
+    SHMCACHE_SANITIZE=1      build with AddressSanitizer and UndefinedBehaviorSanitizer, for the tests:
+                             SHMCACHE_SANITIZE=1 python setup.py build_ext --inplace --force
+                             LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \\
+                                 PYTHONPATH=$PWD python -m pytest -p no:cacheprovider tests/test_core.py
+                             (python is not built with ASan, so its runtime must be preloaded; Python's own
+                             allocations are reported as leaks at exit, hence detect_leaks=0)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+_flags = ["-O2", "-Wall", "-Wextra", "-fwrapv", "-std=c11"]
+_link = []
+if os.environ.get("SHMCACHE_WERROR") == "1":
+    _flags.append("-Werror")
+if os.environ.get("SHMCACHE_SANITIZE") == "1":
+    _flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
+    _link += ["-fsanitize=address,undefined"]
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing: the package works without its compiled part."""
+
+    skipped = False
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (setuptools raises its own error classes)
+            self._skip(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # the compiler failed (missing headers...)
+            self._skip(exc)
+
+    def _skip(self, exc):
+        if os.environ.get("SHMCACHE_REQUIRE_CORE") == "1":
+            raise exc
+        if not self.skipped:  # once: an in-place build then also fails to copy what was not built
+            print(f"WARNING: shmcache._core was not built ({exc}); shmcache will run its pure-Python path.",
+                  file=sys.stderr)
+        self.skipped = True
+
+
+setup(
+    ext_modules=[Extension("shmcache._core", ["shmcache/_core.c"], extra_compile_args=_flags,
+                           extra_link_args=_link)],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -1,0 +1,1301 @@
+/* shmcache._core: the compiled critical section of get, put and delete.
+ *
+ * One Core is bound per attached handle (shmcache/core.py): it keeps a writable buffer export of the segment's
+ * mapping and a table of every offset, word number and constant it uses, handed over by Python from
+ * shmcache/layout at bind time. This file holds no layout number of its own; a missing key fails the bind.
+ *
+ * Each method runs the whole locked section in C, as shmcache/table.py, arena.py, index.py and lru.py do it in
+ * Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
+ * unusual is handed back to the Python path (HANDOVER), which knows how to judge, repair and raise: the dirty word
+ * set on entry, a damaged mutex kind word, a re-entered call (EDEADLK), a dead holder (EOWNERDEAD), a lock wait past
+ * the timeout, a put above the byte limit or a damaged default time to live, and any bound failing on the segment's
+ * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
+ * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
+ * and a refusal is answered with PINNED, the segment consistent, for the caller to raise PinnedError.
+ *
+ * Why plain C and not Cython: no build-time dependency beyond a C compiler, direct control over the GIL and the
+ * memory touched, and no generated code to audit.
+ *
+ * The GIL. It is kept for the whole locked section, so that no Python code (a signal handler, a finaliser, another
+ * thread) ever runs while this thread holds the cache lock, and the section is never interrupted. It is released
+ * only to wait for a busy lock (spin, yield, then timed lock in slices); between slices it is re-taken to run
+ * pending signal handlers (the lock is not held then). A lock won after a wait re-takes the GIL while holding the
+ * lock: a Python thread keeps the GIL for at most the switch interval, so that wait is bounded, as it is for a
+ * Python-path holder that loses the GIL.
+ *
+ * Memory safety: every slot, offset and length read from the segment is checked before it is used to address
+ * memory; index probes and list walks are bounded by the table sizes.
+ */
+#define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* F_OFD_GETLK */
+#endif
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the segment's words are little-endian; this build reads them as native int64"
+#endif
+
+/* Outcomes of a locked section, other than success (0). */
+enum {
+    ST_OK = 0,
+    ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
+    ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
+};
+
+/* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
+enum {
+    WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
+    WHY_LIMIT, WHY_LOCK, WHY_COUNT
+};
+static const char *const why_names[WHY_COUNT] = {
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock",
+};
+
+#define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
+#define SPIN_PAUSES 32   /* pause instructions per round (a lock hold is ~1 us) */
+#define YIELD_ROUNDS 50  /* then trylock + sched_yield rounds, as lock.py's _SPIN_TRIES */
+#define SLICE_NS 100000000LL /* timed-lock slice: signals are looked at between two */
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer buf;
+    int have_buf;   /* the export is held */
+    int released;   /* release() was called: no new section starts; the export goes with the last one */
+    int users;      /* calls inside a method (one may wait with the GIL released) */
+    int reason;     /* WHY_* of the last hand-over */
+    long long waits; /* calls that found the lock busy and waited for it in C */
+    int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
+    int64_t timeout_ns;
+    /* regions */
+    unsigned char *mem;
+    int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
+    unsigned char *kinds, *pins, *arena;
+    pthread_mutex_t *mutex;
+    volatile int64_t *kind_word;
+    int64_t kind_word_value;
+    /* geometry */
+    int64_t slots, mask, arena_nbytes;
+    /* word numbers */
+    Py_ssize_t ew, iw, kww;
+    Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;
+    Py_ssize_t i_fp, i_entry, k_entries, k_retained;
+    Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
+        h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
+        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing;
+    /* constants */
+    int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
+        kind_prefix, pin_base;
+} Core;
+
+#define HW(f) (c->h[c->h_##f])
+#define EN(e, f) (c->ent[(e) * c->ew + c->e_##f])
+#define IXF(s) (c->ix[(s) * c->iw + c->i_fp])
+#define IXE(s) (c->ix[(s) * c->iw + c->i_entry])
+#define AW(off) (c->aw[(off) >> 3])
+#define SLOT_OK(e) ((e) > 0 && (e) < c->slots)       /* a real entry slot (not the sentinel) */
+#define LINK_OK(e) ((e) >= 0 && (e) < c->slots)      /* an entry slot or the sentinel */
+#define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)
+/* Counters: added in unsigned arithmetic, so that damaged words wrap instead of overflowing (undefined in C). */
+#define ADD(p, d) ((p) = (int64_t)((uint64_t)(p) + (uint64_t)(int64_t)(d)))
+
+static PyObject *HANDOVER; /* returned when the Python path must take the call */
+static PyObject *PINNED;   /* returned by put when pinned entries leave no room (the Python side raises) */
+
+/* ------------------------------------------------------------------------------------------------ binding */
+
+static int take(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "shmcache._core.Core: the offsets dict lacks %s (it is built by "
+                                     "shmcache/core.py from shmcache/layout)", key);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int take_word(PyObject *d, const char *key, Py_ssize_t *out, int64_t limit)
+{
+    int64_t x;
+    if (take(d, key, &x))
+        return -1;
+    if (x < 0 || x >= limit) {
+        PyErr_Format(PyExc_ValueError, "shmcache._core.Core: %s is %lld, expected 0 to %lld", key, (long long)x,
+                     (long long)limit - 1);
+        return -1;
+    }
+    *out = (Py_ssize_t)x;
+    return 0;
+}
+
+static int region(Core *c, PyObject *d, const char *key, int64_t nbytes, int64_t align, void **out)
+{
+    int64_t off;
+    if (take(d, key, &off))
+        return -1;
+    if (off < 0 || nbytes < 0 || off % align || off > (int64_t)c->buf.len || nbytes > (int64_t)c->buf.len - off) {
+        PyErr_Format(PyExc_ValueError, "shmcache._core.Core: region %s (%lld bytes at %lld) is not within the "
+                                       "%zd-byte buffer", key, (long long)nbytes, (long long)off, c->buf.len);
+        return -1;
+    }
+    *out = c->mem + off;
+    return 0;
+}
+
+static void drop_buffer(Core *c)
+{
+    if (c->have_buf) {
+        c->have_buf = 0;
+        PyBuffer_Release(&c->buf);
+    }
+}
+
+static int Core_init(Core *c, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", NULL};
+    PyObject *obj, *d;
+    int live_fd;
+    long long timeout_ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iL", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns))
+        return -1;
+    if (c->have_buf || c->released) {
+        PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Core is bound once");
+        return -1;
+    }
+    if (timeout_ns <= 0) {
+        PyErr_Format(PyExc_ValueError, "timeout_ns must be above 0, got %lld", timeout_ns);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &c->buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+        return -1;
+    c->have_buf = 1;
+    c->mem = c->buf.buf;
+    c->live_fd = live_fd;
+    c->timeout_ns = timeout_ns;
+    int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
+        kind_off, word;
+    if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
+        || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
+        || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
+        || take(d, "KIND_NBYTES", &kind_bytes) || take(d, "H_LOCK_OFF", &lock_off)
+        || take(d, "LOCK_NBYTES", &lock_nbytes) || take(d, "MUTEX_KIND_OFF", &kind_off)
+        || take(d, "MUTEX_KIND_WORD", &c->kind_word_value) || take(d, "WORD_NBYTES", &word)
+        || take(d, "BLOCK_HEADER_NBYTES", &c->block_header) || take(d, "BLOCK_ALIGN", &c->block_align)
+        || take(d, "MAX_BLOCK_NBYTES", &c->max_block) || take(d, "BLOCK_LEN_MASK", &c->len_mask)
+        || take(d, "BLOCK_OWNER_SHIFT", &c->owner_shift) || take(d, "EMPTY", &c->empty)
+        || take(d, "NIL", &c->nil) || take(d, "SENTINEL", &c->sentinel) || take(d, "NEVER", &c->never)
+        || take(d, "MAX_TTL_NS", &c->max_ttl) || take(d, "KIND_PREFIX", &c->kind_prefix)
+        || take(d, "PIN_BASE", &c->pin_base))
+        return -1;
+    if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
+        || entry_slots >= ((int64_t)1 << 31) || c->arena_nbytes <= 0 || c->arena_nbytes % 8
+        || c->block_header != (int64_t)sizeof(int64_t) || c->block_align <= 0 || c->block_align % 8
+        || entry_bytes % 8 || index_bytes % 8 || kind_bytes % 8 || kind_rows < 256 || c->owner_shift <= 0
+        || c->owner_shift > 32 || c->len_mask != ((int64_t)1 << c->owner_shift) - 1 || c->sentinel != 0
+        || lock_nbytes < (int64_t)sizeof(pthread_mutex_t) || kind_off < 0 || kind_off % 8
+        || kind_off + 8 > lock_nbytes || c->kind_prefix < 0 || c->kind_prefix > 255) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the offsets describe a layout this build cannot "
+                                          "address (word size, slot counts, block header or mutex)");
+        return -1;
+    }
+    c->slots = entry_slots;
+    c->mask = index_slots - 1;
+    c->ew = (Py_ssize_t)(entry_bytes / 8);
+    c->iw = (Py_ssize_t)(index_bytes / 8);
+    c->kww = (Py_ssize_t)(kind_bytes / 8);
+    int64_t hw_limit;
+    if (take(d, "HEADER_WORDS", &hw_limit) || region(c, d, "header_off", hw_limit * 8, 8, (void **)&c->h)
+        || region(c, d, "index_off", index_slots * index_bytes, 8, (void **)&c->ix)
+        || region(c, d, "entries_off", entry_slots * entry_bytes, 8, (void **)&c->ent)
+        || region(c, d, "expires_off", entry_slots * 8, 8, (void **)&c->exp)
+        || region(c, d, "versions_off", entry_slots * 8, 8, (void **)&c->ver)
+        || region(c, d, "kinds_off", entry_slots, 1, (void **)&c->kinds)
+        || region(c, d, "pins_off", entry_slots, 1, (void **)&c->pins)
+        || region(c, d, "kind_table_off", kind_rows * kind_bytes, 8, (void **)&c->kw)
+        || region(c, d, "arena_off", c->arena_nbytes, 8, (void **)&c->arena))
+        return -1;
+    c->aw = (int64_t *)c->arena;
+    c->mutex = (pthread_mutex_t *)((unsigned char *)c->h + lock_off);
+    c->kind_word = (volatile int64_t *)((unsigned char *)c->h + lock_off + kind_off);
+    int64_t ewl = c->ew, iwl = c->iw, kwl = c->kww;
+    if (take_word(d, "E_PREV", &c->e_prev, ewl) || take_word(d, "E_NEXT", &c->e_next, ewl)
+        || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
+        || take_word(d, "E_KEY_NBYTES", &c->e_klen, ewl) || take_word(d, "E_VAL_NBYTES", &c->e_vlen, ewl)
+        || take_word(d, "E_SLOT", &c->e_slot, ewl) || take_word(d, "E_CHECK", &c->e_check, ewl)
+        || take_word(d, "I_FP", &c->i_fp, iwl) || take_word(d, "I_ENTRY", &c->i_entry, iwl)
+        || take_word(d, "K_ENTRIES", &c->k_entries, kwl) || take_word(d, "K_RETAINED", &c->k_retained, kwl)
+        || take_word(d, "H_HITS", &c->h_hits, hw_limit) || take_word(d, "H_MISSES", &c->h_misses, hw_limit)
+        || take_word(d, "H_PUTS", &c->h_puts, hw_limit) || take_word(d, "H_UPDATES", &c->h_updates, hw_limit)
+        || take_word(d, "H_DELETES", &c->h_deletes, hw_limit)
+        || take_word(d, "H_EVICTIONS", &c->h_evictions, hw_limit)
+        || take_word(d, "H_DIRTY", &c->h_dirty, hw_limit) || take_word(d, "H_ENTRIES", &c->h_entries, hw_limit)
+        || take_word(d, "H_RETAINED", &c->h_retained, hw_limit)
+        || take_word(d, "H_MAX_ENTRIES", &c->h_max_entries, hw_limit)
+        || take_word(d, "H_MAX_RETAINED", &c->h_max_retained, hw_limit)
+        || take_word(d, "H_HEAD", &c->h_head, hw_limit) || take_word(d, "H_TAIL", &c->h_tail, hw_limit)
+        || take_word(d, "H_FILL", &c->h_fill, hw_limit) || take_word(d, "H_ARENA_USED", &c->h_arena_used, hw_limit)
+        || take_word(d, "H_FREE_HEAD", &c->h_free_head, hw_limit)
+        || take_word(d, "H_UNUSED_NEXT", &c->h_unused_next, hw_limit)
+        || take_word(d, "H_VERSION_CLOCK", &c->h_version_clock, hw_limit)
+        || take_word(d, "H_NEXT_EXPIRY", &c->h_next_expiry, hw_limit)
+        || take_word(d, "H_EXPIRED", &c->h_expired, hw_limit)
+        || take_word(d, "H_DEFAULT_TTL", &c->h_default_ttl, hw_limit)
+        || take_word(d, "H_WRITING", &c->h_writing, hw_limit))
+        return -1;
+    if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");
+        return -1;
+    }
+    return 0;
+}
+
+static void Core_dealloc(Core *c)
+{
+    drop_buffer(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* ------------------------------------------------------------------------------------------------ the lock */
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int kind_ok(Core *c) { return *c->kind_word == c->kind_word_value; }
+
+/* trylock, unless the kind word is not init_mutex's: glibc asserts inside some kinds' lock calls. */
+static inline int try_checked(Core *c) { return kind_ok(c) ? pthread_mutex_trylock(c->mutex) : -1; }
+
+/* Wait for a busy lock with the GIL released: spin with pause instructions, then yield, then timed lock in
+ * slices until the timeout; between slices the GIL is re-taken to run pending signal handlers. Returns the last
+ * lock result (0: held), -1 for a damaged kind word, or -2 with a Python exception set (a signal handler raised). */
+static int wait_lock(Core *c)
+{
+    int rc = EBUSY;
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i < SPIN_ROUNDS && rc == EBUSY; i++) {
+        for (int j = 0; j < SPIN_PAUSES; j++)
+            cpu_pause();
+        rc = try_checked(c);
+    }
+    for (int i = 0; i < YIELD_ROUNDS && rc == EBUSY; i++) {
+        sched_yield();
+        rc = try_checked(c);
+    }
+    Py_END_ALLOW_THREADS
+    int64_t deadline = mono_ns() + c->timeout_ns;
+    while (rc == EBUSY || rc == ETIMEDOUT) {
+        int64_t now = mono_ns();
+        if (now >= deadline) {
+            rc = ETIMEDOUT;
+            break;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return -2;
+        if (c->released)
+            return EBUSY; /* a close() came meanwhile: the Python path says so */
+        int64_t until = deadline < now + SLICE_NS ? deadline : now + SLICE_NS;
+        Py_BEGIN_ALLOW_THREADS
+        if (!kind_ok(c)) {
+            rc = -1;
+        } else {
+            /* The wall-clock API (every libc has it), converted per slice so a clock step costs one slice. */
+            struct timespec real;
+            clock_gettime(CLOCK_REALTIME, &real);
+            int64_t at = (int64_t)real.tv_sec * 1000000000LL + real.tv_nsec + (until - mono_ns());
+            real.tv_sec = at / 1000000000LL;
+            real.tv_nsec = at % 1000000000LL;
+            rc = pthread_mutex_timedlock(c->mutex, &real);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    return rc;
+}
+
+static void unlock(Core *c)
+{
+    /* A kind word damaged while held is put back before glibc reads it, and the segment marked for repair. */
+    if (!kind_ok(c)) {
+        *c->kind_word = c->kind_word_value;
+        HW(dirty) = 1;
+    }
+    pthread_mutex_unlock(c->mutex);
+}
+
+/* Take the lock (GIL held). 0: held; ST_HANDOVER with c->reason set: not held; -1: a Python exception is set. */
+static int lock(Core *c)
+{
+    if (c->released) {
+        c->reason = WHY_RELEASED;
+        return ST_HANDOVER;
+    }
+    int rc = try_checked(c);
+    if (rc == EBUSY) {
+        c->waits++;
+        rc = wait_lock(c);
+    }
+    if (rc == -2)
+        return -1;
+    if (rc == 0 && c->released) {
+        unlock(c);
+        rc = EBUSY;
+    }
+    switch (rc) {
+    case 0:
+        return ST_OK;
+    case -1:
+        c->reason = WHY_KIND;
+        break;
+    case EOWNERDEAD:
+        /* Consistent at once, as the Python path does; what the dead holder left half-done is flagged by the
+         * dirty word, which the Python path looks at when it takes the lock again. */
+        pthread_mutex_consistent(c->mutex);
+        unlock(c);
+        c->reason = WHY_OWNERDEAD;
+        break;
+    case EDEADLK:
+        c->reason = WHY_REENTERED;
+        break;
+    case ETIMEDOUT:
+        c->reason = WHY_TIMEOUT;
+        break;
+    case EBUSY:
+        c->reason = WHY_RELEASED;
+        break;
+    default:
+        c->reason = WHY_LOCK;
+        break;
+    }
+    return ST_HANDOVER;
+}
+
+/* ------------------------------------------------------------------------------------------------ structures */
+
+/* A hand-over for a failed bound; the caller leaves the dirty word as it is (set, if a write was made). */
+static inline int bounds(Core *c)
+{
+    c->reason = WHY_BOUNDS;
+    return ST_HANDOVER;
+}
+
+static inline int64_t block_nbytes(Core *c, int64_t payload)
+{
+    return (c->block_header + payload + c->block_align - 1) & -c->block_align;
+}
+
+/* Whether a block at ``off`` with a value of ``vlen`` and a key of ``klen`` bytes lies within the arena. */
+static inline int block_in_arena(Core *c, int64_t off, int64_t vlen, int64_t klen)
+{
+    return off >= 0 && off % 8 == 0 && vlen >= 1 && LEN_OK(vlen) && LEN_OK(klen)
+           && off <= c->arena_nbytes - c->block_header - vlen - klen;
+}
+
+/* Pin test (table.pinned): a flagged entry is pinned while another description holds its pin byte; a flag found
+ * without one is cleared. 1 pinned, 0 not, -1 the query failed. */
+static int pinned(Core *c, int64_t e)
+{
+    if (!c->pins[e])
+        return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(c->pin_base + e);
+    fl.l_len = 1;
+    if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    if (fl.l_type != F_UNLCK)
+        return 1;
+    c->pins[e] = 0;
+    return 0;
+}
+
+/* index.find: the entry holding key ``kb`` (fingerprint ``fp``), or EMPTY, into *out. */
+static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
+{
+    int64_t s = fp & c->mask;
+    for (int64_t i = 0; i <= c->mask; i++) {
+        int64_t e = IXE(s);
+        if (e == c->empty) {
+            *out = c->empty;
+            return ST_OK;
+        }
+        if (!SLOT_OK(e))
+            return bounds(c);
+        if (IXF(s) == fp && EN(e, klen) == klen) {
+            int64_t off = EN(e, off), vlen = EN(e, vlen);
+            if (!block_in_arena(c, off, vlen, klen))
+                return bounds(c);
+            if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
+                *out = e;
+                return ST_OK;
+            }
+        }
+        s = (s + 1) & c->mask;
+    }
+    return bounds(c); /* no empty slot anywhere */
+}
+
+/* index.remove: empty slot ``s`` and shift back what follows it in its cluster. */
+static int index_remove(Core *c, int64_t s)
+{
+    IXE(s) = c->empty;
+    int64_t j = s;
+    for (int64_t i = 0; i <= c->mask; i++) {
+        j = (j + 1) & c->mask;
+        int64_t e = IXE(j);
+        if (e == c->empty)
+            return ST_OK;
+        /* The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j]. */
+        if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)c->mask) >= ((uint64_t)(j - s) & (uint64_t)c->mask)) {
+            if (!SLOT_OK(e))
+                return bounds(c);
+            IXF(s) = IXF(j);
+            IXE(s) = e;
+            EN(e, slot) = s;
+            IXE(j) = c->empty;
+            s = j;
+        }
+    }
+    return bounds(c);
+}
+
+/* lru.move_to_front. */
+static int move_to_front(Core *c, int64_t e)
+{
+    int64_t p = EN(e, prev);
+    if (p == c->sentinel)
+        return ST_OK;
+    int64_t n = EN(e, next), first = EN(c->sentinel, next);
+    if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
+        return bounds(c);
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    first = EN(c->sentinel, next); /* re-read: p may have been the sentinel's next's neighbour */
+    EN(e, prev) = c->sentinel;
+    EN(e, next) = first;
+    EN(first, prev) = e;
+    EN(c->sentinel, next) = e;
+    return ST_OK;
+}
+
+/* Table.remove: drop entry ``e`` from every structure; its slot and block go back. */
+static int table_remove(Core *c, int64_t e)
+{
+    if (!SLOT_OK(e))
+        return bounds(c);
+    int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
+            s = EN(e, slot);
+    if (!(s >= 0 && s <= c->mask && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+        return bounds(c);
+    int64_t nb = block_nbytes(c, klen + vlen);
+    /* arena free: the block must be this entry's own */
+    if (!(off >= 0 && off < c->arena_nbytes && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
+        return bounds(c);
+    AW(off) = nb;
+    ADD(HW(arena_used), -nb);
+    int r = index_remove(c, s);
+    if (r)
+        return r;
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    EN(e, check) = 0;
+    EN(e, next) = HW(free_head);
+    HW(free_head) = e;
+    ADD(HW(entries), -1);
+    ADD(HW(retained), -(klen + vlen));
+    c->exp[e] = 0;
+    int64_t k = c->kinds[e];
+    if (k) {
+        ADD(c->kw[k * c->kww + c->k_entries], -1);
+        ADD(c->kw[k * c->kww + c->k_retained], -(klen + vlen));
+    }
+    return ST_OK;
+}
+
+/* Table.reclaim_expired: remove every expired entry no view pins, then raise next_expiry to what is left. */
+static int reclaim_expired(Core *c, int64_t now)
+{
+    int64_t un = HW(unused_next), handed_out = (un > 0 && un <= c->slots) ? un : c->slots, removed = 0;
+    for (int64_t e = 0; e < handed_out; e++) {
+        int64_t x = c->exp[e];
+        if (x != 0 && x <= now && EN(e, check)) {
+            int p = pinned(c, e);
+            if (p < 0)
+                return bounds(c);
+            if (!p) {
+                int r = table_remove(c, e);
+                if (r)
+                    return r;
+                removed++;
+            }
+        }
+    }
+    int64_t least = c->never;
+    int any = 0;
+    for (int64_t e = 0; e < handed_out; e++) {
+        int64_t x = c->exp[e];
+        if (x != 0 && (!any || x < least)) {
+            least = x;
+            any = 1;
+        }
+    }
+    HW(next_expiry) = any ? least : c->never;
+    ADD(HW(expired), removed);
+    return ST_OK;
+}
+
+/* Table.evict_until(1, size): expired entries first, then the least recently used, pinned ones excepted. */
+static int evict_until(Core *c, int64_t size, int64_t now)
+{
+    int64_t most_entries = HW(max_entries) - 1, most_bytes = HW(max_retained) - size;
+    if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
+        return ST_OK;
+    if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
+        int r = reclaim_expired(c, now);
+        if (r)
+            return r;
+    }
+    int64_t e = EN(c->sentinel, prev), held = 0;
+    for (int64_t i = 0; i < c->slots; i++) {
+        if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
+            return ST_OK;
+        if (e == c->sentinel)
+            break;
+        if (!SLOT_OK(e))
+            return bounds(c);
+        int64_t p = EN(e, prev);
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            held++;
+        } else {
+            int r = table_remove(c, e);
+            if (r)
+                return r;
+            ADD(HW(evictions), 1);
+        }
+        e = p;
+    }
+    return held ? ST_PINNED : bounds(c);
+}
+
+/* Table.evict_one: evict the least recently used entry no view pins; *done 0 if there is none. */
+static int evict_one(Core *c, int *done)
+{
+    int64_t e = EN(c->sentinel, prev);
+    for (int64_t i = 0; i < c->slots; i++) {
+        if (e == c->sentinel) {
+            *done = 0;
+            return ST_OK;
+        }
+        if (!SLOT_OK(e))
+            return bounds(c);
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (!pin) {
+            int r = table_remove(c, e);
+            if (r)
+                return r;
+            ADD(HW(evictions), 1);
+            *done = 1;
+            return ST_OK;
+        }
+        e = EN(e, prev);
+    }
+    return bounds(c);
+}
+
+/* arena write_dead: cover [off, off + nbytes) with dead blocks. */
+static int write_dead(Core *c, int64_t off, int64_t nbytes)
+{
+    if (off < 0 || nbytes < 0 || off % 8 || nbytes % 8 || nbytes > c->arena_nbytes - off)
+        return bounds(c);
+    while (nbytes) {
+        int64_t n = nbytes < c->max_block ? nbytes : c->max_block;
+        AW(off) = n;
+        off += n;
+        nbytes -= n;
+    }
+    return ST_OK;
+}
+
+/* Arena._clean_one: pass the block at tail, absorbing it (dead) or sliding it down to head (live). */
+static int clean_one(Core *c, int64_t *head, int64_t *tail, int64_t *fill, int64_t *stuck)
+{
+    int64_t size = c->arena_nbytes, hd = *head, tl = *tail, fl = *fill;
+    if (tl < 0 || tl >= size || tl % 8 || hd < 0 || hd > tl)
+        return bounds(c);
+    int64_t hdr = AW(tl), nb = hdr & c->len_mask;
+    if (nb < c->block_header || nb % c->block_align || nb > size - tl || nb > fl)
+        return bounds(c);
+    int64_t e = hdr >> c->owner_shift;
+    if (SLOT_OK(e) && EN(e, off) == tl && EN(e, check)) {
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            /* A pinned block stays: the gap before it becomes a dead block and the ring goes on after it. */
+            if (hd != tl) {
+                int r = write_dead(c, hd, tl - hd);
+                if (r)
+                    return r;
+            }
+            (*stuck)++;
+            tl += nb;
+            if (tl == size)
+                tl = 0;
+            *head = tl;
+            *tail = tl;
+            *fill = size;
+            return ST_OK;
+        }
+        if (hd != tl) {
+            memmove(c->arena + hd, c->arena + tl, (size_t)nb); /* the ranges may overlap */
+            EN(e, off) = hd;
+        }
+        hd += nb;
+        fl += nb;
+    }
+    fl -= nb;
+    tl += nb;
+    if (tl == size)
+        tl = 0;
+    if (hd == size)
+        hd = 0;
+    *head = hd;
+    *tail = tl;
+    *fill = fl;
+    return ST_OK;
+}
+
+/* Arena.alloc: the offset of a new block of ``nb`` bytes owned by entry ``e`` into *out. */
+static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
+{
+    int64_t size = c->arena_nbytes, head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
+    if (!(head >= 0 && head < size && tail >= 0 && tail < size && fill >= 0 && fill <= size && !((head | tail) & 7)
+          && (((head - tail) % size) + size) % size == fill % size && used >= 0 && used <= size - nb))
+        return bounds(c);
+    int64_t cleaned = 0, stuck = 0;
+    for (;;) {
+        if (fill == 0)
+            head = tail = 0;
+        if (head >= tail && fill < size) { /* free space is [head, size) then [0, tail) */
+            int64_t room = size - head;
+            if (room >= nb)
+                break;
+            if (room) {
+                int r = write_dead(c, head, room);
+                if (r)
+                    return r;
+                fill += room;
+            }
+            head = 0;
+            continue;
+        }
+        if (fill < size && tail - head >= nb) /* free space is the gap [head, tail) */
+            break;
+        int64_t before = tail;
+        int r = clean_one(c, &head, &tail, &fill, &stuck);
+        if (r)
+            return r;
+        int64_t passed = (((tail - before) % size) + size) % size;
+        cleaned += passed ? passed : size;
+        if (cleaned > 2 * size) {
+            if (stuck) {
+                /* Pinned blocks split the free space into pieces all smaller than nb: the ring as it stands is
+                 * consistent; record it and refuse. */
+                HW(head) = head;
+                HW(tail) = tail;
+                HW(fill) = fill;
+                return ST_PINNED;
+            }
+            return bounds(c);
+        }
+    }
+    if (head < 0 || head % 8 || nb > size - head)
+        return bounds(c);
+    AW(head) = nb | (e << c->owner_shift);
+    *out = head;
+    head += nb;
+    /* Ordering: head, tail and fill are written together after the block (see arena.py). */
+    HW(head) = head == size ? 0 : head;
+    HW(tail) = tail;
+    HW(fill) = fill + nb;
+    ADD(HW(arena_used), nb);
+    return ST_OK;
+}
+
+/* The columns a store writes: a new version, the expiry (lowering the bound if need be). */
+static inline void stamp(Core *c, int64_t e, int64_t expires)
+{
+    int64_t v = (int64_t)((uint64_t)HW(version_clock) + 1);
+    HW(version_clock) = v;
+    c->ver[e] = v;
+    c->exp[e] = expires;
+    if (expires && expires < HW(next_expiry))
+        HW(next_expiry) = expires;
+}
+
+/* The arguments of a store, checked once by the method. */
+typedef struct {
+    const char *kb, *body;
+    int64_t klen, blen, tag, fp, check, size, nb, expires;
+} Store;
+
+/* Table.insert: a new entry as the most recently used (the key is absent; the limits leave room). */
+static int insert(Core *c, const Store *st)
+{
+    int64_t e = HW(free_head), off = 0, vlen = st->blen + 1, r;
+    int from_free = e != c->nil;
+    if (!from_free) {
+        e = HW(unused_next);
+        if (!SLOT_OK(e))
+            return bounds(c);
+    } else if (!SLOT_OK(e) || EN(e, check)) {
+        return bounds(c);
+    }
+    HW(writing) = e;
+    if ((r = alloc(c, st->nb, e, &off)))
+        return (int)r;
+    if (from_free)
+        HW(free_head) = EN(e, next);
+    else
+        HW(unused_next) = e + 1;
+    unsigned char *v0 = c->arena + off + c->block_header; /* a block is [header][value][key] */
+    v0[0] = (unsigned char)st->tag;
+    memcpy(v0 + 1, st->body, (size_t)st->blen);
+    memcpy(v0 + vlen, st->kb, (size_t)st->klen);
+    int64_t s = st->fp & c->mask, i;
+    for (i = 0; i <= c->mask && IXE(s) != c->empty; i++)
+        s = (s + 1) & c->mask;
+    if (i > c->mask)
+        return bounds(c);
+    int64_t first = EN(c->sentinel, next);
+    if (!LINK_OK(first))
+        return bounds(c);
+    EN(e, prev) = c->sentinel;
+    EN(e, next) = first;
+    EN(e, fp) = st->fp;
+    EN(e, off) = off;
+    EN(e, klen) = st->klen;
+    EN(e, vlen) = vlen;
+    EN(e, slot) = s;
+    EN(e, check) = st->check;
+    IXF(s) = st->fp;
+    IXE(s) = e;
+    EN(first, prev) = e;
+    EN(c->sentinel, next) = e;
+    ADD(HW(entries), 1);
+    ADD(HW(retained), st->klen + vlen);
+    stamp(c, e, st->expires);
+    c->pins[e] = 0;
+    if (st->klen > 1 && (unsigned char)st->kb[0] == c->kind_prefix) {
+        int64_t k = (unsigned char)st->kb[1];
+        c->kinds[e] = (unsigned char)k;
+        ADD(c->kw[k * c->kww + c->k_entries], 1);
+        ADD(c->kw[k * c->kww + c->k_retained], st->klen + vlen);
+    } else {
+        c->kinds[e] = 0;
+    }
+    return ST_OK;
+}
+
+/* Table.overwrite: a new value for resident entry ``e`` in place, when the block size is the same and the byte
+ * limit allows; *done 0 (nothing written) otherwise. */
+static int overwrite(Core *c, int64_t e, const Store *st, int *done)
+{
+    int64_t klen = EN(e, klen), old_vlen = EN(e, vlen), off = EN(e, off), vlen = st->blen + 1;
+    *done = 0;
+    if (!LEN_OK(klen) || !LEN_OK(old_vlen))
+        return bounds(c);
+    if (block_nbytes(c, klen + old_vlen) != st->nb || HW(retained) + vlen - old_vlen > HW(max_retained)
+        || !SLOT_OK(e))
+        return ST_OK;
+    if (!(off >= 0 && off <= c->arena_nbytes - st->nb && off % 8 == 0 && AW(off) == (st->nb | (e << c->owner_shift))))
+        return bounds(c);
+    HW(writing) = e;
+    unsigned char *v0 = c->arena + off + c->block_header;
+    v0[0] = (unsigned char)st->tag;
+    memcpy(v0 + 1, st->body, (size_t)st->blen);
+    if (vlen != old_vlen) {
+        memcpy(v0 + vlen, st->kb, (size_t)klen);
+        EN(e, vlen) = vlen;
+        ADD(HW(retained), vlen - old_vlen);
+        int64_t k = c->kinds[e];
+        if (k)
+            ADD(c->kw[k * c->kww + c->k_retained], vlen - old_vlen);
+    }
+    EN(e, check) = st->check;
+    int r = move_to_front(c, e);
+    if (r)
+        return r;
+    stamp(c, e, st->expires);
+    *done = 1;
+    return ST_OK;
+}
+
+/* _lapse_locked for an expired entry that no pin flag marks: drop it, counted in ``expired``. */
+static int lapse(Core *c, int64_t e)
+{
+    HW(dirty) = 1;
+    int r = table_remove(c, e);
+    if (r)
+        return r;
+    ADD(HW(expired), 1);
+    HW(dirty) = 0;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------ sections */
+
+typedef struct {
+    int64_t tag, check, vlen, off, slot;
+    int hit;
+} Found;
+
+static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+{
+    int64_t e;
+    int r;
+    f->hit = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if ((r = find(c, kb, klen, fp, &e)))
+        return r;
+    if (e != c->empty) {
+        int64_t x = c->exp[e];
+        if (x && x <= (now < 0 ? (now = mono_ns()) : now)) {
+            int pin = pinned(c, e);
+            if (pin < 0)
+                return bounds(c);
+            if (!pin && (r = lapse(c, e)))
+                return r;
+            e = c->empty; /* a pinned expired entry stays, and reads as absent */
+        }
+    }
+    if (e == c->empty) {
+        ADD(HW(misses), 1);
+        return ST_OK;
+    }
+    if (EN(e, prev) != c->sentinel) {
+        int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
+        if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
+            return bounds(c); /* nothing written yet */
+        HW(dirty) = 1;
+        if ((r = move_to_front(c, e)))
+            return r;
+        HW(dirty) = 0;
+    }
+    ADD(HW(hits), 1);
+    f->hit = 1;
+    f->slot = e;
+    f->check = EN(e, check);
+    f->off = EN(e, off) + c->block_header; /* checked by find */
+    f->vlen = EN(e, vlen);
+    f->tag = c->arena[f->off];
+    return ST_OK;
+}
+
+static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
+{
+    int64_t old;
+    int r, done;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if (now < 0)
+        now = mono_ns();
+    if (ttl < 0) {
+        ttl = HW(default_ttl);
+        if (ttl < 0 || ttl > c->max_ttl) { /* damaged: the Python path repairs it */
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+    }
+    if ((r = find(c, st->kb, st->klen, st->fp, &old)))
+        return r;
+    if (old != c->empty && c->exp[old] && c->exp[old] <= now) {
+        int pin = pinned(c, old);
+        if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
+            return pin < 0 ? bounds(c) : ST_PINNED;
+        if ((r = lapse(c, old)))
+            return r;
+        old = c->empty;
+    }
+    st->expires = ttl ? now + ttl : 0;
+    /* _store_locked */
+    if (st->size > HW(max_retained)) { /* TooLargeError, raised by the Python path */
+        c->reason = WHY_LIMIT;
+        return ST_HANDOVER;
+    }
+    if (old != c->empty) {
+        int pin = pinned(c, old);
+        if (pin)
+            return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
+    }
+    HW(dirty) = 1;
+    if (old != c->empty) {
+        ADD(HW(updates), 1);
+        if ((r = overwrite(c, old, st, &done)))
+            return r;
+        if (!done) {
+            if ((r = table_remove(c, old)))
+                return r;
+            old = c->empty;
+        }
+    }
+    if (old == c->empty) {
+        r = ST_OK;
+        if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained))
+            r = evict_until(c, st->size, now);
+        while (r == ST_OK) {
+            r = insert(c, st);
+            if (r != ST_PINNED)
+                break;
+            /* Pinned blocks split the free space: evicting more (what is not pinned) may join it. */
+            if ((r = evict_one(c, &done)))
+                return r;
+            r = done ? ST_OK : ST_PINNED;
+        }
+        if (r == ST_PINNED) { /* refused with every structure consistent: no repair needed */
+            HW(writing) = 0;
+            HW(dirty) = 0;
+            return ST_PINNED;
+        }
+        if (r)
+            return r;
+    }
+    ADD(HW(puts), 1);
+    HW(writing) = 0;
+    HW(dirty) = 0;
+    return ST_OK;
+}
+
+static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int *deleted)
+{
+    int64_t e;
+    int r;
+    *deleted = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if ((r = find(c, kb, klen, fp, &e)))
+        return r;
+    if (e == c->empty)
+        return ST_OK;
+    if (now < 0)
+        now = mono_ns();
+    int pin = pinned(c, e);
+    if (pin < 0)
+        return bounds(c);
+    if (c->exp[e] && c->exp[e] <= now) /* expired: absent (dropped, unless a view pins it) */
+        return pin ? ST_OK : lapse(c, e);
+    if (pin)
+        return ST_PINNED;
+    HW(dirty) = 1;
+    if ((r = table_remove(c, e)))
+        return r;
+    ADD(HW(deletes), 1);
+    HW(dirty) = 0;
+    *deleted = 1;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------ methods */
+
+static int arg_bytes(PyObject *o, const char *what, const char **p, int64_t *n)
+{
+    if (!PyBytes_Check(o)) { /* a subclass too: TieredCache hands over EncodedKey */
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.100s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *p = PyBytes_AS_STRING(o);
+    *n = (int64_t)PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+static int arg_int(PyObject *o, const char *what, int64_t *out)
+{
+    long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be an int that fits 64 bits", what);
+        }
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *name)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "Core.%s takes %zd arguments, got %zd", name, want, nargs);
+    return -1;
+}
+
+/* Leave a method: the last call out after release() drops the buffer export. */
+static void leave(Core *c)
+{
+    if (--c->users == 0 && c->released)
+        drop_buffer(c);
+}
+
+static PyObject *handover(void)
+{
+    Py_INCREF(HANDOVER);
+    return HANDOVER;
+}
+
+static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 3, "get") || arg_bytes(args[0], "kb", &kb, &klen) || arg_int(args[1], "fp", &fp)
+        || arg_int(args[2], "now_ns", &now))
+        return NULL;
+    if (fp < 0) {
+        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
+        return NULL;
+    }
+    c->users++;
+    int r = lock(c);
+    if (r) {
+        leave(c);
+        return r < 0 ? NULL : handover();
+    }
+    Found f = {0, 0, 0, 0, 0, 0};
+    PyObject *body = NULL;
+    r = get_locked(c, kb, klen, fp, now, &f);
+    if (r == ST_OK && f.hit) /* bytes are not tracked by the GC: this allocation runs no Python code */
+        body = PyBytes_FromStringAndSize((const char *)c->arena + f.off + 1, (Py_ssize_t)(f.vlen - 1));
+    unlock(c);
+    leave(c);
+    if (r)
+        return handover();
+    if (!f.hit)
+        Py_RETURN_NONE;
+    if (body == NULL)
+        return NULL;
+    PyObject *out = PyTuple_New(4), *tag = PyLong_FromLongLong(f.tag), *check = PyLong_FromLongLong(f.check),
+             *slot = PyLong_FromLongLong(f.slot);
+    if (out == NULL || tag == NULL || check == NULL || slot == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(tag);
+        Py_XDECREF(check);
+        Py_XDECREF(slot);
+        Py_DECREF(body);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, tag);
+    PyTuple_SET_ITEM(out, 1, body);
+    PyTuple_SET_ITEM(out, 2, check);
+    PyTuple_SET_ITEM(out, 3, slot);
+    return out;
+}
+
+static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    Store st;
+    int64_t now, ttl;
+    if (nargs_ok(nargs, 9, "put") || arg_bytes(args[0], "kb", &st.kb, &st.klen)
+        || arg_int(args[1], "tag", &st.tag) || arg_bytes(args[2], "body", &st.body, &st.blen)
+        || arg_int(args[3], "fp", &st.fp) || arg_int(args[4], "check", &st.check)
+        || arg_int(args[5], "size", &st.size) || arg_int(args[6], "nb", &st.nb) || arg_int(args[7], "now_ns", &now)
+        || arg_int(args[8], "ttl_ns", &ttl))
+        return NULL;
+    /* The encoding's own arithmetic, checked: a wrong size or block size would aim writes past the block. */
+    if (st.tag < 0 || st.tag > 255 || st.fp < 0 || st.check == 0 || st.size != st.klen + st.blen + 1
+        || st.nb != block_nbytes(c, st.size) || st.nb > c->max_block || st.nb > c->arena_nbytes || ttl < -1
+        || ttl > c->max_ttl) {
+        PyErr_SetString(PyExc_ValueError, "Core.put: the encoded entry's tag, fingerprint, checksum, size, block "
+                                          "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
+        return NULL;
+    }
+    c->users++;
+    int r = lock(c);
+    if (r) {
+        leave(c);
+        return r < 0 ? NULL : handover();
+    }
+    r = put_locked(c, &st, now, ttl);
+    unlock(c);
+    leave(c);
+    if (r == ST_PINNED) {
+        Py_INCREF(PINNED);
+        return PINNED;
+    }
+    if (r)
+        return handover();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 3, "delete") || arg_bytes(args[0], "kb", &kb, &klen) || arg_int(args[1], "fp", &fp)
+        || arg_int(args[2], "now_ns", &now))
+        return NULL;
+    if (fp < 0) {
+        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
+        return NULL;
+    }
+    c->users++;
+    int r = lock(c);
+    if (r) {
+        leave(c);
+        return r < 0 ? NULL : handover();
+    }
+    int deleted;
+    r = delete_locked(c, kb, klen, fp, now, &deleted);
+    unlock(c);
+    leave(c);
+    if (r == ST_PINNED) {
+        Py_INCREF(PINNED);
+        return PINNED;
+    }
+    if (r)
+        return handover();
+    return PyBool_FromLong(deleted);
+}
+
+static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
+{
+    c->released = 1;
+    if (c->users == 0)
+        drop_buffer(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
+{
+    return PyUnicode_FromString(why_names[c->reason]);
+}
+
+static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(c->waits);
+}
+
+static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(c->released);
+}
+
+static PyMethodDef Core_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))Core_get, METH_FASTCALL,
+     "get(kb, fp, now_ns) -> (tag, body, check, slot) | None | HANDOVER\n\nA lookup as SharedCache.get does it under "
+     "the lock (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only "
+     "if an expiry needs it; the same for put and delete). "
+     "A hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
+     "a miss (an expired entry a view pins stays). The body is copied out; its checksum is the caller's to check "
+     "after (the slot names the entry in a CorruptionError, as entries.get_many_locked's tuples do)."},
+    {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
+     "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
+     "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
+     "entry, or the room needed (the segment is consistent; raise PinnedError)."},
+    {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
+     "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
+     "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
+    {"release", (PyCFunction)Core_release, METH_NOARGS,
+     "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Core_getset[] = {
+    {"reason", (getter)Core_get_reason, NULL, "why the last call was handed over (a key of REASONS)", NULL},
+    {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
+    {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns): the compiled get/put/delete of one attached segment.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+    .tp_getset = Core_getset,
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, .m_name = "shmcache._core",
+    .m_doc = "The compiled critical section of shmcache's get, put and delete (see shmcache/core.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    if (PyType_Ready(&CoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    PyObject *base = (PyObject *)&PyBaseObject_Type;
+    HANDOVER = PyObject_CallNoArgs(base);
+    PINNED = PyObject_CallNoArgs(base);
+    PyObject *reasons = PyDict_New();
+    if (HANDOVER == NULL || PINNED == NULL || reasons == NULL)
+        goto fail;
+    for (int i = 0; i < WHY_COUNT; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (v == NULL || PyDict_SetItemString(reasons, why_names[i], v) < 0) {
+            Py_XDECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        goto fail;
+    }
+    Py_INCREF(HANDOVER);
+    Py_INCREF(PINNED);
+    if (PyModule_AddObject(m, "HANDOVER", HANDOVER) < 0 || PyModule_AddObject(m, "PINNED", PINNED) < 0
+        || PyModule_AddObject(m, "REASONS", reasons) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_XDECREF(reasons);
+    Py_DECREF(m);
+    return NULL;
+}
