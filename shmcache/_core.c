@@ -102,7 +102,7 @@ typedef struct {
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
-        kind_prefix, pin_base;
+        max_version, kind_prefix, pin_base;
 } Core;
 
 #define HW(f) (c->h[c->h_##f])
@@ -206,7 +206,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
         || take(d, "MAX_BLOCK_NBYTES", &c->max_block) || take(d, "BLOCK_LEN_MASK", &c->len_mask)
         || take(d, "BLOCK_OWNER_SHIFT", &c->owner_shift) || take(d, "EMPTY", &c->empty)
         || take(d, "NIL", &c->nil) || take(d, "SENTINEL", &c->sentinel) || take(d, "NEVER", &c->never)
-        || take(d, "MAX_TTL_NS", &c->max_ttl) || take(d, "KIND_PREFIX", &c->kind_prefix)
+        || take(d, "MAX_TTL_NS", &c->max_ttl) || take(d, "MAX_VERSION", &c->max_version)
+        || take(d, "KIND_PREFIX", &c->kind_prefix)
         || take(d, "PIN_BASE", &c->pin_base))
         return -1;
     if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
@@ -942,6 +943,12 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
             c->reason = WHY_LIMIT;
             return ST_HANDOVER;
         }
+    }
+    /* The version clock is stamped mid-update: one out of range (damaged; stepping it could wrap) is repaired by
+       the Python path before anything is written. */
+    if (HW(version_clock) < 0 || HW(version_clock) >= c->max_version) {
+        HW(dirty) = 1;
+        return bounds(c);
     }
     if ((r = find(c, st->kb, st->klen, st->fp, &old)))
         return r;

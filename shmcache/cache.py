@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
-from . import flight, index, memo, serializers
+from . import core, flight, index, memo, serializers
+from .core import HANDOVER
 from .durations import seconds, ttl_ns
 from .codec import (
     TAG_ARRAY, EncodedKey, array_checksum, body_checksum, copy_array, encode_key, fingerprint,
@@ -53,6 +54,7 @@ DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that an
 _W = ENTRY_WORDS
 _VALUE_START = 8  # block.VALUE_START, inlined (a block is [header][value][key]; tests/test_hot_paths.py pins it)
 _BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
+_MONOTONIC = (-1).__int__  # what the compiled section is given as the time: -1, read CLOCK_MONOTONIC itself
 P = ParamSpec("P")
 R = TypeVar("R")
 _SC = TypeVar("_SC", bound="SharedCache")
@@ -190,6 +192,10 @@ class SharedCache(LocalMapping):
         self._lockw = seg.lock_words
         self._lock_timeout = lock_timeout
         self.name = seg.name
+        # The compiled section, if built (None: the pure-Python path); it reads CLOCK_MONOTONIC itself (-1) unless
+        # this handle has a clock of its own.
+        self._core = core.bind(seg, lock_timeout)
+        self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property
     def closed(self) -> bool:
@@ -216,6 +222,19 @@ class SharedCache(LocalMapping):
         else:
             kb = encode_key(key)
         fp = _xxh(kb) & _MASK63
+        core = self._core
+        if core is not None:  # the compiled section: the same locked steps in C (core.py); HANDOVER: the path below
+            found = core.get(kb, fp, self._now())
+            if found is not HANDOVER:
+                if found is None:
+                    return default
+                tag, body, check, e = found
+                if (_xxh(body, tag) & _MASK63) | 1 != check:
+                    self._guard.checksum_failed(e)
+                try:
+                    return self._decode(tag, body)
+                except ValueError as exc:
+                    self._guard.undecodable(exc)
         # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
         # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
         w = (fp & self._mask) << 1
@@ -315,6 +334,11 @@ class SharedCache(LocalMapping):
         check = (_xxh(body, tag) & _MASK63) | 1
         if ttl is not None:
             ttl = ttl_ns(ttl)
+        core = self._core
+        # The compiled section (core.py); PINNED and HANDOVER run the path below, which raises what it should.
+        if core is not None and core.put(kb, tag, body, fp, check, size, nb, self._now(),
+                                         -1 if ttl is None else ttl) is None:
+            return
         guard, store = self._guard, self._store
         addr = self._addr
         try:
@@ -352,7 +376,12 @@ class SharedCache(LocalMapping):
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
-        return self._guard.run(self._store.delete, kb, fingerprint(kb))
+        fp = fingerprint(kb)
+        if self._core is not None:
+            done = self._core.delete(kb, fp, self._now())
+            if done is True or done is False:
+                return done
+        return self._guard.run(self._store.delete, kb, fp)
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
@@ -644,6 +673,8 @@ class SharedCache(LocalMapping):
         """
         if self.closed or not self._guard.close():
             return
+        if self._core is not None:
+            self._core.release()  # its buffer export, or the mapping cannot be unmapped
         self._table.close()
         self._pins.close()
         self._seg.close()

@@ -21,6 +21,8 @@ ALLOWED = {
     ("view.py", "_getframe"),  # sys._getframe: the caller's frame, to name who leaked a view
     ("lru.py", "_lru_cache_wrapper"),  # the docstring's reference to functools' own sentinel design
 }
+# (module, name) imports of a private module of the package itself: the compiled extension.
+ALLOWED_IMPORTS = {("core.py", "_core")}
 _DEFINED = re.compile(r"(?:def|class)\s+(_[a-z]\w*)|(?:self|cls)\.(_[a-z]\w*)\s*(?::[^=]*)?=|^\s+(_[a-z]\w*)\s*[:=]",
                       re.M)
 _USED = re.compile(r"\b(?!self\b|cls\b)([A-Za-z_]\w*)\.(_[a-z]\w*)")
@@ -55,7 +57,8 @@ def _violations(path: pathlib.Path) -> list[str]:
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
             for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                if alias.name.startswith("_") and not alias.name.startswith("__") \
+                        and (path.name, alias.name) not in ALLOWED_IMPORTS:
                     found.append(f"{rel}:{node.lineno}: imports {alias.name} from {node.module}")
     return found
 

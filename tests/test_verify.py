@@ -180,10 +180,13 @@ def test_verify_damaged_ring_head_never_aims_a_write_outside_the_arena(name, hea
             raw.word(d.H_HEAD * 8, head)
         finally:
             raw.close()
-        with pytest.raises(CorruptionError):
-            c.put("new", b"\xff" * 200)
+        try:
+            c.put("new", b"\xff" * 200)  # the compiled section hands over with dirty set: repaired, then stored
+        except CorruptionError:
+            pass  # the Python path found it while writing: repaired, and reported
+        assert c.stats().recoveries == 1
         assert bytes(c._mm[:64]) == line0[:64]
-        c.put("new", b"\xff" * 200)  # repaired: works again
+        c.put("new", b"\xff" * 200)  # repaired: works
         assert c.get("new") == b"\xff" * 200 and c.verify().ok
         _all_ops_sound(c, [f"k{i}" for i in range(20)])
         c.unlink()
