@@ -14,7 +14,7 @@ import shlex
 import sys
 import time
 
-from . import __version__
+from . import __version__, core
 from .cache import SharedCache, parts
 from .errors import OwnershipError, SerializerMismatch, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
@@ -163,6 +163,7 @@ def cmd_ls(args) -> int:
         return 0
     if not caches:
         print("no shmcache caches on this host")
+        print(_hot_path())
         return 0
     rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
@@ -177,7 +178,16 @@ def cmd_ls(args) -> int:
         rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
                      f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
+    print(_hot_path())
     return 0
+
+
+def _hot_path() -> str:
+    """Which implementation of the locked operations this installation runs (the same segments either way)."""
+    if core.PATH == "compiled":
+        return "hot path: compiled (shmcache._core)"
+    why = "SHMCACHE_PURE_PYTHON=1" if os.environ.get("SHMCACHE_PURE_PYTHON") == "1" else "the extension is not built"
+    return f"hot path: pure Python ({why})"
 
 
 def cmd_stats(args) -> int:
@@ -191,6 +201,7 @@ def cmd_stats(args) -> int:
                 rows += [[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
                          for k, v in d["kinds"].items()]
                 print(_table(rows))
+                print(_hot_path())
 
             if args.prometheus:
                 print(prometheus_text({c.name: stats}), end="")

@@ -339,3 +339,15 @@ def test_cli_ls_shows_a_never_initialised_segment_as_damaged(capsys, name):
     mine = [c for c in json.loads(out) if c["name"] == name]
     assert rc == 0 and len(mine) == 1
     assert mine[0]["state"] == "damaged" and "never initialised" in mine[0]["error"]
+
+
+def test_cli_ls_and_stats_say_which_hot_path_runs(capsys, filled, name, monkeypatch):
+    from shmcache import core
+
+    rc, out, _ = run(capsys, "ls")
+    want = "hot path: compiled (shmcache._core)" if core.PATH == "compiled" else "hot path: pure Python ("
+    assert rc == 0 and out.rstrip().splitlines()[-1].startswith(want)
+    monkeypatch.setattr(core, "PATH", "pure Python")
+    monkeypatch.setenv("SHMCACHE_PURE_PYTHON", "1")
+    rc, out, _ = run(capsys, "stats", name)
+    assert rc == 0 and out.rstrip().splitlines()[-1] == "hot path: pure Python (SHMCACHE_PURE_PYTHON=1)"
