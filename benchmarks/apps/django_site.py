@@ -471,7 +471,7 @@ def run_one(backend: str, round_no: int, args) -> dict:
         load = run_wrk(site.url, script, args.seconds, args)
         pids = site.pids()
         result = {"backend": backend, "round": round_no, **load, "workers_pss_bytes": pss_bytes(pids),
-                  "processes": len(pids)}
+                  "gunicorn_pids": pids}
         after = read_counters(site.counts)
         result.update({f: after[f] - before[f] for f in COUNTER_FIELDS})
         result["worker_processes"] = after["workers"]
@@ -526,6 +526,15 @@ def summarize(runs: list[dict]) -> dict:
                               + row.get("segment_unmapped_bytes", 0))
         summary[backend] = row
     return summary
+
+
+def progress(r: dict) -> str:
+    """One run's line."""
+    line = (f"round {r['round']} {r['backend']:9s} {r['rps']:7.0f} req/s  p50 {r['p50_us'] / 1e3:6.1f} ms  "
+            f"p99 {r['p99_us'] / 1e3:6.1f} ms  hits {r['hit_rate']:.1%}  gunicorn PSS {_mb(r['workers_pss_bytes'])} MB")
+    if "server_pss_bytes" in r:
+        line += f"  server PSS {_mb(r['server_pss_bytes'])} MB"
+    return line
 
 
 def _mb(n: float | None) -> str:
@@ -614,16 +623,12 @@ def main(argv=None) -> int:
         for backend in backends:  # interleaved, so a slow spell of the machine touches every backend
             r = run_one(backend, round_no, args)
             runs.append(r)
-            print(f"round {round_no} {backend:9s} {r['rps']:7.0f} req/s  p50 {r['p50_us'] / 1e3:6.1f} ms  "
-                  f"p99 {r['p99_us'] / 1e3:6.1f} ms  hits {r['hit_rate']:.1%}  gunicorn PSS "
-                  f"{r['workers_pss_bytes'] / 2**20:.0f} MB" + (f"  server PSS {r['server_pss_bytes'] / 2**20:.0f} MB"
-                                                                 if "server_pss_bytes" in r else ""),
-                  file=sys.stderr, flush=True)
+            print(progress(r), file=sys.stderr, flush=True)
     summary = summarize(runs)
     about = (f"{args.workers} gunicorn sync workers, wrk -t{args.threads} -c{args.connections} -d{args.seconds}s "
              f"after {args.warmup_requests} requests of warm-up, "
-             f"{args.keys} pages of {args.page_kb} KiB (Zipf {args.zipf}), {args.sessions} sessions, median of {args.rounds} round(s), "
-             f"{os.cpu_count()} CPUs")
+             f"{args.keys} pages of {args.page_kb} KiB (Zipf {args.zipf}), {args.sessions} sessions, "
+             f"median of {args.rounds} round(s), {os.cpu_count()} CPUs")
     print(about)
     print(table(summary))
     shm = summary.get("shmcache")
