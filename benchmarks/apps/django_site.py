@@ -15,8 +15,8 @@ Each worker counts its requests, the pages it computed (misses), the sessions it
 session the backend does not have: with LocMemCache, every request that lands on another worker than the one that
 made the session) and the wrong values, in a file of its own; the hit rate is 1 - computed / requests.
 
-Every (backend, round) is a fresh gunicorn (``--workers`` sync workers on 127.0.0.1, no --preload) over an empty
-cache: a new segment, a new memcached or redis-server process (started here, a child, on a free loopback port).
+Every (backend, round) is a fresh gunicorn (``--workers`` sync workers on 127.0.0.1; ``--preload`` optional) over
+an empty cache: a new segment, a new memcached or redis-server process (started here, a child, on a free loopback port).
 ``--warmup-requests`` of the same load come first (other draws, the same for every backend, sent from Python),
 unmeasured, so that every backend starts the measure with a cache that served as many requests; then wrk runs
 ``--seconds`` at ``--connections``.
@@ -192,6 +192,12 @@ def make_application():
     django.setup()
     from django.core.wsgi import get_wsgi_application
     from django.urls import path
+    from django.utils.module_loading import import_string
+
+    # Why: the backend's modules are imported here, by the master under --preload (its workers then share them),
+    # while its connection or segment handle is still opened by each worker, on first use.
+    import_string(settings.CACHES["default"]["BACKEND"])
+    import_string(settings.SESSION_ENGINE + ".SessionStore")
 
     urlpatterns = [path("page", page), path("login", login), path("health", health)]
     _page_nbytes = int(os.environ["DJBENCH_PAGE_NBYTES"])
@@ -293,7 +299,7 @@ def http_get(url: str, timeout: float = 10.0) -> tuple[str, list[str]]:
 class Site:
     """gunicorn serving this module's site with ``cache`` settings, in a session (process group) of its own."""
 
-    def __init__(self, caches: dict, workers: int, page_nbytes: int, directory: str) -> None:
+    def __init__(self, caches: dict, workers: int, page_nbytes: int, directory: str, preload: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.counts = os.path.join(directory, "counts")
@@ -304,23 +310,24 @@ class Site:
                "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-k", "sync", "-b", f"{LOOPBACK}:{self.port}",
                "--timeout", "60", "--graceful-timeout", "5", "--error-logfile", self.log_path, "--chdir", REPO_ROOT,
-               "benchmarks.apps.django_site:make_application()"]
+               *(["--preload"] if preload else []), "benchmarks.apps.django_site:make_application()"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:
-            self._wait_ready(workers)
+            self._wait_ready(workers, preload)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_ready(self, workers: int) -> None:
-        """Until every worker has loaded the site (written its counts file) and the site answers."""
+    def _wait_ready(self, workers: int, preload: bool) -> None:
+        """Until every worker is forked and has loaded the site (written its counts file; with ``preload``, the
+        master did before forking) and the site answers."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn did not start within {START_TIMEOUT_S} s: {self.log_tail()}")
-            if len(os.listdir(self.counts)) >= workers:
+            if len(children(self.proc.pid)) >= workers and (preload or len(os.listdir(self.counts)) >= workers):
                 try:
                     http_get(f"{self.url}/health", timeout=5)
                     return
@@ -462,7 +469,7 @@ def run_one(backend: str, round_no: int, args) -> dict:
     try:
         server = start_server(backend, args.capacity_mb)
         site = Site(cache_settings(backend, server, name, args.capacity_mb, args.max_entries), args.workers,
-                    args.page_kb * 1024, directory)
+                    args.page_kb * 1024, directory, args.preload)
         sessions = site.make_sessions(args.sessions)
         warm_up(site.url, sessions, args)
         script = os.path.join(directory, "zipf.lua")
@@ -471,6 +478,7 @@ def run_one(backend: str, round_no: int, args) -> dict:
         load = run_wrk(site.url, script, args.seconds, args)
         pids = site.pids()
         result = {"backend": backend, "round": round_no, **load, "workers_pss_bytes": pss_bytes(pids),
+                  "pss_bytes_by_process": [pss_bytes([pid]) for pid in pids],
                   "gunicorn_pids": pids}
         after = read_counters(site.counts)
         result.update({f: after[f] - before[f] for f in COUNTER_FIELDS})
@@ -485,7 +493,8 @@ def run_one(backend: str, round_no: int, args) -> dict:
             result["segment_resident_bytes"] = st.st_blocks * 512
             # Invariant: posix_fallocate made every page of the segment resident; the pages no worker has touched
             # are in no process's PSS, but they are memory all the same.
-            result["segment_unmapped_bytes"] = max(0, st.st_blocks * 512 - mapping_pss_bytes(pids, path))
+            result["segment_mapped_bytes"] = mapping_pss_bytes(pids, path)
+            result["segment_unmapped_bytes"] = max(0, st.st_blocks * 512 - result["segment_mapped_bytes"])
         if result["wrong"]:
             raise RuntimeError(f"{backend}: {result['wrong']} cached pages were not the page asked for")
         return result
@@ -515,7 +524,8 @@ def summarize(runs: list[dict]) -> dict:
         rs = [r for r in runs if r["backend"] == backend]
         row = {"rounds": len(rs)}
         for field in ("rps", "p50_us", "p99_us", "hit_rate", "workers_pss_bytes", "server_pss_bytes",
-                      "segment_bytes", "segment_resident_bytes", "segment_unmapped_bytes", "lost_sessions",
+                      "segment_bytes", "segment_resident_bytes", "segment_mapped_bytes", "segment_unmapped_bytes",
+                      "lost_sessions",
                       "requests"):
             values = [r[field] for r in rs if r.get(field) is not None]
             if values:
@@ -608,6 +618,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sessions", type=int, default=64, help="session cookies wrk sends in turn")
     ap.add_argument("--capacity-mb", type=int, default=64, help="shmcache's capacity_bytes and memcached's -m")
     ap.add_argument("--max-entries", type=int, default=20_000, help="shmcache's max_entries, LocMemCache's MAX_ENTRIES")
+    ap.add_argument("--preload", action="store_true",
+                    help="gunicorn --preload: the master imports the site, its workers share those pages")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary to FILE as JSON")
     ap.add_argument("--plot", metavar="FILE", help="draw requests/s and memory per backend into FILE (PNG)")
@@ -625,7 +637,7 @@ def main(argv=None) -> int:
             runs.append(r)
             print(progress(r), file=sys.stderr, flush=True)
     summary = summarize(runs)
-    about = (f"{args.workers} gunicorn sync workers, wrk -t{args.threads} -c{args.connections} -d{args.seconds}s "
+    about = (f"{args.workers} gunicorn sync workers{' (--preload)' if args.preload else ''}, wrk -t{args.threads} -c{args.connections} -d{args.seconds}s "
              f"after {args.warmup_requests} requests of warm-up, "
              f"{args.keys} pages of {args.page_kb} KiB (Zipf {args.zipf}), {args.sessions} sessions, "
              f"median of {args.rounds} round(s), {os.cpu_count()} CPUs")
@@ -633,8 +645,10 @@ def main(argv=None) -> int:
     print(table(summary))
     shm = summary.get("shmcache")
     if shm:
-        print(f"shmcache segment: {_mb(shm['segment_bytes'])} MB (capacity), {_mb(shm['segment_resident_bytes'])} MB "
-              "resident at the end of the run")
+        print(f"shmcache segment: {_mb(shm['segment_bytes'])} MB ({args.capacity_mb} MB of capacity_bytes, the "
+              f"index and entry table for {args.max_entries} entries), {_mb(shm['segment_resident_bytes'])} MB "
+              f"resident: {_mb(shm['segment_mapped_bytes'])} MB mapped by the workers (in their PSS), "
+              f"{_mb(shm['segment_unmapped_bytes'])} MB by none")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "about": about, "runs": runs, "summary": summary}, f, indent=1)
