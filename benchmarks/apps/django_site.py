@@ -11,9 +11,9 @@ wrk draws K from a Zipf distribution over ``--keys`` keys (exponent ``--zipf``),
 are cold, and sends in turn one of ``--sessions`` session cookies made through the site before the load. The cached
 value carries its key and a digest of its HTML, checked on every hit: a wrong value is counted, and fails the run.
 
-Each worker counts its requests, the pages it computed (misses), the sessions it did not find (a cookie whose
+Each worker counts the requests it served, the pages it computed (misses), the sessions it did not find (a cookie whose
 session the backend does not have: with LocMemCache, every request that lands on another worker than the one that
-made the session) and the wrong values, in a file of its own; the hit rate is 1 - computed / requests.
+made the session) and the wrong values, in a file of its own; the hit rate is 1 - computed / served.
 
 Every (backend, round) is a fresh gunicorn (``--workers`` sync workers on 127.0.0.1; ``--preload`` optional) over
 an empty cache: a new segment, a new memcached or redis-server process (started here, a child, on a free loopback port).
@@ -55,13 +55,13 @@ from concurrent.futures import ThreadPoolExecutor
 BACKENDS = ("shmcache", "locmem", "memcached", "redis")
 LOOPBACK = "127.0.0.1"
 ROWS_BASE = 6000  # rows of page K: ROWS_BASE * (1 + K % 4), about 4 to 17 ms of CPU here
-TOP_ROWS = 40  # rows rendered: a page of about 3 KiB
+TOP_ROWS = 40  # rows of the page's table (about 3 KiB of HTML; --page-kb pads the page)
 PAGE_TTL_S = 300  # longer than any run: pages leave the cache only by eviction
 SESSION_COOKIE = "sessionid"  # Django's default SESSION_COOKIE_NAME
 START_TIMEOUT_S = 60.0
 WARMUP_TIMEOUT_S = 60.0  # for one request of the warm-up
 STOP_TIMEOUT_S = 20.0
-COUNTER_FIELDS = ("requests", "computed", "lost_sessions", "wrong")
+COUNTER_FIELDS = ("served", "computed", "lost_sessions", "wrong")
 COUNTER_NBYTES = 128  # one fixed-width record per worker file, rewritten in place
 MAPPING_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")  # a mapping's first line in /proc/PID/smaps
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,11 +104,15 @@ class Counters:
         self._pid = None
         self._fd = -1
 
-    def save(self) -> None:
-        if self._pid != os.getpid():  # first use in this process (a worker forked from a preloading master too)
+    def current(self) -> dict[str, int]:
+        """This process's counts, to add to; a process forked from another (a preloading master) starts its own."""
+        if self._pid != os.getpid():
             self._pid = os.getpid()
             self.values = dict.fromkeys(COUNTER_FIELDS, 0)
             self._fd = os.open(os.path.join(self.directory, str(self._pid)), os.O_WRONLY | os.O_CREAT, 0o600)
+        return self.values
+
+    def save(self) -> None:
         record = " ".join(str(self.values[f]) for f in COUNTER_FIELDS).encode()
         os.pwrite(self._fd, record.ljust(COUNTER_NBYTES), 0)
 
@@ -139,8 +143,8 @@ def page(request):
         k = int(request.GET["k"])
     except (KeyError, ValueError):
         return HttpResponseBadRequest("k must be an integer")
-    counts = _counters.values
-    counts["requests"] += 1
+    counts = _counters.current()
+    counts["served"] += 1
     session = request.session
     if SESSION_COOKIE in request.COOKIES and "views" not in session:
         counts["lost_sessions"] += 1
@@ -202,6 +206,7 @@ def make_application():
     urlpatterns = [path("page", page), path("login", login), path("health", health)]
     _page_nbytes = int(os.environ["DJBENCH_PAGE_NBYTES"])
     _counters = Counters(os.environ["DJBENCH_COUNTS"])
+    _counters.current()
     _counters.save()  # the file says this worker is up
     return get_wsgi_application()
 
@@ -483,7 +488,7 @@ def run_one(backend: str, round_no: int, args) -> dict:
         after = read_counters(site.counts)
         result.update({f: after[f] - before[f] for f in COUNTER_FIELDS})
         result["worker_processes"] = after["workers"]
-        result["hit_rate"] = 1 - result["computed"] / result["requests"] if result["requests"] else None
+        result["hit_rate"] = 1 - result["computed"] / result["served"] if result["served"] else None
         if server is not None:
             result["server_pss_bytes"] = pss_bytes([server.pid])
         if backend == "shmcache":
@@ -526,7 +531,7 @@ def summarize(runs: list[dict]) -> dict:
         for field in ("rps", "p50_us", "p99_us", "hit_rate", "workers_pss_bytes", "server_pss_bytes",
                       "segment_bytes", "segment_resident_bytes", "segment_mapped_bytes", "segment_unmapped_bytes",
                       "lost_sessions",
-                      "requests"):
+                      "served"):
             values = [r[field] for r in rs if r.get(field) is not None]
             if values:
                 row[field] = statistics.median(values)
@@ -556,7 +561,7 @@ def table(summary: dict) -> str:
              "| segment outside PSS MB | total MB | errors |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for backend, r in summary.items():
-        lost = f"{r['lost_sessions'] / r['requests']:.0%}" if r.get("requests") else "-"
+        lost = f"{r['lost_sessions'] / r['served']:.0%}" if r.get("served") else "-"
         lines.append(f"| {backend} | {r['rps']:.0f} | {r['p50_us'] / 1e3:.1f} | {r['p99_us'] / 1e3:.1f} "
                      f"| {r['hit_rate']:.1%} | {lost} | {_mb(r['workers_pss_bytes'])} "
                      f"| {_mb(r.get('server_pss_bytes'))} | {_mb(r.get('segment_unmapped_bytes'))} "
