@@ -642,8 +642,9 @@ def main(argv=None) -> int:
             runs.append(r)
             print(progress(r), file=sys.stderr, flush=True)
     summary = summarize(runs)
-    about = (f"{args.workers} gunicorn sync workers{' (--preload)' if args.preload else ''}, wrk -t{args.threads} -c{args.connections} -d{args.seconds}s "
-             f"after {args.warmup_requests} requests of warm-up, "
+    preload = " (--preload)" if args.preload else ""
+    about = (f"{args.workers} gunicorn sync workers{preload}, wrk -t{args.threads} -c{args.connections} "
+             f"-d{args.seconds}s after {args.warmup_requests} requests of warm-up, "
              f"{args.keys} pages of {args.page_kb} KiB (Zipf {args.zipf}), {args.sessions} sessions, "
              f"median of {args.rounds} round(s), {os.cpu_count()} CPUs")
     print(about)
