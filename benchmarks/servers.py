@@ -1,10 +1,12 @@
-"""Private Redis servers for the benchmarks and the tests: started on demand, stopped always, never left behind.
+"""Private Redis (and memcached) servers for the benchmarks and the tests: started on demand, stopped always, never
+left behind.
 
 ``RedisServer()`` listens on a unix socket in a private temporary directory and on no TCP port; the benchmarks'
 redis peer uses it. ``RedisServer(tcp=True)`` (or ``port=...``) listens on 127.0.0.1 instead, on a free port, so that
 clients connect by URL as they would to a real deployment; ``stop()`` and ``start()`` take it down and bring it back on
 the same port, for tests of clients that must reconnect. ``RedisClusterServers()`` starts three cluster-enabled
-nodes on loopback and joins them into one Redis Cluster that serves every slot.
+nodes on loopback and joins them into one Redis Cluster that serves every slot. ``MemcachedServer()`` is a memcached
+on a free loopback port, for the application benchmarks that compare against it.
 
 Every server persists nothing (``--save '' --appendonly no``) and is asked by the kernel to exit if the thread that
 started it dies (``PR_SET_PDEATHSIG``), so no server outlives its run. Every wait has a timeout: a server or a
@@ -27,6 +29,7 @@ import time
 
 REDIS_BINARY = "redis-server"
 REDIS_CLI_BINARY = "redis-cli"
+MEMCACHED_BINARY = "memcached"
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
@@ -429,6 +432,109 @@ class RedisClusterServers:
             raise errors[0]
 
     def __enter__(self) -> RedisClusterServers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class MemcachedServer:
+    """A private memcached process on 127.0.0.1:``port`` (a free port it picks), for benchmarks that need a real one.
+
+    ``memory_mb`` is its item memory (``-m``). It stores nothing on disk; like the Redis servers it is asked by the
+    kernel to exit if the thread that started it dies, and ``stop()`` terminates and waits for it.
+
+    :raises FileNotFoundError: if memcached is not on PATH.
+    :raises RuntimeError: if it does not answer within START_TIMEOUT_S (its output is in the message).
+    """
+
+    def __init__(self, *, memory_mb: int = 64, threads: int = 4) -> None:
+        binary = _binary(MEMCACHED_BINARY)
+        self._proc: subprocess.Popen | None = None
+        self._log = tempfile.TemporaryFile()
+        try:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                self.port = _free_port(with_bus=False)
+                self._log.seek(0)
+                self._log.truncate()
+                # Why -u: memcached refuses to run as root unless told which user to be; it stays that user.
+                user = ["-u", "root"] if os.geteuid() == 0 else []
+                args = [binary, "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(memory_mb),
+                        "-t", str(threads), *user]
+                self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
+                                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                if self._wait_served():
+                    return
+                self._halt()
+                if attempt == PORT_ATTEMPTS or b"Address already in use" not in self._output():
+                    raise RuntimeError(f"memcached did not start within {START_TIMEOUT_S} s: "
+                                       f"{_tail(self._output())}")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it is started, else None."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def location(self) -> str:
+        """``127.0.0.1:PORT``, as Django's memcached backends take it."""
+        return f"{LOOPBACK}:{self.port}"
+
+    def command(self, line: str) -> list[str]:
+        """Send one text-protocol command (``stats``, ``flush_all``) and return its reply's lines, up to END or OK."""
+        with socket.create_connection((LOOPBACK, self.port), timeout=2.0) as s, s.makefile("rb") as f:
+            s.sendall(line.encode() + b"\r\n")
+            lines = []
+            while True:
+                reply = f.readline()
+                if not reply.endswith(b"\r\n"):
+                    raise ConnectionError("memcached closed the connection before its reply ended")
+                reply = reply[:-2].decode(errors="replace")
+                if reply in ("END", "OK") or reply.startswith(("ERROR", "CLIENT_ERROR", "SERVER_ERROR")):
+                    return lines + [reply]
+                lines.append(reply)
+
+    def stats(self) -> dict[str, str]:
+        """The server's ``stats``: curr_items, bytes, get_hits, get_misses..."""
+        return {w[1]: w[2] for w in (line.split(" ", 2) for line in self.command("stats")) if len(w) == 3}
+
+    def _wait_served(self) -> bool:
+        """True once this process (its pid, not another's on the same port) answers; False if it exited or timed out."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if self.stats().get("pid") == str(self._proc.pid):
+                    return True
+            except OSError:
+                pass
+            time.sleep(_POLL_S)
+        return False
+
+    def _output(self) -> bytes:
+        self._log.seek(0)
+        return self._log.read()
+
+    def _halt(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Stop the server and wait for it to exit; idempotent."""
+        try:
+            self._halt()
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> MemcachedServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -44,3 +46,63 @@ def test_benchmarks_instructions_child_runs_each_case(case):
         proc.wait()
     assert proc.returncode == 0, err[-3000:]
     assert not os.path.exists(f"/dev/shm/shmcache.benchmarks-instructions-{proc.pid}")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited worker that init has yet to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_benchmarks_memcached_server_starts_answers_and_stops():
+    from benchmarks.servers import MEMCACHED_BINARY, MemcachedServer
+
+    if shutil.which(MEMCACHED_BINARY) is None:
+        pytest.skip("memcached is not installed (Debian: apt-get install memcached)")
+    server = MemcachedServer(memory_mb=8)
+    try:
+        pid, port = server.pid, server.port
+        assert server.stats()["pid"] == str(pid)  # this server answers on its port, not another one
+        assert server.command("flush_all") == ["OK"]
+    finally:
+        server.stop()
+    assert server.pid is None and not _running(pid)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free again
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_benchmarks_django_site_runs_briefly_and_cleans_up(tmp_path):
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (Debian: apt-get install wrk)")
+    pytest.importorskip("django", reason="Django is in the test extra")
+    pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
+    out = tmp_path / "site.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.apps.django_site", "--backends", "shmcache,locmem", "--seconds", "1",
+         "--rounds", "1", "--workers", "2", "--connections", "4", "--threads", "1", "--warmup-requests", "20",
+         "--sessions", "4", "--capacity-mb", "16", "--max-entries", "2000", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["backend"] for r in runs] == ["shmcache", "locmem"]
+    for r in runs:
+        assert r["requests"] > 0 and r["wrong"] == 0 and 0 <= r["computed"] <= r["served"], r
+        assert r["served"] >= r["requests"]  # the workers served every response wrk counted (and maybe more)
+        assert r["workers_pss_bytes"] > 0 and len(r["gunicorn_pids"]) == 3, r  # the master and 2 workers
+        assert not [pid for pid in r["gunicorn_pids"] if _running(pid)], r  # gunicorn's process group is stopped
+    shm = runs[0]
+    assert shm["lost_sessions"] == 0  # sessions live in the one shared cache: every worker finds them
+    assert shm["segment_bytes"] >= 16 * 2**20
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"shmcache.djbench-{proc.pid}-")]
