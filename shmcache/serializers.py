@@ -54,7 +54,9 @@ def _pickle_encode(value) -> tuple[int, bytes]:
     """A value of a pickle cache as (tag, body). Raises what pickle raises for what it cannot pickle
     (``pickle.PicklingError``, ``TypeError``, ``AttributeError``...), as Django's own backends let it through."""
     t = type(value)
-    if t is bytes or (t is np.ndarray and value.dtype.kind in _ARRAY_KINDS):
+    # Why ints too: incr reads its counter under the cache lock, and must never unpickle there (that would run a
+    # planted payload's code while every process waits for the lock).
+    if t is bytes or t is int or (t is np.ndarray and value.dtype.kind in _ARRAY_KINDS):
         return codec.encode_parts(value)
     return TAG_PICKLE, pickle.dumps(value, protocol=PROTOCOL)
 

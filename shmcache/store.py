@@ -13,7 +13,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import block, index, kinds, lru, ofd
-from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_TENSOR, body_checksum, encode_key, xxh3
+from .codec import (
+    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, decode_body, encode_key, xxh3,
+)
 from .errors import CorruptionError, PinnedError, TooLargeError
 from .guard import updating
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
@@ -244,9 +246,12 @@ class Store:
             current = initial
             expires = self.expires_at(None)
         else:
-            current = self.serializer.decode(*self.body(old))  # a few bytes: decoded under the lock
+            tag, body = self.body(old)
+            # A few bytes, decoded under the lock: never unpickled (a pickle cache stores ints as msgpack).
+            current = decode_body(tag, body) if tag == TAG_MSGPACK else None
             if type(current) is not int:
-                return TypeError(f"incr on a {type(current).__name__} value: only int values can be incremented")
+                what = type(current).__name__ if tag == TAG_MSGPACK else "non-int"
+                return TypeError(f"incr on a {what} value: only int values can be incremented")
             expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)
         value = current + delta
         self.store(old, *self.encode(key, value, kb), expires)

@@ -100,7 +100,8 @@ def test_serializers_pickle_keeps_raw_tags_for_bytes_and_numeric_arrays():
     assert PICKLE.encode(b"abc") == (TAG_BYTES, b"abc")
     tag, _ = PICKLE.encode(np.arange(5, dtype=np.int32))
     assert tag == TAG_ARRAY
-    for value in (_Bytes(b"x"), np.array([None]), "text", 5, [1], np.ma.masked_array([1, 2])):
+    assert PICKLE.encode(5) == MSGPACK.encode(5) and PICKLE.encode(5)[0] == TAG_MSGPACK  # incr reads it unpickled
+    for value in (_Bytes(b"x"), np.array([None]), "text", True, 5.0, [1], np.ma.masked_array([1, 2])):
         tag, body = PICKLE.encode(value)
         assert tag == TAG_PICKLE and body[:2] == b"\x80\x05", type(value)
     assert MSGPACK.encode("text")[0] == TAG_MSGPACK
@@ -217,6 +218,23 @@ def test_serializers_default_never_unpickles_a_planted_payload(cache, tmp_path):
     # And the payload is live: unpickled, it does run (so the test above proves something).
     assert pickle.loads(payload) == "detonated" and os.path.exists(marker)
     _DETONATIONS.clear()
+
+
+def test_serializers_incr_never_unpickles_under_the_lock(pcache, tmp_path):
+    """incr reads its counter while holding the cache lock: in a pickle cache ints are stored as msgpack, and a
+    pickled value at a counter's key is refused (TypeError) without being unpickled."""
+    pcache.put("n", 41)
+    assert pcache.incr("n") == 42 and pcache.get("n") == 42
+    marker = str(tmp_path / "ran")
+    pcache.put("k", ["a pickled list"])
+    with pytest.raises(TypeError, match="only int values"):
+        pcache.incr("k")
+    payload = pickle.dumps(_Detonator(marker), protocol=5)
+    pcache.put("k", b"x" * len(payload))
+    _plant(pcache, "k", bytes((TAG_PICKLE,)) + payload)
+    with pytest.raises(TypeError, match="only int values"):
+        pcache.incr("k")
+    assert not _DETONATIONS and not os.path.exists(marker)
 
 
 def test_serializers_verify_never_unpickles(pcache, tmp_path):
