@@ -17,14 +17,14 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES
 from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_UNUSED_NEXT
 
 VALUE_START = BLOCK_HEADER_NBYTES  # a block's value (tag byte first) starts after its header word
-_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
+PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1  # nbytes(n) is (n + PAD) & -BLOCK_ALIGN, for the inlined copies
 _W = ENTRY_WORDS
 _NB_MASK = 0xFFFFFFFF
 
 
 def nbytes(payload_nbytes: int) -> int:
     """Bytes a block takes for a payload (key + value) of ``payload_nbytes``: header and padding included."""
-    return (payload_nbytes + _PAD) & -BLOCK_ALIGN
+    return (payload_nbytes + PAD) & -BLOCK_ALIGN
 
 
 def header(nb: int, e: int) -> int:

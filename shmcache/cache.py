@@ -28,7 +28,7 @@ from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
 from .guard import EBUSY, H_MUTEX_KIND, REFUSALS, Guard
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL,
     H_DIRTY, H_HITS, H_MISSES, H_TAKEOVERS, H_WAITS,
@@ -37,6 +37,8 @@ from .lock import MUTEX_KIND_WORD, hot_trylock as _trylock, hot_unlock as _unloc
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
+from .block import PAD
+from .block import VALUE_START as _VALUE_START  # a block is [header][value][key]
 from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
@@ -52,8 +54,6 @@ DEFAULT_MAX_ENTRIES = 65536
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
-_VALUE_START = 8  # block.VALUE_START, inlined (a block is [header][value][key]; tests/test_hot_paths.py pins it)
-_BLOCK_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _MONOTONIC = (-1).__int__  # what the compiled section is given as the time: -1, read CLOCK_MONOTONIC itself
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -327,7 +327,7 @@ class SharedCache(LocalMapping):
             kb = encode_key(key)
         tag, body = self._encode_value(value)
         size = len(kb) + len(body) + 1
-        nb = (size + _BLOCK_PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
+        nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise too_large(size, self._capacity_bytes, "capacity_bytes")
         fp = _xxh(kb) & _MASK63

@@ -17,8 +17,9 @@ from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, decode_body, encode_key, xxh3,
 )
 from .errors import CorruptionError, PinnedError, TooLargeError
+from .block import PAD
 from .guard import updating
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -29,7 +30,6 @@ from .table import pinned_error
 from .verify import header_problems
 
 _W = ENTRY_WORDS
-_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
 UNVIEWABLE = object()  # ``Store.pin``'s answer for a value view() does not serve
 _new_encoded = tuple.__new__  # Why: builds an Encoded without NamedTuple's Python-level __new__ (the put path)
@@ -78,7 +78,7 @@ class Store:
             kb = encode_key(key)
         tag, body = self._encode_value(value) if parts is None else parts
         size = len(kb) + len(body) + 1
-        nb = (size + _PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
+        nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
         if size > self.capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise too_large(size, self.capacity_bytes, "capacity_bytes")
         return _new_encoded(Encoded, (kb, tag, body, xxh3(kb) & MASK63, (xxh3(body, tag) & MASK63) | 1, size, nb))

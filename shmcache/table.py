@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import block, index, lru, ofd
+from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
@@ -21,7 +22,6 @@ from .layout.dtypes import (
 )
 
 _W = ENTRY_WORDS
-_PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1
 _ENTRY_NBYTES = ENTRY_STRUCT.size
 _pack_entry = ENTRY_STRUCT.pack_into
 _unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
@@ -158,11 +158,12 @@ class Table:
         b = e * _W
         klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
         vlen = len(body) + 1
-        if ((klen + old_vlen + _PAD) & -BLOCK_ALIGN != nb  # block.nbytes, inlined or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
+        # block.nbytes and block.header, inlined: every update's path.
+        if ((klen + old_vlen + PAD) & -BLOCK_ALIGN != nb or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
                 or not 0 < e < self.slots):
             return False
         # The block must be this entry's own (its header names it) before anything is written into it.
-        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):  # block.header, inlined
+        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
         mm = self.mm
         h[H_WRITING] = e  # the caller clears it once the store is whole

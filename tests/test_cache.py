@@ -331,3 +331,22 @@ def test_cache_lock_timeout_finite_large_works(name):
     with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=1e9) as c:
         c.put("k", 1)
         assert c.get("k") == 1
+
+
+@pytest.mark.parametrize("path", ["compiled", "pure Python"])
+def test_cache_update_in_place_never_exceeds_the_byte_limit(name, path):
+    """A value one byte longer fits its entry's block (padding), but not the byte limit: the update must not be made
+    in place; the least recently used entry makes the room."""
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        if path == "compiled" and c._core is None:
+            pytest.skip("the compiled section is not built")
+        if path == "pure Python" and c._core is not None:
+            c._core.release()
+            c._core = None
+        c.put("a", b"x" * 100)
+        c.put("b", b"y" * 100)
+        c.set_limits(max_retained_bytes=c.stats().retained_bytes)
+        c.put("b", b"y" * 101)
+        s = c.stats()
+        assert s.retained_bytes <= s.max_retained_bytes and c.verify().ok
+        assert c.get("b") == b"y" * 101 and "a" not in c
