@@ -99,6 +99,17 @@ def pss_bytes(pid: int) -> int:
     raise RuntimeError(f"no Pss line in /proc/{pid}/smaps_rollup")
 
 
+def pss_total(pids) -> int:
+    """The summed PSS of processes ``pids``; one that has exited meanwhile counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            total += pss_bytes(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
 def row(workload: str, case: str, peer: str, value, unit: str, *, p99=None, better: str = "lower",
         note: str = "", **extra) -> dict:
     """One result: ``value`` (a median, a rate or a size) in ``unit``; ``better`` says which way is good.

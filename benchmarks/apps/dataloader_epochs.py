@@ -34,6 +34,7 @@ import uuid
 
 import numpy as np
 
+from benchmarks.measure import pss_total
 from shmcache import SharedCache
 
 VARIANTS = ("none", "lru_cache", "shmcache")
@@ -114,20 +115,6 @@ def make_images(directory: str, n: int, seed: int = 0) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- one run (child)
-
-
-def pss_total(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a worker that exited between the listing and the read
-    return total
 
 
 def family() -> list[int]:

@@ -52,6 +52,8 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from benchmarks.measure import pss_total
+
 BACKENDS = ("shmcache", "locmem", "memcached", "redis")
 LOOPBACK = "127.0.0.1"
 ROWS_BASE = 6000  # rows of page K: ROWS_BASE * (1 + K % 4), about 4 to 17 ms of CPU here
@@ -250,21 +252,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
-
-
-def pss_bytes(pids: list[int]) -> int:
-    """The sum of the processes' PSS; a process that is gone counts 0."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total
 
 
 def mapping_pss_bytes(pids: list[int], path: str) -> int:
@@ -482,15 +469,15 @@ def run_one(backend: str, round_no: int, args) -> dict:
         before = read_counters(site.counts)
         load = run_wrk(site.url, script, args.seconds, args)
         pids = site.pids()
-        result = {"backend": backend, "round": round_no, **load, "workers_pss_bytes": pss_bytes(pids),
-                  "pss_bytes_by_process": [pss_bytes([pid]) for pid in pids],
+        result = {"backend": backend, "round": round_no, **load, "workers_pss_bytes": pss_total(pids),
+                  "pss_bytes_by_process": [pss_total([pid]) for pid in pids],
                   "gunicorn_pids": pids}
         after = read_counters(site.counts)
         result.update({f: after[f] - before[f] for f in COUNTER_FIELDS})
         result["worker_processes"] = after["workers"]
         result["hit_rate"] = 1 - result["computed"] / result["served"] if result["served"] else None
         if server is not None:
-            result["server_pss_bytes"] = pss_bytes([server.pid])
+            result["server_pss_bytes"] = pss_total([server.pid])
         if backend == "shmcache":
             path = f"/dev/shm/{SEGMENT_PREFIX}{name}"
             st = os.stat(path)
