@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .test_integrations import EXAMPLES, START_S, _free_port
+from .gunicorn import serving
 
 pytest.importorskip("flask_caching", reason="Flask-Caching is in the test extra")
 pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
@@ -40,33 +35,8 @@ def _json(url: str) -> dict:
 @pytest.fixture
 def site(name):
     """The example app under gunicorn, 3 workers recycled every MAX_REQUESTS requests; its base URL."""
-    port = _free_port()
-    # Why no --max-requests-jitter: a worker serves at most MAX_REQUESTS requests, so N requests need N / MAX_REQUESTS
-    # workers at least: the count of distinct pids below follows from that, not from timing.
-    cmd = [sys.executable, "-m", "gunicorn", "-w", "3", "-b", f"127.0.0.1:{port}", "--chdir", str(EXAMPLES),
-           "--timeout", "60", "--graceful-timeout", "10", "--max-requests", str(MAX_REQUESTS), "flask_app:app"]
-    server = subprocess.Popen(cmd, env={**os.environ, "SHMCACHE_NAME": name}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                _json(f"{url}/get/ping")
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"gunicorn did not start: {server.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
+    with serving("flask_app:app", name, "/get/ping", max_requests=MAX_REQUESTS) as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
-        server.stderr.close()
 
 
 def test_flask_gunicorn_value_set_by_one_worker_is_read_by_others(site):

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from shmcache import SharedCache
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-START_S = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .gunicorn import EXAMPLES, serving
 
 
 def _get(url: str, timeout: float = 30.0) -> bytes:
@@ -44,46 +32,24 @@ def _expected_digest(text: str, rounds: int) -> str:
 @pytest.mark.parametrize("preload", [False, True], ids=["attach-per-worker", "preload"])
 def test_gunicorn_workers_compute_each_key_once(name, preload):
     pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
-    port = _free_port()
     cache = SharedCache(name, capacity_bytes=16 * 2**20, max_entries=10_000, create=True)
     # --max-requests 5: each worker exits after five requests and gunicorn forks a fresh one, so the 40 requests
     # are served by at least eight worker processes, most of which find values computed by workers long gone.
-    cmd = [sys.executable, "-m", "gunicorn", "-w", "3", "-b", f"127.0.0.1:{port}", "--chdir", str(EXAMPLES),
-           "--timeout", "60", "--graceful-timeout", "10", "--max-requests", "5", *(["--preload"] if preload else []),
-           "gunicorn_app:app"]
-    server = subprocess.Popen(cmd, env={**os.environ, "SHMCACHE_NAME": name}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                _get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"gunicorn did not start: {server.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
-        texts = [f"k{i % 5}" for i in range(40)]  # five keys, each asked for eight times, concurrently
-        with ThreadPoolExecutor(8) as pool:
-            replies = [json.loads(b) for b in pool.map(lambda t: _get(f"http://127.0.0.1:{port}/transform/{t}"),
-                                                       texts)]
-        for text, reply in zip(texts, replies):
-            assert reply["text"] == text and reply["digest"] == _expected_digest(text, reply["rounds"])
-        computed_by = {r["text"]: r["computed_by"] for r in replies}
-        assert all(r["computed_by"] == computed_by[r["text"]] for r in replies)  # one computation per key
-        assert len({r["served_by"] for r in replies}) >= 8  # spread over workers, recycled ones included
-        s = cache.stats()
-        assert s.computations == 5 and s.misses == 5 and s.hits == 35  # global, whichever worker answered
-        metrics = _get(f"http://127.0.0.1:{port}/metrics").decode()
-        assert f'shmcache_computations_total{{cache="{name}"}} 5' in metrics
+        with serving("gunicorn_app:app", name, "/metrics", max_requests=5, preload=preload) as url:
+            texts = [f"k{i % 5}" for i in range(40)]  # five keys, each asked for eight times, concurrently
+            with ThreadPoolExecutor(8) as pool:
+                replies = [json.loads(b) for b in pool.map(lambda t: _get(f"{url}/transform/{t}"), texts)]
+            for text, reply in zip(texts, replies):
+                assert reply["text"] == text and reply["digest"] == _expected_digest(text, reply["rounds"])
+            computed_by = {r["text"]: r["computed_by"] for r in replies}
+            assert all(r["computed_by"] == computed_by[r["text"]] for r in replies)  # one computation per key
+            assert len({r["served_by"] for r in replies}) >= 8  # spread over workers, recycled ones included
+            s = cache.stats()
+            assert s.computations == 5 and s.misses == 5 and s.hits == 35  # global, whichever worker answered
+            metrics = _get(f"{url}/metrics").decode()
+            assert f'shmcache_computations_total{{cache="{name}"}} 5' in metrics
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
-        server.stderr.close()
         cache.close()
 
 
