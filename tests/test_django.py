@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from . import djangosite
-from .workers import reap
+from .workers import check_backend_reopens_after_fork, reap
 
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402  (djangosite skips without Django)
 from django.test import override_settings  # noqa: E402
@@ -226,37 +226,15 @@ def test_django_backend_close_keeps_the_handle(dcache):
 
 
 def test_django_backend_one_handle_per_process_for_every_instance(dcache, name):
-    from django.core.cache.backends.base import BaseCache  # noqa: F401
-
     other = backend.SharedMemoryCache(name, {"OPTIONS": {"capacity_bytes": 1 << 20, "max_entries": 256}})
     dcache.set("k", 1)
     assert other.get("k") == 1 and other._cache is dcache._cache
 
 
-def _in_forked_child(cache, parent_handle, queue) -> None:
-    try:
-        value = cache.get("from-parent")
-        queue.put(("value", value, cache._cache is not parent_handle, os.getpid()))
-        cache.set("from-child", {"pid": os.getpid()})
-    except BaseException as exc:  # reported, not lost
-        queue.put(("error", repr(exc), False, os.getpid()))
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_django_backend_reopens_after_fork(dcache):
-    dcache.set("from-parent", "hello")
-    parent_handle = dcache._cache
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_in_forked_child, args=(dcache, parent_handle, queue))
-    child.start()
-    try:
-        kind, value, reopened, pid = queue.get(timeout=30)
-    finally:
-        reap([child], 30)
-    assert (kind, value, reopened) == ("value", "hello", True)
-    assert dcache.get("from-child") == {"pid": pid} and dcache._cache is parent_handle
+    check_backend_reopens_after_fork(dcache)
 
 
 def _race_add(name: str, who: int, keys: list, queue) -> None:

@@ -23,7 +23,7 @@ from shmcache import SerializerMismatch, SharedCache  # noqa: E402
 from shmcache.contrib.flask import SharedMemoryCache, close_handles  # noqa: E402
 from shmcache.guard import Guard  # noqa: E402
 
-from .workers import reap  # noqa: E402
+from .workers import check_backend_reopens_after_fork, reap  # noqa: E402
 
 BACKEND = "shmcache.contrib.flask.SharedMemoryCache"
 OPTIONS = {"capacity_bytes": 4 << 20, "max_entries": 4096}  # room for every key of the races: nothing evicted
@@ -213,30 +213,10 @@ def test_flask_backend_one_handle_per_process_for_every_instance(fcache, name):
     assert other.get("k") == 1 and other._cache is fcache._cache
 
 
-def _in_forked_child(cache, parent_handle, queue) -> None:
-    try:
-        value = cache.get("from-parent")
-        queue.put(("value", value, cache._cache is not parent_handle, os.getpid()))
-        cache.set("from-child", {"pid": os.getpid()})
-    except BaseException as exc:  # reported, not lost
-        queue.put(("error", repr(exc), False, os.getpid()))
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_flask_backend_reopens_after_fork(fcache):
-    fcache.set("from-parent", "hello")
-    parent_handle = fcache._cache
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_in_forked_child, args=(fcache, parent_handle, queue))
-    child.start()
-    try:
-        kind, value, reopened, pid = queue.get(timeout=30)
-    finally:
-        reap([child], 30)
-    assert (kind, value, reopened) == ("value", "hello", True)
-    assert fcache.get("from-child") == {"pid": pid} and fcache._cache is parent_handle
+    check_backend_reopens_after_fork(fcache)
 
 
 INCS = 500  # per process

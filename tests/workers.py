@@ -233,3 +233,31 @@ def put_and_die_at(name: str, func: str, marker: str, key: str, value, ttl) -> N
     cache.put(key, value, ttl=ttl)
     sys.settrace(None)
     os._exit(3)  # the marker was never reached
+
+
+def _get_set_in_child(cache, parent_handle, queue) -> None:
+    try:
+        value = cache.get("from-parent")
+        queue.put(("value", value, cache._cache is not parent_handle, os.getpid()))
+        cache.set("from-child", {"pid": os.getpid()})
+    except BaseException as exc:  # reported, not lost
+        queue.put(("error", repr(exc), False, os.getpid()))
+
+
+def check_backend_reopens_after_fork(cache) -> None:
+    """A framework backend (contrib/django, contrib/flask) used in a forked child: the child reads the parent's value
+    through a handle of its own and writes one back; the parent keeps its handle."""
+    import multiprocessing as mp
+
+    cache.set("from-parent", "hello")
+    parent_handle = cache._cache
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_get_set_in_child, args=(cache, parent_handle, queue))
+    child.start()
+    try:
+        kind, value, reopened, pid = queue.get(timeout=30)
+    finally:
+        reap([child], 30)
+    assert (kind, value, reopened) == ("value", "hello", True)
+    assert cache.get("from-child") == {"pid": pid} and cache._cache is parent_handle
