@@ -1088,23 +1088,44 @@ static PyObject *handover(void)
     return HANDOVER;
 }
 
-static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
+/* The call takes the lock: 0, held; otherwise -1, with what the call returns in *out (NULL with an exception set, or
+   HANDOVER). Every successful enter is followed by unlock() and leave(). */
+static int enter(Core *c, PyObject **out)
 {
-    const char *kb;
-    int64_t klen, fp, now;
-    if (nargs_ok(nargs, 3, "get") || arg_bytes(args[0], "kb", &kb, &klen) || arg_int(args[1], "fp", &fp)
-        || arg_int(args[2], "now_ns", &now))
-        return NULL;
-    if (fp < 0) {
-        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
-        return NULL;
-    }
     c->users++;
     int r = lock(c);
     if (r) {
         leave(c);
-        return r < 0 ? NULL : handover();
+        *out = r < 0 ? NULL : handover();
+        return -1;
     }
+    return 0;
+}
+
+/* The arguments of get and delete: (kb, fp, now_ns). */
+static int key_args(PyObject *const *args, Py_ssize_t nargs, const char *name, const char **kb, int64_t *klen,
+                    int64_t *fp, int64_t *now)
+{
+    if (nargs_ok(nargs, 3, name) || arg_bytes(args[0], "kb", kb, klen) || arg_int(args[1], "fp", fp)
+        || arg_int(args[2], "now_ns", now))
+        return -1;
+    if (*fp < 0) {
+        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (key_args(args, nargs, "get", &kb, &klen, &fp, &now))
+        return NULL;
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
     Found f = {0, 0, 0, 0, 0, 0};
     PyObject *body = NULL;
     r = get_locked(c, kb, klen, fp, now, &f);
@@ -1153,12 +1174,10 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
                                           "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
         return NULL;
     }
-    c->users++;
-    int r = lock(c);
-    if (r) {
-        leave(c);
-        return r < 0 ? NULL : handover();
-    }
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
     r = put_locked(c, &st, now, ttl);
     unlock(c);
     leave(c);
@@ -1175,19 +1194,12 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
     int64_t klen, fp, now;
-    if (nargs_ok(nargs, 3, "delete") || arg_bytes(args[0], "kb", &kb, &klen) || arg_int(args[1], "fp", &fp)
-        || arg_int(args[2], "now_ns", &now))
+    if (key_args(args, nargs, "delete", &kb, &klen, &fp, &now))
         return NULL;
-    if (fp < 0) {
-        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
-        return NULL;
-    }
-    c->users++;
-    int r = lock(c);
-    if (r) {
-        leave(c);
-        return r < 0 ? NULL : handover();
-    }
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
     int deleted;
     r = delete_locked(c, kb, klen, fp, now, &deleted);
     unlock(c);
