@@ -40,6 +40,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_unpack.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the segment's words are little-endian; this build reads them as native int64"
 #endif
@@ -84,6 +86,7 @@ typedef struct {
     long long waits; /* calls that found the lock busy and waited for it in C */
     int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
     int64_t timeout_ns;
+    PyObject *hasher; /* codec.xxh3 (get_value checks a copy's checksum with it, after the unlock); may be NULL */
     /* regions */
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
@@ -102,7 +105,7 @@ typedef struct {
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
-        max_version, kind_prefix, pin_base;
+        max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
 } Core;
 
 #define HW(f) (c->h[c->h_##f])
@@ -174,12 +177,17 @@ static void drop_buffer(Core *c)
 
 static int Core_init(Core *c, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", NULL};
-    PyObject *obj, *d;
+    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", NULL};
+    PyObject *obj, *d, *hasher = NULL;
     int live_fd;
     long long timeout_ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iL", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iL|O", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
+                                     &hasher))
         return -1;
+    if (hasher != NULL && hasher != Py_None && !PyCallable_Check(hasher)) {
+        PyErr_SetString(PyExc_TypeError, "hasher must be callable (codec.xxh3)");
+        return -1;
+    }
     if (c->have_buf || c->released) {
         PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Core is bound once");
         return -1;
@@ -194,6 +202,10 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
     c->mem = c->buf.buf;
     c->live_fd = live_fd;
     c->timeout_ns = timeout_ns;
+    if (hasher != NULL && hasher != Py_None) {
+        Py_INCREF(hasher);
+        c->hasher = hasher;
+    }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
         kind_off, word;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
@@ -208,7 +220,9 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
         || take(d, "NIL", &c->nil) || take(d, "SENTINEL", &c->sentinel) || take(d, "NEVER", &c->never)
         || take(d, "MAX_TTL_NS", &c->max_ttl) || take(d, "MAX_VERSION", &c->max_version)
         || take(d, "KIND_PREFIX", &c->kind_prefix)
-        || take(d, "PIN_BASE", &c->pin_base))
+        || take(d, "PIN_BASE", &c->pin_base) || take(d, "CHECK_MASK", &c->check_mask)
+        || take(d, "TAG_BYTES", &c->tag_bytes) || take(d, "TAG_MSGPACK", &c->tag_msgpack)
+        || take(d, "TAG_ARRAY", &c->tag_array) || take(d, "TAG_TENSOR", &c->tag_tensor))
         return -1;
     if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
         || entry_slots >= ((int64_t)1 << 31) || c->arena_nbytes <= 0 || c->arena_nbytes % 8
@@ -275,6 +289,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
 static void Core_dealloc(Core *c)
 {
     drop_buffer(c);
+    Py_CLEAR(c->hasher);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1156,6 +1171,116 @@ static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* What get_value leaves to Python: a value it does not decode itself, or a copy whose checksum failed. */
+static PyTypeObject RawType;
+static PyStructSequence_Field raw_fields[] = {
+    {"tag", "the value's tag byte"},
+    {"body", "the bytes after the tag (bytes), or for an array or tensor the whole value, tag first (a bytearray "
+             "the array is built over: its data starts 8-aligned)"},
+    {"slot", "the entry's slot (for Guard.checksum_failed)"},
+    {"ok", "whether the copy's checksum was right"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc raw_desc = {
+    "shmcache._core.Raw", "A hit Core.get_value leaves to the Python side to decode or to judge.", raw_fields, 4,
+};
+
+static PyObject *raw_of(int64_t tag, PyObject *body, int64_t slot, int ok)
+{
+    PyObject *out = PyStructSequence_New(&RawType), *t = PyLong_FromLongLong(tag), *e = PyLong_FromLongLong(slot);
+    if (out == NULL || t == NULL || e == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(t);
+        Py_XDECREF(e);
+        Py_DECREF(body);
+        return NULL;
+    }
+    PyStructSequence_SET_ITEM(out, 0, t);
+    PyStructSequence_SET_ITEM(out, 1, body); /* the reference is the Raw's now */
+    PyStructSequence_SET_ITEM(out, 2, e);
+    PyStructSequence_SET_ITEM(out, 3, PyBool_FromLong(ok));
+    return out;
+}
+
+/* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag. */
+static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
+{
+    /* A memoryview over the copy's memory, which ``owner`` keeps alive for the call: the hasher (xxhash's C
+       function) keeps no reference to its argument. */
+    PyObject *view = PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
+                                               : PyMemoryView_FromMemory((char *)bytes, n, PyBUF_READ);
+    PyObject *t = PyLong_FromLongLong(tag);
+    PyObject *h = NULL;
+    if (view != NULL && t != NULL) {
+        PyObject *hargs[2] = {view, t};
+        h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
+    }
+    Py_XDECREF(view);
+    Py_XDECREF(t);
+    if (h == NULL)
+        return -1;
+    unsigned long long x = PyLong_AsUnsignedLongLong(h);
+    Py_DECREF(h);
+    if (x == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    return (int64_t)((x & (uint64_t)c->check_mask) | 1) == check;
+}
+
+static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
+        return NULL;
+    if (c->hasher == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Core.get_value needs the Core bound with a hasher");
+        return NULL;
+    }
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
+    Found f = {0, 0, 0, 0, 0, 0};
+    PyObject *body = NULL;
+    int whole = 0;
+    r = get_locked(c, kb, klen, fp, now, &f);
+    if (r == ST_OK && f.hit) {
+        /* Neither bytes nor bytearray is tracked by the GC: these allocations run no Python code. An array's copy
+           is the one copy of its data a get makes: the array returned is built over it. */
+        whole = f.tag == c->tag_array || f.tag == c->tag_tensor;
+        const char *v = (const char *)c->arena + f.off;
+        body = whole ? PyByteArray_FromStringAndSize(v, (Py_ssize_t)f.vlen)
+                     : PyBytes_FromStringAndSize(v + 1, (Py_ssize_t)(f.vlen - 1));
+    }
+    unlock(c);
+    leave(c);
+    if (r)
+        return handover();
+    if (!f.hit) {
+        Py_INCREF(args[3]);
+        return args[3];
+    }
+    if (body == NULL)
+        return NULL;
+    const char *after_tag = whole ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
+    Py_ssize_t n = (Py_ssize_t)(f.vlen - 1);
+    int ok = checksum_ok(c, after_tag, n, body, f.tag, f.check);
+    if (ok < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    if (ok && f.tag == c->tag_bytes)
+        return body;
+    if (ok && f.tag == c->tag_msgpack) {
+        PyObject *v = shm_unpack(after_tag, n);
+        if (v != NULL) {
+            Py_DECREF(body);
+            return v;
+        }
+    }
+    return raw_of(f.tag, body, f.slot, ok);
+}
+
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     Store st;
@@ -1244,6 +1369,11 @@ static PyMethodDef Core_methods[] = {
      "A hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
      "a miss (an expired entry a view pins stays). The body is copied out; its checksum is the caller's to check "
      "after (the slot names the entry in a CorruptionError, as entries.get_many_locked's tuples do)."},
+    {"get_value", (PyCFunction)(void (*)(void))Core_get_value, METH_FASTCALL,
+     "get_value(kb, fp, now_ns, default) -> value | default | Raw | HANDOVER\n\nget, and what SharedCache.get does "
+     "after the unlock: the copy's checksum checked, bytes returned as they are and plain msgpack values decoded "
+     "(_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) comes "
+     "back as a Raw, for the Python side."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
      "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
@@ -1275,8 +1405,25 @@ static PyTypeObject CoreType = {
     .tp_getset = Core_getset,
 };
 
+static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
+{
+    if (!PyBytes_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "unpack takes bytes, got %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    PyObject *v = shm_unpack(PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg));
+    return v != NULL ? v : handover();
+}
+
+static PyMethodDef module_methods[] = {
+    {"unpack", module_unpack, METH_O,
+     "unpack(data) -> value | HANDOVER\n\nThe plain msgpack value in ``data`` as get_value decodes it, or HANDOVER "
+     "where it declines (codec.py then decodes, or raises)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef core_module = {
-    PyModuleDef_HEAD_INIT, .m_name = "shmcache._core",
+    PyModuleDef_HEAD_INIT, .m_name = "shmcache._core", .m_methods = module_methods,
     .m_doc = "The compiled critical section of shmcache's get, put and delete (see shmcache/core.py).",
     .m_size = -1,
 };
@@ -1284,6 +1431,8 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     if (PyType_Ready(&CoreType) < 0)
+        return NULL;
+    if (RawType.tp_name == NULL && PyStructSequence_InitType2(&RawType, &raw_desc) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
@@ -1305,6 +1454,11 @@ PyMODINIT_FUNC PyInit__core(void)
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
+        goto fail;
+    }
+    Py_INCREF(&RawType);
+    if (PyModule_AddObject(m, "Raw", (PyObject *)&RawType) < 0) {
+        Py_DECREF(&RawType);
         goto fail;
     }
     Py_INCREF(HANDOVER);

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, index, memo, serializers
-from .core import HANDOVER
+from .core import HANDOVER, Raw as _Raw
 from .durations import seconds, ttl_ns
 from .codec import (
-    TAG_ARRAY, EncodedKey, array_checksum, body_checksum, copy_array, encode_key, fingerprint,
+    TAG_ARRAY, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum, copy_array, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
 from .errors import CorruptionError, KindsFullError, TooLargeError
@@ -223,18 +223,13 @@ class SharedCache(LocalMapping):
             kb = encode_key(key)
         fp = _xxh(kb) & _MASK63
         core = self._core
-        if core is not None:  # the compiled section: the same locked steps in C (core.py); HANDOVER: the path below
-            found = core.get(kb, fp, self._now())
-            if found is not HANDOVER:
-                if found is None:
-                    return default
-                tag, body, check, e = found
-                if (_xxh(body, tag) & _MASK63) | 1 != check:
-                    self._guard.checksum_failed(e)
-                try:
-                    return self._decode(tag, body)
-                except ValueError as exc:
-                    self._guard.undecodable(exc)
+        if core is not None:  # the compiled section (core.py): the locked steps, the checksum and the plain decode
+            v = core.get_value(kb, fp, self._now(), default)
+            if type(v) is _Raw:
+                return self._finish(v)
+            if v is not HANDOVER:
+                return v
+            # HANDOVER: the path below, which judges, repairs and raises
         # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
         # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
         w = (fp & self._mask) << 1
@@ -307,6 +302,18 @@ class SharedCache(LocalMapping):
             return self._decode(tag, body)
         except ValueError as exc:
             guard.undecodable(exc)
+
+    def _finish(self, raw) -> Any:
+        """A hit the compiled get leaves to Python (``core.Raw``): a checksum that failed, an array or tensor (built
+        over the copy made under the lock), or a value its decoder declines (ext types, damaged bytes)."""
+        if not raw.ok:
+            self._guard.checksum_failed(raw.slot)
+        try:
+            if raw.tag == TAG_ARRAY or raw.tag == TAG_TENSOR:
+                return array_over(raw.body)
+            return self._decode(raw.tag, raw.body)
+        except ValueError as exc:
+            self._guard.undecodable(exc)
 
     def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as

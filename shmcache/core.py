@@ -16,6 +16,7 @@ import os
 
 from . import ofd
 from .arena import block_nbytes
+from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, xxh3
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
@@ -34,6 +35,7 @@ Core = None if _core is None else _core.Core  # the compiled section's type; Non
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
 PINNED = None if _core is None else _core.PINNED  # put: pinned entries left no room; raise PinnedError
+Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (SharedCache._finish)
 
 _BLOCK_LEN_MASK = MAX_BLOCK_NBYTES + BLOCK_ALIGN - 1  # a block header's low bits: the block length
 if block_nbytes(0) != BLOCK_HEADER_NBYTES or _BLOCK_LEN_MASK & (_BLOCK_LEN_MASK + 1):
@@ -62,6 +64,7 @@ def offsets(geometry) -> dict[str, int]:
         BLOCK_ALIGN=BLOCK_ALIGN, MAX_BLOCK_NBYTES=MAX_BLOCK_NBYTES, BLOCK_LEN_MASK=_BLOCK_LEN_MASK,
         BLOCK_OWNER_SHIFT=_BLOCK_LEN_MASK.bit_length(), EMPTY=EMPTY, NIL=NIL, SENTINEL=SENTINEL, NEVER=NEVER,
         MAX_TTL_NS=MAX_TTL_NS, MAX_VERSION=MAX_VERSION, KIND_PREFIX=KIND_PREFIX, PIN_BASE=ofd.PIN_BASE,
+        CHECK_MASK=MASK63, TAG_BYTES=TAG_BYTES, TAG_MSGPACK=TAG_MSGPACK, TAG_ARRAY=TAG_ARRAY, TAG_TENSOR=TAG_TENSOR,
     )
     return out
 
@@ -71,4 +74,4 @@ def bind(seg, lock_timeout: float):
     busy lock before handing over; None when the extension is not built (or SHMCACHE_PURE_PYTHON=1)."""
     if _core is None:
         return None
-    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)))
+    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3)
