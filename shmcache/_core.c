@@ -897,11 +897,12 @@ typedef struct {
     int hit;
 } Found;
 
-static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+/* Store.find_live: the key's entry, or EMPTY if it is absent or expired (an expired one is dropped, unless a view
+   pins it: it stays, and reads as absent). */
+static int find_live(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int64_t *out)
 {
     int64_t e;
     int r;
-    f->hit = 0;
     if (HW(dirty)) {
         c->reason = WHY_DIRTY;
         return ST_HANDOVER;
@@ -910,19 +911,34 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
         return r;
     if (e != c->empty) {
         int64_t x = c->exp[e];
-        if (x && x <= (now < 0 ? (now = mono_ns()) : now)) {
+        if (x && x <= (now < 0 ? mono_ns() : now)) {
             int pin = pinned(c, e);
             if (pin < 0)
                 return bounds(c);
             if (!pin && (r = lapse(c, e)))
                 return r;
-            e = c->empty; /* a pinned expired entry stays, and reads as absent */
+            e = c->empty;
         }
     }
-    if (e == c->empty) {
-        ADD(HW(misses), 1);
-        return ST_OK;
-    }
+    *out = e;
+    return ST_OK;
+}
+
+/* What a hit reads of live entry ``e`` into *f (its block was checked by find). */
+static void found(Core *c, int64_t e, Found *f)
+{
+    f->hit = 1;
+    f->slot = e;
+    f->check = EN(e, check);
+    f->off = EN(e, off) + c->block_header;
+    f->vlen = EN(e, vlen);
+    f->tag = c->arena[f->off];
+}
+
+/* Store.hit: the entry becomes the most recent (in the dirty bracket), and a hit is counted. */
+static int hit(Core *c, int64_t e)
+{
+    int r;
     if (EN(e, prev) != c->sentinel) {
         int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
         if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
@@ -933,12 +949,23 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
         HW(dirty) = 0;
     }
     ADD(HW(hits), 1);
-    f->hit = 1;
-    f->slot = e;
-    f->check = EN(e, check);
-    f->off = EN(e, off) + c->block_header; /* checked by find */
-    f->vlen = EN(e, vlen);
-    f->tag = c->arena[f->off];
+    return ST_OK;
+}
+
+static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+{
+    int64_t e;
+    int r;
+    f->hit = 0;
+    if ((r = find_live(c, kb, klen, fp, now, &e)))
+        return r;
+    if (e == c->empty) {
+        ADD(HW(misses), 1);
+        return ST_OK;
+    }
+    if ((r = hit(c, e)))
+        return r;
+    found(c, e, f);
     return ST_OK;
 }
 
@@ -1281,6 +1308,65 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     return raw_of(f.tag, body, f.slot, ok);
 }
 
+/* Store.pin: the key's live entry pinned through description ``fd`` for a view, counted as a lookup. */
+static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int fd, Found *f, int *viewable)
+{
+    int64_t e;
+    int r;
+    f->hit = 0;
+    if ((r = find_live(c, kb, klen, fp, now, &e)))
+        return r;
+    if (e == c->empty) {
+        ADD(HW(misses), 1);
+        return ST_OK;
+    }
+    found(c, e, f);
+    *viewable = f->tag == c->tag_bytes || f->tag == c->tag_array || f->tag == c->tag_tensor;
+    if (!*viewable)
+        return ST_OK; /* refused before anything is counted or pinned */
+    /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale flag. */
+    c->pins[e] = 1;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(c->pin_base + e);
+    fl.l_len = 1;
+    if (fcntl(fd, F_OFD_SETLK, &fl) < 0) /* never refused (pin bytes are only read-locked): the Python path raises */
+        return bounds(c);
+    return hit(c, e);
+}
+
+static PyObject *Core_pin(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now, fd;
+    if (nargs_ok(nargs, 4, "pin") || key_args(args, 3, "pin", &kb, &klen, &fp, &now) || arg_int(args[3], "fd", &fd))
+        return NULL;
+    if (fd < 0 || fd > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "fd must be a file descriptor");
+        return NULL;
+    }
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
+    Found f = {0, 0, 0, 0, 0, 0};
+    int viewable = 0;
+    r = pin_locked(c, kb, klen, fp, now, (int)fd, &f, &viewable);
+    int64_t version = f.hit ? c->ver[f.slot] : 0;
+    unlock(c);
+    leave(c);
+    if (r)
+        return handover();
+    if (!f.hit)
+        Py_RETURN_NONE;
+    if (!viewable)
+        return PyLong_FromLong(-1);
+    return Py_BuildValue("(LLLLL)", (long long)f.slot, (long long)f.off, (long long)f.vlen, (long long)f.check,
+                         (long long)version);
+}
+
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     Store st;
@@ -1374,6 +1460,10 @@ static PyMethodDef Core_methods[] = {
      "after the unlock: the copy's checksum checked, bytes returned as they are and plain msgpack values decoded "
      "(_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) comes "
      "back as a Raw, for the Python side."},
+    {"pin", (PyCFunction)(void (*)(void))Core_pin, METH_FASTCALL,
+     "pin(kb, fp, now_ns, fd) -> (slot, value offset in the arena, value length, checksum, version) | None | -1 | "
+     "HANDOVER\n\nStore.pin: the key's entry pinned through description fd for a view, counted as a lookup; None "
+     "on a miss; -1 for a value view() does not serve (nothing counted or pinned)."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
      "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "

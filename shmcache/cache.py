@@ -188,6 +188,7 @@ class SharedCache(LocalMapping):
         self._capacity_bytes = g.capacity_bytes
         self._table = table
         self._pins = PinDescriptions(seg.fd)
+        self._viewed: dict[int, tuple] = {}  # slot -> (version, offset, checksum) of the value a view checked
         self._addr = guard.addr
         self._lockw = seg.lock_words
         self._lock_timeout = lock_timeout
@@ -609,19 +610,30 @@ class SharedCache(LocalMapping):
         # took (see view.py).
         pin = Pin()
         try:
-            found = self._guard.run(self._store.pin, kb, fingerprint(kb), pins.take(pin))
+            fd = pins.take(pin)
+            fp = _xxh(kb) & _MASK63
+            core = self._core
+            found = HANDOVER if core is None else core.pin(kb, fp, self._now(), fd)
+            if found is HANDOVER:
+                found = self._guard.run(self._store.pin, kb, fp, fd)
             if found is None:
                 raise KeyError(key)
-            if found is UNVIEWABLE:
+            if found is UNVIEWABLE or found == -1:
                 raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
                                 "others")
-            e, voff, vlen, check = found
+            e, voff, vlen, check, version = found
             pin.byte = ofd.PIN_BASE + e
             value = self._arena[voff : voff + vlen].toreadonly()
-            # Checked outside the lock: the entry is pinned, so no writer may change these bytes any more.
-            if body_checksum(value[0], value[1:]) != check:
-                pins.release(pin)
-                self._guard.checksum_failed(e)
+            # The checksum policy: checked outside the lock (the entry is pinned: no writer may change these bytes
+            # any more), on the first view this handle takes of each stored value (slot, version, offset and
+            # checksum name it: a new store, or a compaction moving it, is checked again). Later views of it trust
+            # that check: a stray write into a block already checked is caught by get(), not by view().
+            stored = (version, voff, check)
+            if self._viewed.get(e) != stored:
+                if body_checksum(value[0], value[1:]) != check:
+                    pins.release(pin)
+                    self._guard.checksum_failed(e)
+                self._viewed[e] = stored
             return View(value, pins, pin, self._base + voff)
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released

@@ -320,7 +320,7 @@ class Store:
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in
-        the arena, value length, checksum); None on a miss; UNVIEWABLE for a value view() does not serve."""
+        the arena, value length, checksum, version); None on a miss; UNVIEWABLE for a value view() does not serve."""
         e = self.find_live(kb, fp)
         if e == EMPTY:
             self.h[H_MISSES] += 1
@@ -333,7 +333,7 @@ class Store:
         self.table.pins[e] = 1
         ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
         self.hit(e)
-        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK]
+        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.table.ver[e]
 
     @updating
     def set_limits(self, max_entries: int | None, max_retained_bytes: int | None) -> None:

@@ -4,6 +4,7 @@ after their with block, and released by the kernel when the pinning process dies
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing as mp
 import os
 import signal
@@ -15,7 +16,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from shmcache import CacheLimits, PinnedError, SharedCache
+from shmcache import CacheLimits, CorruptionError, PinnedError, SharedCache
+from shmcache.block import value_at
+from shmcache.codec import encode_key, fingerprint
+from shmcache.index import find
 from tests.workers import reap
 
 JOIN_S = 60
@@ -402,3 +406,43 @@ def test_view_a_pin_dies_with_its_process_even_after_a_fork(name):
             if p.is_alive():
                 p.kill()
                 p.join(5)
+
+
+def _flip_value_byte(cache: SharedCache, key, at: int) -> None:
+    """Damage one byte of ``key``'s stored value through a mapping of the segment of its own, as another program
+    could (the entry's value starts ``at`` bytes before the byte flipped)."""
+    kb = encode_key(key)
+    e = find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    voff = value_at(cache._ent, cache._base, e)
+    fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
+    try:
+        with mmap.mmap(fd, len(cache._mm)) as mm:
+            mm[voff + at] ^= 0x01
+    finally:
+        os.close(fd)
+
+
+def test_view_checks_each_stored_value_once_per_handle(cache, name):
+    """The view's checksum policy (README, "Zero-copy views"): a handle checks a stored value on its first view of
+    it; a value stored anew is checked again; another handle checks for itself. A get checks every time."""
+    cache.put("a", np.arange(1000.0))
+    with cache.view("a") as arr:
+        assert arr[10] == 10.0
+    _flip_value_byte(cache, "a", 200)  # after this handle's check: its later views trust it
+    with cache.view("a") as arr:
+        assert arr.shape == (1000,)
+    other = SharedCache(name)
+    try:
+        with pytest.raises(CorruptionError):
+            with other.view("a"):
+                pass  # a handle that never checked this value does
+    finally:
+        other.close()
+    cache.put("b", np.arange(1000.0))
+    with cache.view("b"):
+        pass
+    cache.put("b", np.arange(1000.0) + 1)  # a new store: checked again on its first view
+    _flip_value_byte(cache, "b", 200)
+    with pytest.raises(CorruptionError):
+        with cache.view("b"):
+            pass
