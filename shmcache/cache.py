@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, index, memo, serializers
-from .core import HANDOVER, Raw as _Raw
+from .core import HANDOVER, TIMEOUT, Raw as _Raw
 from .durations import seconds, ttl_ns
 from .codec import (
     TAG_ARRAY, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum, copy_array, encode_key, fingerprint,
@@ -230,9 +230,12 @@ class SharedCache(LocalMapping):
                 return self._finish(v)
             if v is not HANDOVER:
                 return v
-            # HANDOVER: the path below, which judges, repairs and raises
+            # HANDOVER: the path below, which judges, repairs and raises (and waits no more if C timed out)
+            waited = core.reason == TIMEOUT
         # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
         # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
+        else:
+            waited = False
         w = (fp & self._mask) << 1
         klen = len(kb)
         h, ix, ent, mm, base, guard = self._h, self._ix, self._ent, self._mm, self._base, self._guard
@@ -240,7 +243,7 @@ class SharedCache(LocalMapping):
         try:
             rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
             if rc:
-                addr = guard.wait(rc)
+                addr = guard.wait(rc, waited)
             if addr is not self._addr or guard.closed or h[H_DIRTY]:
                 guard.admit(addr)
             e = ix[w + 1]
@@ -344,16 +347,18 @@ class SharedCache(LocalMapping):
             ttl = ttl_ns(ttl)
         core = self._core
         # The compiled section (core.py); PINNED and HANDOVER run the path below, which raises what it should.
-        if core is not None and core.put(kb, tag, body, fp, check, size, nb, self._now(),
-                                         -1 if ttl is None else ttl) is None:
-            return
+        waited = False
+        if core is not None:
+            if core.put(kb, tag, body, fp, check, size, nb, self._now(), -1 if ttl is None else ttl) is None:
+                return
+            waited = core.reason == TIMEOUT
         guard, store = self._guard, self._store
         addr = self._addr
         try:
             h = self._h
             rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
             if rc:
-                addr = guard.wait(rc)
+                addr = guard.wait(rc, waited)
             if addr is not self._addr or guard.closed or h[H_DIRTY]:
                 guard.admit(addr)
             if ttl is None:  # Store.expires_at, inlined
@@ -385,11 +390,12 @@ class SharedCache(LocalMapping):
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
         fp = fingerprint(kb)
-        if self._core is not None:
-            done = self._core.delete(kb, fp, self._now())
+        core = self._core
+        if core is not None:
+            done = core.delete(kb, fp, self._now())
             if done is True or done is False:
                 return done
-        return self._guard.run(self._store.delete, kb, fp)
+        return self._guard.run(self._store.delete, kb, fp, waited=core is not None and core.reason == TIMEOUT)
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
@@ -615,7 +621,7 @@ class SharedCache(LocalMapping):
             core = self._core
             found = HANDOVER if core is None else core.pin(kb, fp, self._now(), fd)
             if found is HANDOVER:
-                found = self._guard.run(self._store.pin, kb, fp, fd)
+                found = self._guard.run(self._store.pin, kb, fp, fd, waited=core is not None and core.reason == TIMEOUT)
             if found is None:
                 raise KeyError(key)
             if found is UNVIEWABLE or found == -1:

@@ -35,6 +35,7 @@ Core = None if _core is None else _core.Core  # the compiled section's type; Non
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
 PINNED = None if _core is None else _core.PINNED  # put: pinned entries left no room; raise PinnedError
+TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C (the Python path waits no more)
 Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (SharedCache._finish)
 
 _BLOCK_LEN_MASK = MAX_BLOCK_NBYTES + BLOCK_ALIGN - 1  # a block header's low bits: the block length

@@ -101,17 +101,18 @@ class Guard:
     # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
     # must leave the lock to the call that holds it.
 
-    def enter(self):
+    def enter(self, waited: bool = False):
         """Take the lock; returns the handle the caller releases (see ``wait``). Follow with ``admit``."""
         rc = hot_trylock(self.addr) if self.lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY
-        return self.wait(rc) if rc else self.addr
+        return self.wait(rc, waited) if rc else self.addr
 
-    def run(self, fn, *args):
+    def run(self, fn, *args, waited: bool = False):
         """``fn(*args)`` run under the lock, with the protocol above: every operation but the inlined get and put
-        goes through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py)."""
+        goes through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py).
+        ``waited``: as for ``wait``."""
         addr = self.addr
         try:
-            addr = self.enter()
+            addr = self.enter(waited)
             self.admit(addr)
             return fn(*args)
         except BaseException as exc:
@@ -133,19 +134,21 @@ class Guard:
         if self.h[H_DIRTY]:
             self.repair()
 
-    def wait(self, rc: int):
+    def wait(self, rc: int, waited: bool = False):
         """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's handle;
         when this thread already holds the lock, the private mutex's handle instead, and the caller raises
-        Reentered."""
+        Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
+        timeout is not waited a second time."""
         for _ in range(3):
             try:
-                if self.lock.acquire_slow(rc, self.repairing):
+                if self.lock.acquire_slow(rc, self.repairing, waited):
                     # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
                     self.lock.mark_consistent()
                 return self.addr
             except Reentered:
                 return self.lock.private_handle
             except (Unrecoverable, Damaged) as exc:
+                waited = False  # a re-initialised lock is waited for afresh
                 if self.closed:
                     raise closed_error() from None
                 if isinstance(exc, Unrecoverable):

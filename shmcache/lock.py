@@ -226,19 +226,21 @@ class SegmentLock:
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
 
-    def acquire_slow(self, rc: int, repairing=None) -> bool:
+    def acquire_slow(self, rc: int, repairing=None, waited: bool = False) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is
         repairing the segment, which takes time in proportion to its size: the wait is then extended, up to
-        ``_REPAIR_PATIENCE`` timeouts in all, rather than failing every waiter during a legitimate recovery."""
+        ``_REPAIR_PATIENCE`` timeouts in all, rather than failing every waiter during a legitimate recovery.
+        ``waited``: the compiled section has already waited the whole timeout for this call, so the wait is judged
+        at once (the holder dead, moved or repairing) instead of starting again."""
         # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
         # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
         # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
-        for _ in range(_SPIN_TRIES):
+        for _ in range(0 if waited else _SPIN_TRIES):
             if rc != errno.EBUSY:
                 break
             os.sched_yield()
             rc = self.try_checked()
-        deadline = time.monotonic_ns() + int(self.timeout * 1e9)
+        deadline = time.monotonic_ns() + (0 if waited else int(self.timeout * 1e9))
         extensions = 0
         waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
         judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder

@@ -111,6 +111,25 @@ def test_lock_live_holder_times_out(name):
         assert c.get("k") is None  # usable again once the holder let go
 
 
+@pytest.mark.parametrize("op", ["get", "put", "delete", "view"])
+def test_lock_timeout_is_waited_once(name, op):
+    """A call the compiled section hands over after waiting the whole lock_timeout is judged by the Python path at
+    once, not waited for again (it took twice the timeout before). The bound is generous: a wait of two timeouts
+    fails it, a slow machine does not."""
+    with SharedCache(name, lock_timeout=1.0, **SMALL) as c:
+        c.put("k", b"v")
+        calls = {"get": lambda: c.get("k"), "put": lambda: c.put("k", b"w"), "delete": lambda: c.delete("k"),
+                 "view": lambda: c.view("k")}
+        p, _ = _start(hold_lock, name)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(LockTimeout):
+                calls[op]()
+            assert 0.99 <= time.monotonic() - t0 < 1.8
+        finally:
+            _reap(p)
+
+
 def test_lock_waiting_does_not_spin(name):
     with SharedCache(name, lock_timeout=1.0, **SMALL) as c:
         p, _ = _start(hold_lock, name)
