@@ -17,28 +17,23 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
-from . import core, flight, index, memo, serializers
+from . import core, flight, memo, serializers
 from .core import HANDOVER, TIMEOUT, Raw as _Raw
 from .durations import seconds, ttl_ns
 from .codec import (
-    TAG_ARRAY, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum, copy_array, encode_key, fingerprint,
+    TAG_ARRAY, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
 from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
-from .guard import EBUSY, H_MUTEX_KIND, REFUSALS, Guard
+from .guard import Guard
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, Geometry
-from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL,
-    H_DIRTY, H_HITS, H_MISSES, H_TAKEOVERS, H_WAITS,
-)
-from .lock import MUTEX_KIND_WORD, hot_trylock as _trylock, hot_unlock as _unlock
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
+from .layout.dtypes import ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
 from .block import PAD
-from .block import VALUE_START as _VALUE_START  # a block is [header][value][key]
 from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
@@ -176,9 +171,8 @@ class SharedCache(LocalMapping):
         store = Store(seg, table, clock, guard.repair, ser)
         self._parts = Parts(seg, guard, store)
         self._seg, self._guard, self._store = seg, guard, store
-        # The hot path's own references (one attribute read each instead of two).
-        self._h, self._ix, self._ent, self._exp, self._mm = (seg.header_words, seg.index_words, seg.entry_words,
-                                                             seg.expires_words, seg.mm)
+        # The segment's tables at hand (one attribute read each instead of two; views and tests use them).
+        self._h, self._ix, self._ent, self._mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
         self._clock = clock
         self._decode = ser.decode  # the serializer's: every value read
         self._encode_value = ser.encode  # and every value stored
@@ -190,7 +184,6 @@ class SharedCache(LocalMapping):
         self._pins = PinDescriptions(seg.fd)
         self._viewed: dict[int, tuple] = {}  # slot -> (version, offset, checksum) of the value a view checked
         self._addr = guard.addr
-        self._lockw = seg.lock_words
         self._lock_timeout = lock_timeout
         self.name = seg.name
         # The compiled section, if built (None: the pure-Python path); it reads CLOCK_MONOTONIC itself (-1) unless
@@ -209,10 +202,8 @@ class SharedCache(LocalMapping):
     def get(self, key: Any, default: Any = None) -> Any:
         """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
         # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
-        # an object to carry them (and no other method takes one: encode_key refuses it).
-        # The hot path, written out in one function (each call costs as much as the work it does): the guard's
-        # protocol (Guard.run), encode_key, fingerprint, Store.find_live with index.find's first probe,
-        # block.value_at / key_at, and Store.hit with lru.move_to_front and the dirty bracket (guard.updating).
+        # an object to carry them (and no other method takes one: encode_key refuses it). The key is encoded and
+        # hashed, and the value checked and decoded, outside the lock: it is held for as little as possible.
         if type(key) is str:
             try:
                 kb = key.encode()
@@ -230,73 +221,16 @@ class SharedCache(LocalMapping):
                 return self._finish(v)
             if v is not HANDOVER:
                 return v
-            # HANDOVER: the path below, which judges, repairs and raises (and waits no more if C timed out)
+            # HANDOVER: the Python path, which judges, repairs and raises (and waits no more if C timed out)
             waited = core.reason == TIMEOUT
-        # Whatever needs no lock is done before taking it: the lock is held for as little as possible. (The views
-        # read here may be released by a concurrent close(); the closed check under the lock comes before any use.)
         else:
             waited = False
-        w = (fp & self._mask) << 1
-        klen = len(kb)
-        h, ix, ent, mm, base, guard = self._h, self._ix, self._ent, self._mm, self._base, self._guard
-        addr = self._addr
-        try:
-            rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
-            if rc:
-                addr = guard.wait(rc, waited)
-            if addr is not self._addr or guard.closed or h[H_DIRTY]:
-                guard.admit(addr)
-            e = ix[w + 1]
-            if e == EMPTY:
-                h[H_MISSES] += 1
-                return default
-            b = e * _W
-            v0 = base + ent[b + E_OFF] + _VALUE_START  # mapping offset of the value; the key follows it
-            vlen = ent[b + E_VAL_NBYTES]
-            k0 = v0 + vlen
-            if ix[w] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
-                e = index.find_rest(ix, ent, mm, base, self._mask, fp, kb)
-                if e == EMPTY:
-                    h[H_MISSES] += 1
-                    return default
-                b = e * _W
-                v0 = base + ent[b + E_OFF] + _VALUE_START
-                vlen = ent[b + E_VAL_NBYTES]
-            x = self._exp[e]
-            if x and x <= self._clock():
-                self._store.lapse(e)
-                h[H_MISSES] += 1
-                return default
-            p = ent[b + E_PREV]
-            if p != SENTINEL:  # not already the most recent: move it to the front
-                h[H_DIRTY] = 1
-                n = ent[b + E_NEXT]
-                ent[p * _W + E_NEXT] = n
-                ent[n * _W + E_PREV] = p
-                first = ent[E_NEXT]
-                ent[b + E_PREV] = SENTINEL
-                ent[b + E_NEXT] = first
-                ent[first * _W + E_PREV] = e
-                ent[E_NEXT] = e
-                h[H_DIRTY] = 0
-            h[H_HITS] += 1
-            check = ent[b + E_CHECK]
-            tag = mm[v0]
-            if tag == TAG_ARRAY:
-                # Arrays are copied under the lock straight into the array returned (one copy), and checked after.
-                voff = v0 - base
-                body, head = copy_array(self._arena[voff : voff + vlen])
-            else:
-                body = mm[v0 + 1 : v0 + vlen]
-        except BaseException as exc:
-            guard.fault(exc, addr)
-            raise
-        finally:
-            if self._lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see guard.H_MUTEX_KIND
-                self._lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self._lockw[H_DIRTY] = 1
-            _unlock(addr)
-        if tag == TAG_ARRAY:
+        guard = self._guard
+        found = guard.run(self._store.read, kb, fp, waited=waited)
+        if found is None:
+            return default
+        tag, body, check, e, head = found
+        if head is not None:  # an array: copied once, under the lock, and checked now
             if array_checksum(head, body) != check:
                 guard.checksum_failed(e)
             return body
@@ -352,39 +286,7 @@ class SharedCache(LocalMapping):
             if core.put(kb, tag, body, fp, check, size, nb, self._now(), -1 if ttl is None else ttl) is None:
                 return
             waited = core.reason == TIMEOUT
-        guard, store = self._guard, self._store
-        addr = self._addr
-        try:
-            h = self._h
-            rc = _trylock(addr) if self._lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY  # enter(), admit()
-            if rc:
-                addr = guard.wait(rc, waited)
-            if addr is not self._addr or guard.closed or h[H_DIRTY]:
-                guard.admit(addr)
-            if ttl is None:  # Store.expires_at, inlined
-                ttl = h[H_DEFAULT_TTL]
-                if not 0 <= ttl <= MAX_TTL_NS:  # damaged (every put would expire at once): repaired, then used
-                    guard.repair()
-                    ttl = h[H_DEFAULT_TTL]
-            old = index.find(self._ix, self._ent, self._mm, self._base, self._mask, fp, kb)  # find_live, inlined
-            if old != EMPTY and self._exp[old] and self._table.expired(old):
-                store.lapse(old, True)
-                old = EMPTY
-            h[H_DIRTY] = 1  # Store.store: Store.write in the dirty bracket of guard.updating, inlined
-            try:
-                store.write(old, kb, tag, body, fp, check, size, nb, self._clock() + ttl if ttl else 0)
-            except REFUSALS:
-                h[H_DIRTY] = 0
-                raise
-            h[H_DIRTY] = 0
-        except BaseException as exc:
-            guard.fault(exc, addr)
-            raise
-        finally:
-            if self._lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self._addr:  # see guard.H_MUTEX_KIND
-                self._lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self._lockw[H_DIRTY] = 1
-            _unlock(addr)
+        self._guard.run(self._store.put, ttl, kb, tag, body, fp, check, size, nb, waited=waited)
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import block, index, kinds, lru, ofd
 from .codec import (
-    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, decode_body, encode_key, xxh3,
+    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
 from .errors import CorruptionError, PinnedError, TooLargeError
 from .block import PAD
@@ -203,6 +203,33 @@ class Store:
             return False
         self.store(old, kb, tag, body, fp, check, size, nb, self.expires_at(ttl))
         return True
+
+    def read(self, kb: bytes, fp: int):
+        """get's locked part (the Python path): None on a miss (counted); else the entry becomes the most recent, a
+        hit is counted, and (tag, body, checksum, slot, head) is copied out for the caller to check after the
+        unlock. An array's body is the array itself, its data copied once straight from the segment, and ``head``
+        the bytes its checksum covers besides (``codec.copy_array``); for any other value ``head`` is None."""
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            self.h[H_MISSES] += 1
+            return None
+        self.hit(e)
+        v0 = block.value_at(self.ent, 0, e)
+        vlen = self.ent[e * _W + E_VAL_NBYTES]
+        tag = self.arena[v0]
+        if tag == TAG_ARRAY:
+            body, head = copy_array(self.arena[v0 : v0 + vlen])
+        else:
+            v0 += self.base
+            body, head = self.mm[v0 + 1 : v0 + vlen], None
+        return tag, body, self.ent[e * _W + E_CHECK], e, head
+
+    def put(self, ttl, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int) -> None:
+        """put's locked part (the Python path): the encoded entry stored as the most recent, expiring after ``ttl``
+        (ns; None: the default, which, found damaged, is repaired first, then used)."""
+        if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
+            self.repair()
+        self.store(self.find_live(kb, fp, True), kb, tag, body, fp, check, size, nb, self.expires_at(ttl))
 
     def get_with_version(self, kb: bytes, fp: int):
         """A lookup as get's (the composed path: find_live, body, hit): (tag, body, version), or None."""

@@ -1,11 +1,11 @@
-"""The hot paths' inlined copies stay equal to what they copy.
+"""The ways of doing one operation stay equal: get, put and the batch agree with their other compositions.
 
-``SharedCache.get`` and ``put`` write the guard's protocol, Store.find_live, block.value_at / key_at, Store.hit and the
-dirty bracket inline (cache.py); ``entries.get_many_locked`` inlines the probe and the move. The same random
-operations are run on two caches of one geometry and one clock: through the hot paths on one, through the composed
-operations on the other (``get_with_version``: find_live, body, hit; ``put_many`` of one pair: find_live, store),
-and the two segments must stay byte for byte the same, with the same answers, LRU order and counters. The block
-helpers are checked against the entries the segment really holds.
+``SharedCache.get`` runs ``Store.read``, ``put`` runs ``Store.put`` (or the compiled section, whose own twin test is
+tests/test_core.py); ``entries.get_many_locked`` inlines the probe and the move. The same random operations are run
+on two caches of one geometry and one clock: through get, put and get_many on one, through the other compositions on
+the other (``get_with_version``: find_live, body, hit; ``put_many`` of one pair: find_live, store), and the two
+segments must stay byte for byte the same, with the same answers, LRU order and counters. The block helpers are
+checked against the entries the segment really holds.
 """
 
 from __future__ import annotations
