@@ -182,7 +182,8 @@ class SharedCache(LocalMapping):
         self._capacity_bytes = g.capacity_bytes
         self._table = table
         self._pins = PinDescriptions(seg.fd)
-        self._viewed: dict[int, tuple] = {}  # slot -> (version, offset, checksum) of the value a view checked
+        # slot -> ((version, offset, length, checksum), layout) of the stored value a view of this handle checked
+        self._viewed: dict[int, tuple] = {}
         self._addr = guard.addr
         self._lock_timeout = lock_timeout
         self.name = seg.name
@@ -536,13 +537,16 @@ class SharedCache(LocalMapping):
             # any more), on the first view this handle takes of each stored value (slot, version, offset and
             # checksum name it: a new store, or a compaction moving it, is checked again). Later views of it trust
             # that check: a stray write into a block already checked is caught by get(), not by view().
-            stored = (version, voff, check)
-            if self._viewed.get(e) != stored:
-                if body_checksum(value[0], value[1:]) != check:
-                    pins.release(pin)
-                    self._guard.checksum_failed(e)
-                self._viewed[e] = stored
-            return View(value, pins, pin, self._base + voff)
+            stored = (version, voff, vlen, check)
+            known = self._viewed.get(e)
+            if known is not None and known[0] == stored:
+                return View(value, pins, pin, self._base + voff, known[1])  # its layout, checked with it, too
+            if body_checksum(value[0], value[1:]) != check:
+                pins.release(pin)
+                self._guard.checksum_failed(e)
+            view = View(value, pins, pin, self._base + voff)
+            self._viewed[e] = stored, view.layout
+            return view
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise

@@ -253,18 +253,27 @@ def _nothing(*_) -> None:
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1) -> None:
+    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1, layout=None) -> None:
         """``value``: a read-only view of the pinned entry's encoded value (tag byte first), at offset ``off`` of the
-        segment; ``pin``: released through ``pins`` once the memory is no longer referenced. Raises TypeError for a
-        value of another kind, and ValueError for a malformed array (the caller then releases the pin)."""
-        tag = value[0]
-        if tag == TAG_ARRAY or tag == TAG_TENSOR:
-            dtype, shape, data0 = array_layout(value)
-            if tag == TAG_TENSOR:
-                tensors.check(value[1], dtype)
-        elif tag != TAG_BYTES:
-            raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
-                            "others")
+        segment; ``pin``: released through ``pins`` once the memory is no longer referenced; ``layout``: this
+        value's ``layout`` as an earlier View of the same stored bytes found it (None: read it from the bytes).
+        Raises TypeError for a value of another kind, and ValueError for a malformed array (the caller then
+        releases the pin)."""
+        if layout is None:
+            tag = value[0]
+            if tag == TAG_ARRAY or tag == TAG_TENSOR:
+                layout = (tag, *array_layout(value))
+                if tag == TAG_TENSOR:
+                    tensors.check(value[1], layout[1])
+            elif tag != TAG_BYTES:
+                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                                "others")
+            else:
+                layout = (tag,)
+        self.layout = layout  # (tag, dtype, shape, data offset) of an array or tensor, (tag,) of bytes
+        tag = layout[0]
+        if tag != TAG_BYTES:
+            _, dtype, shape, data0 = layout
         # ``owner`` is the one object that references the pinned memory directly: every array or memoryview handed
         # out derives from it (numpy collapses a view's base to it), so it is garbage collected -- and the pin
         # released -- only after the last of them.
