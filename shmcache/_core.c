@@ -54,10 +54,10 @@ enum {
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
     WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
-    WHY_LIMIT, WHY_LOCK, WHY_COUNT
+    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_COUNT
 };
 static const char *const why_names[WHY_COUNT] = {
-    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock",
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned",
 };
 
 #define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
@@ -771,6 +771,14 @@ typedef struct {
     int64_t klen, blen, tag, fp, check, size, nb, expires;
 } Store;
 
+/* Whether a store's arguments are consistent, as SharedCache.put encodes them: a wrong size or block size would aim
+ * writes past the block. */
+static int store_ok(Core *c, const Store *st)
+{
+    return st->tag >= 0 && st->tag <= 255 && st->fp >= 0 && st->check != 0 && st->size == st->klen + st->blen + 1
+           && st->nb == block_nbytes(c, st->size) && st->nb <= c->max_block && st->nb <= c->arena_nbytes;
+}
+
 /* Table.insert: a new entry as the most recently used (the key is absent; the limits leave room). */
 static int insert(Core *c, const Store *st)
 {
@@ -882,20 +890,18 @@ typedef struct {
     int hit;
 } Found;
 
-static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+/* One lookup, as get does it (the caller checked the dirty word). *now: the clock reading, or -1 until an expiry
+ * needs it; read once, it stays for the caller's next lookups (a batch judges expiry by one reading). */
+static int get_one(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f)
 {
     int64_t e;
     int r;
     f->hit = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
     if ((r = find(c, kb, klen, fp, &e)))
         return r;
     if (e != c->empty) {
         int64_t x = c->exp[e];
-        if (x && x <= (now < 0 ? (now = mono_ns()) : now)) {
+        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now)) {
             int pin = pinned(c, e);
             if (pin < 0)
                 return bounds(c);
@@ -927,50 +933,69 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     return ST_OK;
 }
 
-static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
+static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
 {
-    int64_t old;
-    int r, done;
+    f->hit = 0;
     if (HW(dirty)) {
         c->reason = WHY_DIRTY;
         return ST_HANDOVER;
     }
-    if (now < 0)
-        now = mono_ns();
-    if (ttl < 0) {
-        ttl = HW(default_ttl);
-        if (ttl < 0 || ttl > c->max_ttl) { /* damaged: the Python path repairs it */
+    return get_one(c, kb, klen, fp, &now, f);
+}
+
+/* A store's time to live in ns: ``ttl``, or the cache's default for -1 (ST_HANDOVER if that word is damaged). */
+static int ttl_of(Core *c, int64_t *ttl)
+{
+    if (*ttl < 0) {
+        *ttl = HW(default_ttl);
+        if (*ttl < 0 || *ttl > c->max_ttl) { /* damaged: the Python path repairs it */
             c->reason = WHY_LIMIT;
             return ST_HANDOVER;
         }
     }
+    return ST_OK;
+}
+
+/* A store's checks before its first write (the caller checked the dirty word): the key's resident entry (an expired
+ * one dropped) into *old, or EMPTY. ST_PINNED: a view pins that entry; nothing was written. */
+static int put_find(Core *c, Store *st, int64_t now, int64_t *old)
+{
+    int r;
     /* The version clock is stamped mid-update: one out of range (damaged; stepping it could wrap) is repaired by
        the Python path before anything is written. */
     if (HW(version_clock) < 0 || HW(version_clock) >= c->max_version) {
         HW(dirty) = 1;
         return bounds(c);
     }
-    if ((r = find(c, st->kb, st->klen, st->fp, &old)))
+    if ((r = find(c, st->kb, st->klen, st->fp, old)))
         return r;
-    if (old != c->empty && c->exp[old] && c->exp[old] <= now) {
-        int pin = pinned(c, old);
+    if (*old != c->empty && c->exp[*old] && c->exp[*old] <= now) {
+        int pin = pinned(c, *old);
         if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
             return pin < 0 ? bounds(c) : ST_PINNED;
-        if ((r = lapse(c, old)))
+        if ((r = lapse(c, *old)))
             return r;
-        old = c->empty;
+        *old = c->empty;
     }
-    st->expires = ttl ? now + ttl : 0;
     /* _store_locked */
     if (st->size > HW(max_retained)) { /* TooLargeError, raised by the Python path */
         c->reason = WHY_LIMIT;
         return ST_HANDOVER;
     }
-    if (old != c->empty) {
-        int pin = pinned(c, old);
+    if (*old != c->empty) {
+        int pin = pinned(c, *old);
         if (pin)
             return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
     }
+    return ST_OK;
+}
+
+/* A store's writes, after put_find (st->expires set by the caller): an update of ``old`` in place or a new entry,
+ * evicting as the limits require. ST_PINNED: the room needed is pinned (the evictions made stand; every structure
+ * is consistent). */
+static int put_write(Core *c, Store *st, int64_t old, int64_t now)
+{
+    int r, done;
     HW(dirty) = 1;
     if (old != c->empty) {
         ADD(HW(updates), 1);
@@ -1009,6 +1034,24 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
     return ST_OK;
 }
 
+static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
+{
+    int64_t old;
+    int r;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    st->expires = ttl ? now + ttl : 0;
+    if ((r = put_find(c, st, now, &old)))
+        return r;
+    return put_write(c, st, old, now);
+}
+
 static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int *deleted)
 {
     int64_t e;
@@ -1037,6 +1080,80 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
     ADD(HW(deletes), 1);
     HW(dirty) = 0;
     *deleted = 1;
+    return ST_OK;
+}
+
+/* One key of a batch get: its arguments, what get_one found, and the body copied out under the lock. */
+typedef struct {
+    const char *kb;
+    int64_t klen, fp;
+    Found f;
+    PyObject *body;
+} Lookup;
+
+/* entries.get_many_locked: each key looked up in order as get does (a hit made the most recent and counted, a miss
+ * counted, an expired entry dropped), under one hold of the lock, expiry judged by one clock reading. *done: how
+ * many keys were looked up, all unless a hand-over stops the batch at keys[*done] (nothing of it counted or moved:
+ * the Python path looks up the rest); -1 with a MemoryError set if a body could not be copied (keys[*done - 1]'s). */
+static int get_many_locked(Core *c, Lookup *keys, Py_ssize_t n, int64_t now, Py_ssize_t *done)
+{
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Lookup *k = &keys[i];
+        if ((r = get_one(c, k->kb, k->klen, k->fp, &now, &k->f)))
+            return r;
+        *done = i + 1;
+        /* Copied before the next key is looked up. Bytes are not tracked by the GC: this runs no Python code. */
+        if (k->f.hit && !(k->body = PyBytes_FromStringAndSize((const char *)c->arena + k->f.off + 1,
+                                                              (Py_ssize_t)(k->f.vlen - 1))))
+            return -1;
+    }
+    return ST_OK;
+}
+
+/* entries.put_many_locked: store st[0..n) in order as put does, all expiring ``ttl`` ns (-1: the default) after one
+ * clock reading, under one hold of the lock. Every size is checked against the byte limit first: if one can never
+ * fit, nothing is stored and the Python path raises TooLargeError. *done: how many were stored when the batch stops
+ * early. ST_PINNED: the room st[*done] needs is pinned (the evictions made stand; every structure is consistent).
+ * A view pinning st[*done]'s own entry is a hand-over instead (WHY_PINNED, nothing of it written), so that the
+ * Python path raises its own PinnedError for it. */
+static int put_many_locked(Core *c, Store *st, Py_ssize_t n, int64_t now, int64_t ttl, Py_ssize_t *done)
+{
+    int64_t old;
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (st[i].size > HW(max_retained)) { /* TooLargeError, raised by the Python path before anything is stored */
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        st[i].expires = ttl ? now + ttl : 0;
+        if ((r = put_find(c, &st[i], now, &old))) {
+            if (r == ST_PINNED) {
+                c->reason = WHY_PINNED;
+                r = ST_HANDOVER;
+            }
+            return r;
+        }
+        if ((r = put_write(c, &st[i], old, now)))
+            return r;
+        *done = i + 1;
+    }
     return ST_OK;
 }
 
@@ -1167,9 +1284,7 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
         || arg_int(args[8], "ttl_ns", &ttl))
         return NULL;
     /* The encoding's own arithmetic, checked: a wrong size or block size would aim writes past the block. */
-    if (st.tag < 0 || st.tag > 255 || st.fp < 0 || st.check == 0 || st.size != st.klen + st.blen + 1
-        || st.nb != block_nbytes(c, st.size) || st.nb > c->max_block || st.nb > c->arena_nbytes || ttl < -1
-        || ttl > c->max_ttl) {
+    if (!store_ok(c, &st) || ttl < -1 || ttl > c->max_ttl) {
         PyErr_SetString(PyExc_ValueError, "Core.put: the encoded entry's tag, fingerprint, checksum, size, block "
                                           "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
         return NULL;
@@ -1213,6 +1328,163 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(deleted);
 }
 
+/* A batch argument as a tuple (a new reference): its items stay alive while the GIL is released to wait for the
+ * lock, whatever another thread does to the list meanwhile. */
+static PyObject *arg_batch(PyObject *o, const char *what)
+{
+    if (PyTuple_Check(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (PyList_Check(o))
+        return PyList_AsTuple(o);
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %.100s", what, Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+/* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
+ * (every item done), PINNED or HANDOVER. */
+static PyObject *batch_result(PyObject *done, int r)
+{
+    if (done == NULL)
+        return NULL;
+    return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
+}
+
+/* The results of keys[0..done) as Core.get returns them (None or (tag, body, check, slot)); every body is taken. */
+static PyObject *found_list(Lookup *keys, Py_ssize_t done)
+{
+    PyObject *out = PyList_New(done);
+    for (Py_ssize_t i = 0; i < done; i++) {
+        Lookup *k = &keys[i];
+        if (out != NULL) {
+            PyObject *item = Py_None;
+            if (k->f.hit) { /* "N" takes the body, even when the tuple cannot be made */
+                item = Py_BuildValue("(LNLL)", (long long)k->f.tag, k->body, (long long)k->f.check,
+                                     (long long)k->f.slot);
+                k->body = NULL;
+            } else {
+                Py_INCREF(item);
+            }
+            if (item == NULL)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, item);
+        }
+        Py_CLEAR(k->body);
+    }
+    return out;
+}
+
+static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *kbs = NULL, *fps = NULL, *out = NULL;
+    Lookup *keys = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now;
+    int r;
+    if (nargs_ok(nargs, 3, "get_many") || arg_int(args[2], "now_ns", &now) || !(kbs = arg_batch(args[0], "kbs"))
+        || !(fps = arg_batch(args[1], "fps")))
+        goto end;
+    n = PyTuple_GET_SIZE(kbs);
+    if (PyTuple_GET_SIZE(fps) != n) {
+        PyErr_Format(PyExc_ValueError, "Core.get_many: %zd keys but %zd fingerprints", n, PyTuple_GET_SIZE(fps));
+        goto end;
+    }
+    if (!(keys = PyMem_New(Lookup, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keys[i].body = NULL;
+        if (arg_bytes(PyTuple_GET_ITEM(kbs, i), "kbs[i]", &keys[i].kb, &keys[i].klen)
+            || arg_int(PyTuple_GET_ITEM(fps, i), "fps[i]", &keys[i].fp))
+            goto end;
+        if (keys[i].fp < 0) {
+            PyErr_SetString(PyExc_ValueError, "fps[i] must be a 63-bit fingerprint");
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was looked up */
+            Py_DECREF(out);
+            out = batch_result(PyList_New(0), ST_HANDOVER);
+        }
+        goto end;
+    }
+    r = get_many_locked(c, keys, n, now, &done);
+    unlock(c);
+    leave(c);
+    if (r >= 0) {
+        out = batch_result(found_list(keys, done), r);
+    } else {
+        for (Py_ssize_t i = 0; i < done; i++)
+            Py_CLEAR(keys[i].body);
+    }
+end:
+    PyMem_Free(keys);
+    Py_XDECREF(kbs);
+    Py_XDECREF(fps);
+    return out;
+}
+
+static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *items = NULL, *out = NULL;
+    Store *st = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now, ttl;
+    int r;
+    if (nargs_ok(nargs, 3, "put_many") || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
+        return NULL;
+    if (ttl < -1 || ttl > c->max_ttl) {
+        PyErr_Format(PyExc_ValueError, "Core.put_many: ttl_ns must be -1 (the default) or 0 to %lld, got %lld",
+                     (long long)c->max_ttl, (long long)ttl);
+        return NULL;
+    }
+    if (!(items = arg_batch(args[0], "items")))
+        return NULL;
+    n = PyTuple_GET_SIZE(items);
+    if (!(st = PyMem_New(Store, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i); /* a tuple: its fields stay as they are */
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
+            PyErr_Format(PyExc_TypeError, "Core.put_many: items[%zd] must be a tuple (kb, tag, body, fp, check, "
+                                          "size, nb) as Store.encode makes, got %.100s", i, Py_TYPE(item)->tp_name);
+            goto end;
+        }
+        Store *s = &st[i];
+        PyObject **a = &PyTuple_GET_ITEM(item, 0);
+        if (arg_bytes(a[0], "kb", &s->kb, &s->klen) || arg_int(a[1], "tag", &s->tag)
+            || arg_bytes(a[2], "body", &s->body, &s->blen) || arg_int(a[3], "fp", &s->fp)
+            || arg_int(a[4], "check", &s->check) || arg_int(a[5], "size", &s->size) || arg_int(a[6], "nb", &s->nb))
+            goto end;
+        if (!store_ok(c, s)) {
+            PyErr_Format(PyExc_ValueError, "Core.put_many: items[%zd]'s tag, fingerprint, checksum, size or block "
+                                           "size is inconsistent (encode it with Store.encode)", i);
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was stored */
+            Py_DECREF(out);
+            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER);
+        }
+        goto end;
+    }
+    r = put_many_locked(c, st, n, now, ttl, &done);
+    unlock(c);
+    leave(c);
+    out = batch_result(PyLong_FromSsize_t(done), r);
+end:
+    PyMem_Free(st);
+    Py_DECREF(items);
+    return out;
+}
+
 static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
 {
     c->released = 1;
@@ -1251,6 +1523,18 @@ static PyMethodDef Core_methods[] = {
     {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
      "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
      "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
+    {"get_many", (PyCFunction)(void (*)(void))Core_get_many, METH_FASTCALL,
+     "get_many(kbs, fps, now_ns) -> (found, stop)\n\nA lookup of each key (kbs[i], fingerprint fps[i]) in order under "
+     "one hold of the lock, as entries.get_many_locked does: found holds, for each key looked up, None or (tag, body, "
+     "check, slot) as get returns them. stop: None, every key looked up; HANDOVER, the batch stopped at "
+     "kbs[len(found)] (nothing of it counted or moved; reason says why): the Python path looks up the rest."},
+    {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
+     "put_many(items, now_ns, ttl_ns) -> (done, stop)\n\nStore each encoded entry (kb, tag, body, fp, check, size, "
+     "nb) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns (-1: the "
+     "cache's default); done: how many were stored. stop: None, all of them; PINNED, the room items[done] needs is "
+     "pinned (the segment is consistent; raise PinnedError); HANDOVER, the Python path stores items[done:] (an "
+     "entry above the byte limit hands over the whole batch first, and a view pinning items[done]'s key hands it "
+     "over with nothing of it written, reason \"pinned\")."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},
