@@ -710,6 +710,9 @@ class SharedCache(LocalMapping):
     def _space(self) -> tuple[Parts, int]:
         return self._parts, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
 
+    def _compiled(self) -> tuple:
+        return self._core, self._now  # the batches' compiled section (mapping.LocalMapping)
+
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),
               group: int | str | None = None, serializer: str = "msgpack") -> SharedCache:
