@@ -33,7 +33,7 @@ except ImportError:
 Core = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
-PINNED = None if _core is None else _core.PINNED  # put: pinned entries left no room; raise PinnedError
+PINNED = None if _core is None else _core.PINNED  # put, put_many: pinned entries left no room; raise PinnedError
 
 _BLOCK_LEN_MASK = MAX_BLOCK_NBYTES + BLOCK_ALIGN - 1  # a block header's low bits: the block length
 if block_nbytes(0) != BLOCK_HEADER_NBYTES or _BLOCK_LEN_MASK & (_BLOCK_LEN_MASK + 1):
