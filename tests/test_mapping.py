@@ -18,7 +18,7 @@ from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
-from .workers import check_value, make_value, reap
+from .workers import CountingCore, check_value, make_value, reap
 
 Point = collections.namedtuple("Point", "x y")
 LOCAL = ("shared", "kind")
@@ -314,24 +314,6 @@ def test_mapping_get_many_and_put_many(impl):
     assert 0 < m.ttl("c") <= 50 and m.ttl("b") is None
 
 
-class _CountingCore:
-    """A handle's compiled section, with its batch calls counted (each takes the lock once, in C)."""
-
-    def __init__(self, core, calls: list) -> None:
-        self.core, self.calls = core, calls
-
-    def __getattr__(self, name):
-        return getattr(self.core, name)
-
-    def get_many(self, *args):
-        self.calls.append("get_many")
-        return self.core.get_many(*args)
-
-    def put_many(self, *args):
-        self.calls.append("put_many")
-        return self.core.put_many(*args)
-
-
 @pytest.mark.parametrize("path", ["compiled", "pure Python"])
 def test_mapping_batches_take_the_lock_once(local, path):
     cache, m = local.cache, local.m
@@ -350,7 +332,7 @@ def test_mapping_batches_take_the_lock_once(local, path):
 
     guard.enter = counting
     if cache._core is not None:
-        cache._core = _CountingCore(cache._core, taken)
+        cache._core = CountingCore(cache._core, taken)
     try:
         m.put_many({f"k{i}": i for i in range(64)})
         assert len(taken) == 1
@@ -360,7 +342,7 @@ def test_mapping_batches_take_the_lock_once(local, path):
         assert len(taken) == 1
     finally:
         del guard.enter
-        if isinstance(cache._core, _CountingCore):
+        if isinstance(cache._core, CountingCore):
             cache._core = cache._core.core
     after = cache.stats()
     assert (after.hits - before.hits, after.misses - before.misses) == (64, 1)
