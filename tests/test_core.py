@@ -782,13 +782,19 @@ _HOSTILE = textwrap.dedent("""
             words[128 // 8 + 7] = 0  # dirty cleared, so Core reads the damage instead of handing over at once
             key = f"k{rng.randrange(20)}"
             kb = encode_key(key)
-            op = rng.randrange(3)
+            op = rng.randrange(5)
             if op == 0:
                 r = k.get(kb, fingerprint(kb), 0)
             elif op == 1:
                 r = k.put(*_encode(key, bytes(rng.randrange(500))), 0, -1)
-            else:
+            elif op == 2:
                 r = k.delete(kb, fingerprint(kb), 0)
+            elif op == 3:  # a batch: its answer is (found, stop)
+                kbs = [encode_key(f"k{rng.randrange(20)}") for _ in range(rng.randrange(1, 8))]
+                r = k.get_many(kbs, [fingerprint(b) for b in kbs], 0)[1]
+            else:
+                keys = [f"k{rng.randrange(20)}" for _ in range(rng.randrange(1, 6))]
+                r = k.put_many([_encode(key, bytes(rng.randrange(500))) for key in keys], 0, -1)[1]
             counts["handover" if r is core.HANDOVER else "pinned" if r is core.PINNED else "answered"] += 1
         print(counts)
     finally:
