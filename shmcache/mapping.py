@@ -5,7 +5,8 @@
 what a SharedCache and a KindView share, over the locked walks of ``entries.py``: iteration, ``popitem``,
 ``setdefault``, batches and ``ttl``. Iteration is over a snapshot taken under one hold of the lock, never a live
 cursor, and reads without counting a lookup or moving anything in the LRU order. Batches run in the compiled section
-(``Core.get_many`` / ``put_many``, core.py) when the handle has one; what it hands over, the Python path finishes.
+(``Core.get_many`` / ``put_many``, core.py) when the handle has one; what it hands over part-way (a damaged
+segment, a key a view pins), the Python path finishes in a second hold of the lock, from where the C stopped.
 
 Why unhashable: a mapping with content equality must not hash by identity (two handles on one cache are equal), and
 mutable mappings are unhashable in Python (``dict``); so are these. Registries of handles key them by ``id()``.
@@ -271,7 +272,7 @@ def _room_pinned(i: int, nb: int) -> PinnedError:
     # Why not the Python path's own error: it would try that entry's allocation again, and a second pass of the
     # arena's cleaner over pinned blocks moves the ring's head and tail; the refusal stands as the C made it.
     return PinnedError(f"no room for entry {i} of the batch ({nb} bytes): what is left to evict is pinned by open "
-                       f"views, or the pinned blocks split the free space (the {i} entries before it are stored)",
+                       f"views, or the pinned blocks split the free space (the {i} entries before it were stored)",
                        what="put", hint="close views sooner, or raise the limits")
 
 
