@@ -1555,7 +1555,7 @@ static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns): the compiled get/put/delete of one attached segment.",
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns): the compiled get/put/delete and batches of a segment.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,
@@ -1565,7 +1565,7 @@ static PyTypeObject CoreType = {
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, .m_name = "shmcache._core",
-    .m_doc = "The compiled critical section of shmcache's get, put and delete (see shmcache/core.py).",
+    .m_doc = "The compiled critical section of shmcache's get, put, delete and batches (see shmcache/core.py).",
     .m_size = -1,
 };
 
