@@ -56,10 +56,10 @@ enum {
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
     WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
-    WHY_LIMIT, WHY_LOCK, WHY_COUNT
+    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_COUNT
 };
 static const char *const why_names[WHY_COUNT] = {
-    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock",
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned",
 };
 
 #define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
@@ -86,7 +86,7 @@ typedef struct {
     long long waits; /* calls that found the lock busy and waited for it in C */
     int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
     int64_t timeout_ns;
-    PyObject *hasher; /* codec.xxh3 (get_value checks a copy's checksum with it, after the unlock); may be NULL */
+    PyObject *hasher; /* codec.xxh3: a get checks its copy's checksum with it, after the unlock */
     /* regions */
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
@@ -178,13 +178,13 @@ static void drop_buffer(Core *c)
 static int Core_init(Core *c, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", NULL};
-    PyObject *obj, *d, *hasher = NULL;
+    PyObject *obj, *d, *hasher;
     int live_fd;
     long long timeout_ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iL|O", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iLO", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
                                      &hasher))
         return -1;
-    if (hasher != NULL && hasher != Py_None && !PyCallable_Check(hasher)) {
+    if (!PyCallable_Check(hasher)) {
         PyErr_SetString(PyExc_TypeError, "hasher must be callable (codec.xxh3)");
         return -1;
     }
@@ -202,10 +202,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
     c->mem = c->buf.buf;
     c->live_fd = live_fd;
     c->timeout_ns = timeout_ns;
-    if (hasher != NULL && hasher != Py_None) {
-        Py_INCREF(hasher);
-        c->hasher = hasher;
-    }
+    Py_INCREF(hasher);
+    c->hasher = hasher;
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
         kind_off, word;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
@@ -786,6 +784,14 @@ typedef struct {
     int64_t klen, blen, tag, fp, check, size, nb, expires;
 } Store;
 
+/* Whether a store's arguments are consistent, as SharedCache.put encodes them: a wrong size or block size would aim
+ * writes past the block. */
+static inline int store_ok(Core *c, const Store *st)
+{
+    return st->tag >= 0 && st->tag <= 255 && st->fp >= 0 && st->check != 0 && st->size == st->klen + st->blen + 1
+           && st->nb == block_nbytes(c, st->size) && st->nb <= c->max_block && st->nb <= c->arena_nbytes;
+}
+
 /* Table.insert: a new entry as the most recently used (the key is absent; the limits leave room). */
 static int insert(Core *c, const Store *st)
 {
@@ -897,21 +903,23 @@ typedef struct {
     int hit;
 } Found;
 
-/* Store.find_live: the key's entry, or EMPTY if it is absent or expired (an expired one is dropped, unless a view
-   pins it: it stays, and reads as absent). */
-static int find_live(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int64_t *out)
+/* The steps of one item, shared by a call and a batch: inlined into each, so that Core.get and Core.put pay nothing
+ * for the split (a call costs Core.get ~40 instructions, 3 %: python -m benchmarks.instructions --collect Core_get). */
+#define STEP static inline __attribute__((always_inline))
+
+/* Store.find_live (the caller checked the dirty word): the key's entry, or EMPTY if it is absent or expired (an
+ * expired one is dropped, unless a view pins it: it stays, and reads as absent). *now: the clock reading, or -1
+ * until an expiry needs it; read once, it stays for the caller's next lookups (a batch judges expiry by one
+ * reading). */
+STEP int find_live(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now, int64_t *out)
 {
     int64_t e;
     int r;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
     if ((r = find(c, kb, klen, fp, &e)))
         return r;
     if (e != c->empty) {
         int64_t x = c->exp[e];
-        if (x && x <= (now < 0 ? mono_ns() : now)) {
+        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now)) {
             int pin = pinned(c, e);
             if (pin < 0)
                 return bounds(c);
@@ -925,7 +933,7 @@ static int find_live(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t 
 }
 
 /* What a hit reads of live entry ``e`` into *f (its block was checked by find). */
-static void found(Core *c, int64_t e, Found *f)
+STEP void found(Core *c, int64_t e, Found *f)
 {
     f->hit = 1;
     f->slot = e;
@@ -936,7 +944,7 @@ static void found(Core *c, int64_t e, Found *f)
 }
 
 /* Store.hit: the entry becomes the most recent (in the dirty bracket), and a hit is counted. */
-static int hit(Core *c, int64_t e)
+STEP int hit(Core *c, int64_t e)
 {
     int r;
     if (EN(e, prev) != c->sentinel) {
@@ -952,7 +960,8 @@ static int hit(Core *c, int64_t e)
     return ST_OK;
 }
 
-static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+/* One lookup, as get does it (the caller checked the dirty word; *now as find_live's). */
+STEP int get_one(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f)
 {
     int64_t e;
     int r;
@@ -969,50 +978,81 @@ static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     return ST_OK;
 }
 
-static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
+static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
 {
-    int64_t old;
-    int r, done;
+    f->hit = 0;
     if (HW(dirty)) {
         c->reason = WHY_DIRTY;
         return ST_HANDOVER;
     }
-    if (now < 0)
-        now = mono_ns();
-    if (ttl < 0) {
-        ttl = HW(default_ttl);
-        if (ttl < 0 || ttl > c->max_ttl) { /* damaged: the Python path repairs it */
+    return get_one(c, kb, klen, fp, &now, f);
+}
+
+/* The value of hit *f copied out of the arena, under the lock: the bytes after its tag, or for an array or tensor the
+ * whole value, tag first, into a bytearray: the one copy of its data a get makes (the array returned is built over
+ * it, its data 8-aligned as in the arena). Neither bytes nor bytearray is tracked by the GC: this allocation runs no
+ * Python code. NULL with a MemoryError set. */
+static PyObject *copy_value(Core *c, const Found *f)
+{
+    const char *v = (const char *)c->arena + f->off;
+    if (f->tag == c->tag_array || f->tag == c->tag_tensor)
+        return PyByteArray_FromStringAndSize(v, (Py_ssize_t)f->vlen);
+    return PyBytes_FromStringAndSize(v + 1, (Py_ssize_t)(f->vlen - 1));
+}
+
+/* A store's time to live in ns: ``ttl``, or the cache's default for -1 (ST_HANDOVER if that word is damaged). */
+static int ttl_of(Core *c, int64_t *ttl)
+{
+    if (*ttl < 0) {
+        *ttl = HW(default_ttl);
+        if (*ttl < 0 || *ttl > c->max_ttl) { /* damaged: the Python path repairs it */
             c->reason = WHY_LIMIT;
             return ST_HANDOVER;
         }
     }
+    return ST_OK;
+}
+
+/* A store's checks before its first write (the caller checked the dirty word): the key's resident entry (an expired
+ * one dropped) into *old, or EMPTY. ST_PINNED: a view pins that entry; nothing was written. */
+STEP int put_find(Core *c, Store *st, int64_t now, int64_t *old)
+{
+    int r;
     /* The version clock is stamped mid-update: one out of range (damaged; stepping it could wrap) is repaired by
        the Python path before anything is written. */
     if (HW(version_clock) < 0 || HW(version_clock) >= c->max_version) {
         HW(dirty) = 1;
         return bounds(c);
     }
-    if ((r = find(c, st->kb, st->klen, st->fp, &old)))
+    if ((r = find(c, st->kb, st->klen, st->fp, old)))
         return r;
-    if (old != c->empty && c->exp[old] && c->exp[old] <= now) {
-        int pin = pinned(c, old);
+    if (*old != c->empty && c->exp[*old] && c->exp[*old] <= now) {
+        int pin = pinned(c, *old);
         if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
             return pin < 0 ? bounds(c) : ST_PINNED;
-        if ((r = lapse(c, old)))
+        if ((r = lapse(c, *old)))
             return r;
-        old = c->empty;
+        *old = c->empty;
     }
-    st->expires = ttl ? now + ttl : 0;
     /* _store_locked */
     if (st->size > HW(max_retained)) { /* TooLargeError, raised by the Python path */
         c->reason = WHY_LIMIT;
         return ST_HANDOVER;
     }
-    if (old != c->empty) {
-        int pin = pinned(c, old);
+    if (*old != c->empty) {
+        int pin = pinned(c, *old);
         if (pin)
             return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
     }
+    return ST_OK;
+}
+
+/* A store's writes, after put_find (st->expires set by the caller): an update of ``old`` in place or a new entry,
+ * evicting as the limits require. ST_PINNED: the room needed is pinned (the evictions made stand; every structure
+ * is consistent). */
+STEP int put_write(Core *c, Store *st, int64_t old, int64_t now)
+{
+    int r, done;
     HW(dirty) = 1;
     if (old != c->empty) {
         ADD(HW(updates), 1);
@@ -1051,6 +1091,24 @@ static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
     return ST_OK;
 }
 
+static int put_locked(Core *c, Store *st, int64_t now, int64_t ttl)
+{
+    int64_t old;
+    int r;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    st->expires = ttl ? now + ttl : 0;
+    if ((r = put_find(c, st, now, &old)))
+        return r;
+    return put_write(c, st, old, now);
+}
+
 static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int *deleted)
 {
     int64_t e;
@@ -1079,6 +1137,78 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
     ADD(HW(deletes), 1);
     HW(dirty) = 0;
     *deleted = 1;
+    return ST_OK;
+}
+
+/* One key of a batch get: its arguments, what get_one found, and the body copied out under the lock. */
+typedef struct {
+    const char *kb;
+    int64_t klen, fp;
+    Found f;
+    PyObject *body;
+} Lookup;
+
+/* entries.get_many_locked: each key looked up in order as get does (a hit made the most recent and counted, a miss
+ * counted, an expired entry dropped), under one hold of the lock, expiry judged by one clock reading. *done: how
+ * many keys were looked up, all unless a hand-over stops the batch at keys[*done] (nothing of it counted or moved:
+ * the Python path looks up the rest); -1 with a MemoryError set if a body could not be copied (keys[*done - 1]'s). */
+static int get_many_locked(Core *c, Lookup *keys, Py_ssize_t n, int64_t now, Py_ssize_t *done)
+{
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Lookup *k = &keys[i];
+        if ((r = get_one(c, k->kb, k->klen, k->fp, &now, &k->f)))
+            return r;
+        *done = i + 1;
+        if (k->f.hit && !(k->body = copy_value(c, &k->f))) /* copied before the next key is looked up */
+            return -1;
+    }
+    return ST_OK;
+}
+
+/* entries.put_many_locked: store st[0..n) in order as put does, all expiring ``ttl`` ns (-1: the default) after one
+ * clock reading, under one hold of the lock. Every size is checked against the byte limit first: if one can never
+ * fit, nothing is stored and the Python path raises TooLargeError. *done: how many were stored when the batch stops
+ * early. ST_PINNED: the room st[*done] needs is pinned (the evictions made stand; every structure is consistent).
+ * A view pinning st[*done]'s own entry is a hand-over instead (WHY_PINNED, nothing of it written), so that the
+ * Python path raises its own PinnedError for it. */
+static int put_many_locked(Core *c, Store *st, Py_ssize_t n, int64_t now, int64_t ttl, Py_ssize_t *done)
+{
+    int64_t old;
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (st[i].size > HW(max_retained)) { /* TooLargeError, raised by the Python path before anything is stored */
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        st[i].expires = ttl ? now + ttl : 0;
+        if ((r = put_find(c, &st[i], now, &old))) {
+            if (r == ST_PINNED) {
+                c->reason = WHY_PINNED;
+                r = ST_HANDOVER;
+            }
+            return r;
+        }
+        if ((r = put_write(c, &st[i], old, now)))
+            return r;
+        *done = i + 1;
+    }
     return ST_OK;
 }
 
@@ -1253,32 +1383,46 @@ static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner
     return (int64_t)((x & (uint64_t)c->check_mask) | 1) == check;
 }
 
+/* What a get returns for hit *f once the lock is released, from its copy ``body`` (copy_value's; the reference is
+ * taken): the copy's checksum checked, bytes returned as they are, a plain msgpack value decoded (_unpack.c);
+ * anything else a Raw for the Python side (a failed checksum, an array or tensor, a value the decoder declines). */
+static PyObject *finish(Core *c, const Found *f, PyObject *body)
+{
+    int whole = PyByteArray_CheckExact(body);
+    const char *after_tag = whole ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
+    Py_ssize_t n = (Py_ssize_t)(f->vlen - 1);
+    int ok = checksum_ok(c, after_tag, n, body, f->tag, f->check);
+    if (ok < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    if (ok && f->tag == c->tag_bytes)
+        return body;
+    if (ok && f->tag == c->tag_msgpack) {
+        PyObject *v = shm_unpack(after_tag, n);
+        if (v != NULL) {
+            Py_DECREF(body);
+            return v;
+        }
+    }
+    return raw_of(f->tag, body, f->slot, ok);
+}
+
 static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
     int64_t klen, fp, now;
     if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
         return NULL;
-    if (c->hasher == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Core.get_value needs the Core bound with a hasher");
-        return NULL;
-    }
     PyObject *refused;
     int r = enter(c, &refused);
     if (r)
         return refused;
     Found f = {0, 0, 0, 0, 0, 0};
     PyObject *body = NULL;
-    int whole = 0;
     r = get_locked(c, kb, klen, fp, now, &f);
-    if (r == ST_OK && f.hit) {
-        /* Neither bytes nor bytearray is tracked by the GC: these allocations run no Python code. An array's copy
-           is the one copy of its data a get makes: the array returned is built over it. */
-        whole = f.tag == c->tag_array || f.tag == c->tag_tensor;
-        const char *v = (const char *)c->arena + f.off;
-        body = whole ? PyByteArray_FromStringAndSize(v, (Py_ssize_t)f.vlen)
-                     : PyBytes_FromStringAndSize(v + 1, (Py_ssize_t)(f.vlen - 1));
-    }
+    if (r == ST_OK && f.hit)
+        body = copy_value(c, &f);
     unlock(c);
     leave(c);
     if (r)
@@ -1287,25 +1431,7 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
         Py_INCREF(args[3]);
         return args[3];
     }
-    if (body == NULL)
-        return NULL;
-    const char *after_tag = whole ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
-    Py_ssize_t n = (Py_ssize_t)(f.vlen - 1);
-    int ok = checksum_ok(c, after_tag, n, body, f.tag, f.check);
-    if (ok < 0) {
-        Py_DECREF(body);
-        return NULL;
-    }
-    if (ok && f.tag == c->tag_bytes)
-        return body;
-    if (ok && f.tag == c->tag_msgpack) {
-        PyObject *v = shm_unpack(after_tag, n);
-        if (v != NULL) {
-            Py_DECREF(body);
-            return v;
-        }
-    }
-    return raw_of(f.tag, body, f.slot, ok);
+    return body == NULL ? NULL : finish(c, &f, body);
 }
 
 /* Store.pin: the key's live entry pinned through description ``fd`` for a view, counted as a lookup. */
@@ -1314,7 +1440,11 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     int64_t e;
     int r;
     f->hit = 0;
-    if ((r = find_live(c, kb, klen, fp, now, &e)))
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if ((r = find_live(c, kb, klen, fp, &now, &e)))
         return r;
     if (e == c->empty) {
         ADD(HW(misses), 1);
@@ -1378,9 +1508,7 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
         || arg_int(args[8], "ttl_ns", &ttl))
         return NULL;
     /* The encoding's own arithmetic, checked: a wrong size or block size would aim writes past the block. */
-    if (st.tag < 0 || st.tag > 255 || st.fp < 0 || st.check == 0 || st.size != st.klen + st.blen + 1
-        || st.nb != block_nbytes(c, st.size) || st.nb > c->max_block || st.nb > c->arena_nbytes || ttl < -1
-        || ttl > c->max_ttl) {
+    if (!store_ok(c, &st) || ttl < -1 || ttl > c->max_ttl) {
         PyErr_SetString(PyExc_ValueError, "Core.put: the encoded entry's tag, fingerprint, checksum, size, block "
                                           "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
         return NULL;
@@ -1422,6 +1550,162 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
     if (r)
         return handover();
     return PyBool_FromLong(deleted);
+}
+
+/* A batch argument as a tuple (a new reference): its items stay alive while the GIL is released to wait for the
+ * lock, whatever another thread does to the list meanwhile. */
+static PyObject *arg_batch(PyObject *o, const char *what)
+{
+    if (PyTuple_Check(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (PyList_Check(o))
+        return PyList_AsTuple(o);
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %.100s", what, Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+/* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
+ * (every item done), PINNED or HANDOVER. */
+static PyObject *batch_result(PyObject *done, int r)
+{
+    if (done == NULL)
+        return NULL;
+    return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
+}
+
+/* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. */
+static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *dflt)
+{
+    PyObject *out = PyList_New(done);
+    for (Py_ssize_t i = 0; i < done; i++) {
+        Lookup *k = &keys[i];
+        if (out != NULL) {
+            PyObject *item = dflt;
+            if (k->f.hit) { /* finish takes the body, even when it fails */
+                item = finish(c, &k->f, k->body);
+                k->body = NULL;
+            } else {
+                Py_INCREF(item);
+            }
+            if (item == NULL)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, item);
+        }
+        Py_CLEAR(k->body);
+    }
+    return out;
+}
+
+static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *kbs = NULL, *fps = NULL, *out = NULL;
+    Lookup *keys = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now;
+    int r;
+    if (nargs_ok(nargs, 4, "get_many") || arg_int(args[2], "now_ns", &now) || !(kbs = arg_batch(args[0], "kbs"))
+        || !(fps = arg_batch(args[1], "fps")))
+        goto end;
+    n = PyTuple_GET_SIZE(kbs);
+    if (PyTuple_GET_SIZE(fps) != n) {
+        PyErr_Format(PyExc_ValueError, "Core.get_many: %zd keys but %zd fingerprints", n, PyTuple_GET_SIZE(fps));
+        goto end;
+    }
+    if (!(keys = PyMem_New(Lookup, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keys[i].body = NULL;
+        if (arg_bytes(PyTuple_GET_ITEM(kbs, i), "kbs[i]", &keys[i].kb, &keys[i].klen)
+            || arg_int(PyTuple_GET_ITEM(fps, i), "fps[i]", &keys[i].fp))
+            goto end;
+        if (keys[i].fp < 0) {
+            PyErr_SetString(PyExc_ValueError, "fps[i] must be a 63-bit fingerprint");
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was looked up */
+            Py_DECREF(out);
+            out = batch_result(PyList_New(0), ST_HANDOVER);
+        }
+        goto end;
+    }
+    r = get_many_locked(c, keys, n, now, &done);
+    unlock(c);
+    leave(c);
+    if (r >= 0) {
+        out = batch_result(found_list(c, keys, done, args[3]), r);
+    } else {
+        for (Py_ssize_t i = 0; i < done; i++)
+            Py_CLEAR(keys[i].body);
+    }
+end:
+    PyMem_Free(keys);
+    Py_XDECREF(kbs);
+    Py_XDECREF(fps);
+    return out;
+}
+
+static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *items = NULL, *out = NULL;
+    Store *st = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now, ttl;
+    int r;
+    if (nargs_ok(nargs, 3, "put_many") || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
+        return NULL;
+    if (ttl < -1 || ttl > c->max_ttl) {
+        PyErr_Format(PyExc_ValueError, "Core.put_many: ttl_ns must be -1 (the default) or 0 to %lld, got %lld",
+                     (long long)c->max_ttl, (long long)ttl);
+        return NULL;
+    }
+    if (!(items = arg_batch(args[0], "items")))
+        return NULL;
+    n = PyTuple_GET_SIZE(items);
+    if (!(st = PyMem_New(Store, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i); /* a tuple: its fields stay as they are */
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
+            PyErr_Format(PyExc_TypeError, "Core.put_many: items[%zd] must be a tuple (kb, tag, body, fp, check, "
+                                          "size, nb) as Store.encode makes, got %.100s", i, Py_TYPE(item)->tp_name);
+            goto end;
+        }
+        Store *s = &st[i];
+        PyObject **a = &PyTuple_GET_ITEM(item, 0);
+        if (arg_bytes(a[0], "kb", &s->kb, &s->klen) || arg_int(a[1], "tag", &s->tag)
+            || arg_bytes(a[2], "body", &s->body, &s->blen) || arg_int(a[3], "fp", &s->fp)
+            || arg_int(a[4], "check", &s->check) || arg_int(a[5], "size", &s->size) || arg_int(a[6], "nb", &s->nb))
+            goto end;
+        if (!store_ok(c, s)) {
+            PyErr_Format(PyExc_ValueError, "Core.put_many: items[%zd]'s tag, fingerprint, checksum, size or block "
+                                           "size is inconsistent (encode it with Store.encode)", i);
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was stored */
+            Py_DECREF(out);
+            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER);
+        }
+        goto end;
+    }
+    r = put_many_locked(c, st, n, now, ttl, &done);
+    unlock(c);
+    leave(c);
+    out = batch_result(PyLong_FromSsize_t(done), r);
+end:
+    PyMem_Free(st);
+    Py_DECREF(items);
+    return out;
 }
 
 static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
@@ -1471,6 +1755,18 @@ static PyMethodDef Core_methods[] = {
     {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
      "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
      "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
+    {"get_many", (PyCFunction)(void (*)(void))Core_get_many, METH_FASTCALL,
+     "get_many(kbs, fps, now_ns, default) -> (found, stop)\n\nA lookup of each key (kbs[i], fingerprint fps[i]) in "
+     "order under one hold of the lock, as entries.get_many_locked does: found holds, for each key looked up, what "
+     "get_value returns for it (default for a miss, the value, or a Raw). stop: None, every key looked up; HANDOVER, the batch stopped at "
+     "kbs[len(found)] (nothing of it counted or moved; reason says why): the Python path looks up the rest."},
+    {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
+     "put_many(items, now_ns, ttl_ns) -> (done, stop)\n\nStore each encoded entry (kb, tag, body, fp, check, size, "
+     "nb) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns (-1: the "
+     "cache's default); done: how many were stored. stop: None, all of them; PINNED, the room items[done] needs is "
+     "pinned (the segment is consistent; raise PinnedError); HANDOVER, the Python path stores items[done:] (an "
+     "entry above the byte limit hands over the whole batch first, and a view pinning items[done]'s key hands it "
+     "over with nothing of it written, reason \"pinned\")."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},
@@ -1487,7 +1783,7 @@ static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns): the compiled get/put/delete of one attached segment.",
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher): the compiled get/put/delete and batches of a segment.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,
@@ -1514,7 +1810,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, .m_name = "shmcache._core", .m_methods = module_methods,
-    .m_doc = "The compiled critical section of shmcache's get, put and delete (see shmcache/core.py).",
+    .m_doc = "The compiled critical section of shmcache's get, put, delete, view pins and batches, and the plain "
+             "msgpack decoder of _unpack.c (see shmcache/core.py).",
     .m_size = -1,
 };
 

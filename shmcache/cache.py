@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, memo, serializers
-from .core import HANDOVER, TIMEOUT, Raw as _Raw
+from .core import HANDOVER, TIMEOUT, Raw as _Raw, finish as _finish
 from .durations import seconds, ttl_ns
 from .codec import (
-    TAG_ARRAY, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum, encode_key, fingerprint,
+    EncodedKey, array_checksum, body_checksum, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
 from .errors import CorruptionError, KindsFullError, TooLargeError
@@ -219,7 +219,7 @@ class SharedCache(LocalMapping):
         if core is not None:  # the compiled section (core.py): the locked steps, the checksum and the plain decode
             v = core.get_value(kb, fp, self._now(), default)
             if type(v) is _Raw:
-                return self._finish(v)
+                return _finish(v, self._guard, self._decode)
             if v is not HANDOVER:
                 return v
             # HANDOVER: the Python path, which judges, repairs and raises (and waits no more if C timed out)
@@ -241,18 +241,6 @@ class SharedCache(LocalMapping):
             return self._decode(tag, body)
         except ValueError as exc:
             guard.undecodable(exc)
-
-    def _finish(self, raw) -> Any:
-        """A hit the compiled get leaves to Python (``core.Raw``): a checksum that failed, an array or tensor (built
-        over the copy made under the lock), or a value its decoder declines (ext types, damaged bytes)."""
-        if not raw.ok:
-            self._guard.checksum_failed(raw.slot)
-        try:
-            if raw.tag == TAG_ARRAY or raw.tag == TAG_TENSOR:
-                return array_over(raw.body)
-            return self._decode(raw.tag, raw.body)
-        except ValueError as exc:
-            self._guard.undecodable(exc)
 
     def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
@@ -640,6 +628,9 @@ class SharedCache(LocalMapping):
 
     def _space(self) -> tuple[Parts, int]:
         return self._parts, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
+
+    def _compiled(self) -> tuple:
+        return self._core, self._now  # the batches' compiled section (mapping.LocalMapping)
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),

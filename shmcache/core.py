@@ -16,7 +16,7 @@ import os
 
 from . import ofd
 from .arena import block_nbytes
-from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, xxh3
+from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, array_over, xxh3
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
@@ -34,7 +34,7 @@ except ImportError:
 Core = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
-PINNED = None if _core is None else _core.PINNED  # put: pinned entries left no room; raise PinnedError
+PINNED = None if _core is None else _core.PINNED  # put, put_many: pinned entries left no room; raise PinnedError
 TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C (the Python path waits no more)
 Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (SharedCache._finish)
 
@@ -76,3 +76,18 @@ def bind(seg, lock_timeout: float):
     if _core is None:
         return None
     return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3)
+
+
+def finish(raw, guard, decode):
+    """The value of a hit the compiled section leaves to Python (a ``Raw``): a failed checksum
+    (``guard.checksum_failed`` raises CorruptionError), an array or tensor (built over the copy made under the lock),
+    or a value its decoder declines (``decode``, the serializer's; a value that does not decode raises through
+    ``guard.undecodable``)."""
+    if not raw.ok:
+        guard.checksum_failed(raw.slot)
+    try:
+        if raw.tag == TAG_ARRAY or raw.tag == TAG_TENSOR:
+            return array_over(raw.body)
+        return decode(raw.tag, raw.body)
+    except ValueError as exc:
+        guard.undecodable(exc)

@@ -246,6 +246,9 @@ class KindView(LocalMapping):
     def _space(self) -> tuple[Parts, int]:
         return self._parts, self._n
 
+    def _compiled(self) -> tuple:
+        return self.cache._compiled()  # the cache's handle: its compiled section and clock
+
     def __repr__(self) -> str:
         if self.cache.closed:
             return f"{type(self).__name__}({self.name!r}, cache={self.cache.name!r}, closed)"

@@ -2,8 +2,10 @@
 
 Differential: the same operations applied through SharedCache on one segment and through ``Core`` on a twin of the
 same geometry must leave byte-identical segments (the mutex, created_ns and creator_pid excepted: see ``_differs``)
-and return the same values. Concurrency: a process on each path works one segment, every value checked. Hostile
-bytes: random words written into the tables make the C path hand over or answer, never crash (in a subprocess).
+and return the same values. The batches (``Core.get_many`` / ``put_many``) are driven through SharedCache's own
+get_many / put_many, so that what the C hands over part-way is finished by the Python path as it is in use.
+Concurrency: a process on each path works one segment, every value checked. Hostile bytes: random words written
+into the tables make the C path hand over or answer, never crash (in a subprocess).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from hypothesis import strategies as st
 from shmcache import PinnedError, SharedCache, TooLargeError, core
 from shmcache.arena import block_nbytes
 from shmcache.cache import ttl_ns
-from shmcache.codec import KindKey, body_checksum, decode_body, encode_key, encode_parts, fingerprint
+from shmcache.codec import KindKey, body_checksum, decode_body, encode_key, encode_parts, fingerprint, xxh3
 from shmcache.layout import LOCK_NBYTES
-from shmcache.layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF
+from shmcache.layout.dtypes import E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF
 
 from .conftest import unique_name
 from .workers import check_value, make_value, reap
@@ -161,6 +163,22 @@ class Twins:
             got = r
         return want, got
 
+    def _compiled(self, call):
+        """``call()`` with b's batches going through Core (every other call of b stays on the Python path)."""
+        self.b._core = _Recording(self.core, self.handovers)
+        try:
+            return _outcome(call)
+        finally:
+            self.b._core = None
+
+    def get_many(self, keys, via_kind=False):
+        a, b = (self.a.kind("k"), self.b.kind("k")) if via_kind else (self.a, self.b)
+        return _outcome(lambda: a.get_many(keys, MISS)), self._compiled(lambda: b.get_many(keys, MISS))
+
+    def put_many(self, pairs, ttl, via_kind=False):
+        a, b = (self.a.kind("k"), self.b.kind("k")) if via_kind else (self.a, self.b)
+        return _outcome(lambda: a.put_many(pairs, ttl)), self._compiled(lambda: b.put_many(pairs, ttl))
+
     def limits(self, fraction: float) -> tuple:
         """Lower (or raise back) the byte limit of both, through the Python path: Core's evictions then meet it."""
         out = []
@@ -206,10 +224,7 @@ class Twins:
             self.unview()
         else:
             want, got = getattr(self, what)(*op[1:])
-            if isinstance(want, np.ndarray):
-                assert isinstance(got, np.ndarray) and want.dtype == got.dtype and np.array_equal(want, got), op
-            else:
-                assert want == got or (want is MISS and got is MISS), (repr(op)[:200], want, got)
+            assert _same(want, got), (repr(op)[:200], want, got)
         assert not (where := _differs(self.a, self.b)), f"segments differ at {where} after {repr(op)[:200]}"
 
     def check_end(self) -> None:
@@ -217,6 +232,43 @@ class Twins:
         assert list(self.a.keys()) == list(self.b.keys())  # the LRU order, most recent first
         assert self.a.verify().ok and self.b.verify().ok
         assert not _differs(self.a, self.b)
+
+
+class _Recording:
+    """A Core whose batch hand-overs are recorded (their reasons), as Twins records the single calls'."""
+
+    def __init__(self, core_, handovers: list) -> None:
+        self.core, self.handovers = core_, handovers
+
+    def __getattr__(self, name):  # get, put, delete, release: as they are
+        return getattr(self.core, name)
+
+    def get_many(self, *args):
+        return self._seen(self.core.get_many(*args))
+
+    def put_many(self, *args):
+        return self._seen(self.core.put_many(*args))
+
+    def _seen(self, result):
+        if result[1] is core.HANDOVER:
+            self.handovers.append(self.core.reason)
+        return result
+
+
+def _outcome(call):
+    """``call()``'s result, or the (type, what) of the refusal it raised."""
+    try:
+        return call()
+    except (PinnedError, TooLargeError) as exc:
+        return type(exc), exc.what
+
+
+def _same(want, got) -> bool:
+    if isinstance(want, list):
+        return isinstance(got, list) and len(want) == len(got) and all(map(_same, want, got))
+    if isinstance(want, np.ndarray):
+        return isinstance(got, np.ndarray) and want.dtype == got.dtype and np.array_equal(want, got)
+    return want == got or (want is MISS and got is MISS)
 
 
 def _key(i: int, kind: int):
@@ -269,6 +321,13 @@ def _run(ops, capacity: int, max_entries: int, default_ttl) -> list[str]:
             elif op[0] == "put":
                 _, k, nbytes, shape, ttl = op
                 op = ("put", _key(k, t.kind), _value(k, nbytes, shape), ttl)
+            elif op[0] == "get_many":  # keys of a KindView are its own: plain keys in kind "k"
+                _, ks, via_kind = op
+                op = ("get_many", [f"key{k}" if via_kind else _key(k, t.kind) for k in ks], via_kind)
+            elif op[0] == "put_many":
+                _, items, ttl, via_kind = op
+                op = ("put_many", [(f"key{k}" if via_kind else _key(k, t.kind), _value(k, nbytes, shape))
+                                   for k, nbytes, shape in items], ttl, via_kind)
             t.apply(op)
         t.check_end()
         return t.handovers
@@ -299,6 +358,59 @@ def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl):
     assert set(handovers) <= allowed, f"Core handed over {handovers} without a limit to justify it"
 
 
+_batch_op = st.one_of(
+    _op,
+    st.tuples(st.just("get_many"), st.lists(st.integers(0, 11), max_size=8), st.booleans()),
+    st.tuples(st.just("put_many"), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 1500), st.integers(0, 2)),
+                                           max_size=6),
+              st.sampled_from([None, 0, 1, 2.5]), st.booleans()),
+)
+
+
+def _allowed_batch_handovers(ops) -> set:
+    """What a batch may hand over: a put above a lowered byte limit ("limit", the Python path raises TooLargeError),
+    and a batch put meeting a key a view pins ("pinned", the Python path raises PinnedError)."""
+    return ({"limit"} if any(op[0] == "limits" for op in ops) else set()) | \
+        ({"pinned"} if any(op[0] == "view" for op in ops) else set())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.integers(0, 120).flatmap(lambda n: st.lists(_batch_op, min_size=n, max_size=n)),
+       capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
+       default_ttl=st.sampled_from([None, 2]))
+def test_core_batches_differential_hypothesis(ops, capacity, max_entries, default_ttl):
+    """get_many and put_many through Core (SharedCache's own, finishing what Core hands over) against the Python
+    path, mixed with single gets, puts and deletes, clock ticks, views and lowered limits: byte-identical."""
+    handovers = _run(ops, capacity, max_entries, default_ttl)
+    assert set(handovers) <= _allowed_batch_handovers(ops), handovers
+
+
+def _batch_ops(rng: random.Random, n: int, keys: int, max_value: int, with_views: bool) -> list:
+    """_ops with a quarter of the operations made batches."""
+    out = []
+    for op in _ops(rng, n, keys, max_value, with_views):
+        if op[0] in ("get", "put") and rng.random() < 0.25:
+            ks = [rng.randrange(keys) for _ in range(rng.randrange(1, 12))]
+            if op[0] == "get":
+                op = ("get_many", ks, rng.random() < 0.3)
+            else:
+                op = ("put_many", [(k, rng.choice([0, 7, 100, rng.randrange(max_value)]), rng.randrange(3))
+                                   for k in ks], op[4], rng.random() < 0.3)
+        out.append(op)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_core_batches_differential_long_sequences(seed):
+    """Long seeded runs with batches, where the ring wraps and compacts, views pin entries (odd seeds) and the byte
+    limit is lowered and raised back."""
+    rng = random.Random(1000 + seed)
+    capacity = rng.choice([2048, 8192, 32768])
+    ops = _batch_ops(rng, 2000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
+    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]))
+    assert set(handovers) <= _allowed_batch_handovers(ops), handovers
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_core_differential_long_sequences(seed):
     """Long seeded runs, where the arena's ring wraps and compacts many times, with views pinning entries (odd
@@ -310,6 +422,145 @@ def test_core_differential_long_sequences(seed):
     # A put above a lowered byte limit is the Python path's to refuse (TooLargeError): "limit". Pins (in the odd
     # seeds' runs) are asked of the kernel by Core itself.
     assert set(handovers) <= {"limit"}, handovers
+
+
+def test_core_put_many_hands_over_at_a_pinned_key_storing_each_entry_once():
+    """A view pins the fourth key of a batch: Core stores the three before it and hands that key over ("pinned",
+    nothing of it written); the Python path raises PinnedError for it, without storing the first three again."""
+    t = Twins(16384, 16, None)
+    try:
+        keys = [f"key{i}" for i in range(6)]
+        for i, k in enumerate(keys):
+            t.apply(("put", k, b"old%d" % i, None))
+        t.apply(("view", "key3"))
+        before = t.b.stats()
+        want, got = t.put_many([(k, b"new%d" % i) for i, k in enumerate(keys)], None)
+        assert want == got == (PinnedError, "replaced") and t.handovers == ["pinned"]
+        after = t.b.stats()
+        assert (after.puts - before.puts, after.updates - before.updates) == (3, 3)  # each of the three, once
+        assert not _differs(t.a, t.b)
+        want, got = t.get_many(keys)
+        assert want == got == [b"new0", b"new1", b"new2", b"old3", b"old4", b"old5"]
+        t.check_end()
+    finally:
+        t.close()
+
+
+def test_core_put_many_stops_where_the_room_is_pinned():
+    """The third entry of a batch needs room that only pinned entries hold: Core evicts what it may (the two stored
+    before it), stops there with PINNED and the caller raises PinnedError; the fourth is never stored. The same
+    segment as the Python path's, which raises at the same entry."""
+    t = Twins(4096, 16, None)
+    try:
+        for k in ("p1", "p2"):
+            t.apply(("put", k, b"x" * 1200, None))
+            t.apply(("view", k))
+        before = t.b.stats()
+        want, got = t.put_many([("a", b"1"), ("b", b"2"), ("big", b"y" * 2000), ("c", b"3")], None)
+        assert want == got == (PinnedError, "put") and t.handovers == []
+        after = t.b.stats()
+        assert (after.puts - before.puts, after.evictions - before.evictions) == (2, 2)
+        assert not _differs(t.a, t.b)
+        want, got = t.get_many(["a", "b", "big", "c", "p1"])
+        assert want == got == [MISS, MISS, MISS, MISS, b"x" * 1200]
+        t.check_end()
+    finally:
+        t.close()
+
+
+def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
+    """A bound fails on the fourth key's entry (its block offset made odd, in both twins): Core hands the batch over
+    there with the first three looked up, counted and moved; the Python path looks up the rest only (the damaged
+    entry's key bytes do not match: a miss), so every key is counted once, as on the Python path alone."""
+    from shmcache import index
+
+    t = Twins(16384, 16, None)
+    try:
+        keys = [f"key{i}" for i in range(6)]
+        for i, k in enumerate(keys):
+            t.apply(("put", k, b"v%d" % i, None))
+        kb = encode_key("key3")
+        damaged = []
+        for c in (t.a, t.b):
+            seg = c._seg
+            e = index.find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
+                           seg.geometry.index_slots - 1, fingerprint(kb), kb)
+            seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1
+            damaged.append((seg, e))
+        before = t.b.stats()
+        want, got = t.get_many(keys)
+        assert t.handovers == ["bounds"]
+        assert want == got == [b"v0", b"v1", b"v2", MISS, b"v4", b"v5"]
+        after = t.b.stats()
+        assert (after.hits - before.hits, after.misses - before.misses) == (5, 1)
+        assert not _differs(t.a, t.b)
+        for seg, e in damaged:
+            seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
+        t.check_end()
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("batch", ["get_many", "put_many"])
+def test_core_batch_hands_over_when_dirty_and_the_python_path_does_it_all(batch):
+    t = Twins(16384, 16, None)
+    try:
+        for i in range(4):
+            t.apply(("put", f"key{i}", b"v%d" % i, None))
+        t.b._seg.header_words[H_DIRTY] = 1  # b's Python path repairs (a check that finds nothing), then serves
+        keys = [f"key{i}" for i in range(5)]
+        t.apply(("get_many", keys) if batch == "get_many" else ("put_many", [(k, b"w") for k in keys], None))
+        assert t.handovers == ["dirty"]
+        t.check_end()
+    finally:
+        t.close()
+
+
+def test_core_put_many_refuses_the_whole_batch_above_the_byte_limit():
+    t = Twins(16384, 16, None)
+    try:
+        t.apply(("limits", 0.1))
+        want, got = t.put_many([("a", b"1"), ("big", b"x" * 3000), ("c", b"3")], None)
+        assert want == got == (TooLargeError, "put") and t.handovers == ["limit"]
+        want, got = t.get_many(["a", "big", "c"])
+        assert want == got == [MISS, MISS, MISS]  # nothing stored, not even what came before it
+        t.check_end()
+    finally:
+        t.close()
+
+
+def test_core_batches_refuse_bad_arguments(name):
+    from shmcache.layout.dtypes import MAX_TTL_NS
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            kb = encode_key("a")
+            fp = fingerprint(kb)
+            for args in ((kb, [fp], 0, None), (["a"], [fp], 0, None), ([kb], fp, 0, None), ([kb], [fp], 0)):
+                with pytest.raises(TypeError):
+                    k.get_many(*args)
+            # (An int argument that is not one, or does not fit 64 bits, is a ValueError, as in Core.put.)
+            for args in (([kb], [fp, fp], 0, None), ([kb], [-1], 0, None), ([kb], [1.5], 0, None),
+                         ([kb], [2**64], 0, None), ([kb], [fp], 2**63, None)):
+                with pytest.raises(ValueError):
+                    k.get_many(*args)
+            item = _encode("a", b"xyz")
+            for args in (([list(item)], 0, -1), ([item[:6]], 0, -1), (item, 0, -1), ([item], 0)):
+                with pytest.raises(TypeError):
+                    k.put_many(*args)
+            bad_size = item[:5] + (item[5] + 1, item[6])
+            for args in (([item, bad_size], 0, -1), ([item[:6] + (item[6] - 8,)], 0, -1), ([item], 0, -2),
+                         ([item], 0, MAX_TTL_NS + 1), ([item[:4] + (0,) + item[5:]], 0, -1)):
+                with pytest.raises(ValueError):
+                    k.put_many(*args)
+            assert c.stats().puts == 0  # arguments are checked before the lock: nothing of a refused batch is stored
+            assert k.put_many([item, tuple(item)], 0, -1) == (2, None)
+            found, stop = k.get_many((kb, kb, b"zz"), [fp, fp, fingerprint(b"zz")], 0, "d")
+            assert stop is None and found == [b"xyz", b"xyz", "d"]
+            assert k.get_many([], [], 0, None) == ([], None) and k.put_many([], 0, -1) == (0, None)
+        finally:
+            k.release()
 
 
 def test_core_hands_over_when_dirty(name):
@@ -341,7 +592,7 @@ def test_core_bind_refuses_a_missing_offset(name):
         offsets = core.offsets(c._seg.geometry)
         del offsets["E_CHECK"]
         with pytest.raises(KeyError, match="E_CHECK"):
-            core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9)
+            core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9, xxh3)
 
 
 def test_core_put_refuses_an_inconsistent_encoding(name):
@@ -440,6 +691,66 @@ def test_core_and_python_processes_share_a_segment(name):
         assert s.puts > 0 and s.hits > 0
 
 
+def _batch_worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> None:
+    """Batches of self-checking values on a few shared keys (with some single puts and deletes), through SharedCache
+    with its compiled section or on the Python path alone; reports (values checked, Core hand-overs) or the error."""
+    try:
+        c = SharedCache(name, create=False)
+        handovers: list[str] = []
+        if use_core:
+            c._core = _Recording(c._core, handovers)
+        else:
+            c._core.release()
+            c._core = None
+        rng = random.Random(seed)
+        assert go.wait(60), "never told to start"
+        checked = 0
+        try:
+            for i in range(rounds):
+                keys = [f"k{rng.randrange(24)}" for _ in range(rng.randrange(1, 10))]
+                r = rng.random()
+                if r < 0.4:
+                    c.put_many([(k, make_value(k, seed * 100000 + i, rng.choice([10, 100, 700]))) for k in keys])
+                elif r < 0.45:
+                    c.put(keys[0], make_value(keys[0], seed * 100000 + i, 50))
+                elif r < 0.5:
+                    c.delete(keys[0])
+                else:
+                    for k, v in zip(keys, c.get_many(keys)):
+                        if v is not None:
+                            check_value(k, v)
+                            checked += 1
+        finally:
+            c.close()
+        queue.put(("ok", checked, handovers))
+    except BaseException as exc:  # reported, so the parent fails with the cause
+        queue.put(("error", repr(exc), []))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_core_batches_and_python_batches_share_a_segment(name):
+    with SharedCache(name, capacity_bytes=16 * 1024, max_entries=16, create=True) as c:
+        ctx = mp.get_context("spawn")
+        queue, go = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_batch_worker, args=(name, use_core, seed, 8000, go, queue))
+                 for seed, use_core in enumerate((True, False, True))]
+        try:
+            for p in procs:
+                p.start()
+            go.set()  # all at once, so that the lock is contended
+            results = [queue.get(timeout=100) for _ in procs]
+        finally:
+            reap(procs, 30)
+        assert all(r[0] == "ok" for r in results), results
+        assert all(r[1] > 1000 for r in results), results  # every process read values back, each checked
+        assert all(r[2] == [] for r in results), results  # a busy lock is waited for in C: nothing handed over
+        assert c.verify().ok
+        for k, v in zip([f"k{i}" for i in range(24)], c.get_many([f"k{i}" for i in range(24)])):
+            if v is not None:
+                check_value(k, v)
+
+
 # ---------------------------------------------------------------------------------------------------- hostile bytes
 
 _HOSTILE = textwrap.dedent("""
@@ -471,13 +782,19 @@ _HOSTILE = textwrap.dedent("""
             words[128 // 8 + 7] = 0  # dirty cleared, so Core reads the damage instead of handing over at once
             key = f"k{rng.randrange(20)}"
             kb = encode_key(key)
-            op = rng.randrange(3)
+            op = rng.randrange(5)
             if op == 0:
                 r = k.get(kb, fingerprint(kb), 0)
             elif op == 1:
                 r = k.put(*_encode(key, bytes(rng.randrange(500))), 0, -1)
-            else:
+            elif op == 2:
                 r = k.delete(kb, fingerprint(kb), 0)
+            elif op == 3:  # a batch: its answer is (found, stop)
+                kbs = [encode_key(f"k{rng.randrange(20)}") for _ in range(rng.randrange(1, 8))]
+                r = k.get_many(kbs, [fingerprint(b) for b in kbs], 0, None)[1]
+            else:
+                keys = [f"k{rng.randrange(20)}" for _ in range(rng.randrange(1, 6))]
+                r = k.put_many([_encode(key, bytes(rng.randrange(500))) for key in keys], 0, -1)[1]
             counts["handover" if r is core.HANDOVER else "pinned" if r is core.PINNED else "answered"] += 1
         print(counts)
     finally:

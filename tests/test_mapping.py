@@ -18,7 +18,7 @@ from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
-from .workers import check_value, make_value, reap
+from .workers import CountingCore, check_value, make_value, reap
 
 Point = collections.namedtuple("Point", "x y")
 LOCAL = ("shared", "kind")
@@ -314,17 +314,25 @@ def test_mapping_get_many_and_put_many(impl):
     assert 0 < m.ttl("c") <= 50 and m.ttl("b") is None
 
 
-def test_mapping_batches_take_the_lock_once(local):
+@pytest.mark.parametrize("path", ["compiled", "pure Python"])
+def test_mapping_batches_take_the_lock_once(local, path):
     cache, m = local.cache, local.m
-    taken = []
+    if path == "compiled" and cache._core is None:
+        pytest.skip("the compiled section is not built (or SHMCACHE_PURE_PYTHON=1)")
+    if path == "pure Python" and cache._core is not None:
+        cache._core.release()
+        cache._core = None
+    taken = []  # the lock taken by the Python path, and (compiled) by a batch call into C
     guard = cache._guard
     real = guard.enter
 
-    def counting():
+    def counting(waited=False):
         taken.append(1)
-        return real()
+        return real(waited)
 
     guard.enter = counting
+    if cache._core is not None:
+        cache._core = CountingCore(cache._core, taken)
     try:
         m.put_many({f"k{i}": i for i in range(64)})
         assert len(taken) == 1
@@ -334,6 +342,8 @@ def test_mapping_batches_take_the_lock_once(local):
         assert len(taken) == 1
     finally:
         del guard.enter
+        if isinstance(cache._core, CountingCore):
+            cache._core = cache._core.core
     after = cache.stats()
     assert (after.hits - before.hits, after.misses - before.misses) == (64, 1)
     assert m.popitem()[0] == "k63"  # each key the batch got became the most recent in turn: k63 is the least
