@@ -1254,8 +1254,16 @@ static void leave(Core *c)
         drop_buffer(c);
 }
 
-static PyObject *handover(void)
+/* Why this thread's last call was handed over (Core.reason): kept per thread, so that the Python path reading it right
+ * after a HANDOVER reads its own call's reason, whatever other threads' calls on the same handle answered meanwhile
+ * (it tells a timed-out wait, which the Python path must not wait again, from the rest). */
+static _Thread_local int thread_reason;
+
+/* HANDOVER, for a call of ``c`` (NULL: no call of a Core), its reason recorded for this thread. */
+static PyObject *handover(Core *c)
 {
+    if (c != NULL)
+        thread_reason = c->reason;
     Py_INCREF(HANDOVER);
     return HANDOVER;
 }
@@ -1268,7 +1276,7 @@ static int enter(Core *c, PyObject **out)
     int r = lock(c);
     if (r) {
         leave(c);
-        *out = r < 0 ? NULL : handover();
+        *out = r < 0 ? NULL : handover(c);
         return -1;
     }
     return 0;
@@ -1306,7 +1314,7 @@ static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
     unlock(c);
     leave(c);
     if (r)
-        return handover();
+        return handover(c);
     if (!f.hit)
         Py_RETURN_NONE;
     if (body == NULL)
@@ -1426,7 +1434,7 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     unlock(c);
     leave(c);
     if (r)
-        return handover();
+        return handover(c);
     if (!f.hit) {
         Py_INCREF(args[3]);
         return args[3];
@@ -1488,7 +1496,7 @@ static PyObject *Core_pin(Core *c, PyObject *const *args, Py_ssize_t nargs)
     unlock(c);
     leave(c);
     if (r)
-        return handover();
+        return handover(c);
     if (!f.hit)
         Py_RETURN_NONE;
     if (!viewable)
@@ -1525,7 +1533,7 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
         return PINNED;
     }
     if (r)
-        return handover();
+        return handover(c);
     Py_RETURN_NONE;
 }
 
@@ -1548,7 +1556,7 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
         return PINNED;
     }
     if (r)
-        return handover();
+        return handover(c);
     return PyBool_FromLong(deleted);
 }
 
@@ -1568,10 +1576,12 @@ static PyObject *arg_batch(PyObject *o, const char *what)
 
 /* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
  * (every item done), PINNED or HANDOVER. */
-static PyObject *batch_result(PyObject *done, int r)
+static PyObject *batch_result(Core *c, PyObject *done, int r)
 {
     if (done == NULL)
         return NULL;
+    if (r && r != ST_PINNED)
+        thread_reason = c->reason;
     return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
 }
 
@@ -1631,7 +1641,7 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     if (enter(c, &out)) {
         if (out != NULL) { /* HANDOVER before anything was looked up */
             Py_DECREF(out);
-            out = batch_result(PyList_New(0), ST_HANDOVER);
+            out = batch_result(c, PyList_New(0), ST_HANDOVER);
         }
         goto end;
     }
@@ -1639,7 +1649,7 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     unlock(c);
     leave(c);
     if (r >= 0) {
-        out = batch_result(found_list(c, keys, done, args[3]), r);
+        out = batch_result(c, found_list(c, keys, done, args[3]), r);
     } else {
         for (Py_ssize_t i = 0; i < done; i++)
             Py_CLEAR(keys[i].body);
@@ -1694,14 +1704,14 @@ static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     if (enter(c, &out)) {
         if (out != NULL) { /* HANDOVER before anything was stored */
             Py_DECREF(out);
-            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER);
+            out = batch_result(c, PyLong_FromSsize_t(0), ST_HANDOVER);
         }
         goto end;
     }
     r = put_many_locked(c, st, n, now, ttl, &done);
     unlock(c);
     leave(c);
-    out = batch_result(PyLong_FromSsize_t(done), r);
+    out = batch_result(c, PyLong_FromSsize_t(done), r);
 end:
     PyMem_Free(st);
     Py_DECREF(items);
@@ -1718,7 +1728,8 @@ static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
 
 static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
 {
-    return PyUnicode_FromString(why_names[c->reason]);
+    (void)c;
+    return PyUnicode_FromString(why_names[thread_reason]);
 }
 
 static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
@@ -1773,7 +1784,7 @@ static PyMethodDef Core_methods[] = {
 };
 
 static PyGetSetDef Core_getset[] = {
-    {"reason", (getter)Core_get_reason, NULL, "why the last call was handed over (a key of REASONS)", NULL},
+    {"reason", (getter)Core_get_reason, NULL, "why this thread's last call was handed over (a key of REASONS)", NULL},
     {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
     {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -1798,7 +1809,7 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
         return NULL;
     }
     PyObject *v = shm_unpack(PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg));
-    return v != NULL ? v : handover();
+    return v != NULL ? v : handover(NULL);
 }
 
 static PyMethodDef module_methods[] = {

@@ -21,7 +21,7 @@ from typing import Any
 from . import entries, memo
 from .codec import KIND_PREFIXES, MASK63, encode_key, fingerprint
 from .codec import xxh3 as fingerprint_of
-from .core import PINNED, Raw as _Raw, finish as _finish
+from .core import PINNED, TIMEOUT, Raw as _Raw, finish as _finish
 from .durations import ttl_ns
 from .errors import CorruptionError, PinnedError
 from .keys import decode_key
@@ -177,8 +177,8 @@ class LocalMapping(ItemAccess):
         out = [_finish(v, parts.guard, parts.store.serializer.decode) if type(v) is _Raw else v for v in got]
         if stop is not None:
             done = len(got)
-            out += _values(parts, parts.guard.run(entries.get_many_locked, parts.store, kbs[done:], fps[done:]),
-                           default)
+            out += _values(parts, parts.guard.run(entries.get_many_locked, parts.store, kbs[done:], fps[done:],
+                                                  waited=core.reason == TIMEOUT), default)
         return out
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
@@ -196,6 +196,7 @@ class LocalMapping(ItemAccess):
             return
         ttl = _ttl_ns(ttl)
         core, now = self._compiled()
+        waited = False
         if core is not None:
             done, stop = core.put_many(encoded, now(), -1 if ttl is None else ttl)
             if stop is None:
@@ -203,9 +204,9 @@ class LocalMapping(ItemAccess):
             if stop is PINNED:
                 raise _room_pinned(done, encoded[done].nb)
             # HANDOVER: the entries it did not store are the Python path's, which raises what it should (each stored
-            # once: encoded[:done] are in the cache).
-            encoded = encoded[done:]
-        parts.guard.run(entries.put_many_locked, parts.store, ttl, encoded)
+            # once: encoded[:done] are in the cache); it waits no more if the compiled section timed out.
+            encoded, waited = encoded[done:], core.reason == TIMEOUT
+        parts.guard.run(entries.put_many_locked, parts.store, ttl, encoded, waited=waited)
 
     def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live, or None if it never expires; neither a lookup nor a move in the LRU

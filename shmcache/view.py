@@ -253,7 +253,8 @@ def _nothing(*_) -> None:
 class View:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
 
-    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1, layout=None) -> None:
+    def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1,
+                 layout: tuple | None = None) -> None:
         """``value``: a read-only view of the pinned entry's encoded value (tag byte first), at offset ``off`` of the
         segment; ``pin``: released through ``pins`` once the memory is no longer referenced; ``layout``: this
         value's ``layout`` as an earlier View of the same stored bytes found it (None: read it from the bytes).

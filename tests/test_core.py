@@ -977,14 +977,14 @@ def test_core_release_during_a_wait_hands_over_and_keeps_memory_mapped(name):
     out = []
     try:
         kb = encode_key("a")
-        t = threading.Thread(target=lambda: out.append(k.get(kb, fingerprint(kb), 0)))
+        t = threading.Thread(target=lambda: out.append((k.get(kb, fingerprint(kb), 0), k.reason)))
         t.start()
         while k.waits == 0:  # the thread is inside the C wait, with the GIL released
             t.join(0.01)
         k.release()
         c.close()  # the export is still held by the waiting call: the mapping stays until it returns
         t.join(30)
-        assert out == [core.HANDOVER] and k.reason == "released"
+        assert out == [(core.HANDOVER, "released")]  # the reason, read in the thread that made the call
     finally:
         reap([p], 30)
         c.unlink()
@@ -1041,3 +1041,25 @@ def test_core_reads_the_monotonic_clock_itself_when_told(name):
             assert k.delete(kb, fp, -1) is False
         finally:
             k.release()
+
+
+def test_core_reason_is_the_calling_threads_own(name):
+    """Core.reason is why this thread's last call was handed over: a call of another thread, on the same handle, in
+    between does not change it (the Python path reads it to tell a timed-out wait from the rest)."""
+    import threading
+
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            kb = encode_key("a")
+            c._h[H_DIRTY] = 1
+            assert k.get(kb, fingerprint(kb), 0) is core.HANDOVER and k.reason == "dirty"
+            other = []
+            k.release()  # every call now hands over, as "released"
+            t = threading.Thread(target=lambda: other.append((k.get(kb, fingerprint(kb), 0), k.reason)))
+            t.start()
+            t.join(10)
+            assert other == [(core.HANDOVER, "released")] and k.reason == "dirty"
+        finally:
+            k.release()
+            c._h[H_DIRTY] = 0

@@ -111,7 +111,7 @@ def test_lock_live_holder_times_out(name):
         assert c.get("k") is None  # usable again once the holder let go
 
 
-@pytest.mark.parametrize("op", ["get", "put", "delete", "view"])
+@pytest.mark.parametrize("op", ["get", "put", "delete", "view", "get_many", "put_many"])
 def test_lock_timeout_is_waited_once(name, op):
     """A call the compiled section hands over after waiting the whole lock_timeout is judged by the Python path at
     once, not waited for again (it took twice the timeout before). The bound is generous: a wait of two timeouts
@@ -119,7 +119,8 @@ def test_lock_timeout_is_waited_once(name, op):
     with SharedCache(name, lock_timeout=1.0, **SMALL) as c:
         c.put("k", b"v")
         calls = {"get": lambda: c.get("k"), "put": lambda: c.put("k", b"w"), "delete": lambda: c.delete("k"),
-                 "view": lambda: c.view("k")}
+                 "view": lambda: c.view("k"), "get_many": lambda: c.get_many(["k", "j"]),
+                 "put_many": lambda: c.put_many({"k": b"w", "j": b"x"})}
         p, _ = _start(hold_lock, name)
         try:
             t0 = time.monotonic()
