@@ -62,9 +62,16 @@ static const char *const why_names[WHY_COUNT] = {
     "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned",
 };
 
+/* The wait for a busy lock; each can be set at build time (CFLAGS=-DSPIN_ROUNDS=...) to measure another. */
+#ifndef SPIN_ROUNDS
 #define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
+#endif
+#ifndef SPIN_PAUSES
 #define SPIN_PAUSES 32   /* pause instructions per round (a lock hold is ~1 us) */
+#endif
+#ifndef YIELD_ROUNDS
 #define YIELD_ROUNDS 50  /* then trylock + sched_yield rounds, as lock.py's _SPIN_TRIES */
+#endif
 #define SLICE_NS 100000000LL /* timed-lock slice: signals are looked at between two */
 
 static inline void cpu_pause(void)
