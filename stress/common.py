@@ -35,7 +35,8 @@ FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused
 OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
-       "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01}
+       "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
+       "get_many": 2, "put_many": 1}
 KIND = "stress"  # the key kind the kind_* operations use; its keys hold values checked like the others
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
 MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
@@ -170,6 +171,21 @@ class Workload:
             return
         if why:
             self.report(WRONG, f"view({key!r}) showed a wrong value: {why}")
+
+    def _get_many(self) -> None:
+        keys = [self.key() for _ in range(self.rng.randrange(1, 9))]
+        for key, v in zip(keys, self.cache.get_many(keys)):
+            why = None if v is None else check_value(key, v)
+            if why:
+                self.report(WRONG, f"get_many(...{key!r}...) returned a wrong value: {why}")
+
+    def _put_many(self) -> None:
+        items = {}
+        for _ in range(self.rng.randrange(1, 6)):
+            key = self.key()
+            self.seq += 1
+            items[key] = make_value(key, self.seq, self.rng, self.nbytes())
+        self.cache.put_many(items)
 
     def _cas(self) -> None:
         key = self.key()
