@@ -43,11 +43,11 @@ CASES = {
     "put-evict": "put of a new key into a full cache (evicts one entry)",
     "get-many": "per key of get_many of 64 resident keys (compare with get)",
     "put-many": "per key of put_many of 64 resident keys (compare with put-update)",
-    "core-get": "get hit through shmcache._core (encode, C section, checksum, decode)",
+    "core-get": "get hit through shmcache._core (encode, then Core.get_value: C section, checksum, decode)",
     "core-put-new": "put of a new key through shmcache._core (no eviction)",
     "core-put-update": "put of a resident key through shmcache._core, value of the same size",
     "core-put-evict": "put of a new key into a full cache through shmcache._core (evicts one entry)",
-    "core-get-raw": "Core.get alone, called with arguments made before the loop (nothing encoded or decoded)",
+    "core-get-raw": "Core.get_value alone, called with arguments made before the loop (nothing encoded)",
     "core-put-raw": "Core.put alone (a resident key, same size), called with the entry encoded before the loop",
     "lmdb-get": "lmdb: read transaction, get, pickle.loads",
     "lmdb-put": "lmdb: pickle.dumps, write transaction, put",
@@ -63,28 +63,23 @@ class _CoreOps:
 
         from shmcache import core
         from shmcache.arena import block_nbytes
-        from shmcache.codec import decode_body, encode_parts
+        from shmcache.codec import encode_parts
 
         self.core = core.bind(cache._seg, 10.0)
         if self.core is None:
             raise RuntimeError(f"shmcache._core is not available ({core.PATH}); python setup.py build_ext --inplace")
-        self.cache, self.handover = cache, core.HANDOVER
+        self.cache, self.handover, self.raw = cache, core.HANDOVER, core.Raw
         self.handovers = 0  # calls the Python path made instead (printed: a figure with some is not Core's alone)
-        self.xxh, self.decode, self.encode, self.nb = xxhash.xxh3_64_intdigest, decode_body, encode_parts, block_nbytes
+        self.xxh, self.encode, self.nb = xxhash.xxh3_64_intdigest, encode_parts, block_nbytes
 
     def get(self, key: str, default=None):
         kb = key.encode()
         fp = self.xxh(kb) & 0x7FFFFFFFFFFFFFFF
-        r = self.core.get(kb, fp, -1)  # -1: Core reads CLOCK_MONOTONIC itself, if an expiry needs it
-        if r is None:
-            return default
-        if r is self.handover:
+        r = self.core.get_value(kb, fp, -1, default)  # -1: Core reads CLOCK_MONOTONIC itself, if an expiry needs it
+        if r is self.handover or type(r) is self.raw:  # (a Raw: not a small dict's answer)
             self.handovers += 1
             return self.cache.get(key, default)
-        tag, body, check, _ = r
-        if (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1 != check:
-            raise RuntimeError("checksum")
-        return self.decode(tag, body)
+        return r
 
     def put(self, key: str, value) -> None:
         kb = key.encode()
@@ -160,8 +155,9 @@ def _child(case: str, n: int) -> None:
             kc, handover, now = ops.core, ops.handover, -1
             # The arguments of each resident key are made once (a cost that does not grow with n, so it cancels).
             if case == "core-get-raw":
-                call = kc.get
-                prepared = {k: (k.encode(), ops.xxh(k.encode()) & 0x7FFFFFFFFFFFFFFF, now) for k in keys[:RESIDENT]}
+                call = kc.get_value
+                prepared = {k: (k.encode(), ops.xxh(k.encode()) & 0x7FFFFFFFFFFFFFFF, now, None)
+                            for k in keys[:RESIDENT]}
             else:
                 call = kc.put
                 tag, body = ops.encode(value)
@@ -255,7 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wall", action="store_true", help="also wall time per operation (median of --repeats runs of "
                     "N + DELTA operations, without valgrind; the loop case subtracted)")
     ap.add_argument("--collect", metavar="FUNCTION", help="count only the instructions inside this C function "
-                    "(callgrind --toggle-collect), e.g. Core_get with --cases core-get-raw: the C section alone, "
+                    "(callgrind --toggle-collect), e.g. Core_get_value with --cases core-get-raw: the C section alone, "
                     "without the interpreter's loop and call around it; no loop case is subtracted")
     ap.add_argument("--repeats", type=int, default=5, help="child runs per case for --wall (default 5)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

@@ -1,4 +1,5 @@
-/* shmcache._core: the compiled critical section of get, put and delete.
+/* shmcache._core: the compiled critical section of get, put, delete, a view's pin and the batches get_many and
+ * put_many; after the unlock, a get's checksum and the decode of plain values (_unpack.c).
  *
  * One Core is bound per attached handle (shmcache/core.py): it keeps a writable buffer export of the segment's
  * mapping and a table of every offset, word number and constant it uses, handed over by Python from
@@ -11,7 +12,8 @@
  * the timeout, a put above the byte limit or a damaged default time to live, and any bound failing on the segment's
  * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
  * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
- * and a refusal is answered with PINNED, the segment consistent, for the caller to raise PinnedError.
+ * and a refusal is answered with PINNED, the segment consistent, for the caller to raise PinnedError. A batch that
+ * stops part-way says how far it got; the Python path does the rest.
  *
  * Why plain C and not Cython: no build-time dependency beyond a C compiler, direct control over the GIL and the
  * memory touched, and no generated code to audit.
@@ -910,8 +912,8 @@ typedef struct {
     int hit;
 } Found;
 
-/* The steps of one item, shared by a call and a batch: inlined into each, so that Core.get and Core.put pay nothing
- * for the split (a call costs Core.get ~40 instructions, 3 %: python -m benchmarks.instructions --collect Core_get). */
+/* The steps of one item, shared by a call and a batch: inlined into each, so that a single get or put pays nothing for
+ * the split (not inlined, they cost a get ~40 instructions, 3 %: benchmarks.instructions --collect Core_get_value). */
 #define STEP static inline __attribute__((always_inline))
 
 /* Store.find_live (the caller checked the dirty word): the key's entry, or EMPTY if it is absent or expired (an
@@ -1301,46 +1303,6 @@ static int key_args(PyObject *const *args, Py_ssize_t nargs, const char *name, c
         return -1;
     }
     return 0;
-}
-
-static PyObject *Core_get(Core *c, PyObject *const *args, Py_ssize_t nargs)
-{
-    const char *kb;
-    int64_t klen, fp, now;
-    if (key_args(args, nargs, "get", &kb, &klen, &fp, &now))
-        return NULL;
-    PyObject *refused;
-    int r = enter(c, &refused);
-    if (r)
-        return refused;
-    Found f = {0, 0, 0, 0, 0, 0};
-    PyObject *body = NULL;
-    r = get_locked(c, kb, klen, fp, now, &f);
-    if (r == ST_OK && f.hit) /* bytes are not tracked by the GC: this allocation runs no Python code */
-        body = PyBytes_FromStringAndSize((const char *)c->arena + f.off + 1, (Py_ssize_t)(f.vlen - 1));
-    unlock(c);
-    leave(c);
-    if (r)
-        return handover(c);
-    if (!f.hit)
-        Py_RETURN_NONE;
-    if (body == NULL)
-        return NULL;
-    PyObject *out = PyTuple_New(4), *tag = PyLong_FromLongLong(f.tag), *check = PyLong_FromLongLong(f.check),
-             *slot = PyLong_FromLongLong(f.slot);
-    if (out == NULL || tag == NULL || check == NULL || slot == NULL) {
-        Py_XDECREF(out);
-        Py_XDECREF(tag);
-        Py_XDECREF(check);
-        Py_XDECREF(slot);
-        Py_DECREF(body);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, tag);
-    PyTuple_SET_ITEM(out, 1, body);
-    PyTuple_SET_ITEM(out, 2, check);
-    PyTuple_SET_ITEM(out, 3, slot);
-    return out;
 }
 
 /* What get_value leaves to Python: a value it does not decode itself, or a copy whose checksum failed. */
@@ -1750,18 +1712,14 @@ static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
 }
 
 static PyMethodDef Core_methods[] = {
-    {"get", (PyCFunction)(void (*)(void))Core_get, METH_FASTCALL,
-     "get(kb, fp, now_ns) -> (tag, body, check, slot) | None | HANDOVER\n\nA lookup as SharedCache.get does it under "
-     "the lock (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only "
-     "if an expiry needs it; the same for put and delete). "
-     "A hit moves the entry to the front and counts a hit; a miss (or an expired entry, dropped) counts "
-     "a miss (an expired entry a view pins stays). The body is copied out; its checksum is the caller's to check "
-     "after (the slot names the entry in a CorruptionError, as entries.get_many_locked's tuples do)."},
     {"get_value", (PyCFunction)(void (*)(void))Core_get_value, METH_FASTCALL,
-     "get_value(kb, fp, now_ns, default) -> value | default | Raw | HANDOVER\n\nget, and what SharedCache.get does "
-     "after the unlock: the copy's checksum checked, bytes returned as they are and plain msgpack values decoded "
-     "(_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) comes "
-     "back as a Raw, for the Python side."},
+     "get_value(kb, fp, now_ns, default) -> value | default | Raw | HANDOVER\n\nA lookup as SharedCache.get does "
+     "it (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only if an expiry "
+     "needs it; the same for every method). A hit moves the entry to the front and counts a hit; a miss (or an "
+     "expired entry, dropped: one a view pins stays) counts a miss and answers default. The value is copied out under "
+     "the lock; after the unlock its checksum is checked, bytes are returned as they are and plain msgpack values "
+     "decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) "
+     "comes back as a Raw, for the Python side (core.finish)."},
     {"pin", (PyCFunction)(void (*)(void))Core_pin, METH_FASTCALL,
      "pin(kb, fp, now_ns, fd) -> (slot, value offset in the arena, value length, checksum, version) | None | -1 | "
      "HANDOVER\n\nStore.pin: the key's entry pinned through description fd for a view, counted as a lookup; None "
