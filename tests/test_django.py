@@ -151,9 +151,9 @@ def test_django_backend_batches_hold_the_lock_once(dcache, monkeypatch):
     holds = []
     real = Guard.run
 
-    def counted(self, fn, *args):
+    def counted(self, fn, *args, **kwargs):
         holds.append(fn)
-        return real(self, fn, *args)
+        return real(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(Guard, "run", counted)
     handle = dcache._cache

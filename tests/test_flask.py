@@ -156,9 +156,9 @@ def test_flask_backend_batches_hold_the_lock_once(fcache, monkeypatch):
     holds = []
     real = Guard.run
 
-    def counted(self, fn, *args):
+    def counted(self, fn, *args, **kwargs):
         holds.append(fn)
-        return real(self, fn, *args)
+        return real(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(Guard, "run", counted)
     handle = fcache._cache
