@@ -106,9 +106,9 @@ class PinDescriptions:
     - Until the view is built and handed over (``hand_over``, view()'s last step), only view()'s frame references
       the pin: an exception unwinds it, and the description (and any lock taken through it) closes with it.
     - Once handed over, the end of the view's memory ends the pin in C (``_Unlocker``), and records it (another
-      weak reference whose callback is ``_ended.__setitem__``); ``drain``, called by a third callback, at the end
-      of every ``with`` block, by each new view and by close(), puts the description back in the pool. A drain cut
-      short delays that, never the unlock.
+      weak reference whose callback is ``_ended.__setitem__``); ``drain``, called at the end of every ``with``
+      block, by each new view and by close(), puts the description back in the pool. A drain cut short, or a view
+      whose memory outlives its block, delays that (by a description held open until then), never the unlock.
 
     Fork. A description lives until every process holding it has closed it, and so does any lock taken through it.
     So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
@@ -150,10 +150,9 @@ class PinDescriptions:
         return pin.file.fileno()
 
     def hand_over(self, owner, pin: Pin) -> None:
-        """End ``pin`` once ``owner`` is garbage collected. Ordering: the drain callback is made first, so that it
-        runs after the two made in C (CPython calls the newest weak reference's callback first); the pin is
-        registered last (until then an exception drops it, closing its description)."""
-        _watch(owner, self.drain)
+        """End ``pin`` once ``owner`` is garbage collected: its byte is unlocked and its token recorded there, in C;
+        its description goes back to the pool at the next ``drain``. The pin is registered last (until then an
+        exception drops it, closing its description)."""
         unlocker = _Unlocker(owner, _CLOSE)
         unlocker.close = functools.partial(fcntl.fcntl, pin.file.fileno(), fcntl.F_OFD_SETLK,
                                            ofd.unlock_request(pin.byte))
@@ -283,7 +282,6 @@ class View:
             owner = np.frombuffer(mapping, dtype=np.uint8, count=len(value), offset=start)
         else:
             owner = np.frombuffer(value, dtype=np.uint8)
-        self._keep = None
         if tag == TAG_BYTES:
             self._obj = memoryview(owner[1:])
         elif tag == TAG_TENSOR:
@@ -291,12 +289,7 @@ class View:
             # this memory does (see the module docstring: why a tensor is not revoked).
             self._obj = tensors.from_array(value[1], owner[data0:].view(dtype).reshape(shape))
         else:
-            self._obj = owner[data0:].view(dtype).reshape(shape)
-            # Revoking the array (close) drops its reference to ``owner``; whatever still points into its memory
-            # through the array itself (a memoryview of it, a tensor from torch.from_numpy) must keep ``owner``
-            # alive, and holds the array: so ``owner`` lives as long as the array, unless close() finds nothing
-            # but the ``with`` target's own name referring to it.
-            self._keep = _watch(self._obj, functools.partial(_nothing, owner))  # holds owner while obj lives
+            self._obj = owner[data0:].view(dtype).reshape(shape)  # its base is ``owner`` (numpy collapses views)
         self._open = True
         self._pins = pins
         pins.hand_over(owner, pin)  # last: until here, an exception drops the pin, closing its description
@@ -332,7 +325,10 @@ class View:
         others = sys.getrefcount(obj) - 2
         if others:
             others -= sum(1 for v in frame.f_locals.values() if v is obj)
+        if others > 0:
+            # Revoking the array drops its reference to ``owner`` (its base); whatever still points into its memory
+            # through the array itself (a memoryview of it, a tensor from torch.from_numpy) holds the array: so
+            # ``owner`` is made to live as long as the array does. Ordering: before the revocation, so that an
+            # exception between the two leaves the array valid and holding ``owner``, never the memory unowned.
+            _watch(obj, functools.partial(_nothing, obj.base))
         obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
-        if others <= 0:
-            _WATCHES.pop(id(self._keep), None)
-        self._keep = None
