@@ -1277,6 +1277,15 @@ static PyObject *handover(Core *c)
     return HANDOVER;
 }
 
+/* What a call that did not succeed answers: PINNED (a view pins what it must change), or HANDOVER. */
+static PyObject *refusal(Core *c, int r)
+{
+    if (r != ST_PINNED)
+        return handover(c);
+    Py_INCREF(PINNED);
+    return PINNED;
+}
+
 /* The call takes the lock: 0, held; otherwise -1, with what the call returns in *out (NULL with an exception set, or
    HANDOVER). Every successful enter is followed by unlock() and leave(). */
 static int enter(Core *c, PyObject **out)
@@ -1497,12 +1506,8 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
     r = put_locked(c, &st, now, ttl);
     unlock(c);
     leave(c);
-    if (r == ST_PINNED) {
-        Py_INCREF(PINNED);
-        return PINNED;
-    }
     if (r)
-        return handover(c);
+        return refusal(c, r);
     Py_RETURN_NONE;
 }
 
@@ -1520,12 +1525,8 @@ static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
     r = delete_locked(c, kb, klen, fp, now, &deleted);
     unlock(c);
     leave(c);
-    if (r == ST_PINNED) {
-        Py_INCREF(PINNED);
-        return PINNED;
-    }
     if (r)
-        return handover(c);
+        return refusal(c, r);
     return PyBool_FromLong(deleted);
 }
 
