@@ -666,21 +666,27 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> Non
         queue.put(("error", repr(exc), 0, 0))
 
 
+def _side_by_side(name: str, worker, rounds: int) -> list:
+    """Run ``worker`` in three spawned processes on cache ``name`` -- on the compiled section, the Python path, the
+    compiled section -- started at once so that the lock is contended; their reports, each within 100 s."""
+    ctx = mp.get_context("spawn")
+    queue, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=worker, args=(name, use_core, seed, rounds, go, queue))
+             for seed, use_core in enumerate((True, False, True))]
+    try:
+        for p in procs:
+            p.start()
+        go.set()
+        return [queue.get(timeout=100) for _ in procs]
+    finally:
+        reap(procs, 30)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_core_and_python_processes_share_a_segment(name):
     with SharedCache(name, capacity_bytes=16 * 1024, max_entries=16, create=True) as c:
-        ctx = mp.get_context("spawn")
-        queue, go = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_worker, args=(name, use_core, seed, 20000, go, queue))
-                 for seed, use_core in enumerate((True, False, True))]
-        try:
-            for p in procs:
-                p.start()
-            go.set()  # all at once, so that the lock is contended
-            results = [queue.get(timeout=100) for _ in procs]
-        finally:
-            reap(procs, 30)
+        results = _side_by_side(name, _worker, 20000)
         assert all(r[0] == "ok" for r in results), results
         assert all(r[1] > 1000 for r in results), results  # every process read values back, each checked
         # A busy lock is waited for in C: no call went to the Python path (the seeds' workers 0 and 2 use Core).
@@ -730,17 +736,7 @@ def _batch_worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) 
 @pytest.mark.timeout(120)
 def test_core_batches_and_python_batches_share_a_segment(name):
     with SharedCache(name, capacity_bytes=16 * 1024, max_entries=16, create=True) as c:
-        ctx = mp.get_context("spawn")
-        queue, go = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_batch_worker, args=(name, use_core, seed, 8000, go, queue))
-                 for seed, use_core in enumerate((True, False, True))]
-        try:
-            for p in procs:
-                p.start()
-            go.set()  # all at once, so that the lock is contended
-            results = [queue.get(timeout=100) for _ in procs]
-        finally:
-            reap(procs, 30)
+        results = _side_by_side(name, _batch_worker, 8000)
         assert all(r[0] == "ok" for r in results), results
         assert all(r[1] > 1000 for r in results), results  # every process read values back, each checked
         assert all(r[2] == [] for r in results), results  # a busy lock is waited for in C: nothing handed over

@@ -13,14 +13,13 @@ import warnings
 import pytest
 
 from . import djangosite
-from .workers import CountingCore, check_backend_reopens_after_fork, reap
+from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
 
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402  (djangosite skips without Django)
 from django.test import override_settings  # noqa: E402
 
 from shmcache import SerializerMismatch, SharedCache  # noqa: E402
 from shmcache.contrib import django as backend  # noqa: E402
-from shmcache.guard import Guard  # noqa: E402
 
 
 
@@ -148,17 +147,7 @@ def test_django_backend_batches(dcache):
 
 def test_django_backend_batches_hold_the_lock_once(dcache, monkeypatch):
     dcache.set("warm", 0)  # opens the handle
-    holds = []
-    real = Guard.run
-
-    def counted(self, fn, *args, **kwargs):
-        holds.append(fn)
-        return real(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(Guard, "run", counted)
-    handle = dcache._cache
-    if handle._core is not None:  # the compiled section: a batch is one call into C, which takes the lock once
-        monkeypatch.setattr(handle, "_core", CountingCore(handle._core, holds))
+    holds = count_lock_holds(monkeypatch, dcache._cache)
     dcache.set_many({f"k{i}": i for i in range(20)})
     assert len(holds) == 1
     holds.clear()

@@ -21,9 +21,8 @@ from flask_caching import Cache  # noqa: E402
 
 from shmcache import SerializerMismatch, SharedCache  # noqa: E402
 from shmcache.contrib.flask import SharedMemoryCache, close_handles  # noqa: E402
-from shmcache.guard import Guard  # noqa: E402
 
-from .workers import CountingCore, check_backend_reopens_after_fork, reap  # noqa: E402
+from .workers import check_backend_reopens_after_fork, count_lock_holds, reap  # noqa: E402
 
 BACKEND = "shmcache.contrib.flask.SharedMemoryCache"
 OPTIONS = {"capacity_bytes": 4 << 20, "max_entries": 4096}  # room for every key of the races: nothing evicted
@@ -153,17 +152,7 @@ def test_flask_backend_batches(fcache):
 
 def test_flask_backend_batches_hold_the_lock_once(fcache, monkeypatch):
     fcache.set("warm", 0)  # opens the handle
-    holds = []
-    real = Guard.run
-
-    def counted(self, fn, *args, **kwargs):
-        holds.append(fn)
-        return real(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(Guard, "run", counted)
-    handle = fcache._cache
-    if handle._core is not None:  # the compiled section: a batch is one call into C, which takes the lock once
-        monkeypatch.setattr(handle, "_core", CountingCore(handle._core, holds))
+    holds = count_lock_holds(monkeypatch, fcache._cache)
     fcache.set_many({f"k{i}": i for i in range(20)})
     assert len(holds) == 1
     holds.clear()

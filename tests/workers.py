@@ -12,6 +12,7 @@ import numpy as np
 import xxhash
 
 from shmcache import SharedCache
+from shmcache.guard import Guard
 from shmcache.lock import hot_unlock
 
 
@@ -52,6 +53,22 @@ class CountingCore:
     def put_many(self, *args):
         self.calls.append("Core.put_many")
         return self.core.put_many(*args)
+
+
+def count_lock_holds(monkeypatch, handle: SharedCache) -> list:
+    """A list that each hold of ``handle``'s lock appends to from now on (every ``Guard.run``, and each batch call into
+    the compiled section, which takes the lock once), for the test's ``monkeypatch`` to undo."""
+    holds: list = []
+    real = Guard.run
+
+    def counted(self, fn, *args, **kwargs):
+        holds.append(fn)
+        return real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(Guard, "run", counted)
+    if handle._core is not None:
+        monkeypatch.setattr(handle, "_core", CountingCore(handle._core, holds))
+    return holds
 
 
 def make_value(key: str, seq: int, nbytes: int):
