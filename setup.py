@@ -58,7 +58,8 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c"],
-                           depends=["shmcache/_unpack.h"], extra_compile_args=_flags, extra_link_args=_link)],
+    ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c", "shmcache/_view.c"],
+                           depends=["shmcache/_unpack.h", "shmcache/_view.h"], extra_compile_args=_flags,
+                           extra_link_args=_link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

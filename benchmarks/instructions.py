@@ -43,6 +43,7 @@ CASES = {
     "put-evict": "put of a new key into a full cache (evicts one entry)",
     "get-many": "per key of get_many of 64 resident keys (compare with get)",
     "put-many": "per key of put_many of 64 resident keys (compare with put-update)",
+    "view": "with cache.view(key): of a resident 1 KB array this handle viewed before (pin, build, revoke, unpin)",
     "core-get": "get hit through shmcache._core (encode, then Core.get_value: C section, checksum, decode)",
     "core-put-new": "put of a new key through shmcache._core (no eviction)",
     "core-put-update": "put of a resident key through shmcache._core, value of the same size",
@@ -147,6 +148,18 @@ def _child(case: str, n: int) -> None:
         elif case == "kind-get":
             kind = cache.kind("bench")
             get, put = kind.get, kind.put
+        elif case == "view":
+            import numpy as np
+
+            value = np.arange(128, dtype=np.int64)
+
+            def get(key):
+                with cache.view(key):
+                    pass
+
+            for k in keys[:RESIDENT]:  # each stored value checked once, before the loop (the checksum policy)
+                put(k, value)
+                get(k)
         ops = None
         if case.endswith("-raw"):
             ops = _CoreOps(cache)
@@ -183,7 +196,7 @@ def _child(case: str, n: int) -> None:
         t0 = time.perf_counter_ns()
         if case == "done":
             pass
-        elif case in ("get", "kind-get", "tier-get"):
+        elif case in ("get", "kind-get", "tier-get", "view"):
             for k in drawn:
                 get(k)
         elif case == "get-many":

@@ -1,5 +1,6 @@
 /* shmcache._core: the compiled critical section of get, put, delete, a view's pin and the batches get_many and
- * put_many; after the unlock, a get's checksum and the decode of plain values (_unpack.c).
+ * put_many; after the unlock, a get's checksum and the decode of plain values (_unpack.c), and the view built over
+ * its pin (_view.c).
  *
  * One Core is bound per attached handle (shmcache/core.py): it keeps a writable buffer export of the segment's
  * mapping and a table of every offset, word number and constant it uses, handed over by Python from
@@ -41,8 +42,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "_unpack.h"
+#include "_view.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the segment's words are little-endian; this build reads them as native int64"
@@ -1420,8 +1423,10 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     return body == NULL ? NULL : finish(c, &f, body);
 }
 
-/* Store.pin: the key's live entry pinned through description ``fd`` for a view, counted as a lookup. */
-static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int fd, Found *f, int *viewable)
+/* Store.pin: the key's live entry pinned through description ``fd`` for a view, counted as a lookup (*locked: whether
+ * the pin byte was locked through fd, whatever is answered). */
+static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int fd, Found *f, int *viewable,
+                      int *locked)
 {
     int64_t e;
     int r;
@@ -1450,37 +1455,61 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     fl.l_len = 1;
     if (fcntl(fd, F_OFD_SETLK, &fl) < 0) /* never refused (pin bytes are only read-locked): the Python path raises */
         return bounds(c);
+    *locked = 1;
     return hit(c, e);
 }
 
-static PyObject *Core_pin(Core *c, PyObject *const *args, Py_ssize_t nargs)
+/* A view, compiled end to end: the pin as Store.pin takes it, through a description of ``pins`` (taken before the
+ * lock, given back on a miss), then (_view.c) the lease that ends it, and the View if this handle checked the value
+ * before. */
+static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
-    int64_t klen, fp, now, fd;
-    if (nargs_ok(nargs, 4, "pin") || key_args(args, 3, "pin", &kb, &klen, &fp, &now) || arg_int(args[3], "fd", &fd))
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 4, "view") || key_args(args, 3, "view", &kb, &klen, &fp, &now))
         return NULL;
-    if (fd < 0 || fd > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "fd must be a file descriptor");
+    if (Py_TYPE(args[3]) != &PinsType) {
+        PyErr_SetString(PyExc_TypeError, "Core.view: pins must be a shmcache._core.Pins");
         return NULL;
     }
+    Pins *p = (Pins *)args[3];
+    if (p->closed) {
+        c->reason = WHY_RELEASED;
+        return handover(c);
+    }
+    int fd;
+    if (pins_take(p, &fd))
+        return NULL;
     PyObject *refused;
-    int r = enter(c, &refused);
-    if (r)
+    if (enter(c, &refused)) {
+        pins_give(p, fd);
         return refused;
+    }
     Found f = {0, 0, 0, 0, 0, 0};
-    int viewable = 0;
-    r = pin_locked(c, kb, klen, fp, now, (int)fd, &f, &viewable);
+    int viewable = 0, locked = 0;
+    int r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
     int64_t version = f.hit ? c->ver[f.slot] : 0;
     unlock(c);
     leave(c);
-    if (r)
+    if (r) {
+        if (locked)
+            close(fd); /* closing drops the lock taken through it */
+        else
+            pins_give(p, fd);
         return handover(c);
-    if (!f.hit)
-        Py_RETURN_NONE;
-    if (!viewable)
+    }
+    if (p->closed && f.hit && viewable) { /* the handle was closed while this call waited for the lock */
+        close(fd);
+        c->reason = WHY_RELEASED;
+        return handover(c);
+    }
+    if (!f.hit || !viewable) { /* nothing was locked through it */
+        pins_give(p, fd);
+        if (!f.hit)
+            Py_RETURN_NONE;
         return PyLong_FromLong(-1);
-    return Py_BuildValue("(LLLLL)", (long long)f.slot, (long long)f.off, (long long)f.vlen, (long long)f.check,
-                         (long long)version);
+    }
+    return view_of_pin(p, fd, f.slot, f.off, f.vlen, f.check, version);
 }
 
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
@@ -1721,10 +1750,11 @@ static PyMethodDef Core_methods[] = {
      "the lock; after the unlock its checksum is checked, bytes are returned as they are and plain msgpack values "
      "decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) "
      "comes back as a Raw, for the Python side (core.finish)."},
-    {"pin", (PyCFunction)(void (*)(void))Core_pin, METH_FASTCALL,
-     "pin(kb, fp, now_ns, fd) -> (slot, value offset in the arena, value length, checksum, version) | None | -1 | "
-     "HANDOVER\n\nStore.pin: the key's entry pinned through description fd for a view, counted as a lookup; None "
-     "on a miss; -1 for a value view() does not serve (nothing counted or pinned)."},
+    {"view", (PyCFunction)(void (*)(void))Core_view, METH_FASTCALL,
+     "view(kb, fp, now_ns, pins) -> View | Lease | None | -1 | HANDOVER\n\nThe key's entry pinned for a view (as "
+     "Store.pin, through a description of pins), counted as a lookup: the View when this handle checked that "
+     "stored value before, else the Lease of the pin for view.first_look; None on a miss; -1 for a value view() "
+     "does not serve (nothing counted or pinned)."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
      "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
@@ -1779,6 +1809,9 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
 }
 
 static PyMethodDef module_methods[] = {
+    {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
+     "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
+     "(view.py calls it once)."},
     {"unpack", module_unpack, METH_O,
      "unpack(data) -> value | HANDOVER\n\nThe plain msgpack value in ``data`` as get_value decodes it, or HANDOVER "
      "where it declines (codec.py then decodes, or raises)."},
@@ -1815,6 +1848,8 @@ PyMODINIT_FUNC PyInit__core(void)
         }
         Py_DECREF(v);
     }
+    if (view_types_add(m) < 0)
+        goto fail;
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);

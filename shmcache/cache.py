@@ -24,7 +24,7 @@ from .codec import (
     EncodedKey, array_checksum, body_checksum, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
-from .errors import CorruptionError, KindsFullError, TooLargeError
+from .errors import ClosedError, CorruptionError, KindsFullError, TooLargeError
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
@@ -38,7 +38,7 @@ from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
-from .view import Pin, PinDescriptions, View
+from .view import Pin, PinDescriptions, PyView, View, compiled_pins, first_look
 from . import ofd
 
 if TYPE_CHECKING:
@@ -181,8 +181,8 @@ class SharedCache(LocalMapping):
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
         self._table = table
-        self._pins = PinDescriptions(seg.fd)
         # slot -> ((version, offset, length, checksum), layout) of the stored value a view of this handle checked
+        # (the pure-Python path's; the compiled build's are in Pins.viewed)
         self._viewed: dict[int, tuple] = {}
         self._addr = guard.addr
         self._lock_timeout = lock_timeout
@@ -190,6 +190,8 @@ class SharedCache(LocalMapping):
         # The compiled section, if built (None: the pure-Python path); it reads CLOCK_MONOTONIC itself (-1) unless
         # this handle has a clock of its own.
         self._core = core.bind(seg, lock_timeout)
+        # The descriptions views pin through (view.py; compiled: _view.c).
+        self._pins = PinDescriptions(seg.fd) if self._core is None else compiled_pins(seg)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property
@@ -502,17 +504,27 @@ class SharedCache(LocalMapping):
         """
         kb = encode_key(key)
         pins = self._pins
+        core = self._core
+        if core is not None:
+            fp = _xxh(kb) & _MASK63
+            got = core.view(kb, fp, self._now(), pins)
+            if type(got) is View:
+                return got  # a stored value this handle checked before: built in C
+            if got is HANDOVER:
+                got = self._pin_lease(kb, fp, core.reason == TIMEOUT)
+            if got is None:
+                raise KeyError(key)
+            if got is UNVIEWABLE or got == -1:
+                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                                "others")
+            return first_look(pins, got, self._guard.checksum_failed, self._base)
         # Why: the pin exists before anything is taken, and owns its description until it is handed over to the
         # view: an exception at any bytecode before that drops it, which closes the description and whatever lock it
         # took (see view.py).
         pin = Pin()
         try:
             fd = pins.take(pin)
-            fp = _xxh(kb) & _MASK63
-            core = self._core
-            found = HANDOVER if core is None else core.pin(kb, fp, self._now(), fd)
-            if found is HANDOVER:
-                found = self._guard.run(self._store.pin, kb, fp, fd, waited=core is not None and core.reason == TIMEOUT)
+            found = self._guard.run(self._store.pin, kb, _xxh(kb) & _MASK63, fd)
             if found is None:
                 raise KeyError(key)
             if found is UNVIEWABLE or found == -1:
@@ -528,16 +540,29 @@ class SharedCache(LocalMapping):
             stored = (version, voff, vlen, check)
             known = self._viewed.get(e)
             if known is not None and known[0] == stored:
-                return View(value, pins, pin, self._base + voff, known[1])  # its layout, checked with it, too
+                return PyView(value, pins, pin, self._base + voff, known[1])  # its layout, checked with it, too
             if body_checksum(value[0], value[1:]) != check:
                 pins.release(pin)
                 self._guard.checksum_failed(e)
-            view = View(value, pins, pin, self._base + voff)
+            view = PyView(value, pins, pin, self._base + voff)
             self._viewed[e] = stored, view.layout
             return view
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
+
+    def _pin_lease(self, kb: EncodedKey, fp: int, waited: bool) -> Any:
+        """The pin ``Core.view`` handed over, taken by the Python path (``Store.pin``) through the description of a
+        new lease: the lease, armed; None on a miss; UNVIEWABLE. Until armed, the lease closes its description
+        (dropping the lock taken through it) if it is dropped, an exception cutting this short."""
+        if self._pins.closed:
+            raise ClosedError("operation on a closed cache", what="view")
+        lease = self._pins.lease()
+        found = self._guard.run(self._store.pin, kb, fp, lease.fd, waited=waited)
+        if found is None or found is UNVIEWABLE:
+            return found
+        lease.arm(*found)
+        return lease
 
     def limits(self) -> CacheLimits:
         """The limits in force."""

@@ -50,9 +50,9 @@ import numpy as np
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-from . import ofd, tensors
+from . import core, ofd, tensors
 from .errors import ClosedError
-from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout
+from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout, body_checksum
 
 _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hooks
 os.register_at_fork(after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
@@ -202,15 +202,7 @@ class PinDescriptions:
             self._idle.append(file)
 
     def map_read_only(self, off: int, nbytes: int) -> tuple[mmap.mmap, int]:
-        """A read-only mapping of the segment's bytes ``off`` to ``off + nbytes`` and where they start in it. Through
-        a description of its own: the mapping keeps its description open, and one a pin was taken through would keep
-        that pin while the mapping lives."""
-        start = off - off % mmap.ALLOCATIONGRANULARITY
-        with io.FileIO(self._path, "r") as file:  # closes in C if cut short, like the pins' descriptions
-            # Why trackfd=False where there is one (3.13): an mmap otherwise keeps a descriptor of its own open, one
-            # per live tensor view.
-            return mmap.mmap(file.fileno(), off + nbytes - start, access=mmap.ACCESS_READ, offset=start,
-                             **_UNTRACKED), off - start
+        return map_read_only(self._path, off, nbytes)
 
     def close(self) -> None:
         """Close the idle descriptions; those of views still open are closed when the views go."""
@@ -218,6 +210,36 @@ class PinDescriptions:
         self.drain()
         while self._idle:
             self._idle.pop().close()
+
+
+def map_read_only(path: str, off: int, nbytes: int) -> tuple[mmap.mmap, int]:
+    """A read-only mapping of the segment's bytes ``off`` to ``off + nbytes`` (``path``: the segment's
+    /proc/self/fd entry) and where they start in it. Through a description of its own: the mapping keeps its
+    description open, and one a pin was taken through would keep that pin while the mapping lives."""
+    start = off - off % mmap.ALLOCATIONGRANULARITY
+    with io.FileIO(path, "r") as file:  # closes in C if cut short, like the pins' descriptions
+        # Why trackfd=False where there is one (3.13): an mmap otherwise keeps a descriptor of its own open, one per
+        # live tensor view.
+        return mmap.mmap(file.fileno(), off + nbytes - start, access=mmap.ACCESS_READ, offset=start,
+                         **_UNTRACKED), off - start
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def layout_of(value: memoryview) -> tuple:
+    """How a view reads the encoded value in ``value`` (tag byte first): (tag, dtype, shape, data offset, count of
+    items). Raises TypeError for a value of another kind than an array, a tensor or bytes, and ValueError for a
+    malformed array or tensor."""
+    tag = value[0]
+    if tag == TAG_BYTES:
+        return tag, _U8, None, 1, len(value) - 1
+    if tag != TAG_ARRAY and tag != TAG_TENSOR:
+        raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for others")
+    dtype, shape, data0 = array_layout(value)
+    if tag == TAG_TENSOR:
+        tensors.check(value[1], dtype)
+    return tag, dtype, shape, data0, (len(value) - data0) // dtype.itemsize
 
 
 _WATCHES: dict = {}  # id -> the weak references below, alive until their callback runs (ndarrays do not hash)
@@ -249,8 +271,14 @@ def _nothing(*_) -> None:
     pass
 
 
-class View:
-    """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view``."""
+def keep_base(arr) -> None:
+    """Make ``arr``'s base live as long as ``arr`` does, whatever happens to ``arr`` itself (View.close revokes it)."""
+    _watch(arr, functools.partial(_nothing, arr.base))
+
+
+class PyView:
+    """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view`` on the
+    pure-Python path (the compiled build returns ``_core.View``, the same in C: ``View`` names whichever runs)."""
 
     def __init__(self, value: memoryview, pins: PinDescriptions, pin: Pin, off: int = -1,
                  layout: tuple | None = None) -> None:
@@ -260,20 +288,9 @@ class View:
         Raises TypeError for a value of another kind, and ValueError for a malformed array (the caller then
         releases the pin)."""
         if layout is None:
-            tag = value[0]
-            if tag == TAG_ARRAY or tag == TAG_TENSOR:
-                layout = (tag, *array_layout(value))
-                if tag == TAG_TENSOR:
-                    tensors.check(value[1], layout[1])
-            elif tag != TAG_BYTES:
-                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
-                                "others")
-            else:
-                layout = (tag,)
-        self.layout = layout  # (tag, dtype, shape, data offset) of an array or tensor, (tag,) of bytes
-        tag = layout[0]
-        if tag != TAG_BYTES:
-            _, dtype, shape, data0 = layout
+            layout = layout_of(value)
+        self.layout = layout
+        tag, dtype, shape, data0, _ = layout
         # ``owner`` is the one object that references the pinned memory directly: every array or memoryview handed
         # out derives from it (numpy collapses a view's base to it), so it is garbage collected -- and the pin
         # released -- only after the last of them.
@@ -330,5 +347,52 @@ class View:
             # through the array itself (a memoryview of it, a tensor from torch.from_numpy) holds the array: so
             # ``owner`` is made to live as long as the array does. Ordering: before the revocation, so that an
             # exception between the two leaves the array valid and holding ``owner``, never the memory unowned.
-            _watch(obj, functools.partial(_nothing, obj.base))
+            keep_base(obj)
         obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
+
+
+_core = core._core
+if TYPE_CHECKING:
+    View = PyView  # what type checkers read: _core.View (shmcache/_view.c) has the same methods, written in C
+else:
+    View = PyView if _core is None else _core.View  # what SharedCache.view returns in this process
+
+
+def compiled_pins(seg) -> Any:
+    """The ``_core.Pins`` the views of a handle on ``seg`` (a ``segment.Segment``) pin through, in the compiled
+    build; the fork hooks above run for it as for PinDescriptions."""
+    pins = _core.Pins(seg.fd, seg.mm, seg.geometry.arena_off, seg.geometry.arena_nbytes, ofd.PIN_BASE)
+    _ALL.add(pins)
+    return pins
+
+
+def first_look(pins, lease, checksum_failed, arena_off: int):
+    """The View of the value ``lease`` (a ``_core.Lease``) pins, the compiled build's first view of it through this
+    handle (``pins``, a ``_core.Pins``): its checksum checked (``checksum_failed(slot)`` raises CorruptionError) and
+    its layout read, both recorded for the next views of that stored value, which ``Core.view`` builds in C; or a
+    tensor's view, which needs a read-only mapping of its own (``arena_off``: where the arena starts in the segment).
+    Raises TypeError for a value of another kind and ValueError for a malformed one; the pin ends on any error."""
+    try:
+        value = memoryview(lease)
+        known = pins.viewed.get(lease.slot)
+        if known is not None and known[:4] == (lease.version, lease.off, len(value), lease.check):
+            layout = known[4]
+        else:
+            if body_checksum(value[0], value[1:]) != lease.check:
+                lease.end()
+                checksum_failed(lease.slot)
+            layout = layout_of(value)
+        if layout[0] != TAG_TENSOR:
+            return pins.build(lease, layout)
+        _, dtype, shape, data0, _ = layout
+        mapping, start = map_read_only(pins.path, arena_off + lease.off, len(value))
+        owner = np.frombuffer(mapping, dtype=np.uint8, count=len(value), offset=start)
+        _watch(owner, functools.partial(_nothing, lease))  # the pin lasts while anything holds the tensor's memory
+        return pins.build(lease, layout, tensors.from_array(value[1], owner[data0:].view(dtype).reshape(shape)))
+    except BaseException:
+        lease.end()  # no view was handed out: its pin ends now, whatever still references the lease
+        raise
+
+
+if _core is not None:
+    _core.setup_views(np.frombuffer, _CLOSED_STATE, keep_base, TAG_BYTES, TAG_ARRAY)

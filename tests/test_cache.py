@@ -8,6 +8,8 @@ import pytest
 from shmcache import CacheLimits, ClosedError, SharedCache, TooLargeError
 from shmcache.codec import encode_key, encode_value
 
+from .workers import python_path
+
 
 def entry_size(key, value) -> int:
     return len(encode_key(key)) + len(encode_value(value))
@@ -340,9 +342,8 @@ def test_cache_update_in_place_never_exceeds_the_byte_limit(name, path):
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
         if path == "compiled" and c._core is None:
             pytest.skip("the compiled section is not built")
-        if path == "pure Python" and c._core is not None:
-            c._core.release()
-            c._core = None
+        if path == "pure Python":
+            python_path(c)
         c.put("a", b"x" * 100)
         c.put("b", b"y" * 100)
         c.set_limits(max_retained_bytes=c.stats().retained_bytes)

@@ -33,7 +33,7 @@ from shmcache.layout import LOCK_NBYTES
 from shmcache.layout.dtypes import E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF
 
 from .conftest import unique_name
-from .workers import check_value, make_value, reap
+from .workers import check_value, make_value, python_path, reap
 
 if core.Core is None:
     if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
@@ -98,10 +98,11 @@ class Twins:
                   clock=self.clock)
         self.a = SharedCache(self.names[0], **kw)
         self.b = SharedCache(self.names[1], **kw)
-        for c in (self.a, self.b):  # a: the reference; b: the fallback after a hand-over; both pure Python
-            if c._core is not None:
-                c._core.release()
-                c._core = None
+        # a: the reference; b: the Python path as the fallback after a hand-over, its views through self.core
+        python_path(self.a)
+        if self.b._core is not None:
+            self.b._core.release()
+            self.b._core = None
         self.core = core.bind(self.b._seg, 5.0)
         self.kind = self.a.kind("k")._n
         assert self.b.kind("k")._n == self.kind
@@ -196,17 +197,22 @@ class Twins:
         return tuple(out)
 
     def view(self, key):
-        """Pin ``key`` in both (through the Python path: views are not Core's), if both can."""
+        """Pin ``key`` in both (b's through Core.view), if both can; each view read, and the two compared."""
         try:
             va = self.a.view(key)
         except (KeyError, TypeError):
             va = None
+        self.b._core = _Recording(self.core, self.handovers)
         try:
             vb = self.b.view(key)
         except (KeyError, TypeError):
             vb = None
+        finally:
+            self.b._core = None
         assert (va is None) == (vb is None)
         if va is not None:
+            x, y = va.__enter__(), vb.__enter__()  # (left open: the twins' views stay pinned until unview)
+            assert type(x) is type(y) and bytes(x) == bytes(y) and getattr(x, "shape", 0) == getattr(y, "shape", 0)
             self.views.append((va, vb))
 
     def unview(self) -> None:
@@ -253,6 +259,12 @@ class _Recording:
 
     def put_many(self, *args):
         return self._seen(self.core.put_many(*args))
+
+    def view(self, *args):
+        r = self.core.view(*args)
+        if r is core.HANDOVER:
+            self.handovers.append(self.core.reason)
+        return r
 
     def _seen(self, result):
         if result[1] is core.HANDOVER:

@@ -21,6 +21,7 @@ from shmcache.codec import encode_key
 from shmcache.layout import LOCK_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_LOCK_OFF
 from tests.conftest import unique_name
+from tests.workers import python_path
 
 KEYS = [f"k{i}" for i in range(6)] + [("t", i) for i in range(3)]  # few: most gets hit, many entries move
 _IGNORED = [(H_CREATED_NS * 8, 8), (H_LOCK_OFF, LOCK_NBYTES)]  # when each was made; the mutex's own words
@@ -65,9 +66,7 @@ def test_hot_paths_equal_the_composed_operations(script):
     names = unique_name("hot"), unique_name("composed")
     hot, composed = (SharedCache(n, capacity_bytes=8192, max_entries=16, create=True, clock=clock, default_ttl=2)
                      for n in names)
-    if composed._core is not None:  # the reference: the Python path's composed operations
-        composed._core.release()
-        composed._core = None
+    python_path(composed)  # the reference: the Python path's composed operations
     try:
         for step, op in enumerate(script):
             if op[0] == "get":

@@ -18,7 +18,7 @@ from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
-from .workers import CountingCore, check_value, make_value, reap
+from .workers import CountingCore, check_value, make_value, python_path, reap
 
 Point = collections.namedtuple("Point", "x y")
 LOCAL = ("shared", "kind")
@@ -319,9 +319,8 @@ def test_mapping_batches_take_the_lock_once(local, path):
     cache, m = local.cache, local.m
     if path == "compiled" and cache._core is None:
         pytest.skip("the compiled section is not built (or SHMCACHE_PURE_PYTHON=1)")
-    if path == "pure Python" and cache._core is not None:
-        cache._core.release()
-        cache._core = None
+    if path == "pure Python":
+        python_path(cache)
     taken = []  # the lock taken by the Python path, and (compiled) by a batch call into C
     guard = cache._guard
     real = guard.enter

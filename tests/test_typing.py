@@ -26,6 +26,7 @@ import pytest
 import shmcache
 from shmcache import CacheLimits, KindView, SharedCache, TieredCache
 from shmcache.memo import Memoized
+from shmcache.view import PyView
 
 from .conftest import SHM_DIR
 
@@ -233,7 +234,8 @@ def test_typing_shared_cache_returns_what_it_declares(cache):
         (shmcache.prometheus_text, ({cache.name: cache.stats()},), {}),
         (cache.clear, (), {}),
     ])
-    enter = typing.get_type_hints(shmcache.View.__enter__, localns=_HINT_NAMES)["return"]
+    # What type checkers read (view.PyView; the compiled build's View is the same class in C, without annotations).
+    enter = typing.get_type_hints(PyView.__enter__, localns=_HINT_NAMES)["return"]
     cache.put_many({"arr": np.arange(3), "b": b"xy"})
     for key in ("arr", "b"):
         with cache.view(key) as value:

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import xxhash
 
-from shmcache import CacheLimits, CorruptionError, PinnedError, SharedCache
+from shmcache import CacheLimits, ClosedError, CorruptionError, PinnedError, SharedCache, View, core
 from shmcache.block import value_at
-from shmcache.codec import encode_key, fingerprint
+from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
+from shmcache.core import _core
+from shmcache.layout.dtypes import H_DIRTY
 from shmcache.index import find
 from tests.workers import reap
 
@@ -446,3 +448,128 @@ def test_view_checks_each_stored_value_once_per_handle(cache, name):
     with pytest.raises(CorruptionError):
         with cache.view("b"):
             pass
+
+
+# ---------------------------------------------------------------------------------------------- the compiled build's
+# Core.view and _view.c: the pin taken in C, a stored value this handle checked before viewed without Python code.
+
+compiled = pytest.mark.skipif(core.Core is None, reason="the compiled section is not built (or not wanted)")
+
+
+def _segment_fds(name: str) -> set[int]:
+    """This process's descriptors open on cache ``name``'s segment."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(f"/shmcache.{name}"):
+                out.add(int(fd))
+        except FileNotFoundError:
+            pass  # (the listing's own descriptor, closed since)
+    return out
+
+
+def _core_view(c, key):
+    kb = encode_key(key)
+    return c._core.view(kb, fingerprint(kb), -1, c._pins)
+
+
+@compiled
+def test_view_compiled_a_first_look_then_the_view_built_in_c(cache):
+    cache.put("a", np.arange(6.0).reshape(2, 3))
+    cache.put("m", {"not": "viewable"})
+    lease = _core_view(cache, "a")
+    assert type(lease) is _core.Lease and lease.fd >= 0  # a first look: checked in Python (view.first_look)
+    raw = bytes(memoryview(lease))
+    assert raw[0] == TAG_ARRAY and np.array_equal(cache.get("a"), np.arange(6.0).reshape(2, 3))
+    with pytest.raises(PinnedError):  # the lease holds the pin
+        cache.put("a", 0)
+    del lease
+    cache.put("a", np.arange(6.0).reshape(2, 3))
+    with cache.view("a") as arr:  # checked, and recorded
+        assert arr.shape == (2, 3)
+    v = _core_view(cache, "a")
+    assert type(v) is View is _core.View
+    with v as arr:
+        assert np.array_equal(arr, np.arange(6.0).reshape(2, 3)) and not arr.flags.writeable
+        with pytest.raises(PinnedError):
+            cache.put("a", 0)
+    assert arr.size == 0
+    before = cache.stats()
+    assert _core_view(cache, "absent") is None
+    assert _core_view(cache, "m") == -1
+    after = cache.stats()
+    assert (after.hits - before.hits, after.misses - before.misses) == (0, 1)  # a refused view counts nothing
+    cache.put("a", 1)  # nothing pinned any more
+
+
+@compiled
+def test_view_compiled_reuses_its_descriptions_and_closes_them_with_the_handle(name):
+    c = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    try:
+        handle_fds = _segment_fds(name)
+        c.put("a", np.arange(100))
+        c.put("b", b"bytes")
+        for _ in range(200):
+            with c.view("a") as arr, c.view("b") as mv:
+                assert int(arr[99]) == 99 and bytes(mv) == b"bytes"
+        pin_fds = _segment_fds(name) - handle_fds
+        assert c._pins.idle == 2 and len(pin_fds) == 2  # two descriptions, lent again and again
+        kept = c.view("a")  # a view outliving its handle keeps its description until it goes
+        c.close()
+        assert len(_segment_fds(name) & pin_fds) == 1
+        with kept as arr:
+            assert int(arr.sum()) == sum(range(100))
+        del kept, arr
+        assert not _segment_fds(name) & pin_fds
+    finally:
+        c.close()
+        SharedCache.unlink_name(name)
+    with pytest.raises(ClosedError):
+        c.view("a")
+
+
+@compiled
+def test_view_compiled_hands_over_to_the_python_path_which_pins_through_a_lease(cache):
+    cache.put("a", np.arange(10))
+    with cache.view("a"):
+        pass  # recorded: the next view would be built in C, but the dirty word hands it over
+    cache._h[H_DIRTY] = 1
+    assert _core_view(cache, "a") is core.HANDOVER and cache._pins.idle == 1  # its description given back
+    with cache.view("a") as arr:  # the Python path repairs, pins, and arms a lease with what it pinned
+        assert np.array_equal(arr, np.arange(10))
+        with pytest.raises(PinnedError):
+            cache.put("a", 0)
+    assert arr.size == 0 and cache._h[H_DIRTY] == 0
+    cache.put("a", 0)
+    assert cache.get("a") == 0
+
+
+@compiled
+def test_view_compiled_a_lease_checks_what_it_is_given(cache):
+    lease = cache._pins.lease()
+    fd = lease.fd
+    os.fstat(fd)
+    with pytest.raises(BufferError):
+        memoryview(lease)  # not armed: no memory yet
+    arena = cache._seg.geometry.arena_nbytes
+    for slot, off, length in ((1, arena, 8), (1, 0, arena + 8), (1, -8, 8), (-1, 0, 8), (1, 0, 0)):
+        with pytest.raises(ValueError):
+            lease.arm(slot, off, length, 0, 0)
+    del lease  # dropped unarmed: its description is closed (a lock taken through it would go with it)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    with pytest.raises(TypeError):
+        cache._core.view(encode_key("a"), 0, -1, object())
+
+
+@compiled
+def test_view_compiled_a_lease_ended_before_any_view_unpins_at_once(cache):
+    cache.put("a", b"payload")
+    lease = _core_view(cache, "a")
+    with pytest.raises(PinnedError):
+        cache.delete("a")
+    lease.end()
+    lease.end()  # at most once
+    raw = bytes(memoryview(lease))  # (its memory stays valid: the lease still holds the mapping)
+    assert lease.fd == -1 and raw[0] == TAG_BYTES and raw[1:] == b"payload"
+    assert cache.delete("a")

@@ -14,6 +14,18 @@ import xxhash
 from shmcache import SharedCache
 from shmcache.guard import Guard
 from shmcache.lock import hot_unlock
+from shmcache.view import PinDescriptions
+
+
+def python_path(cache: SharedCache) -> SharedCache:
+    """Run handle ``cache`` on the pure-Python path from now on, whatever is built (the reference the compiled
+    section is held to): no Core, and views pinned through view.PinDescriptions, as in a build without _core."""
+    if cache._core is not None:
+        cache._core.release()
+        cache._core = None
+        cache._pins.close()
+        cache._pins = PinDescriptions(cache._seg.fd)
+    return cache
 
 
 def reap(procs, timeout: float = 60) -> None:
@@ -263,8 +275,8 @@ def put_and_die_at(name: str, func: str, marker: str, key: str, value, ttl) -> N
             os.kill(os.getpid(), signal.SIGKILL)
         return trace
 
-    cache = SharedCache(name, create=False)
-    cache._core = None  # the Python path's crash windows are the ones traced (the compiled section has its own tests)
+    # The Python path's crash windows are the ones traced (the compiled section has its own tests).
+    cache = python_path(SharedCache(name, create=False))
     sys.settrace(trace)
     cache.put(key, value, ttl=ttl)
     sys.settrace(None)

@@ -1,0 +1,736 @@
+/* shmcache._core's zero-copy views: what view.py's PinDescriptions, Pin and View do, in C (view.py is the reference;
+ * its module docstring says what a pin is and how long it lasts).
+ *
+ * Core.view (_core.c) takes the pin under the lock: the entry's pin flag, and a read lock on its pin byte through a
+ * description from ``Pins``. Everything after the unlock happens here:
+ *
+ * - ``Lease`` owns that description from then on, and holds a buffer export of the segment's mapping. It exports the
+ *   pinned value's bytes (tag first, read-only). The arrays and memoryviews handed out are built over it, so it is
+ *   freed only after the last of them, and its dealloc ends the pin: unlock, and the description back to the pool.
+ *   No Python code runs between the memory going and the pin ending, so no exception can come between them.
+ * - A handle checks a stored value once (view.py: the checksum policy). ``Pins.viewed`` remembers what it checked
+ *   (slot -> version, offset, length, checksum and layout); a view of a value it names is built here at once.
+ * - ``View`` is what ``SharedCache.view`` returns in the compiled build: its close() revokes the object handed out
+ *   exactly as view.View's does.
+ *
+ * Fork: a child must never unlock its parent's pins, and the parent must not lend again a description a child may
+ * still hold. view.py's fork hooks call Pins._forked_parent/_forked_child: each bumps the epoch (a lease of an
+ * earlier epoch closes its description at the end instead of lending it again), and the child closes its copies of
+ * the idle descriptions and takes its own pid (a lease of another pid only closes its copy, never unlocks).
+ */
+#include "_view.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "structmember.h"
+
+/* Set once by setup_views(): what the views are built with. */
+static PyObject *frombuffer;   /* numpy.frombuffer */
+static PyObject *closed_state; /* view.CLOSED's __setstate__ argument: what a revoked array becomes */
+static PyObject *keep;         /* view.keep_base(arr): arr's base lives as long as arr does */
+static long tag_bytes = -1, tag_array = -1;
+static PyObject *s_reshape, *s_release, *s_setstate;
+
+enum { VK_ARRAY, VK_BYTES, VK_TENSOR };
+
+typedef struct {
+    PyObject_HEAD
+    Pins *pins;
+    Py_buffer src; /* the export of the mapping, held while the lease lives */
+    int have_src;
+    int fd;         /* the description the pin is held through; -1 once the pin ended */
+    int64_t byte;   /* the byte locked through it; -1 unknown (the description is then closed at the end) */
+    pid_t pid;      /* Pins.pid when the pin was taken */
+    unsigned long epoch;
+    char *ptr;      /* the value, tag first */
+    Py_ssize_t len;
+    int64_t slot, off, check, version;
+} Lease;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *obj; /* what __enter__ hands out; NULL once closed */
+    int kind;
+} View;
+
+/* ------------------------------------------------------------------------------------------------ descriptions */
+
+int pins_take(Pins *p, int *fd)
+{
+    if (p->nidle > 0) {
+        *fd = p->idle[--p->nidle];
+        return 0;
+    }
+    int f = open(p->path, O_RDWR | O_CLOEXEC);
+    if (f < 0) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, p->path);
+        return -1;
+    }
+    *fd = f;
+    return 0;
+}
+
+void pins_give(Pins *p, int fd)
+{
+    if (p->closed) {
+        close(fd);
+        return;
+    }
+    if (p->nidle == p->cap) {
+        Py_ssize_t cap = p->cap ? 2 * p->cap : 8;
+        int *idle = PyMem_Realloc(p->idle, (size_t)cap * sizeof(int));
+        if (idle == NULL) { /* no room to keep it: closed (it holds no lock); never an exception here */
+            close(fd);
+            return;
+        }
+        p->idle = idle;
+        p->cap = cap;
+    }
+    p->idle[p->nidle++] = fd;
+}
+
+static void close_idle(Pins *p)
+{
+    while (p->nidle > 0)
+        close(p->idle[--p->nidle]);
+}
+
+static int Pins_init(Pins *p, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"segment_fd", "mapping", "arena_off", "arena_nbytes", "pin_base", NULL};
+    int seg_fd;
+    PyObject *mapping;
+    Py_ssize_t arena_off, arena_nbytes;
+    long long pin_base;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOnnL", kwlist, &seg_fd, &mapping, &arena_off, &arena_nbytes,
+                                     &pin_base))
+        return -1;
+    if (frombuffer == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmcache._core.setup_views() was not called");
+        return -1;
+    }
+    if (p->viewed != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Pins is bound once");
+        return -1;
+    }
+    if (seg_fd < 0 || arena_off < 0 || arena_nbytes < 0 || pin_base < 0) {
+        PyErr_SetString(PyExc_ValueError, "Pins: a negative descriptor, offset or length");
+        return -1;
+    }
+    if (!PyObject_CheckBuffer(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "Pins: mapping must export a buffer (the segment's mmap)");
+        return -1;
+    }
+    p->viewed = PyDict_New();
+    if (p->viewed == NULL)
+        return -1;
+    snprintf(p->path, sizeof p->path, "/proc/self/fd/%d", seg_fd);
+    Py_INCREF(mapping);
+    p->mapping = mapping;
+    p->arena_off = arena_off;
+    p->arena_nbytes = arena_nbytes;
+    p->pin_base = pin_base;
+    p->pid = getpid();
+    return 0;
+}
+
+static void Pins_dealloc(Pins *p)
+{
+    if (p->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)p);
+    close_idle(p);
+    PyMem_Free(p->idle);
+    Py_CLEAR(p->mapping);
+    Py_CLEAR(p->viewed);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static Lease *lease_alloc(Pins *p, int fd)
+{
+    Lease *l = PyObject_New(Lease, &LeaseType);
+    if (l == NULL)
+        return NULL;
+    Py_INCREF(p);
+    l->pins = p;
+    l->have_src = 0;
+    l->fd = fd;
+    l->byte = -1;
+    l->pid = p->pid;
+    l->epoch = p->epoch;
+    l->ptr = NULL;
+    l->len = 0;
+    l->slot = l->off = l->check = l->version = -1;
+    return l;
+}
+
+/* Arm lease ``l``: its pin is on entry ``slot`` (so the end unlocks that byte and lends the description again), over
+ * the value at arena offset ``off``, ``len`` bytes (bounds-checked: they come from the segment). -1 with an exception
+ * set, the lease left as it was. */
+static int lease_arm(Lease *l, int64_t slot, int64_t off, int64_t len, int64_t check, int64_t version)
+{
+    Pins *p = l->pins;
+    if (l->have_src || p->mapping == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        l->have_src ? "Lease.arm: armed already" : "Lease.arm: the pins are closed");
+        return -1;
+    }
+    if (slot < 0 || off < 0 || len < 1 || off > p->arena_nbytes || len > p->arena_nbytes - off) {
+        PyErr_Format(PyExc_ValueError, "Lease.arm: slot %lld, value at %lld of %lld bytes is not within the arena",
+                     (long long)slot, (long long)off, (long long)len);
+        return -1;
+    }
+    if (PyObject_GetBuffer(p->mapping, &l->src, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (l->src.len < p->arena_off + p->arena_nbytes) {
+        PyBuffer_Release(&l->src);
+        PyErr_SetString(PyExc_ValueError, "Lease.arm: the mapping is smaller than its arena");
+        return -1;
+    }
+    l->have_src = 1;
+    l->ptr = (char *)l->src.buf + p->arena_off + off;
+    l->len = (Py_ssize_t)len;
+    l->byte = p->pin_base + slot;
+    l->slot = slot;
+    l->off = off;
+    l->check = check;
+    l->version = version;
+    return 0;
+}
+
+/* End the pin (at most once): unlock its byte and lend the description again; or, for a description that is not
+ * this process's alone (inherited through fork, or out when this process forked) or whose byte is unknown, close it,
+ * which drops whatever lock it holds once no other process holds it too. Never raises. */
+static void lease_end(Lease *l)
+{
+    int fd = l->fd;
+    if (fd < 0)
+        return;
+    l->fd = -1;
+    Pins *p = l->pins;
+    if (l->pid != p->pid) { /* a copy inherited through fork: the pin is the parent's, and stays */
+        close(fd);
+        return;
+    }
+    int unlocked = 0;
+    if (l->byte >= 0) {
+        struct flock fl;
+        memset(&fl, 0, sizeof fl);
+        fl.l_type = F_UNLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = (off_t)l->byte;
+        fl.l_len = 1;
+        unlocked = fcntl(fd, F_OFD_SETLK, &fl) == 0;
+    }
+    if (unlocked && l->epoch == p->epoch)
+        pins_give(p, fd);
+    else
+        close(fd);
+}
+
+static void Lease_dealloc(Lease *l)
+{
+    lease_end(l);
+    if (l->have_src) {
+        l->have_src = 0;
+        PyBuffer_Release(&l->src);
+    }
+    Py_CLEAR(l->pins);
+    PyObject_Free(l);
+}
+
+static int Lease_getbuffer(Lease *l, Py_buffer *view, int flags)
+{
+    if (!l->have_src) {
+        PyErr_SetString(PyExc_BufferError, "this lease is not armed");
+        view->obj = NULL;
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, (PyObject *)l, l->ptr, l->len, 1, flags);
+}
+
+static PyBufferProcs Lease_as_buffer = {(getbufferproc)Lease_getbuffer, NULL};
+
+static PyObject *Lease_arm(Lease *l, PyObject *args)
+{
+    long long slot, off, len, check, version;
+    if (!PyArg_ParseTuple(args, "LLLLL:arm", &slot, &off, &len, &check, &version))
+        return NULL;
+    if (l->fd < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Lease.arm: the pin has ended");
+        return NULL;
+    }
+    if (lease_arm(l, slot, off, len, check, version))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lease_end(Lease *l, PyObject *Py_UNUSED(ignored))
+{
+    lease_end(l);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lease_get_fd(Lease *l, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(l->fd);
+}
+
+static PyMethodDef Lease_methods[] = {
+    {"arm", (PyCFunction)Lease_arm, METH_VARARGS,
+     "arm(slot, off, len, check, version)\n\nThe pin taken through fd (by Store.pin) is on entry slot, over the value "
+     "at arena offset off of len bytes, stored with that checksum and version."},
+    {"end", (PyCFunction)Lease_end, METH_NOARGS,
+     "End the pin now (idempotent): only for a lease no view was built over, when the view cannot be made."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Lease_members[] = {
+    {"slot", T_LONGLONG, offsetof(Lease, slot), READONLY, "the entry pinned"},
+    {"off", T_LONGLONG, offsetof(Lease, off), READONLY, "the value's offset in the arena"},
+    {"check", T_LONGLONG, offsetof(Lease, check), READONLY, "the checksum the value was stored with"},
+    {"version", T_LONGLONG, offsetof(Lease, version), READONLY, "the entry's version when pinned"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Lease_getset[] = {
+    {"fd", (getter)Lease_get_fd, NULL, "the description the pin is taken through (-1 once it ended)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject LeaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Lease",
+    .tp_basicsize = sizeof(Lease),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One view's pin: it owns the description the pin is held through and exports the pinned value's bytes "
+              "(tag first, read-only); the pin ends when it is freed. Made by Core.view and Pins.lease().",
+    .tp_dealloc = (destructor)Lease_dealloc,
+    .tp_as_buffer = &Lease_as_buffer,
+    .tp_methods = Lease_methods,
+    .tp_members = Lease_members,
+    .tp_getset = Lease_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ views */
+
+/* The View of leased value ``l`` as ``layout`` (tag, dtype, shape, data offset, count) reads it: a memoryview for
+ * bytes, an array for an array. The memory is owned by an array over the lease (``owner``): what is handed out
+ * derives from it (numpy collapses a view's base to it), so the lease goes after the last of them. */
+static PyObject *build(Lease *l, PyObject *layout)
+{
+    if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 5) {
+        PyErr_SetString(PyExc_TypeError, "a view layout is (tag, dtype, shape, data offset, count)");
+        return NULL;
+    }
+    long tag = PyLong_AsLong(PyTuple_GET_ITEM(layout, 0));
+    if (tag == -1 && PyErr_Occurred())
+        return NULL;
+    int kind;
+    if (tag == tag_bytes)
+        kind = VK_BYTES;
+    else if (tag == tag_array)
+        kind = VK_ARRAY;
+    else {
+        PyErr_Format(PyExc_ValueError, "a view built in C is of bytes or an array, not tag %ld", tag);
+        return NULL;
+    }
+    PyObject *fargs[4] = {(PyObject *)l, PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 4),
+                          PyTuple_GET_ITEM(layout, 3)};
+    PyObject *owner = PyObject_Vectorcall(frombuffer, fargs, 4, NULL); /* bounds-checked by numpy */
+    if (owner == NULL)
+        return NULL;
+    PyObject *obj;
+    if (kind == VK_BYTES) {
+        obj = PyMemoryView_FromObject(owner);
+    } else {
+        PyObject *margs[2] = {owner, PyTuple_GET_ITEM(layout, 2)};
+        obj = PyObject_VectorcallMethod(s_reshape, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    Py_DECREF(owner);
+    if (obj == NULL)
+        return NULL;
+    View *v = PyObject_GC_New(View, &ViewType);
+    if (v == NULL) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    v->obj = obj;
+    v->kind = kind;
+    PyObject_GC_Track(v);
+    return (PyObject *)v;
+}
+
+/* Whether this handle checked the value ``l`` leases before (the same version, offset, length and checksum in the
+ * same slot): its layout (borrowed), or NULL (and no exception) if not. */
+static PyObject *known_layout(Pins *p, Lease *l)
+{
+    PyObject *key = PyLong_FromLongLong(l->slot);
+    if (key == NULL)
+        return NULL;
+    PyObject *rec = PyDict_GetItemWithError(p->viewed, key);
+    Py_DECREF(key);
+    if (rec == NULL || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5)
+        return NULL;
+    int64_t want[4] = {l->version, l->off, (int64_t)l->len, l->check};
+    for (int i = 0; i < 4; i++) {
+        PyObject *x = PyTuple_GET_ITEM(rec, i);
+        if (!PyLong_CheckExact(x) || PyLong_AsLongLong(x) != want[i]) {
+            PyErr_Clear(); /* (an overflow: not the same value) */
+            return NULL;
+        }
+    }
+    return PyTuple_GET_ITEM(rec, 4);
+}
+
+PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, int64_t check, int64_t version)
+{
+    Lease *l = lease_alloc(p, fd);
+    if (l == NULL) {
+        close(fd); /* drops the lock just taken through it */
+        return NULL;
+    }
+    l->byte = p->pin_base + slot; /* so that any failure below unlocks it, as the lease goes */
+    if (lease_arm(l, slot, off, len, check, version)) {
+        Py_DECREF(l);
+        return NULL;
+    }
+    PyObject *layout = known_layout(p, l);
+    if (layout == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        return (PyObject *)l; /* a first look: view.first_look checks it */
+    }
+    long tag = PyLong_AsLong(PyTuple_GET_ITEM(layout, 0));
+    if (tag != tag_bytes && tag != tag_array)
+        return (PyObject *)l; /* a tensor: built by view.first_look (it needs a read-only mapping of its own) */
+    PyObject *v = build(l, layout);
+    Py_DECREF(l); /* held by the view's memory now, or freed (unlocking) if it could not be built */
+    return v;
+}
+
+/* How many names of the calling Python frame are bound to ``obj`` (view.View._close's f_locals count). */
+static Py_ssize_t frame_names(PyObject *obj)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *loc = PyEval_GetFrameLocals();
+#elif PY_VERSION_HEX >= 0x030B0000
+    PyFrameObject *f = PyEval_GetFrame();
+    if (f == NULL)
+        return 0;
+    PyObject *loc = PyFrame_GetLocals(f);
+#else
+    PyObject *loc = PyEval_GetLocals();
+    Py_XINCREF(loc);
+#endif
+    if (loc == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_ssize_t n = 0;
+    if (PyDict_Check(loc)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *val;
+        while (PyDict_Next(loc, &pos, &k, &val))
+            n += val == obj;
+    } else {
+        PyObject *vals = PyMapping_Values(loc);
+        if (vals == NULL) {
+            Py_DECREF(loc);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++)
+            n += PyList_GET_ITEM(vals, i) == obj;
+        Py_DECREF(vals);
+    }
+    Py_DECREF(loc);
+    return n;
+}
+
+/* view.View._close: revoke what was handed out. */
+static int view_close(View *v)
+{
+    PyObject *obj = v->obj;
+    if (obj == NULL)
+        return 0;
+    v->obj = NULL;
+    int r = 0;
+    PyObject *x = NULL;
+    if (v->kind == VK_BYTES) {
+        PyObject *margs[1] = {obj};
+        x = PyObject_VectorcallMethod(s_release, margs, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (x == NULL) {
+            /* Exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives. */
+            if (PyErr_ExceptionMatches(PyExc_BufferError))
+                PyErr_Clear();
+            else
+                r = -1;
+        }
+    } else if (v->kind == VK_ARRAY) {
+        /* References beyond this one and the caller's names: someone else holds the array itself. */
+        Py_ssize_t others = Py_REFCNT(obj) - 1;
+        if (others > 0) {
+            Py_ssize_t names = frame_names(obj);
+            if (names < 0)
+                r = -1;
+            others -= names;
+        }
+        /* Ordering: the keep-alive before the revocation, as view.View._close (an error between the two leaves the
+         * array valid, holding its memory). */
+        if (r == 0 && others > 0 && (x = PyObject_CallOneArg(keep, obj)) == NULL)
+            r = -1;
+        if (r == 0) {
+            Py_XDECREF(x);
+            PyObject *margs[2] = {obj, closed_state};
+            x = PyObject_VectorcallMethod(s_setstate, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (x == NULL)
+                r = -1;
+        }
+    } /* a tensor is never revoked (view.py: it lives, and keeps its pin, while anything holds it) */
+    Py_XDECREF(x);
+    Py_DECREF(obj);
+    return r;
+}
+
+static PyObject *View_enter(View *v, PyObject *Py_UNUSED(ignored))
+{
+    if (v->obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "this view is closed; take a new one with cache.view(key)");
+        return NULL;
+    }
+    Py_INCREF(v->obj);
+    return v->obj;
+}
+
+static PyObject *View_exit(View *v, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    if (view_close(v))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *View_close(View *v, PyObject *Py_UNUSED(ignored))
+{
+    if (view_close(v))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int View_traverse(View *v, visitproc visit, void *arg)
+{
+    Py_VISIT(v->obj);
+    return 0;
+}
+
+static int View_clear(View *v)
+{
+    Py_CLEAR(v->obj);
+    return 0;
+}
+
+static void View_dealloc(View *v)
+{
+    PyObject_GC_UnTrack(v);
+    Py_CLEAR(v->obj);
+    PyObject_GC_Del(v);
+}
+
+static PyMethodDef View_methods[] = {
+    {"__enter__", (PyCFunction)View_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))View_exit, METH_FASTCALL, NULL},
+    {"close", (PyCFunction)View_close, METH_NOARGS,
+     "Revoke the object handed out; the pin goes when nothing references the memory any more."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject ViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache.View",
+    .tp_basicsize = sizeof(View),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by SharedCache.view "
+              "(see shmcache/view.py for what the pin holds and how long).",
+    .tp_dealloc = (destructor)View_dealloc,
+    .tp_traverse = (traverseproc)View_traverse,
+    .tp_clear = (inquiry)View_clear,
+    .tp_methods = View_methods,
+};
+
+/* ------------------------------------------------------------------------------------------------ Pins methods */
+
+static PyObject *Pins_lease(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    if (p->closed) {
+        PyErr_SetString(PyExc_ValueError, "Pins.lease: closed");
+        return NULL;
+    }
+    int fd;
+    if (pins_take(p, &fd))
+        return NULL;
+    Lease *l = lease_alloc(p, fd);
+    if (l == NULL)
+        pins_give(p, fd);
+    return (PyObject *)l;
+}
+
+static PyObject *Pins_build(Pins *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "Pins.build(lease, layout[, tensor])");
+        return NULL;
+    }
+    if (Py_TYPE(args[0]) != &LeaseType || ((Lease *)args[0])->pins != p || !((Lease *)args[0])->have_src) {
+        PyErr_SetString(PyExc_TypeError, "Pins.build: an armed lease of these pins");
+        return NULL;
+    }
+    Lease *l = (Lease *)args[0];
+    PyObject *rec = Py_BuildValue("(LLnLO)", (long long)l->version, (long long)l->off, l->len, (long long)l->check,
+                                  args[1]);
+    PyObject *key = PyLong_FromLongLong(l->slot);
+    int bad = rec == NULL || key == NULL || PyDict_SetItem(p->viewed, key, rec) < 0;
+    Py_XDECREF(rec);
+    Py_XDECREF(key);
+    if (bad)
+        return NULL;
+    if (nargs == 2)
+        return build(l, args[1]);
+    View *v = PyObject_GC_New(View, &ViewType);
+    if (v == NULL)
+        return NULL;
+    Py_INCREF(args[2]);
+    v->obj = args[2];
+    v->kind = VK_TENSOR;
+    PyObject_GC_Track(v);
+    return (PyObject *)v;
+}
+
+static PyObject *Pins_close(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    p->closed = 1;
+    close_idle(p);
+    Py_CLEAR(p->mapping); /* each lease alive holds an export of it, so it is unmapped after the last */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pins_forked_parent(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    p->epoch++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pins_forked_child(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    close_idle(p);
+    p->epoch++;
+    p->pid = getpid();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pins_get_closed(Pins *p, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(p->closed);
+}
+
+static PyObject *Pins_get_idle(Pins *p, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(p->nidle);
+}
+
+static PyObject *Pins_get_path(Pins *p, void *Py_UNUSED(closure))
+{
+    return PyUnicode_FromString(p->path);
+}
+
+static PyObject *Pins_get_viewed(Pins *p, void *Py_UNUSED(closure))
+{
+    Py_INCREF(p->viewed);
+    return p->viewed;
+}
+
+static PyMethodDef Pins_methods[] = {
+    {"lease", (PyCFunction)Pins_lease, METH_NOARGS,
+     "A lease not yet armed, owning a description that holds no lock: the Python path pins through lease.fd, then "
+     "arms it. Dropped unarmed, it closes the description (dropping any lock taken through it)."},
+    {"build", (PyCFunction)(void (*)(void))Pins_build, METH_FASTCALL,
+     "build(lease, layout[, tensor]) -> View\n\nThe View of an armed lease whose value was checked, recorded in "
+     "viewed so that the next views of that stored value are built in Core.view: over its bytes as layout (tag, "
+     "dtype, shape, data offset, count) reads them, or holding tensor (never revoked)."},
+    {"close", (PyCFunction)Pins_close, METH_NOARGS,
+     "Close the idle descriptions; those of leases still alive are closed as they go."},
+    {"_forked_parent", (PyCFunction)Pins_forked_parent, METH_NOARGS, "os.register_at_fork's after_in_parent"},
+    {"_forked_child", (PyCFunction)Pins_forked_child, METH_NOARGS, "os.register_at_fork's after_in_child"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Pins_getset[] = {
+    {"closed", (getter)Pins_get_closed, NULL, "whether close() was called", NULL},
+    {"idle", (getter)Pins_get_idle, NULL, "descriptions kept for the next views", NULL},
+    {"path", (getter)Pins_get_path, NULL, "what each description opens (the segment, through its descriptor)", NULL},
+    {"viewed", (getter)Pins_get_viewed, NULL,
+     "slot -> (version, offset, length, checksum, layout) of the stored values this handle's views checked", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PinsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Pins",
+    .tp_basicsize = sizeof(Pins),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Pins(segment_fd, mapping, arena_off, arena_nbytes, pin_base): the descriptions one cache handle's "
+              "views pin through, and the values they checked.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Pins_init,
+    .tp_dealloc = (destructor)Pins_dealloc,
+    .tp_weaklistoffset = offsetof(Pins, weakreflist),
+    .tp_methods = Pins_methods,
+    .tp_getset = Pins_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ module */
+
+PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)");
+        return NULL;
+    }
+    long tb = PyLong_AsLong(args[3]), ta = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyCallable_Check(args[0]) || !PyTuple_Check(args[1]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup_views: frombuffer and keep must be callable, closed_state a tuple");
+        return NULL;
+    }
+    PyObject *olds[3] = {frombuffer, closed_state, keep};
+    for (int i = 0; i < 3; i++)
+        Py_INCREF(args[i]);
+    frombuffer = args[0];
+    closed_state = args[1];
+    keep = args[2];
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(olds[i]);
+    tag_bytes = tb;
+    tag_array = ta;
+    Py_RETURN_NONE;
+}
+
+int view_types_add(PyObject *m)
+{
+    s_reshape = PyUnicode_InternFromString("reshape");
+    s_release = PyUnicode_InternFromString("release");
+    s_setstate = PyUnicode_InternFromString("__setstate__");
+    if (s_reshape == NULL || s_release == NULL || s_setstate == NULL)
+        return -1;
+    PyTypeObject *types[3] = {&PinsType, &LeaseType, &ViewType};
+    const char *names[3] = {"Pins", "Lease", "View"};
+    for (int i = 0; i < 3; i++) {
+        if (PyType_Ready(types[i]) < 0)
+            return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            return -1;
+        }
+    }
+    return 0;
+}

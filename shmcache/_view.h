@@ -1,0 +1,49 @@
+/* shmcache._core's zero-copy views (_view.c): the descriptions pins are taken through, the lease that holds one pin
+ * and exports the pinned bytes, and the View handed out. Core.view (_core.c) takes the pin under the lock; these
+ * types make everything after it run in C. */
+#ifndef SHMCACHE_VIEW_H
+#define SHMCACHE_VIEW_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* One cache handle's descriptions (the C twin of view.PinDescriptions): idle ones, kept for the next view, and what
+ * a lease needs to export the arena's bytes. */
+typedef struct {
+    PyObject_HEAD
+    char path[40];        /* /proc/self/fd/<segment fd>: each description is a new open of the segment */
+    int *idle;            /* descriptions holding no lock */
+    Py_ssize_t nidle, cap;
+    pid_t pid;            /* the process the idle descriptions belong to */
+    unsigned long epoch;  /* forks of this process: a lease from an earlier epoch may be shared with a child */
+    int closed;
+    PyObject *mapping;    /* the segment's mmap: each lease holds a buffer export of it */
+    Py_ssize_t arena_off, arena_nbytes;
+    int64_t pin_base;
+    PyObject *viewed;     /* slot -> (version, offset, length, checksum, layout) of values a view checked */
+    PyObject *weakreflist;
+} Pins;
+
+extern PyTypeObject PinsType, LeaseType, ViewType;
+
+/* Ready the three types and add them to module ``m``; -1 with an exception set. */
+int view_types_add(PyObject *m);
+
+/* A description holding no lock into *fd (an idle one, or a new open); -1 with an exception set. */
+int pins_take(Pins *p, int *fd);
+
+/* Give back description ``fd``, which holds no lock (closed instead once the handle is closed). */
+void pins_give(Pins *p, int fd);
+
+/* The lease of the pin Core.view took on entry ``slot`` through ``fd`` (which it now owns, closing it on failure),
+ * over the value at arena offset ``off`` of ``len`` bytes; then the View of it, when this handle has checked that
+ * stored value before (the lease itself otherwise: a first look, for the Python side). NULL with an exception set. */
+PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, int64_t check, int64_t version);
+
+/* _core.setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array): what views are built and revoked with
+ * (view.py calls it once, at import). */
+PyObject *setup_views(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
+
+#endif
