@@ -230,6 +230,11 @@ def _child(case: str, n: int) -> None:
         SharedCache.unlink_name(name)
 
 
+# str hashing salted per run moves counts by a few percent; OpenBLAS's worker threads (started when numpy is
+# imported) spin for a while, and their instructions moved a count by up to 4,000 per operation from run to run.
+_CHILD_ENV = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 def count(case: str, n: int, collect: str | None = None) -> int:
     """Instructions of one child run of ``n`` operations (with ``collect``, only those inside that C function)."""
     toggle = [f"--toggle-collect={collect}"] if collect else []
@@ -237,7 +242,7 @@ def count(case: str, n: int, collect: str | None = None) -> int:
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggle, sys.executable, "-m",
          "benchmarks.instructions", "--child", case, str(n)],
         capture_output=True, text=True, check=True, timeout=1800,
-        env={**os.environ, "PYTHONHASHSEED": "0"})  # str hashing salted per run moves counts by a few percent
+        env=_CHILD_ENV)
     m = re.search(r"Collected : (\d+)", out.stderr)
     if not m:
         raise RuntimeError(f"no instruction count in valgrind's output for {case}:\n{out.stderr[-2000:]}")
@@ -250,7 +255,7 @@ def wall(case: str, n: int, repeats: int) -> float:
     for _ in range(repeats):
         out = subprocess.run([sys.executable, "-m", "benchmarks.instructions", "--child", case, str(n)],
                              capture_output=True, text=True, check=True, timeout=600,
-                             env={**os.environ, "PYTHONHASHSEED": "0"})
+                             env=_CHILD_ENV)
         times.append(int(re.search(r"elapsed_ns (\d+)", out.stderr).group(1)))
     return sorted(times)[len(times) // 2]
 

@@ -26,7 +26,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#if PY_VERSION_HEX >= 0x030C0000 /* the member types moved into Python.h (structmember.h is deprecated) */
+#define MEMBER_LL Py_T_LONGLONG
+#define MEMBER_RO Py_READONLY
+#else
 #include "structmember.h"
+#define MEMBER_LL T_LONGLONG
+#define MEMBER_RO READONLY
+#endif
 
 /* Set once by setup_views(): what the views are built with. */
 static PyObject *frombuffer;   /* numpy.frombuffer */
@@ -289,10 +296,10 @@ static PyMethodDef Lease_methods[] = {
 };
 
 static PyMemberDef Lease_members[] = {
-    {"slot", T_LONGLONG, offsetof(Lease, slot), READONLY, "the entry pinned"},
-    {"off", T_LONGLONG, offsetof(Lease, off), READONLY, "the value's offset in the arena"},
-    {"check", T_LONGLONG, offsetof(Lease, check), READONLY, "the checksum the value was stored with"},
-    {"version", T_LONGLONG, offsetof(Lease, version), READONLY, "the entry's version when pinned"},
+    {"slot", MEMBER_LL, offsetof(Lease, slot), MEMBER_RO, "the entry pinned"},
+    {"off", MEMBER_LL, offsetof(Lease, off), MEMBER_RO, "the value's offset in the arena"},
+    {"check", MEMBER_LL, offsetof(Lease, check), MEMBER_RO, "the checksum the value was stored with"},
+    {"version", MEMBER_LL, offsetof(Lease, version), MEMBER_RO, "the entry's version when pinned"},
     {NULL, 0, 0, 0, NULL},
 };
 
