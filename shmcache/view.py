@@ -30,6 +30,13 @@ A tensor is never revoked in place: torch code outside Python's reference counts
 capsule) may hold it, and ``set_()`` would free the memory under them. So its pin ends when the tensor, and every
 tensor sharing its memory, is garbage collected (each holds the array the tensor was made from, which holds the
 mapping and the pin), not when the block ends: ``del`` the name after the block to end the pin there.
+
+The compiled build. ``shmcache/_view.c`` does what this module does, in C, and this module is its reference (the
+test suite runs on both): ``Core.view`` pins through a description of a ``_core.Pins`` (this handle's pool), hands
+the pin to a ``_core.Lease`` that owns the description, exports the value's bytes and unlocks in its deallocation (so
+the arrays built over it end the pin as they go, with no Python code between), and for a stored value this handle
+checked before builds the array and returns a ``_core.View``, whose close() revokes as ``PyView`` does. The first
+view of a value (its checksum and layout), a tensor's view and a call the C hands over go through ``first_look``.
 """
 
 from __future__ import annotations
