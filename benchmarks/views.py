@@ -50,10 +50,10 @@ def main(argv=None) -> int:
                     with cache.view(key) as v:
                         return v.shape
 
-                checked = cache._viewed if cache._core is None else cache._pins.viewed
+                forget = cache._viewed.clear if cache._core is None else cache._pins.forget
 
                 def first_view(key):
-                    checked.clear()
+                    forget()
                     return view(key)
 
                 calls = max(20, min(2000, (64 << 20) // size))

@@ -1478,11 +1478,12 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
         return handover(c);
     }
     int fd;
-    if (pins_take(p, &fd))
+    Taken t;
+    if (pins_take(p, &fd, &t))
         return NULL;
     PyObject *refused;
     if (enter(c, &refused)) {
-        pins_give(p, fd);
+        pins_give(p, fd, t);
         return refused;
     }
     Found f = {0, 0, 0, 0, 0, 0};
@@ -1495,7 +1496,7 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
         if (locked)
             close(fd); /* closing drops the lock taken through it */
         else
-            pins_give(p, fd);
+            pins_give(p, fd, t);
         return handover(c);
     }
     if (p->closed && f.hit && viewable) { /* the handle was closed while this call waited for the lock */
@@ -1504,12 +1505,12 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
         return handover(c);
     }
     if (!f.hit || !viewable) { /* nothing was locked through it */
-        pins_give(p, fd);
+        pins_give(p, fd, t);
         if (!f.hit)
             Py_RETURN_NONE;
         return PyLong_FromLong(-1);
     }
-    return view_of_pin(p, fd, f.slot, f.off, f.vlen, f.check, version);
+    return view_of_pin(p, fd, t, f.slot, f.off, f.vlen, f.check, version);
 }
 
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)

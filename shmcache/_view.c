@@ -62,12 +62,15 @@ typedef struct {
     PyObject_HEAD
     PyObject *obj; /* what __enter__ hands out; NULL once closed */
     int kind;
+    PyObject *weakreflist;
 } View;
 
 /* ------------------------------------------------------------------------------------------------ descriptions */
 
-int pins_take(Pins *p, int *fd)
+int pins_take(Pins *p, int *fd, Taken *t)
 {
+    t->pid = p->pid;
+    t->epoch = p->epoch;
     if (p->nidle > 0) {
         *fd = p->idle[--p->nidle];
         return 0;
@@ -81,9 +84,9 @@ int pins_take(Pins *p, int *fd)
     return 0;
 }
 
-void pins_give(Pins *p, int fd)
+void pins_give(Pins *p, int fd, Taken t)
 {
-    if (p->closed) {
+    if (p->closed || t.epoch != p->epoch || t.pid != p->pid) {
         close(fd);
         return;
     }
@@ -120,7 +123,7 @@ static int Pins_init(Pins *p, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "shmcache._core.setup_views() was not called");
         return -1;
     }
-    if (p->viewed != NULL) {
+    if (p->bound) {
         PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Pins is bound once");
         return -1;
     }
@@ -132,9 +135,7 @@ static int Pins_init(Pins *p, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Pins: mapping must export a buffer (the segment's mmap)");
         return -1;
     }
-    p->viewed = PyDict_New();
-    if (p->viewed == NULL)
-        return -1;
+    p->bound = 1;
     snprintf(p->path, sizeof p->path, "/proc/self/fd/%d", seg_fd);
     Py_INCREF(mapping);
     p->mapping = mapping;
@@ -143,6 +144,16 @@ static int Pins_init(Pins *p, PyObject *args, PyObject *kwds)
     p->pin_base = pin_base;
     p->pid = getpid();
     return 0;
+}
+
+/* Made with its (empty) record of checked values, so that no method meets a NULL one: a Pins whose __init__ did not
+ * run has no mapping and an empty path, and every view through it fails cleanly. */
+static PyObject *Pins_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Pins *p = (Pins *)PyType_GenericNew(type, args, kwds);
+    if (p != NULL && (p->viewed = PyDict_New()) == NULL)
+        Py_CLEAR(p);
+    return (PyObject *)p;
 }
 
 static void Pins_dealloc(Pins *p)
@@ -156,7 +167,7 @@ static void Pins_dealloc(Pins *p)
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
-static Lease *lease_alloc(Pins *p, int fd)
+static Lease *lease_alloc(Pins *p, int fd, Taken t)
 {
     Lease *l = PyObject_New(Lease, &LeaseType);
     if (l == NULL)
@@ -166,8 +177,8 @@ static Lease *lease_alloc(Pins *p, int fd)
     l->have_src = 0;
     l->fd = fd;
     l->byte = -1;
-    l->pid = p->pid;
-    l->epoch = p->epoch;
+    l->pid = t.pid;
+    l->epoch = t.epoch;
     l->ptr = NULL;
     l->len = 0;
     l->slot = l->off = l->check = l->version = -1;
@@ -232,8 +243,9 @@ static void lease_end(Lease *l)
         fl.l_len = 1;
         unlocked = fcntl(fd, F_OFD_SETLK, &fl) == 0;
     }
-    if (unlocked && l->epoch == p->epoch)
-        pins_give(p, fd);
+    Taken t = {l->pid, l->epoch};
+    if (unlocked)
+        pins_give(p, fd, t);
     else
         close(fd);
 }
@@ -323,6 +335,21 @@ PyTypeObject LeaseType = {
 
 /* ------------------------------------------------------------------------------------------------ views */
 
+/* A View handing out ``obj`` (a reference stolen, also on failure). */
+static PyObject *view_new(PyObject *obj, int kind)
+{
+    View *v = PyObject_GC_New(View, &ViewType);
+    if (v == NULL) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    v->obj = obj;
+    v->kind = kind;
+    v->weakreflist = NULL;
+    PyObject_GC_Track(v);
+    return (PyObject *)v;
+}
+
 /* The View of leased value ``l`` as ``layout`` (tag, dtype, shape, data offset, count) reads it: a memoryview for
  * bytes, an array for an array. The memory is owned by an array over the lease (``owner``): what is handed out
  * derives from it (numpy collapses a view's base to it), so the lease goes after the last of them. */
@@ -357,17 +384,7 @@ static PyObject *build(Lease *l, PyObject *layout)
         obj = PyObject_VectorcallMethod(s_reshape, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     Py_DECREF(owner);
-    if (obj == NULL)
-        return NULL;
-    View *v = PyObject_GC_New(View, &ViewType);
-    if (v == NULL) {
-        Py_DECREF(obj);
-        return NULL;
-    }
-    v->obj = obj;
-    v->kind = kind;
-    PyObject_GC_Track(v);
-    return (PyObject *)v;
+    return obj == NULL ? NULL : view_new(obj, kind);
 }
 
 /* Whether this handle checked the value ``l`` leases before (the same version, offset, length and checksum in the
@@ -381,6 +398,9 @@ static PyObject *known_layout(Pins *p, Lease *l)
     Py_DECREF(key);
     if (rec == NULL || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5)
         return NULL;
+    PyObject *layout = PyTuple_GET_ITEM(rec, 4);
+    if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 5 || !PyLong_CheckExact(PyTuple_GET_ITEM(layout, 0)))
+        return NULL; /* (recorded by Pins.build, which checks nothing of it: not one to trust) */
     int64_t want[4] = {l->version, l->off, (int64_t)l->len, l->check};
     for (int i = 0; i < 4; i++) {
         PyObject *x = PyTuple_GET_ITEM(rec, i);
@@ -389,12 +409,13 @@ static PyObject *known_layout(Pins *p, Lease *l)
             return NULL;
         }
     }
-    return PyTuple_GET_ITEM(rec, 4);
+    return layout;
 }
 
-PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, int64_t check, int64_t version)
+PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64_t len, int64_t check,
+                      int64_t version)
 {
-    Lease *l = lease_alloc(p, fd);
+    Lease *l = lease_alloc(p, fd, t);
     if (l == NULL) {
         close(fd); /* drops the lock just taken through it */
         return NULL;
@@ -412,10 +433,13 @@ PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, i
         }
         return (PyObject *)l; /* a first look: view.first_look checks it */
     }
-    long tag = PyLong_AsLong(PyTuple_GET_ITEM(layout, 0));
+    long tag = PyLong_AsLong(PyTuple_GET_ITEM(layout, 0)); /* (an int: known_layout checked) */
     if (tag != tag_bytes && tag != tag_array)
         return (PyObject *)l; /* a tensor: built by view.first_look (it needs a read-only mapping of its own) */
+    /* Held across build: numpy's calls may run a garbage collection, and Python code with it. */
+    Py_INCREF(layout);
     PyObject *v = build(l, layout);
+    Py_DECREF(layout);
     Py_DECREF(l); /* held by the view's memory now, or freed (unlocking) if it could not be built */
     return v;
 }
@@ -423,13 +447,12 @@ PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, i
 /* How many names of the calling Python frame are bound to ``obj`` (view.View._close's f_locals count). */
 static Py_ssize_t frame_names(PyObject *obj)
 {
+    if (PyEval_GetFrame() == NULL)
+        return 0; /* called from no Python frame (an atexit hook, a C callback): no name binds it */
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *loc = PyEval_GetFrameLocals();
 #elif PY_VERSION_HEX >= 0x030B0000
-    PyFrameObject *f = PyEval_GetFrame();
-    if (f == NULL)
-        return 0;
-    PyObject *loc = PyFrame_GetLocals(f);
+    PyObject *loc = PyFrame_GetLocals(PyEval_GetFrame());
 #else
     PyObject *loc = PyEval_GetLocals();
     Py_XINCREF(loc);
@@ -540,6 +563,8 @@ static int View_clear(View *v)
 static void View_dealloc(View *v)
 {
     PyObject_GC_UnTrack(v);
+    if (v->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)v);
     Py_CLEAR(v->obj);
     PyObject_GC_Del(v);
 }
@@ -561,6 +586,7 @@ PyTypeObject ViewType = {
     .tp_dealloc = (destructor)View_dealloc,
     .tp_traverse = (traverseproc)View_traverse,
     .tp_clear = (inquiry)View_clear,
+    .tp_weaklistoffset = offsetof(View, weakreflist),
     .tp_methods = View_methods,
 };
 
@@ -573,11 +599,12 @@ static PyObject *Pins_lease(Pins *p, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     int fd;
-    if (pins_take(p, &fd))
+    Taken t;
+    if (pins_take(p, &fd, &t))
         return NULL;
-    Lease *l = lease_alloc(p, fd);
+    Lease *l = lease_alloc(p, fd, t);
     if (l == NULL)
-        pins_give(p, fd);
+        pins_give(p, fd, t);
     return (PyObject *)l;
 }
 
@@ -592,6 +619,16 @@ static PyObject *Pins_build(Pins *p, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Lease *l = (Lease *)args[0];
+    PyObject *view;
+    if (nargs == 2) {
+        view = build(l, args[1]);
+    } else {
+        Py_INCREF(args[2]);
+        view = view_new(args[2], VK_TENSOR);
+    }
+    if (view == NULL)
+        return NULL;
+    /* Recorded once the view is built: a layout that builds nothing is never trusted for the next views. */
     PyObject *rec = Py_BuildValue("(LLnLO)", (long long)l->version, (long long)l->off, l->len, (long long)l->check,
                                   args[1]);
     PyObject *key = PyLong_FromLongLong(l->slot);
@@ -599,17 +636,8 @@ static PyObject *Pins_build(Pins *p, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(rec);
     Py_XDECREF(key);
     if (bad)
-        return NULL;
-    if (nargs == 2)
-        return build(l, args[1]);
-    View *v = PyObject_GC_New(View, &ViewType);
-    if (v == NULL)
-        return NULL;
-    Py_INCREF(args[2]);
-    v->obj = args[2];
-    v->kind = VK_TENSOR;
-    PyObject_GC_Track(v);
-    return (PyObject *)v;
+        Py_CLEAR(view);
+    return view;
 }
 
 static PyObject *Pins_close(Pins *p, PyObject *Py_UNUSED(ignored))
@@ -651,8 +679,13 @@ static PyObject *Pins_get_path(Pins *p, void *Py_UNUSED(closure))
 
 static PyObject *Pins_get_viewed(Pins *p, void *Py_UNUSED(closure))
 {
-    Py_INCREF(p->viewed);
-    return p->viewed;
+    return PyDictProxy_New(p->viewed);
+}
+
+static PyObject *Pins_forget(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    PyDict_Clear(p->viewed);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef Pins_methods[] = {
@@ -665,6 +698,8 @@ static PyMethodDef Pins_methods[] = {
      "dtype, shape, data offset, count) reads them, or holding tensor (never revoked)."},
     {"close", (PyCFunction)Pins_close, METH_NOARGS,
      "Close the idle descriptions; those of leases still alive are closed as they go."},
+    {"forget", (PyCFunction)Pins_forget, METH_NOARGS,
+     "Forget every stored value checked: the next view of each checks it again (benchmarks.views times it so)."},
     {"_forked_parent", (PyCFunction)Pins_forked_parent, METH_NOARGS, "os.register_at_fork's after_in_parent"},
     {"_forked_child", (PyCFunction)Pins_forked_child, METH_NOARGS, "os.register_at_fork's after_in_child"},
     {NULL, NULL, 0, NULL},
@@ -675,7 +710,8 @@ static PyGetSetDef Pins_getset[] = {
     {"idle", (getter)Pins_get_idle, NULL, "descriptions kept for the next views", NULL},
     {"path", (getter)Pins_get_path, NULL, "what each description opens (the segment, through its descriptor)", NULL},
     {"viewed", (getter)Pins_get_viewed, NULL,
-     "slot -> (version, offset, length, checksum, layout) of the stored values this handle's views checked", NULL},
+     "slot -> (version, offset, length, checksum, layout) of the stored values this handle's views checked "
+     "(read-only)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -685,7 +721,7 @@ PyTypeObject PinsType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Pins(segment_fd, mapping, arena_off, arena_nbytes, pin_base): the descriptions one cache handle's "
               "views pin through, and the values they checked.",
-    .tp_new = PyType_GenericNew,
+    .tp_new = Pins_new,
     .tp_init = (initproc)Pins_init,
     .tp_dealloc = (destructor)Pins_dealloc,
     .tp_weaklistoffset = offsetof(Pins, weakreflist),

@@ -19,6 +19,7 @@ typedef struct {
     pid_t pid;            /* the process the idle descriptions belong to */
     unsigned long epoch;  /* forks of this process: a lease from an earlier epoch may be shared with a child */
     int closed;
+    int bound;            /* __init__ ran (once) */
     PyObject *mapping;    /* the segment's mmap: each lease holds a buffer export of it */
     Py_ssize_t arena_off, arena_nbytes;
     int64_t pin_base;
@@ -31,16 +32,26 @@ extern PyTypeObject PinsType, LeaseType, ViewType;
 /* Ready the three types and add them to module ``m``; -1 with an exception set. */
 int view_types_add(PyObject *m);
 
-/* A description holding no lock into *fd (an idle one, or a new open); -1 with an exception set. */
-int pins_take(Pins *p, int *fd);
+/* Whose a description is: the process and fork epoch it was taken in (a fork while the call that took it waits for
+ * the lock must not be missed: the child holds a copy from then on). */
+typedef struct {
+    pid_t pid;
+    unsigned long epoch;
+} Taken;
 
-/* Give back description ``fd``, which holds no lock (closed instead once the handle is closed). */
-void pins_give(Pins *p, int fd);
+/* A description holding no lock into *fd (an idle one, or a new open), and whose it is into *t; -1 with an exception
+ * set. */
+int pins_take(Pins *p, int *fd, Taken *t);
+
+/* Give back description ``fd``, taken as ``t`` and holding no lock: closed instead once the handle is closed, or if
+ * this process forked since it was taken (a child may hold a copy). */
+void pins_give(Pins *p, int fd, Taken t);
 
 /* The lease of the pin Core.view took on entry ``slot`` through ``fd`` (which it now owns, closing it on failure),
  * over the value at arena offset ``off`` of ``len`` bytes; then the View of it, when this handle has checked that
  * stored value before (the lease itself otherwise: a first look, for the Python side). NULL with an exception set. */
-PyObject *view_of_pin(Pins *p, int fd, int64_t slot, int64_t off, int64_t len, int64_t check, int64_t version);
+PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64_t len, int64_t check,
+                      int64_t version);
 
 /* _core.setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array): what views are built and revoked with
  * (view.py calls it once, at import). */

@@ -113,7 +113,7 @@ class SharedCache(LocalMapping):
         ``attach_timeout`` seconds.
     """
 
-    _seg: Segment | None = None
+    _seg: Segment  # set by _bind, as _guard is
     _guard: Guard  # set by _bind; absent from an object whose construction failed (then it is closed)
 
     def __init__(
@@ -191,7 +191,7 @@ class SharedCache(LocalMapping):
         # this handle has a clock of its own.
         self._core = core.bind(seg, lock_timeout)
         # The descriptions views pin through (view.py; compiled: _view.c).
-        self._pins = PinDescriptions(seg.fd) if self._core is None else compiled_pins(seg)
+        self._pins: Any = PinDescriptions(seg.fd) if self._core is None else compiled_pins(seg)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property
@@ -467,7 +467,7 @@ class SharedCache(LocalMapping):
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 
-    def clear(self) -> int:
+    def clear(self) -> int:  # type: ignore[override]  # (returns how many it removed; dict.clear returns None)
         """Drop every entry, of every kind, and reset the counters (``clears`` counts this call; ``recoveries`` is
         kept); how many entries were dropped."""
         return self._guard.run(self._store.clear)
@@ -551,7 +551,7 @@ class SharedCache(LocalMapping):
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
             raise
 
-    def _pin_lease(self, kb: EncodedKey, fp: int, waited: bool) -> Any:
+    def _pin_lease(self, kb: bytes, fp: int, waited: bool) -> Any:
         """The pin ``Core.view`` handed over, taken by the Python path (``Store.pin``) through the description of a
         new lease: the lease, armed; None on a miss; UNVIEWABLE. Until armed, the lease closes its description
         (dropping the lock taken through it) if it is dropped, an exception cutting this short."""

@@ -13,6 +13,7 @@ import pwd
 import shlex
 import sys
 import time
+from typing import Any
 
 from . import __version__, core
 from .cache import SharedCache, parts
@@ -333,7 +334,8 @@ def cmd_tier(args) -> int:
 
     caches = set(segment_names())
     if args.name is None:  # list the namespaces, saying which have lost their cache
-        found = [{"cache": c, "namespace": ns, "cache_exists": c in caches} for c, ns in segments()]
+        found: list[dict[str, Any]] = [{"cache": c, "namespace": ns, "cache_exists": c in caches}
+                                       for c, ns in segments()]
         if args.json:
             _print_json(found)
         elif not found:

@@ -27,6 +27,8 @@ import math
 import re
 import struct
 import threading
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -131,6 +133,9 @@ def _array_bytes(arr: np.ndarray, what: str) -> tuple[str, list[int], bytes]:
     return arr.dtype.str, list(arr.shape), np.ascontiguousarray(arr).tobytes()
 
 
+_KEY_BASES: tuple[type[Any], ...] = (int, float, bytes, tuple)  # what a subclass keys as (see _key_part)
+
+
 def _key_part(k, depth: int = 0) -> bytes:
     t = type(k)
     if t is str or t is bytes or t is bool or k is None:
@@ -157,7 +162,7 @@ def _key_part(k, depth: int = 0) -> bytes:
         raise TypeError("an EncodedKey is taken by SharedCache.get only")
     if isinstance(k, msgpack.ExtType):  # a namedtuple, but its own type to msgpack: it would not come back a tuple
         raise TypeError("cannot encode a msgpack.ExtType as a key: extension types are not stored")
-    for base in (int, float, bytes, tuple):
+    for base in _KEY_BASES:
         if isinstance(k, base):  # subclasses (IntEnum, namedtuple...) key as their base value
             return _key_part(base(k), depth)
     if isinstance(k, str):  # str(k) of a str enum would be its name; str.__str__ is its text
@@ -340,6 +345,7 @@ def _holds_ext(value) -> bool:
     stack = [value]
     while stack:
         x = stack.pop()
+        parts: tuple[Iterable[Any], ...]
         if isinstance(x, dict):
             parts = (x.keys(), x.values())
         elif isinstance(x, (list, tuple)):
@@ -413,7 +419,7 @@ def _array_from(data, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     buf = np.empty(nbytes, np.uint8)
     # Why: a memoryview assignment is one memcpy, measurably cheaper than a numpy-to-numpy copy of the same bytes.
     # The array returned views this private buffer, never the shared memory.
-    memoryview(buf)[:] = data
+    memoryview(buf)[:] = data  # type: ignore[arg-type]  # (numpy's stubs declare __buffer__ from Python 3.12 on)
     return buf.view(dtype).reshape(shape)
 
 
@@ -481,7 +487,7 @@ def array_over(buf: bytearray):
 def array_checksum(head: bytes, arr: np.ndarray) -> int:
     """``checksum`` of an array value from the parts ``copy_array`` returns."""
     h = xxhash.xxh3_64(head, TAG_ARRAY)
-    h.update(arr)
+    h.update(arr)  # type: ignore[arg-type]  # (numpy's stubs declare __buffer__ from Python 3.12 on)
     return (h.intdigest() & _MASK63) | 1
 
 

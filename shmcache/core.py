@@ -13,6 +13,7 @@ segment is closed, or the mapping cannot be unmapped.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from . import ofd
 from .arena import block_nbytes
@@ -27,11 +28,11 @@ from .lock import KIND_OFF, MUTEX_KIND_WORD
 try:
     if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
         raise ImportError("SHMCACHE_PURE_PYTHON=1")
-    from . import _core
+    from . import _core  # type: ignore[attr-defined]  # (the compiled extension: no stub)
 except ImportError:
     _core = None
 
-Core = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
+Core: Any = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
 PINNED = None if _core is None else _core.PINNED  # put, put_many: pinned entries left no room; raise PinnedError

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -39,7 +40,8 @@ def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
     rng = np.random.default_rng(args["seed"] * 1000 + worker)
     weights = 1.0 / np.arange(1, args["keys"] + 1)
     weights /= weights.sum()
-    hit_lat, miss_lat = [], []
+    hit_lat: list[int] = []
+    miss_lat: list[int] = []
     ops = hits = wrong = 0
     computed = False
 
@@ -81,7 +83,7 @@ def run_demo(args) -> int:
     params = {"keys": args.keys, "value_bytes": args.value_bytes, "compute_us": args.compute_us, "seed": args.seed}
     capacity = int(args.capacity_mib * 2**20)
     max_entries = max(16, capacity // max(64, args.value_bytes // 2))
-    ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
+    ctx: Any = mp.get_context("spawn" if sys.platform == "darwin" else "fork")  # (its stubs declare no Process)
     queue = ctx.Queue()
     cache = SharedCache(name, capacity_bytes=capacity, max_entries=max_entries, create=True)
     procs = []
@@ -196,7 +198,8 @@ class _LiveView:
             table.add_column(col, justify="right")
         table.add_row(f"{t['t']:.1f} s", f"{t['lookups']:,}", f"{_rate(timeline):,.0f}", f"{t['hit_ratio']:.1%}",
                       f"{t['entries']:,}", f"{t['evictions']:,}", f"{t['computations']:,}", f"{t['waits']:,}")
-        table.caption = ProgressBar(total=self.seconds, completed=min(t["t"], self.seconds), width=60)
+        bar = ProgressBar(total=self.seconds, completed=min(t["t"], self.seconds), width=60)
+        table.caption = bar  # type: ignore[assignment]  # (typed str or Text; rich renders any renderable there)
         self.live.update(table)
 
     def stop(self) -> None:

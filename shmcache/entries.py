@@ -103,7 +103,7 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     # as in SharedCache.get (block.value_at, inlined), and everything the loop reads is bound once.
     ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
-    out = []
+    out: list[tuple | None] = []
     append = out.append
     hits = misses = 0
     for kb, fp in zip(kbs, fps):

@@ -86,7 +86,7 @@ class Claim:
     it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
 
     # Class-level defaults, so that release (and __del__) work on an object whose __init__ was cut short.
-    _file = None  # io.FileIO of the claim's own description, once opened
+    _file: io.FileIO | None = None  # the claim's own description, once opened
     _keys = None  # the claiming thread's keys (_Claims.keys), once the byte is locked
     _tag = None
     _ref = None  # weak reference to self, as recorded in the thread's keys
@@ -153,7 +153,9 @@ class Claim:
     def _lock(self, byte: int) -> bool:
         # Crash window: cut short between the lock and the record, the lock is still dropped by release (closing the
         # description drops it, whatever is recorded).
-        if not ofd.lock(self._file.fileno(), byte, ofd.WRITE, wait=False):
+        file = self._file
+        assert file is not None  # (taken opens it first)
+        if not ofd.lock(file.fileno(), byte, ofd.WRITE, wait=False):
             return False
         keys = _claims.keys
         self._ref = weakref.ref(self)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+from typing import NoReturn
 
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
@@ -229,7 +230,7 @@ class Guard:
     # ------------------------------------------------------------------------------------------- damage found late
     # Values are checked after the unlock (the lock is held only for the copy); a failure takes the lock again.
 
-    def checksum_failed(self, e: int, counted: bool = True, what: str = "get"):
+    def checksum_failed(self, e: int, counted: bool = True, what: str = "get") -> NoReturn:
         """A value copied out of entry ``e`` failed its checksum: repair (``counted``: the read counted as a hit
         becomes a miss), then raise CorruptionError."""
         self.run(self._drop_damaged, counted)
@@ -242,7 +243,7 @@ class Guard:
             self.h[H_MISSES] += 1
         self.repair(deep=True)
 
-    def undecodable(self, exc: ValueError):
+    def undecodable(self, exc: ValueError) -> NoReturn:
         """A value passed its checksum but does not decode: it was stored so. Drop every such entry (a deep repair
         decodes each value), then raise CorruptionError."""
         self.run(self.repair, True)

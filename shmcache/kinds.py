@@ -219,7 +219,7 @@ class KindView(LocalMapping):
     def __len__(self) -> int:
         return self.stats().entries
 
-    def clear(self) -> int:
+    def clear(self) -> int:  # type: ignore[override]  # (returns how many it removed; dict.clear returns None)
         """Remove every entry of this kind (those an open view pins excepted); how many were removed."""
         return self._parts.guard.run(clear_locked, self._parts.store, self._n)
 

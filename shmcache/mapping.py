@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import entries, memo
 from .codec import KIND_PREFIXES, MASK63, encode_key, fingerprint
@@ -35,6 +35,8 @@ class _Values(ValuesView[Any]):
     """``values()``: over one snapshot of the items, not a lookup per key."""
 
     __slots__ = ()
+    if TYPE_CHECKING:
+        _mapping: ItemAccess  # (MappingView's, undeclared in its stubs)
 
     def __iter__(self) -> Iterator[Any]:
         for _, value in self._mapping._items():
@@ -45,6 +47,8 @@ class _Items(ItemsView[Any, Any]):
     """``items()``: over one snapshot of the items, not a lookup per key."""
 
     __slots__ = ()
+    if TYPE_CHECKING:
+        _mapping: ItemAccess
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return iter(self._mapping._items())
@@ -56,7 +60,15 @@ class ItemAccess(MutableMapping[Any, Any]):
     ``__len__``, ``_keys()`` and ``_items()`` (lists: a snapshot)."""
 
     __slots__ = ()
-    __hash__ = None  # see the module docstring
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a dict (see the module docstring)
+
+    if TYPE_CHECKING:  # what subclasses provide
+        def put(self, key: Any, value: Any, ttl: float | None = None) -> None: ...
+        def delete(self, key: Any) -> bool: ...
+        def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+                     ttl: float | None = None) -> None: ...
+        def _keys(self) -> list: ...
+        def _items(self) -> list: ...
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, MISSING)

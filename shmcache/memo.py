@@ -106,8 +106,9 @@ def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Ca
             counts[0] = counts[1] = 0
         return family.delete(prefix)
 
-    wrapper.cache_info = cache_info
-    wrapper.cache_clear = cache_clear
-    wrapper.cache_parameters = cache_parameters
-    wrapper.cache_name = name
+    attrs: Any = wrapper  # a function's attributes cannot be declared; the Protocol (Memoized) does
+    attrs.cache_info = cache_info
+    attrs.cache_clear = cache_clear
+    attrs.cache_parameters = cache_parameters
+    attrs.cache_name = name
     return cast("Memoized[P, R]", wrapper)  # Why: a function's attributes cannot be declared; the Protocol does

@@ -82,7 +82,7 @@ class Segment:
 
     # Class-level defaults make close() safe on a half-built object.
     mm: mmap.mmap | None = None
-    geometry: Geometry | None = None
+    geometry: Geometry  # set once attached or initialised (close() does not read it)
     fd = -1  # the segment's descriptor while open; -1 before and after (never a number another file may reuse)
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
     features = 0  # the segment's ``features`` word, as attached to (or written)

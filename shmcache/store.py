@@ -275,10 +275,11 @@ class Store:
         else:
             tag, body = self.body(old)
             # A few bytes, decoded under the lock: never unpickled (a pickle cache stores ints as msgpack).
-            current = decode_body(tag, body) if tag == TAG_MSGPACK else None
-            if type(current) is not int:
-                what = type(current).__name__ if tag == TAG_MSGPACK else "non-int"
+            decoded = decode_body(tag, body) if tag == TAG_MSGPACK else None
+            if type(decoded) is not int:
+                what = type(decoded).__name__ if tag == TAG_MSGPACK else "non-int"
                 return TypeError(f"incr on a {what} value: only int values can be incremented")
+            current = decoded
             expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)
         value = current + delta
         self.store(old, *self.encode(key, value, kb), expires)

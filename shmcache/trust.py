@@ -76,6 +76,7 @@ class Trust:
         """Validated and resolved (user and group names to ids). :raises ValueError: for anything invalid."""
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError(f"mode must be a permission mode between 0 and 0o777, got {mode!r}")
+        owners: frozenset[int]
         if trust_owner is None:
             owners = frozenset()
         elif isinstance(trust_owner, (str, int)):

@@ -22,7 +22,7 @@ from .layout import (
     MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_NBYTES,
+    field_off, E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_NBYTES,
     H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_DELETES,
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -93,7 +93,8 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
 
 
 def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
-    order, seen = [], bytearray(slots)
+    order: list[int] = []
+    seen = bytearray(slots)
     prev, cur = SENTINEL, ent[E_NEXT]
     for _ in range(slots):
         if cur == SENTINEL:
@@ -146,7 +147,7 @@ def _identity(g, features: int) -> dict[int, int]:
             H_CAPACITY_BYTES: g.capacity_bytes}
 
 
-_WORD_NAMES = {HEADER.fields[n][1] // 8: n for n in HEADER.names if n != "lock"}
+_WORD_NAMES = {field_off(HEADER, n) // 8: n for n in HEADER.names or () if n != "lock"}
 
 
 def header_problems(seg) -> list[str]:

@@ -80,6 +80,7 @@ class _Unlocker(weakref.ref):
     view's memory going and its pin ending, not even in the middle of a garbage collection."""
 
     __slots__ = ("close",)
+    close: Any
 
 
 class Pin:
@@ -87,14 +88,16 @@ class Pin:
     (``byte``), the process that took it (``pid``). Made before anything is taken, so that whoever is cut short
     finds what to release; released at most once (``file`` is None after)."""
 
-    __slots__ = ("file", "byte", "pid", "token", "ended")
+    __slots__ = ("file", "byte", "pid", "token", "ended", "epoch")
 
     def __init__(self) -> None:
-        self.file = None
+        self.file: io.FileIO | None = None
         self.byte = -1
         self.pid = os.getpid()
         self.token = next(_TOKENS)
-        self.ended = None  # the weak references that end the pin when the view's memory goes (kept alive here)
+        # the weak references that end the pin when the view's memory goes (kept alive here)
+        self.ended: tuple[weakref.ref, _Unlocker] | None = None
+        self.epoch = -1  # PinDescriptions' fork count when its description was taken
 
 
 class PinDescriptions:
@@ -121,27 +124,30 @@ class PinDescriptions:
     So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
     child's copy when it goes (its pin knows the pid that took it, and the child disarms its unlocker), so a child
     never drops its parent's pin; and the parent never lends again a description that was out at the fork (the
-    child may still hold it: a pin taken through it later would outlive the parent), it closes it on release.
+    child may still hold it: a pin taken through it later would outlive the parent), it closes it on release. "Out"
+    includes a description taken by a view still waiting for the lock in another thread: each pin records the fork
+    count (``epoch``) when its description was taken, and one from before the last fork is closed, not lent again.
     """
 
     def __init__(self, segment_fd: int) -> None:
         self._path = f"/proc/self/fd/{segment_fd}"
         self._idle: list = []  # FileIO holding no lock
         self._out: dict[int, Pin] = {}  # token -> pin of a view handed over
-        self._shared: set = set()  # FileIO lent when this process forked: closed, not reused, on release
+        self._epoch = 0  # forks of this process since this handle opened (see Fork above)
         self._ended: dict[int, object] = {}  # tokens of pins whose memory is gone (filled from C, see above)
         self._closed = False
         _ALL.add(self)
 
     def _forked_parent(self) -> None:
-        self._shared |= {pin.file for pin in self._out.values()}
+        self._epoch += 1
 
     def _forked_child(self) -> None:
         for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin
             if pin.ended is not None:
                 pin.ended[1].close = int
         # The inherited open views stay in _out: each closes the child's copy when the child drops it (pid check).
-        idle, self._idle, self._shared = self._idle, [], set()
+        idle, self._idle = self._idle, []
+        self._epoch += 1
         for file in idle:
             file.close()
 
@@ -152,17 +158,20 @@ class PinDescriptions:
             raise ClosedError("operation on a closed cache", what="view")
         if self._ended:
             self.drain()
+        pin.epoch = self._epoch  # first: a fork from here on makes it older, never newer
         # Crash window: an exception between the pop (or the open) and the store drops the FileIO, which closes.
-        pin.file = self._idle.pop() if self._idle else io.FileIO(self._path, "r+")  # close-on-exec, as Python opens
-        return pin.file.fileno()
+        pin.file = file = self._idle.pop() if self._idle else io.FileIO(self._path, "r+")  # close-on-exec, as Python
+        return file.fileno()
 
     def hand_over(self, owner, pin: Pin) -> None:
         """End ``pin`` once ``owner`` is garbage collected: its byte is unlocked and its token recorded there, in C;
         its description goes back to the pool at the next ``drain``. The pin is registered last (until then an
         exception drops it, closing its description)."""
         unlocker = _Unlocker(owner, _CLOSE)
-        unlocker.close = functools.partial(fcntl.fcntl, pin.file.fileno(), fcntl.F_OFD_SETLK,
-                                           ofd.unlock_request(pin.byte))
+        file = pin.file
+        if file is None:
+            raise ValueError("hand_over: the pin holds no description")
+        unlocker.close = functools.partial(fcntl.fcntl, file.fileno(), fcntl.F_OFD_SETLK, ofd.unlock_request(pin.byte))
         pin.ended = (weakref.ref(owner, functools.partial(self._ended.__setitem__, pin.token)), unlocker)
         self._out[pin.token] = pin
 
@@ -202,8 +211,7 @@ class PinDescriptions:
             return
         if pin.byte >= 0 and not unlocked:
             ofd.unlock(file.fileno(), pin.byte)
-        if pin.byte < 0 or self._closed or file in self._shared:
-            self._shared.discard(file)
+        if pin.byte < 0 or self._closed or pin.epoch != self._epoch:
             file.close()  # closing drops whatever lock it took
         else:
             self._idle.append(file)
@@ -307,7 +315,7 @@ class PyView:
         else:
             owner = np.frombuffer(value, dtype=np.uint8)
         if tag == TAG_BYTES:
-            self._obj = memoryview(owner[1:])
+            self._obj: Any = memoryview(owner[1:])  # type: ignore[arg-type]  # (numpy declares __buffer__ from 3.12)
         elif tag == TAG_TENSOR:
             # The tensor's storage holds the array, which holds ``owner``: the pin lasts while any tensor sharing
             # this memory does (see the module docstring: why a tensor is not revoked).

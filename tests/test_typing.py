@@ -5,6 +5,7 @@
 user's); the script is also run, so the types it asserts are those the calls return. The annotations themselves are
 checked against what the calls return on a real cache (``typing.get_type_hints``, then ``isinstance`` through
 unions, tuples, lists, dicts and dataclass fields), so an annotation that lies fails here, not in a user's program.
+And the package's own code passes mypy (its configuration is pyproject.toml's ``[tool.mypy]``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ def test_typing_public_api_is_annotated():
 def test_typing_user_script_passes_mypy_strict(tmp_path):
     done = _mypy("--strict", "--follow-imports=silent", SCRIPT, cache_dir=str(tmp_path))
     assert done.returncode == 0, f"mypy --strict {SCRIPT} failed:\n{done.stdout}{done.stderr}"
+
+
+def test_typing_the_package_itself_passes_mypy(tmp_path):
+    """The package's own code agrees with its annotations (``[tool.mypy]`` in pyproject.toml: ``mypy`` from the
+    checkout); what a user's mypy reads of it is checked above."""
+    done = _mypy(cache_dir=str(tmp_path))
+    assert done.returncode == 0, f"mypy shmcache failed:\n{done.stdout}{done.stderr}"
+    assert "no issues found in" in done.stdout and " source files" in done.stdout
 
 
 def test_typing_mypy_catches_a_wrong_type(tmp_path):

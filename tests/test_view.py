@@ -8,7 +8,11 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
+import weakref
 import warnings
 from contextlib import contextmanager
 
@@ -366,14 +370,40 @@ def test_view_a_forked_child_never_drops_its_parents_pin(name):
         c.put("k", 1)
 
 
-def _pin_fork_and_pin_again(name, ready, queue):
-    """Fork a grandchild while a view is open, close that view, open another, then wait to be killed."""
+def _fork_a_sleeper() -> int:
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(JOIN_S)
+        os._exit(0)
+    return pid
+
+
+def _hold_the_lock(held, seconds: float) -> None:
+    held.set()
+    time.sleep(seconds)
+
+
+def _pin_fork_and_pin_again(name, ready, queue, when):
+    """Fork a grandchild while a view of "a" is open (``when`` "waiting": while another thread's view of it waits
+    for the lock, its description taken), let that view end, open one of "b", then wait to be killed."""
     with SharedCache(name, create=False) as c:
-        with c.view("a"):
-            grandchild = os.fork()
-            if grandchild == 0:
-                time.sleep(JOIN_S)
-                os._exit(0)
+        if when == "open":
+            with c.view("a"):
+                grandchild = _fork_a_sleeper()
+        else:
+            held = threading.Event()
+            holder = threading.Thread(target=c._guard.run, args=(_hold_the_lock, held, 1.0))
+            holder.start()
+            held.wait(JOIN_S)
+            viewer = threading.Thread(target=lambda: c.view("a").close())
+            waits = None if c._core is None else c._core.waits
+            viewer.start()
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline and (waits is None or c._core.waits == waits):
+                time.sleep(0.01)  # until the compiled view says it waits (the Python path's: half a second)
+            grandchild = _fork_a_sleeper()
+            holder.join(JOIN_S)
+            viewer.join(JOIN_S)
         queue.put(grandchild)
         with c.view("b"):
             ready.set()
@@ -381,12 +411,15 @@ def _pin_fork_and_pin_again(name, ready, queue):
 
 
 @pytest.mark.timeout(120)
-def test_view_a_pin_dies_with_its_process_even_after_a_fork(name):
+@pytest.mark.parametrize("when", ["open", "waiting"])
+def test_view_a_pin_dies_with_its_process_even_after_a_fork(name, when):
+    """A description the child may hold a copy of is never lent again: the pin taken through it would outlive the
+    process that took it. Also one taken by a view that was still waiting for the lock when the process forked."""
     with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
         c.put("a", b"a")
         c.put("b", b"b")
         ready, queue = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=_pin_fork_and_pin_again, args=(name, ready, queue), daemon=True)
+        p = ctx.Process(target=_pin_fork_and_pin_again, args=(name, ready, queue, when), daemon=True)
         p.start()
         grandchild = None
         try:
@@ -573,3 +606,53 @@ def test_view_compiled_a_lease_ended_before_any_view_unpins_at_once(cache):
     raw = bytes(memoryview(lease))  # (its memory stays valid: the lease still holds the mapping)
     assert lease.fd == -1 and raw[0] == TAG_BYTES and raw[1:] == b"payload"
     assert cache.delete("a")
+
+
+@compiled
+def test_view_compiled_pins_refuse_what_they_were_not_made_for(cache):
+    bare = _core.Pins.__new__(_core.Pins)  # __init__ never ran: every view through it fails cleanly
+    assert dict(bare.viewed) == {} and bare.idle == 0
+    with pytest.raises(OSError):
+        bare.lease()
+    with pytest.raises(OSError):
+        cache._core.view(encode_key("a"), fingerprint(encode_key("a")), -1, bare)
+    cache.put("a", np.arange(3.0))
+    lease = _core_view(cache, "a")
+    with pytest.raises(TypeError):
+        cache._pins.viewed[lease.slot] = (0, 0, 0, 0, ())  # read-only: only a built view records its value
+    with pytest.raises(TypeError):
+        cache._pins.build(lease, (TAG_ARRAY, "no such dtype", (3,), 8, 3))
+    assert lease.slot not in cache._pins.viewed  # a layout that built nothing is not trusted later
+    del lease
+    for _ in range(2):  # a first look, then a view built in C
+        with cache.view("a") as arr:
+            assert arr.tolist() == [0.0, 1.0, 2.0]
+    v = cache.view("a")
+    ref = weakref.ref(v)  # as view.PyView can be
+    del v
+    assert ref() is None
+    cache.put("a", 0)  # nothing pinned
+
+
+@compiled
+def test_view_compiled_closed_from_no_python_frame(name):
+    """close() called by the interpreter itself (an atexit hook: no Python frame) revokes as from code."""
+    script = (
+        "import atexit, sys, numpy as np\n"
+        "from shmcache import SharedCache\n"
+        f"c = SharedCache({name!r}, create=False)\n"
+        "v = c.view('a')\n"
+        "arr = v.__enter__()\n"
+        "assert arr.sum() == 45\n"
+        "atexit.register(lambda: print('revoked', arr.size == 0, flush=True))\n"  # (runs after the next one)
+        "atexit.register(v.close)\n"
+    )
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        c.put("a", np.arange(10))
+        with c.view("a"):
+            pass
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=JOIN_S,
+                              env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+        assert done.returncode == 0 and done.stdout.split() == ["revoked", "True"], done.stdout + done.stderr
+        assert not done.stderr
+        c.put("a", 0)

@@ -62,7 +62,8 @@ class SharedMemoryCache(BaseCache):
 
     def __init__(self, name: str, *, default_timeout: int | dt.timedelta = 300, key_prefix: str | None = None,
                  ignore_delete_many_errors: bool = False, **options: Any) -> None:
-        super().__init__(default_timeout=default_timeout)  # Why one argument: Flask-Caching before 2.5 takes no more
+        # Why one argument: Flask-Caching before 2.5 takes no more. (Stored as given: this backend reads a timedelta.)
+        super().__init__(default_timeout=default_timeout)  # type: ignore[arg-type]
         self.ignore_delete_many_errors = ignore_delete_many_errors  # recorded only: a delete here cannot fail
         if not name or not isinstance(name, str):
             raise ValueError(f"SharedMemoryCache needs {NAME_CONFIG}: the name of the cache (one for every process "
@@ -84,7 +85,7 @@ class SharedMemoryCache(BaseCache):
             raise ValueError(f"SharedMemoryCache takes no CACHE_ARGS, got {args!r}: name the cache with "
                              f"{NAME_CONFIG} and give SharedCache's keywords in CACHE_OPTIONS")
         kwargs.setdefault("key_prefix", config.get("CACHE_KEY_PREFIX"))
-        return cls(config.get(NAME_CONFIG), **kwargs)
+        return cls(config.get(NAME_CONFIG), **kwargs)  # type: ignore[arg-type]  # (no name: __init__ raises)
 
     @property
     def _cache(self) -> SharedCache:

@@ -152,8 +152,16 @@ ENTRY_WORDS = ENTRY.itemsize // 8
 ENTRY_STRUCT = struct.Struct("<8q")
 
 
+def field_off(dtype: np.dtype, name: str) -> int:
+    """The byte offset of field ``name`` in structured ``dtype``."""
+    fields = dtype.fields
+    if fields is None:
+        raise TypeError(f"{dtype} is not a structured dtype")
+    return int(fields[name][1])
+
+
 def _word(dtype: np.dtype, name: str) -> int:
-    return dtype.fields[name][1] // 8
+    return field_off(dtype, name) // 8
 
 
 H_MAGIC = _word(HEADER, "magic")
@@ -164,7 +172,7 @@ H_ENTRY_SLOTS = _word(HEADER, "entry_slots")
 H_INDEX_SLOTS = _word(HEADER, "index_slots")
 H_ARENA_NBYTES = _word(HEADER, "arena_nbytes")
 H_CAPACITY_BYTES = _word(HEADER, "capacity_bytes")
-H_LOCK_OFF = HEADER.fields["lock"][1]
+H_LOCK_OFF = field_off(HEADER, "lock")
 H_HITS = _word(HEADER, "hits")
 H_MISSES = _word(HEADER, "misses")
 H_PUTS = _word(HEADER, "puts")
@@ -199,7 +207,7 @@ KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")
 K_RETAINED = _word(KIND, "retained_bytes")
-K_NAME_OFF = KIND.fields["name"][1]
+K_NAME_OFF = field_off(KIND, "name")
 
 I_FP = _word(INDEX_SLOT, "fp")
 I_ENTRY = _word(INDEX_SLOT, "entry")

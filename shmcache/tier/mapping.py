@@ -12,7 +12,7 @@ is a put per key (each write is a Redis script that versions the value and publi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..codec import encode_key
 from ..errors import RemoteError
@@ -21,11 +21,27 @@ from ..mapping import MISSING, ItemAccess, pairs_of
 from .layout import C_LOCAL_HITS, C_LOCAL_MISSES
 from .remote import log
 
+if TYPE_CHECKING:
+    from ..kinds import KindView
+    from .remote import Remote
+
 
 class TierMapping(ItemAccess):
     """The mapping methods of ``TieredCache`` (which provides get, put, add, pop, the local kind and the remote)."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # what TieredCache provides
+        namespace: str
+        strict: bool
+        _remote: Remote
+        _kind: KindView
+        _row: Any
+
+        def _check_open(self) -> None: ...
+        def _decode(self, kb: bytes, blob: bytes) -> Any: ...
+        def _fetch(self, kb: bytes, count_miss: bool = True) -> Any: ...
+        def add(self, key: Any, value: Any, ttl: float | None = None) -> bool: ...
+        def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]: ...
 
     def __len__(self) -> int:
         """The namespace's keys in Redis (a SCAN: costs a pass over the namespace)."""

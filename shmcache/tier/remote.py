@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from typing import Any
 
 from ..codec import xxh3 as _xxh
 from ..errors import RemoteError
@@ -231,7 +232,7 @@ class Remote:
     def __init__(self, factory, namespace: str, rows, *, retry_interval: float) -> None:
         self._factory = factory  # () -> a redis-py client; called on first use, so a Redis down at start is contained
         self._client = None
-        self._scripts = None
+        self._scripts: list[Any] = []  # registered with the client (Redis's script objects)
         self.ns = namespace.encode()
         self.prefix = KEY_PREFIX + self.ns + b":"
         self.lock_prefix = LOCK_PREFIX + self.ns + b":"

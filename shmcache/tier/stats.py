@@ -50,8 +50,13 @@ def segments() -> list[tuple[str, str]]:
         files = os.listdir(_SHM_DIR)
     except FileNotFoundError:
         return []
-    return sorted(tuple(f[len(TIER_SEGMENT_PREFIX):].rsplit(".", 1)) for f in files
-                  if f.startswith(TIER_SEGMENT_PREFIX) and "." in f[len(TIER_SEGMENT_PREFIX):])
+    found = []
+    for f in files:
+        rest = f[len(TIER_SEGMENT_PREFIX):]
+        if f.startswith(TIER_SEGMENT_PREFIX) and "." in rest:
+            cache, namespace = rest.rsplit(".", 1)
+            found.append((cache, namespace))
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -196,8 +201,8 @@ class Rows:
             os.close(fd)
             raise
         self._fd, self._ino = fd, os.fstat(fd).st_ino
-        self.words = np.frombuffer(self.mm, dtype="<i8", count=TIER_ROWS * TIER_ROW_WORDS,
-                                   offset=TIER_HEADER_WORDS * 8).reshape(TIER_ROWS, TIER_ROW_WORDS)
+        self.words: np.ndarray | None = np.frombuffer(self.mm, dtype="<i8", count=TIER_ROWS * TIER_ROW_WORDS,
+                                                      offset=TIER_HEADER_WORDS * 8).reshape(TIER_ROWS, TIER_ROW_WORDS)
         self.row = self._claim() if claim else memoryview(bytearray(TIER_ROW_WORDS * 8)).cast("q")
 
     def _space_args(self) -> tuple[str, None]:
@@ -244,7 +249,10 @@ class Rows:
         self.row = self._claim()
 
     def totals(self) -> np.ndarray:
-        return self.words.sum(axis=0)
+        words = self.words
+        if words is None:
+            raise ValueError("these tier stats are closed")
+        return words.sum(axis=0)
 
     def stats(self, namespace: str, local_entries: int, local_retained: int, listening: bool) -> TierStats:
         t = self.totals()

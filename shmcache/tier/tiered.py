@@ -89,8 +89,9 @@ class TieredCache(TierMapping):
             seconds(what, v)
         ttl_ns(default_ttl)
         redis_py()  # redis-py missing: ImportError now, with the extra to install
-        self._settings = dict(namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval,
-                              strict=strict, lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
+        self._settings: dict[str, Any] = dict(
+            namespace=namespace, max_age=max_age, timeout=timeout, retry_interval=retry_interval, strict=strict,
+            lock_lease=lock_lease, default_ttl=default_ttl, cluster=cluster)
         self._url = remote if isinstance(remote, str) else None
         if self._url is not None:
             check_url(self._url)
@@ -400,7 +401,7 @@ class TieredCache(TierMapping):
         lkb = self._kprefix + kb
         return self._local.guard.run(copies.drop_locked, self._local.store, lkb, fingerprint(lkb))
 
-    def clear(self) -> int:
+    def clear(self) -> int:  # type: ignore[override]  # (returns how many it removed; dict.clear returns None)
         """Remove every key of the namespace from Redis and every host's copies; how many keys Redis held. Not
         atomic: a write racing the clear may survive it. With Redis unavailable, this host's copies go."""
         return self._delete_prefix(b"")
