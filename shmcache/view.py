@@ -366,7 +366,7 @@ class PyView:
         obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
 
 
-_core = core._core
+_core: Any = core._core
 if TYPE_CHECKING:
     View = PyView  # what type checkers read: _core.View (shmcache/_view.c) has the same methods, written in C
 else:
