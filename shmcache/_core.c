@@ -93,6 +93,7 @@ typedef struct {
     Py_buffer buf;
     int have_buf;   /* the export is held */
     int released;   /* release() was called: no new section starts; the export goes with the last one */
+    int bound;      /* __init__ completed: until then (and after a failed one) every call hands over */
     int users;      /* calls inside a method (one may wait with the GIL released) */
     int reason;     /* WHY_* of the last hand-over */
     long long waits; /* calls that found the lock busy and waited for it in C */
@@ -187,7 +188,7 @@ static void drop_buffer(Core *c)
     }
 }
 
-static int Core_init(Core *c, PyObject *args, PyObject *kwds)
+static int bind(Core *c, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", NULL};
     PyObject *obj, *d, *hasher;
@@ -296,6 +297,20 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static int Core_init(Core *c, PyObject *args, PyObject *kwds)
+{
+    int again = c->have_buf || c->released;
+    if (bind(c, args, kwds)) {
+        if (!again) { /* half bound: the export goes now, and every call hands over */
+            drop_buffer(c);
+            c->released = 1;
+        }
+        return -1;
+    }
+    c->bound = 1;
+    return 0;
+}
+
 static void Core_dealloc(Core *c)
 {
     drop_buffer(c);
@@ -376,7 +391,7 @@ static void unlock(Core *c)
 /* Take the lock (GIL held). 0: held; ST_HANDOVER with c->reason set: not held; -1: a Python exception is set. */
 static int lock(Core *c)
 {
-    if (c->released) {
+    if (c->released || !c->bound) {
         c->reason = WHY_RELEASED;
         return ST_HANDOVER;
     }
@@ -1576,12 +1591,14 @@ static PyObject *arg_batch(PyObject *o, const char *what)
 
 /* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
  * (every item done), PINNED or HANDOVER. */
-static PyObject *batch_result(Core *c, PyObject *done, int r)
+/* (done, stop) of a batch; ``why``: the reason of a hand-over, read right after the unlock (the results are built
+ * after it, running Python code: another thread's call on this handle may set c->reason meanwhile). */
+static PyObject *batch_result(PyObject *done, int r, int why)
 {
     if (done == NULL)
         return NULL;
     if (r && r != ST_PINNED)
-        thread_reason = c->reason;
+        thread_reason = why;
     return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
 }
 
@@ -1641,15 +1658,16 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     if (enter(c, &out)) {
         if (out != NULL) { /* HANDOVER before anything was looked up */
             Py_DECREF(out);
-            out = batch_result(c, PyList_New(0), ST_HANDOVER);
+            out = batch_result(PyList_New(0), ST_HANDOVER, thread_reason);
         }
         goto end;
     }
     r = get_many_locked(c, keys, n, now, &done);
     unlock(c);
     leave(c);
+    int why = c->reason;
     if (r >= 0) {
-        out = batch_result(c, found_list(c, keys, done, args[3]), r);
+        out = batch_result(found_list(c, keys, done, args[3]), r, why);
     } else {
         for (Py_ssize_t i = 0; i < done; i++)
             Py_CLEAR(keys[i].body);
@@ -1704,14 +1722,14 @@ static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     if (enter(c, &out)) {
         if (out != NULL) { /* HANDOVER before anything was stored */
             Py_DECREF(out);
-            out = batch_result(c, PyLong_FromSsize_t(0), ST_HANDOVER);
+            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER, thread_reason);
         }
         goto end;
     }
     r = put_many_locked(c, st, n, now, ttl, &done);
     unlock(c);
     leave(c);
-    out = batch_result(c, PyLong_FromSsize_t(done), r);
+    out = batch_result(PyLong_FromSsize_t(done), r, c->reason);
 end:
     PyMem_Free(st);
     Py_DECREF(items);

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmcache import PinnedError, SharedCache, TooLargeError, core
+from shmcache import PinnedError, SharedCache, TooLargeError, core, index
 from shmcache.arena import block_nbytes
 from shmcache.cache import ttl_ns
 from shmcache.codec import (
@@ -489,7 +489,6 @@ def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
     """A bound fails on the fourth key's entry (its block offset made odd, in both twins): Core hands the batch over
     there with the first three looked up, counted and moved; the Python path looks up the rest only (the damaged
     entry's key bytes do not match: a miss), so every key is counted once, as on the Python path alone."""
-    from shmcache import index
 
     t = Twins(16384, 16, None)
     try:
@@ -605,11 +604,56 @@ def test_core_release_hands_over_and_lets_the_mapping_close(name):
 
 
 def test_core_bind_refuses_a_missing_offset(name):
-    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+    c = SharedCache(name, capacity_bytes=4096, max_entries=8, create=True)
+    try:
         offsets = core.offsets(c._seg.geometry)
         del offsets["E_CHECK"]
         with pytest.raises(KeyError, match="E_CHECK"):
             core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9, xxh3)
+        half = core.Core.__new__(core.Core)
+        with pytest.raises(KeyError, match="E_CHECK"):
+            half.__init__(c._seg.mm, offsets, c._seg.live_fd, 10**9, xxh3)
+        unbound = core.Core.__new__(core.Core)  # never initialised: no table to read, no mutex to take
+        for k in (half, unbound):
+            assert core_get(k, encode_key("a"), 0) is core.HANDOVER and k.reason == "released"
+            assert k.get_many([b"a"], [1], 0, None) == ([], core.HANDOVER) and k.reason == "released"
+            assert k.put_many([], 0, -1) == (0, core.HANDOVER)
+        c.close()
+        assert c._seg.mm is None  # the half-bound Core dropped its export of the mapping
+    finally:
+        c.close()
+        c.unlink()
+
+
+def test_core_get_many_reports_its_own_hand_over_reason(name):
+    """A batch's hand-over reason is read right after its unlock: the checksum calls that follow run Python code,
+    and a call there on the same handle (here, in the same thread) must not change what the batch reports."""
+    with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True) as c:
+        c.put("a", "x" * 50)
+        c.put("b", "y" * 50)
+        kbs = [encode_key("a"), encode_key("b")]
+        seg = c._seg
+        e = index.find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
+                       seg.geometry.index_slots - 1, fingerprint(kbs[1]), kbs[1])
+        seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1  # b's lookup hands over ("bounds"), after a's hit
+        meddled = []
+
+        def hasher(*args):
+            if not meddled:  # a's checksum, after the unlock: another call on k hands over, for its own reason
+                c._h[H_DIRTY] = 1
+                meddled.append(core_get(k, kbs[0], 0) is core.HANDOVER and k.reason == "dirty")
+                c._h[H_DIRTY] = 0
+            return xxh3(*args)
+
+        k = core.Core(seg.mm, core.offsets(seg.geometry), seg.live_fd, 10**9, hasher)
+        try:
+            found, stop = k.get_many(kbs, [fingerprint(kb) for kb in kbs], 0, None)
+            assert meddled == [True]
+            assert found == ["x" * 50] and stop is core.HANDOVER and k.reason == "bounds"
+        finally:
+            k.release()
+            seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
+        assert c.verify().ok
 
 
 def test_core_put_refuses_an_inconsistent_encoding(name):
