@@ -50,10 +50,8 @@ def main(argv=None) -> int:
                     with cache.view(key) as v:
                         return v.shape
 
-                forget = cache._viewed.clear if cache._core is None else cache._pins.forget
-
                 def first_view(key):
-                    forget()
+                    cache._pins.forget()  # (PinDescriptions or _core.Pins: the handle's record of values checked)
                     return view(key)
 
                 calls = max(20, min(2000, (64 << 20) // size))

@@ -462,12 +462,7 @@ static int pinned(Core *c, int64_t e)
 {
     if (!c->pins[e])
         return 0;
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(c->pin_base + e);
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
     if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
         return -1;
     if (fl.l_type != F_UNLCK)
@@ -1300,6 +1295,8 @@ static PyObject *refusal(Core *c, int r)
 {
     if (r != ST_PINNED)
         return handover(c);
+    /* Recorded too: the caller's Python path reads the reason (a stale "timeout" would make it skip its wait). */
+    thread_reason = WHY_PINNED;
     Py_INCREF(PINNED);
     return PINNED;
 }
@@ -1462,12 +1459,7 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
         return ST_OK; /* refused before anything is counted or pinned */
     /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale flag. */
     c->pins[e] = 1;
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_RDLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(c->pin_base + e);
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);
     if (fcntl(fd, F_OFD_SETLK, &fl) < 0) /* never refused (pin bytes are only read-locked): the Python path raises */
         return bounds(c);
     *locked = 1;
@@ -1597,8 +1589,8 @@ static PyObject *batch_result(PyObject *done, int r, int why)
 {
     if (done == NULL)
         return NULL;
-    if (r && r != ST_PINNED)
-        thread_reason = why;
+    if (r)
+        thread_reason = r == ST_PINNED ? WHY_PINNED : why;
     return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
 }
 

@@ -235,12 +235,7 @@ static void lease_end(Lease *l)
     }
     int unlocked = 0;
     if (l->byte >= 0) {
-        struct flock fl;
-        memset(&fl, 0, sizeof fl);
-        fl.l_type = F_UNLCK;
-        fl.l_whence = SEEK_SET;
-        fl.l_start = (off_t)l->byte;
-        fl.l_len = 1;
+        struct flock fl = byte_lock(F_UNLCK, l->byte);
         unlocked = fcntl(fd, F_OFD_SETLK, &fl) == 0;
     }
     Taken t = {l->pid, l->epoch};

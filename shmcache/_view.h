@@ -6,8 +6,23 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
+
+/* The open-file-description lock request of one byte: a pin's (``type`` F_RDLCK to take it, F_UNLCK to end it) or
+ * the query whether another description holds it (F_WRLCK, with F_OFD_GETLK). */
+static inline struct flock byte_lock(short type, int64_t byte)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)byte;
+    fl.l_len = 1;
+    return fl;
+}
 
 /* One cache handle's descriptions (the C twin of view.PinDescriptions): idle ones, kept for the next view, and what
  * a lease needs to export the arena's bytes. */

@@ -181,9 +181,6 @@ class SharedCache(LocalMapping):
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes
         self._table = table
-        # slot -> ((version, offset, length, checksum), layout) of the stored value a view of this handle checked
-        # (the pure-Python path's; the compiled build's are in Pins.viewed)
-        self._viewed: dict[int, tuple] = {}
         self._addr = guard.addr
         self._lock_timeout = lock_timeout
         self.name = seg.name
@@ -538,14 +535,14 @@ class SharedCache(LocalMapping):
             # checksum name it: a new store, or a compaction moving it, is checked again). Later views of it trust
             # that check: a stray write into a block already checked is caught by get(), not by view().
             stored = (version, voff, vlen, check)
-            known = self._viewed.get(e)
+            known = pins.viewed.get(e)
             if known is not None and known[0] == stored:
                 return PyView(value, pins, pin, self._base + voff, known[1])  # its layout, checked with it, too
             if body_checksum(value[0], value[1:]) != check:
                 pins.release(pin)
                 self._guard.checksum_failed(e)
             view = PyView(value, pins, pin, self._base + voff)
-            self._viewed[e] = stored, view.layout
+            pins.viewed[e] = stored, view.layout
             return view
         except BaseException:
             pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released

@@ -134,9 +134,16 @@ class PinDescriptions:
         self._idle: list = []  # FileIO holding no lock
         self._out: dict[int, Pin] = {}  # token -> pin of a view handed over
         self._epoch = 0  # forks of this process since this handle opened (see Fork above)
+        # slot -> ((version, offset, length, checksum), layout) of each stored value this handle's views checked
+        # (the checksum policy: SharedCache.view; _core.Pins.viewed is the compiled build's)
+        self.viewed: dict[int, tuple] = {}
         self._ended: dict[int, object] = {}  # tokens of pins whose memory is gone (filled from C, see above)
         self._closed = False
         _ALL.add(self)
+
+    def forget(self) -> None:
+        """Forget every stored value checked: the next view of each checks it again (benchmarks.views times it so)."""
+        self.viewed.clear()
 
     def _forked_parent(self) -> None:
         self._epoch += 1

@@ -593,6 +593,28 @@ def test_core_hands_over_when_dirty(name):
             k.release()
 
 
+def test_core_a_pinned_refusal_records_its_reason(name):
+    """PINNED records "pinned" as the call's reason, as a hand-over records its own: the Python path that then raises
+    PinnedError reads it (a "timeout" left by an earlier call would make it skip its wait for a busy lock)."""
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+        c.put("a", b"x")
+        kb = encode_key("a")
+        item = _encode("a", b"y")
+        k = core.bind(c._seg, 1.0)
+        try:
+            with c.view("a"):
+                calls = [lambda: k.put(*item, 0, -1), lambda: k.delete(kb, fingerprint(kb), 0),
+                         lambda: k.put_many([item], 0, -1)[1]]
+                for call in calls:
+                    c._h[H_DIRTY] = 1  # an earlier call's hand-over, for a reason of its own
+                    assert core_get(k, kb, 0) is core.HANDOVER and k.reason == "dirty"
+                    c._h[H_DIRTY] = 0
+                    assert call() in (core.PINNED, core.HANDOVER) and k.reason == "pinned"
+        finally:
+            k.release()
+        assert c.get("a") == b"x" and c.verify().ok
+
+
 def test_core_release_hands_over_and_lets_the_mapping_close(name):
     c = SharedCache(name, capacity_bytes=4096, max_entries=8, create=True)
     k = core.bind(c._seg, 1.0)
