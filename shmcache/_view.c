@@ -13,10 +13,12 @@
  * - ``View`` is what ``SharedCache.view`` returns in the compiled build: its close() revokes the object handed out
  *   exactly as view.View's does.
  *
- * Fork: a child must never unlock its parent's pins, and the parent must not lend again a description a child may
- * still hold. view.py's fork hooks call Pins._forked_parent/_forked_child: each bumps the epoch (a lease of an
- * earlier epoch closes its description at the end instead of lending it again), and the child closes its copies of
- * the idle descriptions and takes its own pid (a lease of another pid only closes its copy, never unlocks).
+ * Fork: neither side of a fork may unlock a description the other may still hold (an OFD unlock ends the lock for
+ * every holder of the description), and the parent must not lend such a description again. view.py's fork hooks
+ * call Pins._forking (before the fork and after it in the parent) and Pins._forked_child: each bumps the epoch (a
+ * lease of an earlier epoch closes its description at the end, never unlocking it nor lending it again), and the
+ * child closes its copies of the idle descriptions and takes its own pid (a lease of another pid only closes its
+ * copy). An inherited view's pin so lasts until the child drops it or exits.
  */
 #include "_view.h"
 
@@ -52,7 +54,8 @@ typedef struct {
     int fd;         /* the description the pin is held through; -1 once the pin ended */
     int64_t byte;   /* the byte locked through it; -1 unknown (the description is then closed at the end) */
     pid_t pid;      /* Pins.pid when the pin was taken */
-    unsigned long epoch;
+    unsigned long epoch;       /* Pins.epoch when the description was taken */
+    unsigned long armed_epoch; /* ...and when the lease was armed: a view made before a fork is the child's too */
     char *ptr;      /* the value, tag first */
     Py_ssize_t len;
     int64_t slot, off, check, version;
@@ -178,7 +181,7 @@ static Lease *lease_alloc(Pins *p, int fd, Taken t)
     l->fd = fd;
     l->byte = -1;
     l->pid = t.pid;
-    l->epoch = t.epoch;
+    l->epoch = l->armed_epoch = t.epoch;
     l->ptr = NULL;
     l->len = 0;
     l->slot = l->off = l->check = l->version = -1;
@@ -209,6 +212,7 @@ static int lease_arm(Lease *l, int64_t slot, int64_t off, int64_t len, int64_t c
         return -1;
     }
     l->have_src = 1;
+    l->armed_epoch = p->epoch;
     l->ptr = (char *)l->src.buf + p->arena_off + off;
     l->len = (Py_ssize_t)len;
     l->byte = p->pin_base + slot;
@@ -234,7 +238,10 @@ static void lease_end(Lease *l)
         return;
     }
     int unlocked = 0;
-    if (l->byte >= 0) {
+    /* A view made before this process forked is the child's too, and an unlock through its description would end
+     * the child's pin as well (its inherited view would read bytes reused under it): closed, never unlocked. (An
+     * unarmed lease has no view: its armed_epoch is its description's.) */
+    if (l->byte >= 0 && l->armed_epoch == p->epoch) {
         struct flock fl = byte_lock(F_UNLCK, l->byte);
         unlocked = fcntl(fd, F_OFD_SETLK, &fl) == 0;
     }
@@ -643,7 +650,7 @@ static PyObject *Pins_close(Pins *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static PyObject *Pins_forked_parent(Pins *p, PyObject *Py_UNUSED(ignored))
+static PyObject *Pins_forking(Pins *p, PyObject *Py_UNUSED(ignored))
 {
     p->epoch++;
     Py_RETURN_NONE;
@@ -695,7 +702,7 @@ static PyMethodDef Pins_methods[] = {
      "Close the idle descriptions; those of leases still alive are closed as they go."},
     {"forget", (PyCFunction)Pins_forget, METH_NOARGS,
      "Forget every stored value checked: the next view of each checks it again (benchmarks.views times it so)."},
-    {"_forked_parent", (PyCFunction)Pins_forked_parent, METH_NOARGS, "os.register_at_fork's after_in_parent"},
+    {"_forking", (PyCFunction)Pins_forking, METH_NOARGS, "os.register_at_fork's before and after_in_parent"},
     {"_forked_child", (PyCFunction)Pins_forked_child, METH_NOARGS, "os.register_at_fork's after_in_child"},
     {NULL, NULL, 0, NULL},
 };

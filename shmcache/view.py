@@ -62,7 +62,10 @@ from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout, body_checksum
 
 _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hooks
-os.register_at_fork(after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
+# Forking is marked twice, before the fork and after it in the parent: a pin taken by another thread while a fork
+# handler let it run is older than the second mark (see PinDescriptions: Fork).
+os.register_at_fork(before=lambda: [pins._forking() for pins in list(_ALL)],
+                    after_in_parent=lambda: [pins._forking() for pins in list(_ALL)],
                     after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
 
 _UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
@@ -88,7 +91,7 @@ class Pin:
     (``byte``), the process that took it (``pid``). Made before anything is taken, so that whoever is cut short
     finds what to release; released at most once (``file`` is None after)."""
 
-    __slots__ = ("file", "byte", "pid", "token", "ended", "epoch")
+    __slots__ = ("file", "byte", "pid", "token", "ended", "epoch", "armed")
 
     def __init__(self) -> None:
         self.file: io.FileIO | None = None
@@ -98,6 +101,7 @@ class Pin:
         # the weak references that end the pin when the view's memory goes (kept alive here)
         self.ended: tuple[weakref.ref, _Unlocker] | None = None
         self.epoch = -1  # PinDescriptions' fork count when its description was taken
+        self.armed = -1  # ...and when it was handed over (a view that existed at a fork is the child's too)
 
 
 class PinDescriptions:
@@ -120,11 +124,14 @@ class PinDescriptions:
       block, by each new view and by close(), puts the description back in the pool. A drain cut short, or a view
       whose memory outlives its block, delays that (by a description held open until then), never the unlock.
 
-    Fork. A description lives until every process holding it has closed it, and so does any lock taken through it.
-    So: a child closes its copies of the idle descriptions at once; a view the child inherited open only closes the
-    child's copy when it goes (its pin knows the pid that took it, and the child disarms its unlocker), so a child
-    never drops its parent's pin; and the parent never lends again a description that was out at the fork (the
-    child may still hold it: a pin taken through it later would outlive the parent), it closes it on release. "Out"
+    Fork. A description lives until every process holding it has closed it, and so does any lock taken through it;
+    but an unlock through a shared description ends the lock for every process that holds it. So: a child closes
+    its copies of the idle descriptions at once; a view the child inherited open only closes the child's copy when
+    it goes (its pin knows the pid that took it, and the child disarms its unlocker), so a child never drops its
+    parent's pin; and the parent, symmetrically, never unlocks a description that was out at the fork (its
+    unlockers are disarmed by the fork hooks), it closes it: the pin then lasts until the child drops its copy of
+    the view or exits, so the child never reads bytes reused under it. Nor does the parent lend such a description
+    again (a pin taken through it later would outlive the parent). "Out"
     includes a description taken by a view still waiting for the lock in another thread: each pin records the fork
     count (``epoch``) when its description was taken, and one from before the last fork is closed, not lent again.
     """
@@ -145,8 +152,11 @@ class PinDescriptions:
         """Forget every stored value checked: the next view of each checks it again (benchmarks.views times it so)."""
         self.viewed.clear()
 
-    def _forked_parent(self) -> None:
+    def _forking(self) -> None:
         self._epoch += 1
+        for pin in list(self._out.values()):  # views the child inherits: their pins are never unlocked here
+            if pin.ended is not None:
+                pin.ended[1].close = int
 
     def _forked_child(self) -> None:
         for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin
@@ -174,6 +184,7 @@ class PinDescriptions:
         """End ``pin`` once ``owner`` is garbage collected: its byte is unlocked and its token recorded there, in C;
         its description goes back to the pool at the next ``drain``. The pin is registered last (until then an
         exception drops it, closing its description)."""
+        pin.armed = self._epoch  # first: a fork from here on makes it older (the hooks disarm what is in _out)
         unlocker = _Unlocker(owner, _CLOSE)
         file = pin.file
         if file is None:
@@ -217,6 +228,9 @@ class PinDescriptions:
             file.close()  # a copy inherited through fork: the pin is the parent's, and stays
             return
         if pin.byte >= 0 and not unlocked:
+            if pin.armed >= 0 and pin.armed != self._epoch:
+                file.close()  # a view that existed at a fork: the child's copy of it keeps the pin (see Fork)
+                return
             ofd.unlock(file.fileno(), pin.byte)
         if pin.byte < 0 or self._closed or pin.epoch != self._epoch:
             file.close()  # closing drops whatever lock it took

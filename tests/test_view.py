@@ -370,6 +370,39 @@ def test_view_a_forked_child_never_drops_its_parents_pin(name):
         c.put("k", 1)
 
 
+@pytest.mark.timeout(120)
+def test_view_a_forked_childs_inherited_view_keeps_its_pin_after_the_parents_ends(name):
+    """The parent's end of a view must not unlock the description the child inherited: the child's copy of the
+    view keeps the entry pinned until the child drops it or exits, so it never reads bytes reused under it."""
+    seven = np.full(4096, 7, dtype=np.uint8)
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=64, create=True) as c:
+        c.put("k", seven)
+        go_r, go_w = os.pipe()
+        with c.view("k") as arr:
+            pid = os.fork()
+            if pid == 0:  # the child stays inside its copy of the block until told to read
+                code = 2
+                try:
+                    os.close(go_w)
+                    os.read(go_r, 1)
+                    code = 0 if np.array_equal(arr, seven) else 1
+                finally:
+                    os._exit(code)
+        os.close(go_r)
+        try:
+            with pytest.raises(PinnedError):  # the child's pin: another writer must still be refused
+                c.put("k", np.full(4096, 9, dtype=np.uint8))
+            for i in range(3000):  # churn the arena around the pinned block
+                c.put(f"other{i}", np.full(4096, 9, dtype=np.uint8))
+            assert c.verify().ok
+        finally:
+            os.write(go_w, b"x")
+            os.close(go_w)
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # the child read its 7s, never the 9s written since
+        c.put("k", np.full(4096, 9, dtype=np.uint8))  # the child is gone, and its pin with it
+
+
 def _fork_a_sleeper() -> int:
     pid = os.fork()
     if pid == 0:
@@ -434,6 +467,18 @@ def test_view_a_pin_dies_with_its_process_even_after_a_fork(name, when):
             assert p.exitcode == -signal.SIGKILL
             # The grandchild still holds copies of what its parent had open when it forked; not "b"'s pin.
             c.put("b", b"x")
+            if when == "open":  # ...but it inherited the open view of "a", which keeps its pin while it lives
+                with pytest.raises(PinnedError):
+                    c.put("a", b"x")
+                os.kill(grandchild, signal.SIGKILL)
+                grandchild = None
+                deadline = time.monotonic() + JOIN_S  # P's child, reaped by init: wait for its pin to go
+                while time.monotonic() < deadline:
+                    try:
+                        c.put("a", b"x")
+                        break
+                    except PinnedError:
+                        time.sleep(0.01)
             c.put("a", b"x")
         finally:
             if grandchild:
