@@ -14,10 +14,11 @@ their reference, and finish a batch the C section hands over part-way.
 from __future__ import annotations
 
 from . import block, index, lru
-from .codec import body_checksum
+from .codec import fingerprint
+from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
     H_MAX_RETAINED, H_MISSES,
 )
 from .store import too_large
@@ -34,12 +35,15 @@ def _key_start(mm, k0: int, klen: int, space: int) -> int:
     return 2 if of_kind and mm[k0 + 1] == space else -1
 
 
-def snapshot_locked(store, space: int, with_values: bool) -> list:
+def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
     """The live (unexpired) entries of ``space``, most recently used first: their key bytes (kind prefix dropped),
-    or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the caller to check."""
+    or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the caller to check; and how
+    many entries were passed over as damaged (their key bytes do not hash to their fingerprint: a damaged length,
+    offset or key, whose bytes are no key that was stored). The caller repairs when that is not 0."""
     ent, mm, base, exp = store.ent, store.mm, store.base, store.exp
     now = store.clock()
     out = []
+    damaged = 0
     e = ent[SENTINEL * _W + E_NEXT]
     for _ in range(store.table.slots):
         if e == SENTINEL:
@@ -51,10 +55,15 @@ def snapshot_locked(store, space: int, with_values: bool) -> list:
         skip = _key_start(mm, k0, klen, space)
         x = exp[e]
         if skip >= 0 and not (x and x <= now):
-            kb = mm[k0 + skip : k0 + klen]
-            out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
+            stored = mm[k0 : k0 + klen]
+            # Invariant: a key handed out hashes to its entry's fingerprint, as a lookup's probe compares it.
+            if fingerprint(stored) != ent[b + E_FP]:
+                damaged += 1
+            else:
+                kb = stored[skip:]
+                out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
         e = ent[b + E_NEXT]
-    return out
+    return out, damaged
 
 
 def popitem_locked(store, space: int):
@@ -74,7 +83,10 @@ def popitem_locked(store, space: int):
             if store.exp[e] and table.expired(e):
                 store.lapse(e)
             elif not table.pinned(e):
-                kb = mm[k0 + skip : k0 + klen]
+                stored = mm[k0 : k0 + klen]
+                if fingerprint(stored) != ent[b + E_FP]:  # see snapshot_locked; raised so, the guard repairs
+                    raise CorruptionError(f"entry {e}: its key does not hash to its fingerprint", what="popitem")
+                kb = stored[skip:]
                 tag, body = store.body(e)
                 store.remove(e, H_DELETES)
                 return kb, tag, body
@@ -180,12 +192,3 @@ def count_prefix_locked(store, prefix: bytes) -> int:
                 count += 1
         e = ent[b + E_NEXT]
     return count
-
-
-def checked(guard, tag: int, body, check: int, e: int, counted: bool) -> tuple[int, bytes]:
-    """(tag, body) copied out under the lock, once its checksum is found right (after the unlock). A mismatch
-    costs a deep repair and raises CorruptionError (``Guard.checksum_failed``; ``counted``: the read was counted as
-    a hit, which becomes a miss)."""
-    if body_checksum(tag, body) != check:
-        guard.checksum_failed(e, counted, "read")
-    return tag, body

@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import entries, memo
-from .codec import KIND_PREFIXES, MASK63, encode_key, fingerprint
+from .codec import KIND_PREFIXES, MASK63, body_checksum, encode_key, fingerprint
 from .codec import xxh3 as fingerprint_of
 from .core import PINNED, TIMEOUT, Raw as _Raw, finish as _finish
 from .durations import ttl_ns
@@ -136,23 +136,36 @@ class LocalMapping(ItemAccess):
         return KIND_PREFIXES[space] + encode_key(key) if space else encode_key(key)
 
     def _keys(self) -> list:
-        """The live keys, most recently used first, as one snapshot."""
+        """The live keys, most recently used first, as one snapshot. A damaged entry is left out, and repaired."""
         parts, space = self._space()
-        return _decode_keys(parts, parts.guard.run(entries.snapshot_locked, parts.store, space, False))
+        found, damaged = parts.guard.run(entries.snapshot_locked, parts.store, space, False)
+        if damaged:
+            parts.guard.run(parts.store.repair, True)  # drops it (counted in recoveries)
+        return _decode_keys(parts, found)
 
     def _items(self) -> list:
-        """The live (key, value) pairs, most recently used first, as one snapshot (no lookup counted)."""
+        """The live (key, value) pairs, most recently used first, as one snapshot (no lookup counted). A damaged
+        entry (its key, or its value's checksum) is left out, and repaired."""
         parts, space = self._space()
-        found = parts.guard.run(entries.snapshot_locked, parts.store, space, True)
-        keys = _decode_keys(parts, [f[0] for f in found])
-        return [(k, _decoded(parts, *entries.checked(parts.guard, tag, body, check, e, False)))
-                for k, (_, tag, body, check, e) in zip(keys, found)]
+        found, damaged = parts.guard.run(entries.snapshot_locked, parts.store, space, True)
+        good = [f for f in found if body_checksum(f[1], f[2]) == f[3]]
+        if damaged or len(good) != len(found):
+            parts.guard.run(parts.store.repair, True)  # drops them (counted in recoveries)
+        keys = _decode_keys(parts, [f[0] for f in good])
+        return [(k, _decoded(parts, tag, body)) for k, (_, tag, body, _, _) in zip(keys, good)]
 
     def popitem(self) -> tuple[Any, Any]:
         """Remove the least recently used entry and return it as (key, value), in one hold of the lock (entries an
-        open view pins are passed over); counted as a delete, not a lookup. :raises KeyError: if there is none."""
+        open view pins are passed over); counted as a delete, not a lookup. A damaged entry met is dropped (the
+        guard repairs) and the next one taken. :raises KeyError: if there is none."""
         parts, space = self._space()
-        found = parts.guard.run(entries.popitem_locked, parts.store, space)
+        for attempt in range(3):
+            try:
+                found = parts.guard.run(entries.popitem_locked, parts.store, space)
+                break
+            except CorruptionError:
+                if attempt == 2:  # repaired each time, and damaged again: someone is writing over the segment
+                    raise
         if found is None:
             raise KeyError("popitem(): the cache is empty") from None
         (key,) = _decode_keys(parts, [found[0]])
