@@ -22,6 +22,10 @@
  */
 #include "_view.h"
 
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* f_locals, before PyFrame_GetLocals */
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -446,39 +450,98 @@ PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64
     return v;
 }
 
-/* How many names of the calling Python frame are bound to ``obj`` (view.View._close's f_locals count). */
-static Py_ssize_t frame_names(PyObject *obj)
+/* How many references each name bound to ``obj`` in frame ``f`` stands for, once ``f``'s locals are read: before
+ * 3.13 that read fills the frame's snapshot dict, which then holds one too (two for a plain local of a function, one
+ * for a cell, whose own reference is left unexplained: another frame's name may share it); from 3.13 the read is a
+ * proxy holding none (one for a plain local, none for a cell). A module's or class body's namespace is its dict. */
+static Py_ssize_t name_weight(PyCodeObject *code, PyObject *name)
 {
-    if (PyEval_GetFrame() == NULL)
-        return 0; /* called from no Python frame (an atexit hook, a C callback): no name binds it */
 #if PY_VERSION_HEX >= 0x030D0000
-    PyObject *loc = PyEval_GetFrameLocals();
-#elif PY_VERSION_HEX >= 0x030B0000
-    PyObject *loc = PyFrame_GetLocals(PyEval_GetFrame());
+    const Py_ssize_t local = 1, cell = 0;
 #else
-    PyObject *loc = PyEval_GetLocals();
+    const Py_ssize_t local = 2, cell = 1;
+#endif
+    if (!(code->co_flags & CO_OPTIMIZED))
+        return 1;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *cells = PyCode_GetCellvars(code), *frees = cells ? PyCode_GetFreevars(code) : NULL;
+#else
+    PyObject *cells = code->co_cellvars, *frees = code->co_freevars;
+    Py_XINCREF(cells);
+    Py_XINCREF(frees);
+#endif
+    Py_ssize_t w = -1;
+    if (frees != NULL) {
+        int in = PySequence_Contains(cells, name);
+        if (in == 0)
+            in = PySequence_Contains(frees, name);
+        w = in < 0 ? -1 : in ? cell : local;
+    }
+    Py_XDECREF(cells);
+    Py_XDECREF(frees);
+    return w;
+}
+
+/* How many references to ``obj`` the names of frame ``f`` stand for (``name_weight``), reading its locals. */
+static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *loc = PyFrame_GetLocals(f);
+#else
+    if (PyFrame_FastToLocalsWithError(f) < 0)
+        return -1;
+    PyObject *loc = f->f_locals;
     Py_XINCREF(loc);
 #endif
-    if (loc == NULL)
-        return PyErr_Occurred() ? -1 : 0;
+    PyCodeObject *code = PyFrame_GetCode(f);
     Py_ssize_t n = 0;
-    if (PyDict_Check(loc)) {
-        Py_ssize_t pos = 0;
-        PyObject *k, *val;
-        while (PyDict_Next(loc, &pos, &k, &val))
-            n += val == obj;
-    } else {
-        PyObject *vals = PyMapping_Values(loc);
-        if (vals == NULL) {
-            Py_DECREF(loc);
+    PyObject *items = NULL;
+    if (loc == NULL) {
+        n = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    items = PyMapping_Items(loc);
+    if (items == NULL) {
+        n = -1;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && n >= 0; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyTuple_GET_ITEM(item, 1) == obj) {
+            Py_ssize_t w = name_weight(code, PyTuple_GET_ITEM(item, 0));
+            n = w < 0 ? -1 : n + w;
+        }
+    }
+done:
+    Py_XDECREF(items); /* (its references to obj go before the caller counts again) */
+    Py_XDECREF(loc);
+    Py_DECREF(code);
+    return n;
+}
+
+/* How many references to ``obj`` beyond ``held`` (the caller's own) no name of this thread's stack explains:
+ * view.View._close's count, the frames read from the caller of ``__exit__`` up only as far as needed (a plain
+ * ``with`` is explained by its own frame; an ExitStack's by a frame further up). */
+static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held)
+{
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
+    Py_XINCREF(f);
+    Py_ssize_t explained = held;
+    Py_ssize_t others = Py_REFCNT(obj) - explained;
+    while (f != NULL && others > 0) {
+        Py_ssize_t n = frame_refs(f, obj);
+        if (n < 0) {
+            Py_DECREF(f);
             return -1;
         }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++)
-            n += PyList_GET_ITEM(vals, i) == obj;
-        Py_DECREF(vals);
+        explained += n;
+        others = Py_REFCNT(obj) - explained; /* read again: reading the locals may have filled a snapshot */
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
     }
-    Py_DECREF(loc);
-    return n;
+    Py_XDECREF(f);
+    return others > 0 ? others : 0;
 }
 
 /* view.View._close: revoke what was handed out. */
@@ -501,14 +564,10 @@ static int view_close(View *v)
                 r = -1;
         }
     } else if (v->kind == VK_ARRAY) {
-        /* References beyond this one and the caller's names: someone else holds the array itself. */
-        Py_ssize_t others = Py_REFCNT(obj) - 1;
-        if (others > 0) {
-            Py_ssize_t names = frame_names(obj);
-            if (names < 0)
-                r = -1;
-            others -= names;
-        }
+        /* References beyond this one and the names on the stack: someone else holds the array itself. */
+        Py_ssize_t others = unexplained(obj, 1);
+        if (others < 0)
+            r = -1;
         /* Ordering: the keep-alive before the revocation, as view.View._close (an error between the two leaves the
          * array valid, holding its memory). */
         if (r == 0 && others > 0 && (x = PyObject_CallOneArg(keep, obj)) == NULL)

@@ -16,10 +16,13 @@ something can still read them. The object returned by ``__enter__`` is revoked w
 is released (using it raises ValueError), and an array is turned, in place, into an empty array of the
 ``CLOSED`` dtype, on which arithmetic raises and indexing finds nothing. An array derived from it inside the block
 (a slice, a reshape) stays valid, and the entry pinned, until it is dropped; so does whatever holds the array
-itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() tells from the ``with`` target's own
-name by counting references. (On CPython before 3.13 that count reads the caller's ``f_locals``, a snapshot the
-frame then keeps until it returns or is read again: an array derived in the same function may hold its pin until
-then. Never longer than something could read it; sometimes longer than needed.)
+itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() tells from the names that bind the
+array by counting references: the names of the frames on the stack, from the caller of ``__exit__`` up as far as
+needed (an ExitStack's target lies a frame further up), each counted after its frame's locals are read (before
+3.13 that read leaves the frame a snapshot dict, which holds a reference too). A revoked array a name binds so
+never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is dropped:
+such a reference cannot be told from an export that still reads the memory. Never shorter than something could
+read it; sometimes longer than needed.
 
 Tensors. torch has no read-only tensors: a tensor over the segment's own (writable) mapping could be written through,
 changing the value under every other process. So a tensor value's bytes are mapped a second time, read-only
@@ -312,6 +315,37 @@ def keep_base(arr) -> None:
     _watch(arr, functools.partial(_nothing, arr.base))
 
 
+_SNAPSHOTS = sys.version_info < (3, 13)  # reading an optimized frame's f_locals fills a dict the frame keeps
+_CO_OPTIMIZED = 0x1
+
+
+def _name_weight(code, name: str) -> int:
+    """How many references a name of a frame running ``code`` stands for once its ``f_locals`` were read: before
+    3.13 the frame's snapshot dict holds one too (two for a plain local, one for a cell, whose own reference is
+    left unexplained: another frame's name may share it); from 3.13 the read is a proxy (one; a cell none). A
+    module's or class body's namespace is a dict of its own (one)."""
+    if not code.co_flags & _CO_OPTIMIZED:
+        return 1
+    if name in code.co_cellvars or name in code.co_freevars:
+        return 1 if _SNAPSHOTS else 0
+    return 2 if _SNAPSHOTS else 1
+
+
+def unexplained(obj, frame, held: int) -> int:
+    """How many references to ``obj`` beyond ``held`` (its caller's own) no name of the frames from ``frame`` up
+    this thread's stack explains; the frames are read only as far as needed (a plain ``with`` is explained by its
+    own frame, an ExitStack's by one further up). _core.View counts the same way (_view.c unexplained)."""
+    explained = held + 2  # getrefcount's argument, and this function's own
+    while frame is not None:
+        if sys.getrefcount(obj) - explained <= 0:
+            return 0
+        code = frame.f_code
+        # Ordering: read the locals (filling a snapshot) before counting again, at the top of the loop.
+        explained += sum(_name_weight(code, k) for k, v in list(frame.f_locals.items()) if v is obj)
+        frame = frame.f_back
+    return max(sys.getrefcount(obj) - explained, 0)
+
+
 class PyView:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view`` on the
     pure-Python path (the compiled build returns ``_core.View``, the same in C: ``View`` names whichever runs)."""
@@ -374,11 +408,8 @@ class PyView:
             except BufferError:
                 pass  # exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives
             return
-        # References beyond this function's and the caller's names: someone else holds the array itself.
-        others = sys.getrefcount(obj) - 2
-        if others:
-            others -= sum(1 for v in frame.f_locals.values() if v is obj)
-        if others > 0:
+        # References beyond this function's and the names on the stack: someone else holds the array itself.
+        if unexplained(obj, frame, 1) > 0:
             # Revoking the array drops its reference to ``owner`` (its base); whatever still points into its memory
             # through the array itself (a memoryview of it, a tensor from torch.from_numpy) holds the array: so
             # ``owner`` is made to live as long as the array does. Ordering: before the revocation, so that an

@@ -4,6 +4,7 @@ after their with block, and released by the kernel when the pinning process dies
 from __future__ import annotations
 
 import gc
+import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -14,6 +15,7 @@ import threading
 import time
 import weakref
 import warnings
+import contextlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -23,6 +25,7 @@ import xxhash
 from shmcache import CacheLimits, ClosedError, CorruptionError, PinnedError, SharedCache, View, core
 from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
+from shmcache import view as view_module
 from shmcache.core import _core
 from shmcache.layout.dtypes import H_DIRTY
 from shmcache.index import find
@@ -170,6 +173,75 @@ def test_view_pin_ends_with_the_block_when_only_its_name_remains(cache):
         total = int(arr.sum())
     cache.put("a", 0)  # ``arr`` is still bound here, to the revoked array
     assert total == 45 and arr.size == 0
+
+
+def test_view_revoked_through_an_exit_stack_holds_no_pin(cache):
+    """The names that bind the array may be in any frame up the stack, not only in __exit__'s caller."""
+    cache.put("a", np.arange(10))
+    with contextlib.ExitStack() as stack:
+        arr = stack.enter_context(cache.view("a"))
+        total = int(arr.sum())
+    assert total == 45 and arr.size == 0
+    cache.put("a", 0)  # ``arr`` is still bound, to the revoked array, and pins nothing
+    cache.put("b", np.arange(3))
+    view = cache.view("b")
+    arr = view.__enter__()
+
+    def end() -> None:
+        view.close()
+
+    end()
+    assert arr.size == 0
+    cache.put("b", 0)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.timeout(60)
+def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
+    """A signal's exception at any bytecode of a with block or its release: an array found revoked afterwards
+    never holds the pin (it may also be left unrevoked, holding it, or never bound). Half the handlers read every
+    frame's locals first, as a sampling profiler or an error reporter does (before 3.13 that leaves each frame a
+    snapshot of its names)."""
+    rng = np.random.default_rng(23)
+    calls = itertools.count()
+
+    def interrupt(signum, frame):
+        if next(calls) % 2:
+            while frame is not None:
+                frame.f_locals
+                frame = frame.f_back
+        raise _Interrupted()
+
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c, \
+            SharedCache(name, create=False) as other:
+        c.put("a", np.arange(64))
+        old = signal.signal(signal.SIGALRM, interrupt)
+        revoked = 0
+        try:
+            for i in range(1500):
+                arr = None
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(5e-6, 60e-6)))
+                    with c.view("a") as arr:
+                        total = int(arr[:4].sum())
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                except _Interrupted:
+                    pass
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                if arr is not None and arr.dtype == view_module.CLOSED:
+                    revoked += 1
+                    gc.collect()  # what an exception cut short is garbage: its pin goes with it
+                    other.put("a", np.arange(64))  # never PinnedError: the revoked array pins nothing
+                del arr
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert revoked > 100 and total == 6
+        assert c.verify().ok
 
 
 def test_view_pinned_entries_survive_eviction_and_compaction(name):
