@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, memo, serializers
@@ -404,7 +405,8 @@ class SharedCache(LocalMapping):
         # bytecode left taken (see flight.py).
         claim = flight.Claim()
         try:
-            waited = claim.take(self._seg.fd, fingerprint(kb), timeout, lambda: key in self)
+            describe = partial(self._guard.run, flight.open_description, self._seg.fd)
+            waited = claim.take(describe, fingerprint(kb), timeout, lambda: key in self)
             # Another caller may have stored the value while this one waited, or between its miss and its claim.
             if not claim.held or key in self:
                 value = self.get(key, MISSING)
@@ -413,7 +415,7 @@ class SharedCache(LocalMapping):
                     self._count((H_MISSES, -1), (H_WAITS, 1 if waited else 0))
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
-                    waited = claim.take(self._seg.fd, fingerprint(kb), timeout) or waited
+                    waited = claim.take(describe, fingerprint(kb), timeout) or waited
             self._count((H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0), (H_TAKEOVERS, 1 if waited else 0))
             value = fn()
             try:

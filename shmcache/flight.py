@@ -34,6 +34,7 @@ import os
 import threading
 import time
 import weakref
+from typing import Callable
 
 from . import ofd
 from .errors import ComputeTimeout, ReentrantCallError
@@ -81,6 +82,23 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
+def open_description(segment_fd: int) -> io.FileIO:
+    """A description of its own of the segment open as ``segment_fd``, for one claim, registered for the fork hooks.
+    Called under the handle's lock (``Guard.run``, which refuses a closed handle; close() closes the descriptor only
+    after marking the handle closed under that lock), so ``segment_fd`` is still the handle's, never a number the
+    application reused for a file of its own after another thread closed the handle.
+
+    Why a FileIO: it owns its descriptor from the open on, closes it at most once (close is idempotent), and closes
+    it in C if dropped, so neither a leak nor a double close can follow an exception anywhere; no signal needs to be
+    held back (pthread_sigmask costs ~8 us a bracket here, more than the rest of a claim). Ordering: open and
+    registry under the registry's lock, which fork takes first: a child never inherits a claim's description the
+    registry misses."""
+    with _REGISTRY:
+        file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
+        _HELD[id(file)] = weakref.ref(file)
+    return file
+
+
 class Claim:
     """A claim on one key's byte: made empty before anything is taken (``take``), so that a ``finally`` always has
     it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
@@ -96,8 +114,9 @@ class Claim:
         """Whether this object holds the key's byte (locked through an open description)."""
         return self._keys is not None and self._file is not None and not self._file.closed
 
-    def take(self, segment_fd: int, fp: int, timeout: float | None, stored=None) -> bool:
-        """Claim the key of fingerprint ``fp`` on the segment open as ``segment_fd``; returns whether another
+    def take(self, describe: Callable[[], io.FileIO], fp: int, timeout: float | None, stored=None) -> bool:
+        """Claim the key of fingerprint ``fp`` on a segment, through a description of its file that ``describe()``
+        opens (``open_description``, called where the handle cannot be closed meanwhile); returns whether another
         caller held it first (so this one waited). Waits without limit when ``timeout`` is None. Returns without
         the claim (``held`` False) when ``stored()``, asked every ``_RECHECK_S`` while waiting, says the value is
         there.
@@ -107,7 +126,11 @@ class Claim:
             ``get_or_compute`` on its own key).
         """
         byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
-        tag = (os.fstat(segment_fd).st_ino, byte)
+        # A description of our own for this claim (the segment's descriptor is shared with whatever else this
+        # process does with it, and is inherited by forked children).
+        if self._file is None:
+            self._file = describe()  # Crash window: dropped before the store, the FileIO closes as it goes
+        tag = (os.fstat(self._file.fileno()).st_ino, byte)  # our own descriptor: never one reused meanwhile
         other = _claims.keys.get(tag)
         other = other and other()
         if other is not None and other.held:
@@ -115,17 +138,6 @@ class Claim:
                                      what="get_or_compute",
                                      hint="fn must not ask for its own key; it would wait for itself")
         self._tag = tag
-        # A description of our own for this claim (the segment's descriptor is shared with whatever else this
-        # process does with it, and is inherited by forked children).
-        # Why a FileIO: it owns its descriptor from the open on, closes it at most once (close is idempotent), and
-        # closes it in C if dropped, so neither a leak nor a double close can follow an exception anywhere; no
-        # signal needs to be held back (pthread_sigmask costs ~8 us a bracket here, more than the rest of a claim).
-        # Ordering: open and registry under the registry's lock, which fork takes first: a child never inherits a
-        # claim's description the registry misses.
-        if self._file is None:
-            with _REGISTRY:
-                self._file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
-                _HELD[id(self._file)] = weakref.ref(self._file)
         waited = False
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout

@@ -3,9 +3,12 @@ dies, bounded waits. Every child reports what it got; values carry their key and
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import signal
+import struct
+import sys
 import threading
 import time
 
@@ -243,3 +246,48 @@ def test_flight_counters_reset_by_clear(shared):
     shared.get_or_compute("k", lambda: 1)
     shared.clear()
     assert _stats(shared)["computations"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_flight_racing_close_raises_closed_error_and_never_touches_a_reused_descriptor(name, tmp_path):
+    """close() in another thread while get_or_compute misses: the call raises ClosedError, never an OSError, and
+    never opens (nor locks) a file the application opened since under the closed handle's descriptor number."""
+    errors: dict = {}
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the window is a few bytecodes
+    try:
+        for trial in range(150):
+            c = SharedCache(name, capacity_bytes=65536, max_entries=64, create=trial == 0)
+            started = threading.Event()
+
+            def miss_until_closed() -> None:
+                i = 0
+                started.set()
+                while True:
+                    try:
+                        c.get_or_compute(f"t{trial}-{i}", lambda: i)
+                    except Exception as exc:  # noqa: BLE001 (what the test counts)
+                        errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                        return
+                    i += 1
+
+            worker = threading.Thread(target=miss_until_closed)
+            worker.start()
+            started.wait(10)
+            time.sleep(0.0002 * (trial % 7))
+            c.close()
+            decoys = [open(tmp_path / f"decoy{j}", "w+b") for j in range(8)]  # take the freed numbers
+            worker.join(30)
+            assert not worker.is_alive()
+            for f in decoys:  # nobody holds an OFD lock on any decoy
+                probe = os.open(f.name, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    lk = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+                    got = struct.unpack("hhqqi", fcntl.fcntl(probe, fcntl.F_OFD_GETLK, lk))
+                finally:
+                    os.close(probe)
+                f.close()
+                assert got[0] == fcntl.F_UNLCK, f"a claim locked {f.name}"
+    finally:
+        sys.setswitchinterval(old)
+    assert set(errors) == {"ClosedError"}, errors

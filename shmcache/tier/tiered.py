@@ -23,6 +23,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import flight, memo, ofd
@@ -450,7 +451,8 @@ class TieredCache(TierMapping):
         fp = fingerprint(self._kprefix + kb)
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
         try:
-            waited = claim.take(self._local.seg.fd, fp, timeout, lambda: lkey in self.local)
+            describe = partial(self._local.guard.run, flight.open_description, self._local.seg.fd)
+            waited = claim.take(describe, fp, timeout, lambda: lkey in self.local)
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, MISSING)
                 if value is not MISSING:
@@ -458,7 +460,7 @@ class TieredCache(TierMapping):
                     self._row[C_LOCAL_HITS] += 1
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
-                    claim.take(self._local.seg.fd, fp, timeout)
+                    claim.take(describe, fp, timeout)
             try:
                 return lease.compute(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms, key,
                                      kb, fn, deadline, ttl)
