@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import importlib
 import mmap
 import os
 import stat
@@ -320,8 +321,17 @@ class Companion(NamedTuple):
 
 
 # Why a registry: the modules that make companion segments sit above this one (the tier package imports cache.py,
-# which imports this module), so they register here when imported; ``import shmcache`` imports them all.
+# which imports this module), so they register here when imported. ``import shmcache`` leaves the tier out until it
+# is named, so they are named here too, and imported when a sweep or a removal needs them: a process that never
+# named TieredCache still finds (and removes) its stats segments.
+_COMPANION_MODULES = ("shmcache.tier.stats",)
 _COMPANIONS: list[Companion] = []
+
+
+def _companions() -> list[Companion]:
+    for module in _COMPANION_MODULES:
+        importlib.import_module(module)  # registers itself on its first import
+    return _COMPANIONS
 
 
 def add_companion(companion: Companion) -> None:
@@ -358,7 +368,7 @@ def sweep(remove: bool = False, names: Iterable[str] | None = None, *, mode: int
         entry = ofd.judge(path, name, ofd.LIVE_BYTE, 1, remove, trust)
         if entry is not None:
             found.append({**entry, "cache": name})
-    for companion in _COMPANIONS:  # the stats segments of TieredCache namespaces, of these caches (or of all)
+    for companion in _companions():  # the stats segments of TieredCache namespaces, of these caches (or of all)
         found += companion.sweep(remove, None if names is None else set(names), trust)
     return found
 
@@ -367,7 +377,7 @@ def unlink_name(name: str) -> None:
     """Remove the named cache's segment, and its companions' (the stats segments of the TieredCache namespaces it
     fronts); processes that have them mapped keep their mappings until they close them."""
     path = shm_name(name)  # validates the name before anything is removed
-    for companion in _COMPANIONS:
+    for companion in _companions():
         companion.unlink_of(name)
     try:
         posix_ipc.unlink_shared_memory(path)

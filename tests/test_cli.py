@@ -351,3 +351,28 @@ def test_cli_stats_says_which_hot_path_runs(capsys, filled, name, monkeypatch):
     monkeypatch.setenv("SHMCACHE_PURE_PYTHON", "1")
     rc, out, _ = run(capsys, "stats", name)
     assert rc == 0 and out.rstrip().splitlines()[-1] == "hot path: pure Python (SHMCACHE_PURE_PYTHON=1)"
+
+
+@pytest.mark.parametrize("how", ["rm", "unlink", "sweep"])
+def test_cli_tier_stats_segments_go_with_their_cache_in_a_process_that_never_named_the_tier(name, how):
+    """``shmcache rm``, ``SharedCache.unlink()`` and ``sweep`` find a cache's TieredCache stats segments in a
+    process that never imported the tier (``import shmcache`` leaves it out)."""
+    from shmcache.tier.stats import Rows
+
+    stats_path = f"/dev/shm/shmcache-tier.{name}.ns"
+    SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True).close()
+    Rows(name, "ns").close()  # the namespace's stats segment, as a TieredCache makes it; now nobody's
+    assert os.path.exists(stats_path)
+    script = {
+        "rm": "import sys; from shmcache.cli import main; sys.exit(main(['rm', NAME]))",
+        "unlink": "import shmcache; shmcache.SharedCache(NAME, create=False).unlink()",
+        "sweep": "import shmcache; found = shmcache.sweep(remove=True, names=[NAME]);"
+                 "assert sorted(f['name'] for f in found) == sorted([NAME, 'shmcache-tier.' + NAME + '.ns']), found",
+    }[how]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}
+    done = subprocess.run([sys.executable, "-c", f"NAME = {name!r}\n{script}\n"
+                           "import sys; assert 'shmcache.tier.tiered' not in sys.modules"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(stats_path)
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")

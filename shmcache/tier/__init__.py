@@ -4,9 +4,33 @@
 versioned copies in the local segment, ``remote`` speaks to Redis, ``listener`` applies the invalidations Redis
 publishes, ``lease`` is ``get_or_compute``'s fleet-wide lock, ``stats`` the per-host stats segment, and ``layout``
 the bytes of all of it (Redis values, invalidation messages, the stats segment).
+
+The names below are imported on first use (PEP 562), so that ``segment.py`` can import ``tier.stats`` (to find and
+remove the stats segments) without the facade and redis-py.
 """
 
-from .stats import TierStats
-from .tiered import TieredCache, host_stats
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .stats import TierStats
+    from .tiered import TieredCache, host_stats
 
 __all__ = ["TierStats", "TieredCache", "host_stats"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TierStats":
+        from . import stats as module
+    elif name in ("TieredCache", "host_stats"):
+        from . import tiered as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
