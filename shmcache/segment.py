@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import posix_ipc
 
-from . import layout, ofd, space
+from . import config, layout, ofd, space
 from .errors import AttachTimeout, LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
@@ -221,11 +221,9 @@ class Segment:
         h[d.H_INDEX_SLOTS] = geometry.index_slots
         h[d.H_ARENA_NBYTES] = geometry.arena_nbytes
         h[d.H_CAPACITY_BYTES] = geometry.capacity_bytes
-        h[d.H_MAX_ENTRIES] = geometry.max_entries
-        h[d.H_MAX_RETAINED] = geometry.capacity_bytes
+        config.write(h, self._default_ttl_ns, geometry.max_entries, geometry.capacity_bytes)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
-        h[d.H_DEFAULT_TTL] = self._default_ttl_ns
         h[d.H_CREATED_NS] = time.time_ns()
         h[d.H_CREATOR_PID] = os.getpid()
         init_mutex(self.lock_address)

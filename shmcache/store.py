@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import block, index, kinds, lru, ofd
+from . import block, config, index, kinds, lru, ofd
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
@@ -338,6 +338,7 @@ class Store:
                     table.remove(e)
                 e = n
         reset_counters(h)
+        config.restore(h, self.seg.geometry)  # clear() starts afresh: a damaged configuration word too
         h[H_CLEARS] += 1
         return before - h[H_ENTRIES]
 
@@ -371,11 +372,11 @@ class Store:
         """
         h = self.h
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
-        h[H_MAX_ENTRIES] = before[0] if max_entries is None else max_entries
-        h[H_MAX_RETAINED] = before[1] if max_retained_bytes is None else max_retained_bytes
+        config.set_limits(h, before[0] if max_entries is None else max_entries,
+                          before[1] if max_retained_bytes is None else max_retained_bytes)
         try:
             self.table.evict_until(0, 0)
         except PinnedError:
             # Pinned entries alone exceed the new limits: the old ones stay (the evictions made still meet them).
-            h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = before
+            config.set_limits(h, *before)
             raise

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import block, index, lru, ofd
+from . import block, config, index, lru, ofd
 from .arena import write_dead
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
@@ -151,10 +151,12 @@ _WORD_NAMES = {field_off(HEADER, n) // 8: n for n in HEADER.names or () if n != 
 
 
 def header_problems(seg) -> list[str]:
-    """The header words out of their range (``header_ranges``), one message each: O(1), for stats() and len()."""
+    """The header words out of their range (``header_ranges``), one message each, and a configuration that fails
+    its checksum (``config.problems``): O(1), for stats() and len()."""
     h = seg.header_words
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
-            for w, (lo, hi) in header_ranges(seg.geometry, seg.features).items() if not lo <= h[w] <= hi]
+            for w, (lo, hi) in header_ranges(seg.geometry, seg.features).items()
+            if not lo <= h[w] <= hi] + config.problems(h, seg.geometry)
 
 
 def check(seg, deep: bool = True) -> VerifyReport:
@@ -377,13 +379,15 @@ def repair(seg) -> int:
 
 def _repair_words(seg) -> None:
     """Put back in range the header words that nothing rebuilds: line 0 from this handle's geometry (what it
-    attached to, so later attachers are not refused), a counter to 0, the display words to 0, and the default time
-    to live to 0 (never expire: a damaged one could make every put expire at once, and its true value is lost)."""
+    attached to, so later attachers are not refused), the configuration from whichever of its copies checks
+    (``config.restore``: else no default expiry, and the capacity as the limits), a counter to 0, and the display
+    words to 0."""
     h = seg.header_words
     for w, v in _identity(seg.geometry, seg.features).items():
         h[w] = v
+    config.restore(h, seg.geometry)  # the default time to live and the limits: from whichever copy checks
     ranges = header_ranges(seg.geometry, seg.features)
-    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL):
+    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
         if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):
@@ -416,7 +420,7 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept)
     _rebuild_columns(seg, kept)
-    h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = _sane_limits(h, g)
+    config.set_limits(h, *_sane_limits(h, g))
 
 
 def _rebuild_columns(seg, kept: list[int]) -> None:

@@ -33,7 +33,15 @@ def test_layout_golden_version_3_additions():
                               "writing")] == [320, 328, 336, 344, 352, 360]
     assert layout.KIND.itemsize == 64 and [layout.KIND.fields[n][1] for n in layout.KIND.names] == [0, 8, 16, 24]
     assert (d.EXPIRES.str, d.VERSIONS.str, d.KINDS.str, d.PINS.str) == ("<i8", "<i8", "|u1", "|u1")
-    assert layout.KIND_PREFIX == 0xF5 and layout.MAX_KINDS == 255 and d.LAYOUT_VERSION == 3
+    assert layout.KIND_PREFIX == 0xF5 and layout.MAX_KINDS == 255
+
+
+def test_layout_golden_version_4_additions():
+    f = layout.HEADER.fields
+    assert f["config_check"][1] == 368 and d.H_CONFIG_CHECK == 46
+    assert [f[n][1] for n in ("saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check")] == \
+        [384, 392, 400, 408]
+    assert d.LAYOUT_VERSION == 4 and layout.HEADER.itemsize == 512
 
 
 def test_layout_golden_features():

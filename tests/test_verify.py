@@ -297,7 +297,8 @@ def test_verify_get_of_a_value_that_does_not_decode_raises_corruption_and_drops_
         assert c.get("bad") is None and c.verify().ok
 
 
-HEADER_WORDS = [n for n in d.HEADER.names if n != "lock"]
+CONFIG_WORDS = ("config_check", "saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check")
+HEADER_WORDS = [n for n in d.HEADER.names if n != "lock" and n not in CONFIG_WORDS]  # (checksums: no range)
 BAD_WORDS = [-1, 2**63 - 1, -(2**63), 2**62 + 12345]
 
 
@@ -482,3 +483,70 @@ def test_verify_reading_paths_hand_out_only_stored_keys_and_values(name, damage,
         report = c.verify(deep=True)
         assert report.ok, report.problems
         c.unlink()
+
+
+# The configuration words (default_ttl_ns, max_entries, max_retained_bytes): a damaged value in range changes what
+# every process does without breaking a structure, so each is checksummed, with a checked copy (shmcache/config.py).
+
+CONFIG_DAMAGE = {
+    "default_ttl small": (d.H_DEFAULT_TTL, 1),
+    "max_entries 1": (d.H_MAX_ENTRIES, 1),
+    "max_retained 1": (d.H_MAX_RETAINED, 1),
+    "config_check": (d.H_CONFIG_CHECK, 12345),
+    "saved ttl": (d.H_SAVED_TTL, 1),
+    "saved max_entries": (d.H_SAVED_MAX_ENTRIES, 2),
+    "saved check": (d.H_SAVED_CHECK, 0),
+}
+
+
+@pytest.mark.parametrize("undo", ["verify", "clear", "stats"])
+@pytest.mark.parametrize("what", sorted(CONFIG_DAMAGE))
+def test_verify_a_damaged_configuration_word_is_found_and_restored(name, what, undo):
+    with SharedCache(name, create=True, capacity_bytes=16_000, max_entries=32, default_ttl=3600) as c:
+        c.set_limits(max_entries=20, max_retained_bytes=12_000)
+        word, bad = CONFIG_DAMAGE[what]
+        c._seg.header_words[word] = bad
+        report = c.verify()
+        assert not report.ok and any("configuration" in p for p in report.problems), report.problems
+        if undo == "verify":
+            c.verify(repair_damage=True)
+        elif undo == "clear":
+            c.clear()
+        else:
+            c.stats()  # the O(1) header check every stats() makes
+        assert c.verify().ok, c.verify().problems
+        limits = c.limits()
+        assert (limits.max_entries, limits.max_retained_bytes) == (20, 12_000)  # the values set, not the damage
+        c.put("new", "v")
+        assert c.get("new") == "v" and 3500 < c.ttl("new") <= 3600  # neither expired at once nor immortal
+
+
+def test_verify_configuration_crash_windows_restore_old_or_new_values():
+    """config.write writes the copy, then the words: cut short anywhere, restore() finds the old values or the new
+    ones, never a mixture and never the damage-proof defaults."""
+    from shmcache import config
+    from shmcache.layout import Geometry
+
+    g = Geometry.for_capacity(16_000, 32)
+    old, new = (5, 30, 9_000), (7, 20, 12_000)
+    writes = []
+
+    class Recording(list):
+        def __setitem__(self, w, v):
+            writes.append((w, v))
+            super().__setitem__(w, v)
+
+    h = Recording([0] * 64)
+    config.write(h, *old)
+    writes.clear()
+    config.write(h, *new)
+    done = list(writes)
+    for cut in range(len(done) + 1):
+        h2 = [0] * 64
+        config.write(h2, *old)
+        for w, v in done[:cut]:
+            h2[w] = v
+        config.restore(h2, g)
+        got = (h2[d.H_DEFAULT_TTL], h2[d.H_MAX_ENTRIES], h2[d.H_MAX_RETAINED])
+        assert got in (old, new), (cut, got)
+        assert not config.problems(h2, g)

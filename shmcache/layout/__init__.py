@@ -24,8 +24,9 @@ without it); no other bit is defined, and an attacher refuses a segment with a b
 process-shared robust mutex. Line 2 holds the hit/miss/put counters and the ``dirty`` word (what every operation
 writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-slot allocator, the creation stamp
 and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
-version clock, the expiry bound and counter, the default time to live, the number of kinds and the entry a store is
-writing. See ``dtypes.HEADER`` for each field.
+version clock, the expiry bound and counter, the default time to live, the number of kinds, the entry a store is
+writing and the configuration's checksum, line 6 the configuration's checked copy (``shmcache/config.py``). See
+``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -103,6 +104,8 @@ Layout versions.
     3 -- the layout described above: the columns, the kind table and header line 5 (versions, expiry, kinds).
          ``FEATURE_PICKLE`` was added to version 3 without a new version: a default segment is byte for byte what
          it was, and a reader that predates the bit refuses a pickle segment by its ``features`` word alone.
+    4 -- the configuration's checksum (``config_check``, line 5) and its checked copy (line 6): a damaged
+         ``default_ttl_ns`` or limit is found by verify() and restored by the repair (``shmcache/config.py``).
 """
 
 from .dtypes import (

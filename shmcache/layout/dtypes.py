@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -40,7 +40,7 @@ MAX_TTL_NS = 2**61  # default_ttl_ns and every time to live: clock + ttl stays b
 MAX_PID = 2**22  # creator_pid: Linux's pid_max is at most 2**22
 KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
-HEADER_NBYTES = 512  # 8 cache lines; lines 6-7 are reserved for later layout versions
+HEADER_NBYTES = 512  # 8 cache lines; line 7 is reserved for later layout versions
 LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
 
 
@@ -108,6 +108,15 @@ HEADER = _record(
             ("default_ttl_ns", _W),  # time to live of a put that gives none; 0: entries do not expire
             ("kinds_used", _W),      # kind table records handed out (record 0, the default kind, excluded)
             ("writing", _W),         # entry slot a store is writing while dirty is 1 (0: none); see verify.py
+            ("config_check", _W),    # checksum of default_ttl_ns, max_entries and max_retained_bytes (config.py)
+        ]),
+        # Line 6: the configuration's checked copy, written before the words themselves (config.py), so that a
+        # repair tells a damaged word from a value that was set.
+        (384, [
+            ("saved_ttl_ns", _W),        # default_ttl_ns as last set
+            ("saved_max_entries", _W),   # max_entries as last set
+            ("saved_max_retained", _W),  # max_retained_bytes as last set
+            ("saved_check", _W),         # checksum of the three words above
         ]),
     ],
     HEADER_NBYTES,
@@ -203,6 +212,11 @@ H_EXPIRED = _word(HEADER, "expired")
 H_DEFAULT_TTL = _word(HEADER, "default_ttl_ns")
 H_KINDS_USED = _word(HEADER, "kinds_used")
 H_WRITING = _word(HEADER, "writing")
+H_CONFIG_CHECK = _word(HEADER, "config_check")
+H_SAVED_TTL = _word(HEADER, "saved_ttl_ns")
+H_SAVED_MAX_ENTRIES = _word(HEADER, "saved_max_entries")
+H_SAVED_MAX_RETAINED = _word(HEADER, "saved_max_retained")
+H_SAVED_CHECK = _word(HEADER, "saved_check")
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")
