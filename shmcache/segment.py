@@ -251,7 +251,12 @@ class Segment:
         ofd.lock(self.live_fd, ofd.LIVE_BYTE, ofd.READ, wait=True)
         # And this process's PID namespace: the lock trusts a holder's thread id only where no handle is foreign.
         ofd.lock(self.live_fd, ofd.NS_BASE + ofd.pid_namespace(), ofd.READ, wait=True)
-        self.mm = mmap.mmap(fd, g.total_nbytes)
+        try:
+            self.mm = mmap.mmap(fd, g.total_nbytes)
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            raise OSError(errno.ENOMEM, space.map_message(g.total_nbytes, *_space_args(self.name))) from None
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
         self.header_words = mv[: d.HEADER_NBYTES].cast("q")

@@ -44,6 +44,16 @@ def reserve(fd: int, nbytes: int, what: str, smaller: str | None) -> None:
         raise
 
 
+def map_message(nbytes: int, what: str, smaller: str | None) -> str:
+    """The message of an ``OSError(ENOMEM)`` from mapping ``nbytes``: the process may map no more memory."""
+    return (
+        f"{what} needs {nbytes / 2**20:.1f} MiB of address space to map its segment, and this process may map no "
+        "more (a memory limit: ulimit -v, RLIMIT_AS, or the container's); "
+        + (f"{smaller}, " if smaller else "")
+        + "or raise the limit"
+    )
+
+
 def message(nbytes: int, free: int | None, what: str, smaller: str | None) -> str:
     have = f"{free / 2**20:.1f} MiB are free" if free is not None else "it could not be reserved"
     return (

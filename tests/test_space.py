@@ -68,3 +68,34 @@ def test_space_full_shm_is_a_clear_enospc_not_sigbus():
     assert "tier ENOSPC: the TieredCache stats segment" in run.stdout
     assert "cache ENOSPC: cache 'more'" in run.stdout
     assert run.stdout.rstrip().endswith("done")
+
+
+# Run under an address-space limit just above what the interpreter has mapped: the segment cannot be mapped.
+NO_ADDRESS_SPACE = textwrap.dedent("""
+    import errno, os, resource, sys
+    from shmcache import SharedCache
+
+    name = sys.argv[1]
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))
+    try:
+        SharedCache(name, capacity_bytes=256 * 2**20, max_entries=1000, create=True)
+    except OSError as exc:
+        assert exc.errno == errno.ENOMEM, exc
+        print("ENOMEM:", exc.strerror)
+    else:
+        raise SystemExit("mapped past the limit")
+    assert not os.path.exists("/dev/shm/shmcache." + name)  # nothing half-made stays behind
+    print("done")
+""")
+
+
+def test_space_no_address_space_is_a_clear_enomem_naming_the_cache(name):
+    st = os.statvfs("/dev/shm")
+    if st.f_bavail * st.f_frsize < 512 * 2**20:
+        pytest.skip("needs 512 MiB free in /dev/shm (the segment is reserved before it is mapped)")
+    run = subprocess.run([sys.executable, "-c", NO_ADDRESS_SPACE, name], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert run.returncode == 0 and "done" in run.stdout, run.stdout + run.stderr
+    assert f"cache {name!r} needs" in run.stdout and "MiB of address space" in run.stdout, run.stdout
