@@ -59,6 +59,13 @@ def function_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+class _Inside(threading.local):
+    busy = False  # whether a memoized call of this thread is inside the cache's own code (not in its fn)
+
+
+_inside = _Inside()
+
+
 class Family(NamedTuple):
     """What a cache class gives memoize for one function's entries, all sharing an encoded key prefix."""
 
@@ -76,14 +83,29 @@ def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Ca
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if _inside.busy:
+            # Called by the cache's own code (encoding the key, the lookup): the wrapper replaced something the
+            # package calls (``builtins.len = cache.memoize(len)``), so it runs ``fn`` itself, uncached.
+            return fn(*args, **kwargs)
         computed = False
 
         def compute() -> R:
             nonlocal computed
             computed = True
-            return fn(*args, **kwargs)
+            busy = _inside.busy
+            try:
+                _inside.busy = False  # fn's own calls of memoized functions are cached as usual
+                return fn(*args, **kwargs)
+            finally:
+                _inside.busy = busy
 
-        value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout, ttl=ttl)
+        # Crash window: saved first and put back in finally, so an exception at any bytecode leaves it as it was.
+        busy = _inside.busy
+        try:
+            _inside.busy = True
+            value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout, ttl=ttl)
+        finally:
+            _inside.busy = busy
         with lock:
             counts[computed] += 1
         return value

@@ -110,3 +110,29 @@ def test_memoize_pool_computes_each_argument_once(name, method):
         s = c.stats()
         assert s.computations == 8 and s.takeovers == 0
         assert s.hits + s.misses == 48 and s.misses == 8
+
+def test_memoize_a_builtin_the_cache_itself_calls(cache):
+    """``builtins.len = cache.memoize(len)``: the cache's own code calls len, which must not recurse into the
+    wrapper (CPython's test_lru_reentrancy_with_len, for lru_cache); called from outside, it is cached."""
+    import builtins
+
+    memo_len = cache.memoize(len)
+    old = builtins.len
+    builtins.len = memo_len
+    try:
+        got = [len("abcdefghijklmn"[:i]) for i in (0, 0, 1, 2, 3, 3, 4, 5, 6, 1, 7, 2, 1)]
+    finally:
+        builtins.len = old
+    assert got == [0, 0, 1, 2, 3, 3, 4, 5, 6, 1, 7, 2, 1]
+    info = memo_len.cache_info()
+    assert info.misses == 8 and info.hits == 5  # the calls from outside were cached, the package's own were not
+
+
+def test_memoize_a_recursive_function_caches_its_inner_calls(cache):
+    @cache.memoize
+    def fib(n: int) -> int:
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    assert fib(20) == 6765
+    info = fib.cache_info()
+    assert info.misses == 21 and info.hits == 18
