@@ -78,6 +78,9 @@ static const char *const why_names[WHY_COUNT] = {
 #define YIELD_ROUNDS 50  /* then trylock + sched_yield rounds, as lock.py's _SPIN_TRIES */
 #endif
 #define SLICE_NS 100000000LL /* timed-lock slice: signals are looked at between two */
+#define PATIENCE 1000        /* timeouts more for a holder whose long walk moves the progress word (lock.py's) */
+
+static _Thread_local int64_t thread_waited_ns; /* how long this thread's last wait for the lock took */
 
 static inline void cpu_pause(void)
 {
@@ -115,7 +118,7 @@ typedef struct {
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
-        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing;
+        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
@@ -288,7 +291,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_NEXT_EXPIRY", &c->h_next_expiry, hw_limit)
         || take_word(d, "H_EXPIRED", &c->h_expired, hw_limit)
         || take_word(d, "H_DEFAULT_TTL", &c->h_default_ttl, hw_limit)
-        || take_word(d, "H_WRITING", &c->h_writing, hw_limit))
+        || take_word(d, "H_WRITING", &c->h_writing, hw_limit)
+        || take_word(d, "H_PROGRESS", &c->h_progress, hw_limit))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");
@@ -333,11 +337,16 @@ static inline int kind_ok(Core *c) { return *c->kind_word == c->kind_word_value;
 static inline int try_checked(Core *c) { return kind_ok(c) ? pthread_mutex_trylock(c->mutex) : -1; }
 
 /* Wait for a busy lock with the GIL released: spin with pause instructions, then yield, then timed lock in
- * slices until the timeout; between slices the GIL is re-taken to run pending signal handlers. Returns the last
- * lock result (0: held), -1 for a damaged kind word, or -2 with a Python exception set (a signal handler raised). */
+ * slices until the timeout, extended by another timeout each time the holder moved the progress word meanwhile (a
+ * long repair or verify: lock.py's SegmentLock.acquire_slow has the same patience); between slices the GIL is
+ * re-taken to run pending signal handlers. Returns the last lock result (0: held), -1 for a damaged kind word, or
+ * -2 with a Python exception set (a signal handler raised). The time it took is the thread's last_wait(). */
 static int wait_lock(Core *c)
 {
     int rc = EBUSY;
+    int64_t start = mono_ns();
+    int64_t seen = *(volatile int64_t *)&HW(progress); /* read without the lock: one word, for patience only */
+    int extensions = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int i = 0; i < SPIN_ROUNDS && rc == EBUSY; i++) {
         for (int j = 0; j < SPIN_PAUSES; j++)
@@ -353,13 +362,24 @@ static int wait_lock(Core *c)
     while (rc == EBUSY || rc == ETIMEDOUT) {
         int64_t now = mono_ns();
         if (now >= deadline) {
+            int64_t p = *(volatile int64_t *)&HW(progress);
+            if (p != seen && extensions < PATIENCE) {
+                seen = p;
+                extensions++;
+                deadline = now + c->timeout_ns;
+                continue;
+            }
             rc = ETIMEDOUT;
             break;
         }
-        if (PyErr_CheckSignals() < 0)
+        if (PyErr_CheckSignals() < 0) {
+            thread_waited_ns = mono_ns() - start;
             return -2;
-        if (c->released)
+        }
+        if (c->released) {
+            thread_waited_ns = mono_ns() - start;
             return EBUSY; /* a close() came meanwhile: the Python path says so */
+        }
         int64_t until = deadline < now + SLICE_NS ? deadline : now + SLICE_NS;
         Py_BEGIN_ALLOW_THREADS
         if (!kind_ok(c)) {
@@ -375,6 +395,7 @@ static int wait_lock(Core *c)
         }
         Py_END_ALLOW_THREADS
     }
+    thread_waited_ns = mono_ns() - start;
     return rc;
 }
 
@@ -1819,7 +1840,15 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
     return v != NULL ? v : handover(NULL);
 }
 
+static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble((double)thread_waited_ns / 1e9);
+}
+
 static PyMethodDef module_methods[] = {
+    {"last_wait", module_last_wait, METH_NOARGS,
+     "last_wait() -> float\n\nThe seconds the calling thread's last wait for a busy lock took in C (what a "
+     "timeout message counts)."},
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
      "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},

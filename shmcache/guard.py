@@ -21,9 +21,10 @@ from typing import NoReturn
 
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
-from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_RECOVERIES
+from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES
 from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock, hot_unlock
+from .core import _core
 from .verify import check, repair
 
 # The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
@@ -78,7 +79,7 @@ class Guard:
         self.table = table  # the repair's last resort empties it
         self.h = seg.header_words
         self.lockw = seg.lock_words
-        self.lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd).st_ino)
+        self.lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd))
         self.addr = self.lock.handle
         self.closed = False
         # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
@@ -140,16 +141,17 @@ class Guard:
         when this thread already holds the lock, the private mutex's handle instead, and the caller raises
         Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
         timeout is not waited a second time."""
+        prior = (_core.last_wait() if _core is not None else self.lock.timeout) if waited else 0.0
         for _ in range(3):
             try:
-                if self.lock.acquire_slow(rc, self.repairing, waited):
+                if self.lock.acquire_slow(rc, self.progress, prior):
                     # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
                     self.lock.mark_consistent()
                 return self.addr
             except Reentered:
                 return self.lock.private_handle
             except (Unrecoverable, Damaged) as exc:
-                waited = False  # a re-initialised lock is waited for afresh
+                prior = 0.0  # a re-initialised lock is waited for afresh
                 if self.closed:
                     raise closed_error() from None
                 if isinstance(exc, Unrecoverable):
@@ -182,12 +184,13 @@ class Guard:
                 h[H_RECOVERIES] += 1
             h[H_DIRTY] = 0
 
-    def repairing(self) -> bool:
-        """Whether the lock's holder is repairing the segment (read without the lock: one word, for patience only)."""
+    def progress(self) -> int | None:
+        """The header's progress word, which a holder on a long walk moves (read without the lock: one word, for
+        patience only); None once closed."""
         try:
-            return not self.closed and self.h[H_DIRTY] == _REPAIRING
+            return None if self.closed else self.h[H_PROGRESS]
         except ValueError:  # closed meanwhile by another thread
-            return False
+            return None
 
     def fault(self, exc: BaseException, addr) -> None:
         """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""

@@ -23,14 +23,23 @@ the locks of threads that die holding them). The waiting path -- never the fast 
 costs nothing more -- checks the mutex before every blocking call (``damage``): a kind word other than what
 ``init_mutex`` writes is damage at once, and an owner that provably does not hold it is damage once the lock timeout
 has passed. The thread id in the futex word is "provably not a holder" only when no thread has it (``kill(tid, 0)``
-says ESRCH) or when its process does not map the segment at all (its ``/proc/<tid>/maps``), and only when no handle
-of another PID namespace has the segment open (``ofd.other_pid_namespaces``), since a thread id is only meaningful in
-its own namespace. A damaged mutex is re-initialised under ``flock`` on the segment, after the damage is seen again
+says ESRCH), when its process does not map the segment at all (its ``/proc/<tid>/maps``), or, where that file is not
+ours to read (another user's process), when the process's user and group ids (``/proc/<tid>/status``, which anyone
+may read and no process can fake) could never have opened the segment: not its owner's, not root's, and no group or
+other bit of its mode lets them in; and only when no handle of another PID namespace has the segment open
+(``ofd.other_pid_namespaces``), since a thread id is only meaningful in its own namespace. A damaged mutex is re-initialised under ``flock`` on the segment, after the damage is seen again
 under it, and the segment is marked dirty so the next holder verifies and repairs it (``cache.py``).
 
+Patience. A holder on a long walk (a repair or a verify of a large segment: seconds for a million entries) moves
+the header's progress word as it goes; a waiter whose timeout passes while the word moved waits another timeout (up
+to ``_PATIENCE`` of them), so a legitimate recovery fails no healthy waiter, while a holder that stops moving it
+(stuck, stopped, or a stray dirty word) is waited for one timeout. Every ``LockTimeout`` states the time waited.
+
 Limits. A garbage thread id naming a live thread that maps the segment (a live process of the cache, after thread-id
-reuse) cannot be told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits.
-Where /proc is missing or hides the owner's process, no owner is judged gone. A kind word damaged while a live
+reuse), or a live thread of a process that could have opened it (root's, or a user's the mode lets in), cannot be
+told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits. Where /proc is missing
+or hides the owner's process, no owner is judged gone. A process that opened the segment and then dropped every id
+that could open it (a root process turned ``nobody``) would be judged gone while holding the lock. A kind word damaged while a live
 thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes through the mutex's list
 pointers); a re-initialisation after a kind damage waits up to the lock timeout for the futex word to clear (unless
 it names an owner provably gone), and a thread that took the damaged lock by trylock in the instant before the
@@ -61,7 +70,7 @@ _SLICE_NS = 100_000_000  # wait at most this long per futex call, then let Pytho
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
                   signal.SIGUSR2}
 _SPIN_TRIES = 50  # trylock + sched_yield rounds before a contended waiter blocks in the kernel (~25-50 us)
-_REPAIR_PATIENCE = 10  # a waiter gives a holder that is repairing the segment this many more lock timeouts
+_PATIENCE = 1000  # a waiter gives a holder whose long walk makes progress (a repair) at most this many more timeouts
 FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
 FUTEX_OWNER_DIED = 0x40000000  # set by the kernel when the holder died with the mutex on its robust list
 # glibc's struct __pthread_mutex_s (x86_64 and aarch64): __lock (the futex word) at 0, __count 4, __owner 8,
@@ -161,9 +170,10 @@ def _mutex_kind_word() -> int:
 MUTEX_KIND_WORD = _mutex_kind_word()
 
 
-def _maps_file(tid: int, ino: int) -> bool | None:
-    """Whether thread ``tid`` exists and its process maps the file with inode ``ino`` from /dev/shm; None: cannot tell
-    (another user's process hidden or unreadable, /proc missing)."""
+def _maps_file(tid: int, file: os.stat_result) -> bool | None:
+    """Whether thread ``tid`` exists and its process maps the segment ``file`` (its fstat) from /dev/shm; None:
+    cannot tell (/proc missing, or the process hidden). A process whose maps this one may not read (another
+    user's) is judged by its credentials instead (``_could_open``)."""
     if tid <= 0:
         return False  # Why: kill(0) or kill(-n) would name process groups, not a thread
     try:
@@ -176,9 +186,26 @@ def _maps_file(tid: int, ino: int) -> bool | None:
         with open(f"/proc/{tid}/maps", "rb") as f:
             maps = f.read()
     except OSError:
-        return None
-    needle = b" %d " % ino
+        return _could_open(tid, file)
+    needle = b" %d " % file.st_ino
     return any(needle in line and b" /dev/shm/" in line for line in maps.splitlines())
+
+
+def _could_open(tid: int, file: os.stat_result) -> bool | None:
+    """Whether thread ``tid``'s process could ever have opened ``file``, by facts it cannot fake: its user and group
+    ids (``/proc/<tid>/status``, readable for every process) against the file's owner, group and mode. A process of
+    no uid that is the owner's or root's, with no group or other bit that lets it in, cannot have mapped the
+    segment, so cannot hold its lock: its thread id in the futex word is damage. None: cannot tell."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        uids = {int(x) for x in fields[b"Uid"].split()}  # real, effective, saved, file system
+        gids = {int(x) for x in fields[b"Gid"].split()} | {int(x) for x in fields.get(b"Groups", b"").split()}
+    except (OSError, KeyError, ValueError):
+        return None
+    if 0 in uids or file.st_uid in uids or file.st_mode & 0o006:
+        return True
+    return bool(file.st_mode & 0o060) and file.st_gid in gids
 
 
 class Reentered(ReentrantCallError):
@@ -213,10 +240,10 @@ class SegmentLock:
     when the previous holder died; the caller marks the mutex consistent at once, then repairs what the holder left
     half-done (the ``dirty`` word says whether there is anything)."""
 
-    def __init__(self, address: int, timeout: float, inode: int = 0) -> None:
+    def __init__(self, address: int, timeout: float, file: os.stat_result) -> None:
         self.address = address
         self.timeout = timeout
-        self.inode = inode  # the segment file's inode: a holder's process maps it
+        self.file = file  # the segment file's fstat: a holder's process maps it, and could open it
         # A private mutex that no thread ever holds: a call that must not release the real lock (it did not take
         # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
         self._private = ctypes.create_string_buffer(64)
@@ -226,12 +253,14 @@ class SegmentLock:
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
 
-    def acquire_slow(self, rc: int, repairing=None, waited: bool = False) -> bool:
-        """Wait for the lock after a failed trylock that returned ``rc``. ``repairing()`` says whether the holder is
-        repairing the segment, which takes time in proportion to its size: the wait is then extended, up to
-        ``_REPAIR_PATIENCE`` timeouts in all, rather than failing every waiter during a legitimate recovery.
-        ``waited``: the compiled section has already waited the whole timeout for this call, so the wait is judged
-        at once (the holder dead, moved or repairing) instead of starting again."""
+    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0) -> bool:
+        """Wait for the lock after a failed trylock that returned ``rc``. ``progress()`` reads the header's progress
+        word, which a holder on a long walk (a repair, a verify: time in proportion to the segment's size) moves as
+        it goes: while it moves, the wait is extended by another timeout (up to ``_PATIENCE``), rather than failing
+        every waiter during a legitimate recovery; a holder that stops moving it (stuck, stopped, or a stray word)
+        is waited for one timeout, as any other. ``waited``: the seconds the compiled section has already waited for
+        this call (with the same patience), so the wait is judged at once (the holder dead or moved) instead of
+        starting again; the timeout's message counts them."""
         # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
         # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
         # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
@@ -240,8 +269,10 @@ class SegmentLock:
                 break
             os.sched_yield()
             rc = self.try_checked()
+        start = time.monotonic_ns() - int(waited * 1e9)
         deadline = time.monotonic_ns() + (0 if waited else int(self.timeout * 1e9))
         extensions = 0
+        seen = progress() if progress is not None else None
         waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
         judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
         ts = _Timespec()
@@ -277,23 +308,26 @@ class SegmentLock:
                     continue
                 word = self.word()
                 if self.owner_gone():
-                    raise Damaged("owner", self._timeout(), word)
+                    raise Damaged("owner", self._timeout(start), word)
                 holder = self.word() & FUTEX_TID_MASK  # Why again: another waiter may have just re-initialised it
                 if holder != waited_for and not moved:
                     # The holder waited for is gone (released or repaired away) and another has it now: the wait
                     # starts again for that one, once, so that a waiter is not failed by a damage repaired meanwhile.
                     moved, waited_for = True, holder
                     deadline = now + int(self.timeout * 1e9)
-                elif repairing is not None and extensions < _REPAIR_PATIENCE and repairing():
+                elif progress is not None and extensions < _PATIENCE and progress() != seen:
                     extensions += 1
+                    seen = progress()
                     deadline = now + int(self.timeout * 1e9)
                 else:
-                    raise self._timeout()
+                    raise self._timeout(start)
             rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
 
-    def _timeout(self) -> LockTimeout:
+    def _timeout(self, start_ns: int) -> LockTimeout:
+        waited = (time.monotonic_ns() - start_ns) / 1e9
         return LockTimeout(
-            f"could not lock the cache within {self.timeout:g} s: thread {self.holder_tid()} holds it", what="lock",
+            f"could not lock the cache in {waited:.3g} s of waiting (lock_timeout={self.timeout:g} s, extended only "
+            f"while its holder's work made progress): thread {self.holder_tid()} holds it", what="lock",
             hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
         )
 
@@ -360,7 +394,7 @@ class SegmentLock:
         if not word or word & FUTEX_OWNER_DIED:
             return False
         tid = word & FUTEX_TID_MASK
-        if tid and _maps_file(tid, self.inode) is not False:
+        if tid and _maps_file(tid, self.file) is not False:
             return False
         # Ordering: the kernel sets OWNER_DIED on a dying holder's mutexes before its thread id is freed, so a word
         # unchanged after its thread was found gone was never a live holder's.

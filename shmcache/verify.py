@@ -27,7 +27,8 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES, KIND_WORDS,
+    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
+    KIND_WORDS,
 )
 from .serializers import TAG_PICKLE, check_pickle
 
@@ -55,6 +56,15 @@ class _Problems(list):
             self.append(msg)
 
 
+def _tick(h) -> None:
+    """Move the progress word: a long walk under the lock tells its waiters it is getting somewhere (lock.py)."""
+    h[H_PROGRESS] = (h[H_PROGRESS] + 1) & _PROGRESS_MASK
+
+
+_PROGRESS_MASK = MAX_COUNTER - 1  # (a power of two)
+_TICK_EVERY = 4095  # steps of a cheap walk between ticks, less one (a mask)
+
+
 def _block_ok(seg, e: int, deep: bool) -> bool:
     """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says and
     its value decodes."""
@@ -63,6 +73,7 @@ def _block_ok(seg, e: int, deep: bool) -> bool:
 
 def _block_problem(seg, e: int, deep: bool) -> str | None:
     """What is wrong with entry ``e``'s block (see ``_block_ok``), or None."""
+    _tick(seg.header_words)  # one an entry: the deep walk hashes every value
     ent, size = seg.entry_words, seg.geometry.arena_nbytes
     b = e * _W
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
@@ -92,13 +103,15 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
     return None
 
 
-def _walk_lru(ent, slots: int, problems: _Problems) -> list[int]:
+def _walk_lru(ent, slots: int, problems: _Problems, h=None) -> list[int]:
     order: list[int] = []
     seen = bytearray(slots)
     prev, cur = SENTINEL, ent[E_NEXT]
-    for _ in range(slots):
+    for i in range(slots):
         if cur == SENTINEL:
             break
+        if h is not None and not i & _TICK_EVERY:
+            _tick(h)
         if not 0 < cur < slots:
             problems.add(f"LRU list reaches slot {cur}, outside the entry table")
             return order
@@ -172,7 +185,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
-    order = _walk_lru(ent, slots, problems)
+    order = _walk_lru(ent, slots, problems, h)
     live = set(order)
     retained = used = 0
     blocks, good = [], []
@@ -244,9 +257,11 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         problems.add(f"arena ring out of range: head={head} tail={tail} fill={fill}")
         return
     pos, left, found = tail, fill, 0
-    for _ in range(size // BLOCK_ALIGN + 1):
+    for i in range(size // BLOCK_ALIGN + 1):
         if left == 0:
             break
+        if not i & _TICK_EVERY:
+            _tick(h)
         nb, e = block.split_header(aw[pos >> 3])
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > left or pos + nb > size:
             problems.add(f"arena block at {pos} has an impossible length {nb}")
@@ -340,7 +355,7 @@ def repair(seg) -> int:
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
     slots = g.entry_slots
     unused = block.handed_out(h, slots)
-    listed = _walk_lru(ent, slots, _Problems())
+    listed = _walk_lru(ent, slots, _Problems(), h)
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
     cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
@@ -413,7 +428,9 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
     lru.relink(ent, kept)  # most recent first
     retained = 0
-    for e in kept:
+    for i, e in enumerate(kept):
+        if not i & _TICK_EVERY:
+            _tick(h)
         b = e * _W
         index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]

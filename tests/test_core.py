@@ -30,7 +30,9 @@ from shmcache.codec import (
     TAG_ARRAY, TAG_TENSOR, KindKey, array_over, body_checksum, decode_body, encode_key, encode_parts, fingerprint, xxh3,
 )
 from shmcache.layout import LOCK_NBYTES
-from shmcache.layout.dtypes import E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF
+from shmcache.layout.dtypes import (
+    E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF, H_PROGRESS,
+)
 
 from .conftest import unique_name
 from .workers import check_value, make_value, python_path, reap
@@ -47,7 +49,8 @@ MISS = object()
 # Bytes of the segment that may differ between two segments put through the same operations: the mutex (its owner
 # and counters belong to whoever locked it last), and the creation stamp (wall-clock ns and pid of the creator).
 _EXCLUDED = ((H_LOCK_OFF, H_LOCK_OFF + LOCK_NBYTES), (H_CREATED_NS * 8, H_CREATED_NS * 8 + 8),
-             (H_CREATOR_PID * 8, H_CREATOR_PID * 8 + 8))
+             (H_CREATOR_PID * 8, H_CREATOR_PID * 8 + 8),
+             (H_PROGRESS * 8, H_PROGRESS * 8 + 8))  # how much walking was done under the lock, not what it holds
 
 
 def core_get(k, kb: bytes, now: int, default=None):

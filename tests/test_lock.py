@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pathlib
+import re
 import signal
 import threading
 import time
@@ -333,7 +334,8 @@ def test_lock_close_while_other_threads_call_is_safe(name):
 
 
 def test_lock_waiters_are_patient_with_a_long_repair(name):
-    """A repair of a large segment takes time under the lock: waiters extend their timeout instead of failing."""
+    """A repair of a large segment takes time under the lock: waiters extend their timeout while its walk moves the
+    progress word, instead of failing."""
     with SharedCache(name, lock_timeout=0.3, **SMALL) as c:
         c.put("k", 1)
         p, _ = _start(repair_slowly, name, 1.0)
@@ -342,3 +344,21 @@ def test_lock_waiters_are_patient_with_a_long_repair(name):
         finally:
             p.join(timeout=10)
             _reap(p)
+
+
+def test_lock_a_stray_repairing_word_without_progress_is_waited_one_timeout(name):
+    """The dirty word at its repairing value proves nothing (a stray write, a repairer stopped): without progress,
+    a waiter waits one timeout, not eleven, and its message states the time it actually waited."""
+    with SharedCache(name, lock_timeout=0.5, **SMALL) as c:
+        c.put("k", 1)
+        p, _ = _start(repair_slowly, name, 30.0, False)
+        try:
+            begun = time.monotonic()
+            with pytest.raises(LockTimeout) as info:
+                c.get("k")
+            elapsed = time.monotonic() - begun
+        finally:
+            _reap(p)
+    stated = float(re.search(r"in ([0-9.e+-]+) s of waiting", str(info.value)).group(1))
+    assert 0.5 <= stated <= elapsed + 0.01, (stated, elapsed, str(info.value))
+    assert stated < 3.0, str(info.value)  # one timeout and the judging of the holder, not 11 x 0.5 s

@@ -451,3 +451,60 @@ def test_security_error_in_hierarchy(name):
     assert err.what == "attach" and "mode=" in err.hint and err.reason.startswith("mode 0644")
     assert "expected a regular file owned by uid" in str(err) and _path(name) in str(err)
 
+
+
+def _lock_named_after(name: str, tid: int, repairing: bool) -> dict:
+    """As the cache's owner: a cache whose mutex owner word names ``tid`` (a live thread of another user's process,
+    which cannot open the owner-only segment, so cannot hold its lock), then what every call makes of it."""
+    import ctypes
+
+    from shmcache.guard import _REPAIRING
+    from shmcache.layout.dtypes import H_DIRTY
+
+    out = {}
+    with SharedCache(name, create=True, capacity_bytes=64 * 1024, max_entries=64, lock_timeout=0.3) as c:
+        try:
+            c.put("k", 1)
+            ctypes.c_uint.from_address(c._seg.lock_address).value = tid  # the futex word: held by tid
+            if repairing:
+                c._seg.header_words[H_DIRTY] = _REPAIRING
+            began = time.monotonic()
+            out["get"] = c.get("k")
+            out["waited_s"] = time.monotonic() - began
+            out["verify"] = c.verify(repair_damage=True).ok
+            out["clear"] = c.clear()
+            c.put("k", 2)
+            with SharedCache(name, create=False, lock_timeout=0.3) as other:
+                out["other"] = other.get("k")
+            out["ok"] = c.verify().ok
+        finally:
+            c.unlink()
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("repairing", [False, True], ids=["plain", "dirty-word-repairing"])
+def test_security_an_owner_word_naming_a_foreign_process_is_damage(attacker, repairing):
+    """The mutex owner word names a live thread of a process of another user, whose /proc/<pid>/maps the cache's
+    owner may not read: its uid (from /proc/<pid>/status) cannot open a 0600 segment, so it cannot hold the lock,
+    and the lock is repaired after one timeout, not waited for ever."""
+    try:
+        bystander_uid = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.skip("no user 'nobody' to run the bystander process as")
+    pid = os.fork()
+    if pid == 0:  # the bystander: another user's live process, sleeping
+        try:
+            os.setgroups([])
+            os.setgid(bystander_uid)
+            os.setuid(bystander_uid)
+            time.sleep(CHILD_S)
+        finally:
+            os._exit(0)
+    try:
+        got = as_user(attacker, _lock_named_after, unique_name("foreign"), pid, repairing)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert got["get"] == 1 and got["other"] == 2 and got["verify"] and got["ok"], got
+    assert got["waited_s"] < 5, got  # one lock timeout (0.3 s) and the repair, not 11 timeouts or for ever

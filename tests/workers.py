@@ -229,16 +229,21 @@ def half_put_then_die(name: str, ready) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def repair_slowly(name: str, ready, seconds: float) -> None:
-    """Hold the lock as a long repair does (dirty word at its repairing value), then finish cleanly."""
+def repair_slowly(name: str, ready, seconds: float, progress: bool = True) -> None:
+    """Hold the lock as a long repair does (dirty word at its repairing value; with ``progress``, the progress word
+    moved every 20 ms, as the repair's walk moves it), then finish cleanly."""
     from shmcache.guard import _REPAIRING
-    from shmcache.layout.dtypes import H_DIRTY
+    from shmcache.layout.dtypes import H_DIRTY, H_PROGRESS
 
     cache = SharedCache(name, create=False)
     cache._guard.enter()
     cache._h[H_DIRTY] = _REPAIRING
     ready.set()
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        if progress:
+            cache._h[H_PROGRESS] += 1
     cache._h[H_DIRTY] = 0
     hot_unlock(cache._addr)
     cache.close()

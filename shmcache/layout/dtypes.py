@@ -117,6 +117,8 @@ HEADER = _record(
             ("saved_max_entries", _W),   # max_entries as last set
             ("saved_max_retained", _W),  # max_retained_bytes as last set
             ("saved_check", _W),         # checksum of the three words above
+            ("progress", _W),            # moved by a lock holder on a long walk (verify, repair): while it moves,
+            #                              waiters wait on (lock.py); wraps at MAX_COUNTER, any value is valid
         ]),
     ],
     HEADER_NBYTES,
@@ -217,6 +219,7 @@ H_SAVED_TTL = _word(HEADER, "saved_ttl_ns")
 H_SAVED_MAX_ENTRIES = _word(HEADER, "saved_max_entries")
 H_SAVED_MAX_RETAINED = _word(HEADER, "saved_max_retained")
 H_SAVED_CHECK = _word(HEADER, "saved_check")
+H_PROGRESS = _word(HEADER, "progress")
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")
