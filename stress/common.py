@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -36,7 +37,7 @@ OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
        "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
-       "get_many": 2, "put_many": 1}
+       "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3}
 KIND = "stress"  # the key kind the kind_* operations use; its keys hold values checked like the others
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
 MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
@@ -46,6 +47,9 @@ _xxh = xxhash.xxh3_64_intdigest
 
 def key_name(i: int) -> str:
     return f"k{i}"
+
+
+_WORKLOAD_KEY = re.compile(r"k(0|[1-9][0-9]*)")  # what key_name makes
 
 
 def _sum(key: str, seq: int, pad: bytes) -> int:
@@ -222,6 +226,31 @@ class Workload:
 
     def _kind_clear(self) -> None:
         self.kind.clear()
+
+    # The listings hand out keys and values read from the segment, not looked up by a key given: each key must be
+    # one that was put, and each value the one put under it. (Keys of other families, a script's own counters, are
+    # passed over; a key damaged into a prefix or one byte more of a workload key is not of that family.)
+    def _listed(self, what: str, key, v, name: str = "{}") -> None:
+        if not isinstance(key, str):
+            why = None  # (memoize's keys, of another family)
+        elif _WORKLOAD_KEY.fullmatch(key):
+            why = check_value(name.format(key), v)
+        else:
+            why = f"key {key!r} is no key of the workload" if key[:1] == "k" else None
+        if why:
+            self.report(WRONG, f"{what} handed out ({key!r:.60}, ...): {why}")
+
+    def _items(self) -> None:
+        for space, name in ((self.cache, "{}"), (self.kind, KIND + "/{}")):
+            for key, v in space.items():
+                self._listed("items()", key, v, name)
+
+    def _popitem(self) -> None:
+        try:
+            key, v = self.cache.popitem()
+        except KeyError:
+            return
+        self._listed("popitem()", key, v)
 
     def _delete(self) -> None:
         self.cache.delete(self.key())

@@ -4,10 +4,13 @@ Each round, --workers child processes run OPS_PER_ROUND random operations on the
 stress.hammer, with verify calls that may repair). Then the parent damages the segment through its own raw mmap of
 /dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
 slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters,
-ring and expiry words (lines 2-5), the index, the entry table, the arena, the per-entry columns (expires, versions,
-kinds, pins) and the kind table, half of them aimed at words in use; and up to HEADER_WORDS_MAX header words of
-lines 2-5 (any of them: counters, limits, default_ttl, version clock, next_expiry...) set to extremes (0, -1,
-2**63 - 1, -2**63, just past the version and counter bounds, random), unless --no-header-words. Line 0
+ring and expiry words (lines 2-6), the index, the entry table, the arena, the per-entry columns (expires, versions,
+kinds, pins) and the kind table, half of them aimed at words in use; an entry's key length set to 0 or one off
+(KEY_LENGTH_SHARE of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-6 (any of them: counters,
+limits, default_ttl, version clock, next_expiry, the configuration's checksums...) set to extremes (0, -1,
+2**63 - 1, -2**63, just past the version and counter bounds, random), and a configuration word set to a small value
+in its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the mutex damage also names a live
+process of another user (nobody) as the owner, with or without the dirty word at "repairing". Line 0
 (identity and geometry) and line 1 (the mutex) are left alone: attaching to a segment whose identity is damaged
 fails by design. With --identity, each round also damages one line-0 word, checks that attaching then either works
 or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
@@ -50,7 +53,10 @@ import traceback
 
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
-from shmcache.layout.dtypes import E_OFF, E_SLOT, ENTRY, H_LOCK_OFF, H_UNUSED_NEXT, HEADER, KIND
+from shmcache.layout.dtypes import (
+    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, H_DEFAULT_TTL, H_DIRTY, H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED,
+    H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_UNUSED_NEXT, HEADER, KIND,
+)
 from shmcache.lock import MUTEX_KIND
 
 from .common import (
@@ -74,6 +80,8 @@ LOCK_SECONDS = 3.0  # children's lock_timeout: a hung holder shows up as LockTim
 AIMED_SHARE = 0.5
 LOCK_SHARE = 0.1  # odds that a spot damaged between rounds is in the mutex's bytes
 LOCK_HOLDER_SHARE = 0.25  # odds that a round has a child that damages the lock while holding it, then dies
+KEY_LENGTH_SHARE = 0.3  # odds that a round also sets an entry's key length to 0 or one off
+CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a small value in its range
 MUTEX_NBYTES = 40  # glibc's pthread_mutex_t on x86_64 (aarch64: 48, of which the last 8 are padding)
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "kinds": 0.5}  # odds of damaging each
 FUZZ_MIX = {**MIX, "verify": 1.0}
@@ -95,7 +103,7 @@ def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
 
 
 def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
-    return {"header": (128, 368), "index": (g.index_off, g.index_off + g.index_slots * 16),
+    return {"header": (128, 424), "index": (g.index_off, g.index_off + g.index_slots * 16),
             "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
             "arena": (g.arena_off, g.arena_off + g.arena_nbytes),
             "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins
@@ -142,14 +150,16 @@ def _gone_tid() -> int:
     return pid
 
 
-def corrupt_lock(mm, rng: random.Random, stranger: int) -> str:
+def corrupt_lock(mm, rng: random.Random, stranger: int, foreigner: int | None = None) -> str:
     """Damage the mutex's bytes in ``mm`` (a mapping of the segment, or of its first page); returns what was done.
     The fields (glibc): futex word 0 (owner tid | WAITERS | OWNER_DIED), count 4, owner 8, users 12, kind 16.
-    ``stranger``: the pid of a live process that does not map the cache. (A garbage owner naming a live process of
-    the cache is the documented limit of shmcache/lock.py: calls time out until that thread exits.)"""
+    ``stranger``: the pid of a live process that does not map the cache; ``foreigner``: one of another user (that
+    could never open the segment), where the fuzzer can make one. (A garbage owner naming a live process of the
+    cache is the documented limit of shmcache/lock.py: calls time out until that thread exits.)"""
     lock = H_LOCK_OFF
-    what = rng.choice(("random bytes", "random field", "pi kind", "pp kind", "garbage kind", "gone owner",
-                       "stranger owner", "waiters only", "count owner users", "all ff", "all zero", "all zero held"))
+    kinds = ("random bytes", "random field", "pi kind", "pp kind", "garbage kind", "gone owner", "stranger owner",
+             "waiters only", "count owner users", "all ff", "all zero", "all zero held")
+    what = rng.choice(kinds + (("foreign owner", "foreign owner repairing") if foreigner else ()))
     words: dict[int, int] = {}
     if what == "random bytes":
         off = lock + rng.randrange(MUTEX_NBYTES)
@@ -167,6 +177,10 @@ def corrupt_lock(mm, rng: random.Random, stranger: int) -> str:
         words[0] = _gone_tid() | rng.choice((0, 0x80000000))
     elif what == "stranger owner":  # a thread id reused by a process that has nothing to do with the cache
         words[0] = stranger
+    elif what.startswith("foreign owner"):  # a live thread of another user's process, with the dirty word at
+        words[0] = foreigner                # "repairing" too: no progress moves, so waiters wait one timeout
+        if what.endswith("repairing"):
+            _put_word(mm, H_DIRTY * 8, 2)
     elif what == "waiters only":
         words[0] = 0x80000000
     elif what == "count owner users":
@@ -213,6 +227,41 @@ def damage_header_word(mm, rng: random.Random) -> str:
                       rng.randrange(2**40), rng.getrandbits(64) - 2**63, old + 1, old - 1, old * 2, -old))
     _put_word(mm, off, new)
     return f"header word {word}: {old} -> {_word(mm, off)}"
+
+
+def damage_key_length(mm, g: Geometry, rng: random.Random) -> str:
+    """Set the key length of an entry in use to 0 or one off: the key then read from the arena is a prefix, or runs
+    one byte into the next block (the listings must never hand it out); returns what was done."""
+    e = rng.randrange(1, min(max(_word(mm, H_UNUSED_NEXT * 8), 2), g.entry_slots))
+    off = g.entries_off + e * ENTRY.itemsize + 8 * E_KEY_NBYTES
+    old = _word(mm, off)
+    _put_word(mm, off, rng.choice((0, old + 1, old - 1)))
+    return f"entry {e} key length: {old} -> {_word(mm, off)}"
+
+
+CONFIG_WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_TTL, H_SAVED_MAX_ENTRIES)
+
+
+def damage_config_word(mm, rng: random.Random) -> str:
+    """Set a configuration word (or its saved copy) to a small value in its range: a default time to live of a few
+    ns that would expire every put at once, a limit of 1 to 3; returns what was done."""
+    w = rng.choice(CONFIG_WORDS)
+    old = _word(mm, w * 8)
+    _put_word(mm, w * 8, rng.randint(1, 3) if w != H_DEFAULT_TTL and w != H_SAVED_TTL else rng.randint(1, 1000))
+    return f"config word {w}: {old} -> {_word(mm, w * 8)}"
+
+
+def _foreigner() -> subprocess.Popen | None:
+    """A live sleeping process of another user (nobody), when this one may make it (root); else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        import pwd
+
+        uid = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return None
+    return subprocess.Popen(["sleep", "86400"], user=uid, group=uid, extra_groups=[])
 
 
 def _watchdog() -> None:
@@ -304,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     stranger = subprocess.Popen(["sleep", "86400"])  # a live process that maps nothing of the cache
+    foreigner = _foreigner()  # one of another user, which could never open the segment
+    foreign_pid = foreigner.pid if foreigner else None
     try:
         mm = raw_map(name, writable=True)
         while time.monotonic() - t0 < args.seconds:
@@ -329,9 +380,15 @@ def main(argv: list[str] | None = None) -> int:
                 hangs, crashes, corruptions = hangs + h, crashes + c, corruptions + 1
             for _ in range(rng.randint(1, CORRUPT_MAX)):
                 lock_spot = rng.random() < args.lock_share
-                log.append(corrupt_lock(mm, rng, stranger.pid) if lock_spot else corrupt(mm, g, rng))
+                log.append(corrupt_lock(mm, rng, stranger.pid, foreign_pid) if lock_spot else corrupt(mm, g, rng))
                 corruptions += 1
                 lock_corruptions += lock_spot
+            if rng.random() < KEY_LENGTH_SHARE:
+                log.append(damage_key_length(mm, g, rng))
+                corruptions += 1
+            if args.header_words and rng.random() < CONFIG_SHARE:
+                log.append(damage_config_word(mm, rng))
+                corruptions += 1
             for _ in range(rng.randint(0, HEADER_WORDS_MAX) if args.header_words else 0):
                 log.append(damage_header_word(mm, rng))
                 corruptions += 1
@@ -350,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         if failures() == before:
             ok = cache.verify().ok
     finally:
-        stranger.kill()
-        stranger.wait()
+        for p in (stranger, foreigner):
+            if p is not None:
+                p.kill()
+                p.wait()
         cache.close()
         unlink_quietly(name)
     fields = {"ops": total(counts, OPS), "corruptions": corruptions, "lock_corruptions": lock_corruptions,
