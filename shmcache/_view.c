@@ -482,8 +482,16 @@ static Py_ssize_t name_weight(PyCodeObject *code, PyObject *name)
     return w;
 }
 
-/* How many references to ``obj`` the names of frame ``f`` stand for (``name_weight``), reading its locals. */
-static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj)
+/* Whether a frame's local ``v`` is ``view`` or one of its bound methods (view.py _relays). */
+static int relays(PyObject *v, PyObject *view)
+{
+    return v == view || (PyMethod_Check(v) && PyMethod_GET_SELF(v) == view)
+        || (PyCFunction_Check(v) && PyCFunction_GET_SELF(v) == view);
+}
+
+/* How many references to ``obj`` the names of frame ``f`` stand for (``name_weight``), reading its locals; and, in
+ * ``*relay``, whether the frame relays ``view``'s exit (view.py _frame_refs). */
+static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj, PyObject *view, int *relay)
 {
 #if PY_VERSION_HEX >= 0x030B0000
     PyObject *loc = PyFrame_GetLocals(f);
@@ -507,9 +515,13 @@ static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && n >= 0; i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
-        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyTuple_GET_ITEM(item, 1) == obj) {
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+            continue;
+        if (PyTuple_GET_ITEM(item, 1) == obj) {
             Py_ssize_t w = name_weight(code, PyTuple_GET_ITEM(item, 0));
             n = w < 0 ? -1 : n + w;
+        } else if (relays(PyTuple_GET_ITEM(item, 1), view)) {
+            *relay = 1;
         }
     }
 done:
@@ -520,23 +532,24 @@ done:
 }
 
 /* How many references to ``obj`` beyond ``held`` (the caller's own) no name of this thread's stack explains:
- * view.View._close's count, the frames read from the caller of ``__exit__`` up only as far as needed (a plain
- * ``with`` is explained by its own frame; an ExitStack's by a frame further up). */
-static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held)
+ * view.py's unexplained, from the caller of ``view``'s exit up, a frame further up read only while the one below
+ * relays that exit (an ExitStack's), so the snapshots the reading leaves stay in the frames that had to be read. */
+static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held, PyObject *view)
 {
     PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
     Py_XINCREF(f);
     Py_ssize_t explained = held;
     Py_ssize_t others = Py_REFCNT(obj) - explained;
     while (f != NULL && others > 0) {
-        Py_ssize_t n = frame_refs(f, obj);
+        int relay = 0;
+        Py_ssize_t n = frame_refs(f, obj, view, &relay);
         if (n < 0) {
             Py_DECREF(f);
             return -1;
         }
         explained += n;
         others = Py_REFCNT(obj) - explained; /* read again: reading the locals may have filled a snapshot */
-        PyFrameObject *back = PyFrame_GetBack(f);
+        PyFrameObject *back = relay ? PyFrame_GetBack(f) : NULL;
         Py_DECREF(f);
         f = back;
     }
@@ -565,7 +578,7 @@ static int view_close(View *v)
         }
     } else if (v->kind == VK_ARRAY) {
         /* References beyond this one and the names on the stack: someone else holds the array itself. */
-        Py_ssize_t others = unexplained(obj, 1);
+        Py_ssize_t others = unexplained(obj, 1, (PyObject *)v);
         if (others < 0)
             r = -1;
         /* Ordering: the keep-alive before the revocation, as view.View._close (an error between the two leaves the

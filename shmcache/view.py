@@ -52,6 +52,7 @@ import mmap
 import operator
 import os
 import sys
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -331,19 +332,44 @@ def _name_weight(code, name: str) -> int:
     return 2 if _SNAPSHOTS else 1
 
 
-def unexplained(obj, frame, held: int) -> int:
-    """How many references to ``obj`` beyond ``held`` (its caller's own) no name of the frames from ``frame`` up
-    this thread's stack explains; the frames are read only as far as needed (a plain ``with`` is explained by its
-    own frame, an ExitStack's by one further up). _core.View counts the same way (_view.c unexplained)."""
+def _relays(value, view) -> bool:
+    """Whether a frame's local ``value`` is ``view`` or one of its bound methods: the frame runs the view's exit on
+    behalf of the one above it (an ExitStack's ``__exit__`` holds the callback it calls)."""
+    return value is view or (type(value) in _BOUND and value.__self__ is view)
+
+
+_BOUND = (types.MethodType, types.BuiltinMethodType)
+
+
+def unexplained(obj, frame, held: int, view=None) -> int:
+    """How many references to ``obj`` beyond ``held`` (its caller's own) no name of this thread's stack explains,
+    from ``frame`` (the caller of ``view``'s exit) up: a frame further up is read only while the frame below did
+    not explain them all and relays ``view``'s exit (``_relays``: an ExitStack's target lies a frame up), so that
+    the snapshots reading leaves (before 3.13) stay in the frames that had to be read. _core.View counts the same
+    way (_view.c unexplained)."""
     explained = held + 2  # getrefcount's argument, and this function's own
     while frame is not None:
         if sys.getrefcount(obj) - explained <= 0:
             return 0
-        code = frame.f_code
-        # Ordering: read the locals (filling a snapshot) before counting again, at the top of the loop.
-        explained += sum(_name_weight(code, k) for k, v in list(frame.f_locals.items()) if v is obj)
+        # Ordering: the locals are read (filling a snapshot) before the references are counted again.
+        names, relays = _frame_refs(frame, obj, view)
+        explained += names
+        if not relays:
+            break
         frame = frame.f_back
     return max(sys.getrefcount(obj) - explained, 0)
+
+
+def _frame_refs(frame, obj, view) -> tuple[int, bool]:
+    """The references to ``obj`` that ``frame``'s names stand for (``_name_weight``), and whether it relays
+    ``view``'s exit. (A function of its own: its loop's names are gone when the caller counts.)"""
+    code, names, relays = frame.f_code, 0, False
+    for k, v in list(frame.f_locals.items()):
+        if v is obj:
+            names += _name_weight(code, k)
+        elif _relays(v, view):
+            relays = True
+    return names, relays
 
 
 class PyView:
@@ -409,7 +435,7 @@ class PyView:
                 pass  # exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives
             return
         # References beyond this function's and the names on the stack: someone else holds the array itself.
-        if unexplained(obj, frame, 1) > 0:
+        if unexplained(obj, frame, 1, self) > 0:
             # Revoking the array drops its reference to ``owner`` (its base); whatever still points into its memory
             # through the array itself (a memoryview of it, a tensor from torch.from_numpy) holds the array: so
             # ``owner`` is made to live as long as the array does. Ordering: before the revocation, so that an
