@@ -52,6 +52,11 @@ _WORDS = (
 )
 
 
+def last_wait() -> float | None:
+    """The seconds the calling thread's last wait for the lock took in the compiled section (None: not built)."""
+    return None if _core is None else _core.last_wait()
+
+
 def offsets(geometry) -> dict[str, int]:
     """Every number ``_core.Core`` needs, for a segment of ``geometry`` (a ``layout.Geometry``)."""
     g = geometry

@@ -24,7 +24,7 @@ from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, To
 from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES
 from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock, hot_unlock
-from .core import _core
+from .core import last_wait
 from .verify import check, repair
 
 # The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
@@ -141,7 +141,7 @@ class Guard:
         when this thread already holds the lock, the private mutex's handle instead, and the caller raises
         Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
         timeout is not waited a second time."""
-        prior = (_core.last_wait() if _core is not None else self.lock.timeout) if waited else 0.0
+        prior = (last_wait() or self.lock.timeout) if waited else 0.0
         for _ in range(3):
             try:
                 if self.lock.acquire_slow(rc, self.progress, prior):

@@ -11,6 +11,7 @@ remove the stats segments) without the facade and redis-py.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,14 +21,14 @@ if TYPE_CHECKING:
 __all__ = ["TierStats", "TieredCache", "host_stats"]
 
 
+_HOMES = {"TierStats": "stats", "TieredCache": "tiered", "host_stats": "tiered"}  # name -> its module here
+
+
 def __getattr__(name: str) -> Any:
-    if name == "TierStats":
-        from . import stats as module
-    elif name in ("TieredCache", "host_stats"):
-        from . import tiered as module
-    else:
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(module, name)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
 
