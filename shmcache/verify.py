@@ -65,6 +65,14 @@ _PROGRESS_MASK = MAX_COUNTER - 1  # (a power of two)
 _TICK_EVERY = 4095  # steps of a cheap walk between ticks, less one (a mask)
 
 
+def _ticking(h, items):
+    """``items``, moving the progress word every ``_TICK_EVERY + 1`` of them (a walk over every entry)."""
+    for i, item in enumerate(items):
+        if not i & _TICK_EVERY:
+            _tick(h)
+        yield item
+
+
 def _block_ok(seg, e: int, deep: bool) -> bool:
     """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says and
     its value decodes."""
@@ -225,6 +233,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
 
 
 def _check_index(seg, live: set[int], problems: _Problems) -> None:
+    h = seg.header_words
     _, index, entries = seg.arrays()
     mask = len(index) - 1
     targets = index["entry"]
@@ -232,10 +241,17 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
     occupied = np.flatnonzero(~empty)
     if len(occupied) != len(live):
         problems.add(f"index holds {len(occupied)} keys, the LRU list {len(live)}")
+    _tick(h)  # (between the vectorised steps too: each is tens of ms over millions of slots)
     # Each key must be reachable: no empty slot between its home slot and where it sits (cyclically).
-    empty_before = np.concatenate(([0], np.cumsum(np.tile(empty, 2))))
+    empty_before = np.tile(empty, 2)
+    _tick(h)
+    empty_before = np.cumsum(empty_before)
+    _tick(h)
+    empty_before = np.concatenate(([0], empty_before))
+    _tick(h)
     home = index["fp"][occupied] & mask
     pos = np.where(occupied >= home, occupied, occupied + len(index))
+    _tick(h)
     for s in occupied[(empty_before[pos] - empty_before[home]) != 0][:5].tolist():
         problems.add(f"index slot {s} is cut off from its home slot by an empty slot")
     # Each points at a resident entry that points back.
@@ -243,7 +259,11 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
     in_range = (e > 0) & (e < len(entries))
     back = np.zeros(len(occupied), dtype=bool)
     back[in_range] = entries["slot"][e[in_range]] == occupied[in_range]
-    resident = np.fromiter((x in live for x in e.tolist()), dtype=bool, count=len(e))
+    is_live = np.zeros(len(entries), dtype=bool)
+    is_live[np.fromiter(live, dtype=np.int64, count=len(live))] = True
+    resident = np.zeros(len(occupied), dtype=bool)
+    resident[in_range] = is_live[e[in_range]]
+    _tick(seg.header_words)
     for s in occupied[~(back & resident)][:5].tolist():
         problems.add(f"index slot {s} points at entry {int(targets[s])}, which is not resident there")
 
@@ -293,7 +313,7 @@ def _key_kind(seg, e: int) -> int:
 def _kind_counts(seg, entries: list[int]) -> tuple[list[int], list[int]]:
     ent = seg.entry_words
     counts, nbytes = [0] * (MAX_KINDS + 1), [0] * (MAX_KINDS + 1)
-    for e in entries:
+    for e in _ticking(seg.header_words, entries):
         k = seg.kinds_bytes[e]
         counts[k] += 1
         nbytes[k] += ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
@@ -309,7 +329,7 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     elif _named_kinds(seg) < h[H_KINDS_USED]:
         problems.add(f"kinds_used={h[H_KINDS_USED]}, but only records 1 to {_named_kinds(seg)} have names")
     clock = h[H_VERSION_CLOCK]
-    for e in good:
+    for e in _ticking(h, good):
         if seg.kinds_bytes[e] != _key_kind(seg, e):
             problems.add(f"entry {e}: kind {seg.kinds_bytes[e]} disagrees with its key's")
         elif seg.kinds_bytes[e] > h[H_KINDS_USED]:
@@ -337,7 +357,7 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
         problems.add(f"unused_next={unused} is out of range")
         return
     seen, cur = set(), h[H_FREE_HEAD]
-    for _ in range(slots):
+    for _ in _ticking(h, range(slots)):
         if cur == NIL:
             break
         if not 0 < cur < unused or cur in seen or cur in live or ent[cur * _W + E_CHECK]:
@@ -365,7 +385,7 @@ def repair(seg) -> int:
     # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
     candidates.sort()
     kept: list[tuple[int, int, int]] = []
-    for off, nb, e in candidates:
+    for off, nb, e in _ticking(h, candidates):
         if kept and kept[-1][0] + kept[-1][1] > off:
             if rank.get(e, slots) >= rank.get(kept[-1][2], slots):
                 continue
@@ -420,7 +440,7 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     seg.arrays()[1]["entry"] = EMPTY
     keep = set(kept)
     free = NIL
-    for e in range(unused - 1, 0, -1):
+    for e in _ticking(h, range(unused - 1, 0, -1)):
         if e not in keep:
             ent[e * _W + E_CHECK] = 0
             ent[e * _W + E_NEXT] = free
@@ -454,7 +474,7 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     # restarts from the highest kept version. Why not keep it: a clock near 2**63 makes every later store overflow.
     valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= MAX_VERSION]
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= MAX_VERSION else 0] + valid)
-    for e in kept:
+    for e in _ticking(seg.header_words, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
         if not 0 < seg.versions_words[e] <= MAX_VERSION:
             clock += 1
@@ -486,7 +506,7 @@ def _rebuild_ring(seg, kept: list[int]) -> None:
         return
     pos = blocks[0][0]
     used = 0
-    for off, nb in blocks:
+    for off, nb in _ticking(h, blocks):
         if off > pos:
             write_dead(aw, pos, off - pos)  # dead blocks over the gap
         pos = off + nb
