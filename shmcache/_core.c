@@ -31,7 +31,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* F_OFD_GETLK */
+#define _GNU_SOURCE 1 /* F_OFD_GETLK (as pyconfig.h defines it, so its own definition is no redefinition) */
 #endif
 #include <Python.h>
 

@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h> /* offsetof (the member tables; structmember.h brought it before 3.12) */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
