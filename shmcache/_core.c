@@ -81,6 +81,7 @@ static const char *const why_names[WHY_COUNT] = {
 #define PATIENCE 1000        /* timeouts more for a holder whose long walk moves the progress word (lock.py's) */
 
 static _Thread_local int64_t thread_waited_ns; /* how long this thread's last wait for the lock took */
+static _Thread_local int thread_extended;      /* ...and how many timeouts it added for a holder's progress */
 
 static inline void cpu_pause(void)
 {
@@ -374,10 +375,12 @@ static int wait_lock(Core *c)
         }
         if (PyErr_CheckSignals() < 0) {
             thread_waited_ns = mono_ns() - start;
+    thread_extended = extensions;
             return -2;
         }
         if (c->released) {
             thread_waited_ns = mono_ns() - start;
+    thread_extended = extensions;
             return EBUSY; /* a close() came meanwhile: the Python path says so */
         }
         int64_t until = deadline < now + SLICE_NS ? deadline : now + SLICE_NS;
@@ -396,6 +399,7 @@ static int wait_lock(Core *c)
         Py_END_ALLOW_THREADS
     }
     thread_waited_ns = mono_ns() - start;
+    thread_extended = extensions;
     return rc;
 }
 
@@ -1842,13 +1846,13 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
 
 static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    return PyFloat_FromDouble((double)thread_waited_ns / 1e9);
+    return Py_BuildValue("(di)", (double)thread_waited_ns / 1e9, thread_extended);
 }
 
 static PyMethodDef module_methods[] = {
     {"last_wait", module_last_wait, METH_NOARGS,
-     "last_wait() -> float\n\nThe seconds the calling thread's last wait for a busy lock took in C (what a "
-     "timeout message counts)."},
+     "last_wait() -> (seconds, extensions)\n\nHow long the calling thread's last wait for a busy lock took in C, "
+     "and how many timeouts it added while the holder made progress (what a timeout message counts)."},
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
      "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},

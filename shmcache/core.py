@@ -52,8 +52,9 @@ _WORDS = (
 )
 
 
-def last_wait() -> float | None:
-    """The seconds the calling thread's last wait for the lock took in the compiled section (None: not built)."""
+def last_wait() -> tuple[float, int] | None:
+    """How long the calling thread's last wait for the lock took in the compiled section, in seconds, and how many
+    timeouts it added while the holder made progress (None: not built)."""
     return None if _core is None else _core.last_wait()
 
 

@@ -141,17 +141,17 @@ class Guard:
         when this thread already holds the lock, the private mutex's handle instead, and the caller raises
         Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
         timeout is not waited a second time."""
-        prior = (last_wait() or self.lock.timeout) if waited else 0.0
+        prior = (last_wait() or (self.lock.timeout, 0)) if waited else (0.0, 0)
         for _ in range(3):
             try:
-                if self.lock.acquire_slow(rc, self.progress, prior):
+                if self.lock.acquire_slow(rc, self.progress, *prior):
                     # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
                     self.lock.mark_consistent()
                 return self.addr
             except Reentered:
                 return self.lock.private_handle
             except (Unrecoverable, Damaged) as exc:
-                prior = 0.0  # a re-initialised lock is waited for afresh
+                prior = (0.0, 0)  # a re-initialised lock is waited for afresh
                 if self.closed:
                     raise closed_error() from None
                 if isinstance(exc, Unrecoverable):

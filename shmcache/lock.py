@@ -253,14 +253,14 @@ class SegmentLock:
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
 
-    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0) -> bool:
+    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``progress()`` reads the header's progress
         word, which a holder on a long walk (a repair, a verify: time in proportion to the segment's size) moves as
         it goes: while it moves, the wait is extended by another timeout (up to ``_PATIENCE``), rather than failing
         every waiter during a legitimate recovery; a holder that stops moving it (stuck, stopped, or a stray word)
         is waited for one timeout, as any other. ``waited``: the seconds the compiled section has already waited for
-        this call (with the same patience), so the wait is judged at once (the holder dead or moved) instead of
-        starting again; the timeout's message counts them."""
+        this call (with the same patience: ``extended`` timeouts added), so the wait is judged at once (the holder
+        dead or moved) instead of starting again; the timeout's message counts them."""
         # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
         # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
         # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
@@ -271,7 +271,7 @@ class SegmentLock:
             rc = self.try_checked()
         start = time.monotonic_ns() - int(waited * 1e9)
         deadline = time.monotonic_ns() + (0 if waited else int(self.timeout * 1e9))
-        extensions = 0
+        extensions = extended
         seen = progress() if progress is not None else None
         waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
         judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
@@ -308,7 +308,7 @@ class SegmentLock:
                     continue
                 word = self.word()
                 if self.owner_gone():
-                    raise Damaged("owner", self._timeout(start), word)
+                    raise Damaged("owner", self._timeout(start, extensions), word)
                 holder = self.word() & FUTEX_TID_MASK  # Why again: another waiter may have just re-initialised it
                 if holder != waited_for and not moved:
                     # The holder waited for is gone (released or repaired away) and another has it now: the wait
@@ -320,14 +320,15 @@ class SegmentLock:
                     seen = progress()
                     deadline = now + int(self.timeout * 1e9)
                 else:
-                    raise self._timeout(start)
+                    raise self._timeout(start, extensions)
             rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
 
-    def _timeout(self, start_ns: int) -> LockTimeout:
+    def _timeout(self, start_ns: int, extensions: int) -> LockTimeout:
         waited = (time.monotonic_ns() - start_ns) / 1e9
         return LockTimeout(
-            f"could not lock the cache in {waited:.3g} s of waiting (lock_timeout={self.timeout:g} s, extended only "
-            f"while its holder's work made progress): thread {self.holder_tid()} holds it", what="lock",
+            f"could not lock the cache in {waited:.3g} s of waiting (lock_timeout={self.timeout:g} s, extended "
+            f"{extensions} times while its holder's work made progress): thread {self.holder_tid()} holds it",
+            what="lock",
             hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
         )
 

@@ -468,9 +468,7 @@ def _lock_named_after(name: str, tid: int, repairing: bool) -> dict:
             ctypes.c_uint.from_address(c._seg.lock_address).value = tid  # the futex word: held by tid
             if repairing:
                 c._seg.header_words[H_DIRTY] = _REPAIRING
-            began = time.monotonic()
             out["get"] = c.get("k")
-            out["waited_s"] = time.monotonic() - began
             out["verify"] = c.verify(repair_damage=True).ok
             out["clear"] = c.clear()
             c.put("k", 2)
@@ -506,5 +504,4 @@ def test_security_an_owner_word_naming_a_foreign_process_is_damage(attacker, rep
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
-    assert got["get"] == 1 and got["other"] == 2 and got["verify"] and got["ok"], got
-    assert got["waited_s"] < 5, got  # one lock timeout (0.3 s) and the repair, not 11 timeouts or for ever
+    assert got["get"] == 1 and got["other"] == 2 and got["verify"] and got["ok"], got  # repaired, not LockTimeout

@@ -231,7 +231,7 @@ def half_put_then_die(name: str, ready) -> None:
 
 def repair_slowly(name: str, ready, seconds: float, progress: bool = True) -> None:
     """Hold the lock as a long repair does (dirty word at its repairing value; with ``progress``, the progress word
-    moved every 20 ms, as the repair's walk moves it), then finish cleanly."""
+    moved every 10 ms, as the repair's walk moves it), then finish cleanly."""
     from shmcache.guard import _REPAIRING
     from shmcache.layout.dtypes import H_DIRTY, H_PROGRESS
 
@@ -241,7 +241,7 @@ def repair_slowly(name: str, ready, seconds: float, progress: bool = True) -> No
     ready.set()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.01)
         if progress:
             cache._h[H_PROGRESS] += 1
     cache._h[H_DIRTY] = 0
