@@ -465,6 +465,8 @@ static Py_ssize_t name_weight(PyCodeObject *code, PyObject *name)
     if (!(code->co_flags & CO_OPTIMIZED))
         return 1;
 #if PY_VERSION_HEX >= 0x030B0000
+    if (code->co_ncellvars == 0 && code->co_nfreevars == 0) /* the usual case: no tuple to build */
+        return local;
     PyObject *cells = PyCode_GetCellvars(code), *frees = cells ? PyCode_GetFreevars(code) : NULL;
 #else
     PyObject *cells = code->co_cellvars, *frees = code->co_freevars;
@@ -509,7 +511,20 @@ static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj, PyObject *view, in
         n = PyErr_Occurred() ? -1 : 0;
         goto done;
     }
-    items = PyMapping_Items(loc);
+    if (PyDict_Check(loc)) { /* before 3.13, and a module's or class body's namespace: read in place */
+        Py_ssize_t pos = 0;
+        PyObject *k, *val;
+        while (n >= 0 && PyDict_Next(loc, &pos, &k, &val)) {
+            if (val == obj) {
+                Py_ssize_t w = name_weight(code, k);
+                n = w < 0 ? -1 : n + w;
+            } else if (relays(val, view)) {
+                *relay = 1;
+            }
+        }
+        goto done;
+    }
+    items = PyMapping_Items(loc); /* 3.13's proxy of a function's locals */
     if (items == NULL) {
         n = -1;
         goto done;
@@ -537,10 +552,12 @@ done:
  * relays that exit (an ExitStack's), so the snapshots the reading leaves stay in the frames that had to be read. */
 static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held, PyObject *view)
 {
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
-    Py_XINCREF(f);
     Py_ssize_t explained = held;
     Py_ssize_t others = Py_REFCNT(obj) - explained;
+    if (others <= 0)
+        return 0; /* the usual case, before any frame: PyEval_GetFrame makes the caller's frame object */
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
+    Py_XINCREF(f);
     while (f != NULL && others > 0) {
         int relay = 0;
         Py_ssize_t n = frame_refs(f, obj, view, &relay);
