@@ -83,6 +83,16 @@ static const char *const why_names[WHY_COUNT] = {
 static _Thread_local int64_t thread_waited_ns; /* how long this thread's last wait for the lock took */
 static _Thread_local int thread_extended;      /* ...and how many timeouts it added for a holder's progress */
 
+static int64_t mono_ns(void);
+
+/* What a wait returns through: its figures recorded for last_wait(), then ``rc``. */
+static inline int waited(int64_t start, int extensions, int rc)
+{
+    thread_waited_ns = mono_ns() - start;
+    thread_extended = extensions;
+    return rc;
+}
+
 static inline void cpu_pause(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -373,16 +383,10 @@ static int wait_lock(Core *c)
             rc = ETIMEDOUT;
             break;
         }
-        if (PyErr_CheckSignals() < 0) {
-            thread_waited_ns = mono_ns() - start;
-    thread_extended = extensions;
-            return -2;
-        }
-        if (c->released) {
-            thread_waited_ns = mono_ns() - start;
-    thread_extended = extensions;
-            return EBUSY; /* a close() came meanwhile: the Python path says so */
-        }
+        if (PyErr_CheckSignals() < 0)
+            return waited(start, extensions, -2);
+        if (c->released)
+            return waited(start, extensions, EBUSY); /* a close() came meanwhile: the Python path says so */
         int64_t until = deadline < now + SLICE_NS ? deadline : now + SLICE_NS;
         Py_BEGIN_ALLOW_THREADS
         if (!kind_ok(c)) {
@@ -398,9 +402,7 @@ static int wait_lock(Core *c)
         }
         Py_END_ALLOW_THREADS
     }
-    thread_waited_ns = mono_ns() - start;
-    thread_extended = extensions;
-    return rc;
+    return waited(start, extensions, rc);
 }
 
 static void unlock(Core *c)

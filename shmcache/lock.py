@@ -27,8 +27,9 @@ says ESRCH), when its process does not map the segment at all (its ``/proc/<tid>
 ours to read (another user's process), when the process's user and group ids (``/proc/<tid>/status``, which anyone
 may read and no process can fake) could never have opened the segment: not its owner's, not root's, and no group or
 other bit of its mode lets them in; and only when no handle of another PID namespace has the segment open
-(``ofd.other_pid_namespaces``), since a thread id is only meaningful in its own namespace. A damaged mutex is re-initialised under ``flock`` on the segment, after the damage is seen again
-under it, and the segment is marked dirty so the next holder verifies and repairs it (``cache.py``).
+(``ofd.other_pid_namespaces``), since a thread id is only meaningful in its own namespace. A damaged mutex is
+re-initialised under ``flock`` on the segment, after the damage is seen again under it, and the segment is marked
+dirty so the next holder verifies and repairs it (``cache.py``).
 
 Patience. A holder on a long walk (a repair or a verify of a large segment: seconds for a million entries) moves
 the header's progress word as it goes; a waiter whose timeout passes while the word moved waits another timeout (up
@@ -39,12 +40,12 @@ Limits. A garbage thread id naming a live thread that maps the segment (a live p
 reuse), or a live thread of a process that could have opened it (root's, or a user's the mode lets in), cannot be
 told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits. Where /proc is missing
 or hides the owner's process, no owner is judged gone. A process that opened the segment and then dropped every id
-that could open it (a root process turned ``nobody``) would be judged gone while holding the lock. A kind word damaged while a live
-thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes through the mutex's list
-pointers); a re-initialisation after a kind damage waits up to the lock timeout for the futex word to clear (unless
-it names an owner provably gone), and a thread that took the damaged lock by trylock in the instant before the
-re-initialisation shares the critical section with the next locker once -- the dirty word and the values' checksums
-make that a repair, never a wrong value read.
+that could open it (a root process turned ``nobody``) would be judged gone while holding the lock. A kind word
+damaged while a live thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes
+through the mutex's list pointers); a re-initialisation after a kind damage waits up to the lock timeout for the
+futex word to clear (unless it names an owner provably gone), and a thread that took the damaged lock by trylock in
+the instant before the re-initialisation shares the critical section with the next locker once -- the dirty word
+and the values' checksums make that a repair, never a wrong value read.
 """
 
 from __future__ import annotations

@@ -111,15 +111,13 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
     return None
 
 
-def _walk_lru(ent, slots: int, problems: _Problems, h=None) -> list[int]:
+def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
     order: list[int] = []
     seen = bytearray(slots)
     prev, cur = SENTINEL, ent[E_NEXT]
-    for i in range(slots):
+    for _ in _ticking(h, range(slots)):
         if cur == SENTINEL:
             break
-        if h is not None and not i & _TICK_EVERY:
-            _tick(h)
         if not 0 < cur < slots:
             problems.add(f"LRU list reaches slot {cur}, outside the entry table")
             return order
@@ -193,7 +191,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
-    order = _walk_lru(ent, slots, problems, h)
+    order = _walk_lru(h, ent, slots, problems)
     live = set(order)
     retained = used = 0
     blocks, good = [], []
@@ -263,7 +261,7 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
     is_live[np.fromiter(live, dtype=np.int64, count=len(live))] = True
     resident = np.zeros(len(occupied), dtype=bool)
     resident[in_range] = is_live[e[in_range]]
-    _tick(seg.header_words)
+    _tick(h)
     for s in occupied[~(back & resident)][:5].tolist():
         problems.add(f"index slot {s} points at entry {int(targets[s])}, which is not resident there")
 
@@ -277,11 +275,9 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         problems.add(f"arena ring out of range: head={head} tail={tail} fill={fill}")
         return
     pos, left, found = tail, fill, 0
-    for i in range(size // BLOCK_ALIGN + 1):
+    for _ in _ticking(h, range(size // BLOCK_ALIGN + 1)):
         if left == 0:
             break
-        if not i & _TICK_EVERY:
-            _tick(h)
         nb, e = block.split_header(aw[pos >> 3])
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > left or pos + nb > size:
             problems.add(f"arena block at {pos} has an impossible length {nb}")
@@ -375,7 +371,7 @@ def repair(seg) -> int:
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
     slots = g.entry_slots
     unused = block.handed_out(h, slots)
-    listed = _walk_lru(ent, slots, _Problems(), h)
+    listed = _walk_lru(h, ent, slots, _Problems())
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
     cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
@@ -448,9 +444,7 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
     lru.relink(ent, kept)  # most recent first
     retained = 0
-    for i, e in enumerate(kept):
-        if not i & _TICK_EVERY:
-            _tick(h)
+    for e in _ticking(h, kept):
         b = e * _W
         index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
@@ -474,7 +468,7 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     # restarts from the highest kept version. Why not keep it: a clock near 2**63 makes every later store overflow.
     valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= MAX_VERSION]
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= MAX_VERSION else 0] + valid)
-    for e in _ticking(seg.header_words, kept):
+    for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
         if not 0 < seg.versions_words[e] <= MAX_VERSION:
             clock += 1

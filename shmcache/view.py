@@ -332,13 +332,13 @@ def _name_weight(code, name: str) -> int:
     return 2 if _SNAPSHOTS else 1
 
 
+_BOUND = (types.MethodType, types.BuiltinMethodType)
+
+
 def _relays(value, view) -> bool:
     """Whether a frame's local ``value`` is ``view`` or one of its bound methods: the frame runs the view's exit on
     behalf of the one above it (an ExitStack's ``__exit__`` holds the callback it calls)."""
     return value is view or (type(value) in _BOUND and value.__self__ is view)
-
-
-_BOUND = (types.MethodType, types.BuiltinMethodType)
 
 
 def unexplained(obj, frame, held: int, view=None) -> int:
