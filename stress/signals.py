@@ -151,7 +151,9 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
     armed = False
 
     def interrupt(signum, frame):
+        nonlocal armed
         if armed:
+            armed = False  # first: a second signal before the except clause runs must not raise outside a step
             raise KeyboardInterrupt() if rng.random() < 0.9 else Storm()
 
     def check_files() -> None:

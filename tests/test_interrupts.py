@@ -95,7 +95,9 @@ one(0); one(1); one(KEYS)  # warm: pooled descriptions, connections
 fds_before = len(os.listdir("/proc/self/fd"))
 in_call = False
 def handler(signum, frame):
+    global in_call
     if in_call:
+        in_call = False  # first: a second signal before the except clause runs must not raise outside a call
         raise KeyboardInterrupt()
 
 signal.signal(signal.SIGALRM, handler)

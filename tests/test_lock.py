@@ -243,7 +243,9 @@ class Interrupt(Exception):
 in_call = False  # the handler raises only while a cache call runs, so this script's own steps are never cut
 
 def handler(signum, frame):
+    global in_call
     if in_call:
+        in_call = False  # first: a second signal before the except clause runs must not raise outside a call
         raise Interrupt()
 
 interrupted = i = 0
