@@ -1,13 +1,13 @@
 """``python -m benchmarks.instructions``: CPU instructions per operation, counted by valgrind, for shmcache's hot
 paths and lmdb's beside them.
 
-Timings on a shared VM swing by 2x from one second to the next; instruction counts do not. For each case this runs
-one child under ``valgrind --tool=callgrind`` twice, with N and with N + DELTA operations of the same kind, and
-prints (count(N + DELTA) - count(N)) / DELTA: the start-up and imports cancel out. What grows with N besides the
-operations (making the keys, the driving loop) is the ``loop`` case, which is subtracted from the others. Instructions are not
-time (a cache miss costs no instruction), so this complements the timed harness (``benchmarks.run``) and is what
-to compare before and after a change of the hot path. Needs valgrind (Debian's ``valgrind``); lmdb rows need the
-bench extra (``pip install -e ".[bench]"``).
+Timings on a shared VM swing by 2x from one second to the next; instruction counts do not. For each case this runs one
+child under ``valgrind --tool=callgrind`` twice, with N and with N + DELTA operations of the same kind, and prints
+(count(N + DELTA) - count(N)) / DELTA: the start-up and imports cancel out. What grows with N besides the operations
+(making the keys, the driving loop) is the ``loop`` case, which is subtracted from the others. Instructions are not time
+(a cache miss costs no instruction), so this complements the timed harness (``benchmarks.run``) and is what to compare
+before and after a change of the hot path. Needs valgrind (Debian's ``valgrind``); lmdb rows need the bench extra (``pip
+install -e ".[bench]"``).
 
     python -m benchmarks.instructions               # every case
     python -m benchmarks.instructions --cases get,lmdb-get
@@ -117,7 +117,7 @@ def _child(case: str, n: int) -> None:
                 for k in keys[:RESIDENT]:
                     txn.put(k.encode(), pickle.dumps(value, 5))
             if case == "lmdb-get":
-                for k in drawn:
+                for _k in drawn:
                     with env.begin() as txn:
                         raw = txn.get(k.encode())
                     pickle.loads(raw)
@@ -133,7 +133,8 @@ def _child(case: str, n: int) -> None:
     from shmcache import SharedCache
 
     name = f"benchmarks-instructions-{os.getpid()}"
-    cache = SharedCache(name, capacity_bytes=64 * 2**20, max_entries=RESIDENT + (0 if case.endswith("put-evict") else n),
+    cache = SharedCache(name, capacity_bytes=64 * 2**20,
+                        max_entries=RESIDENT + (0 if case.endswith("put-evict") else n),
                         create=True)
     try:
         get, put = cache.get, cache.put
@@ -216,7 +217,7 @@ def _child(case: str, n: int) -> None:
             for k in drawn:
                 put(k, value)
         elif case == "loop":
-            for k in drawn:
+            for _k in drawn:
                 pass
         if case != "done":
             print(f"elapsed_ns {time.perf_counter_ns() - t0}", file=sys.stderr)

@@ -7,8 +7,8 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only, no display
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 FIGSIZE = (19, 10)
 DPI = 110

@@ -426,7 +426,7 @@ class RedisClusterServers:
         for node in self.nodes:
             try:
                 node.stop()
-            except Exception as exc:  # noqa: BLE001 - the other nodes must stop all the same
+            except Exception as exc:
                 errors.append(exc)
         if errors:
             raise errors[0]

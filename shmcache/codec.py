@@ -1,11 +1,11 @@
 """Canonical key bytes and their fingerprint; the value encoding. Never pickle.
 
-Keys are encoded canonically so that equal keys built in any process give equal bytes. A ``str`` key, the common
-case, is its UTF-8 bytes and nothing else, so encoding it is one ``str.encode``. Every other key is the byte
-``NON_STR_KEY`` (0xC1, which valid UTF-8 never contains, so no other key can equal a ``str`` key) followed by msgpack:
-scalars in msgpack's (already unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps whose pairs are
-sorted by their encoded key, numpy arrays as an ext of little-endian dtype, shape and C-order bytes. Keys are typed,
-like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three different keys.
+Keys are encoded canonically so that equal keys built in any process give equal bytes. A ``str`` key, the common case,
+is its UTF-8 bytes and nothing else, so encoding it is one ``str.encode``. Every other key is the byte ``NON_STR_KEY``
+(0xC1, which valid UTF-8 never contains, so no other key can equal a ``str`` key) followed by msgpack: scalars in
+msgpack's (already unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps
+whose pairs are sorted by their encoded key, numpy arrays as an ext of little-endian dtype, shape and C-order bytes.
+Keys are typed, like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three different keys.
 
 A value starts with a one-byte tag, and its checksum is xxh3 of the rest seeded with the tag, so a get can copy the
 body alone and still have the tag covered. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header

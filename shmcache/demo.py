@@ -246,7 +246,8 @@ def _plot(report: dict, params: dict, path: str) -> None:
 def _print_report(r: dict, params: dict) -> None:
     print(f"\n{r['workers']} workers, {r['seconds']:.1f} s, {params['keys']:,} Zipf keys, "
           f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value")
-    print(f"  throughput   {r['ops_per_s']:>12,.0f} lookups/s   (per worker: {', '.join(map(str, r['per_worker_ops']))})")
+    per_worker = ", ".join(map(str, r["per_worker_ops"]))
+    print(f"  throughput   {r['ops_per_s']:>12,.0f} lookups/s   (per worker: {per_worker})")
     print(f"  hit ratio    {r['hit_ratio']:>12.1%}")
     print(f"  evictions    {r['evictions']:>12,}   entries resident: {r['entries']:,}")
     print(f"  computed     {r['computations']:>12,}   once each for all workers; {r['waits']:,} lookups waited for "

@@ -2,11 +2,11 @@
 popitem, setdefault, batches, a key's time to live and a key family's count.
 
 Every function ending in ``_locked`` runs under the cache lock (``guard.run(fn, store, ...)``, with the cache's
-``store.Store``), as one hold: what it reads is one state of the cache. They copy bytes out and leave decoding to the caller, after the unlock. A
-*space* selects the entries an operation sees: 0 for the keys of no kind (a SharedCache's own), ``k`` for kind ``k``
-(a KindView's); a key of kind ``k`` is stored with the two bytes ``KIND_PREFIX, k`` in front, which the copies drop.
-None of these count a lookup or move an entry in the LRU order, except the batch get and setdefault, which are
-lookups like get. Walks are bounded by the table's size, so a damaged list cannot make them loop.
+``store.Store``), as one hold: what it reads is one state of the cache. They copy bytes out and leave decoding to the
+caller, after the unlock. A *space* selects the entries an operation sees: 0 for the keys of no kind (a SharedCache's
+own), ``k`` for kind ``k`` (a KindView's); a key of kind ``k`` is stored with the two bytes ``KIND_PREFIX, k`` in front,
+which the copies drop. None of these count a lookup or move an entry in the LRU order, except the batch get and
+setdefault, which are lookups like get. Walks are bounded by the table's size, so a damaged list cannot make them loop.
 The batches have compiled twins (``Core.get_many`` and ``put_many`` in _core.c, called by mapping.py): these two stay
 their reference, and finish a batch the C section hands over part-way.
 """

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 from . import ofd
 from .errors import ComputeTimeout, ReentrantCallError

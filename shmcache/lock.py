@@ -1,10 +1,10 @@
 """The cross-process cache lock: a robust, process-shared, error-checking pthread mutex living in the segment header.
 
-One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and
-the arena. Only ``guard.Guard`` takes it (``SharedCache.get`` and ``put`` inline its protocol); ``store``, ``table``,
-``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it is held. Segment creation, and the re-initialisation of a
-broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see ``segment.py``). The order
-of this lock against every other lock of the package is in ``docs/design.md``.
+One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and the
+arena. Only ``guard.Guard`` takes it (``SharedCache.get`` and ``put`` inline its protocol); ``store``, ``table``,
+``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it is held. Segment creation,
+and the re-initialisation of a broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see
+``segment.py``). The order of this lock against every other lock of the package is in ``docs/design.md``.
 
 Why a robust mutex (the mechanism LMDB relies on): when its holder dies -- SIGKILL, OOM killer, segfault, at any
 instruction -- the kernel marks the mutex owner-dead as the process exits, and the next locker gets ``EOWNERDEAD`` at
@@ -300,7 +300,8 @@ class SegmentLock:
             if rc not in (errno.EBUSY, errno.ETIMEDOUT):
                 raise CorruptionError(
                     f"locking the cache failed with {errno.errorcode.get(rc, rc)}: the lock's bytes are damaged",
-                    what="lock", hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
+                    what="lock",
+                    hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
                 )
             if now >= deadline:
                 # Why one more try: a re-initialisation by another waiter wakes no one sleeping on the old word.

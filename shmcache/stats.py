@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
-    H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED, H_TAKEOVERS,
-    H_UPDATES, H_WAITS,
+    H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
+    H_TAKEOVERS, H_UPDATES, H_WAITS,
 )
 
 if TYPE_CHECKING:
     from .kinds import KindStats
-    from .tier.stats import TierStats  # noqa: F401 (the annotation of prometheus_text's tiers)
+    from .tier.stats import TierStats
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
@@ -90,7 +90,8 @@ def read_stats(h, kinds: dict | None = None) -> CacheStats:
     """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name."""
     return CacheStats(
         hits=h[H_HITS], misses=h[H_MISSES], puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
-        evictions=h[H_EVICTIONS], expired=h[H_EXPIRED], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES], computations=h[H_COMPUTATIONS],
+        evictions=h[H_EVICTIONS], expired=h[H_EXPIRED], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES],
+        computations=h[H_COMPUTATIONS],
         waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
         capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],

@@ -33,7 +33,8 @@ def test_benchmarks_run_quick_reports_every_shmcache_row(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["get", "get-miss", "put-new", "put-update", "put-evict", "get-many", "put-many", "loop"])
+@pytest.mark.parametrize("case", ["get", "get-miss", "put-new", "put-update", "put-evict", "get-many", "put-many",
+                                  "loop"])
 def test_benchmarks_instructions_child_runs_each_case(case):
     # The child is what valgrind measures; it must run its case and clean up without valgrind too. It names its cache
     # after its own pid: only that name is looked at (other programs may own caches on this host).

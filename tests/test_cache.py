@@ -144,7 +144,8 @@ def test_cache_update_in_place_keeps_every_structure_consistent(cache, new):
     assert (s.entries, s.updates) == (3, 1)
     assert s.retained_bytes == entry_size("a", new) + 2 * entry_size("b", "abcdefgh")
     assert cache.verify(deep=True).ok
-    cache.set_limits(CacheLimits(max_entries=2, max_retained_bytes=64 * 1024))  # evicts the least recent: "c" ("b" and "a" were read after it)
+    # evicts the least recent: "c" ("b" and "a" were read after it)
+    cache.set_limits(CacheLimits(max_entries=2, max_retained_bytes=64 * 1024))
     assert "c" not in cache and "a" in cache and "b" in cache
 
 
@@ -235,7 +236,8 @@ def test_cache_clear_drops_entries_and_resets_counters(cache):
     cache.clear()
     s = cache.stats()
     assert len(cache) == 0 and 1 not in cache
-    assert (s.hits, s.misses, s.puts, s.entries, s.retained_bytes, s.arena_used_bytes, s.clears) == (0, 0, 0, 0, 0, 0, 1)
+    assert ((s.hits, s.misses, s.puts, s.entries, s.retained_bytes, s.arena_used_bytes, s.clears)
+            == (0, 0, 0, 0, 0, 0, 1))
     cache.put("again", 1)
     assert cache.get("again") == 1
     assert cache.verify().ok

@@ -88,7 +88,8 @@ def test_cli_stats_shows_each_kind(capsys, filled, name):
     rc, out, _ = run(capsys, "stats", name)
     assert rc == 0 and re.search(r"kind 'jvp'\s+1 entries, \d+ bytes", out) and re.search(r"expired\s+0", out)
     rc, out, _ = run(capsys, "stats", name, "--json")
-    assert json.loads(out)["kinds"] == {"jvp": {"entries": 1, "retained_bytes": filled.kind("jvp").stats().retained_bytes}}
+    retained = filled.kind("jvp").stats().retained_bytes
+    assert json.loads(out)["kinds"] == {"jvp": {"entries": 1, "retained_bytes": retained}}
     parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is in the test extra")
     rc, out, _ = run(capsys, "stats", name, "--prometheus")
     samples = [s for family in parser.text_string_to_metric_families(out) for s in family.samples]

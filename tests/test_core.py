@@ -368,8 +368,9 @@ _op = st.one_of(
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)), capacity=st.sampled_from([2048, 4096, 16384]),
-       max_entries=st.sampled_from([3, 6, 16]), default_ttl=st.sampled_from([None, 2]))
+@given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)),
+       capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
+       default_ttl=st.sampled_from([None, 2]))
 def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl):
     # Lengths drawn uniformly (hypothesis's own lists are a few operations long on average).
     handovers = _run(ops, capacity, max_entries, default_ttl)

@@ -15,11 +15,11 @@ import pytest
 from . import djangosite
 from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
 
-from django.core.exceptions import ImproperlyConfigured  # noqa: E402  (djangosite skips without Django)
-from django.test import override_settings  # noqa: E402
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 
-from shmcache import SerializerMismatch, SharedCache  # noqa: E402
-from shmcache.contrib import django as backend  # noqa: E402
+from shmcache import SerializerMismatch, SharedCache
+from shmcache.contrib import django as backend
 
 
 

@@ -16,13 +16,13 @@ import pytest
 
 pytest.importorskip("flask_caching", reason="Flask-Caching is in the test extra (pip install -e '.[test]')")
 
-import flask  # noqa: E402
-from flask_caching import Cache  # noqa: E402
+import flask
+from flask_caching import Cache
 
-from shmcache import SerializerMismatch, SharedCache  # noqa: E402
-from shmcache.contrib.flask import SharedMemoryCache, close_handles  # noqa: E402
+from shmcache import SerializerMismatch, SharedCache
+from shmcache.contrib.flask import SharedMemoryCache, close_handles
 
-from .workers import check_backend_reopens_after_fork, count_lock_holds, reap  # noqa: E402
+from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
 
 BACKEND = "shmcache.contrib.flask.SharedMemoryCache"
 OPTIONS = {"capacity_bytes": 4 << 20, "max_entries": 4096}  # room for every key of the races: nothing evicted

@@ -23,14 +23,14 @@ import pytest
 
 pytest.importorskip("flask_caching", reason="Flask-Caching is in the test extra (pip install -e '.[test]')")
 
-import flask  # noqa: E402
-import flask_caching as fsc  # noqa: E402
+import flask
+import flask_caching as fsc
 
-from shmcache import SharedCache  # noqa: E402
-from shmcache.contrib import backends  # noqa: E402
-from shmcache.contrib.flask import SharedMemoryCache, close_handles  # noqa: E402
+from shmcache import SharedCache
+from shmcache.contrib import backends
+from shmcache.contrib.flask import SharedMemoryCache, close_handles
 
-from .suites import flask_caching_tests  # noqa: E402
+from .suites import flask_caching_tests
 
 EXTENSION_MODULES = ("test_cache", "test_memoize", "test_view", "test_templates", "test_signals", "test_subclassing",
                      "test_hash_method", "test_py314_annotations")

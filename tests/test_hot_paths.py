@@ -79,8 +79,8 @@ def test_hot_paths_equal_the_composed_operations(script):
             elif op[0] == "put":
                 value = _value(step, op[2])
                 outcomes = []
-                for c, put in ((hot, lambda: hot.put(op[1], value, op[3])),
-                               (composed, lambda: composed.put_many([(op[1], value)], op[3]))):
+                for _c, put in ((hot, lambda: hot.put(op[1], value, op[3])),
+                                (composed, lambda: composed.put_many([(op[1], value)], op[3]))):
                     try:
                         put()
                         outcomes.append(None)

@@ -223,7 +223,8 @@ def test_lifecycle_attach_touches_no_page_of_a_large_cache(name):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         touched_kib = int(out.stdout.strip())
-        assert touched_kib < 1024, f"attaching touched {touched_kib} KiB of a {c._seg.geometry.total_nbytes >> 20} MiB segment"
+        total_mib = c._seg.geometry.total_nbytes >> 20
+        assert touched_kib < 1024, f"attaching touched {touched_kib} KiB of a {total_mib} MiB segment"
 
 
 def test_lifecycle_unlinked_and_recreated_meanwhile_joins_the_new_segment(name, monkeypatch):

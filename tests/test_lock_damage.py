@@ -88,7 +88,8 @@ def _kind(b) -> int:
     return struct.unpack_from("<i", b, 16)[0]
 
 
-DAMAGES = ["pi-kind-dead-owner", "pi-kind-not-robust-owner-died", "spins-word", "pi-kind-free", "pp-kind", "garbage-kind", "dead-owner", "waiters-bit-no-owner",
+DAMAGES = ["pi-kind-dead-owner", "pi-kind-not-robust-owner-died", "spins-word", "pi-kind-free", "pp-kind",
+           "garbage-kind", "dead-owner", "waiters-bit-no-owner",
            "live-owner-not-mapping", "count-owner-nusers", "owner-notrecoverable", "list-pointers", "all-ff",
            "all-zero", "all-zero-held"]
 

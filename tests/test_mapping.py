@@ -13,7 +13,7 @@ from collections.abc import MutableMapping
 import numpy as np
 import pytest
 
-from shmcache import CacheLimits, CorruptionError, KindView, SharedCache, TieredCache, TooLargeError
+from shmcache import CacheLimits, KindView, SharedCache, TieredCache, TooLargeError
 from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS

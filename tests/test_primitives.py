@@ -63,7 +63,7 @@ def test_index_insert_remove_with_collisions_keeps_every_key_reachable():
     live: dict[int, int] = {}
     # Few distinct home slots: long clusters, wrap-around, and backward shifts across them.
     fps = {e: rng.choice([5, 6, 62, 63]) + 64 * rng.randrange(1000) for e in range(1, 32)}
-    for step in range(2000):
+    for _ in range(2000):
         e = rng.randrange(1, 32)
         if e in live:
             index.remove(ix, ent, mask, ent[e * W + E_SLOT])
@@ -104,7 +104,7 @@ def test_arena_churn_compacts_and_preserves_live_blocks():
     h, ent, mm, ar = _arena(size, slots)
     live: dict[int, bytes] = {}
     free = list(range(1, slots))
-    for step in range(5000):
+    for _ in range(5000):
         if live and (rng.random() < 0.5 or not free):
             e = rng.choice(list(live))
             ar.free(ent[e * W + E_OFF], block_nbytes(len(live[e])), e)

@@ -25,7 +25,7 @@ if core.Core is None:
         pytest.fail("SHMCACHE_REQUIRE_CORE=1: shmcache._core is not built", pytrace=False)
     pytest.skip("shmcache._core is not built (python setup.py build_ext --inplace)", allow_module_level=True)
 
-from shmcache import _core  # noqa: E402  (only once the skip above has not fired)
+from shmcache import _core
 
 DECLINED = core.HANDOVER
 

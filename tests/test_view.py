@@ -211,7 +211,7 @@ def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
     def interrupt(signum, frame):
         if next(calls) % 2:
             while frame is not None:
-                frame.f_locals
+                _ = frame.f_locals  # materialised, as a debugger's look would
                 frame = frame.f_back
         raise _Interrupted()
 
@@ -221,7 +221,7 @@ def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
         old = signal.signal(signal.SIGALRM, interrupt)
         revoked = 0
         try:
-            for i in range(1500):
+            for _ in range(1500):
                 arr = None
                 try:
                     # From inside the pin to well past the release, whatever the machine's load.

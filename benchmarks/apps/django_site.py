@@ -581,7 +581,7 @@ def plot(summary: dict, path: str, title: str) -> None:
     ax2.bar(backends, workers, color=colours, label="gunicorn master + workers (PSS)")
     ax2.bar(backends, servers, bottom=workers, color="lightgrey", hatch="//",
             label="memcached / redis-server PSS;\nshmcache segment pages in no PSS")
-    for i, b in enumerate(backends):
+    for i, _b in enumerate(backends):
         ax2.annotate(f"{workers[i] + servers[i]:.0f} MB", (i, workers[i] + servers[i]), ha="center", va="bottom",
                      fontsize=8)
     ax2.set_ylabel("memory at the end of the run, MB")

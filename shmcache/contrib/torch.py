@@ -19,7 +19,8 @@ the first time it is computed: convert it to a tensor in the dataset's transform
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from torch.utils.data import Dataset
 

@@ -39,11 +39,12 @@ slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``
 slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of the encoded key.
 Deletion shifts the following cluster back, so there are no tombstones.
 
-Entry table. Slot 0 is the sentinel of a circular doubly linked LRU list (``SENTINEL``): ``sentinel.next`` is the
-most recently used entry and ``sentinel.prev`` the least. A resident entry records its key fingerprint, the arena
-offset of its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of its
-value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0). Free slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next``
-have never been used and are free without being chained, so creation touches none of them.
+Entry table. Slot 0 is the sentinel of a circular doubly linked LRU list (``SENTINEL``): ``sentinel.next`` is the most
+recently used entry and ``sentinel.prev`` the least. A resident entry records its key fingerprint, the arena offset of
+its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of its value (xxh3
+of the value's bytes after its tag byte, seeded with the tag; never 0). Free slots are chained through ``next`` from
+``header.free_head``; slots at or above ``header.unused_next`` have never been used and are free without being chained,
+so creation touches none of them.
 
 Columns. Per-entry data kept beside the entry table rather than in its record, so that a get reads one line of the
 record and expiry and kind walks are vectorised scans. ``expires`` is a CLOCK_MONOTONIC time in ns (0: never) and

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dtypes import ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MAX_KINDS, PAGE, PINS, VERSIONS
+from .dtypes import (
+    ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MAX_KINDS, PAGE, PINS, VERSIONS,
+)
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
 

@@ -1,16 +1,16 @@
 """The bytes of the Redis tier (``shmcache/tier/tiered.py``): how a value is stored in Redis, how an invalidation is
 published, and the per-host stats segment.
 
-Redis value. ``REMOTE_MAGIC`` (3 bytes, the last one the format number), the entry's version as a little-endian
-IEEE double (8 bytes: Redis's Lua numbers are doubles, exact for integers below 2**53), a flags byte (``F_EXPIRES``:
-the key has a time to live, so that a reader asks for it only then and a read is one plain GET otherwise), then the
-payload the client sends: the value's tag byte, an 8-byte little-endian checksum, and the value's body as in shared memory
-(``shmcache/codec.py``). The checksum is xxh3-64 of the body seeded with the encoded key's xxh3-64 plus the tag, so
-a value is never accepted for another key, nor when damage changed it. The version is assigned by Redis, inside
-the script that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and
-keeps growing across a delete as long as the server's clock does. A valid version is an integer from 1 to
-``MAX_REMOTE_VERSION`` (``layout/dtypes.py``) and valid flags have no bit but ``F_EXPIRES``; a value (or a reply, or a
-message) with anything else is refused, never adopted, and a script treats a previous version out of range as none.
+Redis value. ``REMOTE_MAGIC`` (3 bytes, the last one the format number), the entry's version as a little-endian IEEE
+double (8 bytes: Redis's Lua numbers are doubles, exact for integers below 2**53), a flags byte (``F_EXPIRES``: the key
+has a time to live, so that a reader asks for it only then and a read is one plain GET otherwise), then the payload the
+client sends: the value's tag byte, an 8-byte little-endian checksum, and the value's body as in shared memory
+(``shmcache/codec.py``). The checksum is xxh3-64 of the body seeded with the encoded key's xxh3-64 plus the tag, so a
+value is never accepted for another key, nor when damage changed it. The version is assigned by Redis, inside the script
+that writes, as ``max(previous version + 1, server time in µs)``: it grows with every write of a key, and keeps growing
+across a delete as long as the server's clock does. A valid version is an integer from 1 to ``MAX_REMOTE_VERSION``
+(``layout/dtypes.py``) and valid flags have no bit but ``F_EXPIRES``; a value (or a reply, or a message) with anything
+else is refused, never adopted, and a script treats a previous version out of range as none.
 
 Invalidation message, published on the namespace's channel by the same script that wrote (so no write is ever
 visible without its message): the op byte (``OP_KEY`` or ``OP_CLEAR``), the new version (8-byte double), then the

@@ -452,7 +452,8 @@ class Remote:
         return bool(self._call("lock", lambda c: c.set(self.lock_prefix + kb, token, nx=True, px=lease_ms)))
 
     def renew(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
-        return bool(self._call("lock", lambda c: self._scripts[4](keys=[self.lock_prefix + kb], args=[token, lease_ms])))
+        script = self._scripts[4]
+        return bool(self._call("lock", lambda c: script(keys=[self.lock_prefix + kb], args=[token, lease_ms])))
 
     def unlock(self, kb: bytes, token: bytes) -> None:
         self._call("unlock", lambda c: self._scripts[3](keys=[self.lock_prefix + kb], args=[token]))

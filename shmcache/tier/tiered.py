@@ -208,8 +208,8 @@ class TieredCache(TierMapping):
         mkb = self._mprefix + kb
         try:
             encoded = local.store.encode(None, None, self._kprefix + kb, (tag, body))
-            if not local.guard.run(copies.store_locked, local.store, encoded, mkb, fingerprint(mkb), generation, version,
-                                 ttl_ns(ttl), deadline):
+            if not local.guard.run(copies.store_locked, local.store, encoded, mkb, fingerprint(mkb), generation,
+                                   version, ttl_ns(ttl), deadline):
                 self._row[C_STALE_FILLS] += 1
         except (TooLargeError, PinnedError):  # no room for it, or a view holds the old copy: the old must go
             self._drop_older(kb, version)
