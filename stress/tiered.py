@@ -66,7 +66,7 @@ import uuid
 
 import numpy as np
 
-from benchmarks.servers import RedisClusterServers, RedisServer
+from tests.servers import RedisClusterServers, RedisServer
 from shmcache import ComputeTimeout, PinnedError, RemoteError, SharedCache, TieredCache, TooLargeError
 from shmcache.codec import KindKey, encode_key
 from shmcache.tier import host_stats

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from benchmarks.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
+from tests.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
 from shmcache import SharedCache
 
 SHM_DIR = "/dev/shm"

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from benchmarks.servers import REDIS_BINARY, RedisServer
+from tests.servers import REDIS_BINARY, RedisServer
 from tests.conftest import _need_redis
 
 try:
