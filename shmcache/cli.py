@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pwd
 import shlex
@@ -137,6 +138,19 @@ def parse_size(text: str) -> int:
     if not 0 <= value < float("inf") or value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole, non-negative number")
     return int(value)
+
+
+def parse_watch(text: str) -> float:
+    """``--watch``'s refresh interval: a positive, finite number of seconds (``1``, ``0.5``, ``2e-1``). Refuses zero
+    (a loop that never sleeps), negative numbers, nan, inf and what is not a number, before anything is opened."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 1, 0.5)") from None
+    if not 0 < value < math.inf:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"{text!r}: the refresh interval must be a positive, finite number of "
+                                         "seconds")
+    return value
 
 
 def _human(n: float) -> str:
@@ -409,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("ls", cmd_ls, "list every shmcache cache on this host")
     sp = add("stats", cmd_stats, "print a cache's global counters")
     sp.add_argument("name")
-    sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    sp.add_argument("--watch", type=parse_watch, metavar="SECONDS", help="refresh every SECONDS until interrupted")
     sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("inspect", cmd_inspect, "layout, limits, arena fill and an integrity check of a cache")
     sp.add_argument("name")
@@ -430,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "errors, remote latency percentiles (no NAME: list the namespaces)")
     sp.add_argument("name", nargs="?", help="the local cache")
     sp.add_argument("namespace", nargs="?", help="the namespace (may be left out if the cache fronts only one)")
-    sp.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+    sp.add_argument("--watch", type=parse_watch, metavar="SECONDS", help="refresh every SECONDS until interrupted")
     sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload", trust=False)
     sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")

@@ -377,3 +377,28 @@ def test_cli_tier_stats_segments_go_with_their_cache_in_a_process_that_never_nam
     assert done.returncode == 0, done.stderr
     assert not os.path.exists(stats_path)
     assert not os.path.exists(f"/dev/shm/shmcache.{name}")
+
+
+@pytest.mark.parametrize("command", ["stats", "tier"])
+@pytest.mark.parametrize("seconds", ["0", "-1", "-0.5", "nan", "inf", "-inf", "abc", "", "1s"])
+def test_cli_watch_refuses_what_is_no_interval(capsys, name, command, seconds):
+    # Refused by the parser: exit code 2, the reason on stderr, nothing on stdout (the cache is never opened: the
+    # name does not even exist).
+    with pytest.raises(SystemExit) as exc:
+        main([command, name, f"--watch={seconds}"])
+    out = capsys.readouterr()
+    assert exc.value.code == 2 and out.out == ""
+    assert "--watch" in out.err and repr(seconds) in out.err
+
+
+def test_cli_watch_refusal_as_a_console_script(name):
+    proc = subprocess.run([sys.executable, "-m", "shmcache", "stats", name, "--watch", "-1"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and "positive, finite number of seconds" in proc.stderr
+
+
+@pytest.mark.parametrize("text, value", [("1", 1.0), ("0.05", 0.05), ("2e-1", 0.2), (" 3 ", 3.0)])
+def test_cli_parse_watch_accepts_seconds(text, value):
+    from shmcache.cli import parse_watch
+
+    assert parse_watch(text) == value
