@@ -16,6 +16,7 @@ Environment:
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -58,8 +59,10 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
+    # _core.c includes its parts (shmcache/_core_*.c, one translation unit): they are dependencies, not sources.
     ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c", "shmcache/_view.c"],
-                           depends=["shmcache/_unpack.h", "shmcache/_view.h"], extra_compile_args=_flags,
-                           extra_link_args=_link)],
+                           depends=["shmcache/_core.h", "shmcache/_unpack.h", "shmcache/_view.h",
+                                    *sorted(glob.glob("shmcache/_core_*.c"))],
+                           extra_compile_args=_flags, extra_link_args=_link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

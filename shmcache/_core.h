@@ -1,0 +1,110 @@
+/* shmcache._core's shared definitions: the Core object (one per attached handle), the words it addresses the
+ * segment with, and the outcomes of a locked section. Included once, by _core.c, before the parts it includes; each
+ * part includes it too (a no-op there) so that it reads on its own. */
+#ifndef SHMCACHE_CORE_H
+#define SHMCACHE_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* F_OFD_GETLK (as pyconfig.h defines it, so its own definition is no redefinition) */
+#endif
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "_unpack.h"
+#include "_view.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the segment's words are little-endian; this build reads them as native int64"
+#endif
+
+/* Outcomes of a locked section, other than success (0). */
+enum {
+    ST_OK = 0,
+    ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
+    ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
+};
+
+/* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
+enum {
+    WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
+    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_COUNT
+};
+static const char *const why_names[WHY_COUNT] = {
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned",
+};
+
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer buf;
+    int have_buf;   /* the export is held */
+    int released;   /* release() was called: no new section starts; the export goes with the last one */
+    int bound;      /* __init__ completed: until then (and after a failed one) every call hands over */
+    int users;      /* calls inside a method (one may wait with the GIL released) */
+    int reason;     /* WHY_* of the last hand-over */
+    long long waits; /* calls that found the lock busy and waited for it in C */
+    int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
+    int64_t timeout_ns;
+    PyObject *hasher; /* codec.xxh3: a get checks its copy's checksum with it, after the unlock */
+    /* regions */
+    unsigned char *mem;
+    int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
+    unsigned char *kinds, *pins, *arena;
+    pthread_mutex_t *mutex;
+    volatile int64_t *kind_word;
+    int64_t kind_word_value;
+    /* geometry */
+    int64_t slots, mask, arena_nbytes;
+    /* word numbers */
+    Py_ssize_t ew, iw, kww;
+    Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;
+    Py_ssize_t i_fp, i_entry, k_entries, k_retained;
+    Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
+        h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
+        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress;
+    /* constants */
+    int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
+        max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
+} Core;
+
+#define HW(f) (c->h[c->h_##f])
+#define EN(e, f) (c->ent[(e) * c->ew + c->e_##f])
+#define IXF(s) (c->ix[(s) * c->iw + c->i_fp])
+#define IXE(s) (c->ix[(s) * c->iw + c->i_entry])
+#define AW(off) (c->aw[(off) >> 3])
+#define SLOT_OK(e) ((e) > 0 && (e) < c->slots)       /* a real entry slot (not the sentinel) */
+#define LINK_OK(e) ((e) >= 0 && (e) < c->slots)      /* an entry slot or the sentinel */
+#define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)
+/* Counters: added in unsigned arithmetic, so that damaged words wrap instead of overflowing (undefined in C). */
+#define ADD(p, d) ((p) = (int64_t)((uint64_t)(p) + (uint64_t)(int64_t)(d)))
+
+
+static PyObject *HANDOVER; /* returned, without a fallback, when the Python path must take the call */
+static PyObject *PINNED;   /* returned, without a fallback, when pinned entries leave no room (the Python side raises) */
+
+/* A hand-over for a failed bound; the caller leaves the dirty word as it is (set, if a write was made). */
+static inline int bounds(Core *c)
+{
+    c->reason = WHY_BOUNDS;
+    return ST_HANDOVER;
+}
+
+/* An entry ready to store, its arguments checked once by the method (twin: store.py Encoded). */
+typedef struct {
+    const char *kb, *body;
+    int64_t klen, blen, tag, fp, check, size, nb, expires;
+} Encoded;
+
+static int64_t mono_ns(void);
+static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
+
+#endif /* SHMCACHE_CORE_H */

@@ -1,0 +1,139 @@
+/* shmcache._core, the arena: blocks allocated in a ring, compacted past pinned blocks.
+ * Twin of arena.py. A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+/* The size of a block holding ``payload`` key and value bytes. (twin: block.py nbytes) */
+static inline int64_t block_nbytes(Core *c, int64_t payload)
+{
+    return (c->block_header + payload + c->block_align - 1) & -c->block_align;
+}
+
+/* Whether a block at ``off`` with a value of ``vlen`` and a key of ``klen`` bytes lies within the arena. */
+static inline int block_in_arena(Core *c, int64_t off, int64_t vlen, int64_t klen)
+{
+    return off >= 0 && off % 8 == 0 && vlen >= 1 && LEN_OK(vlen) && LEN_OK(klen)
+           && off <= c->arena_nbytes - c->block_header - vlen - klen;
+}
+
+
+/* Cover [off, off + nbytes) with dead blocks. (twin: arena.py write_dead) */
+static int write_dead(Core *c, int64_t off, int64_t nbytes)
+{
+    if (off < 0 || nbytes < 0 || off % 8 || nbytes % 8 || nbytes > c->arena_nbytes - off)
+        return bounds(c);
+    while (nbytes) {
+        int64_t n = nbytes < c->max_block ? nbytes : c->max_block;
+        AW(off) = n;
+        off += n;
+        nbytes -= n;
+    }
+    return ST_OK;
+}
+
+/* Pass the block at tail, absorbing it (dead) or sliding it down to head (live). (twin: arena.py Arena._clean_one) */
+static int clean_one(Core *c, int64_t *head, int64_t *tail, int64_t *fill, int64_t *stuck)
+{
+    int64_t size = c->arena_nbytes, hd = *head, tl = *tail, fl = *fill;
+    if (tl < 0 || tl >= size || tl % 8 || hd < 0 || hd > tl)
+        return bounds(c);
+    int64_t hdr = AW(tl), nb = hdr & c->len_mask;
+    if (nb < c->block_header || nb % c->block_align || nb > size - tl || nb > fl)
+        return bounds(c);
+    int64_t e = hdr >> c->owner_shift;
+    if (SLOT_OK(e) && EN(e, off) == tl && EN(e, check)) {
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            /* A pinned block stays: the gap before it becomes a dead block and the ring goes on after it. */
+            if (hd != tl) {
+                int r = write_dead(c, hd, tl - hd);
+                if (r)
+                    return r;
+            }
+            (*stuck)++;
+            tl += nb;
+            if (tl == size)
+                tl = 0;
+            *head = tl;
+            *tail = tl;
+            *fill = size;
+            return ST_OK;
+        }
+        if (hd != tl) {
+            memmove(c->arena + hd, c->arena + tl, (size_t)nb); /* the ranges may overlap */
+            EN(e, off) = hd;
+        }
+        hd += nb;
+        fl += nb;
+    }
+    fl -= nb;
+    tl += nb;
+    if (tl == size)
+        tl = 0;
+    if (hd == size)
+        hd = 0;
+    *head = hd;
+    *tail = tl;
+    *fill = fl;
+    return ST_OK;
+}
+
+/* The offset of a new block of ``nb`` bytes owned by entry ``e`` into *out. ST_PINNED: pinned blocks split the free
+ * space into pieces all smaller than nb. (twin: arena.py Arena.alloc) */
+static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
+{
+    int64_t size = c->arena_nbytes, head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
+    if (!(head >= 0 && head < size && tail >= 0 && tail < size && fill >= 0 && fill <= size && !((head | tail) & 7)
+          && (((head - tail) % size) + size) % size == fill % size && used >= 0 && used <= size - nb))
+        return bounds(c);
+    int64_t cleaned = 0, stuck = 0;
+    for (;;) {
+        if (fill == 0)
+            head = tail = 0;
+        if (head >= tail && fill < size) { /* free space is [head, size) then [0, tail) */
+            int64_t room = size - head;
+            if (room >= nb)
+                break;
+            if (room) {
+                int r = write_dead(c, head, room);
+                if (r)
+                    return r;
+                fill += room;
+            }
+            head = 0;
+            continue;
+        }
+        if (fill < size && tail - head >= nb) /* free space is the gap [head, tail) */
+            break;
+        int64_t before = tail;
+        int r = clean_one(c, &head, &tail, &fill, &stuck);
+        if (r)
+            return r;
+        int64_t passed = (((tail - before) % size) + size) % size;
+        cleaned += passed ? passed : size;
+        if (cleaned > 2 * size) {
+            if (stuck) {
+                /* Pinned blocks split the free space into pieces all smaller than nb: the ring as it stands is
+                 * consistent; record it and refuse. */
+                HW(head) = head;
+                HW(tail) = tail;
+                HW(fill) = fill;
+                return ST_PINNED;
+            }
+            return bounds(c);
+        }
+    }
+    if (head < 0 || head % 8 || nb > size - head)
+        return bounds(c);
+    AW(head) = nb | (e << c->owner_shift);
+    *out = head;
+    head += nb;
+    /* Ordering: head, tail and fill are written together after the block (see arena.py). */
+    HW(head) = head == size ? 0 : head;
+    HW(tail) = tail;
+    HW(fill) = fill + nb;
+    ADD(HW(arena_used), nb);
+    return ST_OK;
+}
+

@@ -1,0 +1,187 @@
+/* shmcache._core, binding: a Core bound to one segment's buffer and to the numbers shmcache/layout gives.
+ * Twin of core.py (bind, offsets). A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+static int take(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "shmcache._core.Core: the offsets dict lacks %s (it is built by "
+                                     "shmcache/core.py from shmcache/layout)", key);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int take_word(PyObject *d, const char *key, Py_ssize_t *out, int64_t limit)
+{
+    int64_t x;
+    if (take(d, key, &x))
+        return -1;
+    if (x < 0 || x >= limit) {
+        PyErr_Format(PyExc_ValueError, "shmcache._core.Core: %s is %lld, expected 0 to %lld", key, (long long)x,
+                     (long long)limit - 1);
+        return -1;
+    }
+    *out = (Py_ssize_t)x;
+    return 0;
+}
+
+static int region(Core *c, PyObject *d, const char *key, int64_t nbytes, int64_t align, void **out)
+{
+    int64_t off;
+    if (take(d, key, &off))
+        return -1;
+    if (off < 0 || nbytes < 0 || off % align || off > (int64_t)c->buf.len || nbytes > (int64_t)c->buf.len - off) {
+        PyErr_Format(PyExc_ValueError, "shmcache._core.Core: region %s (%lld bytes at %lld) is not within the "
+                                       "%zd-byte buffer", key, (long long)nbytes, (long long)off, c->buf.len);
+        return -1;
+    }
+    *out = c->mem + off;
+    return 0;
+}
+
+static void drop_buffer(Core *c)
+{
+    if (c->have_buf) {
+        c->have_buf = 0;
+        PyBuffer_Release(&c->buf);
+    }
+}
+
+/* Core(buffer, offsets, live_fd, timeout_ns, hasher, fallback=None): every region and word from ``offsets``, each
+ * checked against the buffer. (twin: core.py offsets) */
+static int bind(Core *c, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", NULL};
+    PyObject *obj, *d, *hasher;
+    int live_fd;
+    long long timeout_ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iLO", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
+                                     &hasher))
+        return -1;
+    if (!PyCallable_Check(hasher)) {
+        PyErr_SetString(PyExc_TypeError, "hasher must be callable (codec.xxh3)");
+        return -1;
+    }
+    if (c->have_buf || c->released) {
+        PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Core is bound once");
+        return -1;
+    }
+    if (timeout_ns <= 0) {
+        PyErr_Format(PyExc_ValueError, "timeout_ns must be above 0, got %lld", timeout_ns);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &c->buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+        return -1;
+    c->have_buf = 1;
+    c->mem = c->buf.buf;
+    c->live_fd = live_fd;
+    c->timeout_ns = timeout_ns;
+    Py_INCREF(hasher);
+    c->hasher = hasher;
+    int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
+        kind_off, word;
+    if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
+        || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
+        || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
+        || take(d, "KIND_NBYTES", &kind_bytes) || take(d, "H_LOCK_OFF", &lock_off)
+        || take(d, "LOCK_NBYTES", &lock_nbytes) || take(d, "MUTEX_KIND_OFF", &kind_off)
+        || take(d, "MUTEX_KIND_WORD", &c->kind_word_value) || take(d, "WORD_NBYTES", &word)
+        || take(d, "BLOCK_HEADER_NBYTES", &c->block_header) || take(d, "BLOCK_ALIGN", &c->block_align)
+        || take(d, "MAX_BLOCK_NBYTES", &c->max_block) || take(d, "BLOCK_LEN_MASK", &c->len_mask)
+        || take(d, "BLOCK_OWNER_SHIFT", &c->owner_shift) || take(d, "EMPTY", &c->empty)
+        || take(d, "NIL", &c->nil) || take(d, "SENTINEL", &c->sentinel) || take(d, "NEVER", &c->never)
+        || take(d, "MAX_TTL_NS", &c->max_ttl) || take(d, "MAX_VERSION", &c->max_version)
+        || take(d, "KIND_PREFIX", &c->kind_prefix)
+        || take(d, "PIN_BASE", &c->pin_base) || take(d, "CHECK_MASK", &c->check_mask)
+        || take(d, "TAG_BYTES", &c->tag_bytes) || take(d, "TAG_MSGPACK", &c->tag_msgpack)
+        || take(d, "TAG_ARRAY", &c->tag_array) || take(d, "TAG_TENSOR", &c->tag_tensor))
+        return -1;
+    if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
+        || entry_slots >= ((int64_t)1 << 31) || c->arena_nbytes <= 0 || c->arena_nbytes % 8
+        || c->block_header != (int64_t)sizeof(int64_t) || c->block_align <= 0 || c->block_align % 8
+        || entry_bytes % 8 || index_bytes % 8 || kind_bytes % 8 || kind_rows < 256 || c->owner_shift <= 0
+        || c->owner_shift > 32 || c->len_mask != ((int64_t)1 << c->owner_shift) - 1 || c->sentinel != 0
+        || lock_nbytes < (int64_t)sizeof(pthread_mutex_t) || kind_off < 0 || kind_off % 8
+        || kind_off + 8 > lock_nbytes || c->kind_prefix < 0 || c->kind_prefix > 255) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the offsets describe a layout this build cannot "
+                                          "address (word size, slot counts, block header or mutex)");
+        return -1;
+    }
+    c->slots = entry_slots;
+    c->mask = index_slots - 1;
+    c->ew = (Py_ssize_t)(entry_bytes / 8);
+    c->iw = (Py_ssize_t)(index_bytes / 8);
+    c->kww = (Py_ssize_t)(kind_bytes / 8);
+    int64_t hw_limit;
+    if (take(d, "HEADER_WORDS", &hw_limit) || region(c, d, "header_off", hw_limit * 8, 8, (void **)&c->h)
+        || region(c, d, "index_off", index_slots * index_bytes, 8, (void **)&c->ix)
+        || region(c, d, "entries_off", entry_slots * entry_bytes, 8, (void **)&c->ent)
+        || region(c, d, "expires_off", entry_slots * 8, 8, (void **)&c->exp)
+        || region(c, d, "versions_off", entry_slots * 8, 8, (void **)&c->ver)
+        || region(c, d, "kinds_off", entry_slots, 1, (void **)&c->kinds)
+        || region(c, d, "pins_off", entry_slots, 1, (void **)&c->pins)
+        || region(c, d, "kind_table_off", kind_rows * kind_bytes, 8, (void **)&c->kw)
+        || region(c, d, "arena_off", c->arena_nbytes, 8, (void **)&c->arena))
+        return -1;
+    c->aw = (int64_t *)c->arena;
+    c->mutex = (pthread_mutex_t *)((unsigned char *)c->h + lock_off);
+    c->kind_word = (volatile int64_t *)((unsigned char *)c->h + lock_off + kind_off);
+    int64_t ewl = c->ew, iwl = c->iw, kwl = c->kww;
+    if (take_word(d, "E_PREV", &c->e_prev, ewl) || take_word(d, "E_NEXT", &c->e_next, ewl)
+        || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
+        || take_word(d, "E_KEY_NBYTES", &c->e_klen, ewl) || take_word(d, "E_VAL_NBYTES", &c->e_vlen, ewl)
+        || take_word(d, "E_SLOT", &c->e_slot, ewl) || take_word(d, "E_CHECK", &c->e_check, ewl)
+        || take_word(d, "I_FP", &c->i_fp, iwl) || take_word(d, "I_ENTRY", &c->i_entry, iwl)
+        || take_word(d, "K_ENTRIES", &c->k_entries, kwl) || take_word(d, "K_RETAINED", &c->k_retained, kwl)
+        || take_word(d, "H_HITS", &c->h_hits, hw_limit) || take_word(d, "H_MISSES", &c->h_misses, hw_limit)
+        || take_word(d, "H_PUTS", &c->h_puts, hw_limit) || take_word(d, "H_UPDATES", &c->h_updates, hw_limit)
+        || take_word(d, "H_DELETES", &c->h_deletes, hw_limit)
+        || take_word(d, "H_EVICTIONS", &c->h_evictions, hw_limit)
+        || take_word(d, "H_DIRTY", &c->h_dirty, hw_limit) || take_word(d, "H_ENTRIES", &c->h_entries, hw_limit)
+        || take_word(d, "H_RETAINED", &c->h_retained, hw_limit)
+        || take_word(d, "H_MAX_ENTRIES", &c->h_max_entries, hw_limit)
+        || take_word(d, "H_MAX_RETAINED", &c->h_max_retained, hw_limit)
+        || take_word(d, "H_HEAD", &c->h_head, hw_limit) || take_word(d, "H_TAIL", &c->h_tail, hw_limit)
+        || take_word(d, "H_FILL", &c->h_fill, hw_limit) || take_word(d, "H_ARENA_USED", &c->h_arena_used, hw_limit)
+        || take_word(d, "H_FREE_HEAD", &c->h_free_head, hw_limit)
+        || take_word(d, "H_UNUSED_NEXT", &c->h_unused_next, hw_limit)
+        || take_word(d, "H_VERSION_CLOCK", &c->h_version_clock, hw_limit)
+        || take_word(d, "H_NEXT_EXPIRY", &c->h_next_expiry, hw_limit)
+        || take_word(d, "H_EXPIRED", &c->h_expired, hw_limit)
+        || take_word(d, "H_DEFAULT_TTL", &c->h_default_ttl, hw_limit)
+        || take_word(d, "H_WRITING", &c->h_writing, hw_limit)
+        || take_word(d, "H_PROGRESS", &c->h_progress, hw_limit))
+        return -1;
+    if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");
+        return -1;
+    }
+    return 0;
+}
+
+static int Core_init(Core *c, PyObject *args, PyObject *kwds)
+{
+    int again = c->have_buf || c->released;
+    if (bind(c, args, kwds)) {
+        if (!again) { /* half bound: the export goes now, and every call hands over */
+            drop_buffer(c);
+            c->released = 1;
+        }
+        return -1;
+    }
+    c->bound = 1;
+    return 0;
+}
+
+static void Core_dealloc(Core *c)
+{
+    drop_buffer(c);
+    Py_CLEAR(c->hasher);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}

@@ -1,0 +1,54 @@
+/* shmcache._core, the index: open addressing with linear probing, no tombstones.
+ * Twin of index.py. A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+/* The entry holding key ``kb`` (fingerprint ``fp``), or EMPTY, into *out. (twin: index.py find) */
+static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
+{
+    int64_t s = fp & c->mask;
+    for (int64_t i = 0; i <= c->mask; i++) {
+        int64_t e = IXE(s);
+        if (e == c->empty) {
+            *out = c->empty;
+            return ST_OK;
+        }
+        if (!SLOT_OK(e))
+            return bounds(c);
+        if (IXF(s) == fp && EN(e, klen) == klen) {
+            int64_t off = EN(e, off), vlen = EN(e, vlen);
+            if (!block_in_arena(c, off, vlen, klen))
+                return bounds(c);
+            if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
+                *out = e;
+                return ST_OK;
+            }
+        }
+        s = (s + 1) & c->mask;
+    }
+    return bounds(c); /* no empty slot anywhere */
+}
+
+/* Empty slot ``s`` and shift back what follows it in its cluster. (twin: index.py remove) */
+static int index_remove(Core *c, int64_t s)
+{
+    IXE(s) = c->empty;
+    int64_t j = s;
+    for (int64_t i = 0; i <= c->mask; i++) {
+        j = (j + 1) & c->mask;
+        int64_t e = IXE(j);
+        if (e == c->empty)
+            return ST_OK;
+        /* The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j]. */
+        if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)c->mask) >= ((uint64_t)(j - s) & (uint64_t)c->mask)) {
+            if (!SLOT_OK(e))
+                return bounds(c);
+            IXF(s) = IXF(j);
+            IXE(s) = e;
+            EN(e, slot) = s;
+            IXE(j) = c->empty;
+            s = j;
+        }
+    }
+    return bounds(c);
+}
+

@@ -1,0 +1,23 @@
+/* shmcache._core, the LRU list: doubly linked through the entry table, the sentinel at slot 0.
+ * Twin of lru.py. A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+/* Make entry ``e`` the most recently used. (twin: lru.py move_to_front) */
+static int move_to_front(Core *c, int64_t e)
+{
+    int64_t p = EN(e, prev);
+    if (p == c->sentinel)
+        return ST_OK;
+    int64_t n = EN(e, next), first = EN(c->sentinel, next);
+    if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
+        return bounds(c);
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    first = EN(c->sentinel, next); /* re-read: p may have been the sentinel's next's neighbour */
+    EN(e, prev) = c->sentinel;
+    EN(e, next) = first;
+    EN(first, prev) = e;
+    EN(c->sentinel, next) = e;
+    return ST_OK;
+}
+

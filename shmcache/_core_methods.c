@@ -1,0 +1,553 @@
+/* shmcache._core, the methods: arguments checked, the lock entered and left, results built, hand-overs made.
+ * Twin of cache.py (SharedCache) and mapping.py (LocalMapping). A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+static int arg_bytes(PyObject *o, const char *what, const char **p, int64_t *n)
+{
+    if (!PyBytes_Check(o)) { /* a subclass too: TieredCache hands over EncodedKey */
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.100s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *p = PyBytes_AS_STRING(o);
+    *n = (int64_t)PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+static int arg_int(PyObject *o, const char *what, int64_t *out)
+{
+    long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be an int that fits 64 bits", what);
+        }
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Whether an entry's arguments are consistent, as Store.encode makes them: a wrong size or block size would aim
+ * writes past the block. */
+static inline int encoded_ok(Core *c, const Encoded *st)
+{
+    return st->tag >= 0 && st->tag <= 255 && st->fp >= 0 && st->check != 0 && st->size == st->klen + st->blen + 1
+           && st->nb == block_nbytes(c, st->size) && st->nb <= c->max_block && st->nb <= c->arena_nbytes;
+}
+
+static int nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *name)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "Core.%s takes %zd arguments, got %zd", name, want, nargs);
+    return -1;
+}
+
+/* Leave a method: the last call out after release() drops the buffer export. */
+static void leave(Core *c)
+{
+    if (--c->users == 0 && c->released)
+        drop_buffer(c);
+}
+
+/* Why this thread's last call was handed over (Core.reason): kept per thread, so that the Python path reading it right
+ * after a HANDOVER reads its own call's reason, whatever other threads' calls on the same handle answered meanwhile
+ * (it tells a timed-out wait, which the Python path must not wait again, from the rest). */
+static _Thread_local int thread_reason;
+
+/* HANDOVER, for a call of ``c`` (NULL: no call of a Core), its reason recorded for this thread. */
+static PyObject *handover(Core *c)
+{
+    if (c != NULL)
+        thread_reason = c->reason;
+    Py_INCREF(HANDOVER);
+    return HANDOVER;
+}
+
+/* What a call that did not succeed answers: PINNED (a view pins what it must change), or HANDOVER. */
+static PyObject *refusal(Core *c, int r)
+{
+    if (r != ST_PINNED)
+        return handover(c);
+    /* Recorded too: the caller's Python path reads the reason (a stale "timeout" would make it skip its wait). */
+    thread_reason = WHY_PINNED;
+    Py_INCREF(PINNED);
+    return PINNED;
+}
+
+/* The call takes the lock: 0, held; otherwise -1, with what the call returns in *out (NULL with an exception set, or
+   HANDOVER). Every successful enter is followed by unlock() and leave(). */
+static int enter(Core *c, PyObject **out)
+{
+    c->users++;
+    int r = lock(c);
+    if (r) {
+        leave(c);
+        *out = r < 0 ? NULL : handover(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* The arguments of get and delete: (kb, fp, now_ns). */
+static int key_args(PyObject *const *args, Py_ssize_t nargs, const char *name, const char **kb, int64_t *klen,
+                    int64_t *fp, int64_t *now)
+{
+    if (nargs_ok(nargs, 3, name) || arg_bytes(args[0], "kb", kb, klen) || arg_int(args[1], "fp", fp)
+        || arg_int(args[2], "now_ns", now))
+        return -1;
+    if (*fp < 0) {
+        PyErr_SetString(PyExc_ValueError, "fp must be a 63-bit fingerprint");
+        return -1;
+    }
+    return 0;
+}
+
+/* What get_value leaves to Python: a value it does not decode itself, or a copy whose checksum failed. */
+static PyTypeObject RawType;
+static PyStructSequence_Field raw_fields[] = {
+    {"tag", "the value's tag byte"},
+    {"body", "the bytes after the tag (bytes), or for an array or tensor the whole value, tag first (a bytearray "
+             "the array is built over: its data starts 8-aligned)"},
+    {"slot", "the entry's slot (for Guard.checksum_failed)"},
+    {"ok", "whether the copy's checksum was right"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc raw_desc = {
+    "shmcache._core.Raw", "A hit Core.get_value leaves to the Python side to decode or to judge.", raw_fields, 4,
+};
+
+static PyObject *raw_of(int64_t tag, PyObject *body, int64_t slot, int ok)
+{
+    PyObject *out = PyStructSequence_New(&RawType), *t = PyLong_FromLongLong(tag), *e = PyLong_FromLongLong(slot);
+    if (out == NULL || t == NULL || e == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(t);
+        Py_XDECREF(e);
+        Py_DECREF(body);
+        return NULL;
+    }
+    PyStructSequence_SET_ITEM(out, 0, t);
+    PyStructSequence_SET_ITEM(out, 1, body); /* the reference is the Raw's now */
+    PyStructSequence_SET_ITEM(out, 2, e);
+    PyStructSequence_SET_ITEM(out, 3, PyBool_FromLong(ok));
+    return out;
+}
+
+/* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag. */
+static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
+{
+    /* A memoryview over the copy's memory, which ``owner`` keeps alive for the call: the hasher (xxhash's C
+       function) keeps no reference to its argument. */
+    PyObject *view = PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
+                                               : PyMemoryView_FromMemory((char *)bytes, n, PyBUF_READ);
+    PyObject *t = PyLong_FromLongLong(tag);
+    PyObject *h = NULL;
+    if (view != NULL && t != NULL) {
+        PyObject *hargs[2] = {view, t};
+        h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
+    }
+    Py_XDECREF(view);
+    Py_XDECREF(t);
+    if (h == NULL)
+        return -1;
+    unsigned long long x = PyLong_AsUnsignedLongLong(h);
+    Py_DECREF(h);
+    if (x == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    return (int64_t)((x & (uint64_t)c->check_mask) | 1) == check;
+}
+
+/* What a get returns for hit *f once the lock is released, from its copy ``body`` (copy_value's; the reference is
+ * taken): the copy's checksum checked, bytes returned as they are, a plain msgpack value decoded (_unpack.c);
+ * anything else a Raw for the Python side (a failed checksum, an array or tensor, a value the decoder declines). */
+static PyObject *finish(Core *c, const Found *f, PyObject *body)
+{
+    int whole = PyByteArray_CheckExact(body);
+    const char *after_tag = whole ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
+    Py_ssize_t n = (Py_ssize_t)(f->vlen - 1);
+    int ok = checksum_ok(c, after_tag, n, body, f->tag, f->check);
+    if (ok < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    if (ok && f->tag == c->tag_bytes)
+        return body;
+    if (ok && f->tag == c->tag_msgpack) {
+        PyObject *v = shm_unpack(after_tag, n);
+        if (v != NULL) {
+            Py_DECREF(body);
+            return v;
+        }
+    }
+    return raw_of(f->tag, body, f->slot, ok);
+}
+
+static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
+        return NULL;
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
+    Found f = {0, 0, 0, 0, 0, 0};
+    PyObject *body = NULL;
+    r = get_locked(c, kb, klen, fp, now, &f);
+    if (r == ST_OK && f.hit)
+        body = copy_value(c, &f);
+    unlock(c);
+    leave(c);
+    if (r)
+        return handover(c);
+    if (!f.hit) {
+        Py_INCREF(args[3]);
+        return args[3];
+    }
+    return body == NULL ? NULL : finish(c, &f, body);
+}
+
+/* A view, compiled end to end: the pin as Store.pin takes it, through a description of ``pins`` (taken before the
+ * lock, given back on a miss), then (_view.c) the lease that ends it, and the View if this handle checked the value
+ * before. */
+static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (nargs_ok(nargs, 4, "view") || key_args(args, 3, "view", &kb, &klen, &fp, &now))
+        return NULL;
+    if (Py_TYPE(args[3]) != &PinsType) {
+        PyErr_SetString(PyExc_TypeError, "Core.view: pins must be a shmcache._core.Pins");
+        return NULL;
+    }
+    Pins *p = (Pins *)args[3];
+    if (p->closed) {
+        c->reason = WHY_RELEASED;
+        return handover(c);
+    }
+    int fd;
+    Taken t;
+    if (pins_take(p, &fd, &t))
+        return NULL;
+    PyObject *refused;
+    if (enter(c, &refused)) {
+        pins_give(p, fd, t);
+        return refused;
+    }
+    Found f = {0, 0, 0, 0, 0, 0};
+    int viewable = 0, locked = 0;
+    int r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
+    int64_t version = f.hit ? c->ver[f.slot] : 0;
+    unlock(c);
+    leave(c);
+    if (r) {
+        if (locked)
+            close(fd); /* closing drops the lock taken through it */
+        else
+            pins_give(p, fd, t);
+        return handover(c);
+    }
+    if (p->closed && f.hit && viewable) { /* the handle was closed while this call waited for the lock */
+        close(fd);
+        c->reason = WHY_RELEASED;
+        return handover(c);
+    }
+    if (!f.hit || !viewable) { /* nothing was locked through it */
+        pins_give(p, fd, t);
+        if (!f.hit)
+            Py_RETURN_NONE;
+        return PyLong_FromLong(-1);
+    }
+    return view_of_pin(p, fd, t, f.slot, f.off, f.vlen, f.check, version);
+}
+
+static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    Encoded st;
+    int64_t now, ttl;
+    if (nargs_ok(nargs, 9, "put") || arg_bytes(args[0], "kb", &st.kb, &st.klen)
+        || arg_int(args[1], "tag", &st.tag) || arg_bytes(args[2], "body", &st.body, &st.blen)
+        || arg_int(args[3], "fp", &st.fp) || arg_int(args[4], "check", &st.check)
+        || arg_int(args[5], "size", &st.size) || arg_int(args[6], "nb", &st.nb) || arg_int(args[7], "now_ns", &now)
+        || arg_int(args[8], "ttl_ns", &ttl))
+        return NULL;
+    /* The encoding's own arithmetic, checked: a wrong size or block size would aim writes past the block. */
+    if (!encoded_ok(c, &st) || ttl < -1 || ttl > c->max_ttl) {
+        PyErr_SetString(PyExc_ValueError, "Core.put: the encoded entry's tag, fingerprint, checksum, size, block "
+                                          "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
+        return NULL;
+    }
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
+    r = put_locked(c, &st, now, ttl);
+    unlock(c);
+    leave(c);
+    if (r)
+        return refusal(c, r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *kb;
+    int64_t klen, fp, now;
+    if (key_args(args, nargs, "delete", &kb, &klen, &fp, &now))
+        return NULL;
+    PyObject *refused;
+    int r = enter(c, &refused);
+    if (r)
+        return refused;
+    int deleted;
+    r = delete_locked(c, kb, klen, fp, now, &deleted);
+    unlock(c);
+    leave(c);
+    if (r)
+        return refusal(c, r);
+    return PyBool_FromLong(deleted);
+}
+
+/* A batch argument as a tuple (a new reference): its items stay alive while the GIL is released to wait for the
+ * lock, whatever another thread does to the list meanwhile. */
+static PyObject *arg_batch(PyObject *o, const char *what)
+{
+    if (PyTuple_Check(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (PyList_Check(o))
+        return PyList_AsTuple(o);
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %.100s", what, Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+/* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
+ * (every item done), PINNED or HANDOVER. */
+/* (done, stop) of a batch; ``why``: the reason of a hand-over, read right after the unlock (the results are built
+ * after it, running Python code: another thread's call on this handle may set c->reason meanwhile). */
+static PyObject *batch_result(PyObject *done, int r, int why)
+{
+    if (done == NULL)
+        return NULL;
+    if (r)
+        thread_reason = r == ST_PINNED ? WHY_PINNED : why;
+    return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
+}
+
+/* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. */
+static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *dflt)
+{
+    PyObject *out = PyList_New(done);
+    for (Py_ssize_t i = 0; i < done; i++) {
+        Lookup *k = &keys[i];
+        if (out != NULL) {
+            PyObject *item = dflt;
+            if (k->f.hit) { /* finish takes the body, even when it fails */
+                item = finish(c, &k->f, k->body);
+                k->body = NULL;
+            } else {
+                Py_INCREF(item);
+            }
+            if (item == NULL)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, item);
+        }
+        Py_CLEAR(k->body);
+    }
+    return out;
+}
+
+static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *kbs = NULL, *fps = NULL, *out = NULL;
+    Lookup *keys = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now;
+    int r;
+    if (nargs_ok(nargs, 4, "get_many") || arg_int(args[2], "now_ns", &now) || !(kbs = arg_batch(args[0], "kbs"))
+        || !(fps = arg_batch(args[1], "fps")))
+        goto end;
+    n = PyTuple_GET_SIZE(kbs);
+    if (PyTuple_GET_SIZE(fps) != n) {
+        PyErr_Format(PyExc_ValueError, "Core.get_many: %zd keys but %zd fingerprints", n, PyTuple_GET_SIZE(fps));
+        goto end;
+    }
+    if (!(keys = PyMem_New(Lookup, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keys[i].body = NULL;
+        if (arg_bytes(PyTuple_GET_ITEM(kbs, i), "kbs[i]", &keys[i].kb, &keys[i].klen)
+            || arg_int(PyTuple_GET_ITEM(fps, i), "fps[i]", &keys[i].fp))
+            goto end;
+        if (keys[i].fp < 0) {
+            PyErr_SetString(PyExc_ValueError, "fps[i] must be a 63-bit fingerprint");
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was looked up */
+            Py_DECREF(out);
+            out = batch_result(PyList_New(0), ST_HANDOVER, thread_reason);
+        }
+        goto end;
+    }
+    r = get_many_locked(c, keys, n, now, &done);
+    unlock(c);
+    leave(c);
+    int why = c->reason;
+    if (r >= 0) {
+        out = batch_result(found_list(c, keys, done, args[3]), r, why);
+    } else {
+        for (Py_ssize_t i = 0; i < done; i++)
+            Py_CLEAR(keys[i].body);
+    }
+end:
+    PyMem_Free(keys);
+    Py_XDECREF(kbs);
+    Py_XDECREF(fps);
+    return out;
+}
+
+static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *items = NULL, *out = NULL;
+    Encoded *st = NULL;
+    Py_ssize_t n, done = 0;
+    int64_t now, ttl;
+    int r;
+    if (nargs_ok(nargs, 3, "put_many") || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
+        return NULL;
+    if (ttl < -1 || ttl > c->max_ttl) {
+        PyErr_Format(PyExc_ValueError, "Core.put_many: ttl_ns must be -1 (the default) or 0 to %lld, got %lld",
+                     (long long)c->max_ttl, (long long)ttl);
+        return NULL;
+    }
+    if (!(items = arg_batch(args[0], "items")))
+        return NULL;
+    n = PyTuple_GET_SIZE(items);
+    if (!(st = PyMem_New(Encoded, n ? n : 1))) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i); /* a tuple: its fields stay as they are */
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
+            PyErr_Format(PyExc_TypeError, "Core.put_many: items[%zd] must be a tuple (kb, tag, body, fp, check, "
+                                          "size, nb) as Store.encode makes, got %.100s", i, Py_TYPE(item)->tp_name);
+            goto end;
+        }
+        Encoded *s = &st[i];
+        PyObject **a = &PyTuple_GET_ITEM(item, 0);
+        if (arg_bytes(a[0], "kb", &s->kb, &s->klen) || arg_int(a[1], "tag", &s->tag)
+            || arg_bytes(a[2], "body", &s->body, &s->blen) || arg_int(a[3], "fp", &s->fp)
+            || arg_int(a[4], "check", &s->check) || arg_int(a[5], "size", &s->size) || arg_int(a[6], "nb", &s->nb))
+            goto end;
+        if (!encoded_ok(c, s)) {
+            PyErr_Format(PyExc_ValueError, "Core.put_many: items[%zd]'s tag, fingerprint, checksum, size or block "
+                                           "size is inconsistent (encode it with Store.encode)", i);
+            goto end;
+        }
+    }
+    if (enter(c, &out)) {
+        if (out != NULL) { /* HANDOVER before anything was stored */
+            Py_DECREF(out);
+            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER, thread_reason);
+        }
+        goto end;
+    }
+    r = put_many_locked(c, st, n, now, ttl, &done);
+    unlock(c);
+    leave(c);
+    out = batch_result(PyLong_FromSsize_t(done), r, c->reason);
+end:
+    PyMem_Free(st);
+    Py_DECREF(items);
+    return out;
+}
+
+static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
+{
+    c->released = 1;
+    if (c->users == 0)
+        drop_buffer(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
+{
+    (void)c;
+    return PyUnicode_FromString(why_names[thread_reason]);
+}
+
+static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(c->waits);
+}
+
+static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(c->released);
+}
+
+static PyMethodDef Core_methods[] = {
+    {"get_value", (PyCFunction)(void (*)(void))Core_get_value, METH_FASTCALL,
+     "get_value(kb, fp, now_ns, default) -> value | default | Raw | HANDOVER\n\nA lookup as SharedCache.get does "
+     "it (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only if an expiry "
+     "needs it; the same for every method). A hit moves the entry to the front and counts a hit; a miss (or an "
+     "expired entry, dropped: one a view pins stays) counts a miss and answers default. The value is copied out under "
+     "the lock; after the unlock its checksum is checked, bytes are returned as they are and plain msgpack values "
+     "decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) "
+     "comes back as a Raw, for the Python side (core.finish)."},
+    {"view", (PyCFunction)(void (*)(void))Core_view, METH_FASTCALL,
+     "view(kb, fp, now_ns, pins) -> View | Lease | None | -1 | HANDOVER\n\nThe key's entry pinned for a view (as "
+     "Store.pin, through a description of pins), counted as a lookup: the View when this handle checked that "
+     "stored value before, else the Lease of the pin for view.first_look; None on a miss; -1 for a value view() "
+     "does not serve (nothing counted or pinned)."},
+    {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
+     "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
+     "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
+     "entry, or the room needed (the segment is consistent; raise PinnedError)."},
+    {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
+     "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
+     "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
+    {"get_many", (PyCFunction)(void (*)(void))Core_get_many, METH_FASTCALL,
+     "get_many(kbs, fps, now_ns, default) -> (found, stop)\n\nA lookup of each key (kbs[i], fingerprint fps[i]) in "
+     "order under one hold of the lock, as entries.get_many_locked does: found holds, for each key looked up, what "
+     "get_value returns for it (default for a miss, the value, or a Raw). stop: None, every key looked up; HANDOVER, the batch stopped at "
+     "kbs[len(found)] (nothing of it counted or moved; reason says why): the Python path looks up the rest."},
+    {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
+     "put_many(items, now_ns, ttl_ns) -> (done, stop)\n\nStore each encoded entry (kb, tag, body, fp, check, size, "
+     "nb) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns (-1: the "
+     "cache's default); done: how many were stored. stop: None, all of them; PINNED, the room items[done] needs is "
+     "pinned (the segment is consistent; raise PinnedError); HANDOVER, the Python path stores items[done:] (an "
+     "entry above the byte limit hands over the whole batch first, and a view pinning items[done]'s key hands it "
+     "over with nothing of it written, reason \"pinned\")."},
+    {"release", (PyCFunction)Core_release, METH_NOARGS,
+     "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Core_getset[] = {
+    {"reason", (getter)Core_get_reason, NULL, "why this thread's last call was handed over (a key of REASONS)", NULL},
+    {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
+    {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher): the compiled get/put/delete and batches of a segment.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+    .tp_getset = Core_getset,
+};

@@ -1,0 +1,354 @@
+/* shmcache._core, the locked sections: one get, put, delete, pin or batch under one hold of the lock.
+ * Twin of store.py (Store) and entries.py. A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+/* An expired entry that no pin flag marks: dropped, counted in ``expired``. (twin: store.py Store.lapse) */
+static int lapse(Core *c, int64_t e)
+{
+    HW(dirty) = 1;
+    int r = table_remove(c, e);
+    if (r)
+        return r;
+    ADD(HW(expired), 1);
+    HW(dirty) = 0;
+    return ST_OK;
+}
+
+typedef struct {
+    int64_t tag, check, vlen, off, slot;
+    int hit;
+} Found;
+
+/* The steps of one item, shared by a call and a batch: inlined into each, so that a single get or put pays nothing for
+ * the split (not inlined, they cost a get ~40 instructions, 3 %: benchmarks.instructions --collect Core_get_value). */
+#define STEP static inline __attribute__((always_inline))
+
+/* The caller checked the dirty word: the key's entry, or EMPTY if it is absent or expired (an
+ * expired one is dropped, unless a view pins it: it stays, and reads as absent). *now: the clock reading, or -1
+ * until an expiry needs it; read once, it stays for the caller's next lookups (a batch judges expiry by one
+ * reading). (twin: store.py Store.find_live) */
+STEP int find_live(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now, int64_t *out)
+{
+    int64_t e;
+    int r;
+    if ((r = find(c, kb, klen, fp, &e)))
+        return r;
+    if (e != c->empty) {
+        int64_t x = c->exp[e];
+        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now)) {
+            int pin = pinned(c, e);
+            if (pin < 0)
+                return bounds(c);
+            if (!pin && (r = lapse(c, e)))
+                return r;
+            e = c->empty;
+        }
+    }
+    *out = e;
+    return ST_OK;
+}
+
+/* What a hit reads of live entry ``e`` into *f (its block was checked by find). */
+STEP void found(Core *c, int64_t e, Found *f)
+{
+    f->hit = 1;
+    f->slot = e;
+    f->check = EN(e, check);
+    f->off = EN(e, off) + c->block_header;
+    f->vlen = EN(e, vlen);
+    f->tag = c->arena[f->off];
+}
+
+/* The entry becomes the most recent (in the dirty bracket), and a hit is counted. (twin: store.py Store.hit) */
+STEP int hit(Core *c, int64_t e)
+{
+    int r;
+    if (EN(e, prev) != c->sentinel) {
+        int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
+        if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
+            return bounds(c); /* nothing written yet */
+        HW(dirty) = 1;
+        if ((r = move_to_front(c, e)))
+            return r;
+        HW(dirty) = 0;
+    }
+    ADD(HW(hits), 1);
+    return ST_OK;
+}
+
+/* One lookup, as get does it (the caller checked the dirty word; *now as find_live's). */
+STEP int get_one(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f)
+{
+    int64_t e;
+    int r;
+    f->hit = 0;
+    if ((r = find_live(c, kb, klen, fp, now, &e)))
+        return r;
+    if (e == c->empty) {
+        ADD(HW(misses), 1);
+        return ST_OK;
+    }
+    if ((r = hit(c, e)))
+        return r;
+    found(c, e, f);
+    return ST_OK;
+}
+
+/* get's locked part: a hit counted and moved to the front, or a miss counted. (twin: store.py Store.read) */
+static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
+{
+    f->hit = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    return get_one(c, kb, klen, fp, &now, f);
+}
+
+/* The value of hit *f copied out of the arena, under the lock: the bytes after its tag, or for an array or tensor the
+ * whole value, tag first, into a bytearray: the one copy of its data a get makes (the array returned is built over
+ * it, its data 8-aligned as in the arena). Neither bytes nor bytearray is tracked by the GC: this allocation runs no
+ * Python code. NULL with a MemoryError set. */
+static PyObject *copy_value(Core *c, const Found *f)
+{
+    const char *v = (const char *)c->arena + f->off;
+    if (f->tag == c->tag_array || f->tag == c->tag_tensor)
+        return PyByteArray_FromStringAndSize(v, (Py_ssize_t)f->vlen);
+    return PyBytes_FromStringAndSize(v + 1, (Py_ssize_t)(f->vlen - 1));
+}
+
+/* A store's time to live in ns: ``ttl``, or the cache's default for -1 (ST_HANDOVER if that word is damaged).
+ * (twin: store.py Store.expires_at) */
+static int ttl_of(Core *c, int64_t *ttl)
+{
+    if (*ttl < 0) {
+        *ttl = HW(default_ttl);
+        if (*ttl < 0 || *ttl > c->max_ttl) { /* damaged: the Python path repairs it */
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+    }
+    return ST_OK;
+}
+
+/* A store's checks before its first write (the caller checked the dirty word): the key's resident entry (an expired
+ * one dropped) into *old, or EMPTY. ST_PINNED: a view pins that entry; nothing was written. */
+STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
+{
+    int r;
+    /* The version clock is stamped mid-update: one out of range (damaged; stepping it could wrap) is repaired by
+       the Python path before anything is written. */
+    if (HW(version_clock) < 0 || HW(version_clock) >= c->max_version) {
+        HW(dirty) = 1;
+        return bounds(c);
+    }
+    if ((r = find(c, st->kb, st->klen, st->fp, old)))
+        return r;
+    if (*old != c->empty && c->exp[*old] && c->exp[*old] <= now) {
+        int pin = pinned(c, *old);
+        if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
+            return pin < 0 ? bounds(c) : ST_PINNED;
+        if ((r = lapse(c, *old)))
+            return r;
+        *old = c->empty;
+    }
+    /* _store_locked */
+    if (st->size > HW(max_retained)) { /* TooLargeError, raised by the Python path */
+        c->reason = WHY_LIMIT;
+        return ST_HANDOVER;
+    }
+    if (*old != c->empty) {
+        int pin = pinned(c, *old);
+        if (pin)
+            return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
+    }
+    return ST_OK;
+}
+
+/* A store's writes, after put_find (st->expires set by the caller): an update of ``old`` in place or a new entry,
+ * evicting as the limits require. ST_PINNED: the room needed is pinned (the evictions made stand; every structure
+ * is consistent). (twin: store.py Store.write) */
+STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
+{
+    int r, done;
+    HW(dirty) = 1;
+    if (old != c->empty) {
+        ADD(HW(updates), 1);
+        if ((r = overwrite(c, old, st, &done)))
+            return r;
+        if (!done) {
+            if ((r = table_remove(c, old)))
+                return r;
+            old = c->empty;
+        }
+    }
+    if (old == c->empty) {
+        r = insert(c, st, now);
+        if (r == ST_PINNED) { /* refused with every structure consistent: no repair needed */
+            HW(writing) = 0;
+            HW(dirty) = 0;
+            return ST_PINNED;
+        }
+        if (r)
+            return r;
+    }
+    ADD(HW(puts), 1);
+    HW(writing) = 0;
+    HW(dirty) = 0;
+    return ST_OK;
+}
+
+/* put's locked part: the encoded entry stored as the most recent. (twin: store.py Store.put) */
+static int put_locked(Core *c, Encoded *st, int64_t now, int64_t ttl)
+{
+    int64_t old;
+    int r;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    st->expires = ttl ? now + ttl : 0;
+    if ((r = put_find(c, st, now, &old)))
+        return r;
+    return put_write(c, st, old, now);
+}
+
+/* delete's locked part: True into *deleted if the key was live and is gone. (twin: store.py Store.delete) */
+static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int *deleted)
+{
+    int64_t e;
+    int r;
+    *deleted = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if ((r = find(c, kb, klen, fp, &e)))
+        return r;
+    if (e == c->empty)
+        return ST_OK;
+    if (now < 0)
+        now = mono_ns();
+    int pin = pinned(c, e);
+    if (pin < 0)
+        return bounds(c);
+    if (c->exp[e] && c->exp[e] <= now) /* expired: absent (dropped, unless a view pins it) */
+        return pin ? ST_OK : lapse(c, e);
+    if (pin)
+        return ST_PINNED;
+    HW(dirty) = 1;
+    if ((r = table_remove(c, e)))
+        return r;
+    ADD(HW(deletes), 1);
+    HW(dirty) = 0;
+    *deleted = 1;
+    return ST_OK;
+}
+
+/* The key's live entry pinned through description ``fd`` for a view, counted as a lookup (*locked: whether
+ * the pin byte was locked through fd, whatever is answered). (twin: store.py Store.pin) */
+static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int fd, Found *f, int *viewable,
+                      int *locked)
+{
+    int64_t e;
+    int r;
+    f->hit = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    if ((r = find_live(c, kb, klen, fp, &now, &e)))
+        return r;
+    if (e == c->empty) {
+        ADD(HW(misses), 1);
+        return ST_OK;
+    }
+    found(c, e, f);
+    *viewable = f->tag == c->tag_bytes || f->tag == c->tag_array || f->tag == c->tag_tensor;
+    if (!*viewable)
+        return ST_OK; /* refused before anything is counted or pinned */
+    /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale flag. */
+    c->pins[e] = 1;
+    struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);
+    if (fcntl(fd, F_OFD_SETLK, &fl) < 0) /* never refused (pin bytes are only read-locked): the Python path raises */
+        return bounds(c);
+    *locked = 1;
+    return hit(c, e);
+}
+
+/* One key of a batch get: its arguments, what get_one found, and the body copied out under the lock. */
+typedef struct {
+    const char *kb;
+    int64_t klen, fp;
+    Found f;
+    PyObject *body;
+} Lookup;
+
+/* Each key looked up in order as get does (a hit made the most recent and counted, a miss
+ * counted, an expired entry dropped), under one hold of the lock, expiry judged by one clock reading. *done: how
+ * many keys were looked up, all unless a hand-over stops the batch at keys[*done] (nothing of it counted or moved:
+ * the Python path looks up the rest); -1 with a MemoryError set if a body could not be copied (keys[*done - 1]'s).
+ * (twin: entries.py get_many_locked) */
+static int get_many_locked(Core *c, Lookup *keys, Py_ssize_t n, int64_t now, Py_ssize_t *done)
+{
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Lookup *k = &keys[i];
+        if ((r = get_one(c, k->kb, k->klen, k->fp, &now, &k->f)))
+            return r;
+        *done = i + 1;
+        if (k->f.hit && !(k->body = copy_value(c, &k->f))) /* copied before the next key is looked up */
+            return -1;
+    }
+    return ST_OK;
+}
+
+/* Store st[0..n) in order as put does, all expiring ``ttl`` ns (-1: the default) after one
+ * clock reading, under one hold of the lock. Every size is checked against the byte limit first: if one can never
+ * fit, nothing is stored and the Python path raises TooLargeError. *done: how many were stored when the batch stops
+ * early. ST_PINNED: the room st[*done] needs is pinned (the evictions made stand; every structure is consistent).
+ * A view pinning st[*done]'s own entry is a hand-over instead (WHY_PINNED, nothing of it written), so that the
+ * Python path raises its own PinnedError for it. (twin: entries.py put_many_locked) */
+static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int64_t ttl, Py_ssize_t *done)
+{
+    int64_t old;
+    int r;
+    *done = 0;
+    if (HW(dirty)) {
+        c->reason = WHY_DIRTY;
+        return ST_HANDOVER;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (st[i].size > HW(max_retained)) { /* TooLargeError, raised by the Python path before anything is stored */
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+    }
+    if (now < 0)
+        now = mono_ns();
+    if ((r = ttl_of(c, &ttl)))
+        return r;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        st[i].expires = ttl ? now + ttl : 0;
+        if ((r = put_find(c, &st[i], now, &old))) {
+            if (r == ST_PINNED) {
+                c->reason = WHY_PINNED;
+                r = ST_HANDOVER;
+            }
+            return r;
+        }
+        if ((r = put_write(c, &st[i], old, now)))
+            return r;
+        *done = i + 1;
+    }
+    return ST_OK;
+}

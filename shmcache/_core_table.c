@@ -1,0 +1,279 @@
+/* shmcache._core, the table: entries inserted, overwritten, removed and evicted, every structure kept in step.
+ * Twin of table.py (Table). A part of the one translation unit _core.c includes: see _core.c. */
+#include "_core.h"
+
+/* Whether a view (of any process) still pins entry ``e``: a flagged entry is pinned while another description holds
+ * its pin byte; a flag found without one is cleared. 1 pinned, 0 not, -1 the query failed.
+ * (twin: table.py Table.pinned) */
+static int pinned(Core *c, int64_t e)
+{
+    if (!c->pins[e])
+        return 0;
+    struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
+    if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    if (fl.l_type != F_UNLCK)
+        return 1;
+    c->pins[e] = 0;
+    return 0;
+}
+
+
+/* Drop entry ``e`` from every structure; its slot and block go back (lru.unlink and Arena.free inlined).
+ * (twin: table.py Table.remove) */
+static int table_remove(Core *c, int64_t e)
+{
+    if (!SLOT_OK(e))
+        return bounds(c);
+    int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
+            s = EN(e, slot);
+    if (!(s >= 0 && s <= c->mask && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+        return bounds(c);
+    int64_t nb = block_nbytes(c, klen + vlen);
+    /* arena free: the block must be this entry's own */
+    if (!(off >= 0 && off < c->arena_nbytes && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
+        return bounds(c);
+    AW(off) = nb;
+    ADD(HW(arena_used), -nb);
+    int r = index_remove(c, s);
+    if (r)
+        return r;
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    EN(e, check) = 0;
+    EN(e, next) = HW(free_head);
+    HW(free_head) = e;
+    ADD(HW(entries), -1);
+    ADD(HW(retained), -(klen + vlen));
+    c->exp[e] = 0;
+    int64_t k = c->kinds[e];
+    if (k) {
+        ADD(c->kw[k * c->kww + c->k_entries], -1);
+        ADD(c->kw[k * c->kww + c->k_retained], -(klen + vlen));
+    }
+    return ST_OK;
+}
+
+/* Remove every expired entry no view pins, then raise next_expiry to what is left.
+ * (twin: table.py Table.reclaim_expired) */
+static int reclaim_expired(Core *c, int64_t now)
+{
+    int64_t un = HW(unused_next), handed_out = (un > 0 && un <= c->slots) ? un : c->slots, removed = 0;
+    for (int64_t e = 0; e < handed_out; e++) {
+        int64_t x = c->exp[e];
+        if (x != 0 && x <= now && EN(e, check)) {
+            int p = pinned(c, e);
+            if (p < 0)
+                return bounds(c);
+            if (!p) {
+                int r = table_remove(c, e);
+                if (r)
+                    return r;
+                removed++;
+            }
+        }
+    }
+    int64_t least = c->never;
+    int any = 0;
+    for (int64_t e = 0; e < handed_out; e++) {
+        int64_t x = c->exp[e];
+        if (x != 0 && (!any || x < least)) {
+            least = x;
+            any = 1;
+        }
+    }
+    HW(next_expiry) = any ? least : c->never;
+    ADD(HW(expired), removed);
+    return ST_OK;
+}
+
+/* Make room for one more entry of ``size`` bytes: expired entries first, then the least recently used, pinned ones
+ * excepted. (twin: table.py Table.evict_until) */
+static int evict_until(Core *c, int64_t size, int64_t now)
+{
+    int64_t most_entries = HW(max_entries) - 1, most_bytes = HW(max_retained) - size;
+    if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
+        return ST_OK;
+    if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
+        int r = reclaim_expired(c, now);
+        if (r)
+            return r;
+    }
+    int64_t e = EN(c->sentinel, prev), held = 0;
+    for (int64_t i = 0; i < c->slots; i++) {
+        if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
+            return ST_OK;
+        if (e == c->sentinel)
+            break;
+        if (!SLOT_OK(e))
+            return bounds(c);
+        int64_t p = EN(e, prev);
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            held++;
+        } else {
+            int r = table_remove(c, e);
+            if (r)
+                return r;
+            ADD(HW(evictions), 1);
+        }
+        e = p;
+    }
+    return held ? ST_PINNED : bounds(c);
+}
+
+/* Evict the least recently used entry no view pins; *done 0 if there is none. (twin: table.py Table.evict_one) */
+static int evict_one(Core *c, int *done)
+{
+    int64_t e = EN(c->sentinel, prev);
+    for (int64_t i = 0; i < c->slots; i++) {
+        if (e == c->sentinel) {
+            *done = 0;
+            return ST_OK;
+        }
+        if (!SLOT_OK(e))
+            return bounds(c);
+        int pin = pinned(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (!pin) {
+            int r = table_remove(c, e);
+            if (r)
+                return r;
+            ADD(HW(evictions), 1);
+            *done = 1;
+            return ST_OK;
+        }
+        e = EN(e, prev);
+    }
+    return bounds(c);
+}
+
+
+/* The columns a store writes: a new version, the expiry (lowering the bound if need be). */
+static inline void stamp(Core *c, int64_t e, int64_t expires)
+{
+    int64_t v = (int64_t)((uint64_t)HW(version_clock) + 1);
+    HW(version_clock) = v;
+    c->ver[e] = v;
+    c->exp[e] = expires;
+    if (expires && expires < HW(next_expiry))
+        HW(next_expiry) = expires;
+}
+
+/* A new entry as the most recently used (the key is absent), evicting first as the limits require: expired entries,
+ * then the least recently used, pinned ones excepted; and, if pinned blocks split the free space so that no run of
+ * st->nb bytes is left, more (what is not pinned) until one is. The one place eviction is decided, as in Python.
+ * ST_PINNED: the room needed is pinned (the evictions made stand; every structure is consistent).
+ * (twin: table.py Table.insert) */
+static int insert(Core *c, const Encoded *st, int64_t now)
+{
+    int64_t e, off = 0, vlen = st->blen + 1;
+    int r, from_free, done;
+    if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained)) {
+        if ((r = evict_until(c, st->size, now)))
+            return r;
+    }
+    /* The slot is chosen first (its number goes in the block header) but taken only once the block is had: an
+     * allocation refused because pinned blocks split the free space leaves the slots as they were (an eviction then
+     * frees a slot, so the choice is made again). ``writing`` names the slot once it is known to be free. */
+    for (;;) {
+        e = HW(free_head);
+        from_free = e != c->nil;
+        if (!from_free) {
+            e = HW(unused_next);
+            if (!SLOT_OK(e))
+                return bounds(c);
+        } else if (!SLOT_OK(e) || EN(e, check)) {
+            return bounds(c);
+        }
+        HW(writing) = e;
+        r = alloc(c, st->nb, e, &off);
+        if (r != ST_PINNED)
+            break;
+        if ((r = evict_one(c, &done)))
+            return r;
+        if (!done)
+            return ST_PINNED;
+    }
+    if (r)
+        return r;
+    if (from_free)
+        HW(free_head) = EN(e, next);
+    else
+        HW(unused_next) = e + 1;
+    unsigned char *v0 = c->arena + off + c->block_header; /* a block is [header][value][key] */
+    v0[0] = (unsigned char)st->tag;
+    memcpy(v0 + 1, st->body, (size_t)st->blen);
+    memcpy(v0 + vlen, st->kb, (size_t)st->klen);
+    int64_t s = st->fp & c->mask, i;
+    for (i = 0; i <= c->mask && IXE(s) != c->empty; i++)
+        s = (s + 1) & c->mask;
+    if (i > c->mask)
+        return bounds(c);
+    int64_t first = EN(c->sentinel, next);
+    if (!LINK_OK(first))
+        return bounds(c);
+    EN(e, prev) = c->sentinel;
+    EN(e, next) = first;
+    EN(e, fp) = st->fp;
+    EN(e, off) = off;
+    EN(e, klen) = st->klen;
+    EN(e, vlen) = vlen;
+    EN(e, slot) = s;
+    EN(e, check) = st->check;
+    IXF(s) = st->fp;
+    IXE(s) = e;
+    EN(first, prev) = e;
+    EN(c->sentinel, next) = e;
+    ADD(HW(entries), 1);
+    ADD(HW(retained), st->klen + vlen);
+    stamp(c, e, st->expires);
+    c->pins[e] = 0;
+    if (st->klen > 1 && (unsigned char)st->kb[0] == c->kind_prefix) {
+        int64_t k = (unsigned char)st->kb[1];
+        c->kinds[e] = (unsigned char)k;
+        ADD(c->kw[k * c->kww + c->k_entries], 1);
+        ADD(c->kw[k * c->kww + c->k_retained], st->klen + vlen);
+    } else {
+        c->kinds[e] = 0;
+    }
+    return ST_OK;
+}
+
+/* A new value for resident entry ``e`` in place, when the block size is the same and the byte
+ * limit allows; *done 0 (nothing written) otherwise.  (twin: table.py Table.overwrite) */
+static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
+{
+    int64_t klen = EN(e, klen), old_vlen = EN(e, vlen), off = EN(e, off), vlen = st->blen + 1;
+    *done = 0;
+    if (!LEN_OK(klen) || !LEN_OK(old_vlen))
+        return bounds(c);
+    if (block_nbytes(c, klen + old_vlen) != st->nb || HW(retained) + vlen - old_vlen > HW(max_retained)
+        || !SLOT_OK(e))
+        return ST_OK;
+    if (!(off >= 0 && off <= c->arena_nbytes - st->nb && off % 8 == 0 && AW(off) == (st->nb | (e << c->owner_shift))))
+        return bounds(c);
+    HW(writing) = e;
+    unsigned char *v0 = c->arena + off + c->block_header;
+    v0[0] = (unsigned char)st->tag;
+    memcpy(v0 + 1, st->body, (size_t)st->blen);
+    if (vlen != old_vlen) {
+        memcpy(v0 + vlen, st->kb, (size_t)klen);
+        EN(e, vlen) = vlen;
+        ADD(HW(retained), vlen - old_vlen);
+        int64_t k = c->kinds[e];
+        if (k)
+            ADD(c->kw[k * c->kww + c->k_retained], vlen - old_vlen);
+    }
+    EN(e, check) = st->check;
+    int r = move_to_front(c, e);
+    if (r)
+        return r;
+    stamp(c, e, st->expires);
+    *done = 1;
+    return ST_OK;
+}
+
