@@ -105,6 +105,77 @@ def _print_json(data) -> None:
     sys.stdout.write("\n")
 
 
+# The counters --watch gives rates of: they only grow, except when clear() sets them back to zero.
+STATS_COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "recoveries",
+                  "computations", "waits", "takeovers")
+
+
+class Interval:
+    """What ``--watch`` shows of the change between two refreshes: the increase of each of ``rated`` divided by the
+    seconds measured between the two snapshots (``time.monotonic``), and ``derived(increases)``: figures of the
+    interval itself (its hit ratio; None where it had no lookup), which may also use the increases of ``also``.
+
+    A counter found lower than at the last refresh was reset (``clear()``); its increase is then its new value, as
+    Prometheus's ``rate()`` takes a reset. ``step`` returns None at the first refresh, which has nothing to compare to.
+    """
+
+    def __init__(self, rated: tuple, derived, also: tuple = ()) -> None:
+        self.rated, self.derived, self.counted = rated, derived, rated + also
+        self.last: tuple[dict, float] | None = None
+
+    def step(self, d: dict, now: float) -> dict | None:
+        last, self.last = self.last, (d, now)
+        if last is None:
+            return None
+        before, then = last
+        elapsed = max(now - then, 1e-9)
+        increase = {k: d[k] - before[k] if d[k] >= before[k] else d[k] for k in self.counted}
+        rates: dict[str, Any] = {k: increase[k] / elapsed for k in self.rated}
+        rates.update(self.derived(increase))
+        rates["interval_s"] = elapsed
+        return rates
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _stats_interval() -> Interval:
+    return Interval(STATS_COUNTERS, lambda i: {"hit_ratio": _ratio(i["hits"], i["hits"] + i["misses"])})
+
+
+def _tier_interval() -> Interval:
+    from .tier.layout import COUNTERS
+
+    def derived(i: dict) -> dict:  # the hit ratio as TierStats.hit_ratio's: lookups served from either tier
+        mean_ns = _ratio(i["remote_ns"], i["remote_calls"])
+        return {"hit_ratio": _ratio(i["local_hits"] + i["remote_hits"], i["local_hits"] + i["local_misses"]),
+                "remote_mean_us": None if mean_ns is None else mean_ns / 1e3}
+
+    return Interval(tuple(c for c in COUNTERS if c != "remote_ns"), derived, also=("remote_ns",))
+
+
+def _figure(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _rows_with_rates(d: dict, rates: dict | None, rated: tuple, skip=()) -> list[list[str]]:
+    """``name  total  rate`` rows of a refresh: a rate for each of ``rated`` once there are rates, and for each
+    figure of the interval (the hit ratio) its value over the interval."""
+    rows = []
+    for k, v in d.items():
+        if k in skip:
+            continue
+        if rates is None or k not in rates:
+            rows.append([k, _figure(v), ""])
+        elif k in rated:
+            rows.append([k, _figure(v), f"{rates[k]:,.1f}/s"])
+        else:
+            r = rates[k]
+            rows.append([k, _figure(v), f"{'-' if r is None else _figure(r)} in the last {rates['interval_s']:.3f} s"])
+    return rows
+
+
 def _watch_frame(args, data: dict, render) -> None:
     """One refresh of ``--watch``: a JSON line with ``--json`` (so the stream is JSON Lines), else the rendered text
     after a screen clear on a terminal, or after a timestamp line when the output is a file or a pipe."""
@@ -206,23 +277,25 @@ def _hot_path() -> str:
 
 
 def cmd_stats(args) -> int:
+    interval = _stats_interval()
     with _open(args, args.name) as c:
         while True:
             stats = c.stats()
+            rates = interval.step(stats.as_dict(), time.monotonic()) if args.watch else None
             d = stats.as_dict()
 
             def render() -> None:
-                rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items() if k != "kinds"]
-                rows += [[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
-                         for k, v in d["kinds"].items()]
-                print(_table(rows))
+                print(_table(_rows_with_rates(d, rates, STATS_COUNTERS, skip=("kinds",))))
+                if d["kinds"]:
+                    print(_table([[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
+                                  for k, v in d["kinds"].items()]))
                 print(_hot_path())
 
             if args.prometheus:
                 print(prometheus_text({c.name: stats}), end="")
                 sys.stdout.flush()
             elif args.watch:
-                _watch_frame(args, d, render)
+                _watch_frame(args, {**d, "rates": rates}, render)
             elif args.json:
                 _print_json(d)
             else:
@@ -373,21 +446,23 @@ def cmd_tier(args) -> int:
         print(f"shmcache: cache {args.name!r} fronts no namespace {args.namespace!r} "
               f"(it fronts: {', '.join(spaces) or 'none'})", file=sys.stderr)
         return 1
+    interval = _tier_interval()
     while True:
         stats = host_stats(args.name, args.namespace, mode=args.mode, trust_owner=args.trust_owner,
                            timeout=INSPECT_TIMEOUT_S)
         d = stats.as_dict()
+        rates = interval.step(d, time.monotonic()) if args.watch else None
 
         def render() -> None:
             shown = {k: v for k, v in d.items() if k != "remote_ns"}
             shown["remote_mean_us"] = d["remote_ns"] / d["remote_calls"] / 1e3 if d["remote_calls"] else 0.0
-            print(_table([[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in shown.items()]))
+            print(_table(_rows_with_rates(shown, rates, interval.rated)))
 
         if args.prometheus:
             print(prometheus_text({}, tiers={(args.name, args.namespace): stats}), end="")
             sys.stdout.flush()
         elif args.watch:
-            _watch_frame(args, d, render)
+            _watch_frame(args, {**d, "rates": rates}, render)
         elif args.json:
             _print_json(d)
         else:

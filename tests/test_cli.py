@@ -16,6 +16,7 @@ import pytest
 from shmcache import CacheLimits, SharedCache
 from shmcache.cli import main
 
+_REAL_SLEEP = time.sleep  # (tests of --watch replace time.sleep)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -402,3 +403,111 @@ def test_cli_parse_watch_accepts_seconds(text, value):
     from shmcache.cli import parse_watch
 
     assert parse_watch(text) == value
+
+
+def _watched(monkeypatch, capsys, argv: list[str], between: list) -> str:
+    """Run ``shmcache *argv`` (a --watch) in this process for ``len(between) + 1`` refreshes, calling
+    ``between[i]()`` in place of the i-th sleep: a known number of operations between two frames. Interrupted
+    as Ctrl-C does."""
+    sleeps = iter(between)
+
+    def sleep(seconds: float) -> None:
+        step = next(sleeps, None)
+        if step is None:
+            raise KeyboardInterrupt
+        step()
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    rc = main(argv)
+    monkeypatch.undo()
+    out = capsys.readouterr()
+    assert rc == 130 and out.err == ""
+    return out.out
+
+
+def test_cli_stats_watch_json_gives_rates_of_the_operations_between_two_frames(monkeypatch, capsys, filled, name):
+    def lookups():
+        for _ in range(6):
+            filled.get(1)
+        filled.get("absent")
+        filled.get("absent")
+        for i in range(3):
+            filled.put(f"new{i}", i)
+
+    def no_lookup():
+        filled.put("one more", 1)
+
+    def clear_then_two_hits():
+        filled.clear()
+        filled.put("k", 1)
+        filled.get("k")
+        filled.get("k")
+
+    out = _watched(monkeypatch, capsys, ["stats", name, "--watch", "0.01", "--json"],
+                   [lookups, no_lookup, clear_then_two_hits])
+    frames = [json.loads(line) for line in out.splitlines()]
+    assert len(frames) == 4 and frames[0]["rates"] is None  # nothing to compare the first refresh to
+    for before, after in zip(frames, frames[1:]):
+        rates = after["rates"]
+        assert rates["interval_s"] > 0 and set(rates) >= {"hits", "misses", "puts", "evictions", "hit_ratio"}
+        if after["clears"] == before["clears"]:  # no reset: each rate is the increase over the interval printed
+            for k in ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "computations"):
+                assert rates[k] == (after[k] - before[k]) / rates["interval_s"]
+    one, two, three = (f["rates"] for f in frames[1:])
+    assert frames[1]["hits"] - frames[0]["hits"] == 6 and frames[1]["misses"] - frames[0]["misses"] == 2
+    assert one["hit_ratio"] == 0.75 and frames[1]["hit_ratio"] == 7 / 10  # the interval's, and since the start
+    assert one["puts"] == 3 / one["interval_s"]
+    assert two["hit_ratio"] is None and two["hits"] == 0.0 and two["puts"] == 1 / two["interval_s"]
+    # clear() set the counters back to zero: what they count since is the interval's increase (as Prometheus's
+    # rate() takes a reset), never a negative rate.
+    assert frames[3]["hits"] == 2 and three["hits"] == 2 / three["interval_s"] and three["misses"] == 0.0
+    assert three["clears"] == 1 / three["interval_s"] and three["hit_ratio"] == 1.0
+
+
+def test_cli_stats_watch_text_shows_rates_after_the_first_frame(monkeypatch, capsys, filled, name):
+    def lookups():
+        for _ in range(3):
+            filled.get(1)
+        filled.get("absent")
+        _REAL_SLEEP(0.05)  # an interval long enough to print
+
+    out = _watched(monkeypatch, capsys, ["stats", name, "--watch", "0.01"], [lookups])
+    first, second = out.split("--- ")[1:]
+    assert "/s" not in first and "in the last" not in first and re.search(r"^hits\s+1$", first, re.M)
+    hits = re.search(r"^hits\s+4\s+([\d,.]+)/s$", second, re.M)
+    interval = re.search(r"^hit_ratio\s+0\.6667\s+0\.7500 in the last ([\d.]+) s$", second, re.M)
+    assert hits and interval, second
+    assert re.search(r"^entries\s+10$", second, re.M)  # a gauge: no rate
+    # The rate printed is the increase over the interval printed (both rounded for the eye).
+    assert float(hits.group(1).replace(",", "")) == pytest.approx(3 / float(interval.group(1)), rel=0.05, abs=0.1)
+    assert second.rstrip().splitlines()[-1].startswith("hot path: ")
+
+
+def test_cli_tier_watch_gives_rates_of_the_host_counts(monkeypatch, capsys, name):
+    from shmcache.tier.layout import C_LOCAL_HITS, C_LOCAL_MISSES, C_REMOTE_CALLS, C_REMOTE_HITS, C_REMOTE_NS
+    from shmcache.tier.stats import Rows
+
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True):
+        rows = Rows(name, "ns")  # the namespace's stats segment, as a TieredCache makes it, and a row of it
+        try:
+            def counted():  # 8 lookups: 5 local hits, 3 misses, of which 2 found in Redis (30 us each)
+                rows.row[C_LOCAL_HITS] += 5
+                rows.row[C_LOCAL_MISSES] += 3
+                rows.row[C_REMOTE_HITS] += 2
+                rows.row[C_REMOTE_CALLS] += 2
+                rows.row[C_REMOTE_NS] += 60_000
+
+            out = _watched(monkeypatch, capsys, ["tier", name, "ns", "--watch", "0.01", "--json"], [counted])
+            text = _watched(monkeypatch, capsys, ["tier", name, "ns", "--watch", "0.01"], [counted])
+        finally:
+            rows.close()
+    before, after = (json.loads(line) for line in out.splitlines())
+    assert before["rates"] is None
+    rates = after["rates"]
+    assert after["local_hits"] - before["local_hits"] == 5
+    assert rates["local_hits"] == 5 / rates["interval_s"] and rates["remote_hits"] == 2 / rates["interval_s"]
+    assert rates["hit_ratio"] == 7 / 8 and rates["remote_mean_us"] == 30.0 and "remote_ns" not in rates
+    second = text.split("--- ")[2]
+    assert re.search(r"^local_hits\s+10\s+[\d,.]+/s$", second, re.M)
+    assert re.search(r"^hit_ratio\s+\S+\s+0\.8750 in the last [\d.]+ s$", second, re.M)
+    assert re.search(r"^remote_mean_us\s+\S+\s+30\.0000 in the last", second, re.M)
