@@ -393,8 +393,12 @@ def cmd_rm(args) -> int:
 
 def cmd_clear(args) -> int:
     with _open(args, args.name) as c:
-        c.clear()
-    print(f"cleared {args.name}")
+        removed = c.clear()
+    if args.json:
+        _print_json({"name": args.name, "removed": removed})
+    else:
+        entries = "entry" if removed == 1 else "entries"
+        print(f"cleared {_shown(args.name)}: {removed} {entries} removed, counters reset")
     return 0
 
 
@@ -509,7 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("rm", cmd_rm, "remove caches (processes that have them open keep their mapping)", json_flag=False,
              trust=False)
     sp.add_argument("names", nargs="+", metavar="NAME")
-    sp = add("clear", cmd_clear, "drop every entry of a cache and reset its counters", json_flag=False)
+    sp = add("clear", cmd_clear, "drop every entry of a cache (of every kind, but those open views pin) and reset "
+                                 "its counters; says how many went")
     sp.add_argument("name")
     sp = add("set-limits", cmd_set_limits, "change a cache's limits (evicts at once to meet them)")
     sp.add_argument("name")

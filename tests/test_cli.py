@@ -136,8 +136,15 @@ def test_cli_set_limits_above_capacity_is_a_clear_error(capsys, filled, name):
 
 
 def test_cli_clear_and_rm(capsys, filled, name):
-    assert run(capsys, "clear", name)[0] == 0
-    assert len(filled) == 0 and filled.stats().clears == 1
+    filled.kind("jvp").put("k", 1)  # a kind's entries go too: 11 in all
+    rc, out, _ = run(capsys, "clear", name)
+    assert rc == 0 and out == f"cleared {name}: 11 entries removed, counters reset\n"
+    assert len(filled) == 0 and filled.stats().clears == 1 and filled.stats().entries == 0
+    filled.put("k", 1)
+    rc, out, _ = run(capsys, "clear", name, "--json")
+    assert rc == 0 and json.loads(out) == {"name": name, "removed": 1}
+    rc, out, _ = run(capsys, "clear", name)
+    assert rc == 0 and out == f"cleared {name}: 0 entries removed, counters reset\n"
     assert run(capsys, "rm", name)[0] == 0
     rc, _, err = run(capsys, "rm", name)
     assert rc == 1 and "no cache" in err
