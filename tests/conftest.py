@@ -12,11 +12,16 @@ import uuid
 
 import pytest
 
-from tests.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
 from shmcache import SharedCache
+from tests import suites
+from tests.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
 
 SHM_DIR = "/dev/shm"
 PREFIXES = ("shmcache.", "shmcache-tier.")  # caches, and TieredCache stats segments
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    suites.configure(config)  # its downloads, at collection, say so on the terminal
 
 
 def unique_name(tag: str = "t") -> str:

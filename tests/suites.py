@@ -3,12 +3,19 @@ repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-tests
 Django's and Flask-Caching's tests from their sdists on PyPI (``pip download``, unpacked into a temporary directory
 removed at exit).
 
+The downloads happen while pytest collects the test modules, and take a while (pip prepares each sdist's metadata):
+each is announced on the terminal before it starts, and its sdist is kept in SUITES_CACHE (``shmcache/test-suites``
+under ``$XDG_CACHE_HOME``, else ``~/.cache``), so that later runs unpack it from there instead of downloading it
+again. ``rm -r`` that directory to fetch them afresh; where it cannot be written, each run downloads into a temporary
+directory, as before.
+
 Where a suite cannot be had, the tests that use it skip with the reason, unless SHMCACHE_REQUIRE_SUITES=1 (as in
 CI), which makes them fail instead."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -21,6 +28,28 @@ import tempfile
 import pytest
 
 CACHETOOLS_PIN = "8.0.0"  # the cachetools release whose tests run (its CacheTestMixin and LRU tests)
+SUITES_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shmcache",
+                            "test-suites")
+_config: pytest.Config | None = None  # set by conftest.py's pytest_configure: where announce() writes
+
+
+def configure(config: pytest.Config) -> None:
+    """Remember pytest's configuration, whose terminal announce() writes to (called by conftest.py)."""
+    global _config
+    _config = config
+
+
+def announce(message: str) -> None:
+    """Write ``message`` on its own line on pytest's terminal now, even while pytest captures the output of the
+    collection (where the downloads happen: without this, pytest would sit silent meanwhile); on stderr outside it."""
+    reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config is not None else None
+    if reporter is None:  # not under pytest's terminal (imported by hand, or in a worker of pytest-xdist)
+        print(message, file=sys.stderr, flush=True)
+        return
+    capture = _config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.write_line(message)
+        reporter.flush()
 
 
 def unavailable(reason: str):
@@ -42,7 +71,7 @@ def cpython_mapping_tests():
     return module
 
 
-def _sdist(requirement: str, where: str) -> str:
+def _download(requirement: str, where: str) -> str:
     """Download the sdist of ``requirement`` (``name==version``) into ``where``; its path. Raises OSError."""
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
                            requirement, "-d", where], capture_output=True, text=True, timeout=300)
@@ -50,6 +79,61 @@ def _sdist(requirement: str, where: str) -> str:
         raise OSError(f"pip download failed: {done.stderr.strip()[-500:]}")
     (sdist,) = [f for f in os.listdir(where) if f.endswith(".tar.gz")]
     return os.path.join(where, sdist)
+
+
+def _one_sdist(directory: str) -> str | None:
+    """The path of the one sdist in ``directory``, or None where there is none (or more than one)."""
+    found = [f for f in os.listdir(directory) if f.endswith(".tar.gz")] if os.path.isdir(directory) else []
+    return os.path.join(directory, found[0]) if len(found) == 1 else None
+
+
+def _cached_sdist(requirement: str) -> str:
+    """The path of the sdist of ``requirement``: from SUITES_CACHE, or downloaded (saying so first) and kept there.
+
+    A download goes into a new directory beside the cached ones and is renamed into place once whole, so that a run
+    cut short, or one running at the same time, never leaves or finds half an sdist. Raises OSError.
+    """
+    entry = os.path.join(SUITES_CACHE, requirement.lower())
+    cached = _one_sdist(entry)
+    if cached is not None:
+        return cached
+    try:
+        os.makedirs(SUITES_CACHE, exist_ok=True)
+        partial = tempfile.mkdtemp(prefix=".download-", dir=SUITES_CACHE)
+    except OSError:  # a cache that cannot be written: a temporary directory of this run's, as without a cache
+        where = tempfile.mkdtemp(prefix="shmcache-suites-")
+        atexit.register(shutil.rmtree, where, True)
+        announce(f"tests/suites.py: downloading the sources of {requirement} for its tests (pip download, which can "
+                 f"take a minute)")
+        return _download(requirement, where)
+    announce(f"tests/suites.py: downloading the sources of {requirement} for its tests (pip download, which can "
+             f"take a minute; kept in {entry} for later runs)")
+    try:
+        name = os.path.basename(_download(requirement, partial))
+        try:
+            os.rename(partial, entry)  # fails where the entry is there already, and not empty
+        except OSError:
+            if _one_sdist(entry) is None:  # not a whole entry (emptied by hand): replaced
+                shutil.rmtree(entry, ignore_errors=True)
+                os.rename(partial, entry)
+            # else another run put its copy in place meanwhile: as good as this one
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return os.path.join(entry, name)
+
+
+@contextlib.contextmanager
+def _sdist(requirement: str):
+    """The sdist of ``requirement`` (``name==version``), opened. A damaged cached copy is removed (the next run
+    downloads it again) and its error raised. Raises OSError or tarfile.TarError."""
+    path = _cached_sdist(requirement)
+    try:
+        with tarfile.open(path) as tar:
+            yield tar
+    except tarfile.TarError:
+        if path.startswith(SUITES_CACHE + os.sep):
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        raise
 
 
 def django_tests_dir() -> str:
@@ -61,7 +145,7 @@ def django_tests_dir() -> str:
     where = tempfile.mkdtemp(prefix="shmcache-suites-")
     atexit.register(shutil.rmtree, where, True)
     try:
-        with tarfile.open(_sdist(f"django=={version}", where)) as tar:
+        with _sdist(f"django=={version}") as tar:
             # Only the cache test app: the sdist holds the whole framework and all its tests (~10 MB packed).
             members = [m for m in tar.getmembers() if m.name.split("/")[1:3] == ["tests", "cache"]]
             if not members:
@@ -82,9 +166,9 @@ def cachetools_tests():
     where = tempfile.mkdtemp(prefix="shmcache-suites-")
     atexit.register(shutil.rmtree, where, True)
     try:
-        with tarfile.open(_sdist(f"cachetools=={CACHETOOLS_PIN}", where)) as tar:
+        with _sdist(f"cachetools=={CACHETOOLS_PIN}") as tar:
             tar.extractall(where, filter="data")
-    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
         unavailable(f"cachetools=={CACHETOOLS_PIN} sources could not be downloaded: {exc!r}")
     root = os.path.join(where, f"cachetools-{CACHETOOLS_PIN}")
     sys.path.insert(0, os.path.join(root, "src"))  # the tests import cachetools itself (types, LRUCache)
@@ -107,7 +191,7 @@ def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
     where = tempfile.mkdtemp(prefix="shmcache-suites-")
     atexit.register(shutil.rmtree, where, True)
     try:
-        with tarfile.open(_sdist(f"Flask-Caching=={version}", where)) as tar:
+        with _sdist(f"Flask-Caching=={version}") as tar:
             members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
             if not members:
                 raise ValueError("the sdist has no tests/")
