@@ -22,6 +22,7 @@ from .errors import OwnershipError, SerializerMismatch, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
 from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
 from .stats import CacheLimits, prometheus_text
+from .trust import Trust
 
 
 
@@ -292,7 +293,7 @@ def cmd_stats(args) -> int:
                 print(_hot_path())
 
             if args.prometheus:
-                print(prometheus_text({c.name: stats}), end="")
+                print(_with_samples(prometheus_text({c.name: stats})), end="")
                 sys.stdout.flush()
             elif args.watch:
                 _watch_frame(args, {**d, "rates": rates}, render)
@@ -303,6 +304,21 @@ def cmd_stats(args) -> int:
             if not args.watch:
                 return 0
             time.sleep(args.watch)
+
+
+def _with_samples(text: str) -> str:
+    """Prometheus text without the metric families that have no sample (HELP and TYPE lines with nothing under
+    them: the cache families when ``tier`` prints a namespace's, the kind families of a cache without kinds). The
+    format allows an empty family, but it carries nothing, and a zero sample would be a figure nobody measured."""
+    out: list[str] = []
+    family: list[str] = []
+    for line in [*text.splitlines(), "# HELP"]:  # (the sentinel ends the last family)
+        if line.startswith("# HELP"):
+            if any(not f.startswith("#") for f in family):
+                out += family
+            family = []
+        family.append(line)
+    return "".join(f"{line}\n" for line in out)
 
 
 def cmd_inspect(args) -> int:
@@ -419,22 +435,46 @@ def cmd_set_limits(args) -> int:
     return 0
 
 
+def _namespace_state(args, cache: str, namespace: str, cache_exists: bool) -> dict[str, Any] | None:
+    """One row of ``tier``'s listing: ``state`` is ``in use`` (``handles``: the TieredCache handles of the host that
+    count in it now), ``idle`` (none has it open: the counts are those of processes gone) or ``skipped`` (not opened:
+    ``reason``); None if it went meanwhile."""
+    from .tier.stats import handles
+
+    row: dict[str, Any] = {"cache": cache, "namespace": namespace, "cache_exists": cache_exists}
+    try:
+        n = handles(cache, namespace, Trust.of(args.mode, args.trust_owner))
+    except FileNotFoundError:
+        return None
+    except OwnershipError as exc:
+        return {**row, "state": "skipped", "reason": exc.reason}
+    return {**row, "state": "in use" if n else "idle", "handles": n}
+
+
+def _shown_state(f: dict) -> str:
+    if f["state"] == "skipped":
+        return f"skipped: {f['reason']}"
+    state = f"in use ({f['handles']} TieredCache handle{'s' if f['handles'] != 1 else ''})" if f["handles"] else \
+        "idle: no TieredCache has it open"
+    if f["cache_exists"]:
+        return state
+    return "cache removed: `shmcache sweep` cleans up" if not f["handles"] else f"cache removed; {state}"
+
+
 def cmd_tier(args) -> int:
     from .tier.stats import segments
     from .tier.tiered import host_stats
 
     caches = set(segment_names())
-    if args.name is None:  # list the namespaces, saying which have lost their cache
-        found: list[dict[str, Any]] = [{"cache": c, "namespace": ns, "cache_exists": c in caches}
-                                       for c, ns in segments()]
+    if args.name is None:  # list the namespaces, with their state, saying which have lost their cache
+        found = [f for c, ns in segments() if (f := _namespace_state(args, c, ns, c in caches)) is not None]
         if args.json:
             _print_json(found)
         elif not found:
             print("no TieredCache namespaces on this host")
         else:
             print(_table([["CACHE", "NAMESPACE", "STATE"]] + [
-                [f["cache"], f["namespace"], "" if f["cache_exists"] else "cache removed: `shmcache sweep` cleans up"]
-                for f in found]))
+                [_shown(f["cache"]), _shown(f["namespace"]), _shown_state(f)] for f in found]))
         return 0
     if args.name not in caches:
         print(f"shmcache: no cache named {args.name!r}", file=sys.stderr)
@@ -463,7 +503,7 @@ def cmd_tier(args) -> int:
             print(_table(_rows_with_rates(shown, rates, interval.rated)))
 
         if args.prometheus:
-            print(prometheus_text({}, tiers={(args.name, args.namespace): stats}), end="")
+            print(_with_samples(prometheus_text({}, tiers={(args.name, args.namespace): stats})), end="")
             sys.stdout.flush()
         elif args.watch:
             _watch_frame(args, {**d, "rates": rates}, render)

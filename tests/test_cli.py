@@ -518,3 +518,82 @@ def test_cli_tier_watch_gives_rates_of_the_host_counts(monkeypatch, capsys, name
     assert re.search(r"^local_hits\s+10\s+[\d,.]+/s$", second, re.M)
     assert re.search(r"^hit_ratio\s+\S+\s+0\.8750 in the last [\d.]+ s$", second, re.M)
     assert re.search(r"^remote_mean_us\s+\S+\s+30\.0000 in the last", second, re.M)
+
+
+def test_cli_tier_lists_each_namespace_with_its_state(capsys, name):
+    from shmcache.tier.stats import Rows
+
+    gone = name + "-gone"
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True):
+        used, also = Rows(name, "used"), Rows(name, "used")  # two handles counting in it, as two TieredCaches do
+        Rows(name, "idle").close()  # its counts kept, nobody has it open
+        orphan = Rows(gone, "ns")  # a namespace whose cache was removed
+        orphan.close()
+        try:
+            rc, out, _ = run(capsys, "tier", "--json")
+            assert rc == 0
+            mine = {(f["cache"], f["namespace"]): f for f in json.loads(out) if f["cache"] in (name, gone)}
+            assert mine == {
+                (name, "used"): {"cache": name, "namespace": "used", "cache_exists": True, "state": "in use",
+                                 "handles": 2},
+                (name, "idle"): {"cache": name, "namespace": "idle", "cache_exists": True, "state": "idle",
+                                 "handles": 0},
+                (gone, "ns"): {"cache": gone, "namespace": "ns", "cache_exists": False, "state": "idle", "handles": 0},
+            }
+            rc, out, _ = run(capsys, "tier")
+            rows = {tuple(line.split(None, 2)[:2]): line.split(None, 2)[2] for line in out.splitlines()[1:]}
+            assert out.splitlines()[0].split() == ["CACHE", "NAMESPACE", "STATE"]
+            assert rows[(name, "used")] == "in use (2 TieredCache handles)"
+            assert rows[(name, "idle")] == "idle: no TieredCache has it open"
+            assert rows[(gone, "ns")] == "cache removed: `shmcache sweep` cleans up"
+            used.close()
+            rc, out, _ = run(capsys, "tier", "--json")
+            assert [f["handles"] for f in json.loads(out) if (f["cache"], f["namespace"]) == (name, "used")] == [1]
+        finally:
+            used.close()
+            also.close()
+            orphan.unlink()
+
+
+def _families(text: str) -> dict[str, int]:
+    """Each metric family of a Prometheus text: how many samples follow its TYPE line."""
+    counts: dict[str, int] = {}
+    family = None
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            family = line.split()[2]
+            counts[family] = 0
+        elif line and not line.startswith("#"):
+            counts[family] += 1
+    return counts
+
+
+def test_cli_tier_prometheus_prints_no_family_without_samples(capsys, name):
+    from shmcache.tier.stats import Rows
+
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+        c.kind("tier:ns").put("k", 1)
+        rows = Rows(name, "ns")
+        try:
+            rc, out, _ = run(capsys, "tier", name, "ns", "--prometheus")
+        finally:
+            rows.close()
+    assert rc == 0
+    families = _families(out)
+    assert families and all(n > 0 for n in families.values()), families
+    assert "shmcache_hits_total" not in families  # the cache's own families are `stats --prometheus`'s
+    assert families["shmcache_tier_local_hits_total"] == 1 and families["shmcache_tier_local_entries"] == 1
+    assert families["shmcache_tier_remote_latency_seconds"] == 5  # three quantiles, _sum and _count
+    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is in the test extra")
+    parsed = list(parser.text_string_to_metric_families(out))
+    assert parsed and all(f.samples for f in parsed)
+
+
+def test_cli_stats_prometheus_leaves_out_the_kind_families_of_a_cache_without_kinds(capsys, filled, name):
+    rc, out, _ = run(capsys, "stats", name, "--prometheus")
+    families = _families(out)
+    assert rc == 0 and all(n == 1 for n in families.values()), families
+    assert "shmcache_kind_entries" not in families and families["shmcache_hits_total"] == 1
+    filled.kind("jvp").put("k", 1)
+    rc, out, _ = run(capsys, "stats", name, "--prometheus")
+    assert rc == 0 and _families(out)["shmcache_kind_entries"] == 1

@@ -287,6 +287,25 @@ class Rows:
             pass
 
 
+def handles(cache_name: str, namespace: str, trust: Trust = Trust()) -> int:
+    """How many rows of the namespace's stats segment are held now: one per open TieredCache handle of the host (a
+    forked child's counts on its own); 0 when nobody has it open. Reads the kernel's locks (``F_OFD_GETLK``) without
+    taking any, so a process opening the segment meanwhile is never pushed to a private row (as ``sweep`` may).
+
+    :raises FileNotFoundError: if the segment does not exist.
+    :raises OwnershipError: if ``trust`` refuses the file at the name (nothing of it is read).
+    """
+    path = _SHM_DIR + segment_name(cache_name, namespace)
+    fd = _open(path, trust, False)
+    try:
+        trust.check(fd, path, "open")
+        if not ofd.held_in(fd, 0, TIER_ROWS):
+            return 0
+        return sum(ofd.held_elsewhere(fd, r) for r in range(TIER_ROWS))
+    finally:
+        os.close(fd)
+
+
 def unlink_of(cache_name: str) -> None:
     """Remove the stats segments of every namespace of ``cache_name`` (when the cache itself is removed): processes
     that have one open keep counting in their mapping, and a TieredCache made later starts a fresh one. A file this
