@@ -7,6 +7,9 @@ Each subcommand is a ``cmd_<name>(args) -> int`` behind one argparse dispatcher;
 from __future__ import annotations
 
 import argparse
+import ast
+import base64
+import fnmatch
 import json
 import math
 import os
@@ -16,11 +19,15 @@ import sys
 import time
 from typing import Any
 
-from . import __version__, core
+from . import __version__, block, core, entries, index, tensors
 from .cache import SharedCache, parts
+from .codec import KIND_PREFIXES, TAG_TENSOR, array_layout, body_checksum, decode_body, encode_key, fingerprint
 from .errors import OwnershipError, SerializerMismatch, ShmCacheError
 from .segment import segment_in_use, segment_names, sweep
-from .layout.dtypes import H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
+from .keys import decode_key
+from .layout import EMPTY
+from .layout.dtypes import E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
+from .serializers import PICKLE, TAG_PICKLE
 from .stats import CacheLimits, prometheus_text
 from .trust import Trust
 
@@ -34,7 +41,7 @@ INSPECT_TIMEOUT_S = 0.25
 def _open(args, name: str) -> SharedCache:
     """Attach to an existing cache with the trust the command line asked for (--mode, --trust-owner), waiting at
     most ``INSPECT_TIMEOUT_S`` for its lock or its creation: no command stalls on a stuck cache. A pickle cache is
-    opened as one: no command reads a value, so none unpickles anything."""
+    opened as one: only ``get`` and ``dump`` read values, and they unpickle none unless asked to (``--unpickle``)."""
     kwargs = dict(create=False, mode=args.mode, trust_owner=args.trust_owner, lock_timeout=INSPECT_TIMEOUT_S,
                   attach_timeout=INSPECT_TIMEOUT_S)
     try:
@@ -418,6 +425,295 @@ def cmd_clear(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------- get, keys, dump
+#
+# Why their own locked reads: these commands look, they do not use the cache. A lookup through the API counts a hit
+# or a miss, makes the entry the most recent and drops an expired one; the walks below (as entries.snapshot_locked,
+# which iteration uses) write nothing to the segment: no count, no move in the LRU order, no expired entry dropped,
+# and a damaged entry is reported, never repaired. Bytes are copied under the lock and checked after it.
+
+
+class _Pickled:
+    """A value of a pickle cache, left pickled: unpickling runs whatever code its writer put in it."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
+class _Tensor:
+    """A torch tensor value, read as the array it is stored as (no torch needed): dtype name, shape, C-order data."""
+
+    def __init__(self, dtype: str, shape: tuple, data: bytes) -> None:
+        self.dtype, self.shape, self.data = dtype, shape, data
+
+
+class _Unreadable:
+    """A value that checked out but could not be built here (a tensor nested in a value without torch, a class an
+    unpickled value names that this process cannot import): why."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _space(args, c: SharedCache) -> int:
+    """The space the command reads (``entries.py``): 0, the keys of no kind, or the kind ``--kind`` names, which must
+    exist already (looking never makes a kind)."""
+    if args.kind is None:
+        return 0
+    known = c.stats().kinds
+    if args.kind not in known:
+        raise LookupError(f"cache {args.name!r} has no kind {args.kind!r} "
+                          f"(its kinds: {', '.join(map(repr, known)) or 'none'})")
+    return c.kind(args.kind).number
+
+
+def _other_kinds(args, c: SharedCache) -> str:
+    """Without --kind, a word on the kinds holding entries that the command did not read; '' if there are none."""
+    if args.kind is not None:
+        return ""
+    held = {k: v.entries for k, v in c.stats().kinds.items() if v.entries}
+    if not held:
+        return ""
+    listed = ", ".join(f"{k!r} ({n} {'entry' if n == 1 else 'entries'})" for k, n in held.items())
+    return f"also holds keys of kind{'s' if len(held) > 1 else ''} {listed}: --kind NAME reads one"
+
+
+def _peek_locked(store, kb: bytes, fp: int):
+    """(tag, body, checksum, ns left to live or 0) of the live entry of key bytes ``kb``, or None; writes nothing."""
+    e = index.find(store.ix, store.ent, store.mm, store.base, store.mask, fp, kb)
+    if e == EMPTY:
+        return None
+    x, now = store.exp[e], store.clock()
+    if x and x <= now:
+        return None  # expired: absent, as a lookup finds it (and left for a lookup or the sweep to drop)
+    v0 = block.value_at(store.ent, store.base, e)
+    vlen = store.ent[e * ENTRY_WORDS + E_VAL_NBYTES]
+    return store.mm[v0], store.mm[v0 + 1 : v0 + vlen], store.ent[e * ENTRY_WORDS + E_CHECK], max(x - now, 1) if x else 0
+
+
+def _snapshot_locked(store, space: int, with_values: bool):
+    """``entries.snapshot_locked`` (most recently used first, nothing written), with each entry's ns left to live
+    (0: no expiry) read in the same hold of the lock."""
+    found, damaged = entries.snapshot_locked(store, space, with_values)
+    if not with_values:
+        return found, damaged
+    exp, now = store.exp, store.clock()
+    return [(kb, tag, body, check, max(exp[e] - now, 1) if exp[e] else 0) for kb, tag, body, check, e in found], damaged
+
+
+def _value(store, tag: int, body: bytes, unpickle: bool):
+    """The value of a checked (tag, body): decoded as a get would, except that a pickled value stays pickled unless
+    ``unpickle`` and a tensor is read as its array. Raises ValueError for bytes that do not decode (damage)."""
+    if tag == TAG_PICKLE and store.serializer is PICKLE:  # (in a msgpack cache the tag is damage: decode_body says so)
+        if not unpickle:
+            return _Pickled(body)
+        try:
+            return PICKLE.decode(tag, body)
+        except ValueError:
+            raise
+        except Exception as exc:  # the value's own failure (a class not importable here), not damage
+            return _Unreadable(f"{type(exc).__name__}: {exc}")
+    if tag == TAG_TENSOR:
+        whole = memoryview(bytes((tag,)) + body)
+        dtype, shape, data0 = array_layout(whole)
+        tensors.check(body[0], dtype)
+        name = "bfloat16" if body[0] == tensors.BFLOAT16 else dtype.name
+        return _Tensor(name, shape, bytes(whole[data0:]))
+    try:
+        return decode_body(tag, body)
+    except ValueError:
+        raise
+    except Exception as exc:  # a tensor inside a value, and torch not installed here
+        return _Unreadable(f"{type(exc).__name__}: {exc}")
+
+
+def _plain_json(v, depth: int = 0) -> bool:
+    """Whether ``v`` is JSON as it is, and comes back from it equal: no tuple (it would come back a list), no bytes,
+    no NaN or infinity, no dict key but str."""
+    if v is None or type(v) in (bool, int, str):
+        return True
+    if type(v) is float:
+        return math.isfinite(v)
+    if depth > 64:
+        return False
+    if type(v) is list:
+        return all(_plain_json(x, depth + 1) for x in v)
+    if type(v) is dict:
+        return all(type(k) is str and _plain_json(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _b64(data) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _value_fields(v, summary: bool) -> dict[str, Any]:
+    """How a value appears in a JSON entry: ``value`` as JSON when it is plain JSON; else ``encoding`` says what
+    ``value`` holds: ``base64`` (bytes), ``ndarray`` (the C-order data in base64, with ``dtype`` as numpy spells it
+    and ``shape``), ``tensor`` (likewise, ``dtype`` a torch dtype's name), ``pickle`` (the pickle stream in base64),
+    ``repr`` (Python's repr: a tuple, a float NaN, bytes nested in a list...), ``unreadable`` (with ``error``).
+    ``summary``: binary payloads are replaced by their size, ``nbytes``."""
+    import numpy as np
+
+    def payload(fields: dict, data) -> dict:
+        return {**fields, "nbytes": len(data)} if summary else {**fields, "value": _b64(data)}
+
+    if isinstance(v, _Pickled):
+        return payload({"encoding": "pickle"}, v.body)
+    if isinstance(v, _Tensor):
+        return payload({"encoding": "tensor", "dtype": v.dtype, "shape": list(v.shape)}, v.data)
+    if isinstance(v, _Unreadable):
+        return {"encoding": "unreadable", "error": v.error}
+    if type(v) is bytes:
+        return payload({"encoding": "base64"}, v)
+    if type(v) is np.ndarray:
+        return payload({"encoding": "ndarray", "dtype": v.dtype.str, "shape": list(v.shape)},
+                       np.ascontiguousarray(v).tobytes())
+    if _plain_json(v):
+        return {"value": v}
+    return {"encoding": "repr", "value": repr(v)}
+
+
+def _key_fields(k) -> dict[str, Any]:
+    """A key in a JSON entry: ``key`` as JSON when it is plain JSON, else its repr with ``key_encoding: "repr"``
+    (what ``get --literal`` takes back)."""
+    return {"key": k} if _plain_json(k) else {"key": repr(k), "key_encoding": "repr"}
+
+
+def _entry(k, v, left_ns: int, summary: bool = False) -> dict[str, Any]:
+    return {**_key_fields(k), **_value_fields(v, summary), "ttl_s": left_ns / 1e9 if left_ns else None}
+
+
+def _shown_key(k) -> str:
+    """A key as ``keys`` lists it: a str key as it is when it is printable, anything else as its repr."""
+    return k if type(k) is str and k.isprintable() else repr(k)
+
+
+def _damaged_note(args, damaged: int) -> None:
+    print(f"shmcache: {damaged} damaged {'entry' if damaged == 1 else 'entries'} of cache {args.name!r} left out "
+          f"(`shmcache inspect {_shell_word(args.name)}` checks the cache)", file=sys.stderr)
+
+
+def cmd_get(args) -> int:
+    key = args.key
+    if args.literal:
+        try:
+            key = ast.literal_eval(args.key)
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            raise ValueError(f"--literal: {args.key!r} is not a Python literal ({exc})") from None
+    with _open(args, args.name) as c:
+        space = _space(args, c)
+        kb = KIND_PREFIXES[space] + encode_key(key) if space else encode_key(key)
+        p = parts(c)
+        found = p.guard.run(_peek_locked, p.store, kb, fingerprint(kb))
+        if found is None:
+            note = _other_kinds(args, c)
+            where = f"kind {args.kind!r} of cache {args.name!r}" if args.kind else f"cache {args.name!r}"
+            print(f"shmcache: no key {key!r} in {where}" + (f" (it {note})" if note else ""), file=sys.stderr)
+            return 1
+        tag, body, check, left = found
+        if body_checksum(tag, body) != check:
+            _damaged_note(args, 1)
+            return 1
+        try:
+            value = _value(p.store, tag, body, args.unpickle)
+        except ValueError:
+            _damaged_note(args, 1)
+            return 1
+    return _print_value(args, key, value, left)
+
+
+def _print_value(args, key, value, left_ns: int) -> int:
+    import numpy as np
+
+    if args.json:
+        _print_json(_entry(key, value, left_ns))
+        return 0
+    if isinstance(value, _Pickled) and not args.raw:
+        print(f"shmcache: the value of {key!r} is pickled ({len(value.body)} bytes): --unpickle loads it, which runs "
+              "whatever code its writer put in it (only for a cache whose every writer you trust); --raw writes "
+              "the pickle stream, --json gives it in base64", file=sys.stderr)
+        return 1
+    if args.raw:
+        if isinstance(value, (_Pickled, _Tensor)):
+            data = value.body if isinstance(value, _Pickled) else value.data
+        elif type(value) is bytes:
+            data = value
+        elif type(value) is str:
+            data = value.encode("utf-8", "surrogateescape")
+        elif type(value) is np.ndarray:
+            data = np.ascontiguousarray(value).tobytes()
+        else:
+            print(f"shmcache: --raw writes a bytes, str or array value as it is; the value of {key!r} is a "
+                  f"{type(value).__name__} (leave --raw out, or use --json)", file=sys.stderr)
+            return 1
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    if type(value) is str:
+        print(value if all(ch.isprintable() or ch in "\n\t" for ch in value) else repr(value))
+    elif isinstance(value, _Tensor):
+        print(f"<tensor of {value.dtype}, shape {value.shape}, {len(value.data)} bytes: --raw writes its data, "
+              "--json gives it in base64>")
+    elif isinstance(value, _Unreadable):
+        print(f"<a value this process cannot build: {value.error}>")
+    elif type(value) is not bytes and _plain_json(value):
+        print(json.dumps(value))
+    else:
+        print(repr(value))
+    return 0
+
+
+def cmd_keys(args) -> int:
+    with _open(args, args.name) as c:
+        space = _space(args, c)
+        p = parts(c)
+        raw, damaged = p.guard.run(_snapshot_locked, p.store, space, False)
+        note = _other_kinds(args, c)
+    keys = []
+    for kb in raw:
+        try:
+            keys.append(decode_key(kb))
+        except ValueError:
+            damaged += 1
+    if args.pattern is not None:
+        keys = [k for k in keys if fnmatch.fnmatchcase(_shown_key(k), args.pattern)]
+    if args.json:
+        _print_json([_key_fields(k) for k in keys])
+    else:
+        for k in keys:
+            print(_shown_key(k))
+    if note:
+        print(f"shmcache: cache {args.name!r} {note}", file=sys.stderr)
+    if damaged:
+        _damaged_note(args, damaged)
+    return 1 if damaged else 0
+
+
+def cmd_dump(args) -> int:
+    with _open(args, args.name) as c:
+        space = _space(args, c)
+        p = parts(c)
+        found, damaged = p.guard.run(_snapshot_locked, p.store, space, True)
+        note = _other_kinds(args, c)
+        for kb, tag, body, check, left in found:
+            try:
+                if body_checksum(tag, body) != check:
+                    raise ValueError("checksum")
+                line = _entry(decode_key(kb), _value(p.store, tag, body, args.unpickle), left, args.summary)
+            except ValueError:
+                damaged += 1
+                continue
+            sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    if note:
+        print(f"shmcache: cache {args.name!r} {note}", file=sys.stderr)
+    if damaged:
+        _damaged_note(args, damaged)
+    return 1 if damaged else 0
+
+
 def cmd_set_limits(args) -> int:
     with _open(args, args.name) as c:
         old = c.limits()
@@ -556,6 +852,29 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("clear", cmd_clear, "drop every entry of a cache (of every kind, but those open views pin) and reset "
                                  "its counters; says how many went")
     sp.add_argument("name")
+    sp = add("get", cmd_get, "print the value of a key, as it is (no hit or miss counted, no LRU move); exit "
+                             "code 1 if the key is absent")
+    sp.add_argument("name")
+    sp.add_argument("key", help="a str key, or with --literal a Python literal: 42, (1, 'a'), b'raw'")
+    sp.add_argument("--literal", action="store_true",
+                    help="read KEY as a Python literal (as `keys` prints a key that is not a str)")
+    sp.add_argument("--raw", action="store_true", help="write a bytes, str or array value to stdout as its bytes")
+    sp.add_argument("--kind", metavar="KIND", help="look among the keys of this key kind")
+    sp.add_argument("--unpickle", action="store_true",
+                    help="load a pickled value (pickle caches: runs code its writer chose; trust every writer)")
+    sp = add("keys", cmd_keys, "list a cache's keys, most recently used first (no lookup counted, no LRU move)")
+    sp.add_argument("name")
+    sp.add_argument("pattern", nargs="?", help="only keys matching this glob (*, ?, [abc]), matched against each key "
+                                               "as printed")
+    sp.add_argument("--kind", metavar="KIND", help="list the keys of this key kind")
+    sp = add("dump", cmd_dump, "every entry as JSON Lines: key, value, seconds left to live, most recently used "
+                               "first (no lookup counted, no LRU move)", json_flag=False)
+    sp.add_argument("name")
+    sp.add_argument("--kind", metavar="KIND", help="dump the entries of this key kind")
+    sp.add_argument("--summary", action="store_true",
+                    help="give the size of bytes, array, tensor and pickled values instead of their data")
+    sp.add_argument("--unpickle", action="store_true",
+                    help="load pickled values (pickle caches: runs code their writers chose; trust every writer)")
     sp = add("set-limits", cmd_set_limits, "change a cache's limits (evicts at once to meet them)")
     sp.add_argument("name")
     sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")

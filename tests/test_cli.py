@@ -597,3 +597,199 @@ def test_cli_stats_prometheus_leaves_out_the_kind_families_of_a_cache_without_ki
     filled.kind("jvp").put("k", 1)
     rc, out, _ = run(capsys, "stats", name, "--prometheus")
     assert rc == 0 and _families(out)["shmcache_kind_entries"] == 1
+
+
+@pytest.fixture
+def assorted(name):
+    """A cache holding one value of each sort, keys of three types, one key of kind 'jvp', one with a TTL."""
+    import numpy as np
+
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=64, create=True) as c:
+        c.put("text", "hello")
+        c.put("blob", b"\x00\xffraw")
+        c.put("doc", {"a": [1, 2.5, None, True], "b": "x"})
+        c.put("pair", (1, "a"))
+        c.put("image", np.arange(6, dtype=np.float32).reshape(2, 3))
+        c.put(42, "an int key")
+        c.put(("user", 7), "a tuple key")
+        c.put("session:1", "s1", ttl=100)
+        c.put("session:2", "s2")
+        c.kind("jvp").put("text", "of a kind")
+        c.get("text")  # the most recent, and a hit: hits=1
+        yield c
+
+
+def _untouched(c: SharedCache):
+    """The state a command that only looks must leave as it is: the counters and the LRU order."""
+    return c.stats(), list(c), list(c.kind("jvp"))
+
+
+def test_cli_get_prints_each_sort_of_value_without_counting_a_lookup(capsys, assorted, name):
+    before = _untouched(assorted)
+    assert before[0].hits == 1 and before[0].misses == 0
+    for argv, printed in [
+        (("text",), "hello"),
+        (("blob",), r"b'\x00\xffraw'"),  # bytes as repr (--raw writes them)
+        (("doc",), '{"a": [1, 2.5, null, true], "b": "x"}'),  # plain data as JSON
+        (("pair",), "(1, 'a')"),  # a tuple is no JSON: its repr
+        (("image",), "array([[0., 1., 2.],\n       [3., 4., 5.]], dtype=float32)"),
+        (("--literal", "42"), "an int key"),
+        (("--literal", "('user', 7)"), "a tuple key"),
+        (("text", "--kind", "jvp"), "of a kind"),
+    ]:
+        rc, out, err = run(capsys, "get", name, *argv)
+        assert (rc, out, err) == (0, printed + "\n", ""), argv
+    rc, out, _ = run(capsys, "get", name, "session:1", "--json")
+    entry = json.loads(out)
+    assert rc == 0 and entry["key"] == "session:1" and entry["value"] == "s1" and 0 < entry["ttl_s"] <= 100
+    assert _untouched(assorted) == before  # no hit counted, nothing moved in the LRU order
+
+
+def test_cli_get_of_an_absent_key_exits_1(capsys, assorted, name):
+    before = _untouched(assorted)
+    rc, out, err = run(capsys, "get", name, "nope")
+    assert rc == 1 and out == ""
+    assert err == f"shmcache: no key 'nope' in cache {name!r} (it also holds keys of kind 'jvp' (1 entry): " \
+                  "--kind NAME reads one)\n"
+    rc, out, err = run(capsys, "get", name, "42")  # the str '42', not the int key
+    assert rc == 1 and out == "" and "no key '42'" in err
+    rc, out, err = run(capsys, "get", name, "text", "--kind", "nokind")
+    assert rc == 1 and out == "" and "has no kind 'nokind' (its kinds: 'jvp')" in err
+    assert "nokind" not in assorted.stats().kinds  # looking never makes a kind
+    rc, out, err = run(capsys, "get", name, "--literal", "(1,")
+    assert rc == 1 and out == "" and "not a Python literal" in err
+    assert _untouched(assorted) == before  # no miss counted either
+
+
+def test_cli_get_keys_dump_of_a_missing_cache_exit_1(capsys, name):
+    for argv in (["get", name, "k"], ["keys", name], ["dump", name]):
+        rc, out, err = run(capsys, *argv)
+        assert (rc, out) == (1, "") and err == f"shmcache: no cache named {name!r}\n", argv
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")  # opened only, never created
+
+
+def test_cli_get_leaves_an_expired_entry_absent_and_in_place(capsys, name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+        c.put("brief", 1, ttl=0.05)
+        time.sleep(0.1)
+        rc, out, err = run(capsys, "get", name, "brief")
+        assert rc == 1 and "no key 'brief'" in err
+        rc, out, _ = run(capsys, "keys", name)
+        assert rc == 0 and out == ""
+        s = c.stats()
+        assert s.entries == 1 and s.expired == 0 and s.misses == 0  # nothing dropped, nothing counted
+
+
+def test_cli_get_raw_writes_the_bytes(assorted, name):
+    import numpy as np
+
+    def raw(*argv):
+        done = subprocess.run([sys.executable, "-m", "shmcache", "get", name, *argv, "--raw"], capture_output=True,
+                              timeout=60)
+        return done.returncode, done.stdout, done.stderr
+
+    assert raw("blob") == (0, b"\x00\xffraw", b"")
+    assert raw("text") == (0, b"hello", b"")  # no newline added
+    assert raw("image") == (0, np.arange(6, dtype=np.float32).tobytes(), b"")
+    rc, out, err = raw("doc")
+    assert rc == 1 and out == b"" and b"--raw writes a bytes, str or array value" in err
+
+
+def test_cli_keys_lists_keys_most_recent_first(capsys, assorted, name):
+    before = _untouched(assorted)
+    rc, out, err = run(capsys, "keys", name)
+    assert rc == 0 and out.splitlines() == ["text", "session:2", "session:1", "('user', 7)", "42", "image", "pair",
+                                            "doc", "blob"]
+    assert err == f"shmcache: cache {name!r} also holds keys of kind 'jvp' (1 entry): --kind NAME reads one\n"
+    rc, out, _ = run(capsys, "keys", name, "session:*")
+    assert rc == 0 and out.splitlines() == ["session:2", "session:1"]
+    rc, out, _ = run(capsys, "keys", name, "(*")  # a key that is not a str is matched as it is printed
+    assert rc == 0 and out.splitlines() == ["('user', 7)"]
+    rc, out, _ = run(capsys, "keys", name, "[bd]*")
+    assert rc == 0 and out.splitlines() == ["doc", "blob"]
+    rc, out, err = run(capsys, "keys", name, "--kind", "jvp")
+    assert (rc, out, err) == (0, "text\n", "")
+    rc, out, _ = run(capsys, "keys", name, "*", "--json")
+    listed = json.loads(out)
+    assert rc == 0 and len(listed) == 9 and listed[3] == {"key": "('user', 7)", "key_encoding": "repr"}
+    assert listed[4] == {"key": 42} and listed[0] == {"key": "text"}
+    assert _untouched(assorted) == before
+
+
+def test_cli_dump_writes_one_json_line_per_entry(capsys, assorted, name):
+    import base64
+
+    import numpy as np
+
+    before = _untouched(assorted)
+    rc, out, err = run(capsys, "dump", name)
+    assert rc == 0 and "--kind NAME" in err
+    lines = [json.loads(line) for line in out.splitlines()]
+    by_key = {(d["key"], d.get("key_encoding")): d for d in lines}
+    assert [d["key"] for d in lines][:3] == ["text", "session:2", "session:1"] and len(lines) == 9
+    assert by_key["text", None] == {"key": "text", "value": "hello", "ttl_s": None}
+    assert by_key["doc", None]["value"] == {"a": [1, 2.5, None, True], "b": "x"}
+    blob = by_key["blob", None]
+    assert blob["encoding"] == "base64" and base64.b64decode(blob["value"]) == b"\x00\xffraw"
+    image = by_key["image", None]
+    assert image["encoding"] == "ndarray" and image["dtype"] == "<f4" and image["shape"] == [2, 3]
+    rebuilt = np.frombuffer(base64.b64decode(image["value"]), image["dtype"]).reshape(image["shape"])
+    assert (rebuilt == np.arange(6, dtype=np.float32).reshape(2, 3)).all()
+    assert by_key["pair", None] == {"key": "pair", "encoding": "repr", "value": "(1, 'a')", "ttl_s": None}
+    assert by_key[42, None]["value"] == "an int key"
+    assert by_key["('user', 7)", "repr"]["value"] == "a tuple key"
+    assert 0 < by_key["session:1", None]["ttl_s"] <= 100 and by_key["session:2", None]["ttl_s"] is None
+    rc, out, _ = run(capsys, "dump", name, "--summary")
+    summary = {d["key"]: d for d in map(json.loads, out.splitlines())}
+    assert rc == 0 and summary["image"]["nbytes"] == 24 and "value" not in summary["image"]
+    assert summary["blob"] == {"key": "blob", "encoding": "base64", "nbytes": 5, "ttl_s": None}
+    rc, out, err = run(capsys, "dump", name, "--kind", "jvp")
+    assert rc == 0 and err == "" and [json.loads(x) for x in out.splitlines()] == [
+        {"key": "text", "value": "of a kind", "ttl_s": None}]
+    assert _untouched(assorted) == before
+
+
+def test_cli_dump_and_get_report_a_damaged_entry_and_leave_it(capsys, assorted, name):
+    from shmcache import block, index
+    from shmcache.cache import parts
+    from shmcache.codec import fingerprint
+
+    p = parts(assorted)
+    s = p.store
+    e = index.find(s.ix, s.ent, s.mm, s.base, s.mask, fingerprint(b"doc"), b"doc")
+    s.mm[block.value_at(s.ent, s.base, e) + 3] ^= 0xFF  # a byte of the value: its checksum no longer holds
+    rc, out, err = run(capsys, "dump", name)
+    assert rc == 1 and len(out.splitlines()) == 8 and "doc" not in {json.loads(x)["key"] for x in out.splitlines()}
+    assert "1 damaged entry" in err and "shmcache inspect" in err
+    rc, out, err = run(capsys, "get", name, "doc")
+    assert rc == 1 and out == "" and "1 damaged entry" in err
+    assert assorted.stats().recoveries == 0 and assorted.stats().entries == 10  # reported, never repaired here
+
+
+def test_cli_get_and_dump_unpickle_nothing_unless_asked(capsys, name, monkeypatch):
+    import base64
+    import pickle
+
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, serializer="pickle") as c:
+        c.put("set", {1, 2})
+        c.put("raw", b"kept as bytes")
+        loads = pickle.loads
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the command unpickled a value")
+
+        monkeypatch.setattr(pickle, "loads", refuse)
+        rc, out, err = run(capsys, "get", name, "set")
+        assert rc == 1 and out == "" and "is pickled" in err and "--unpickle" in err
+        rc, out, _ = run(capsys, "get", name, "raw")  # bytes are not pickled in a pickle cache
+        assert rc == 0 and out == "b'kept as bytes'\n"
+        rc, out, _ = run(capsys, "dump", name)
+        dumped = {d["key"]: d for d in map(json.loads, out.splitlines())}
+        assert rc == 0 and dumped["set"]["encoding"] == "pickle"
+        monkeypatch.undo()
+        assert loads(base64.b64decode(dumped["set"]["value"])) == {1, 2}
+        rc, out, _ = run(capsys, "get", name, "set", "--unpickle")
+        assert rc == 0 and out == "{1, 2}\n"
+        rc, out, _ = run(capsys, "dump", name, "--unpickle")
+        assert rc == 0 and {d["key"]: d for d in map(json.loads, out.splitlines())}["set"] == {
+            "key": "set", "encoding": "repr", "value": "{1, 2}", "ttl_s": None}
