@@ -257,7 +257,7 @@ def cmd_ls(args) -> int:
         return 0
     if not caches:
         print("no shmcache caches on this host")
-        print(_hot_path())
+        print(hot_path())
         return 0
     rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
     for c in caches:
@@ -272,11 +272,11 @@ def cmd_ls(args) -> int:
         rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
                      f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
-    print(_hot_path())
+    print(hot_path())
     return 0
 
 
-def _hot_path() -> str:
+def hot_path() -> str:
     """Which implementation of the locked operations this installation runs (the same segments either way)."""
     if core.PATH == "compiled":
         return "hot path: compiled (shmcache._core)"
@@ -297,7 +297,7 @@ def cmd_stats(args) -> int:
                 if d["kinds"]:
                     print(_table([[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
                                   for k, v in d["kinds"].items()]))
-                print(_hot_path())
+                print(hot_path())
 
             if args.prometheus:
                 print(_with_samples(prometheus_text({c.name: stats})), end="")

@@ -5,6 +5,12 @@ epochs tend to be) and reads through the cache with ``get_or_compute``: on a mis
 loop of ``--compute-us``) once for all workers. Every value read is checked against its key. The parent samples the
 cache's global stats twice a second: a live view (with rich, when installed and on a terminal; plain lines
 otherwise), then a table, or one JSON document with ``--json``; ``--plot FILE`` draws the run with matplotlib.
+
+What sharing saves is the headline: after its timed run, each worker replays its own key stream (the same seed
+draws the same keys again) through two simulated private LRU caches, one of ``C // N`` entries (N private caches
+in the shared cache's memory) and one of ``C`` (each as large as the shared one: N times the memory), where ``C``
+is how many entries of this size the shared cache's limits admit; a private cache computes each of its misses.
+The replay runs after the workers' clocks stop, so it costs the measured run nothing.
 """
 
 from __future__ import annotations
@@ -14,14 +20,18 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from .cache import SharedCache
+from . import core
+from .cache import SharedCache, parts
 
 _SAMPLE_EVERY = 16  # latency is recorded for one operation in this many, to keep the workers' overhead small
+_CHUNK = 2048  # keys drawn at a time; a worker checks its deadline between chunks
 
 
 def _value_for(key: int, nbytes: int) -> bytes:
@@ -36,13 +46,39 @@ def _compute(key: int, nbytes: int, compute_us: float) -> bytes:
     return _value_for(key, nbytes)
 
 
-def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
+def _key_chunks(args: dict, worker: int) -> Iterator[list[int]]:
+    """Worker ``worker``'s key stream, ``_CHUNK`` keys at a time: the same seed, the same keys, every time."""
     rng = np.random.default_rng(args["seed"] * 1000 + worker)
     weights = 1.0 / np.arange(1, args["keys"] + 1)
     weights /= weights.sum()
+    while True:
+        yield rng.choice(args["keys"], size=_CHUNK, p=weights).tolist()
+
+
+def private_misses(chunks, capacities: list[int]) -> list[int]:
+    """How many misses the key stream ``chunks`` (lists of keys) costs a private LRU cache of each of
+    ``capacities`` entries (as functools.lru_cache counts them): each is a value that cache computes."""
+    misses = [0] * len(capacities)
+    lrus = [OrderedDict() for _ in capacities]  # type: ignore[var-annotated]
+    for keys in chunks:
+        for i, (lru, capacity) in enumerate(zip(lrus, capacities)):
+            move, evict, m = lru.move_to_end, lru.popitem, 0
+            for k in keys:
+                if k in lru:
+                    move(k)
+                else:
+                    m += 1
+                    lru[k] = None
+                    if len(lru) > capacity:
+                        evict(False)
+            misses[i] += m
+    return misses
+
+
+def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
     hit_lat: list[int] = []
     miss_lat: list[int] = []
-    ops = hits = wrong = 0
+    ops = hits = wrong = drawn = 0
     computed = False
 
     def compute(key):
@@ -51,8 +87,9 @@ def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
         return _compute(key, args["value_bytes"], args["compute_us"])
 
     with SharedCache(name, create=False) as cache:
-        while time.monotonic() < deadline:
-            for key in rng.choice(args["keys"], size=2048, p=weights).tolist():
+        for chunk in _key_chunks(args, worker):
+            drawn += 1
+            for key in chunk:
                 t0 = time.perf_counter_ns()
                 computed = False
                 value = cache.get_or_compute(key, lambda: compute(key))
@@ -67,7 +104,11 @@ def _worker(name: str, worker: int, args: dict, deadline: float, queue) -> None:
                 ops += 1
             if time.monotonic() >= deadline:
                 break
-    queue.put({"worker": worker, "ops": ops, "hits": hits, "wrong": wrong, "hit_ns": hit_lat, "miss_ns": miss_lat})
+    end = time.monotonic()  # (CLOCK_MONOTONIC: the parent's clock too)
+    replay = _key_chunks(args, worker)
+    private = private_misses((next(replay) for _ in range(drawn)), args["private_capacities"])
+    queue.put({"worker": worker, "ops": ops, "hits": hits, "wrong": wrong, "hit_ns": hit_lat, "miss_ns": miss_lat,
+               "end": end, "private_misses": private})
 
 
 def _percentiles(samples: list[int]) -> dict:
@@ -78,14 +119,25 @@ def _percentiles(samples: list[int]) -> dict:
             "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
+def _capacity_entries(cache: SharedCache, keys: int, value_bytes: int) -> int:
+    """How many entries of the workload's size the cache's limits admit (its longest key: a lower bound)."""
+    size = parts(cache).store.encode(keys - 1, _value_for(keys - 1, value_bytes)).size
+    limits = cache.limits()
+    return max(1, min(limits.max_entries, limits.max_retained_bytes // size))
+
+
 def run_demo(args) -> int:
     name = f"bench-{os.getpid()}"
-    params = {"keys": args.keys, "value_bytes": args.value_bytes, "compute_us": args.compute_us, "seed": args.seed}
     capacity = int(args.capacity_mib * 2**20)
     max_entries = max(16, capacity // max(64, args.value_bytes // 2))
     ctx: Any = mp.get_context("spawn" if sys.platform == "darwin" else "fork")  # (its stubs declare no Process)
     queue = ctx.Queue()
     cache = SharedCache(name, capacity_bytes=capacity, max_entries=max_entries, create=True)
+    entries_shared = _capacity_entries(cache, args.keys, args.value_bytes)
+    # N private caches in the same memory, and N as large as the shared one (see the module docstring)
+    private_capacities = [max(1, entries_shared // args.workers), entries_shared]
+    params = {"keys": args.keys, "value_bytes": args.value_bytes, "compute_us": args.compute_us, "seed": args.seed,
+              "private_capacities": private_capacities}
     procs = []
     timeline = []  # global stats sampled by the parent: what the live view and the plot show
     live = None if args.json else _LiveView.start(args.workers, args.seconds)
@@ -105,21 +157,34 @@ def run_demo(args) -> int:
             if now >= args.seconds:
                 break
             time.sleep(min(_TICK_S, max(0.0, deadline - time.monotonic())))
-        results = sorted((queue.get(timeout=60) for _ in procs), key=lambda r: r["worker"])
+        # The replay of each worker's stream takes a fraction of the run's time (no cache, no computing).
+        results = sorted((queue.get(timeout=60 + args.seconds) for _ in procs), key=lambda r: r["worker"])
         for p in procs:
             p.join(timeout=30)
-        elapsed = time.monotonic() - t0
+        elapsed = max(r["end"] for r in results) - t0  # the timed run, not the replays after it
         s = cache.stats()
+        ops = sum(r["ops"] for r in results)
+        private = []
+        for i, (each, memory) in enumerate(zip(private_capacities, (capacity, capacity * args.workers))):
+            misses = sum(r["private_misses"][i] for r in results)
+            private.append({"caches": args.workers, "entries_each": each, "memory_bytes": memory,
+                            "computations": misses, "hit_ratio": 1 - misses / ops if ops else 0.0})
         report = {
             "workers": args.workers,
+            "hot_path": core.PATH,
             "seconds": elapsed,
-            "ops": sum(r["ops"] for r in results),
-            "ops_per_s": sum(r["ops"] for r in results) / elapsed,
+            "ops": ops,
+            "ops_per_s": ops / elapsed,
             "hit_ratio": s.hit_ratio,
             "wrong_values": sum(r["wrong"] for r in results),
             "evictions": s.evictions,
             "entries": s.entries,
             "computations": s.computations,
+            "capacity_bytes": capacity,
+            "capacity_entries": entries_shared,
+            # the same key streams through N private LRU caches, simulated: [same memory, N times the memory]
+            "private": private,
+            "computations_saved": private[0]["computations"] - s.computations,
             "waits": s.waits,
             "takeovers": s.takeovers,
             "per_worker_ops": [r["ops"] for r in results],
@@ -192,7 +257,8 @@ class _LiveView:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        table = Table(title=f"shmcache bench: {self.workers} workers, one shared cache", title_justify="left")
+        table = Table(title=f"shmcache bench: {self.workers} workers, one shared cache ({core.PATH} hot path)",
+                      title_justify="left")
         for col in ("elapsed", "lookups", "lookups/s", "hit ratio", "entries", "evictions", "computed",
                     "waited"):
             table.add_column(col, justify="right")
@@ -243,9 +309,35 @@ def _plot(report: dict, params: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
 def _print_report(r: dict, params: dict) -> None:
+    from .cli import hot_path
+
     print(f"\n{r['workers']} workers, {r['seconds']:.1f} s, {params['keys']:,} Zipf keys, "
-          f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value")
+          f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value; {hot_path()}")
+    n = r["workers"]
+    same, larger = r["private"]
+    rows = [
+        ("one shared cache", f"{_mib(r['capacity_bytes'])}, {r['capacity_entries']:,} entries",
+         r["computations"], r["hit_ratio"]),
+        (f"{n} private caches", f"{_mib(same['memory_bytes'])} in all, {same['entries_each']:,} entries each",
+         same["computations"], same["hit_ratio"]),
+        (f"{n} private caches", f"{_mib(larger['memory_bytes'])} in all, {larger['entries_each']:,} entries each",
+         larger["computations"], larger["hit_ratio"]),
+    ]
+    w0, w1 = (max(len(row[i]) for row in rows) for i in (0, 1))
+    w2 = max(len(f"{row[2]:,}") for row in rows)
+    for label, memory, computed, ratio in rows:
+        print(f"  {label:<{w0}}  {memory:<{w1}}  {computed:>{w2},} computed  hit ratio {ratio:6.1%}")
+    saved = r["computations_saved"]
+    share = saved / same["computations"] if same["computations"] else 0.0
+    print(f"  sharing saved {saved:,} computations ({share:.0%}, {saved * params['compute_us'] / 1e6:,.1f} s of "
+          f"compute) against {n} private caches in the same memory,")
+    print(f"  and {larger['computations'] - r['computations']:,} against {n} private caches of {n}x the memory")
+    print("  (private: each worker's own keys replayed through a simulated LRU cache of that many entries)")
     per_worker = ", ".join(map(str, r["per_worker_ops"]))
     print(f"  throughput   {r['ops_per_s']:>12,.0f} lookups/s   (per worker: {per_worker})")
     print(f"  hit ratio    {r['hit_ratio']:>12.1%}")

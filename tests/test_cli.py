@@ -168,6 +168,18 @@ def test_cli_bench_demo_runs_as_a_console_script():
     assert len(r["per_worker_ops"]) == 2 and all(n > 0 for n in r["per_worker_ops"])
     assert 0 < r["computations"] <= 2000 and r["takeovers"] == 0  # each key computed at most once
     assert r["timeline"] and r["timeline"][-1]["lookups"] > 0
+    from shmcache import core
+
+    assert r["hot_path"] == core.PATH
+    # The same key streams through 2 private caches: in the same memory (half the entries each), and each as large.
+    same, larger = r["private"]
+    assert r["capacity_entries"] > 2000 and r["evictions"] == 0  # every key fits, in the private caches too
+    assert same == {"caches": 2, "entries_each": r["capacity_entries"] // 2, "memory_bytes": r["capacity_bytes"],
+                    "computations": same["computations"], "hit_ratio": 1 - same["computations"] / r["ops"]}
+    assert larger["entries_each"] == r["capacity_entries"] and larger["memory_bytes"] == 2 * r["capacity_bytes"]
+    # Neither evicts: each computes every key its worker drew, once; the shared cache each key any worker drew.
+    assert larger["computations"] == same["computations"] >= r["computations"]
+    assert r["computations_saved"] == same["computations"] - r["computations"]
 
 
 def test_cli_bench_plot_writes_a_png(tmp_path):
@@ -180,6 +192,44 @@ def test_cli_bench_plot_writes_a_png(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart written" in out.stdout
+    from shmcache import core
+
+    assert f"hot path: {core.PATH}" in out.stdout  # the report's first line says which path the workers ran
+    assert re.search(r"^  one shared cache .* computed  hit ratio", out.stdout, re.M)
+    assert re.search(r"^  2 private caches .* entries each .* computed  hit ratio", out.stdout, re.M)
+    assert re.search(r"^  sharing saved -?[\d,]+ computations", out.stdout, re.M)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_cli_bench_private_cache_of_one_worker_is_the_shared_cache():
+    """One worker: its private cache of the shared cache's capacity is the shared cache, so the simulation must give
+    the computations the cache counted, evictions and all (the replay is exact, and so is the capacity)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "shmcache", "bench", "--seconds", "1", "--workers", "1", "--keys", "2000",
+         "--capacity-mib", "0.25", "--json"],
+        capture_output=True, text=True, timeout=100,
+    )
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["evictions"] > 0 and r["entries"] == r["capacity_entries"]  # full: the capacity binds
+    assert [p["computations"] for p in r["private"]] == [r["computations"]] * 2 and r["computations_saved"] == 0
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 50, 10_000])
+def test_bench_private_misses_count_as_an_lru_cache_does(capacity):
+    import functools
+    import random
+
+    from shmcache.demo import private_misses
+
+    assert private_misses([[1, 2, 3, 1, 2, 3]], [2, 3]) == [6, 3]  # a loop one longer than the cache misses always
+    rng = random.Random(capacity)
+    chunks = [[int(rng.paretovariate(1.0)) for _ in range(500)] for _ in range(8)]
+    lru = functools.lru_cache(maxsize=capacity)(lambda k: k)
+    for k in (k for chunk in chunks for k in chunk):
+        lru(k)
+    assert private_misses(chunks, [capacity]) == [lru.cache_info().misses]
 
 
 @pytest.mark.parametrize("text, value", [
@@ -348,6 +398,14 @@ def test_cli_ls_shows_a_never_initialised_segment_as_damaged(capsys, name):
     mine = [c for c in json.loads(out) if c["name"] == name]
     assert rc == 0 and len(mine) == 1
     assert mine[0]["state"] == "damaged" and "never initialised" in mine[0]["error"]
+
+
+def test_cli_ls_says_which_hot_path_runs(capsys, filled, name):
+    from shmcache import core
+
+    rc, out, _ = run(capsys, "ls")
+    want = "hot path: compiled (shmcache._core)" if core.PATH == "compiled" else "hot path: pure Python ("
+    assert rc == 0 and out.rstrip().splitlines()[-1].startswith(want)
 
 
 def test_cli_stats_says_which_hot_path_runs(capsys, filled, name, monkeypatch):
