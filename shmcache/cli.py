@@ -1,7 +1,9 @@
-"""The ``shmcache`` command: list, inspect and manage the caches of this host, and run the demo benchmark.
+"""The ``shmcache`` command: list, inspect and manage the caches of this host, look at their entries, and run the
+demo benchmark.
 
 Each subcommand is a ``cmd_<name>(args) -> int`` behind one argparse dispatcher; every one that prints data takes
-``--json`` and then prints exactly one JSON document on stdout.
+``--json`` and then prints exactly one JSON document on stdout (``--watch --json`` one per refresh, and ``dump``,
+always JSON, one per entry: JSON Lines).
 """
 
 from __future__ import annotations
@@ -289,8 +291,8 @@ def cmd_stats(args) -> int:
     with _open(args, args.name) as c:
         while True:
             stats = c.stats()
-            rates = interval.step(stats.as_dict(), time.monotonic()) if args.watch else None
             d = stats.as_dict()
+            rates = interval.step(d, time.monotonic()) if args.watch else None
 
             def render() -> None:
                 print(_table(_rows_with_rates(d, rates, STATS_COUNTERS, skip=("kinds",))))
