@@ -707,7 +707,7 @@ def cmd_dump(args) -> int:
             except ValueError:
                 damaged += 1
                 continue
-            sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+            sys.stdout.write(json.dumps(line) + "\n")  # key first, the value's fields, the TTL last
     sys.stdout.flush()
     if note:
         print(f"shmcache: cache {args.name!r} {note}", file=sys.stderr)
