@@ -2,18 +2,22 @@
 
 ``examples/typed_usage.py`` uses every public call as typed user code. mypy checks it with ``--strict`` and
 ``--follow-imports=silent``, which is how mypy treats an installed package (errors inside shmcache are not the
-user's); the script is also run, so the types it asserts are those the calls return. The annotations themselves are
-checked against what the calls return on a real cache (``typing.get_type_hints``, then ``isinstance`` through
-unions, tuples, lists, dicts and dataclass fields), so an annotation that lies fails here, not in a user's program.
+user's), in the checkout and again from outside it, where only the installed package can be found; the script is
+also run, so the types it asserts are those the calls return. The annotations themselves are checked against what
+the calls return on a real cache (``typing.get_type_hints``, then ``isinstance`` through unions, tuples, lists, dicts
+and dataclass fields), so an annotation that lies fails here, not in a user's program.
 And the package's own code passes mypy (its configuration is pyproject.toml's ``[tool.mypy]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import importlib.util
 import inspect
 import os
+import shutil
+import site
 import subprocess
 import sys
 import types
@@ -44,13 +48,17 @@ _HINT_NAMES = {"Memoized": Memoized, "CacheLimits": CacheLimits, "SharedCache": 
                "TieredCache": TieredCache, "npt": npt, "np": np, "Callable": Callable}
 
 
-def _mypy(*args: str, cache_dir: str) -> subprocess.CompletedProcess[str]:
+def _unavailable(reason: str) -> None:
+    """Skip the test for ``reason``, or fail it where SHMCACHE_REQUIRE_SUITES=1 (as in CI)."""
+    if os.environ.get("SHMCACHE_REQUIRE_SUITES") == "1":
+        pytest.fail(f"SHMCACHE_REQUIRE_SUITES=1: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _mypy(*args: str, cache_dir: str, cwd: str = ROOT) -> subprocess.CompletedProcess[str]:
     if importlib.util.find_spec("mypy") is None:
-        reason = "mypy is not installed (pip install 'shmcache[test]')"
-        if os.environ.get("SHMCACHE_REQUIRE_SUITES") == "1":
-            pytest.fail(f"SHMCACHE_REQUIRE_SUITES=1: {reason}", pytrace=False)
-        pytest.skip(reason)
-    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", cache_dir, *args], cwd=ROOT,
+        _unavailable("mypy is not installed (pip install 'shmcache[test]')")
+    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", cache_dir, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -92,6 +100,21 @@ def test_typing_public_api_is_annotated():
 def test_typing_user_script_passes_mypy_strict(tmp_path):
     done = _mypy("--strict", "--follow-imports=silent", SCRIPT, cache_dir=str(tmp_path))
     assert done.returncode == 0, f"mypy --strict {SCRIPT} failed:\n{done.stdout}{done.stderr}"
+
+
+def test_typing_user_script_outside_the_checkout_finds_the_installed_package(tmp_path):
+    """The same script, checked from outside the checkout, as a user's is: mypy finds shmcache (and its py.typed)
+    only through what the install put in site-packages, where the check above finds ./shmcache whatever the install.
+    An editable install must be one mypy can follow: setup.cfg's strict mode, not setuptools' import hook."""
+    site_dirs = [*site.getsitepackages(), site.getusersitepackages()]  # not the checkout's shmcache.egg-info
+    if not list(importlib.metadata.distributions(name="shmcache", path=site_dirs)):
+        _unavailable("shmcache is not installed in this environment (pip install -e '.[test]')")
+    if any(name.startswith("__editable___shmcache_") for name in sys.modules):  # imported by its .pth at start-up
+        _unavailable("shmcache is installed with an import hook, which mypy cannot follow: reinstall it with "
+                     "`pip install -e '.[test]'` (setup.cfg makes that a strict editable install)")
+    script = shutil.copy(os.path.join(ROOT, SCRIPT), tmp_path)
+    done = _mypy("--strict", "--follow-imports=silent", script, cache_dir=str(tmp_path / "cache"), cwd=str(tmp_path))
+    assert done.returncode == 0, f"mypy --strict {SCRIPT}, run in {tmp_path}, failed:\n{done.stdout}{done.stderr}"
 
 
 def test_typing_the_package_itself_passes_mypy(tmp_path):
