@@ -16,7 +16,7 @@ from __future__ import annotations
 from . import block
 from .errors import CorruptionError, PinnedError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES
-from .layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
+from .layout.dtypes import BLOCK_OWNER_SHIFT, E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
 
 block_nbytes = block.nbytes  # the allocator's unit, named where the ring's callers look for it
 
@@ -85,7 +85,7 @@ class Arena:
                     raise PinnedError(f"no contiguous {nb} bytes between the blocks pinned by open views",
                                       what="put", hint="close views sooner, or raise the capacity")
                 raise CorruptionError("the arena ring could not be compacted", what="arena alloc")
-        self.words[head >> 3] = nb | (e << 32)  # block.header, inlined: every new entry's path
+        self.words[head >> 3] = nb | (e << BLOCK_OWNER_SHIFT)  # block.header, inlined: every new entry's path
         off = head
         head += nb
         # Ordering: head, tail and fill are written together after the block; a fault before this point leaves the

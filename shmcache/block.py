@@ -5,21 +5,22 @@ these functions; the hot paths (``SharedCache.get``, ``entries.get_many_locked``
 ``Table.insert``/``overwrite``) write the same arithmetic inline, each citing the function it copies, and
 ``tests/test_hot_paths.py`` pins them to these by running the same operations both ways.
 
-A block starts with one header word, ``nb | e << 32``: its size in bytes (header and padding included, a multiple
-of BLOCK_ALIGN, below 2**32) and the entry slot that owns it (0 for a dead block). The value (its tag byte, then its
-body) follows the header and the key bytes follow the value, so a key is found from the entry's ``off`` and
-``val_nbytes`` words alone.
+A block starts with one header word, ``nb | e << BLOCK_OWNER_SHIFT`` (32): its size in bytes (header and padding
+included, a multiple of BLOCK_ALIGN, below 2**32) and the entry slot that owns it (0 for a dead block). The value (its
+tag byte, then its body) follows the header and the key bytes follow the value, so a key is found from the entry's
+``off`` and ``val_nbytes`` words alone.
 """
 
 from __future__ import annotations
 
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES
-from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_UNUSED_NEXT
+from .layout.dtypes import (
+    BLOCK_LEN_MASK, BLOCK_OWNER_SHIFT, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_UNUSED_NEXT,
+)
 
 VALUE_START = BLOCK_HEADER_NBYTES  # a block's value (tag byte first) starts after its header word
 PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1  # nbytes(n) is (n + PAD) & -BLOCK_ALIGN, for the inlined copies
 _W = ENTRY_WORDS
-_NB_MASK = 0xFFFFFFFF
 
 
 def nbytes(payload_nbytes: int) -> int:
@@ -29,12 +30,12 @@ def nbytes(payload_nbytes: int) -> int:
 
 def header(nb: int, e: int) -> int:
     """The header word of a block of ``nb`` bytes owned by entry slot ``e`` (0: a dead block)."""
-    return nb | (e << 32)
+    return nb | (e << BLOCK_OWNER_SHIFT)
 
 
 def split_header(word: int) -> tuple[int, int]:
     """``(nb, e)`` of a block header word."""
-    return word & _NB_MASK, word >> 32
+    return word & BLOCK_LEN_MASK, word >> BLOCK_OWNER_SHIFT
 
 
 def value_at(ent, base: int, e: int) -> int:

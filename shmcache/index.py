@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS
+from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, I_ENTRY, I_FP, INDEX_SHIFT
 
 
 def _full() -> CorruptionError:
@@ -23,11 +23,11 @@ def find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     """Entry slot holding key bytes ``kb`` (fingerprint ``fp``), or EMPTY. ``mm`` is the mapping and ``base`` the
     arena's offset in it: keys are compared as bytes copied out of the mapping, which beats a memoryview compare."""
     # Why: the first probe is unrolled because it is almost always the last; a loop costs more to set up than it.
-    w = (fp & mask) << 1
-    e = ix[w + 1]
+    w = (fp & mask) << INDEX_SHIFT
+    e = ix[w + I_ENTRY]
     if e == EMPTY:
         return EMPTY
-    if ix[w] == fp:
+    if ix[w + I_FP] == fp:
         b = e * ENTRY_WORDS
         klen = len(kb)
         if ent[b + E_KEY_NBYTES] == klen:
@@ -43,11 +43,11 @@ def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     klen = len(kb)
     for _ in range(mask):
         s = (s + 1) & mask
-        w = s << 1
-        e = ix[w + 1]
+        w = s << INDEX_SHIFT
+        e = ix[w + I_ENTRY]
         if e == EMPTY:
             return EMPTY
-        if ix[w] == fp:
+        if ix[w + I_FP] == fp:
             b = e * ENTRY_WORDS
             if ent[b + E_KEY_NBYTES] == klen:
                 k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
@@ -60,7 +60,7 @@ def free_slot(ix, mask: int, fp: int) -> int:
     """The first empty slot of ``fp``'s probe sequence (the caller fills it)."""
     s = fp & mask
     for _ in range(mask + 1):
-        if ix[(s << 1) + 1] == EMPTY:
+        if ix[(s << INDEX_SHIFT) + I_ENTRY] == EMPTY:
             return s
         s = (s + 1) & mask
     raise _full()
@@ -69,27 +69,27 @@ def free_slot(ix, mask: int, fp: int) -> int:
 def insert(ix, ent, mask: int, fp: int, e: int) -> None:
     """Point the first free slot of ``fp``'s probe sequence at entry ``e`` (the key must not be present)."""
     s = free_slot(ix, mask, fp)
-    ix[s << 1] = fp
-    ix[(s << 1) + 1] = e
+    ix[(s << INDEX_SHIFT) + I_FP] = fp
+    ix[(s << INDEX_SHIFT) + I_ENTRY] = e
     ent[e * ENTRY_WORDS + E_SLOT] = s
 
 
 def remove(ix, ent, mask: int, s: int) -> None:
     """Empty slot ``s`` and shift back the entries after it that would otherwise become unreachable."""
-    ix[(s << 1) + 1] = EMPTY
+    ix[(s << INDEX_SHIFT) + I_ENTRY] = EMPTY
     j = s
     for _ in range(mask + 1):
         j = (j + 1) & mask
-        w = j << 1
-        e = ix[w + 1]
+        w = j << INDEX_SHIFT
+        e = ix[w + I_ENTRY]
         if e == EMPTY:
             return
         # The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j].
-        if (j - ix[w]) & mask >= (j - s) & mask:
-            ws = s << 1
-            ix[ws] = ix[w]
-            ix[ws + 1] = e
+        if (j - ix[w + I_FP]) & mask >= (j - s) & mask:
+            ws = s << INDEX_SHIFT
+            ix[ws + I_FP] = ix[w + I_FP]
+            ix[ws + I_ENTRY] = e
             ent[e * ENTRY_WORDS + E_SLOT] = s
-            ix[w + 1] = EMPTY
+            ix[w + I_ENTRY] = EMPTY
             s = j
     raise _full()

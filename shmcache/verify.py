@@ -27,7 +27,8 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
+    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT,
+    K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
 from .serializers import TAG_PICKLE, check_pickle
@@ -208,7 +209,8 @@ def check(seg, deep: bool = True) -> VerifyReport:
         used += nb
         blocks.append((off, nb))
         s = ent[b + E_SLOT]
-        if not 0 <= s <= mask or ix[2 * s + 1] != e or ix[2 * s] != ent[b + E_FP]:
+        w = s << INDEX_SHIFT
+        if not 0 <= s <= mask or ix[w + I_ENTRY] != e or ix[w + I_FP] != ent[b + E_FP]:
             problems.add(f"entry {e}: its index slot {s} does not point back at it")
     if len(order) != h[H_ENTRIES]:
         problems.add(f"LRU list has {len(order)} entries, the header says {h[H_ENTRIES]}")

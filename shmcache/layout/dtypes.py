@@ -228,6 +228,15 @@ K_NAME_OFF = field_off(KIND, "name")
 
 I_FP = _word(INDEX_SLOT, "fp")
 I_ENTRY = _word(INDEX_SLOT, "entry")
+# Index slot s starts at word s << INDEX_SHIFT (the Python reference and the C address it the same way).
+INDEX_SHIFT = INDEX_WORDS.bit_length() - 1
+if 1 << INDEX_SHIFT != INDEX_WORDS:
+    raise ImportError("layout: an index slot must be a power-of-two number of words")
+# A block's header word is (owner slot << BLOCK_OWNER_SHIFT) | block length, the length in the bits below the shift.
+BLOCK_LEN_MASK = MAX_BLOCK_NBYTES + BLOCK_ALIGN - 1
+BLOCK_OWNER_SHIFT = BLOCK_LEN_MASK.bit_length()
+if BLOCK_LEN_MASK & (BLOCK_LEN_MASK + 1):
+    raise ImportError("layout: a block length must fill the header's low bits")
 
 E_PREV = _word(ENTRY, "prev")
 E_NEXT = _word(ENTRY, "next")
