@@ -16,12 +16,14 @@
 
 static _Thread_local int64_t thread_waited_ns; /* how long this thread's last wait for the lock took */
 static _Thread_local int thread_extended;      /* ...and how many timeouts it added for a holder's progress */
+static _Thread_local int64_t thread_holder;    /* ...and the futex word's holder it waited for, when it gave up */
 
 /* What a wait returns through: its figures recorded for last_wait(), then ``rc``. */
 static inline int waited(int64_t start, int extensions, int rc)
 {
     thread_waited_ns = mono_ns() - start;
     thread_extended = extensions;
+    thread_holder = 0;
     return rc;
 }
 
@@ -82,7 +84,11 @@ static int wait_lock(Core *c)
                 continue;
             }
             rc = ETIMEDOUT;
-            break;
+            /* Whom the wait was for: the Python path it hands over to judges that holder, not one that took the
+             * lock since (another waiter's re-initialisation, say), which it waits for afresh. */
+            waited(start, extensions, rc);
+            thread_holder = *(volatile uint32_t *)c->mutex & 0x3FFFFFFF; /* lock.py's FUTEX_TID_MASK */
+            return rc;
         }
         if (PyErr_CheckSignals() < 0)
             return waited(start, extensions, -2);

@@ -152,7 +152,7 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
             return r;
         *old = c->empty;
     }
-    /* _store_locked */
+    /* Store.write's checks before its first write: the byte limit, then a pin on the old entry. */
     if (st->size > HW(max_retained)) { /* TooLargeError, raised by the Python path */
         c->reason = WHY_LIMIT;
         return ST_HANDOVER;

@@ -1,6 +1,6 @@
 """The lock protocol of one attached cache: take the lock, admit the call, wait, repair, fault. Written once, here.
 
-Every operation runs the same protocol (``Guard.run``; ``SharedCache.get`` and ``put`` write it inline, citing it):
+Every operation of the Python path runs the same protocol (``Guard.run``; the compiled section runs its own, in C):
 take the lock inside ``try`` (so that an exception raised at any bytecode still reaches ``finally``), check the
 closed flag and the ``dirty`` word under the lock, and unlock in ``finally`` -- an unlock by a thread that does not
 hold the lock is refused by the error-checking mutex (EPERM) and changes nothing. An operation that writes the
@@ -87,7 +87,7 @@ class Guard:
         if self.lock.kind_damaged() and not self.lock.word():
             self.lock.reinit_damaged(seg.fd, self.mark_dirty)
 
-    # The pattern of every call, written once in ``run``; SharedCache.get and put inline it, and ``close`` varies it
+    # The pattern of every call, written once in ``run``; ``close`` varies it
     # (it must mark the handle closed even when the lock cannot be had):
     #     addr = guard.addr
     #     try:
@@ -109,8 +109,8 @@ class Guard:
         return self.wait(rc, waited) if rc else self.addr
 
     def run(self, fn, *args, waited: bool = False):
-        """``fn(*args)`` run under the lock, with the protocol above: every operation but the inlined get and put
-        goes through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py).
+        """``fn(*args)`` run under the lock, with the protocol above: every operation of the Python path goes
+        through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py).
         ``waited``: as for ``wait``."""
         addr = self.addr
         try:
@@ -141,7 +141,7 @@ class Guard:
         when this thread already holds the lock, the private mutex's handle instead, and the caller raises
         Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
         timeout is not waited a second time."""
-        prior = (last_wait() or (self.lock.timeout, 0)) if waited else (0.0, 0)
+        prior = (last_wait() or (self.lock.timeout, 0, 0)) if waited else (0.0, 0, 0)
         for _ in range(3):
             try:
                 if self.lock.acquire_slow(rc, self.progress, *prior):
@@ -151,7 +151,7 @@ class Guard:
             except Reentered:
                 return self.lock.private_handle
             except (Unrecoverable, Damaged) as exc:
-                prior = (0.0, 0)  # a re-initialised lock is waited for afresh
+                prior = (0.0, 0, 0)  # a re-initialised lock is waited for afresh
                 if self.closed:
                     raise closed_error() from None
                 if isinstance(exc, Unrecoverable):

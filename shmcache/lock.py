@@ -1,7 +1,7 @@
 """The cross-process cache lock: a robust, process-shared, error-checking pthread mutex living in the segment header.
 
 One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and the
-arena. Only ``guard.Guard`` takes it (``SharedCache.get`` and ``put`` inline its protocol); ``store``, ``table``,
+arena. Only ``guard.Guard`` takes it, and the compiled section (``_core_lock.c``); ``store``, ``table``,
 ``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it is held. Segment creation,
 and the re-initialisation of a broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see
 ``segment.py``). The order of this lock against every other lock of the package is in ``docs/design.md``.
@@ -254,14 +254,15 @@ class SegmentLock:
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
 
-    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0) -> bool:
+    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0, holder: int = 0) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``progress()`` reads the header's progress
         word, which a holder on a long walk (a repair, a verify: time in proportion to the segment's size) moves as
         it goes: while it moves, the wait is extended by another timeout (up to ``_PATIENCE``), rather than failing
         every waiter during a legitimate recovery; a holder that stops moving it (stuck, stopped, or a stray word)
         is waited for one timeout, as any other. ``waited``: the seconds the compiled section has already waited for
         this call (with the same patience: ``extended`` timeouts added), so the wait is judged at once (the holder
-        dead or moved) instead of starting again; the timeout's message counts them."""
+        dead or moved) instead of starting again; the timeout's message counts them. ``holder``: the thread that
+        wait was for (0: unknown): one that took the lock since is waited for afresh, once."""
         # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
         # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
         # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
@@ -274,7 +275,7 @@ class SegmentLock:
         deadline = time.monotonic_ns() + (0 if waited else int(self.timeout * 1e9))
         extensions = extended
         seen = progress() if progress is not None else None
-        waited_for, moved = self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
+        waited_for, moved = holder or self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
         judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
         ts = _Timespec()
         while True:
