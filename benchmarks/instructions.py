@@ -86,8 +86,9 @@ class _CoreOps:
         kb = key.encode()
         tag, body = self.encode(value)
         size = len(kb) + len(body) + 1
-        r = self.core.put(kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
-                          (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, self.nb(size), -1, -1)
+        encoded = (kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF, (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1,
+                   size, self.nb(size))
+        r = self.core.put(encoded, -1, -1)
         if r is not None:
             self.handovers += 1
             self.cache.put(key, value)

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from .cache import SharedCache
 from .errors import (
-    AttachTimeout, ClosedError, ComputeTimeout, CorruptionError, KindsFullError, LayoutError, LayoutVersionError,
-    LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError, SerializerMismatch, ShmCacheError,
-    TooLargeError,
+    AttachTimeout, ClosedError, CompiledSectionMissing, ComputeTimeout, CorruptionError, KindsFullError,
+    LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError,
+    SerializerMismatch, ShmCacheError, TooLargeError,
 )
 from .kinds import KindStats, KindView
 from .segment import sweep
@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "ComputeTimeout", "CorruptionError", "KindStats",
-    "KindView", "KindsFullError", "LayoutError", "LayoutVersionError", "LockTimeout", "OwnershipError", "PinnedError",
-    "ReentrantCallError", "RemoteError", "SerializerMismatch", "SharedCache", "ShmCacheError", "TieredCache",
-    "TierStats", "TooLargeError", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
+    "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "CompiledSectionMissing", "ComputeTimeout",
+    "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
+    "LockTimeout", "OwnershipError", "PinnedError", "ReentrantCallError", "RemoteError", "SerializerMismatch",
+    "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError", "VerifyReport", "View",
+    "__version__", "prometheus_text", "sweep",
 ]
 
 

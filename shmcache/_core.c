@@ -61,13 +61,14 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
 
 static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("(di)", (double)thread_waited_ns / 1e9, thread_extended);
+    return Py_BuildValue("(diL)", (double)thread_waited_ns / 1e9, thread_extended, (long long)thread_holder);
 }
 
 static PyMethodDef module_methods[] = {
     {"last_wait", module_last_wait, METH_NOARGS,
-     "last_wait() -> (seconds, extensions)\n\nHow long the calling thread's last wait for a busy lock took in C, "
-     "and how many timeouts it added while the holder made progress (what a timeout message counts)."},
+     "last_wait() -> (seconds, extensions, holder)\n\nHow long the calling thread's last wait for a busy lock took "
+     "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "
+     "thread id the lock's word named when it gave up (0: it did not)."},
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
      "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},
@@ -93,6 +94,20 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
+    struct {
+        PyObject **name;
+        const char *text;
+    } names[] = {
+        {&N_GET_VALUE, "get_value"}, {&N_PUT, "put"}, {&N_DELETE, "delete"}, {&N_VIEW, "view"},
+        {&N_GET_MANY, "get_many"}, {&N_PUT_MANY, "put_many"}, {&N_FINISH, "finish"},
+        {&N_FIRST_LOOK, "first_look"}, {&N_ROOM_PINNED, "room_pinned"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (*names[i].name == NULL && !(*names[i].name = PyUnicode_InternFromString(names[i].text))) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
     PyObject *base = (PyObject *)&PyBaseObject_Type;
     HANDOVER = PyObject_CallNoArgs(base);
     PINNED = PyObject_CallNoArgs(base);

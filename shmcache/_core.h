@@ -55,6 +55,8 @@ typedef struct {
     int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
     int64_t timeout_ns;
     PyObject *hasher; /* codec.xxh3: a get checks its copy's checksum with it, after the unlock */
+    PyObject *fallback;   /* the handle's core.HandOver, which takes what C hands over (NULL: answer HANDOVER) */
+    PyObject *unviewable; /* the fallback's UNVIEWABLE: view's answer for a value it does not serve */
     /* regions */
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
@@ -90,6 +92,9 @@ typedef struct {
 
 static PyObject *HANDOVER; /* returned, without a fallback, when the Python path must take the call */
 static PyObject *PINNED;   /* returned, without a fallback, when pinned entries leave no room (the Python side raises) */
+/* The fallback's methods, interned at import (_core.c). */
+static PyObject *N_GET_VALUE, *N_PUT, *N_DELETE, *N_VIEW, *N_GET_MANY, *N_PUT_MANY, *N_FINISH, *N_FIRST_LOOK,
+    *N_ROOM_PINNED;
 
 /* A hand-over for a failed bound; the caller leaves the dirty word as it is (set, if a write was made). */
 static inline int bounds(Core *c)

@@ -57,33 +57,45 @@ static void drop_buffer(Core *c)
  * checked against the buffer. (twin: core.py offsets) */
 static int bind(Core *c, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", NULL};
-    PyObject *obj, *d, *hasher;
+    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", "fallback", NULL};
+    PyObject *obj, *d, *hasher, *fallback = Py_None;
     int live_fd;
     long long timeout_ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iLO", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
-                                     &hasher))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iLO|O", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
+                                     &hasher, &fallback))
         return -1;
     if (!PyCallable_Check(hasher)) {
         PyErr_SetString(PyExc_TypeError, "hasher must be callable (codec.xxh3)");
         return -1;
     }
+    PyObject *unviewable = NULL;
+    if (fallback != Py_None && !(unviewable = PyObject_GetAttrString(fallback, "UNVIEWABLE")))
+        return -1; /* a fallback is a core.HandOver */
     if (c->have_buf || c->released) {
+        Py_XDECREF(unviewable);
         PyErr_SetString(PyExc_RuntimeError, "shmcache._core.Core is bound once");
         return -1;
     }
     if (timeout_ns <= 0) {
+        Py_XDECREF(unviewable);
         PyErr_Format(PyExc_ValueError, "timeout_ns must be above 0, got %lld", timeout_ns);
         return -1;
     }
-    if (PyObject_GetBuffer(obj, &c->buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+    if (PyObject_GetBuffer(obj, &c->buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
+        Py_XDECREF(unviewable);
         return -1;
+    }
     c->have_buf = 1;
     c->mem = c->buf.buf;
     c->live_fd = live_fd;
     c->timeout_ns = timeout_ns;
     Py_INCREF(hasher);
     c->hasher = hasher;
+    if (unviewable != NULL) {
+        Py_INCREF(fallback);
+        c->fallback = fallback;
+        c->unviewable = unviewable;
+    }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
         kind_off, word;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
@@ -183,5 +195,7 @@ static void Core_dealloc(Core *c)
 {
     drop_buffer(c);
     Py_CLEAR(c->hasher);
+    Py_CLEAR(c->fallback);
+    Py_CLEAR(c->unviewable);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }

@@ -75,18 +75,49 @@ static PyObject *refusal(Core *c, int r)
     return PINNED;
 }
 
-/* The call takes the lock: 0, held; otherwise -1, with what the call returns in *out (NULL with an exception set, or
-   HANDOVER). Every successful enter is followed by unlock() and leave(). */
-static int enter(Core *c, PyObject **out)
+/* What a call that C does not finish answers (``r``: ST_HANDOVER or ST_PINNED, its reason recorded): without a
+ * fallback, HANDOVER or PINNED; with one (the handle's core.HandOver), what its method ``name`` answers for the same
+ * ``args`` and ``waited``, whether the C waited the whole lock timeout (the Python path then waits no more). The one
+ * place a hand-over is made. */
+static PyObject *call_fallback(Core *c, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *a[8];
+    a[0] = c->fallback;
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i + 1] = args[i];
+    a[n + 1] = thread_reason == WHY_TIMEOUT ? Py_True : Py_False;
+    return PyObject_VectorcallMethod(name, a, (size_t)n + 2, NULL);
+}
+
+static PyObject *hand_over(Core *c, int r, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *refused = refusal(c, r);
+    if (c->fallback == NULL || refused == NULL)
+        return refused;
+    Py_DECREF(refused);
+    return call_fallback(c, name, args, n);
+}
+
+/* The fallback's method ``name`` called with ``args`` (what C leaves to Python: a Raw to finish, a lease to look at
+ * first, a batch's refusal to raise). */
+static PyObject *leave_to(Core *c, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *a[8];
+    a[0] = c->fallback;
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i + 1] = args[i];
+    return PyObject_VectorcallMethod(name, a, (size_t)n + 1, NULL);
+}
+
+/* The call takes the lock: 0, held; ST_HANDOVER, not held (its reason recorded); -1, a Python exception is set.
+ * Every successful enter is followed by unlock() and leave(). */
+static int enter(Core *c)
 {
     c->users++;
     int r = lock(c);
-    if (r) {
+    if (r)
         leave(c);
-        *out = r < 0 ? NULL : handover(c);
-        return -1;
-    }
-    return 0;
+    return r;
 }
 
 /* The arguments of get and delete: (kb, fp, now_ns). */
@@ -180,19 +211,24 @@ static PyObject *finish(Core *c, const Found *f, PyObject *body)
             return v;
         }
     }
-    return raw_of(f->tag, body, f->slot, ok);
+    PyObject *raw = raw_of(f->tag, body, f->slot, ok);
+    if (raw == NULL || c->fallback == NULL)
+        return raw;
+    PyObject *v = leave_to(c, N_FINISH, &raw, 1);
+    Py_DECREF(raw);
+    return v;
 }
 
+/* (twin: cache.py SharedCache.get) */
 static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
     int64_t klen, fp, now;
     if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
         return NULL;
-    PyObject *refused;
-    int r = enter(c, &refused);
+    int r = enter(c);
     if (r)
-        return refused;
+        return r < 0 ? NULL : hand_over(c, r, N_GET_VALUE, args, 4);
     Found f = {0, 0, 0, 0, 0, 0};
     PyObject *body = NULL;
     r = get_locked(c, kb, klen, fp, now, &f);
@@ -201,7 +237,7 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     unlock(c);
     leave(c);
     if (r)
-        return handover(c);
+        return hand_over(c, r, N_GET_VALUE, args, 4);
     if (!f.hit) {
         Py_INCREF(args[3]);
         return args[3];
@@ -211,7 +247,7 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
 
 /* A view, compiled end to end: the pin as Store.pin takes it, through a description of ``pins`` (taken before the
  * lock, given back on a miss), then (_view.c) the lease that ends it, and the View if this handle checked the value
- * before. */
+ * before. (twin: cache.py SharedCache.view) */
 static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
@@ -225,20 +261,20 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
     Pins *p = (Pins *)args[3];
     if (p->closed) {
         c->reason = WHY_RELEASED;
-        return handover(c);
+        return hand_over(c, ST_HANDOVER, N_VIEW, args, 4);
     }
     int fd;
     Taken t;
     if (pins_take(p, &fd, &t))
         return NULL;
-    PyObject *refused;
-    if (enter(c, &refused)) {
+    int r = enter(c);
+    if (r) {
         pins_give(p, fd, t);
-        return refused;
+        return r < 0 ? NULL : hand_over(c, r, N_VIEW, args, 4);
     }
     Found f = {0, 0, 0, 0, 0, 0};
     int viewable = 0, locked = 0;
-    int r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
+    r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
     int64_t version = f.hit ? c->ver[f.slot] : 0;
     unlock(c);
     leave(c);
@@ -247,66 +283,95 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
             close(fd); /* closing drops the lock taken through it */
         else
             pins_give(p, fd, t);
-        return handover(c);
+        return hand_over(c, r, N_VIEW, args, 4);
     }
     if (p->closed && f.hit && viewable) { /* the handle was closed while this call waited for the lock */
         close(fd);
         c->reason = WHY_RELEASED;
-        return handover(c);
+        return hand_over(c, ST_HANDOVER, N_VIEW, args, 4);
     }
     if (!f.hit || !viewable) { /* nothing was locked through it */
         pins_give(p, fd, t);
         if (!f.hit)
             Py_RETURN_NONE;
-        return PyLong_FromLong(-1);
+        if (c->fallback == NULL)
+            return PyLong_FromLong(-1);
+        Py_INCREF(c->unviewable);
+        return c->unviewable;
     }
-    return view_of_pin(p, fd, t, f.slot, f.off, f.vlen, f.check, version);
+    PyObject *v = view_of_pin(p, fd, t, f.slot, f.off, f.vlen, f.check, version);
+    if (v == NULL || c->fallback == NULL || Py_TYPE(v) == &ViewType)
+        return v;
+    /* A value this handle has not checked before: the lease goes to the Python side, which checks it and builds the
+     * view (view.first_look); dropped on the way, the lease ends the pin. */
+    PyObject *out = leave_to(c, N_FIRST_LOOK, &v, 1);
+    Py_DECREF(v);
+    return out;
 }
 
+/* An entry's arguments from ``item``, a store.Encoded (kb, tag, body, fp, check, size, nb), into *st; -1 with an
+ * exception set. The encoding's own arithmetic is checked: a wrong size or block size would aim writes past the
+ * block. */
+static int arg_encoded(Core *c, PyObject *item, const char *what, Encoded *st)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) { /* a tuple: its fields stay as they are */
+        PyErr_Format(PyExc_TypeError, "%s must be a store.Encoded (kb, tag, body, fp, check, size, nb), got %.100s",
+                     what, Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    PyObject **a = &PyTuple_GET_ITEM(item, 0);
+    if (arg_bytes(a[0], "kb", &st->kb, &st->klen) || arg_int(a[1], "tag", &st->tag)
+        || arg_bytes(a[2], "body", &st->body, &st->blen) || arg_int(a[3], "fp", &st->fp)
+        || arg_int(a[4], "check", &st->check) || arg_int(a[5], "size", &st->size) || arg_int(a[6], "nb", &st->nb))
+        return -1;
+    if (!encoded_ok(c, st)) {
+        PyErr_Format(PyExc_ValueError, "%s: the tag, fingerprint, checksum, size or block size is inconsistent "
+                                       "(encode it with Store.encode)", what);
+        return -1;
+    }
+    return 0;
+}
+
+/* (twin: cache.py SharedCache.put) */
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     Encoded st;
     int64_t now, ttl;
-    if (nargs_ok(nargs, 9, "put") || arg_bytes(args[0], "kb", &st.kb, &st.klen)
-        || arg_int(args[1], "tag", &st.tag) || arg_bytes(args[2], "body", &st.body, &st.blen)
-        || arg_int(args[3], "fp", &st.fp) || arg_int(args[4], "check", &st.check)
-        || arg_int(args[5], "size", &st.size) || arg_int(args[6], "nb", &st.nb) || arg_int(args[7], "now_ns", &now)
-        || arg_int(args[8], "ttl_ns", &ttl))
+    if (nargs_ok(nargs, 3, "put") || arg_encoded(c, args[0], "Core.put: encoded", &st)
+        || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
         return NULL;
-    /* The encoding's own arithmetic, checked: a wrong size or block size would aim writes past the block. */
-    if (!encoded_ok(c, &st) || ttl < -1 || ttl > c->max_ttl) {
-        PyErr_SetString(PyExc_ValueError, "Core.put: the encoded entry's tag, fingerprint, checksum, size, block "
-                                          "size or ttl_ns is inconsistent (encode it as SharedCache._encode does)");
+    if (ttl < -1 || ttl > c->max_ttl) {
+        PyErr_Format(PyExc_ValueError, "Core.put: ttl_ns must be -1 (the default) or 0 to %lld, got %lld",
+                     (long long)c->max_ttl, (long long)ttl);
         return NULL;
     }
-    PyObject *refused;
-    int r = enter(c, &refused);
+    int r = enter(c);
     if (r)
-        return refused;
+        return r < 0 ? NULL : hand_over(c, r, N_PUT, args, 3);
     r = put_locked(c, &st, now, ttl);
     unlock(c);
     leave(c);
     if (r)
-        return refusal(c, r);
+        return hand_over(c, r, N_PUT, args, 3);
     Py_RETURN_NONE;
 }
 
+/* (twin: cache.py SharedCache.delete) */
 static PyObject *Core_delete(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     const char *kb;
     int64_t klen, fp, now;
     if (key_args(args, nargs, "delete", &kb, &klen, &fp, &now))
         return NULL;
-    PyObject *refused;
-    int r = enter(c, &refused);
+    int r = enter(c);
     if (r)
-        return refused;
+        return r < 0 ? NULL : hand_over(c, r, N_DELETE, args, 3);
     int deleted;
     r = delete_locked(c, kb, klen, fp, now, &deleted);
     unlock(c);
     leave(c);
     if (r)
-        return refusal(c, r);
+        return hand_over(c, r, N_DELETE, args, 3);
     return PyBool_FromLong(deleted);
 }
 
@@ -324,17 +389,39 @@ static PyObject *arg_batch(PyObject *o, const char *what)
     return NULL;
 }
 
-/* (done, stop), the answer of a batch, from ``done`` (a new reference, or NULL with an exception set): stop is None
- * (every item done), PINNED or HANDOVER. */
-/* (done, stop) of a batch; ``why``: the reason of a hand-over, read right after the unlock (the results are built
- * after it, running Python code: another thread's call on this handle may set c->reason meanwhile). */
-static PyObject *batch_result(PyObject *done, int r, int why)
+/* The answer of a batch that stopped with ``r`` (ST_OK: every item done) after ``done`` (a new reference, or NULL
+ * with an exception set: the list of what get_many found, or how many put_many stored). ``why``: the reason of a
+ * hand-over, read right after the unlock (the results are built after it, running Python code: another thread's call
+ * on this handle may set c->reason meanwhile). Without a fallback, (done, stop): stop None, PINNED or HANDOVER. With
+ * one, the fallback's method ``name`` finishes the batch from where the C stopped: it is called with ``args`` (the
+ * batch's own), ``done`` and ``waited``; a put_many stopped by pinned room raises through its room_pinned. */
+static PyObject *batch_end(Core *c, int r, int why, PyObject *done, PyObject *name, PyObject *const *args,
+                           Py_ssize_t n)
 {
     if (done == NULL)
         return NULL;
     if (r)
         thread_reason = r == ST_PINNED ? WHY_PINNED : why;
-    return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
+    if (c->fallback == NULL)
+        return Py_BuildValue("(NO)", done, r == ST_PINNED ? PINNED : r ? HANDOVER : Py_None);
+    if (r == ST_OK && PyList_Check(done))
+        return done;
+    PyObject *out;
+    if (r == ST_OK) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else if (r == ST_PINNED) {
+        PyObject *a[2] = {args[0], done};
+        out = leave_to(c, N_ROOM_PINNED, a, 2);
+    } else {
+        PyObject *a[8];
+        for (Py_ssize_t i = 0; i < n; i++)
+            a[i] = args[i];
+        a[n] = done;
+        out = call_fallback(c, name, a, n + 1);
+    }
+    Py_DECREF(done);
+    return out;
 }
 
 /* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. */
@@ -361,6 +448,7 @@ static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *df
     return out;
 }
 
+/* (twin: mapping.py LocalMapping.get_many) */
 static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *kbs = NULL, *fps = NULL, *out = NULL;
@@ -390,11 +478,9 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
             goto end;
         }
     }
-    if (enter(c, &out)) {
-        if (out != NULL) { /* HANDOVER before anything was looked up */
-            Py_DECREF(out);
-            out = batch_result(PyList_New(0), ST_HANDOVER, thread_reason);
-        }
+    if ((r = enter(c))) {
+        if (r > 0) /* a hand-over before anything was looked up */
+            out = batch_end(c, r, c->reason, PyList_New(0), N_GET_MANY, args, 4);
         goto end;
     }
     r = get_many_locked(c, keys, n, now, &done);
@@ -402,7 +488,7 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     leave(c);
     int why = c->reason;
     if (r >= 0) {
-        out = batch_result(found_list(c, keys, done, args[3]), r, why);
+        out = batch_end(c, r, why, found_list(c, keys, done, args[3]), N_GET_MANY, args, 4);
     } else {
         for (Py_ssize_t i = 0; i < done; i++)
             Py_CLEAR(keys[i].body);
@@ -414,6 +500,7 @@ end:
     return out;
 }
 
+/* (twin: mapping.py LocalMapping.put_many) */
 static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *items = NULL, *out = NULL;
@@ -436,35 +523,20 @@ static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
         goto end;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i); /* a tuple: its fields stay as they are */
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
-            PyErr_Format(PyExc_TypeError, "Core.put_many: items[%zd] must be a tuple (kb, tag, body, fp, check, "
-                                          "size, nb) as Store.encode makes, got %.100s", i, Py_TYPE(item)->tp_name);
+        char what[48];
+        snprintf(what, sizeof what, "Core.put_many: items[%zd]", i);
+        if (arg_encoded(c, PyTuple_GET_ITEM(items, i), what, &st[i]))
             goto end;
-        }
-        Encoded *s = &st[i];
-        PyObject **a = &PyTuple_GET_ITEM(item, 0);
-        if (arg_bytes(a[0], "kb", &s->kb, &s->klen) || arg_int(a[1], "tag", &s->tag)
-            || arg_bytes(a[2], "body", &s->body, &s->blen) || arg_int(a[3], "fp", &s->fp)
-            || arg_int(a[4], "check", &s->check) || arg_int(a[5], "size", &s->size) || arg_int(a[6], "nb", &s->nb))
-            goto end;
-        if (!encoded_ok(c, s)) {
-            PyErr_Format(PyExc_ValueError, "Core.put_many: items[%zd]'s tag, fingerprint, checksum, size or block "
-                                           "size is inconsistent (encode it with Store.encode)", i);
-            goto end;
-        }
     }
-    if (enter(c, &out)) {
-        if (out != NULL) { /* HANDOVER before anything was stored */
-            Py_DECREF(out);
-            out = batch_result(PyLong_FromSsize_t(0), ST_HANDOVER, thread_reason);
-        }
+    if ((r = enter(c))) {
+        if (r > 0) /* a hand-over before anything was stored */
+            out = batch_end(c, r, c->reason, PyLong_FromSsize_t(0), N_PUT_MANY, args, 3);
         goto end;
     }
     r = put_many_locked(c, st, n, now, ttl, &done);
     unlock(c);
     leave(c);
-    out = batch_result(PyLong_FromSsize_t(done), r, c->reason);
+    out = batch_end(c, r, c->reason, PyLong_FromSsize_t(done), N_PUT_MANY, args, 3);
 end:
     PyMem_Free(st);
     Py_DECREF(items);

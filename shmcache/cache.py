@@ -4,8 +4,9 @@ The public facade over three parts (docs/design.md draws them): ``guard.Guard`` 
 admit, wait, fault, repair), ``store.Store`` the locked operations over the structures, and ``table.Table`` the
 structures themselves. Keys and values are encoded and hashed before the lock is taken and (arrays aside) decoded
 after it is released, so the lock is held only for the index probe, the list and counter updates and the copy of the
-bytes. ``get`` and ``put`` are the hot path: they write the guard's protocol and the store's lookup inline, citing
-what they copy (``tests/test_hot_paths.py`` runs them against the composed operations and compares the segments).
+bytes. The hot calls (get, put, delete, view, the batches) go to one object bound per handle (``core.path``): the
+compiled section, which hands over to the Python path what it does not finish, or the Python path alone; every
+other operation runs through ``Guard.run``.
 
 Modules built on the core (kinds, entries, the Redis tier, the CLI) reach the parts through ``parts(cache)``, never
 through a private attribute.
@@ -19,13 +20,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, memo, serializers
-from .core import HANDOVER, TIMEOUT, Raw as _Raw, finish as _finish
 from .durations import seconds, ttl_ns
 from .codec import (
-    EncodedKey, array_checksum, body_checksum, encode_key, fingerprint,
+    EncodedKey, encode_key, fingerprint,
 )
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
-from .errors import ClosedError, CorruptionError, KindsFullError, TooLargeError
+from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
@@ -39,8 +39,7 @@ from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
-from .view import Pin, PinDescriptions, PyView, View, compiled_pins, first_look
-from . import ofd
+from .view import PinDescriptions, View, compiled_pins
 
 if TYPE_CHECKING:
     from .memo import Memoized
@@ -185,11 +184,12 @@ class SharedCache(LocalMapping):
         self._addr = guard.addr
         self._lock_timeout = lock_timeout
         self.name = seg.name
-        # The compiled section, if built (None: the pure-Python path); it reads CLOCK_MONOTONIC itself (-1) unless
-        # this handle has a clock of its own.
-        self._core = core.bind(seg, lock_timeout)
         # The descriptions views pin through (view.py; compiled: _view.c).
-        self._pins: Any = PinDescriptions(seg.fd) if self._core is None else compiled_pins(seg)
+        self._pins: Any = PinDescriptions(seg.fd) if core.PATH != "compiled" else compiled_pins(seg)
+        # What the hot calls go to (core.path): the compiled section bound with the Python path it hands over to,
+        # or the Python path alone; _core is the Core, or None. The Core reads CLOCK_MONOTONIC itself (-1) unless
+        # this handle has a clock of its own.
+        self._path, self._core = core.path(seg, guard, store, self._pins, lock_timeout)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property
@@ -214,33 +214,7 @@ class SharedCache(LocalMapping):
             kb = key
         else:
             kb = encode_key(key)
-        fp = _xxh(kb) & _MASK63
-        core = self._core
-        if core is not None:  # the compiled section (core.py): the locked steps, the checksum and the plain decode
-            v = core.get_value(kb, fp, self._now(), default)
-            if type(v) is _Raw:
-                return _finish(v, self._guard, self._decode)
-            if v is not HANDOVER:
-                return v
-            # HANDOVER: the Python path, which judges, repairs and raises (and waits no more if C timed out)
-            waited = core.reason == TIMEOUT
-        else:
-            waited = False
-        guard = self._guard
-        found = guard.run(self._store.read, kb, fp, waited=waited)
-        if found is None:
-            return default
-        tag, body, check, e, head = found
-        if head is not None:  # an array: copied once, under the lock, and checked now
-            if array_checksum(head, body) != check:
-                guard.checksum_failed(e)
-            return body
-        if (_xxh(body, tag) & _MASK63) | 1 != check:
-            guard.checksum_failed(e)
-        try:
-            return self._decode(tag, body)
-        except ValueError as exc:
-            guard.undecodable(exc)
+        return self._path.get_value(kb, _xxh(kb) & _MASK63, self._now(), default)
 
     def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
@@ -251,7 +225,7 @@ class SharedCache(LocalMapping):
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         :raises PinnedError: if an open view pins the key's entry, or the room needed is pinned.
         """
-        # Store.encode, inlined (the call and its named tuple cost as much as the arithmetic).
+        # Store.encode, inlined (the call costs as much as the arithmetic).
         if type(key) is str:
             try:
                 kb = key.encode()
@@ -264,29 +238,14 @@ class SharedCache(LocalMapping):
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise too_large(size, self._capacity_bytes, "capacity_bytes")
-        fp = _xxh(kb) & _MASK63
         check = (_xxh(body, tag) & _MASK63) | 1
-        if ttl is not None:
-            ttl = ttl_ns(ttl)
-        core = self._core
-        # The compiled section (core.py); PINNED and HANDOVER run the path below, which raises what it should.
-        waited = False
-        if core is not None:
-            if core.put(kb, tag, body, fp, check, size, nb, self._now(), -1 if ttl is None else ttl) is None:
-                return
-            waited = core.reason == TIMEOUT
-        self._guard.run(self._store.put, ttl, kb, tag, body, fp, check, size, nb, waited=waited)
+        encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
+        self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl))
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""
         kb = encode_key(key)
-        fp = fingerprint(kb)
-        core = self._core
-        if core is not None:
-            done = core.delete(kb, fp, self._now())
-            if done is True or done is False:
-                return done
-        return self._guard.run(self._store.delete, kb, fp, waited=core is not None and core.reason == TIMEOUT)
+        return self._path.delete(kb, fingerprint(kb), self._now())
 
     # ------------------------------------------------------------------------------------------- atomic operations
     # Each runs under one hold of the lock, so it is indivisible across processes: what it reads is what it changes.
@@ -303,7 +262,7 @@ class SharedCache(LocalMapping):
     def _store_if(self, key, value, ttl, *, present: bool, version: int | None = None) -> bool:
         encoded = self._store.encode(key, value)
         return self._guard.run(self._store.store_if, present, version, None if ttl is None else ttl_ns(ttl),
-                               *encoded)
+                               encoded)
 
     def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         """``(value, version)`` for ``key``, or ``(default, None)`` if it is absent; the version changes with every
@@ -502,66 +461,13 @@ class SharedCache(LocalMapping):
         :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
         """
         kb = encode_key(key)
-        pins = self._pins
-        core = self._core
-        if core is not None:
-            fp = _xxh(kb) & _MASK63
-            got = core.view(kb, fp, self._now(), pins)
-            if type(got) is View:
-                return got  # a stored value this handle checked before: built in C
-            if got is HANDOVER:
-                got = self._pin_lease(kb, fp, core.reason == TIMEOUT)
-            if got is None:
-                raise KeyError(key)
-            if got is UNVIEWABLE or got == -1:
-                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
-                                "others")
-            return first_look(pins, got, self._guard.checksum_failed, self._base)
-        # Why: the pin exists before anything is taken, and owns its description until it is handed over to the
-        # view: an exception at any bytecode before that drops it, which closes the description and whatever lock it
-        # took (see view.py).
-        pin = Pin()
-        try:
-            fd = pins.take(pin)
-            found = self._guard.run(self._store.pin, kb, _xxh(kb) & _MASK63, fd)
-            if found is None:
-                raise KeyError(key)
-            if found is UNVIEWABLE or found == -1:
-                raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
-                                "others")
-            e, voff, vlen, check, version = found
-            pin.byte = ofd.PIN_BASE + e
-            value = self._arena[voff : voff + vlen].toreadonly()
-            # The checksum policy: checked outside the lock (the entry is pinned: no writer may change these bytes
-            # any more), on the first view this handle takes of each stored value (slot, version, offset and
-            # checksum name it: a new store, or a compaction moving it, is checked again). Later views of it trust
-            # that check: a stray write into a block already checked is caught by get(), not by view().
-            stored = (version, voff, vlen, check)
-            known = pins.viewed.get(e)
-            if known is not None and known[0] == stored:
-                return PyView(value, pins, pin, self._base + voff, known[1])  # its layout, checked with it, too
-            if body_checksum(value[0], value[1:]) != check:
-                pins.release(pin)
-                self._guard.checksum_failed(e)
-            view = PyView(value, pins, pin, self._base + voff)
-            pins.viewed[e] = stored, view.layout
-            return view
-        except BaseException:
-            pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
-            raise
-
-    def _pin_lease(self, kb: bytes, fp: int, waited: bool) -> Any:
-        """The pin ``Core.view`` handed over, taken by the Python path (``Store.pin``) through the description of a
-        new lease: the lease, armed; None on a miss; UNVIEWABLE. Until armed, the lease closes its description
-        (dropping the lock taken through it) if it is dropped, an exception cutting this short."""
-        if self._pins.closed:
-            raise ClosedError("operation on a closed cache", what="view")
-        lease = self._pins.lease()
-        found = self._guard.run(self._store.pin, kb, fp, lease.fd, waited=waited)
-        if found is None or found is UNVIEWABLE:
-            return found
-        lease.arm(*found)
-        return lease
+        got = self._path.view(kb, _xxh(kb) & _MASK63, self._now(), self._pins)
+        if got is None:
+            raise KeyError(key)
+        if got is UNVIEWABLE:
+            raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
+                            "others")
+        return got
 
     def limits(self) -> CacheLimits:
         """The limits in force."""
@@ -653,8 +559,8 @@ class SharedCache(LocalMapping):
     def _space(self) -> tuple[Parts, int]:
         return self._parts, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)
 
-    def _compiled(self) -> tuple:
-        return self._core, self._now  # the batches' compiled section (mapping.LocalMapping)
+    def _hot(self) -> tuple:
+        return self._path, self._now  # what the batches call (mapping.LocalMapping)
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),

@@ -13,10 +13,12 @@ segment is closed, or the mapping cannot be unmapped.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from . import ofd
 from .arena import block_nbytes
+from .errors import CompiledSectionMissing
 from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, array_over, xxh3
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
@@ -25,23 +27,47 @@ from .layout import (
 from .layout import dtypes as d
 from .lock import KIND_OFF, MUTEX_KIND_WORD
 
+_PURE_ASKED = os.environ.get("SHMCACHE_PURE_PYTHON") == "1"
 try:
-    if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
+    if _PURE_ASKED:
         raise ImportError("SHMCACHE_PURE_PYTHON=1")
-    from . import _core  # type: ignore[attr-defined]  # (the compiled extension: no stub)
-except ImportError:
-    _core = None
+    from . import _core  # (shmcache/_core.pyi describes it)
+except ImportError as exc:
+    _core = None  # type: ignore[assignment]  # (None: the pure-Python path)
+    if not _PURE_ASKED:
+        _missing = exc
 
 Core: Any = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
 PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
+# What a Core bound without a fallback answers (tests/test_core.py drives it so): the handles bind one with a
+# HandOver, which takes these calls itself.
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
-PINNED = None if _core is None else _core.PINNED  # put, put_many: pinned entries left no room; raise PinnedError
-TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C (the Python path waits no more)
-Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (SharedCache._finish)
+PINNED = None if _core is None else _core.PINNED  # pinned entries left no room, or a view pins the key's entry
+Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (HandOver.finish)
+TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C
 
-_BLOCK_LEN_MASK = MAX_BLOCK_NBYTES + BLOCK_ALIGN - 1  # a block header's low bits: the block length
-if block_nbytes(0) != BLOCK_HEADER_NBYTES or _BLOCK_LEN_MASK & (_BLOCK_LEN_MASK + 1):
-    raise ImportError("shmcache.core: the block header is not (owner << bits) | length as _core.c reads it")
+
+def _missing_message(exc: ImportError) -> str:
+    """Why the compiled section is missing, and what to do, for the warning an import without it gives."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if os.path.exists(os.path.join(root, "pyproject.toml")) and os.path.exists(os.path.join(root, "setup.py")):
+        fix = (f"shmcache was imported from the source checkout {root}, where it is not built: build it in place "
+               "(`pip install -e .`, or `python setup.py build_ext --inplace`), or run from another directory to "
+               "import the installed copy")
+    else:
+        fix = ("reinstall with a C compiler and the Python headers (`pip install -v shmcache` shows the build), or "
+               "install a wheel")
+    return (f"shmcache's compiled section (shmcache._core) is not available ({exc}): every call runs the pure-Python "
+            f"path, several times slower. {fix}. Set SHMCACHE_PURE_PYTHON=1 to choose the pure path and silence "
+            "this warning.")
+
+
+if _core is None and not _PURE_ASKED:
+    warnings.warn(_missing_message(_missing), CompiledSectionMissing, stacklevel=2)
+
+if block_nbytes(0) != BLOCK_HEADER_NBYTES:
+    raise ImportError("shmcache.core: a block of no payload is not its header alone, as _core_arena.c assumes")
 
 _WORDS = (
     "E_PREV", "E_NEXT", "E_FP", "E_OFF", "E_KEY_NBYTES", "E_VAL_NBYTES", "E_SLOT", "E_CHECK", "I_FP", "I_ENTRY",
@@ -52,9 +78,10 @@ _WORDS = (
 )
 
 
-def last_wait() -> tuple[float, int] | None:
-    """How long the calling thread's last wait for the lock took in the compiled section, in seconds, and how many
-    timeouts it added while the holder made progress (None: not built)."""
+def last_wait() -> tuple[float, int, int] | None:
+    """How long the calling thread's last wait for the lock took in the compiled section, in seconds, how many
+    timeouts it added while the holder made progress, and the holder it gave up on (a thread id; 0: none) (None:
+    not built)."""
     return None if _core is None else _core.last_wait()
 
 
@@ -69,32 +96,191 @@ def offsets(geometry) -> dict[str, int]:
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         MUTEX_KIND_OFF=KIND_OFF, MUTEX_KIND_WORD=MUTEX_KIND_WORD, BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,
-        BLOCK_ALIGN=BLOCK_ALIGN, MAX_BLOCK_NBYTES=MAX_BLOCK_NBYTES, BLOCK_LEN_MASK=_BLOCK_LEN_MASK,
-        BLOCK_OWNER_SHIFT=_BLOCK_LEN_MASK.bit_length(), EMPTY=EMPTY, NIL=NIL, SENTINEL=SENTINEL, NEVER=NEVER,
+        BLOCK_ALIGN=BLOCK_ALIGN, MAX_BLOCK_NBYTES=MAX_BLOCK_NBYTES, BLOCK_LEN_MASK=d.BLOCK_LEN_MASK,
+        BLOCK_OWNER_SHIFT=d.BLOCK_OWNER_SHIFT, EMPTY=EMPTY, NIL=NIL, SENTINEL=SENTINEL, NEVER=NEVER,
         MAX_TTL_NS=MAX_TTL_NS, MAX_VERSION=MAX_VERSION, KIND_PREFIX=KIND_PREFIX, PIN_BASE=ofd.PIN_BASE,
         CHECK_MASK=MASK63, TAG_BYTES=TAG_BYTES, TAG_MSGPACK=TAG_MSGPACK, TAG_ARRAY=TAG_ARRAY, TAG_TENSOR=TAG_TENSOR,
     )
     return out
 
 
-def bind(seg, lock_timeout: float):
+def bind(seg, lock_timeout: float, fallback: HandOver | None = None):
     """A ``_core.Core`` over the open ``segment.Segment`` ``seg``, waiting at most ``lock_timeout`` seconds for a
-    busy lock before handing over; None when the extension is not built (or SHMCACHE_PURE_PYTHON=1)."""
+    busy lock before handing over to ``fallback`` (None: answering HANDOVER); None when the extension is not built
+    (or SHMCACHE_PURE_PYTHON=1)."""
     if _core is None:
         return None
-    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3)
+    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3, fallback)
 
 
-def finish(raw, guard, decode):
-    """The value of a hit the compiled section leaves to Python (a ``Raw``): a failed checksum
-    (``guard.checksum_failed`` raises CorruptionError), an array or tensor (built over the copy made under the lock),
-    or a value its decoder declines (``decode``, the serializer's; a value that does not decode raises through
-    ``guard.undecodable``)."""
-    if not raw.ok:
-        guard.checksum_failed(raw.slot)
-    try:
-        if raw.tag == TAG_ARRAY or raw.tag == TAG_TENSOR:
-            return array_over(raw.body)
-        return decode(raw.tag, raw.body)
-    except ValueError as exc:
-        guard.undecodable(exc)
+# ----------------------------------------------------------------------------------------------- the one dispatch
+# A handle calls one object for its hot calls: its Core when the compiled section is built, bound with a HandOver
+# that takes whatever the C does not finish (the C calls it: a hand-over costs the fast path nothing), else a
+# Reference. Both answer the same methods with the same arguments. Imported here, below what they import of this
+# module (guard.py: last_wait; view.py: _core), because the package's first import is this module's (cache.py).
+from . import entries  # noqa: E402
+from .codec import array_checksum, body_checksum  # noqa: E402
+from .errors import ClosedError, PinnedError  # noqa: E402
+from .store import UNVIEWABLE, Fields  # noqa: E402
+from .view import Pin, PyView, first_look  # noqa: E402
+
+
+class Reference:
+    """The Python path of one handle's get, put, delete, view and batches: what a pure-Python handle calls, and what
+    a Core hands over to (``HandOver``). Each runs under the guard (``Guard.run``); ``waited``: the compiled section
+    waited the whole lock timeout already, so the guard waits no more. ``now`` is the Core's argument, unused here
+    (the store reads the handle's clock)."""
+
+    UNVIEWABLE = UNVIEWABLE  # view's answer for a value view() does not serve
+    __slots__ = ("guard", "store", "decode", "arena", "base")
+
+    def __init__(self, guard, store, arena, base: int) -> None:
+        self.guard, self.store, self.arena, self.base = guard, store, arena, base
+        self.decode = store.serializer.decode
+
+    def get_value(self, kb: bytes, fp: int, now: int, default: Any, waited: bool = False) -> Any:
+        """The value of key bytes ``kb`` (fingerprint ``fp``), or ``default``; a hit is made the most recent."""
+        guard = self.guard
+        found = guard.run(self.store.read, kb, fp, waited=waited)
+        if found is None:
+            return default
+        tag, body, check, e, head = found
+        if head is not None:  # an array: copied once, under the lock, and checked now
+            if array_checksum(head, body) != check:
+                guard.checksum_failed(e)
+            return body
+        if (xxh3(body, tag) & MASK63) | 1 != check:
+            guard.checksum_failed(e)
+        try:
+            return self.decode(tag, body)
+        except ValueError as exc:
+            guard.undecodable(exc)
+
+    def put(self, encoded: Fields, now: int, ttl: int, waited: bool = False) -> None:
+        """Store ``encoded`` (an Encoded, or its fields) as the most recent, expiring after ``ttl`` ns (0: never;
+        -1: the cache's default)."""
+        self.guard.run(self.store.put, None if ttl < 0 else ttl, encoded, waited=waited)
+
+    def delete(self, kb: bytes, fp: int, now: int, waited: bool = False) -> bool:
+        return self.guard.run(self.store.delete, kb, fp, waited=waited)
+
+    def view(self, kb: bytes, fp: int, now: int, pins, waited: bool = False) -> Any:
+        """A view of the key's value pinned through ``pins`` (a ``view.PinDescriptions``): the view, None on a miss,
+        or UNVIEWABLE (nothing counted or pinned)."""
+        # Why: the pin exists before anything is taken, and owns its description until it is handed over to the
+        # view: an exception at any bytecode before that drops it, which closes the description and whatever lock it
+        # took (see view.py).
+        pin = Pin()
+        try:
+            fd = pins.take(pin)
+            found = self.guard.run(self.store.pin, kb, fp, fd, waited=waited)
+            if found is None or found is UNVIEWABLE:
+                return found
+            e, voff, vlen, check, version = found
+            pin.byte = ofd.PIN_BASE + e
+            value = self.arena[voff : voff + vlen].toreadonly()
+            # The checksum policy: checked outside the lock (the entry is pinned: no writer may change these bytes
+            # any more), on the first view this handle takes of each stored value (slot, version, offset and
+            # checksum name it: a new store, or a compaction moving it, is checked again). Later views of it trust
+            # that check: a stray write into a block already checked is caught by get(), not by view().
+            stored = (version, voff, vlen, check)
+            known = pins.viewed.get(e)
+            if known is not None and known[0] == stored:
+                return PyView(value, pins, pin, self.base + voff, known[1])  # its layout, checked with it, too
+            if body_checksum(value[0], value[1:]) != check:
+                pins.release(pin)
+                self.guard.checksum_failed(e)
+            view = PyView(value, pins, pin, self.base + voff)
+            pins.viewed[e] = stored, view.layout
+            return view
+        except BaseException:
+            pins.release(pin)  # an unknown byte closes the description, dropping its lock; a no-op if released
+            raise
+
+    def get_many(self, kbs: list, fps: list, now: int, default: Any, found: list | None = None,
+                 waited: bool = False) -> list:
+        """The values of keys ``kbs`` (fingerprints ``fps``) in order, ``default`` for a miss, under one hold of the
+        lock; ``found``: the values of the first keys, which the compiled section looked up already."""
+        done = 0 if found is None else len(found)
+        got = self.guard.run(entries.get_many_locked, self.store, kbs[done:], fps[done:], waited=waited)
+        decode, out = self.decode, [] if found is None else found
+        try:
+            for f in got:
+                if f is None:
+                    out.append(default)
+                    continue
+                tag, body, check, e = f
+                if (xxh3(body, tag) & MASK63) | 1 != check:
+                    self.guard.checksum_failed(e)
+                out.append(decode(tag, body))
+        except ValueError as exc:
+            self.guard.undecodable(exc)
+        return out
+
+    def put_many(self, encoded: list, now: int, ttl: int, done: int = 0, waited: bool = False) -> None:
+        """Store ``encoded[done:]`` in order under one hold of the lock (the first ``done``, the compiled section
+        stored already), all expiring after ``ttl`` ns (-1: the cache's default)."""
+        self.guard.run(entries.put_many_locked, self.store, None if ttl < 0 else ttl, encoded[done:],
+                       waited=waited)
+
+
+class HandOver(Reference):
+    """What a handle's Core hands over to: the Python path, which judges, repairs and raises, for a call the C did
+    not finish (a damaged segment, a dead holder, a lock wait past the timeout, a pin); and what it leaves to
+    Python: a Raw to finish, a first look at a lease, a batch's refusal to raise."""
+
+    __slots__ = ("pins",)
+
+    def __init__(self, guard, store, arena, base: int, pins) -> None:
+        super().__init__(guard, store, arena, base)
+        self.pins = pins  # the handle's _core.Pins
+
+    def finish(self, raw) -> Any:
+        """The value of a hit the compiled section leaves to Python (a ``Raw``): a failed checksum
+        (``Guard.checksum_failed`` raises CorruptionError), an array or tensor (built over the copy made under the
+        lock), or a value its decoder declines (the serializer's; one that does not decode raises through
+        ``Guard.undecodable``)."""
+        if not raw.ok:
+            self.guard.checksum_failed(raw.slot)
+        try:
+            if raw.tag == TAG_ARRAY or raw.tag == TAG_TENSOR:
+                return array_over(raw.body)
+            return self.decode(raw.tag, raw.body)
+        except ValueError as exc:
+            self.guard.undecodable(exc)
+
+    def view(self, kb: bytes, fp: int, now: int, pins, waited: bool = False) -> Any:
+        """The pin ``Core.view`` handed over, taken by the Python path (``Store.pin``) through the description of a
+        new lease, and the view built over it (``first_look``); None on a miss; UNVIEWABLE. Until armed, the lease
+        closes its description (dropping the lock taken through it) if it is dropped, an exception cutting this
+        short."""
+        if pins.closed:
+            raise ClosedError("operation on a closed cache", what="view")
+        lease = pins.lease()
+        found = self.guard.run(self.store.pin, kb, fp, lease.fd, waited=waited)
+        if found is None or found is UNVIEWABLE:
+            return found
+        lease.arm(*found)
+        return self.first_look(lease)
+
+    def first_look(self, lease) -> Any:
+        """The view of a value this handle has not checked before (``view.first_look``)."""
+        return first_look(self.pins, lease, self.guard.checksum_failed, self.base)
+
+    def room_pinned(self, encoded: list, done: int) -> None:
+        """A batch put's refusal by the compiled section: the room its entry ``done`` needs is pinned."""
+        # Why not the Python path's own error: it would try that entry's allocation again, and a second pass of the
+        # arena's cleaner over pinned blocks moves the ring's head and tail; the refusal stands as the C made it.
+        raise PinnedError(f"no room for entry {done} of the batch ({encoded[done][6]} bytes): what is left to evict "
+                          f"is pinned by open views, or the pinned blocks split the free space (the {done} entries "
+                          "before it were stored)", what="put", hint="close views sooner, or raise the limits")
+
+
+def path(seg, guard, store, pins, lock_timeout: float) -> tuple[Any, Any]:
+    """(the object a handle on ``seg`` calls for its hot calls, its Core or None): a Core bound with a HandOver when
+    the compiled section is built (``pins``: the handle's ``_core.Pins``), else a Reference."""
+    arena, base = seg.arena, seg.geometry.arena_off
+    if _core is None:
+        return Reference(guard, store, arena, base), None
+    bound = bind(seg, lock_timeout, HandOver(guard, store, arena, base, pins))
+    return bound, bound

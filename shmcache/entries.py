@@ -19,7 +19,7 @@ from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
-    H_MAX_RETAINED, H_MISSES,
+    H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT,
 )
 from .store import too_large
 
@@ -100,7 +100,7 @@ def setdefault_locked(store, ttl, encoded):
     for the default."""
     e = store.find_live(encoded.kb, encoded.fp, True)
     if e == EMPTY:
-        store.store(EMPTY, *encoded, store.expires_at(ttl))
+        store.store(EMPTY, encoded, store.expires_at(ttl))
         store.h[H_MISSES] += 1
         return None
     found = store.body(e)
@@ -119,15 +119,15 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     append = out.append
     hits = misses = 0
     for kb, fp in zip(kbs, fps):
-        w = (fp & mask) << 1
-        e = ix[w + 1]
+        w = (fp & mask) << INDEX_SHIFT
+        e = ix[w + I_ENTRY]
         if e != EMPTY:
             b = e * _W
             v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
             vlen = ent[b + E_VAL_NBYTES]
             klen = len(kb)
             k0 = v0 + vlen
-            if ix[w] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
+            if ix[w + I_FP] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
                 e = index.find_rest(ix, ent, mm, base, mask, fp, kb)
                 if e != EMPTY:
                     b = e * _W
@@ -163,7 +163,7 @@ def put_many_locked(store, ttl, encoded: list) -> None:
             raise too_large(item.size, limit, "max_retained_bytes")
     expires = store.expires_at(ttl)
     for item in encoded:
-        store.store(store.find_live(item.kb, item.fp, True), *item, expires)
+        store.store(store.find_live(item.kb, item.fp, True), item, expires)
 
 
 def ttl_locked(store, kb: bytes, fp: int):

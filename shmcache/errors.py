@@ -92,3 +92,8 @@ class PinnedError(ShmCacheError):
 class RemoteError(ShmCacheError, ConnectionError):
     """A ``TieredCache`` call needed Redis and Redis failed, timed out, or failed recently (raised only with
     ``strict=True``; otherwise the failure is counted and logged and the call is served by the local cache)."""
+
+
+class CompiledSectionMissing(RuntimeWarning):
+    """``import shmcache`` found no compiled section (``shmcache._core``): every call runs the pure-Python path.
+    Silenced by choosing that path (SHMCACHE_PURE_PYTHON=1), or filtered as any warning is."""

@@ -246,8 +246,8 @@ class KindView(LocalMapping):
     def _space(self) -> tuple[Parts, int]:
         return self._parts, self._n
 
-    def _compiled(self) -> tuple:
-        return self.cache._compiled()  # the cache's handle: its compiled section and clock
+    def _hot(self) -> tuple:
+        return self.cache._hot()  # the cache's handle: what its hot calls go to, and its clock
 
     def __repr__(self) -> str:
         if self.cache.closed:

@@ -4,9 +4,9 @@
 ``ItemAccess`` is the part every class shares (``[]``, ``del``, ``update``, views, equality); ``LocalMapping`` adds
 what a SharedCache and a KindView share, over the locked walks of ``entries.py``: iteration, ``popitem``,
 ``setdefault``, batches and ``ttl``. Iteration is over a snapshot taken under one hold of the lock, never a live
-cursor, and reads without counting a lookup or moving anything in the LRU order. Batches run in the compiled section
-(``Core.get_many`` / ``put_many``, core.py) when the handle has one; what it hands over part-way (a damaged
-segment, a key a view pins), the Python path finishes in a second hold of the lock, from where the C stopped.
+cursor, and reads without counting a lookup or moving anything in the LRU order. Batches go to the handle's hot path
+(``core.path``): the compiled section (``Core.get_many`` / ``put_many``), whose fallback finishes what it hands over
+part-way (a damaged segment, a key a view pins) in a second hold of the lock, from where the C stopped.
 
 Why unhashable: a mapping with content equality must not hash by identity (two handles on one cache are equal), and
 mutable mappings are unhashable in Python (``dict``); so are these. Registries of handles key them by ``id()``.
@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 from . import entries, memo
 from .codec import KIND_PREFIXES, MASK63, body_checksum, encode_key, fingerprint
 from .codec import xxh3 as fingerprint_of
-from .core import PINNED, TIMEOUT, Raw as _Raw, finish as _finish
 from .durations import ttl_ns
-from .errors import CorruptionError, PinnedError
+from .errors import CorruptionError
 from .keys import decode_key
 
 # The one "no value" sentinel of the package: an argument not given, or a lookup that found nothing. Compared by
@@ -126,9 +125,9 @@ class LocalMapping(ItemAccess):
         """(the cache's ``cache.Parts``, the space of ``entries.py`` this object's keys are in)."""
         raise NotImplementedError
 
-    def _compiled(self) -> tuple:
-        """(the handle's ``_core.Core``, or None for the pure-Python path; the ``now()`` to pass it, as
-        SharedCache.get does: -1, Core reads CLOCK_MONOTONIC itself, unless the handle has a clock of its own)."""
+    def _hot(self) -> tuple:
+        """(what the handle's hot calls go to, ``core.path``'s; the ``now()`` to pass it, as SharedCache.get does:
+        -1, a Core reads CLOCK_MONOTONIC itself, unless the handle has a clock of its own)."""
         raise NotImplementedError
 
     def _encode_key(self, key) -> bytes:
@@ -193,18 +192,8 @@ class LocalMapping(ItemAccess):
         except UnicodeEncodeError:  # a str no UTF-8 can hold: encode_key raises the TypeError
             kbs = [prefix + encode_key(k) for k in keys]
         fps = [fingerprint_of(kb) & MASK63 for kb in kbs]
-        core, now = self._compiled()
-        if core is None:
-            return _values(parts, parts.guard.run(entries.get_many_locked, parts.store, kbs, fps), default)
-        got, stop = core.get_many(kbs, fps, now(), default)
-        # What the compiled section did not finish: a Raw (core.finish), or, after a HANDOVER, the keys it did not
-        # look up, which are the Python path's (each counted once).
-        out = [_finish(v, parts.guard, parts.store.serializer.decode) if type(v) is _Raw else v for v in got]
-        if stop is not None:
-            done = len(got)
-            out += _values(parts, parts.guard.run(entries.get_many_locked, parts.store, kbs[done:], fps[done:],
-                                                  waited=core.reason == TIMEOUT), default)
-        return out
+        hot, now = self._hot()
+        return hot.get_many(kbs, fps, now(), default)
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """Store every (key, value) of ``items`` (a mapping, or an iterable of pairs) as put does, in one hold of the
@@ -219,19 +208,8 @@ class LocalMapping(ItemAccess):
             encoded = [encode(None, v, prefix + encode_key(k)) for k, v in pairs]
         if not encoded:
             return
-        ttl = _ttl_ns(ttl)
-        core, now = self._compiled()
-        waited = False
-        if core is not None:
-            done, stop = core.put_many(encoded, now(), -1 if ttl is None else ttl)
-            if stop is None:
-                return
-            if stop is PINNED:
-                raise _room_pinned(done, encoded[done].nb)
-            # HANDOVER: the entries it did not store are the Python path's, which raises what it should (each stored
-            # once: encoded[:done] are in the cache); it waits no more if the compiled section timed out.
-            encoded, waited = encoded[done:], core.reason == TIMEOUT
-        parts.guard.run(entries.put_many_locked, parts.store, ttl, encoded, waited=waited)
+        hot, now = self._hot()
+        hot.put_many(encoded, now(), -1 if ttl is None else ttl_ns(ttl))
 
     def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live, or None if it never expires; neither a lookup nor a move in the LRU
@@ -275,34 +253,6 @@ def memo_family(m: LocalMapping) -> memo.Family:
 
 def _ttl_ns(ttl):
     return None if ttl is None else ttl_ns(ttl)
-
-
-def _values(parts, found: list, default) -> list:
-    """The values of a batch get's results on the Python path (``entries.get_many_locked``'s: None or (tag, body,
-    checksum, slot) for each key), ``default`` for a miss; each checksum is checked here, after the unlock."""
-    decode = parts.store.serializer.decode
-    out = []
-    try:
-        for f in found:
-            if f is None:
-                out.append(default)
-                continue
-            tag, body, check, e = f
-            if (fingerprint_of(body, tag) & MASK63) | 1 != check:
-                parts.guard.checksum_failed(e)
-            out.append(decode(tag, body))
-    except ValueError as exc:
-        parts.guard.undecodable(exc)
-    return out
-
-
-def _room_pinned(i: int, nb: int) -> PinnedError:
-    """A batch put's refusal by the compiled section (PINNED): the room its entry ``i`` needs is pinned."""
-    # Why not the Python path's own error: it would try that entry's allocation again, and a second pass of the
-    # arena's cleaner over pinned blocks moves the ring's head and tail; the refusal stands as the C made it.
-    return PinnedError(f"no room for entry {i} of the batch ({nb} bytes): what is left to evict is pinned by open "
-                       f"views, or the pinned blocks split the free space (the {i} entries before it were stored)",
-                       what="put", hint="close views sooner, or raise the limits")
 
 
 def _decoded(parts, tag: int, body):

@@ -8,6 +8,8 @@ caller repairs) instead of aiming a write at another entry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import block, index, lru, ofd
@@ -18,8 +20,12 @@ from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER,
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
-    H_VERSION_CLOCK, H_WRITING, I_ENTRY, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
+    BLOCK_OWNER_SHIFT,
 )
+
+if TYPE_CHECKING:
+    from .store import Fields
 
 _W = ENTRY_WORDS
 _ENTRY_NBYTES = ENTRY_STRUCT.size
@@ -72,19 +78,18 @@ class Table:
         if self.pins[e] and self.pinned(e):
             raise pinned_error(what)
 
-    def insert(self, kb: bytes, tag: int, body: bytes, fp: int, check: int, size: int, nb: int, expires: int,
-               version: int = 0) -> None:
-        """Store a new entry (the key is absent) as the most recently used, evicting first as the limits require:
+    def insert(self, encoded: Fields, expires: int, version: int = 0) -> None:
+        """Store ``encoded`` (the key is absent) as the most recently used, evicting first as the limits require:
         expired entries, then the least recently used, pinned ones excepted; and, if pinned blocks split the free
-        space so that no run of ``nb`` bytes is left, more (what is not pinned) until one is. The value is ``tag``
-        then ``body``; ``size`` is key + value bytes and ``nb`` the block size (``block.nbytes(size)``);
-        ``expires`` its expiry time (0: never); ``version`` the version to give it (0: the clock's next).
+        space so that no run of ``encoded.nb`` bytes is left, more (what is not pinned) until one is. ``expires``:
+        its expiry time (0: never); ``version`` the version to give it (0: the clock's next).
 
         :raises PinnedError: if the room needed is pinned (the evictions made stand; every structure is consistent).
         """
         # The one place eviction is decided (with evict_until and evict_one below). Slot allocation, index.insert's
         # first probe, lru.push_front (the entry's own links in the pack below) and block.value_at are inlined:
         # this is every new key's path.
+        kb, tag, body, fp, check, size, nb = encoded
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
         if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
             self.evict_until(1, size)
@@ -118,12 +123,12 @@ class Table:
         mm[v0 + 1 : k0] = body
         mm[k0 : k0 + klen] = kb
         s = fp & self.mask
-        if ix[(s << 1) + 1] != EMPTY:
+        if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
             s = index.free_slot(ix, self.mask, fp)
         first = ent[E_NEXT]  # the list's most recent entry (sentinel.next)
         _pack_entry(self.entb, e * _ENTRY_NBYTES, SENTINEL, first, fp, off, klen, vlen, s, check)
-        ix[s << 1] = fp
-        ix[(s << 1) + 1] = e
+        ix[(s << INDEX_SHIFT) + I_FP] = fp
+        ix[(s << INDEX_SHIFT) + I_ENTRY] = e
         ent[first * _W + E_PREV] = e
         ent[E_NEXT] = e
         h[H_ENTRIES] += 1
@@ -149,11 +154,11 @@ class Table:
         else:
             self.kinds[e] = 0
 
-    def overwrite(self, e: int, kb: bytes, tag: int, body: bytes, check: int, nb: int, expires: int,
-                  version: int = 0) -> bool:
-        """Give resident entry ``e`` (whose key is ``kb``) a new value in place, as the most recently used, when
-        the new block is as large as the old and the byte limit allows; False (nothing written) otherwise. Saves
-        the free, the allocation and the index and list updates of a remove and insert."""
+    def overwrite(self, e: int, encoded: Fields, expires: int, version: int = 0) -> bool:
+        """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, as the most
+        recently used, when the new block is as large as the old and the byte limit allows; False (nothing written)
+        otherwise. Saves the free, the allocation and the index and list updates of a remove and insert."""
+        kb, tag, body, _, check, _, nb = encoded
         h, ent = self.h, self.ent
         b = e * _W
         klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
@@ -163,7 +168,8 @@ class Table:
                 or not 0 < e < self.slots):
             return False
         # The block must be this entry's own (its header names it) before anything is written into it.
-        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != nb | (e << 32):
+        if (not 0 <= off <= self.ring.nbytes - nb or off & 7
+                or self.ring.words[off >> 3] != nb | (e << BLOCK_OWNER_SHIFT)):
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
         mm = self.mm
         h[H_WRITING] = e  # the caller clears it once the store is whole

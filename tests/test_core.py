@@ -104,12 +104,15 @@ class Twins:
         # a: the reference; b: the Python path as the fallback after a hand-over, its views through self.core
         python_path(self.a)
         if self.b._core is not None:
-            self.b._core.release()
-            self.b._core = None
+            b = self.b
+            b._core.release()
+            b._core = None
+            b._path = core.HandOver(b._guard, b._store, b._seg.arena, b._seg.geometry.arena_off, b._pins)
         self.core = core.bind(self.b._seg, 5.0)
+        self.handovers: list[str] = []
+        self.recorded = _recorded(self.b, self.handovers)  # b's batches and views go through it
         self.kind = self.a.kind("k")._n
         assert self.b.kind("k")._n == self.kind
-        self.handovers: list[str] = []
         self.views: list = []
 
     def close(self) -> None:
@@ -117,6 +120,7 @@ class Twins:
             va.close()
             vb.close()
         self.core.release()
+        self.recorded.release()
         for c in (self.a, self.b):
             c.close()
             c.unlink()
@@ -140,8 +144,7 @@ class Twins:
             want = None
         except (PinnedError, TooLargeError) as exc:
             want = type(exc)
-        kb, tag, body, fp, check, size, nb = _encode(key, value)
-        r = self.core.put(kb, tag, body, fp, check, size, nb, self.clock(), -1 if ttl is None else ttl_ns(ttl))
+        r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl))
         if r is core.PINNED:
             got = PinnedError
         elif self._handover(r):
@@ -174,11 +177,11 @@ class Twins:
 
     def _compiled(self, call):
         """``call()`` with b's batches going through Core (every other call of b stays on the Python path)."""
-        self.b._core = _Recording(self.core, self.handovers)
+        python, self.b._path = self.b._path, self.recorded
         try:
             return _outcome(call)
         finally:
-            self.b._core = None
+            self.b._path = python
 
     def get_many(self, keys, via_kind=False):
         a, b = (self.a.kind("k"), self.b.kind("k")) if via_kind else (self.a, self.b)
@@ -205,13 +208,13 @@ class Twins:
             va = self.a.view(key)
         except (KeyError, TypeError):
             va = None
-        self.b._core = _Recording(self.core, self.handovers)
+        python, self.b._path = self.b._path, self.recorded
         try:
             vb = self.b.view(key)
         except (KeyError, TypeError):
             vb = None
         finally:
-            self.b._core = None
+            self.b._path = python
         assert (va is None) == (vb is None)
         if va is not None:
             x, y = va.__enter__(), vb.__enter__()  # (left open: the twins' views stay pinned until unview)
@@ -248,31 +251,34 @@ class Twins:
         assert not _differs(self.a, self.b)
 
 
-class _Recording:
-    """A Core whose batch hand-overs are recorded (their reasons), as Twins records the single calls'."""
+class _Recording(core.HandOver):
+    """A handle's hand-over target whose batch and view hand-overs are recorded (their reasons), as Twins records
+    the single calls'. ``reader``: a Core, to read the reason through (it is this thread's, whichever Core)."""
 
-    def __init__(self, core_, handovers: list) -> None:
-        self.core, self.handovers = core_, handovers
+    __slots__ = ("handovers", "reader")
 
-    def __getattr__(self, name):  # get, put, delete, release: as they are
-        return getattr(self.core, name)
+    def __init__(self, c, handovers: list) -> None:
+        super().__init__(c._guard, c._store, c._seg.arena, c._seg.geometry.arena_off, c._pins)
+        self.handovers, self.reader = handovers, None
 
     def get_many(self, *args):
-        return self._seen(self.core.get_many(*args))
+        self.handovers.append(self.reader.reason)
+        return super().get_many(*args)
 
     def put_many(self, *args):
-        return self._seen(self.core.put_many(*args))
+        self.handovers.append(self.reader.reason)
+        return super().put_many(*args)
 
     def view(self, *args):
-        r = self.core.view(*args)
-        if r is core.HANDOVER:
-            self.handovers.append(self.core.reason)
-        return r
+        self.handovers.append(self.reader.reason)
+        return super().view(*args)
 
-    def _seen(self, result):
-        if result[1] is core.HANDOVER:
-            self.handovers.append(self.core.reason)
-        return result
+
+def _recorded(c, handovers: list):
+    """A Core over ``c``'s segment that hands over to a ``_Recording`` (the caller releases it)."""
+    fallback = _Recording(c, handovers)
+    fallback.reader = bound = core.bind(c._seg, 5.0, fallback)
+    return bound
 
 
 def _outcome(call):
@@ -607,7 +613,7 @@ def test_core_a_pinned_refusal_records_its_reason(name):
         k = core.bind(c._seg, 1.0)
         try:
             with c.view("a"):
-                calls = [lambda: k.put(*item, 0, -1), lambda: k.delete(kb, fingerprint(kb), 0),
+                calls = [lambda: k.put(item, 0, -1), lambda: k.delete(kb, fingerprint(kb), 0),
                          lambda: k.put_many([item], 0, -1)[1]]
                 for call in calls:
                     c._h[H_DIRTY] = 1  # an earlier call's hand-over, for a reason of its own
@@ -688,9 +694,9 @@ def test_core_put_refuses_an_inconsistent_encoding(name):
         try:
             kb, tag, body, fp, check, size, nb = _encode("a", b"xyz")
             with pytest.raises(ValueError):
-                k.put(kb, tag, body, fp, check, size + 1, nb, 0, -1)
+                k.put((kb, tag, body, fp, check, size + 1, nb), 0, -1)
             with pytest.raises(ValueError):
-                k.put(kb, tag, body, fp, check, size, nb - 8, 0, -1)
+                k.put((kb, tag, body, fp, check, size, nb - 8), 0, -1)
         finally:
             k.release()
 
@@ -724,7 +730,7 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> Non
                         c.put(key, value)
                     else:
                         kb, tag, body, fp, check, size, nb = _encode(key, value)
-                        if k.put(kb, tag, body, fp, check, size, nb, c._clock(), -1) is core.HANDOVER:
+                        if k.put((kb, tag, body, fp, check, size, nb), c._clock(), -1) is core.HANDOVER:
                             handovers += 1
                             c.put(key, value)
                 else:
@@ -785,10 +791,10 @@ def _batch_worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) 
         c = SharedCache(name, create=False)
         handovers: list[str] = []
         if use_core:
-            c._core = _Recording(c._core, handovers)
-        else:
             c._core.release()
-            c._core = None
+            c._core = c._path = _recorded(c, handovers)  # released by close()
+        else:
+            python_path(c)
         rng = random.Random(seed)
         assert go.wait(60), "never told to start"
         checked = 0
@@ -863,7 +869,7 @@ _HOSTILE = textwrap.dedent("""
             if op == 0:
                 r = k.get_value(kb, fingerprint(kb), 0, None)  # a checksum that fails is a Raw: an answer
             elif op == 1:
-                r = k.put(*_encode(key, bytes(rng.randrange(500))), 0, -1)
+                r = k.put(_encode(key, bytes(rng.randrange(500))), 0, -1)
             elif op == 2:
                 r = k.delete(kb, fingerprint(kb), 0)
             elif op == 3:  # a batch: its answer is (found, stop)
@@ -1110,7 +1116,7 @@ def test_core_reads_the_monotonic_clock_itself_when_told(name):
         try:
             kb, tag, body, fp, check, size, nb = _encode("a", b"v")
             before = time.monotonic_ns()
-            assert k.put(kb, tag, body, fp, check, size, nb, -1, 10**12) is None  # -1: Core reads CLOCK_MONOTONIC
+            assert k.put((kb, tag, body, fp, check, size, nb), -1, 10**12) is None  # -1: Core reads CLOCK_MONOTONIC
             after = time.monotonic_ns()
             assert before + 10**12 <= c._seg.header_words[H_NEXT_EXPIRY] <= after + 10**12
             assert core_get(k, kb, -1) == b"v"  # 1000 s to live: not expired by Core's own reading

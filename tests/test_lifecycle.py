@@ -247,3 +247,42 @@ def test_lifecycle_unlinked_and_recreated_meanwhile_joins_the_new_segment(name, 
             assert late.get("old") is None  # the new segment, not the unlinked one
             late.put("new", 2)
             assert later.get("new") == 2
+
+
+_IMPORT_WITHOUT_CORE = """
+import sys, warnings
+if {hide}:
+    sys.modules["shmcache._core"] = None  # as if it were not built: its import raises ImportError
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as seen:
+    import shmcache
+    import shmcache.core, shmcache.cache, shmcache.view  # the submodules: no second warning
+    c = shmcache.SharedCache({name!r}, capacity_bytes=1 << 20, max_entries=16, create=True)
+    c.put("k", 1)
+    assert c.get("k") == 1
+    c.close()
+    c.unlink()
+print(shmcache.core.PATH)
+for w in seen:
+    print(w.category.__name__, issubclass(w.category, Warning), str(w.message)[:80])
+"""
+
+
+@pytest.mark.parametrize("case", ["hidden", "pure asked", "built"])
+def test_lifecycle_a_missing_compiled_section_warns_once_unless_the_pure_path_was_asked(name, case):
+    env = {k: v for k, v in os.environ.items() if k != "SHMCACHE_PURE_PYTHON"}
+    if case == "pure asked":
+        env["SHMCACHE_PURE_PYTHON"] = "1"
+    code = _IMPORT_WITHOUT_CORE.format(hide=case != "built", name=name)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    if case == "built" and lines[0] == "compiled":
+        assert lines[1:] == []
+    elif case == "built":
+        pytest.skip("the compiled section is not built here")
+    elif case == "pure asked":
+        assert lines == ["pure Python"]  # asked for: no warning
+    else:
+        assert lines[0] == "pure Python" and len(lines) == 2, lines
+        assert lines[1].startswith("CompiledSectionMissing True shmcache's compiled section (shmcache._core) is not")

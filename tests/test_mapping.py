@@ -331,7 +331,7 @@ def test_mapping_batches_take_the_lock_once(local, path):
 
     guard.enter = counting
     if cache._core is not None:
-        cache._core = CountingCore(cache._core, taken)
+        cache._path = CountingCore(cache._path, taken)
     try:
         m.put_many({f"k{i}": i for i in range(64)})
         assert len(taken) == 1
@@ -341,8 +341,8 @@ def test_mapping_batches_take_the_lock_once(local, path):
         assert len(taken) == 1
     finally:
         del guard.enter
-        if isinstance(cache._core, CountingCore):
-            cache._core = cache._core.core
+        if isinstance(cache._path, CountingCore):
+            cache._path = cache._path.core
     after = cache.stats()
     assert (after.hits - before.hits, after.misses - before.misses) == (64, 1)
     assert m.popitem()[0] == "k63"  # each key the batch got became the most recent in turn: k63 is the least

@@ -265,7 +265,7 @@ def _plant(c: SharedCache, key: str, tag: int, body: bytes) -> None:
     """Store ``body`` under ``key`` as a put would, with a correct checksum, through the cache's own store."""
     from shmcache.layout import EMPTY
 
-    c._guard.run(c._store.store, EMPTY, *c._store.encode(key, None, parts=(tag, body)), 0)
+    c._guard.run(c._store.store, EMPTY, c._store.encode(key, None, parts=(tag, body)), 0)
 
 
 @pytest.mark.parametrize("what", sorted(UNDECODABLE))

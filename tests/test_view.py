@@ -626,8 +626,14 @@ def _segment_fds(name: str) -> set[int]:
 
 
 def _core_view(c, key):
+    """Core.view's own answer for ``key`` (a Lease, a View, None, -1 or HANDOVER, as a Core bound without a fallback
+    gives them), through ``c``'s pins."""
     kb = encode_key(key)
-    return c._core.view(kb, fingerprint(kb), -1, c._pins)
+    bare = core.bind(c._seg, 1.0)
+    try:
+        return bare.view(kb, fingerprint(kb), -1, c._pins)
+    finally:
+        bare.release()
 
 
 @compiled

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import xxhash
 
-from shmcache import SharedCache
+from shmcache import SharedCache, core
 from shmcache.guard import Guard
 from shmcache.lock import hot_unlock
 from shmcache.view import PinDescriptions
@@ -25,6 +25,7 @@ def python_path(cache: SharedCache) -> SharedCache:
         cache._core = None
         cache._pins.close()
         cache._pins = PinDescriptions(cache._seg.fd)
+        cache._path = core.Reference(cache._guard, cache._store, cache._seg.arena, cache._seg.geometry.arena_off)
     return cache
 
 
@@ -49,8 +50,8 @@ def start_and_collect(procs, queue, timeout: float = 60) -> list:
 
 
 class CountingCore:
-    """A handle's compiled section (``SharedCache._core``) with its batch calls listed in ``calls``: each takes the
-    lock once, in C, where the Python path's batch goes through ``Guard.run`` once."""
+    """A handle's compiled section (``SharedCache._path``, a Core) with its batch calls listed in ``calls``: each
+    takes the lock once, in C, where the Python path's batch goes through ``Guard.run`` once."""
 
     def __init__(self, core, calls: list) -> None:
         self.core, self.calls = core, calls
@@ -79,7 +80,7 @@ def count_lock_holds(monkeypatch, handle: SharedCache) -> list:
 
     monkeypatch.setattr(Guard, "run", counted)
     if handle._core is not None:
-        monkeypatch.setattr(handle, "_core", CountingCore(handle._core, holds))
+        monkeypatch.setattr(handle, "_path", CountingCore(handle._path, holds))
     return holds
 
 

@@ -39,7 +39,7 @@ def begin_fill_locked(store, mkb: bytes, mfp: int, mark_ttl: int) -> int:
     m = store.find_live(mkb, mfp, True)
     expires = store.expires_at(mark_ttl)
     if m == EMPTY:
-        store.store(EMPTY, *store.encode(None, 0, mkb), expires)
+        store.store(EMPTY, store.encode(None, 0, mkb), expires)
         m = store.find_live(mkb, mfp)
     elif store.exp[m] and store.exp[m] < expires:
         store.set_expiry(m, expires)  # later, never earlier
@@ -58,7 +58,7 @@ def store_locked(store, encoded: Encoded, mkb: bytes, mfp: int, generation: int,
     old = store.find_live(encoded.kb, encoded.fp, True)
     if old != EMPTY and store.version(old) > version:
         return False
-    store.store(old, *encoded, store.expires_at(ttl), version)
+    store.store(old, encoded, store.expires_at(ttl), version)
     return True
 
 
@@ -74,7 +74,7 @@ def invalidate_locked(store, kb: bytes, fp: int, mkb: bytes, mfp: int, version: 
         return e != EMPTY
     if m != EMPTY and _mark(store, m) < version:
         try:  # the same generation: the fills registered on this mark stay registered
-            store.store(m, *store.encode(None, version, mkb), store.exp[m], store.version(m))
+            store.store(m, store.encode(None, version, mkb), store.exp[m], store.version(m))
         except ShmCacheError:  # no room for the larger int: without its mark, the fill it served is refused
             _drop(store, store.find_live(mkb, mfp))
     e = store.find_live(kb, fp)
