@@ -84,3 +84,78 @@ def _violations_of(path: pathlib.Path) -> list[str]:
         return _violations(path)
     finally:
         PACKAGE = saved
+
+
+# ---------------------------------------------------------------------------------------------- the C twins
+# Each C function of the compiled section that mirrors a Python one names it, as "(twin: table.py Table.insert)"; the
+# parts of _core.c name their module ("Twin of table.py (Table)"). A twin renamed or removed on the Python side must
+# fail here, or the C comments would send a reader to code that is not there.
+C_SOURCES = sorted(PACKAGE.glob("_*.c")) + sorted(PACKAGE.glob("_*.h"))
+_TWIN = re.compile(r"\(twin: ([\w/]+\.py) ([A-Za-z_][\w.]*)\)")
+_PART = re.compile(r"Twin of ((?:[\w/]+\.py(?: \([A-Za-z_][\w.]*\))?(?:, | and )?)+)")
+_PART_ITEM = re.compile(r"([\w/]+\.py)(?: \(([A-Za-z_][\w.]*)\))?")
+
+
+def _names(tree: ast.Module) -> set[str]:
+    """Every qualified name ``tree`` defines: functions, classes, their methods and class attributes, and module
+    assignments."""
+    out: set[str] = set()
+
+    def visit(body, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(prefix + node.name)
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, prefix + node.name + ".")
+            elif isinstance(node, ast.Assign):
+                out.update(prefix + t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out.add(prefix + node.target.id)
+
+    visit(tree.body, "")
+    return out
+
+
+def _twins(text: str) -> list[tuple[str, str | None]]:
+    """The (module, name) pairs the C source ``text`` cites as its twins (name None: the module alone); a citation
+    may run over a comment's line break."""
+    flat = " ".join(re.sub(r"\n\s*\*(?!/)", " ", text).split())
+    found: list[tuple[str, str | None]] = list(_TWIN.findall(flat))
+    for m in _PART.finditer(flat):
+        found += [(f, n or None) for f, n in _PART_ITEM.findall(m.group(1))]
+    return found
+
+
+def _missing_twins(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> list[str]:
+    missing = []
+    for module, name in _twins(path.read_text()):
+        target = package / module
+        if not target.exists():
+            missing.append(f"{path.name}: {module} does not exist")
+        elif name is not None and name not in _names(ast.parse(target.read_text())):
+            missing.append(f"{path.name}: {module} has no {name}")
+    return missing
+
+
+@pytest.mark.parametrize("path", C_SOURCES, ids=lambda p: p.name)
+def test_seams_every_cited_twin_exists(path):
+    assert _missing_twins(path) == []
+
+
+def test_seams_the_compiled_section_cites_its_twins():
+    """Every part of _core.c names its Python module, and the locked operations name their functions."""
+    parts = sorted(PACKAGE.glob("_core_*.c"))
+    assert len(parts) == 8 and all(_PART.search(p.read_text()) for p in parts)
+    cited = {t for p in parts for t in _twins(p.read_text())}
+    for twin in [("table.py", "Table.insert"), ("table.py", "Table.evict_until"), ("store.py", "Store.put"),
+                 ("store.py", "Store.read"), ("entries.py", "get_many_locked"), ("index.py", "find")]:
+        assert twin in cited
+    assert max(len(p.read_text().splitlines()) for p in [*parts, PACKAGE / "_core.c"]) < 1000
+
+
+def test_seams_twin_check_catches_a_missing_twin(tmp_path):
+    (tmp_path / "table.py").write_text("class Table:\n    def insert(self):\n        pass\n")
+    c = tmp_path / "_x.c"
+    c.write_text("/* Twin of table.py (Table). */\n/* (twin: table.py Table.insert) */\n/* (twin: table.py\n"
+                 " * Table.evict) (twin: gone.py f) */\n")
+    assert _missing_twins(c, tmp_path) == ["_x.c: table.py has no Table.evict", "_x.c: gone.py does not exist"]
