@@ -302,7 +302,7 @@ def cmd_stats(args) -> int:
                 print(hot_path())
 
             if args.prometheus:
-                print(_with_samples(prometheus_text({c.name: stats})), end="")
+                print(prometheus_text({c.name: stats}), end="")
                 sys.stdout.flush()
             elif args.watch:
                 _watch_frame(args, {**d, "rates": rates}, render)
@@ -313,21 +313,6 @@ def cmd_stats(args) -> int:
             if not args.watch:
                 return 0
             time.sleep(args.watch)
-
-
-def _with_samples(text: str) -> str:
-    """Prometheus text without the metric families that have no sample (HELP and TYPE lines with nothing under
-    them: the cache families when ``tier`` prints a namespace's, the kind families of a cache without kinds). The
-    format allows an empty family, but it carries nothing, and a zero sample would be a figure nobody measured."""
-    out: list[str] = []
-    family: list[str] = []
-    for line in [*text.splitlines(), "# HELP"]:  # (the sentinel ends the last family)
-        if line.startswith("# HELP"):
-            if any(not f.startswith("#") for f in family):
-                out += family
-            family = []
-        family.append(line)
-    return "".join(f"{line}\n" for line in out)
 
 
 def cmd_inspect(args) -> int:
@@ -801,7 +786,7 @@ def cmd_tier(args) -> int:
             print(_table(_rows_with_rates(shown, rates, interval.rated)))
 
         if args.prometheus:
-            print(_with_samples(prometheus_text({}, tiers={(args.name, args.namespace): stats})), end="")
+            print(prometheus_text({}, tiers={(args.name, args.namespace): stats}), end="")
             sys.stdout.flush()
         elif args.watch:
             _watch_frame(args, {**d, "rates": rates}, render)

@@ -139,24 +139,25 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats],
     """Prometheus text exposition (format 0.0.4) of the stats of each named cache, labelled ``cache="NAME"``:
     what a scrape endpoint of a worker pool returns, one set of global numbers whichever worker serves it.
     ``tiers`` maps ``(cache name, namespace)`` to a ``TieredCache``'s ``stats()``: its counters follow, as
-    ``shmcache_tier_*`` labelled with both, and its remote latency percentiles as a summary."""
-    lines = []
+    ``shmcache_tier_*`` labelled with both, and its remote latency percentiles as a summary. A family with no sample
+    (the kind families of caches without kinds) is left out: the format allows one, but it carries nothing."""
+    lines: list[str] = []
+
+    def family(metric: str, kind: str, help_text: str, samples: list[str]) -> None:
+        if samples:
+            lines.extend((f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", *samples))
+
+    caches = sorted(stats_by_cache.items())
     for attr, suffix, kind, help_text in _PROMETHEUS:
         metric = f"shmcache_{suffix}"
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} {kind}")
-        for cache, stats in sorted(stats_by_cache.items()):
-            value = getattr(stats, attr)
-            lines.append(f'{metric}{{cache="{prometheus_label(cache)}"}} {value!r}')
+        family(metric, kind, help_text,
+               [f'{metric}{{cache="{prometheus_label(cache)}"}} {getattr(stats, attr)!r}' for cache, stats in caches])
     for suffix, attr, help_text in (("kind_entries", "entries", "resident entries of a key kind"),
                                     ("kind_retained_bytes", "retained_bytes", "encoded keys and values of a key kind")):
         metric = f"shmcache_{suffix}"
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} gauge")
-        for cache, stats in sorted(stats_by_cache.items()):
-            for kind, counts in sorted(stats.kinds.items()):
-                labels = f'cache="{prometheus_label(cache)}",kind="{prometheus_label(kind)}"'
-                lines.append(f"{metric}{{{labels}}} {getattr(counts, attr)!r}")
+        family(metric, "gauge", help_text, [
+            f'{metric}{{cache="{prometheus_label(cache)}",kind="{prometheus_label(kind)}"}} {getattr(counts, attr)!r}'
+            for cache, stats in caches for kind, counts in sorted(stats.kinds.items())])
     if tiers:  # each TierStats formats its kind's lines (the tier package sits above this module)
         lines += next(iter(tiers.values())).prometheus_lines(sorted(tiers.items()))
-    return "\n".join(lines) + "\n"
+    return "".join(f"{line}\n" for line in lines)

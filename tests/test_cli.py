@@ -851,3 +851,20 @@ def test_cli_get_and_dump_unpickle_nothing_unless_asked(capsys, name, monkeypatc
         rc, out, _ = run(capsys, "dump", name, "--unpickle")
         assert rc == 0 and {d["key"]: d for d in map(json.loads, out.splitlines())}["set"] == {
             "key": "set", "encoding": "repr", "value": "{1, 2}", "ttl_s": None}
+
+
+def test_prometheus_text_leaves_out_families_without_samples(name):
+    """No HELP and TYPE lines with nothing under them: a cache without kinds has no kind family, and no cache none."""
+    from shmcache import prometheus_text
+
+    assert prometheus_text({}) == ""
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True) as c:
+        c.put("a", 1)
+        text = prometheus_text({name: c.stats()})
+        assert "shmcache_kind_entries" not in text and 'shmcache_entries{cache="' + name + '"} 1' in text
+        c.kind("k").put("x", 2)
+        text = prometheus_text({name: c.stats()})
+        assert f'shmcache_kind_entries{{cache="{name}",kind="k"}} 1' in text
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert set(helps) == samples
