@@ -8,13 +8,14 @@
  *
  * Each method runs the whole locked section in C, as shmcache/table.py, arena.py, index.py and lru.py do it in
  * Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
- * unusual is handed back to the Python path (HANDOVER), which knows how to judge, repair and raise: the dirty word
+ * unusual is handed over to the Python path (the handle's core.HandOver, called from C with the call's own
+ * arguments; a Core bound without one answers HANDOVER), which knows how to judge, repair and raise: the dirty word
  * set on entry, a damaged mutex kind word, a re-entered call (EDEADLK), a dead holder (EOWNERDEAD), a lock wait past
  * the timeout, a put above the byte limit or a damaged default time to live, and any bound failing on the segment's
  * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
  * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
- * and a refusal is answered with PINNED, the segment consistent, for the caller to raise PinnedError. A batch that
- * stops part-way says how far it got; the Python path does the rest.
+ * and a refusal is handed over too, the segment consistent, for the Python path to raise PinnedError (PINNED,
+ * without a fallback). A batch that stops part-way hands over how far it got; the Python path does the rest.
  *
  * Why plain C and not Cython: no build-time dependency beyond a C compiler, direct control over the GIL and the
  * memory touched, and no generated code to audit.

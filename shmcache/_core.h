@@ -91,7 +91,7 @@ typedef struct {
 
 
 static PyObject *HANDOVER; /* returned, without a fallback, when the Python path must take the call */
-static PyObject *PINNED;   /* returned, without a fallback, when pinned entries leave no room (the Python side raises) */
+static PyObject *PINNED;   /* returned, without a fallback, when pins leave no room (the Python side raises) */
 /* The fallback's methods, interned at import (_core.c). */
 static PyObject *N_GET_VALUE, *N_PUT, *N_DELETE, *N_VIEW, *N_GET_MANY, *N_PUT_MANY, *N_FINISH, *N_FIRST_LOOK,
     *N_ROOM_PINNED;

@@ -1,5 +1,6 @@
 /* shmcache._core, the arena: blocks allocated in a ring, compacted past pinned blocks.
- * Twin of arena.py. A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of arena.py.
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 /* The size of a block holding ``payload`` key and value bytes. (twin: block.py nbytes) */

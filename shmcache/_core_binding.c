@@ -1,5 +1,6 @@
 /* shmcache._core, binding: a Core bound to one segment's buffer and to the numbers shmcache/layout gives.
- * Twin of core.py (bind, offsets). A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of core.py (bind, offsets).
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 static int take(PyObject *d, const char *key, int64_t *out)

@@ -1,5 +1,6 @@
 /* shmcache._core, the index: open addressing with linear probing, no tombstones.
- * Twin of index.py. A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of index.py.
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 /* The entry holding key ``kb`` (fingerprint ``fp``), or EMPTY, into *out. (twin: index.py find) */

@@ -1,5 +1,6 @@
 /* shmcache._core, the lock: the robust mutex taken, waited for with the GIL released, and given back.
- * Twin of lock.py (SegmentLock). A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of lock.py (SegmentLock).
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 #ifndef SPIN_ROUNDS

@@ -1,5 +1,6 @@
 /* shmcache._core, the LRU list: doubly linked through the entry table, the sentinel at slot 0.
- * Twin of lru.py. A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of lru.py.
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 /* Make entry ``e`` the most recently used. (twin: lru.py move_to_front) */

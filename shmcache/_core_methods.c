@@ -1,5 +1,6 @@
 /* shmcache._core, the methods: arguments checked, the lock entered and left, results built, hand-overs made.
- * Twin of cache.py (SharedCache) and mapping.py (LocalMapping). A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of cache.py (SharedCache) and mapping.py (LocalMapping).
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 static int arg_bytes(PyObject *o, const char *what, const char **p, int64_t *n)
@@ -567,39 +568,46 @@ static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
     return PyBool_FromLong(c->released);
 }
 
+/* Each method's answers "with a fallback" are a handle's (core.path); "without" are a bare Core's (tests). */
 static PyMethodDef Core_methods[] = {
     {"get_value", (PyCFunction)(void (*)(void))Core_get_value, METH_FASTCALL,
-     "get_value(kb, fp, now_ns, default) -> value | default | Raw | HANDOVER\n\nA lookup as SharedCache.get does "
-     "it (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock itself, only if an expiry "
-     "needs it; the same for every method). A hit moves the entry to the front and counts a hit; a miss (or an "
-     "expired entry, dropped: one a view pins stays) counts a miss and answers default. The value is copied out under "
-     "the lock; after the unlock its checksum is checked, bytes are returned as they are and plain msgpack values "
-     "decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a value the decoder declines) "
-     "comes back as a Raw, for the Python side (core.finish)."},
+     "get_value(kb, fp, now_ns, default) -> value | default (without a fallback: also Raw | HANDOVER)\n\nA lookup "
+     "as SharedCache.get does it (now_ns: the CLOCK_MONOTONIC reading expiry is judged by; -1: Core reads the clock "
+     "itself, only if an expiry needs it; the same for every method). A hit moves the entry to the front and counts "
+     "a hit; a miss (or an expired entry, dropped: one a view pins stays) counts a miss and answers default. The "
+     "value is copied out under the lock; after the unlock its checksum is checked, bytes are returned as they are "
+     "and plain msgpack values decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a "
+     "value the decoder declines) is a Raw, which the fallback finishes (HandOver.finish); a hand-over calls the "
+     "fallback's get_value with the same arguments."},
     {"view", (PyCFunction)(void (*)(void))Core_view, METH_FASTCALL,
-     "view(kb, fp, now_ns, pins) -> View | Lease | None | -1 | HANDOVER\n\nThe key's entry pinned for a view (as "
-     "Store.pin, through a description of pins), counted as a lookup: the View when this handle checked that "
-     "stored value before, else the Lease of the pin for view.first_look; None on a miss; -1 for a value view() "
-     "does not serve (nothing counted or pinned)."},
+     "view(kb, fp, now_ns, pins) -> View | None | UNVIEWABLE (without a fallback: Lease | None | -1 | HANDOVER)"
+     "\n\nThe key's entry pinned for a view (as Store.pin, through a description of pins), counted as a lookup: the "
+     "View when this handle checked that stored value before, else the Lease of the pin, which the fallback looks at "
+     "first (HandOver.first_look); None on a miss; UNVIEWABLE (-1) for a value view() does not serve (nothing "
+     "counted or pinned)."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
-     "put(kb, tag, body, fp, check, size, nb, now_ns, ttl_ns) -> None | PINNED | HANDOVER\n\nStore an encoded "
-     "entry as SharedCache.put does under the lock (ttl_ns -1: the cache's default). PINNED: a view pins the key's "
-     "entry, or the room needed (the segment is consistent; raise PinnedError)."},
+     "put(encoded, now_ns, ttl_ns) -> None (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
+     "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns -1: the cache's default). "
+     "A view pinning the key's entry or the room needed (the segment consistent), and anything unusual, are handed "
+     "over: the fallback's put raises PinnedError, TooLargeError, or stores it."},
     {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
-     "delete(kb, fp, now_ns) -> bool | PINNED | HANDOVER\n\nRemove the key, as SharedCache.delete does; True if "
-     "it was present and live. PINNED: a view pins it (nothing changed; raise PinnedError)."},
+     "delete(kb, fp, now_ns) -> bool (without a fallback: also PINNED | HANDOVER)\n\nRemove the key, as "
+     "SharedCache.delete does; True if it was present and live. A view pinning it (nothing changed) is handed over: "
+     "the fallback raises PinnedError."},
     {"get_many", (PyCFunction)(void (*)(void))Core_get_many, METH_FASTCALL,
-     "get_many(kbs, fps, now_ns, default) -> (found, stop)\n\nA lookup of each key (kbs[i], fingerprint fps[i]) in "
-     "order under one hold of the lock, as entries.get_many_locked does: found holds, for each key looked up, what "
-     "get_value returns for it (default for a miss, the value, or a Raw). stop: None, every key looked up; HANDOVER, the batch stopped at "
-     "kbs[len(found)] (nothing of it counted or moved; reason says why): the Python path looks up the rest."},
+     "get_many(kbs, fps, now_ns, default) -> list (without a fallback: (found, stop))\n\nA lookup of each key "
+     "(kbs[i], fingerprint fps[i]) in order under one hold of the lock, as entries.get_many_locked does: for each "
+     "key, what get_value answers. A batch stopped by a hand-over at kbs[len(found)] (nothing of it counted or "
+     "moved) is finished by the fallback's get_many(kbs, fps, now_ns, default, found, waited); without one, stop is "
+     "None (every key looked up) or HANDOVER, and found holds Raws unfinished."},
     {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
-     "put_many(items, now_ns, ttl_ns) -> (done, stop)\n\nStore each encoded entry (kb, tag, body, fp, check, size, "
-     "nb) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns (-1: the "
-     "cache's default); done: how many were stored. stop: None, all of them; PINNED, the room items[done] needs is "
-     "pinned (the segment is consistent; raise PinnedError); HANDOVER, the Python path stores items[done:] (an "
-     "entry above the byte limit hands over the whole batch first, and a view pinning items[done]'s key hands it "
-     "over with nothing of it written, reason \"pinned\")."},
+     "put_many(items, now_ns, ttl_ns) -> None (without a fallback: (done, stop))\n\nStore each item (a "
+     "store.Encoded) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns "
+     "(-1: the cache's default). Room that pinned entries hold is refused through the fallback's room_pinned "
+     "(PinnedError; the segment consistent, items[:done] stored); a hand-over (an entry above the byte limit hands "
+     "over the whole batch first, and a view pinning items[done]'s key hands it over with nothing of it written, "
+     "reason \"pinned\") has the fallback's put_many store items[done:]. Without a fallback, done counts what was "
+     "stored and stop is None, PINNED or HANDOVER."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},
@@ -616,7 +624,8 @@ static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher): the compiled get/put/delete and batches of a segment.",
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher, fallback=None): the compiled get, put, delete, "
+              "view and batches of a segment; fallback: the core.HandOver it hands over to.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,

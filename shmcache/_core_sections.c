@@ -1,5 +1,6 @@
 /* shmcache._core, the locked sections: one get, put, delete, pin or batch under one hold of the lock.
- * Twin of store.py (Store) and entries.py. A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of store.py (Store) and entries.py.
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 /* An expired entry that no pin flag marks: dropped, counted in ``expired``. (twin: store.py Store.lapse) */

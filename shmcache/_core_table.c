@@ -1,5 +1,6 @@
 /* shmcache._core, the table: entries inserted, overwritten, removed and evicted, every structure kept in step.
- * Twin of table.py (Table). A part of the one translation unit _core.c includes: see _core.c. */
+ * Twin of table.py (Table).
+ * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 /* Whether a view (of any process) still pins entry ``e``: a flagged entry is pinned while another description holds

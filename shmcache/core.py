@@ -1,13 +1,11 @@
-"""The compiled critical section (``shmcache._core``): whether it is built, and binding it to one attached segment.
+"""The one choice between the compiled section (``shmcache._core``) and the Python path, made once per handle.
 
-``bind(seg)`` hands the C code the segment's writable buffer and every offset, word number and constant it uses,
-taken from ``shmcache/layout`` (and the mutex's kind word from ``lock.py``) here, so that the layout has one source
-of truth: ``_core.c`` holds no layout number of its own. The pure-Python operations (``table.py`` and the structures
-under it) stay the reference and the fallback; ``tests/test_core.py`` pins the two to byte-identical segments.
-
-The C methods answer ``HANDOVER`` for anything unusual (see ``_core.c``): the caller then runs the Python path,
-which judges, repairs and raises. A ``Core`` keeps a buffer export of the mapping: ``release()`` it before the
-segment is closed, or the mapping cannot be unmapped.
+``path`` gives a handle the object its hot calls go to (docs/design.md, "The seams"): a ``Core`` bound with a
+``HandOver``, which the C calls for whatever it does not finish, or a ``Reference`` where the extension is not built
+(or SHMCACHE_PURE_PYTHON=1). ``bind`` hands the C the segment's writable buffer and every offset, word number and
+constant it uses, taken from ``shmcache/layout`` (and the mutex's kind word from ``lock.py``), so that the layout has
+one source of truth. A ``Core`` keeps a buffer export of the mapping: ``release()`` it before the segment is closed,
+or the mapping cannot be unmapped.
 """
 
 from __future__ import annotations
