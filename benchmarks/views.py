@@ -5,7 +5,8 @@ reference. Prints a table; ``--json FILE`` also writes the figures. Nothing pass
 A view pays the cache lock, two kernel-lock calls (the pin and its end) and the arrays built over the bytes, and
 copies nothing; a get pays the lock, one copy and the checksum of the copy. The "view" column is a handle's later
 views of a stored value it checked before; "first view" is its first, which also checks the checksum over the bytes
-(the checksum policy, README "Zero-copy reads"): timed by making the handle forget what it checked before each call.
+(the checksum policy, docs/usage.md, "Zero-copy reads of large values"): timed by making the handle forget what it
+checked before each call.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Short runs of the stress scripts (stress/), so every CI run also kills lock holders and damages segments.
 
-The long runs, with their figures in the README, are the same scripts run for minutes instead of seconds.
+The long runs, with their figures in docs/operations.md ("Measured under stress"), are the same scripts run for
+minutes instead of seconds.
 """
 
 from __future__ import annotations

@@ -582,8 +582,9 @@ def _flip_value_byte(cache: SharedCache, key, at: int) -> None:
 
 
 def test_view_checks_each_stored_value_once_per_handle(cache, name):
-    """The view's checksum policy (README, "Zero-copy views"): a handle checks a stored value on its first view of
-    it; a value stored anew is checked again; another handle checks for itself. A get checks every time."""
+    """The view's checksum policy (docs/usage.md, "Zero-copy reads of large values"): a handle checks a stored value
+    on its first view of it; a value stored anew is checked again; another handle checks for itself. A get checks
+    every time."""
     cache.put("a", np.arange(1000.0))
     with cache.view("a") as arr:
         assert arr[10] == 10.0
