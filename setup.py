@@ -17,11 +17,21 @@ Environment:
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+
+def _sources_digest() -> str:
+    """shmcache/_sources.py's digest of the C sources, loaded by path (the package's dependencies may be missing)."""
+    spec = importlib.util.spec_from_file_location("_shmcache_sources", os.path.join("shmcache", "_sources.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sources_digest("shmcache") or ""
+
 
 _flags = ["-O2", "-Wall", "-Wextra", "-fwrapv", "-std=c11"]
 _link = []
@@ -42,6 +52,11 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as exc:  # no compiler at all (setuptools raises its own error classes)
             self._skip(exc)
+            return
+        # Built for an install from a checkout (`pip install .`): the checkout gets its copy too, so that code run
+        # from inside it (`python -m shmcache`, a script), which imports ./shmcache, is never an unbuilt package.
+        if not self.inplace and not self.skipped and os.path.isdir(".git"):
+            self.copy_extensions_to_source()
 
     def build_extension(self, ext):
         try:
@@ -63,6 +78,7 @@ setup(
     ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c", "shmcache/_view.c"],
                            depends=["shmcache/_core.h", "shmcache/_unpack.h", "shmcache/_view.h",
                                     *sorted(glob.glob("shmcache/_core_*.c"))],
+                           define_macros=[("SHMCACHE_SOURCES", f'"{_sources_digest()}"')],
                            extra_compile_args=_flags, extra_link_args=_link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -39,6 +39,10 @@
  */
 #include "_core.h"
 
+#ifndef SHMCACHE_SOURCES
+#define SHMCACHE_SOURCES "" /* built without setup.py: the digest of its sources is unknown, and not checked */
+#endif
+
 #include "_core_binding.c"
 #include "_core_lock.c"
 #include "_core_arena.c"
@@ -123,7 +127,7 @@ PyMODINIT_FUNC PyInit__core(void)
         }
         Py_DECREF(v);
     }
-    if (view_types_add(m) < 0)
+    if (view_types_add(m) < 0 || PyModule_AddStringConstant(m, "SOURCES", SHMCACHE_SOURCES) < 0)
         goto fail;
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {

@@ -13,6 +13,7 @@ from .store import Fields
 HANDOVER: Final[object]  # (no fallback) the Python path must make the call; Core.reason says why
 PINNED: Final[object]  # (no fallback) pinned entries leave no room, or a view pins the key's entry
 REASONS: Final[dict[str, int]]  # every value Core.reason takes
+SOURCES: Final[str]  # the digest of the C sources it was built from (shmcache/_sources.py; "": not known)
 
 class Raw(tuple[int, bytes | bytearray, int, bool]):
     """A hit ``Core.get_value`` leaves to the Python side to decode or to judge."""

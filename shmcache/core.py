@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
 from . import ofd
 from .arena import block_nbytes
+from ._sources import sources_digest
 from .errors import CompiledSectionMissing
 from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, array_over, xxh3
 from .layout import (
@@ -30,6 +32,10 @@ try:
     if _PURE_ASKED:
         raise ImportError("SHMCACHE_PURE_PYTHON=1")
     from . import _core  # (shmcache/_core.pyi describes it)
+
+    _here = sources_digest(os.path.dirname(os.path.abspath(__file__)))
+    if _core.SOURCES and _here is not None and _here != _core.SOURCES:
+        raise ImportError("it was built from other C sources than those beside it: rebuild it")
 except ImportError as exc:
     _core = None  # type: ignore[assignment]  # (None: the pure-Python path)
     if not _PURE_ASKED:
@@ -49,8 +55,11 @@ def _missing_message(exc: ImportError) -> str:
     """Why the compiled section is missing, and what to do, for the warning an import without it gives."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
+    if not any(os.path.exists(os.path.join(here, "_core" + suffix)) for suffix in EXTENSION_SUFFIXES):
+        exc = ImportError(f"no {os.path.join(here, '_core')}{EXTENSION_SUFFIXES[0]} was built")
     if os.path.exists(os.path.join(root, "pyproject.toml")) and os.path.exists(os.path.join(root, "setup.py")):
-        fix = (f"shmcache was imported from the source checkout {root}, where it is not built: build it in place "
+        fix = (f"shmcache was imported from the source checkout {root}, where it is not built (or was built from "
+               "other sources): build it in place "
                "(`pip install -e .`, or `python setup.py build_ext --inplace`), or run from another directory to "
                "import the installed copy")
     else:

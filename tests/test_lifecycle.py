@@ -7,6 +7,7 @@ import fcntl
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import stat
 import subprocess
 import sys
@@ -286,3 +287,26 @@ def test_lifecycle_a_missing_compiled_section_warns_once_unless_the_pure_path_wa
     else:
         assert lines[0] == "pure Python" and len(lines) == 2, lines
         assert lines[1].startswith("CompiledSectionMissing True shmcache's compiled section (shmcache._core) is not")
+
+
+def test_lifecycle_an_extension_built_from_other_sources_is_refused(tmp_path):
+    """A checkout pulled or edited since its last build: the compiled section does not match the C beside it, so it
+    is not run against Python code it was not built for; the import warns and takes the Python path."""
+    from shmcache import core
+
+    if core.PATH != "compiled" or not core._core.SOURCES:
+        pytest.skip("the compiled section is not built here (or not by setup.py)")
+    package = os.path.dirname(core.__file__)
+    copy = tmp_path / "shmcache"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import shmcache.core as k; print(k.PATH)"
+    env = {k: v for k, v in os.environ.items() if k != "SHMCACHE_PURE_PYTHON"}
+    same = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert same.stdout.strip() == "compiled" and "CompiledSectionMissing" not in same.stderr, same.stderr
+    with open(copy / "_core_lru.c", "a") as f:
+        f.write("/* an edit since the build */\n")
+    edited = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert edited.stdout.strip() == "pure Python"
+    assert "CompiledSectionMissing" in edited.stderr and "built from other C sources" in edited.stderr
