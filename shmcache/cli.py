@@ -297,7 +297,8 @@ def cmd_stats(args) -> int:
             def render() -> None:
                 print(_table(_rows_with_rates(d, rates, STATS_COUNTERS, skip=("kinds",))))
                 if d["kinds"]:
-                    print(_table([[f"kind {k!r}", f"{v['entries']} entries, {v['retained_bytes']} bytes"]
+                    print(_table([[f"kind {k!r}", f"{_count(v['entries'], 'entry', 'entries')}, "
+                                                  f"{_count(v['retained_bytes'], 'byte', 'bytes')}"]
                                   for k, v in d["kinds"].items()]))
                 print(hot_path())
 
@@ -805,16 +806,26 @@ def cmd_bench(args) -> int:
     return run_demo(args)
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmcache", description="Inspect and manage the shmcache caches of this host.")
     p.add_argument("--version", action="version", version=f"shmcache {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn, help: str, json_flag: bool = True, trust: bool = True) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, json_flag: bool = True, trust: bool = True,
+            prometheus: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(fn=fn)
+        out = sp.add_mutually_exclusive_group() if prometheus else sp
         if json_flag:
-            sp.add_argument("--json", action="store_true", help="print one JSON document")
+            out.add_argument("--json", action="store_true",
+                             help="print one JSON document (with --watch: one per refresh, as JSON Lines)"
+                             if prometheus else "print one JSON document")
+        if prometheus:
+            out.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
         if trust:  # the SharedCache options that say which segments may be opened (see its docstring)
             sp.add_argument("--mode", type=_octal, default=0o600,
                             help="the broadest permissions a segment may have, in octal (default 600)")
@@ -823,10 +834,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     add("ls", cmd_ls, "list every shmcache cache on this host")
-    sp = add("stats", cmd_stats, "print a cache's global counters")
+    sp = add("stats", cmd_stats, "print a cache's global counters", prometheus=True)
     sp.add_argument("name")
     sp.add_argument("--watch", type=parse_watch, metavar="SECONDS", help="refresh every SECONDS until interrupted")
-    sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("inspect", cmd_inspect, "layout, limits, arena fill and an integrity check of a cache")
     sp.add_argument("name")
     sp.add_argument("--shallow", action="store_true", help="skip re-hashing every stored key and value")
@@ -867,11 +877,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")
     sp.add_argument("--max-retained-bytes", type=parse_size, metavar="SIZE", help="e.g. 134217728, 128MiB, 1e8")
     sp = add("tier", cmd_tier, "a TieredCache namespace's counts on this host: local and remote hits, misses, "
-                               "errors, remote latency percentiles (no NAME: list the namespaces)")
+                               "errors, remote latency percentiles (no NAME: list the namespaces)", prometheus=True)
     sp.add_argument("name", nargs="?", help="the local cache")
     sp.add_argument("namespace", nargs="?", help="the namespace (may be left out if the cache fronts only one)")
     sp.add_argument("--watch", type=parse_watch, metavar="SECONDS", help="refresh every SECONDS until interrupted")
-    sp.add_argument("--prometheus", action="store_true", help="print the Prometheus text exposition instead")
     sp = add("bench", cmd_bench, "demo: worker processes share one cache under a skewed workload", trust=False)
     sp.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     sp.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")

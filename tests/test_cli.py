@@ -87,7 +87,11 @@ def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
 def test_cli_stats_shows_each_kind(capsys, filled, name):
     filled.kind("jvp").put("k", 1)
     rc, out, _ = run(capsys, "stats", name)
-    assert rc == 0 and re.search(r"kind 'jvp'\s+1 entries, \d+ bytes", out) and re.search(r"expired\s+0", out)
+    assert rc == 0 and re.search(r"kind 'jvp'\s+1 entry, \d+ bytes", out) and re.search(r"expired\s+0", out)
+    with pytest.raises(SystemExit) as exc:  # one format at a time, refused before any output
+        run(capsys, "stats", name, "--json", "--prometheus")
+    out = capsys.readouterr()
+    assert exc.value.code == 2 and out.out == "" and "not allowed with" in out.err
     rc, out, _ = run(capsys, "stats", name, "--json")
     retained = filled.kind("jvp").stats().retained_bytes
     assert json.loads(out)["kinds"] == {"jvp": {"entries": 1, "retained_bytes": retained}}
