@@ -38,7 +38,17 @@ name, op, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 KEYS = 40
 files = [tempfile.TemporaryFile() for _ in range(4)]  # this process's own files: must stay open, and the same
 own = {f.fileno(): (os.fstat(f.fileno()).st_dev, os.fstat(f.fileno()).st_ino) for f in files}
+def fd_targets():
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # (the listing's own descriptor, closed since)
+    return out
+
 fds_start = len(os.listdir("/proc/self/fd"))
+targets_start = fd_targets()
 c = SharedCache(name, create=False)
 t = None
 if op == "tiered":
@@ -125,7 +135,12 @@ if op == "tiered":
 c.close()
 del c, f, one, t  # the lock's page stays mapped (its descriptor open) until the handle is collected
 gc.collect()
+import threading
+for thread in threading.enumerate():  # a closed TieredCache's listener closes its descriptors as it ends
+    if thread is not threading.main_thread():
+        thread.join(10)  # (one that never ends fails the count below)
 fds_end = len(os.listdir("/proc/self/fd"))
+leaked = sorted(f"{fd}: {target}" for fd, target in fd_targets().items() if targets_start.get(fd) != target)
 closed = []
 for fd, ident in own.items():
     try:
@@ -135,7 +150,7 @@ for fd, ident in own.items():
     except OSError:
         closed.append(fd)
 print(json.dumps({"fds_before": fds_before, "fds_after": fds_after, "fds_start": fds_start, "fds_end": fds_end,
-                  "own_closed": closed}), flush=True)
+                  "own_closed": closed, "leaked": leaked}), flush=True)
 """
 
 
@@ -189,7 +204,7 @@ def _assert_clean(r: dict) -> None:
     assert r["held"] == [], r
     assert r["own_closed"] == [], r
     assert r["fds_after"] <= r["fds_before"] + 2, r  # idle pooled descriptions aside
-    assert r["fds_end"] == r["fds_start"], r
+    assert r["fds_end"] == r["fds_start"], r["leaked"]  # what each descriptor left open is
 
 
 @pytest.fixture
