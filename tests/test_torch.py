@@ -282,12 +282,47 @@ class CountingDataset(Dataset):
         return self.n
 
     def __getitem__(self, i):
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{i} {os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
+        append_line(self.log, i)
         return make_sample(i)
+
+
+def append_line(log: str, i: int) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{i} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+class Augment:
+    """The random part, applied after the cache: flips sample ``i``'s image left to right or not and adds an offset
+    in [0, 1), both drawn from torch's random state (a DataLoader worker's own); index and checksum pass through, so
+    they still describe the deterministic part. Each call appends ``i`` to ``log``."""
+
+    def __init__(self, log: str, in_place: bool = False) -> None:
+        self.log = log
+        self.in_place = in_place
+
+    def __call__(self, sample):
+        image, i, check = sample
+        append_line(self.log, i)
+        flip = bool(torch.randint(2, ()).item())
+        offset = torch.rand(()).item()
+        if self.in_place:
+            return image.add_(offset), i, check
+        return (image.flip(-1) if flip else image) + offset, i, check
+
+
+def augmentation_of(sample, i: int) -> tuple[bool, float]:
+    """The (flip, offset) that made ``sample`` from sample ``i``'s deterministic part; fails if none did."""
+    image, index, check = sample
+    base = make_sample(i)[0]
+    assert index == i and check == checksum(base), f"sample {i}: index or checksum not the deterministic part's"
+    for flip in (False, True):
+        diff = image - (base.flip(-1) if flip else base)
+        if float(diff.max() - diff.min()) < 1e-5 and -1e-6 <= float(diff.mean()) < 1 + 1e-6:
+            return flip, float(diff.mean())
+    raise AssertionError(f"sample {i} is no flip-and-offset of its deterministic part")
 
 
 def make_sample(i: int):
@@ -361,6 +396,54 @@ def test_cached_dataset_pickles_with_the_cache_by_name(big, log):
         copy.cache.close()
 
 
+def test_cached_dataset_transform_applied_after_the_cache_on_hit_and_miss(big, log, tmp_path):
+    applied = str(tmp_path / "applied.log")
+    inner = CountingDataset(4, log)
+    ds = CachedDataset(inner, big, transform=Augment(applied))
+    torch.manual_seed(0)
+    first, second = ds[1], ds[1]  # a miss, then a hit: both transformed
+    assert augmentation_of(first, 1)[1] != augmentation_of(second, 1)[1]
+    assert computations(log) == [1] and computations(applied) == [1, 1]
+    s = big.stats()
+    assert s.computations == 1 and s.puts == 1 and s.hits == 1 and s.misses == 1
+    check_sample(big.get(ds.key_of(1)), 1)  # what is stored is the deterministic part, never an augmentation
+    plain = CachedDataset(inner, big)  # the transform is no part of the key: the same entries, as they are
+    assert plain.key_of(1) == ds.key_of(1) and plain.transform is None
+    check_sample(plain[1], 1)
+    assert computations(log) == [1] and computations(applied) == [1, 1]
+    assert "transform=" in repr(ds) and "transform" not in repr(plain)
+    copy = pickle.loads(pickle.dumps(ds))
+    try:
+        assert type(copy.transform) is Augment and copy.transform.log == applied
+        augmentation_of(copy[2], 2)
+        assert computations(log) == [1, 2] and computations(applied) == [1, 1, 2]
+    finally:
+        copy.cache.close()
+    with pytest.raises(TypeError, match="transform must be callable"):
+        CachedDataset(inner, big, transform="flip")
+
+
+def test_cached_dataset_in_place_transform_leaves_the_cached_sample(big, log, tmp_path):
+    ds = CachedDataset(CountingDataset(2, log), big, transform=Augment(str(tmp_path / "applied.log"), in_place=True))
+    torch.manual_seed(0)
+    for _ in range(3):  # a miss, then hits: each works on its own copy
+        image, _, _ = ds[0]
+        assert not same_tensor(make_sample(0)[0], image)
+        check_sample(big.get(ds.key_of(0)), 0)
+    assert computations(log) == [0]
+
+
+def test_cached_dataset_without_transform_returns_the_cached_sample(big, log):
+    ds = CachedDataset(CountingDataset(3, log), big)
+    assert ds.transform is None and repr(ds).endswith(f"name={ds.name!r})")
+    for i in range(3):
+        check_sample(ds[i], i)
+        cached = big.get(ds.key_of(i))
+        check_sample(cached, i)
+        assert same_tensor(cached[0], ds[i][0])
+    assert computations(log) == [0, 1, 2]
+
+
 def test_cached_dataset_unencodable_sample_says_so(big):
     ds = CachedDataset([object()], big)
     with pytest.raises(TypeError, match="cannot encode"):
@@ -385,6 +468,43 @@ def test_cached_dataset_dataloader_workers_compute_each_sample_once(big, log, me
         assert computations(log) == list(range(n)), f"epoch {epoch}"  # each sample once, across both workers
     s = big.stats()
     assert s.computations == n and s.hits >= n  # the second epoch computed nothing
+    assert big.verify(deep=True).ok
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_cached_dataset_dataloader_epochs_see_new_augmentations_of_one_computation(big, log, tmp_path, method):
+    """The deterministic part is computed once per sample on the host, across both workers; the transform runs on
+    every read, in the worker, so the second epoch sees other augmentations of the same cached samples. Spawned
+    workers persist across epochs, as the recipe has them; forked ones are started again for each."""
+    n = 24
+    applied = str(tmp_path / "applied.log")
+    ds = CachedDataset(CountingDataset(n, log), big, timeout=60, transform=Augment(applied))
+    loader = DataLoader(ds, batch_size=None, shuffle=True, num_workers=2, multiprocessing_context=method,
+                        persistent_workers=method == "spawn", timeout=120,
+                        generator=torch.Generator().manual_seed(1))
+    epochs = []
+    try:
+        for epoch in range(2):
+            seen = {}
+            for sample in loader:
+                i = sample[1]
+                assert i not in seen
+                seen[i] = augmentation_of(sample, i)
+            assert sorted(seen) == list(range(n))
+            assert computations(log) == list(range(n)), f"epoch {epoch}"  # each sample once, across both workers
+            assert computations(applied) == sorted(list(range(n)) * (epoch + 1)), f"epoch {epoch}"  # every read
+            epochs.append(seen)
+    finally:
+        del loader  # persistent workers exit with it
+    first, second = epochs
+    assert len({offset for _, offset in first.values()}) == n  # random within an epoch
+    assert all(first[i][1] != second[i][1] for i in range(n))  # and a new augmentation of each sample next epoch
+    s = big.stats()
+    assert s.computations == n and s.puts == n and s.hits >= n  # the second epoch computed and stored nothing
+    for i in range(n):
+        check_sample(big.get(ds.key_of(i)), i)  # the cache holds the deterministic part only
     assert big.verify(deep=True).ok
 
 

@@ -9,6 +9,10 @@ trainer processes of one node (DDP ranks) share samples by opening the same cach
 same dataset under the same ``name``. What stays cached is bounded by the cache's limits: an evicted sample is
 computed again when next asked for.
 
+What is cached is ``dataset[i]``: the deterministic part of loading a sample (decode, resize). Random augmentation
+goes in ``CachedDataset``'s own ``transform``, applied to the cached sample on every read and never stored; in the
+wrapped dataset's transform it would be cached too, and every epoch would see the first epoch's crops and flips.
+
 Samples are stored by shmcache's codec, never pickled: a tensor as a tensor value (CPU, dense, no grad; dtype, shape
 and values exact, bfloat16 included), and a tuple, list or dict of tensors, arrays, numbers and strings -- an
 ``(image, label)`` pair -- as one msgpack value in which each tensor is an extension (codec.py, ext 4), so a sample is
@@ -30,27 +34,43 @@ __all__ = ["CachedDataset"]
 
 
 class CachedDataset(Dataset):
-    """``dataset`` with its samples cached in ``cache``: ``CachedDataset(dataset, cache)[i]`` is ``dataset[i]``,
-    computed at most once on the host while it stays cached, and ``len()`` is ``len(dataset)``.
+    """``dataset`` with its samples cached in ``cache``, and ``transform`` applied after the cache:
+    ``CachedDataset(dataset, cache, transform=t)[i]`` is ``t(dataset[i])``, where ``dataset[i]`` is computed at
+    most once on the host while it stays cached, and ``len()`` is ``len(dataset)``.
+
+    What is cached. ``dataset[i]``, and only that: the wrapped dataset, its own transforms included, must be
+    deterministic (decode, resize, convert to a tensor), since its result is what every later read gets.
+    ``transform`` (keyword only; None: none) is the random part (crops, flips, colour jitter): it is applied to the
+    cached sample on every access, the one that computed it included, in the process that reads it (each DataLoader
+    worker, with that worker's random state), and its result is never stored. It takes the sample as
+    ``dataset[i]`` returns it (an ``(image, label)`` pair from an ``ImageFolder``) and returns what the loader should
+    get. The sample is stored before ``transform`` runs, and each hit gets a private copy decoded from the cache, so
+    an in-place transform cannot alter what is cached; on a miss it gets the object ``dataset[i]`` returned, as it
+    would without the cache. It is pickled with the dataset for spawned workers, so it must be picklable (a
+    module-level function or a torchvision transform, not a lambda).
 
     Keys. By default sample ``i`` is cached under ``(name, i)``: ``name`` defaults to the dataset's class,
     ``"module.QualName"``, so two datasets of different classes never share a key, and a dataset is found again
     under the same keys by the next run, the next process and the other ranks. Two datasets of the same class
-    with different samples (a train and a validation ``ImageFolder``, or one with other transforms) must be given
-    different names, or they would read each other's samples. An index that is an integer (a Python, numpy or
-    torch int) keys as a Python int. ``key``, a function of the index, replaces the whole scheme (it must return a
-    key the cache takes, and be picklable for spawned workers).
+    with different samples (a train and a validation ``ImageFolder``, or one with other deterministic transforms)
+    must be given different names, or they would read each other's samples. ``transform`` is no part of the key:
+    wrappers that differ only in it share the cached samples. An index that is an integer (a Python, numpy or torch
+    int) keys as a Python int. ``key``, a function of the index, replaces the whole scheme (it must return a key
+    the cache takes, and be picklable for spawned workers).
 
     ``ttl`` (seconds) is each stored sample's time to live (None: the cache's default); ``timeout`` bounds the wait
     for a sample another process is computing (None: no bound; then ``ComputeTimeout``).
     """
 
     def __init__(self, dataset: Any, cache: SharedCache, key: Callable[[Any], Any] | None = None,
-                 ttl: float | None = None, timeout: float | None = None, *, name: str | None = None) -> None:
+                 ttl: float | None = None, timeout: float | None = None, *, name: str | None = None,
+                 transform: Callable[[Any], Any] | None = None) -> None:
         if key is not None and name is not None:
             raise ValueError("pass key= (the whole key) or name= (the namespace of the default key), not both")
         if not isinstance(cache, SharedCache):
             raise TypeError(f"cache must be a SharedCache, not {type(cache).__name__}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable or None, not {type(transform).__name__}")
         cls = type(dataset)
         self.dataset = dataset
         self.cache = cache
@@ -58,13 +78,15 @@ class CachedDataset(Dataset):
         self.name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         self.ttl = ttl
         self.timeout = timeout
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
-        return self.cache.get_or_compute(self.key_of(index), lambda: self.dataset[index], timeout=self.timeout,
-                                         ttl=self.ttl)
+        sample = self.cache.get_or_compute(self.key_of(index), lambda: self.dataset[index], timeout=self.timeout,
+                                           ttl=self.ttl)
+        return sample if self.transform is None else self.transform(sample)
 
     def key_of(self, index: Any) -> Any:
         """The cache key of sample ``index``."""
@@ -77,4 +99,5 @@ class CachedDataset(Dataset):
         return (self.name, index)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dataset!r}, {self.cache!r}, name={self.name!r})"
+        extra = "" if self.transform is None else f", transform={self.transform!r}"
+        return f"{type(self).__name__}({self.dataset!r}, {self.cache!r}, name={self.name!r}{extra})"
