@@ -15,8 +15,8 @@ import subprocess
 import tempfile
 import time
 
-from tests.servers import (_POLL_S, LOOPBACK, PORT_ATTEMPTS, REDIS_BINARY, START_TIMEOUT_S, STOP_TIMEOUT_S,
-                           RedisClusterServers, RedisServer, _binary, _die_with_parent, _free_port, _tail)
+from tests.servers import (_POLL_S, LOOPBACK, PORT_ATTEMPTS, REDIS_BINARY, START_TIMEOUT_S,
+                           RedisClusterServers, RedisServer, _binary, _die_with_parent, _free_port, _tail, halt)
 
 __all__ = ["MEMCACHED_BINARY", "MemcachedServer", "RedisClusterServers", "RedisServer", "redis_version"]
 
@@ -114,13 +114,7 @@ class MemcachedServer:
 
     def _halt(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_TIMEOUT_S)
+        halt(proc)
 
     def stop(self) -> None:
         """Stop the server and wait for it to exit; idempotent."""

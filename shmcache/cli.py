@@ -672,6 +672,11 @@ def cmd_keys(args) -> int:
     else:
         for k in keys:
             print(_shown_key(k))
+    return _listing_done(args, note, damaged)
+
+
+def _listing_done(args, note: str | None, damaged: int) -> int:
+    """The end of a listing (keys, dump): what other kinds hold, and the damaged entries left out (exit code 1)."""
     if note:
         print(f"shmcache: cache {args.name!r} {note}", file=sys.stderr)
     if damaged:
@@ -695,11 +700,7 @@ def cmd_dump(args) -> int:
                 continue
             sys.stdout.write(json.dumps(line) + "\n")  # key first, the value's fields, the TTL last
     sys.stdout.flush()
-    if note:
-        print(f"shmcache: cache {args.name!r} {note}", file=sys.stderr)
-    if damaged:
-        _damaged_note(args, damaged)
-    return 1 if damaged else 0
+    return _listing_done(args, note, damaged)
 
 
 def cmd_set_limits(args) -> int:

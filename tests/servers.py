@@ -111,6 +111,19 @@ def _free_port(with_bus: bool) -> int:
 # A few commands in raw RESP -------------------------------------------------------------------------------------------
 
 
+
+def halt(proc: subprocess.Popen | None) -> None:
+    """End a server process, if any: SIGTERM, then SIGKILL after STOP_TIMEOUT_S; wait for it (no zombie is left)."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)
+
 class _ReplyError(Exception):
     """The server answered with an error (such as LOADING or CLUSTERDOWN)."""
 
@@ -306,17 +319,8 @@ class RedisServer:
             return f"(no log: {exc})"
 
     def _halt(self) -> None:
-        """End the process, if any: SIGTERM, then SIGKILL after STOP_TIMEOUT_S; wait for it (no zombie is left)."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_TIMEOUT_S)
+        halt(proc)
 
     def stop(self, *, keep_directory: bool = False) -> None:
         """Stop the server and wait for it to exit; idempotent.
