@@ -14,12 +14,29 @@ variant's memory never counts in another's. Memory is the sum of the PSS (privat
 ones, /proc/<pid>/smaps_rollup) of the loader's process and its workers, sampled every 50 ms during both epochs: the
 cache's segment counts once, split among the processes that map each page. The segment's own size is reported
 beside it. Every variant's samples are checked to be the same (a fingerprint of every sample's sum, by index).
+
+A dataset larger than the cache (``--larger-than-cache``):
+
+    python -m benchmarks.apps.dataloader_epochs --larger-than-cache --samples 2000 --workers 2 --runs 3
+
+``--samples`` synthetic samples of ``--sample-kib`` KiB (float32 values drawn from a generator seeded by the index),
+each costing ``--decode-us`` microseconds to make (a busy loop standing for a decode: the same cost every time, on
+any machine, so the cache's effect stands above the loader's overhead), read for ``--epochs`` (at least 3) shuffled
+epochs by ``--workers`` persistent workers. Rows: no cache; ``CachedDataset`` over a ``SharedCache`` holding half
+the samples (``max_entries``, with ``capacity_bytes`` enough for that many, so only the entry limit evicts) with the
+default policy (exact LRU), then with each other policy of OTHER_POLICIES the cache accepts; the cache holding
+every sample; and every sample made beforehand and held in memory in each worker (the dataset returns them: the
+floor a cache can approach). Each row reports the hit ratio of each epoch after the first (the cache's stats, hits
+over lookups, between epochs) and the wall time of each epoch. A sample is ``(values, index, crc32 of the values)``:
+every batch's values are checked against their checksum and the checksum against the one expected of the index,
+and every epoch must see every index once; anything else fails the run (a non-zero exit).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -31,6 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 
 import numpy as np
 
@@ -44,6 +62,12 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SAMPLE_NBYTES = 3 * CROP * CROP * 4
 SAMPLE_INTERVAL_S = 0.05
 RUN_TIMEOUT_S = 1800
+
+# The larger-than-cache configuration's rows: "none", "precomputed", and "shm:<policy>:<percent of the samples>".
+# Eviction policies for the rows at 50 %, besides the default (exact LRU): a row is run for each that SharedCache
+# accepts once it takes ``policy=`` (found with inspect.signature, then tried on a small segment); add names here.
+OTHER_POLICIES: tuple[str, ...] = ("s3fifo", "sieve", "clock", "2q")
+DEFAULT_POLICY = "default"  # no policy= argument: the cache's own (exact LRU)
 
 
 # ---------------------------------------------------------------------------------------------------- the dataset
@@ -200,6 +224,208 @@ def run_child(args) -> dict:
             SharedCache.unlink_name(args.name)
 
 
+# ------------------------------------------------------------------------------------------------ larger than the cache
+
+
+class SyntheticDataset:
+    """Sample ``i``: ``(values, i, crc32 of the values)``, values float32 from a generator seeded by ``i``, made in
+    ``decode_us`` microseconds exactly (a busy loop after the work, so every sample costs the same on any machine)."""
+
+    def __init__(self, n: int, sample_kib: int, decode_us: int) -> None:
+        self.n, self.count, self.decode_ns = n, sample_kib * 1024 // 4, decode_us * 1000
+
+    def __len__(self) -> int:
+        return self.n
+
+    def make(self, i: int):
+        import torch
+
+        values = np.random.default_rng(i).random(self.count, dtype=np.float32)
+        return torch.from_numpy(values), i, zlib.crc32(values.tobytes())
+
+    def __getitem__(self, i: int):
+        deadline = time.perf_counter_ns() + self.decode_ns
+        sample = self.make(i)
+        while time.perf_counter_ns() < deadline:
+            pass
+        return sample
+
+
+class PrecomputedDataset:
+    """Every sample of ``dataset`` made beforehand and held in memory (in each worker: they inherit or unpickle it)."""
+
+    def __init__(self, dataset: SyntheticDataset) -> None:
+        self.samples = [dataset.make(i) for i in range(len(dataset))]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        return self.samples[i]
+
+
+def parse_variant(variant: str) -> tuple[str, str | None, int]:
+    """``"none"``, ``"precomputed"`` or ``"shm:<policy>:<percent>"`` -> (kind, policy, percent)."""
+    if variant in ("none", "precomputed"):
+        return variant, None, 0
+    kind, policy, percent = variant.split(":")
+    if kind != "shm" or not policy or not 0 < int(percent) <= 100:
+        raise ValueError(f"not a larger-than-cache variant: {variant!r}")
+    return kind, policy, int(percent)
+
+
+def variant_label(variant: str) -> str:
+    kind, policy, percent = parse_variant(variant)
+    if kind == "none":
+        return "no cache"
+    if kind == "precomputed":
+        return "precomputed in each worker"
+    return f"SharedCache {'lru (default)' if policy == DEFAULT_POLICY else policy}, {percent} %"
+
+
+def takes_policy() -> bool:
+    """Whether SharedCache takes a ``policy=`` argument (while it does not, its LRU is all it has)."""
+    return "policy" in inspect.signature(SharedCache).parameters
+
+
+def available_policies() -> tuple[list[str], list[str]]:
+    """The names of OTHER_POLICIES that SharedCache accepts, and those it does not (all of them, while it takes no
+    ``policy=``). Each is tried on a small segment of its own, unlinked at once."""
+    if not takes_policy():
+        return [], list(OTHER_POLICIES)
+    accepted, refused = [], []
+    for policy in OTHER_POLICIES:
+        name = f"bench-dataloader-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            SharedCache(name, capacity_bytes=1 << 16, max_entries=8, create=True, policy=policy).close()
+        except (TypeError, ValueError):
+            refused.append(policy)
+        else:
+            accepted.append(policy)
+        finally:
+            try:
+                SharedCache.unlink_name(name)
+            except FileNotFoundError:
+                pass
+    return accepted, refused
+
+
+def check_batch(values, indices, checksums, expected: np.ndarray, seen: np.ndarray) -> None:
+    """Every sample of the batch is the one of its index, whole: raise AssertionError otherwise."""
+    idx = indices.numpy()
+    sums = checksums.numpy()
+    arr = values.numpy()
+    for row in range(len(idx)):
+        i = int(idx[row])
+        got = zlib.crc32(np.ascontiguousarray(arr[row]).tobytes())
+        if got != sums[row] or sums[row] != expected[i]:
+            raise AssertionError(f"sample {i}: checksum of the values {got:#x}, carried {int(sums[row]):#x}, "
+                                 f"expected {int(expected[i]):#x}")
+    seen[idx] += 1
+
+
+def run_child_larger(args) -> dict:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from shmcache.contrib.torch import CachedDataset
+
+    torch.set_num_threads(1)
+    kind, policy, percent = parse_variant(args.variant)
+    base = SyntheticDataset(args.samples, args.sample_kib, args.decode_us)
+    expected = np.array([base.make(i)[2] for i in range(args.samples)], np.int64)
+    cache = None
+    dataset = base
+    if kind == "precomputed":
+        dataset = PrecomputedDataset(base)
+    elif kind == "shm":
+        entries = max(1, args.samples * percent // 100)
+        extra = {} if policy == DEFAULT_POLICY else {"policy": policy}
+        cache = SharedCache(args.name, capacity_bytes=entries * (args.sample_kib * 1024 + 4096) + 16 * 2**20,
+                            max_entries=entries, create=True, **extra)
+        dataset = CachedDataset(base, cache, name="bench-synthetic")
+    try:
+        loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                            persistent_workers=args.workers > 0, timeout=600 if args.workers else 0,
+                            multiprocessing_context=args.start_method if args.workers else None,
+                            generator=torch.Generator().manual_seed(args.seed))
+        epochs, hit_ratios = [], []
+        for _ in range(args.epochs):
+            seen = np.zeros(args.samples, np.int64)
+            before = cache.stats() if cache is not None else None
+            t0 = time.perf_counter()
+            for values, indices, checksums in loader:
+                check_batch(values, indices, checksums, expected, seen)
+            epochs.append(time.perf_counter() - t0)
+            if not (seen == 1).all():
+                raise AssertionError("an epoch did not see every sample exactly once")
+            if cache is not None:
+                after = cache.stats()
+                hits, misses = after.hits - before.hits, after.misses - before.misses
+                if hits + misses != args.samples:
+                    raise AssertionError(f"{hits + misses} lookups in an epoch of {args.samples} samples")
+                hit_ratios.append(hits / args.samples)
+        del loader  # the persistent workers exit here
+        report = {"variant": args.variant, "epochs_s": epochs, "hit_ratios": hit_ratios}
+        if cache is not None:
+            s = cache.stats()
+            report.update(max_entries=s.max_entries, entries=s.entries, evictions=s.evictions,
+                          computations=s.computations)
+        return report
+    finally:
+        if cache is not None:
+            cache.close()
+            SharedCache.unlink_name(args.name)
+
+
+def larger_variants(percent: int) -> tuple[list[str], list[str], list[str]]:
+    """The rows to run (in order), the other policies run and those SharedCache does not have."""
+    accepted, refused = available_policies()
+    rows = ["none", f"shm:{DEFAULT_POLICY}:{percent}"] + [f"shm:{p}:{percent}" for p in accepted]
+    return rows + [f"shm:{DEFAULT_POLICY}:100", "precomputed"], accepted, refused
+
+
+def main_larger(args) -> int:
+    if args.epochs < 3:
+        raise SystemExit("--larger-than-cache needs --epochs 3 or more")
+    variants, accepted, refused = larger_variants(args.cache_percent)
+    results = []
+    for run in range(args.runs):
+        for v in variants:  # interleaved, so a slow spell of the machine touches every row
+            results.append(run_one(v, "", args))
+            r = results[-1]
+            hits = ", ".join(f"{h:.1%}" for h in r["hit_ratios"][1:]) or "-"
+            print(f"run {run + 1} {variant_label(v):32s} epochs {', '.join(f'{s:.2f}' for s in r['epochs_s'])} s,"
+                  f" hit ratio after epoch 1: {hits}", file=sys.stderr, flush=True)
+    summary = {}
+    for v in variants:
+        rs = [r for r in results if r["variant"] == v]
+        row = {"runs": len(rs), "epochs_s": [statistics.median(r["epochs_s"][e] for r in rs)
+                                             for e in range(args.epochs)]}
+        if rs[0]["hit_ratios"]:
+            row["hit_ratios"] = [statistics.median(r["hit_ratios"][e] for r in rs) for e in range(args.epochs)]
+            row.update({k: rs[0][k] for k in ("max_entries", "entries", "evictions", "computations")})
+        summary[v] = row
+    if args.json:
+        print(json.dumps({"samples": args.samples, "sample_kib": args.sample_kib, "decode_us": args.decode_us,
+                          "workers": args.workers, "other_policies_run": accepted, "runs": results,
+                          "summary": summary}))
+        return 0
+    print(f"{args.samples} samples of {args.sample_kib} KiB, {args.decode_us} us to make each, {args.workers} workers,"
+          f" batch {args.batch}, shuffled, {args.epochs} epochs, median of {args.runs} run(s); the cache at"
+          f" {args.cache_percent} % holds {args.samples * args.cache_percent // 100} samples")
+    later = range(2, args.epochs + 1)
+    print(f"{'row':32s} " + " ".join(f"{f'hits e{e}':>8s}" for e in later) + " "
+          + " ".join(f"{f'epoch {e} s':>10s}" for e in range(1, args.epochs + 1)))
+    for v, row in summary.items():
+        hits = [f"{h:.1%}" for h in row["hit_ratios"][1:]] if "hit_ratios" in row else ["-"] * len(later)
+        print(f"{variant_label(v):32s} " + " ".join(f"{h:>8s}" for h in hits) + " "
+              + " ".join(f"{s:10.2f}" for s in row["epochs_s"]))
+    print("eviction policies run: lru (the default)" + "".join(f", {p}" for p in accepted)
+          + (f"; not in SharedCache: {', '.join(refused)}" if refused else ""))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------- the driver
 
 
@@ -208,6 +434,9 @@ def run_one(variant: str, directory: str, args) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.apps.dataloader_epochs", "--child", variant, "--dir", directory,
            "--name", name, "--workers", str(args.workers), "--batch", str(args.batch), "--epochs", str(args.epochs),
            "--start-method", args.start_method, "--seed", str(args.seed)]
+    if args.larger_than_cache:
+        cmd += ["--larger-than-cache", "--samples", str(args.samples), "--sample-kib", str(args.sample_kib),
+                "--decode-us", str(args.decode_us)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -254,14 +483,30 @@ def main(argv=None) -> int:
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print every run and the summary as JSON")
-    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--larger-than-cache", action="store_true",
+                    help="the synthetic dataset, with a cache of --cache-percent of it (see the module's docstring)")
+    ap.add_argument("--samples", type=int, default=2000, help="--larger-than-cache: the dataset's samples")
+    ap.add_argument("--sample-kib", type=int, default=64, help="--larger-than-cache: each sample's size")
+    ap.add_argument("--decode-us", type=int, default=2000, help="--larger-than-cache: each sample's cost")
+    ap.add_argument("--cache-percent", type=int, default=50,
+                    help="--larger-than-cache: the cache's max_entries, in percent of the samples")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.larger_than_cache and args.epochs == ap.get_default("epochs"):
+        args.epochs = 3
     if args.child:
         args.variant = args.child
-        print(json.dumps(run_child(args)))
+        if args.larger_than_cache:
+            print(json.dumps(run_child_larger(args)))
+        elif args.child in VARIANTS:
+            print(json.dumps(run_child(args)))
+        else:
+            ap.error(f"no variant {args.child!r}")
         return 0
+    if args.larger_than_cache:
+        return main_larger(args)
     variants = [v for v in args.variants.split(",") if v]
     directory = tempfile.mkdtemp(prefix="shmcache-dataloader-bench-")
     try:
