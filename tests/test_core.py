@@ -110,7 +110,7 @@ class Twins:
             b._path = core.HandOver(b._guard, b._store, b._seg.arena, b._seg.geometry.arena_off, b._pins)
         self.core = core.bind(self.b._seg, 5.0)
         self.handovers: list[str] = []
-        self.recorded = _recorded(self.b, self.handovers)  # b's batches and views go through it
+        self.recorded, self.recording = _recorded(self.b, self.handovers)  # b's batches and views go through it
         self.kind = self.a.kind("k")._n
         assert self.b.kind("k")._n == self.kind
         self.views: list = []
@@ -121,6 +121,7 @@ class Twins:
             vb.close()
         self.core.release()
         self.recorded.release()
+        self.recording.reader = None
         for c in (self.a, self.b):
             c.close()
             c.unlink()
@@ -274,11 +275,12 @@ class _Recording(core.HandOver):
         return super().view(*args)
 
 
-def _recorded(c, handovers: list):
-    """A Core over ``c``'s segment that hands over to a ``_Recording`` (the caller releases it)."""
+def _recorded(c, handovers: list) -> tuple:
+    """A Core over ``c``'s segment that hands over to a ``_Recording``, and that: the caller releases the Core and
+    sets the recording's ``reader`` to None (the two refer to each other, and a Core is no part of the GC's walk)."""
     fallback = _Recording(c, handovers)
     fallback.reader = bound = core.bind(c._seg, 5.0, fallback)
-    return bound
+    return bound, fallback
 
 
 def _outcome(call):
@@ -792,7 +794,7 @@ def _batch_worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) 
         handovers: list[str] = []
         if use_core:
             c._core.release()
-            c._core = c._path = _recorded(c, handovers)  # released by close()
+            c._core = c._path = _recorded(c, handovers)[0]  # released by close(); the process ends soon after
         else:
             python_path(c)
         rng = random.Random(seed)
