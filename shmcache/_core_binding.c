@@ -192,11 +192,29 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-static void Core_dealloc(Core *c)
+/* The GC's walk: a Core holds its fallback (which holds the handle's guard, store and whatever they hold, a clock of
+ * the caller's among them), so a cycle through it must be collectable. */
+static int Core_traverse(Core *c, visitproc visit, void *arg)
 {
-    drop_buffer(c);
+    Py_VISIT(c->hasher);
+    Py_VISIT(c->fallback);
+    Py_VISIT(c->unviewable);
+    return 0;
+}
+
+/* An unreachable cycle broken: no call can come any more (a call holds a reference to its Core). */
+static int Core_clear(Core *c)
+{
     Py_CLEAR(c->hasher);
     Py_CLEAR(c->fallback);
     Py_CLEAR(c->unviewable);
+    return 0;
+}
+
+static void Core_dealloc(Core *c)
+{
+    PyObject_GC_UnTrack(c);
+    drop_buffer(c);
+    Core_clear(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }

@@ -623,12 +623,14 @@ static PyGetSetDef Core_getset[] = {
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
     .tp_basicsize = sizeof(Core),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher, fallback=None): the compiled get, put, delete, "
               "view and batches of a segment; fallback: the core.HandOver it hands over to.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,
+    .tp_traverse = (traverseproc)Core_traverse,
+    .tp_clear = (inquiry)Core_clear,
     .tp_methods = Core_methods,
     .tp_getset = Core_getset,
 };

@@ -310,3 +310,27 @@ def test_lifecycle_an_extension_built_from_other_sources_is_refused(tmp_path):
                             timeout=60)
     assert edited.stdout.strip() == "pure Python"
     assert "CompiledSectionMissing" in edited.stderr and "built from other C sources" in edited.stderr
+
+
+def test_lifecycle_a_handle_in_a_reference_cycle_is_collected(name):
+    """A handle reachable from its own clock (a closure over it): the compiled section's Core holds its fallback,
+    which holds the store and its clock, so the cycle runs through the Core, which the GC must walk too."""
+    import gc
+    import time
+    import weakref
+
+    def make():
+        box: dict = {}
+        c = SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True,
+                        clock=lambda: time.monotonic_ns() + 0 * len(box))
+        box["cache"] = c
+        c.put("k", 1)
+        assert c.get("k") == 1
+        return weakref.ref(c)
+
+    try:
+        ref = make()
+        gc.collect()
+        assert ref() is None  # collected, cycle and all
+    finally:
+        SharedCache.unlink_name(name)
