@@ -39,7 +39,7 @@ from .store import UNVIEWABLE, Store, too_large
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
-from .view import PinDescriptions, View, compiled_pins
+from .view import View
 
 if TYPE_CHECKING:
     from .memo import Memoized
@@ -185,11 +185,11 @@ class SharedCache(LocalMapping):
         self._lock_timeout = lock_timeout
         self.name = seg.name
         # The descriptions views pin through (view.py; compiled: _view.c).
-        self._pins: Any = PinDescriptions(seg.fd) if core.PATH != "compiled" else compiled_pins(seg)
         # What the hot calls go to (core.path): the compiled section bound with the Python path it hands over to,
         # or the Python path alone; _core is the Core, or None. The Core reads CLOCK_MONOTONIC itself (-1) unless
         # this handle has a clock of its own.
-        self._path, self._core = core.path(seg, guard, store, self._pins, lock_timeout)
+        # The descriptions views pin through (view.py's PinDescriptions; compiled: _view.c's Pins) come with it.
+        self._path, self._core, self._pins = core.path(seg, guard, store, lock_timeout)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property

@@ -129,7 +129,7 @@ from . import entries  # noqa: E402
 from .codec import array_checksum, body_checksum  # noqa: E402
 from .errors import ClosedError, PinnedError  # noqa: E402
 from .store import UNVIEWABLE, Fields  # noqa: E402
-from .view import Pin, PyView, first_look  # noqa: E402
+from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look  # noqa: E402
 
 
 class Reference:
@@ -283,11 +283,13 @@ class HandOver(Reference):
                           "before it were stored)", what="put", hint="close views sooner, or raise the limits")
 
 
-def path(seg, guard, store, pins, lock_timeout: float) -> tuple[Any, Any]:
-    """(the object a handle on ``seg`` calls for its hot calls, its Core or None): a Core bound with a HandOver when
-    the compiled section is built (``pins``: the handle's ``_core.Pins``), else a Reference."""
+def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
+    """(the object a handle on ``seg`` calls for its hot calls, its Core or None, the descriptions its views pin
+    through): a Core bound with a HandOver and a ``_core.Pins`` when the compiled section is built, else a Reference
+    and a ``view.PinDescriptions``."""
     arena, base = seg.arena, seg.geometry.arena_off
     if _core is None:
-        return Reference(guard, store, arena, base), None
+        return Reference(guard, store, arena, base), None, PinDescriptions(seg.fd)
+    pins = compiled_pins(seg)
     bound = bind(seg, lock_timeout, HandOver(guard, store, arena, base, pins))
-    return bound, bound
+    return bound, bound, pins
