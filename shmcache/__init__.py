@@ -1,7 +1,8 @@
-"""shmcache: one bounded LRU cache in POSIX shared memory, shared by every process on a host.
+"""shmcache: one bounded cache in POSIX shared memory, shared by every process on a host.
 
 Worker pools (pre-fork web servers, multiprocessing pools, DataLoader workers) open the same cache by name; entries,
-limits, LRU order and stats are global. No server runs: the cache is a segment in /dev/shm and a lock inside it.
+limits, the eviction policy's order (``POLICIES``: exact LRU by default) and stats are global. No server runs: the
+cache is a segment in /dev/shm and a lock inside it.
 ``shmcache.contrib`` holds thin adapters over this API for frameworks (``shmcache.contrib.django``: a Django cache
 backend; ``shmcache.contrib.flask``: a Flask-Caching backend), imported only by those who use them; so is the Redis
 tier (``TieredCache``, ``TierStats``: ``shmcache.tier``), on first use of either name.
@@ -16,6 +17,7 @@ from .errors import (
     SerializerMismatch, ShmCacheError, TooLargeError,
 )
 from .kinds import KindStats, KindView
+from .layout.dtypes import POLICY_NAMES as POLICIES
 from .segment import sweep
 from .stats import CacheLimits, CacheStats, prometheus_text
 from .verify import VerifyReport
@@ -29,9 +31,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "CompiledSectionMissing", "ComputeTimeout",
     "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
-    "LockTimeout", "OwnershipError", "PinnedError", "ReentrantCallError", "RemoteError", "SerializerMismatch",
-    "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError", "VerifyReport", "View",
-    "__version__", "prometheus_text", "sweep",
+    "LockTimeout", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError",
+    "SerializerMismatch", "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError",
+    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]
 
 

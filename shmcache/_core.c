@@ -6,8 +6,8 @@
  * mapping and a table of every offset, word number and constant it uses, handed over by Python from
  * shmcache/layout at bind time. This file holds no layout number of its own; a missing key fails the bind.
  *
- * Each method runs the whole locked section in C, as shmcache/table.py, arena.py, index.py and lru.py do it in
- * Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
+ * Each method runs the whole locked section in C, as shmcache/table.py, policy.py, arena.py, index.py and lru.py do
+ * it in Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
  * unusual is handed over to the Python path (the handle's core.HandOver, called from C with the call's own
  * arguments; a Core bound without one answers HANDOVER), which knows how to judge, repair and raise: the dirty word
  * set on entry, a damaged mutex kind word, a re-entered call (EDEADLK), a dead holder (EOWNERDEAD), a lock wait past
@@ -33,9 +33,9 @@
  * The source is split by concern into parts named after the Python modules each mirrors, and included here as one
  * translation unit, so that the hot paths' static functions inline across parts with no link-time optimisation:
  * _core.h (the Core object and the outcomes), _core_binding.c (core.py), _core_lock.c (lock.py), _core_arena.c
- * (arena.py), _core_index.c (index.py), _core_lru.c (lru.py), _core_table.c (table.py), _core_sections.c (store.py
- * and entries.py), _core_methods.c (cache.py and mapping.py). A function with a Python twin names it, as
- * "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.
+ * (arena.py), _core_index.c (index.py), _core_lru.c (lru.py), _core_policy.c (policy.py), _core_table.c (table.py),
+ * _core_sections.c (store.py and entries.py), _core_methods.c (cache.py and mapping.py). A function with a Python
+ * twin names it, as "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.
  */
 #include "_core.h"
 
@@ -48,6 +48,7 @@
 #include "_core_arena.c"
 #include "_core_index.c"
 #include "_core_lru.c"
+#include "_core_policy.c"
 #include "_core_table.c"
 #include "_core_sections.c"
 #include "_core_methods.c"

@@ -31,7 +31,14 @@ enum {
     ST_OK = 0,
     ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
     ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
+    ST_REFUSED = 3,  /* the policy did not admit a new entry (keep, full): nothing stored, every structure consistent */
 };
+
+/* The eviction policies and an entry's marks (layout/dtypes.py's POLICY_*, MARK_*, GHOST_*: bind checks that the
+ * layout says the same). */
+enum { POLICY_LRU = 0, POLICY_S3FIFO = 1, POLICY_KEEP = 2 };
+enum { MARK_FREQ = 3, MARK_SMALL = 4, GHOST_WAYS = 16, GHOST_STAMP_BITS = 32, PROMOTE_AT = 2 };
+#define GHOST_STAMP_MASK ((uint64_t)0xFFFFFFFFu)
 
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
@@ -60,7 +67,10 @@ typedef struct {
     /* regions */
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
-    unsigned char *kinds, *pins, *arena;
+    unsigned char *kinds, *pins, *marks, *arena;
+    int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots of them (a power of two, at least GHOST_WAYS) */
+    int64_t ghost_slots;
+    int policy;         /* POLICY_* of the segment, read at attach */
     pthread_mutex_t *mutex;
     volatile int64_t *kind_word;
     int64_t kind_word_value;
@@ -72,7 +82,8 @@ typedef struct {
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
-        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress;
+        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_admitted, h_small_first,
+        h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
@@ -111,5 +122,7 @@ typedef struct {
 
 static int64_t mono_ns(void);
 static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
+static int table_remove(Core *c, int64_t e);            /* _core_table.c: the policies' eviction calls them */
+static int evict_oldest(Core *c, int *done);
 
 #endif /* SHMCACHE_CORE_H */

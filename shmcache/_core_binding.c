@@ -131,7 +131,24 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->kww = (Py_ssize_t)(kind_bytes / 8);
-    int64_t hw_limit;
+    int64_t hw_limit, ghost_slots, policy, l_policies[3], l_marks[2], l_ghost[2];
+    if (take(d, "ghost_slots", &ghost_slots) || take(d, "policy", &policy)
+        || take(d, "POLICY_LRU", &l_policies[0]) || take(d, "POLICY_S3FIFO", &l_policies[1])
+        || take(d, "POLICY_KEEP", &l_policies[2]) || take(d, "MARK_FREQ", &l_marks[0])
+        || take(d, "MARK_SMALL", &l_marks[1]) || take(d, "GHOST_WAYS", &l_ghost[0])
+        || take(d, "GHOST_STAMP_BITS", &l_ghost[1]))
+        return -1;
+    if (l_policies[0] != POLICY_LRU || l_policies[1] != POLICY_S3FIFO || l_policies[2] != POLICY_KEEP
+        || l_marks[0] != MARK_FREQ || l_marks[1] != MARK_SMALL || l_ghost[0] != GHOST_WAYS
+        || l_ghost[1] != GHOST_STAMP_BITS || policy < POLICY_LRU || policy > POLICY_KEEP
+        || (policy == POLICY_S3FIFO ? ghost_slots < GHOST_WAYS || (ghost_slots & (ghost_slots - 1))
+                                    : ghost_slots != 0)) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the layout's policies, marks or ghost are not the ones "
+                                          "this build knows");
+        return -1;
+    }
+    c->policy = (int)policy;
+    c->ghost_slots = ghost_slots;
     if (take(d, "HEADER_WORDS", &hw_limit) || region(c, d, "header_off", hw_limit * 8, 8, (void **)&c->h)
         || region(c, d, "index_off", index_slots * index_bytes, 8, (void **)&c->ix)
         || region(c, d, "entries_off", entry_slots * entry_bytes, 8, (void **)&c->ent)
@@ -139,6 +156,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || region(c, d, "versions_off", entry_slots * 8, 8, (void **)&c->ver)
         || region(c, d, "kinds_off", entry_slots, 1, (void **)&c->kinds)
         || region(c, d, "pins_off", entry_slots, 1, (void **)&c->pins)
+        || region(c, d, "marks_off", entry_slots, 1, (void **)&c->marks)
+        || region(c, d, "ghost_off", ghost_slots * 8, 8, (void **)&c->ghost)
         || region(c, d, "kind_table_off", kind_rows * kind_bytes, 8, (void **)&c->kw)
         || region(c, d, "arena_off", c->arena_nbytes, 8, (void **)&c->arena))
         return -1;
@@ -169,7 +188,14 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_EXPIRED", &c->h_expired, hw_limit)
         || take_word(d, "H_DEFAULT_TTL", &c->h_default_ttl, hw_limit)
         || take_word(d, "H_WRITING", &c->h_writing, hw_limit)
-        || take_word(d, "H_PROGRESS", &c->h_progress, hw_limit))
+        || take_word(d, "H_PROGRESS", &c->h_progress, hw_limit)
+        || take_word(d, "H_ADMITTED", &c->h_admitted, hw_limit)
+        || take_word(d, "H_SMALL_FIRST", &c->h_small_first, hw_limit)
+        || take_word(d, "H_SMALL", &c->h_small, hw_limit)
+        || take_word(d, "H_GHOST_CLOCK", &c->h_ghost_clock, hw_limit)
+        || take_word(d, "H_NOT_ADMITTED", &c->h_not_admitted, hw_limit)
+        || take_word(d, "H_PROMOTED", &c->h_promoted, hw_limit)
+        || take_word(d, "H_GHOST_HITS", &c->h_ghost_hits, hw_limit))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");

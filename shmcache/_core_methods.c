@@ -352,9 +352,11 @@ static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
     r = put_locked(c, &st, now, ttl);
     unlock(c);
     leave(c);
+    if (r == ST_REFUSED)
+        Py_RETURN_FALSE;
     if (r)
         return hand_over(c, r, N_PUT, args, 3);
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 /* (twin: cache.py SharedCache.delete) */

@@ -60,11 +60,15 @@ STEP void found(Core *c, int64_t e, Found *f)
     f->tag = c->arena[f->off];
 }
 
-/* The entry becomes the most recent (in the dirty bracket), and a hit is counted. (twin: store.py Store.hit) */
+/* A hit counted, the entry touched as the policy does: under lru it becomes the most recent (in the dirty bracket),
+ * under s3fifo its counter rises (a byte, no bracket: any value is valid). (twin: store.py Store.hit) */
 STEP int hit(Core *c, int64_t e)
 {
     int r;
-    if (EN(e, prev) != c->sentinel) {
+    if (c->policy != POLICY_LRU) {
+        if (c->policy == POLICY_S3FIFO)
+            bump(c, e);
+    } else if (EN(e, prev) != c->sentinel) {
         int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
         if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
             return bounds(c); /* nothing written yet */
@@ -168,7 +172,8 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
 
 /* A store's writes, after put_find (st->expires set by the caller): an update of ``old`` in place or a new entry,
  * evicting as the limits require. ST_PINNED: the room needed is pinned (the evictions made stand; every structure
- * is consistent). (twin: store.py Store.write) */
+ * is consistent); ST_REFUSED: the policy did not admit the new entry (counted; an ``old`` removed stays so).
+ * (twin: store.py Store.write) */
 STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 {
     int r, done;
@@ -185,10 +190,10 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
     }
     if (old == c->empty) {
         r = insert(c, st, now);
-        if (r == ST_PINNED) { /* refused with every structure consistent: no repair needed */
+        if (r == ST_PINNED || r == ST_REFUSED) { /* refused with every structure consistent: no repair needed */
             HW(writing) = 0;
             HW(dirty) = 0;
-            return ST_PINNED;
+            return r;
         }
         if (r)
             return r;
@@ -347,7 +352,7 @@ static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int6
             }
             return r;
         }
-        if ((r = put_write(c, &st[i], old, now)))
+        if ((r = put_write(c, &st[i], old, now)) && r != ST_REFUSED) /* one not admitted: the batch goes on */
             return r;
         *done = i + 1;
     }

@@ -41,6 +41,12 @@ static int table_remove(Core *c, int64_t e)
         return r;
     EN(p, next) = n;
     EN(n, prev) = p;
+    if (c->policy == POLICY_S3FIFO && (c->marks[e] & MARK_SMALL)) {
+        ADD(HW(small), -1);
+        if (HW(small_first) == e)
+            HW(small_first) = n; /* the next of small, or the sentinel: small is empty */
+    }
+    c->marks[e] = 0;
     EN(e, check) = 0;
     EN(e, next) = HW(free_head);
     HW(free_head) = e;
@@ -100,6 +106,19 @@ static int evict_until(Core *c, int64_t size, int64_t now)
         if (r)
             return r;
     }
+    if (c->policy == POLICY_S3FIFO) {
+        for (int64_t i = 0; i < c->slots; i++) {
+            if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
+                return ST_OK;
+            int done, r = s3fifo_evict_one(c, &done);
+            if (r)
+                return r;
+            if (!done)
+                return EN(c->sentinel, next) != c->sentinel ? ST_PINNED : bounds(c);
+        }
+        return bounds(c);
+    }
+    /* lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over. */
     int64_t e = EN(c->sentinel, prev), held = 0;
     for (int64_t i = 0; i < c->slots; i++) {
         if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
@@ -125,8 +144,9 @@ static int evict_until(Core *c, int64_t size, int64_t now)
     return held ? ST_PINNED : bounds(c);
 }
 
-/* Evict the least recently used entry no view pins; *done 0 if there is none. (twin: table.py Table.evict_one) */
-static int evict_one(Core *c, int *done)
+/* Evict the entry nearest the back of the list that no view pins; *done 0 if there is none.
+ * (twin: table.py Table.evict_oldest) */
+static int evict_oldest(Core *c, int *done)
 {
     int64_t e = EN(c->sentinel, prev);
     for (int64_t i = 0; i < c->slots; i++) {
@@ -140,6 +160,8 @@ static int evict_one(Core *c, int *done)
         if (pin < 0)
             return bounds(c);
         if (!pin) {
+            if (c->policy == POLICY_S3FIFO && (c->marks[e] & MARK_SMALL))
+                ghost_add(c, EN(e, fp));
             int r = table_remove(c, e);
             if (r)
                 return r;
@@ -150,6 +172,36 @@ static int evict_one(Core *c, int *done)
         e = EN(e, prev);
     }
     return bounds(c);
+}
+
+/* Evict the entry no view pins that the policy chooses; *done 0 if there is none. (twin: table.py Table.evict_one) */
+static int evict_one(Core *c, int *done)
+{
+    return c->policy == POLICY_S3FIFO ? s3fifo_evict_one(c, done) : evict_oldest(c, done);
+}
+
+/* Whether one more entry of ``size`` bytes fits the limits once expired entries are dropped (keep), into *fits.
+ * (twin: table.py Table.room_without_evicting) */
+static int room_without_evicting(Core *c, int64_t size, int64_t now, int *fits)
+{
+    if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
+        int r = reclaim_expired(c, now);
+        if (r)
+            return r;
+    }
+    *fits = HW(entries) < HW(max_entries) && HW(retained) + size <= HW(max_retained);
+    return ST_OK;
+}
+
+/* A hit on resident entry ``e`` as the policy takes it: lru moves it to the front (the caller raised the dirty
+ * word), s3fifo raises its counter, keep does nothing. (twin: table.py Table.touch) */
+static inline int touch(Core *c, int64_t e)
+{
+    if (c->policy == POLICY_LRU)
+        return move_to_front(c, e);
+    if (c->policy == POLICY_S3FIFO)
+        bump(c, e);
+    return ST_OK;
 }
 
 
@@ -173,9 +225,21 @@ static int insert(Core *c, const Encoded *st, int64_t now)
 {
     int64_t e, off = 0, vlen = st->blen + 1;
     int r, from_free, done;
+    /* s3fifo: the ghost is asked before evicting, whose keys may take this one's ghost slot. */
+    int to_small = c->policy == POLICY_S3FIFO && !admit_to_main(c, st->fp);
     if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained)) {
-        if ((r = evict_until(c, st->size, now)))
-            return r;
+        if (c->policy != POLICY_KEEP) {
+            if ((r = evict_until(c, st->size, now)))
+                return r;
+        } else {
+            int fits;
+            if ((r = room_without_evicting(c, st->size, now, &fits)))
+                return r;
+            if (!fits) {
+                ADD(HW(not_admitted), 1);
+                return ST_REFUSED;
+            }
+        }
     }
     /* The slot is chosen first (its number goes in the block header) but taken only once the block is had: an
      * allocation refused because pinned blocks split the free space leaves the slots as they were (an eviction then
@@ -194,6 +258,11 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         r = alloc(c, st->nb, e, &off);
         if (r != ST_PINNED)
             break;
+        if (c->policy == POLICY_KEEP) { /* no room but what evicting would make: not admitted */
+            HW(writing) = 0;
+            ADD(HW(not_admitted), 1);
+            return ST_REFUSED;
+        }
         if ((r = evict_one(c, &done)))
             return r;
         if (!done)
@@ -214,11 +283,18 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         s = (s + 1) & c->mask;
     if (i > c->mask)
         return bounds(c);
-    int64_t first = EN(c->sentinel, next);
-    if (!LINK_OK(first))
+    /* Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front. */
+    int64_t p = c->sentinel, n = EN(c->sentinel, next);
+    if (to_small) {
+        n = HW(small_first);
+        if (!LINK_OK(n))
+            return bounds(c);
+        p = EN(n, prev);
+    }
+    if (!LINK_OK(p) || !LINK_OK(n))
         return bounds(c);
-    EN(e, prev) = c->sentinel;
-    EN(e, next) = first;
+    EN(e, prev) = p;
+    EN(e, next) = n;
     EN(e, fp) = st->fp;
     EN(e, off) = off;
     EN(e, klen) = st->klen;
@@ -227,9 +303,17 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     EN(e, check) = st->check;
     IXF(s) = st->fp;
     IXE(s) = e;
-    EN(first, prev) = e;
-    EN(c->sentinel, next) = e;
+    EN(n, prev) = e;
+    EN(p, next) = e;
+    if (to_small) {
+        HW(small_first) = e;
+        ADD(HW(small), 1);
+        c->marks[e] = MARK_SMALL;
+    } else {
+        c->marks[e] = 0;
+    }
     ADD(HW(entries), 1);
+    ADD(HW(admitted), 1);
     ADD(HW(retained), st->klen + vlen);
     stamp(c, e, st->expires);
     c->pins[e] = 0;
@@ -270,7 +354,7 @@ static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
             ADD(c->kw[k * c->kww + c->k_retained], vlen - old_vlen);
     }
     EN(e, check) = st->check;
-    int r = move_to_front(c, e);
+    int r = touch(c, e);
     if (r)
         return r;
     stamp(c, e, st->expires);

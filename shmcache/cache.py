@@ -20,6 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, memo, serializers
+from . import policy as policies
 from .durations import seconds, ttl_ns
 from .codec import (
     EncodedKey, encode_key, fingerprint,
@@ -30,7 +31,9 @@ from . import kinds
 from .guard import Guard
 from .kinds import KindView
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
-from .layout.dtypes import ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS
+from .layout.dtypes import (
+    ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
+)
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
@@ -97,6 +100,12 @@ class SharedCache(LocalMapping):
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
     ``clock`` replaces the clock (a function returning ns) for this handle only: for deterministic tests.
 
+    ``policy`` (creation only, recorded in the segment; None: the segment's, or ``"lru"`` for a new one) chooses
+    what is evicted, from ``shmcache.POLICIES``: ``"lru"``, exact least recently used; ``"s3fifo"``, S3-FIFO, which
+    keeps more of what is asked again on most traffic and writes no shared list on a hit; ``"keep"``, for repeated
+    shuffled passes over a dataset larger than the cache: admit until full, then keep (a put it does not admit
+    returns False). docs/usage.md, "Eviction policies", says what each guarantees.
+
     ``serializer`` (creation only, recorded in the segment) encodes the values: ``"msgpack"`` (the default) stores
     plain data and never runs code when reading; ``"pickle"`` stores any picklable value (bytes and numeric arrays
     keep their raw encodings), and every handle must then ask for it: whoever can write the segment can run code in
@@ -131,16 +140,19 @@ class SharedCache(LocalMapping):
         group: int | str | None = None,
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         serializer: str = "msgpack",
+        policy: str | None = None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         ser = serializers.named(serializer)
+        policy_number = 0 if policy is None else policies.number(policy)
         trust = Trust.of(mode, trust_owner, group)
         seconds("lock_timeout", lock_timeout)
         seconds("attach_timeout", attach_timeout)
         wanted = Geometry.for_capacity(
             DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
             DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
+            policy_number,
         )
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
         seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
@@ -151,11 +163,12 @@ class SharedCache(LocalMapping):
             for what, asked, have in (
                 ("capacity_bytes", capacity_bytes, found.capacity_bytes),
                 ("max_entries", max_entries, found.max_entries),
+                ("policy", policy, POLICY_NAMES[found.policy]),
                 ("default_ttl", None if default_ttl is None else default_ttl_ns / 1e9,
                  seg.header_words[H_DEFAULT_TTL] / 1e9),
             ):
                 if asked is not None and asked != have:
-                    raise ValueError(f"cache {name!r} exists with {what}={have}, not {asked}; "
+                    raise ValueError(f"cache {name!r} exists with {what}={have!r}, not {asked!r}; "
                                      f"omit {what} to attach to it as it is, or use another name")
             self._bind(seg, lock_timeout, clock or time.monotonic_ns, ser)
         except BaseException:
@@ -193,6 +206,11 @@ class SharedCache(LocalMapping):
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
 
     @property
+    def policy(self) -> str:
+        """The eviction policy the cache was created with (one of ``shmcache.POLICIES``)."""
+        return POLICY_NAMES[self._seg.geometry.policy]
+
+    @property
     def closed(self) -> bool:
         """Whether this handle is closed (``close()``); the cache itself lives on for the other processes."""
         guard = self.__dict__.get("_guard")
@@ -216,10 +234,11 @@ class SharedCache(LocalMapping):
             kb = encode_key(key)
         return self._path.get_value(kb, _xxh(kb) & _MASK63, self._now(), default)
 
-    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
-        """Store ``value`` under ``key`` as the most recently used entry, evicting least recently used entries as
-        the limits require (expired ones first). ``ttl``: seconds until the entry expires (0: never; None: the
-        cache's ``default_ttl``).
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> bool:
+        """Store ``value`` under ``key``, evicting as the limits require (expired entries first, then as the policy
+        chooses: under lru the least recently used). ``ttl``: seconds until the entry expires (0: never; None: the
+        cache's ``default_ttl``). True if it was stored; False only under ``policy="keep"``, for a new entry the
+        full cache did not admit (counted in ``stats().not_admitted``; a replaced value is gone then).
 
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
@@ -240,7 +259,7 @@ class SharedCache(LocalMapping):
             raise too_large(size, self._capacity_bytes, "capacity_bytes")
         check = (_xxh(body, tag) & _MASK63) | 1
         encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
-        self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl))
+        return self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl))
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""

@@ -81,7 +81,9 @@ _WORDS = (
     "K_ENTRIES", "K_RETAINED", "H_HITS", "H_MISSES", "H_PUTS", "H_UPDATES", "H_DELETES", "H_EVICTIONS", "H_DIRTY",
     "H_ENTRIES", "H_RETAINED", "H_MAX_ENTRIES", "H_MAX_RETAINED", "H_HEAD", "H_TAIL", "H_FILL", "H_ARENA_USED",
     "H_FREE_HEAD", "H_UNUSED_NEXT", "H_VERSION_CLOCK", "H_NEXT_EXPIRY", "H_EXPIRED", "H_DEFAULT_TTL", "H_WRITING",
-    "H_PROGRESS", "H_LOCK_OFF",
+    "H_PROGRESS", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK", "H_NOT_ADMITTED",
+    "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ", "MARK_SMALL",
+    "GHOST_WAYS", "GHOST_STAMP_BITS",
 )
 
 
@@ -99,6 +101,7 @@ def offsets(geometry) -> dict[str, int]:
     out.update(
         header_off=0, index_off=g.index_off, entries_off=g.entries_off, expires_off=g.expires_off,
         versions_off=g.versions_off, kinds_off=g.kinds_off, pins_off=g.pins_off, kind_table_off=g.kind_table_off,
+        marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, entry_slots=g.entry_slots, index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
@@ -163,10 +166,10 @@ class Reference:
         except ValueError as exc:
             guard.undecodable(exc)
 
-    def put(self, encoded: Fields, now: int, ttl: int, waited: bool = False) -> None:
-        """Store ``encoded`` (an Encoded, or its fields) as the most recent, expiring after ``ttl`` ns (0: never;
-        -1: the cache's default)."""
-        self.guard.run(self.store.put, None if ttl < 0 else ttl, encoded, waited=waited)
+    def put(self, encoded: Fields, now: int, ttl: int, waited: bool = False) -> bool:
+        """Store ``encoded`` (an Encoded, or its fields) where the policy puts it, expiring after ``ttl`` ns (0:
+        never; -1: the cache's default); whether it was stored (the policy admitted it)."""
+        return self.guard.run(self.store.put, None if ttl < 0 else ttl, encoded, waited=waited)
 
     def delete(self, kb: bytes, fp: int, now: int, waited: bool = False) -> bool:
         return self.guard.run(self.store.delete, kb, fp, waited=waited)

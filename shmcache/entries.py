@@ -13,13 +13,13 @@ their reference, and finish a batch the C section hands over part-way.
 
 from __future__ import annotations
 
-from . import block, index, lru
+from . import block, index, lru, policy
 from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
-    H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT,
+    H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, POLICY_LRU, POLICY_S3FIFO,
 )
 from .store import too_large
 
@@ -115,6 +115,7 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     # as in SharedCache.get (block.value_at, inlined), and everything the loop reads is bound once.
     ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
+    relinks, counts, marks = store.table.policy == POLICY_LRU, store.table.policy == POLICY_S3FIFO, store.table.marks
     out: list[tuple | None] = []
     append = out.append
     hits = misses = 0
@@ -142,10 +143,13 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
             misses += 1
             append(None)
             continue
-        if ent[b + E_PREV] != SENTINEL:  # not already the most recent (Store.hit's move, its count below)
-            h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair (guard.updating, inlined)
-            lru.move_to_front(ent, e)
-            h[H_DIRTY] = 0
+        if relinks:  # Store.hit, inlined (its count below)
+            if ent[b + E_PREV] != SENTINEL:  # not already the most recent
+                h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair (guard.updating, inlined)
+                lru.move_to_front(ent, e)
+                h[H_DIRTY] = 0
+        elif counts:
+            policy.bump(marks, e)
         hits += 1
         append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
     h[H_HITS] += hits

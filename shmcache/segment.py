@@ -170,7 +170,7 @@ class Segment:
             size = os.fstat(shm.fd).st_size
             if size >= d.HEADER_NBYTES:
                 with mmap.mmap(shm.fd, d.HEADER_NBYTES) as hm:
-                    words = np.frombuffer(hm, dtype="<i8", count=8).tolist()
+                    words = np.frombuffer(hm, dtype="<i8", count=d.HEADER_WORDS).tolist()
                 if words[d.H_MAGIC] != 0:
                     self._attach(shm.fd, size, words)
                     return True
@@ -193,12 +193,13 @@ class Segment:
                 what="attach", hint="use the same shmcache version in every process, or remove and recreate the cache",
             )
         try:
-            geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1)
+            geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1,
+                                             words[d.H_POLICY])
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
         self.features = words[d.H_FEATURES]
-        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes) != (
-            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES]
+        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots) != (
+            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
         ):
             raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
                               hint="the segment is damaged; remove it with `shmcache rm` and recreate it")
@@ -221,6 +222,8 @@ class Segment:
         h[d.H_INDEX_SLOTS] = geometry.index_slots
         h[d.H_ARENA_NBYTES] = geometry.arena_nbytes
         h[d.H_CAPACITY_BYTES] = geometry.capacity_bytes
+        h[d.H_POLICY] = geometry.policy
+        h[d.H_GHOST_SLOTS] = geometry.ghost_slots
         config.write(h, self._default_ttl_ns, geometry.max_entries, geometry.capacity_bytes)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
@@ -268,6 +271,8 @@ class Segment:
         self.versions_words = mv[g.versions_off : g.versions_off + g.entry_slots * 8].cast("q")
         self.kinds_bytes = mv[g.kinds_off : g.kinds_off + g.entry_slots]
         self.pins_bytes = mv[g.pins_off : g.pins_off + g.entry_slots]
+        self.marks_bytes = mv[g.marks_off : g.marks_off + g.entry_slots]
+        self.ghost_words = mv[g.ghost_off : g.ghost_off + g.ghost_slots * d.GHOST.itemsize].cast("q")
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self._mv = mv
 
@@ -279,14 +284,16 @@ class Segment:
         entries = np.ndarray((g.entry_slots,), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
         return header, index, entries
 
-    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """numpy views of the per-entry columns (expires, versions, kinds, pins); drop them before close()."""
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """numpy views of the per-entry columns (expires, versions, kinds, pins, marks); drop them before
+        close()."""
         g, mm = self.geometry, self.mm
         n = g.entry_slots
         return (np.ndarray((n,), d.EXPIRES, buffer=mm, offset=g.expires_off),
                 np.ndarray((n,), d.VERSIONS, buffer=mm, offset=g.versions_off),
                 np.ndarray((n,), d.KINDS, buffer=mm, offset=g.kinds_off),
-                np.ndarray((n,), d.PINS, buffer=mm, offset=g.pins_off))
+                np.ndarray((n,), d.PINS, buffer=mm, offset=g.pins_off),
+                np.ndarray((n,), d.MARKS, buffer=mm, offset=g.marks_off))
 
     def kind_table(self) -> np.ndarray:
         """numpy view of the kind table; drop it before close()."""
@@ -303,7 +310,7 @@ class Segment:
         if self.mm is None:
             return
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
-                     "versions_words", "kinds_bytes", "pins_bytes", "kind_words", "_mv"):
+                     "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "kind_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()

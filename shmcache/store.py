@@ -23,7 +23,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
-    H_UPDATES, H_WRITING,
+    H_UPDATES, H_WRITING, POLICY_LRU,
 )
 from .stats import CacheStats, read_stats, reset_counters
 from .table import pinned_error
@@ -138,11 +138,18 @@ class Store:
         self.table.remove(e)
         self.h[counter] += 1
 
-    @updating
     def hit(self, e: int) -> None:
-        """Count a hit on entry ``e`` and make it the most recently used."""
-        lru.move_to_front(self.ent, e)
+        """Count a hit on entry ``e``, touched as the policy does (``Table.touch``: under lru, in a dirty bracket,
+        as the move writes links)."""
+        if self.table.policy == POLICY_LRU:
+            self._relink_hit(e)
+        else:
+            self.table.touch(e)
         self.h[H_HITS] += 1
+
+    @updating
+    def _relink_hit(self, e: int) -> None:
+        lru.move_to_front(self.ent, e)
 
     def lapse(self, e: int, to_insert: bool = False) -> None:
         """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
@@ -157,7 +164,7 @@ class Store:
             return
         self.remove(e, H_EXPIRED)
 
-    def write(self, old: int, encoded: Fields, expires: int, version: int = 0) -> None:
+    def write(self, old: int, encoded: Fields, expires: int, version: int = 0) -> bool:
         """``store``, inside a dirty bracket the caller holds."""
         h, table = self.h, self.table
         size = encoded[5]
@@ -172,16 +179,22 @@ class Store:
                 old = EMPTY
         if old == EMPTY:
             try:
-                table.insert(encoded, expires, version)
+                stored = table.insert(encoded, expires, version)
             except PinnedError:
                 h[H_WRITING] = 0
                 raise
+            if not stored:
+                h[H_WRITING] = 0
+                return False
         h[H_PUTS] += 1
         h[H_WRITING] = 0
+        return True
 
     store = updating(write)
     store.__doc__ = """Store ``encoded`` as the most recent, expiring at ``expires`` (0: never), with ``version``
         (0: the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
+        Whether it was stored: False if the policy did not admit a new entry (keep, full; an ``old`` replaced is
+        gone then).
 
         :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
         :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is (the evictions made
@@ -205,8 +218,7 @@ class Store:
             if encoded.size > self.h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise too_large(encoded.size, self.h[H_MAX_RETAINED], "max_retained_bytes")
             return False
-        self.store(old, encoded, self.expires_at(ttl))
-        return True
+        return self.store(old, encoded, self.expires_at(ttl))
 
     def read(self, kb: bytes, fp: int):
         """get's locked part (the Python path): None on a miss (counted); else the entry becomes the most recent, a
@@ -228,12 +240,12 @@ class Store:
             body, head = self.mm[v0 + 1 : v0 + vlen], None
         return tag, body, self.ent[e * _W + E_CHECK], e, head
 
-    def put(self, ttl, encoded: Fields) -> None:
-        """put's locked part (the Python path): ``encoded`` stored as the most recent, expiring after ``ttl`` (ns;
-        None: the default, which, found damaged, is repaired first, then used)."""
+    def put(self, ttl, encoded: Fields) -> bool:
+        """put's locked part (the Python path): ``encoded`` stored where the policy puts it, expiring after ``ttl``
+        (ns; None: the default, which, found damaged, is repaired first, then used); whether it was stored."""
         if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
             self.repair()
-        self.store(self.find_live(encoded[0], encoded[3], True), encoded, self.expires_at(ttl))
+        return self.store(self.find_live(encoded[0], encoded[3], True), encoded, self.expires_at(ttl))
 
     def get_with_version(self, kb: bytes, fp: int):
         """A lookup as get's (the composed path: find_live, body, hit): (tag, body, version), or None."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import block, index, lru, ofd
+from . import block, index, lru, ofd, policy
 from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
@@ -21,7 +21,8 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
     H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
-    BLOCK_OWNER_SHIFT,
+    BLOCK_OWNER_SHIFT, E_FP, H_ADMITTED, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL, POLICY_KEEP, POLICY_LRU,
+    POLICY_S3FIFO,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Table:
         self.exp, self.ver, self.kinds, self.pins = (seg.expires_words, seg.versions_words, seg.kinds_bytes,
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
+        self.marks, self.ghost = seg.marks_bytes, seg.ghost_words
+        self.policy = g.policy  # POLICY_* (policy.py): what a hit, an insert and an eviction do
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.mask = g.index_slots - 1
@@ -78,11 +81,20 @@ class Table:
         if self.pins[e] and self.pinned(e):
             raise pinned_error(what)
 
-    def insert(self, encoded: Fields, expires: int, version: int = 0) -> None:
-        """Store ``encoded`` (the key is absent) as the most recently used, evicting first as the limits require:
-        expired entries, then the least recently used, pinned ones excepted; and, if pinned blocks split the free
-        space so that no run of ``encoded.nb`` bytes is left, more (what is not pinned) until one is. ``expires``:
-        its expiry time (0: never); ``version`` the version to give it (0: the clock's next).
+    def touch(self, e: int) -> None:
+        """A hit on resident entry ``e``, as the policy takes it: lru moves it to the front (the caller raised the
+        dirty word), s3fifo raises its counter, keep does nothing."""
+        if self.policy == POLICY_LRU:
+            lru.move_to_front(self.ent, e)
+        elif self.policy == POLICY_S3FIFO:
+            policy.bump(self.marks, e)
+
+    def insert(self, encoded: Fields, expires: int, version: int = 0) -> bool:
+        """Store ``encoded`` (the key is absent) where the policy puts a new entry, evicting first as the limits
+        require: expired entries, then what the policy chooses, pinned ones excepted; and, if pinned blocks split
+        the free space so that no run of ``encoded.nb`` bytes is left, more (what is not pinned) until one is.
+        ``expires``: its expiry time (0: never); ``version`` the version to give it (0: the clock's next). False
+        (nothing stored, counted in ``not_admitted``) if the policy does not admit it: keep, with no room left.
 
         :raises PinnedError: if the room needed is pinned (the evictions made stand; every structure is consistent).
         """
@@ -91,8 +103,14 @@ class Table:
         # this is every new key's path.
         kb, tag, body, fp, check, size, nb = encoded
         h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
+        # s3fifo: the ghost is asked before evicting, whose keys may take this one's ghost slot.
+        to_small = self.policy == POLICY_S3FIFO and not policy.admit_to_main(h, self.ghost, fp)
         if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-            self.evict_until(1, size)
+            if self.policy != POLICY_KEEP:
+                self.evict_until(1, size)
+            elif not self.room_without_evicting(size):
+                h[H_NOT_ADMITTED] += 1
+                return False
         klen, vlen = len(kb), len(body) + 1
         # The slot is chosen first (its number goes in the block header) but taken only once the block is had:
         # an allocation refused because pinned blocks split the free space must leave the slots as they were (an
@@ -111,6 +129,10 @@ class Table:
                 off = self.ring.alloc(nb, e)
                 break
             except PinnedError:
+                if self.policy == POLICY_KEEP:  # no room but what evicting would make: not admitted
+                    h[H_WRITING] = 0
+                    h[H_NOT_ADMITTED] += 1
+                    return False
                 if not self.evict_one():
                     raise
         if e == h[H_FREE_HEAD]:
@@ -125,13 +147,22 @@ class Table:
         s = fp & self.mask
         if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
             s = index.free_slot(ix, self.mask, fp)
-        first = ent[E_NEXT]  # the list's most recent entry (sentinel.next)
-        _pack_entry(self.entb, e * _ENTRY_NBYTES, SENTINEL, first, fp, off, klen, vlen, s, check)
+        # Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front.
+        if to_small:
+            p, n = policy.small_end(h, ent, self.slots)
+            h[H_SMALL_FIRST] = e
+            h[H_SMALL] += 1
+            self.marks[e] = MARK_SMALL
+        else:
+            p, n = SENTINEL, ent[E_NEXT]  # after the sentinel, before the list's most recent entry
+            self.marks[e] = 0
+        _pack_entry(self.entb, e * _ENTRY_NBYTES, p, n, fp, off, klen, vlen, s, check)
         ix[(s << INDEX_SHIFT) + I_FP] = fp
         ix[(s << INDEX_SHIFT) + I_ENTRY] = e
-        ent[first * _W + E_PREV] = e
-        ent[E_NEXT] = e
+        ent[n * _W + E_PREV] = e
+        ent[p * _W + E_NEXT] = e
         h[H_ENTRIES] += 1
+        h[H_ADMITTED] += 1
         h[H_RETAINED] += klen + vlen
         # The columns: a new version, the expiry (lowering the bound if need be), the kind and no pin.
         if version:  # a version given (a Redis tier's copy): the clock never falls behind a version stamped
@@ -153,10 +184,18 @@ class Table:
             self.kw[k * KIND_WORDS + K_RETAINED] += klen + vlen
         else:
             self.kinds[e] = 0
+        return True
+
+    def room_without_evicting(self, size: int) -> bool:
+        """Whether one more entry of ``size`` bytes fits the limits once expired entries are dropped (keep)."""
+        h = self.h
+        if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
+            self.reclaim_expired()
+        return h[H_ENTRIES] < h[H_MAX_ENTRIES] and h[H_RETAINED] + size <= h[H_MAX_RETAINED]
 
     def overwrite(self, e: int, encoded: Fields, expires: int, version: int = 0) -> bool:
-        """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, as the most
-        recently used, when the new block is as large as the old and the byte limit allows; False (nothing written)
+        """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, touched as a
+        hit is (``touch``), when the new block is as large as the old and the byte limit allows; False (nothing written)
         otherwise. Saves the free, the allocation and the index and list updates of a remove and insert."""
         kb, tag, body, _, check, _, nb = encoded
         h, ent = self.h, self.ent
@@ -185,7 +224,7 @@ class Table:
             if k:
                 self.kw[k * KIND_WORDS + K_RETAINED] += vlen - old_vlen
         ent[b + E_CHECK] = check
-        lru.move_to_front(ent, e)
+        self.touch(e)
         if version:  # a version given (a Redis tier's copy): the clock never falls behind a version stamped
             v = version
             if v > h[H_VERSION_CLOCK]:
@@ -212,6 +251,11 @@ class Table:
         index.remove(self.ix, ent, self.mask, s)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
+        if self.policy == POLICY_S3FIFO and self.marks[e] & MARK_SMALL:
+            h[H_SMALL] -= 1
+            if h[H_SMALL_FIRST] == e:
+                h[H_SMALL_FIRST] = n  # the next of small, or the sentinel: small is empty
+        self.marks[e] = 0
         b = e * _W
         ent[b + E_CHECK] = 0
         ent[b + E_NEXT] = h[H_FREE_HEAD]  # a free slot's next word links the free list, not the LRU list
@@ -238,7 +282,20 @@ class Table:
             return
         if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
             self.reclaim_expired()
-        e = ent[E_PREV]  # lru.tail: the sentinel's prev, the least recently used entry
+        if self.policy == POLICY_S3FIFO:
+            for _ in range(self.slots):
+                if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
+                    return
+                if not policy.s3fifo_evict_one(self):
+                    break
+            else:
+                raise CorruptionError("evicting never met the limits", what="evict")
+            if ent[E_NEXT] != SENTINEL:
+                raise PinnedError("no room: the entries left to evict are pinned by open views", what="put",
+                                  hint="close views sooner, or raise the limits")
+            raise CorruptionError("the header's counters disagree with the entries on the list", what="evict")
+        # lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over.
+        e = ent[E_PREV]
         pinned = 0
         for _ in range(self.slots):
             if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
@@ -258,13 +315,22 @@ class Table:
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
 
     def evict_one(self) -> bool:
-        """Evict the least recently used entry no view pins; False if there is none."""
+        """Evict the entry no view pins that the policy chooses; False if there is none."""
+        if self.policy == POLICY_S3FIFO:
+            return policy.s3fifo_evict_one(self)
+        return self.evict_oldest()
+
+    def evict_oldest(self) -> bool:
+        """Evict the entry nearest the back of the list that no view pins (lru's least recently used, keep's oldest,
+        s3fifo's oldest of small, then of main); False if there is none."""
         ent = self.ent
         e = ent[E_PREV]
         for _ in range(self.slots):
             if e == SENTINEL:
                 return False
             if not (self.pins[e] and self.pinned(e)):
+                if self.policy == POLICY_S3FIFO and self.marks[e] & MARK_SMALL:
+                    policy.ghost_add(self.h, self.ghost, ent[e * _W + E_FP])
                 self.remove(e)
                 self.h[H_EVICTIONS] += 1
                 return True
@@ -310,6 +376,8 @@ class Table:
         kinds["entries"] = kinds["retained_bytes"] = 0
         h[H_NEXT_EXPIRY] = NEVER
         lru.reset(self.ent)
+        h[H_SMALL_FIRST] = SENTINEL
+        h[H_SMALL] = 0
         self.ring.reset()
         h[H_ENTRIES] = h[H_RETAINED] = h[H_WRITING] = 0
         h[H_FREE_HEAD] = NIL

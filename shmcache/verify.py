@@ -27,7 +27,9 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT,
+    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK, H_GHOST_CLOCK,
+    H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
+    MARKS_VALID, POLICY_S3FIFO, H_ADMITTED,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -136,7 +138,7 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
 
 
 _COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
-             H_WAITS, H_TAKEOVERS, H_EXPIRED)
+             H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS)
 _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
 
@@ -156,6 +158,7 @@ def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
         H_FREE_HEAD: (NIL, slots - 1), H_UNUSED_NEXT: (1, slots), H_CREATED_NS: (0, _INT64_MAX),
         H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
         H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
+        H_SMALL_FIRST: (SENTINEL, slots - 1), H_SMALL: (0, slots - 1), H_GHOST_CLOCK: (0, GHOST_STAMP_MASK),
     })
     return ranges
 
@@ -164,7 +167,7 @@ def _identity(g, features: int) -> dict[int, int]:
     """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
     return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
             H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
-            H_CAPACITY_BYTES: g.capacity_bytes}
+            H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots}
 
 
 _WORD_NAMES = {field_off(HEADER, n) // 8: n for n in HEADER.names or () if n != "lock"}
@@ -193,6 +196,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
     order = _walk_lru(h, ent, slots, problems)
+    _check_queues(seg, order, problems)
     live = set(order)
     retained = used = 0
     blocks, good = [], []
@@ -230,6 +234,30 @@ def check(seg, deep: bool = True) -> VerifyReport:
     _check_free_list(seg, live, problems)
     _check_columns(seg, order, good, problems)
     return VerifyReport(not problems, tuple(problems), len(order), retained, used)
+
+
+def _check_queues(seg, order: list[int], problems: _Problems) -> None:
+    """The policy's words and marks: under s3fifo, the list is main's entries then small's (from ``small_first``),
+    ``small`` counts the latter, and each entry's mark says which queue it is in; under the others all are 0."""
+    h, marks = seg.header_words, seg.marks_bytes
+    odd = [e for e in order if marks[e] & ~MARKS_VALID]
+    if seg.geometry.policy != POLICY_S3FIFO:
+        odd = [e for e in order if marks[e]]
+        if h[H_SMALL_FIRST] != SENTINEL or h[H_SMALL]:
+            problems.add(f"small queue words set (small_first={h[H_SMALL_FIRST]}, small={h[H_SMALL]}) under a "
+                         "policy without one")
+    else:
+        start = next((i for i, e in enumerate(order) if marks[e] & MARK_SMALL), len(order))
+        small = order[start:]
+        strays = [e for e in small if not marks[e] & MARK_SMALL]
+        if strays:
+            problems.add(f"entry {strays[0]} of main is linked among small's entries")
+        first = small[0] if small else SENTINEL
+        if (h[H_SMALL_FIRST], h[H_SMALL]) != (first, len(small)):
+            problems.add(f"small queue: the list has {len(small)} entries from slot {first}, the header says "
+                         f"{h[H_SMALL]} from slot {h[H_SMALL_FIRST]}")
+    if odd:
+        problems.add(f"entry {odd[0]} has marks {marks[odd[0]]:#x}, which its policy never sets")
 
 
 def _check_index(seg, live: set[int], problems: _Problems) -> None:
@@ -392,6 +420,10 @@ def repair(seg) -> int:
     # Entries of a kind whose record lost its name (or lies beyond a record that did) go: no kind() can reach them.
     named = _named_kinds(seg)
     kept_ids = sorted((e for _, _, e in kept if _key_kind(seg, e) <= named), key=lambda e: rank.get(e, slots))
+    if g.policy == POLICY_S3FIFO:  # main's entries, then small's, each queue in its order (a mark says which)
+        marks = seg.marks_bytes
+        kept_ids = ([e for e in kept_ids if not marks[e] & MARK_SMALL]
+                    + [e for e in kept_ids if marks[e] & MARK_SMALL])
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
@@ -420,7 +452,7 @@ def _repair_words(seg) -> None:
         h[w] = v
     config.restore(h, seg.geometry)  # the default time to live and the limits: from whichever copy checks
     ranges = header_ranges(seg.geometry, seg.features)
-    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID):
+    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_GHOST_CLOCK):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
         if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):
@@ -444,7 +476,8 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
             ent[e * _W + E_NEXT] = free
             free = e
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
-    lru.relink(ent, kept)  # most recent first
+    lru.relink(ent, kept)  # most recent first (s3fifo: main's entries, then small's)
+    _rebuild_queues(seg, kept)
     retained = 0
     for e in _ticking(h, kept):
         b = e * _W
@@ -454,6 +487,20 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
     _rebuild_ring(seg, kept)
     _rebuild_columns(seg, kept)
     config.set_limits(h, *_sane_limits(h, g))
+
+
+def _rebuild_queues(seg, kept: list[int]) -> None:
+    """The policy's words from the marks of the kept entries, relinked main first (s3fifo); else all 0."""
+    h, marks = seg.header_words, seg.marks_bytes
+    if seg.geometry.policy != POLICY_S3FIFO:
+        for e in kept:
+            marks[e] = 0
+        h[H_SMALL_FIRST], h[H_SMALL] = SENTINEL, 0
+        return
+    for e in kept:
+        marks[e] &= MARKS_VALID
+    small = [e for e in kept if marks[e] & MARK_SMALL]
+    h[H_SMALL_FIRST], h[H_SMALL] = (small[0] if small else SENTINEL), len(small)
 
 
 def _rebuild_columns(seg, kept: list[int]) -> None:

@@ -221,7 +221,7 @@ def test_atomic_an_update_cut_short_never_shows_its_new_value_with_the_old_versi
     cache.put("doc", b"v1-aaaa")
     _, v1 = cache.get_with_version("doc")
     # After the new value and its checksum are written, before its version is: the checks all pass there.
-    _die_in_store(name, "overwrite", "lru.move_to_front", "doc", b"v2-bbbb")
+    _die_in_store(name, "overwrite", "self.touch(e)", "doc", b"v2-bbbb")
     value, version = cache.get_with_version("doc")
     assert (value, version) == (None, None)  # the entry being written when its writer died is dropped
     assert cache.cas("doc", b"v3", v1) is False and cache.stats().recoveries == 1 and cache.verify().ok

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmcache import PinnedError, SharedCache, TooLargeError, core, index
+from shmcache import POLICIES, PinnedError, SharedCache, TooLargeError, core, index
 from shmcache.arena import block_nbytes
 from shmcache.cache import ttl_ns
 from shmcache.codec import (
@@ -94,11 +94,11 @@ class Twins:
     """A SharedCache (the Python path) and a second one of the same geometry driven through Core, with the
     Python path of the second as the fallback when Core hands over."""
 
-    def __init__(self, capacity: int, max_entries: int, default_ttl: float | None) -> None:
+    def __init__(self, capacity: int, max_entries: int, default_ttl: float | None, policy: str = "lru") -> None:
         self.clock = FakeClock()
         self.names = [unique_name("core"), unique_name("core")]
         kw = dict(capacity_bytes=capacity, max_entries=max_entries, create=True, default_ttl=default_ttl,
-                  clock=self.clock)
+                  clock=self.clock, policy=policy)
         self.a = SharedCache(self.names[0], **kw)
         self.b = SharedCache(self.names[1], **kw)
         # a: the reference; b: the Python path as the fallback after a hand-over, its views through self.core
@@ -141,8 +141,7 @@ class Twins:
 
     def put(self, key, value, ttl):
         try:
-            self.a.put(key, value, ttl)
-            want = None
+            want = self.a.put(key, value, ttl)
         except (PinnedError, TooLargeError) as exc:
             want = type(exc)
         r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl))
@@ -150,8 +149,7 @@ class Twins:
             got = PinnedError
         elif self._handover(r):
             try:
-                self.b.put(key, value, ttl)
-                got = None
+                got = self.b.put(key, value, ttl)
             except (PinnedError, TooLargeError) as exc:
                 got = type(exc)
         else:
@@ -340,8 +338,8 @@ def _ops(rng: random.Random, n: int, keys: int, max_value: int, with_views: bool
     return ops
 
 
-def _run(ops, capacity: int, max_entries: int, default_ttl) -> list[str]:
-    t = Twins(capacity, max_entries, default_ttl)
+def _run(ops, capacity: int, max_entries: int, default_ttl, policy: str = "lru") -> list[str]:
+    t = Twins(capacity, max_entries, default_ttl, policy)
     try:
         for op in ops:
             if op[0] in ("get", "delete", "view"):
@@ -378,10 +376,10 @@ _op = st.one_of(
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
-       default_ttl=st.sampled_from([None, 2]))
-def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl):
+       default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
+def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl, policy):
     # Lengths drawn uniformly (hypothesis's own lists are a few operations long on average).
-    handovers = _run(ops, capacity, max_entries, default_ttl)
+    handovers = _run(ops, capacity, max_entries, default_ttl, policy)
     # Core hands over only a put above a lowered byte limit (the Python path raises TooLargeError).
     allowed = {"limit"} if any(op[0] == "limits" for op in ops) else set()
     assert set(handovers) <= allowed, f"Core handed over {handovers} without a limit to justify it"
@@ -406,11 +404,12 @@ def _allowed_batch_handovers(ops) -> set:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 120).flatmap(lambda n: st.lists(_batch_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
-       default_ttl=st.sampled_from([None, 2]))
-def test_core_batches_differential_hypothesis(ops, capacity, max_entries, default_ttl):
+       default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
+def test_core_batches_differential_hypothesis(ops, capacity, max_entries, default_ttl, policy):
     """get_many and put_many through Core (SharedCache's own, finishing what Core hands over) against the Python
-    path, mixed with single gets, puts and deletes, clock ticks, views and lowered limits: byte-identical."""
-    handovers = _run(ops, capacity, max_entries, default_ttl)
+    path, mixed with single gets, puts and deletes, clock ticks, views and lowered limits: byte-identical, under
+    every policy."""
+    handovers = _run(ops, capacity, max_entries, default_ttl, policy)
     assert set(handovers) <= _allowed_batch_handovers(ops), handovers
 
 
@@ -432,22 +431,22 @@ def _batch_ops(rng: random.Random, n: int, keys: int, max_value: int, with_views
 @pytest.mark.parametrize("seed", range(16))
 def test_core_batches_differential_long_sequences(seed):
     """Long seeded runs with batches, where the ring wraps and compacts, views pin entries (odd seeds) and the byte
-    limit is lowered and raised back."""
+    limit is lowered and raised back; each policy in turn."""
     rng = random.Random(1000 + seed)
     capacity = rng.choice([2048, 8192, 32768])
     ops = _batch_ops(rng, 2000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
-    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]))
+    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]), POLICIES[seed % 3])
     assert set(handovers) <= _allowed_batch_handovers(ops), handovers
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_core_differential_long_sequences(seed):
     """Long seeded runs, where the arena's ring wraps and compacts many times, with views pinning entries (odd
-    seeds) and the byte limit lowered and raised back."""
+    seeds) and the byte limit lowered and raised back; each policy in turn (seed % 3)."""
     rng = random.Random(seed)
     capacity = rng.choice([2048, 8192, 32768])
     ops = _ops(rng, 3000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
-    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]))
+    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]), POLICIES[seed % 3])
     # A put above a lowered byte limit is the Python path's to refuse (TooLargeError): "limit". Pins (in the odd
     # seeds' runs) are asked of the kernel by Core itself.
     assert set(handovers) <= {"limit"}, handovers
@@ -1118,7 +1117,7 @@ def test_core_reads_the_monotonic_clock_itself_when_told(name):
         try:
             kb, tag, body, fp, check, size, nb = _encode("a", b"v")
             before = time.monotonic_ns()
-            assert k.put((kb, tag, body, fp, check, size, nb), -1, 10**12) is None  # -1: Core reads CLOCK_MONOTONIC
+            assert k.put((kb, tag, body, fp, check, size, nb), -1, 10**12) is True  # -1: Core reads CLOCK_MONOTONIC
             after = time.monotonic_ns()
             assert before + 10**12 <= c._seg.header_words[H_NEXT_EXPIRY] <= after + 10**12
             assert core_get(k, kb, -1) == b"v"  # 1000 s to live: not expired by Core's own reading

@@ -41,7 +41,38 @@ def test_layout_golden_version_4_additions():
     assert f["config_check"][1] == 368 and d.H_CONFIG_CHECK == 46
     assert [f[n][1] for n in ("saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check")] == \
         [384, 392, 400, 408]
-    assert d.LAYOUT_VERSION == 4 and layout.HEADER.itemsize == 512
+    assert layout.HEADER.itemsize == 512
+
+
+def test_layout_golden_version_5_additions():
+    f = layout.HEADER.fields
+    assert f["admitted"][1] == 376
+    assert [f[n][1] for n in ("policy", "ghost_slots", "small_first", "small", "ghost_clock", "not_admitted",
+                              "promoted", "ghost_hits")] == list(range(448, 512, 8))
+    assert d.LAYOUT_VERSION == 5 and d.POLICY_NAMES == ("lru", "s3fifo", "keep")
+    assert (d.MARK_FREQ, d.MARK_SMALL, d.GHOST_WAYS, d.GHOST_STAMP_BITS) == (3, 4, 16, 32)
+    lru, s3 = layout.Geometry.for_capacity(1 << 20, 1000), layout.Geometry.for_capacity(1 << 20, 1000, 1)
+    assert lru.ghost_slots == 0 and s3.ghost_slots == s3.index_slots == 2048
+    assert s3.arena_off >= s3.ghost_off + 2048 * 8 and lru.ghost_off == s3.ghost_off
+    assert layout.Geometry.for_capacity(4096, 1, 1).ghost_slots == d.GHOST_WAYS  # a group at least
+
+
+@pytest.mark.parametrize("policy", [0, 1, 2])
+def test_layout_policy_words_as_created(name, policy):
+    SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, policy=d.POLICY_NAMES[policy]).close()
+    with open(f"/dev/shm/shmcache.{name}", "rb") as f:
+        head = f.read(512)
+    assert int.from_bytes(head[448:456], "little") == policy
+    assert int.from_bytes(head[456:464], "little") == (32 if policy == 1 else 0)  # the index's 32 slots
+
+
+def test_layout_an_unknown_policy_word_is_refused_on_attach(name):
+    SharedCache(name, capacity_bytes=4096, max_entries=8, create=True).close()
+    with open(f"/dev/shm/shmcache.{name}", "r+b") as f:
+        f.seek(448)
+        f.write((7).to_bytes(8, "little"))
+    with pytest.raises(LayoutError, match="impossible geometry: policy must be a number below 3, got 7"):
+        SharedCache(name)
 
 
 def test_layout_golden_features():
@@ -58,10 +89,12 @@ def test_layout_features_word_as_created(name, serializer, word):
 
 def test_layout_columns_follow_the_entry_table_in_order_and_aligned():
     g = layout.Geometry.for_capacity(1 << 20, 1000)
-    offs = [g.entries_off, g.expires_off, g.versions_off, g.kinds_off, g.pins_off, g.kind_table_off, g.arena_off]
+    offs = [g.entries_off, g.expires_off, g.versions_off, g.kinds_off, g.pins_off, g.marks_off, g.kind_table_off,
+            g.ghost_off, g.arena_off]
     assert offs == sorted(offs) and all(o % layout.ALIGN == 0 for o in offs)
     assert g.expires_off >= g.entries_off + g.entry_slots * 64 and g.versions_off >= g.expires_off + g.entry_slots * 8
-    assert g.pins_off >= g.kinds_off + g.entry_slots and g.kind_table_off >= g.pins_off + g.entry_slots
+    assert g.pins_off >= g.kinds_off + g.entry_slots and g.marks_off >= g.pins_off + g.entry_slots
+    assert g.kind_table_off >= g.marks_off + g.entry_slots
     assert g.arena_off >= g.kind_table_off + 256 * 64 and g.arena_off % layout.PAGE == 0
 
 

@@ -82,7 +82,7 @@ def test_ttl_every_operation_treats_an_expired_key_as_absent(tcache, clock, op):
         "view": lambda: _view_missing(tcache),
     }[op]()
     expected = {"in": False, "get_with_version": ("d", None), "pop": "d", "delete": False, "add": True,
-                "replace": False, "cas": False, "incr": 101, "touch": False, "put": None, "view": "KeyError"}[op]
+                "replace": False, "cas": False, "incr": 101, "touch": False, "put": True, "view": "KeyError"}[op]
     assert outcome == expected
     s = tcache.stats()
     assert s.expired == 1

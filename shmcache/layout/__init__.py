@@ -10,7 +10,9 @@ these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two re
     geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token
     geometry.kinds_off        kinds         entry_slots bytes (KINDS): each entry's key kind
     geometry.pins_off         pins          entry_slots bytes (PINS): entries a view may hold pinned
+    geometry.marks_off        marks         entry_slots bytes (MARKS): the policy's bits of each entry
     geometry.kind_table_off   kind table    MAX_KINDS + 1 records of dtype KIND (64 bytes)
+    geometry.ghost_off        ghost         ghost_slots words (GHOST): s3fifo's ghost (0 words otherwise)
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -25,8 +27,10 @@ process-shared robust mutex. Line 2 holds the hit/miss/put counters and the ``di
 writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-slot allocator, the creation stamp
 and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
 version clock, the expiry bound and counter, the default time to live, the number of kinds, the entry a store is
-writing and the configuration's checksum, line 6 the configuration's checked copy (``shmcache/config.py``). See
-``dtypes.HEADER`` for each field.
+writing, the configuration's checksum and the count of new entries stored, line 6 the configuration's checked copy
+(``shmcache/config.py``), line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1 s3fifo, 2 keep) and
+``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``, ``small``), its ghost clock
+and the policy's counters. See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -39,12 +43,14 @@ slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``
 slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of the encoded key.
 Deletion shifts the following cluster back, so there are no tombstones.
 
-Entry table. Slot 0 is the sentinel of a circular doubly linked LRU list (``SENTINEL``): ``sentinel.next`` is the most
-recently used entry and ``sentinel.prev`` the least. A resident entry records its key fingerprint, the arena offset of
-its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of its value (xxh3
-of the value's bytes after its tag byte, seeded with the tag; never 0). Free slots are chained through ``next`` from
-``header.free_head``; slots at or above ``header.unused_next`` have never been used and are free without being chained,
-so creation touches none of them.
+Entry table. Slot 0 is the sentinel of a circular doubly linked list (``SENTINEL``) of every resident entry. Under
+lru ``sentinel.next`` is the most recently used entry and ``sentinel.prev`` the least; under keep they are the newest
+and the oldest admitted; under s3fifo the list is main's entries, newest first, then from ``header.small_first``
+small's, newest first (``small_first`` is the sentinel when small is empty). A resident entry records its key
+fingerprint, the arena offset of its block, the lengths of its encoded key and value, the index slot that points at
+it, and a checksum of its value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0). Free
+slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next`` have never
+been used and are free without being chained, so creation touches none of them.
 
 Columns. Per-entry data kept beside the entry table rather than in its record, so that a get reads one line of the
 record and expiry and kind walks are vectorised scans. ``expires`` is a CLOCK_MONOTONIC time in ns (0: never) and
@@ -54,7 +60,14 @@ entries are looked for only once one can exist. ``versions`` takes the next valu
 one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). ``kinds`` repeats the kind
 byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
 pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
-without a word written.
+without a word written. ``marks`` is 0 under lru and keep; under s3fifo bits 0-1 count the entry's hits since it
+entered its queue (saturating at 3) and bit 2 (``MARK_SMALL``) says it is in small.
+
+Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of
+``GHOST_WAYS``: a fingerprint's group is its low bits' slot rounded down to a group. A word is 0 (empty) or
+``(tag << 32) | stamp``: ``tag`` is the fingerprint shifted right by 33 with bit 30 set, ``stamp`` the low 32 bits of
+``header.ghost_clock`` when the key left small unhit. A word is live while ``(ghost_clock - stamp) mod 2**32`` is
+below ``max_entries * 9 // 10``. Every value of every ghost word is valid.
 
 Arena. A ring of blocks. Each block is ``[8-byte block header][encoded value][encoded key][padding to 8]``; the block
 header packs the block length (low 32 bits) and the owning entry slot (high 32 bits, 0 for a dead block). Blocks are
@@ -107,6 +120,7 @@ Layout versions.
          it was, and a reader that predates the bit refuses a pickle segment by its ``features`` word alone.
     4 -- the configuration's checksum (``config_check``, line 5) and its checked copy (line 6): a damaged
          ``default_ttl_ns`` or limit is found by verify() and restored by the repair (``shmcache/config.py``).
+    5 -- eviction policies: header line 7, ``admitted`` (line 5), the marks column and the ghost region.
 """
 
 from .dtypes import (

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -40,8 +40,21 @@ MAX_TTL_NS = 2**61  # default_ttl_ns and every time to live: clock + ttl stays b
 MAX_PID = 2**22  # creator_pid: Linux's pid_max is at most 2**22
 KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
-HEADER_NBYTES = 512  # 8 cache lines; line 7 is reserved for later layout versions
+HEADER_NBYTES = 512  # 8 cache lines
 LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
+# Eviction policies (header word ``policy``, chosen at creation): the names SharedCache takes, by number.
+POLICY_LRU, POLICY_S3FIFO, POLICY_KEEP = 0, 1, 2
+POLICY_NAMES = ("lru", "s3fifo", "keep")
+# An entry's marks byte (the MARKS column): under s3fifo its access counter and whether it is in the small queue.
+MARK_FREQ = 3  # bits 0-1: hits since it entered its queue, saturating at 3 (S3-FIFO's 2-bit counter)
+MARK_SMALL = 4  # bit 2: the entry is in the small queue (else the main one)
+MARKS_VALID = MARK_FREQ | MARK_SMALL  # no other bit is ever set
+# A ghost slot (s3fifo): (tag << GHOST_STAMP_BITS) | stamp, 0 when empty. The tag is 31 bits of the fingerprint
+# (those above the bits that choose the slot's group, with bit 30 set so a used slot is never 0); the stamp is the
+# low 32 bits of the ghost clock when the key left the small queue.
+GHOST_STAMP_BITS = 32
+GHOST_STAMP_MASK = 2**32 - 1
+GHOST_WAYS = 16  # a key's ghost slot is one of the 16 of its group (two cache lines), the oldest replaced
 
 
 def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np.dtype:
@@ -109,6 +122,7 @@ HEADER = _record(
             ("kinds_used", _W),      # kind table records handed out (record 0, the default kind, excluded)
             ("writing", _W),         # entry slot a store is writing while dirty is 1 (0: none); see verify.py
             ("config_check", _W),    # checksum of default_ttl_ns, max_entries and max_retained_bytes (config.py)
+            ("admitted", _W),        # new entries stored (a put of an absent key, or one replaced by remove and insert)
         ]),
         # Line 6: the configuration's checked copy, written before the words themselves (config.py), so that a
         # repair tells a damaged word from a value that was set.
@@ -119,6 +133,17 @@ HEADER = _record(
             ("saved_check", _W),         # checksum of the three words above
             ("progress", _W),            # moved by a lock holder on a long walk (verify, repair): while it moves,
             #                              waiters wait on (lock.py); wraps at MAX_COUNTER, any value is valid
+        ]),
+        # Line 7: the eviction policy: its identity (written once at creation) and its state (under the lock).
+        (448, [
+            ("policy", _W),        # POLICY_* of the creator
+            ("ghost_slots", _W),   # slots of the ghost region (s3fifo), 0 for the other policies
+            ("small_first", _W),   # s3fifo: the newest entry of the small queue, SENTINEL when it is empty
+            ("small", _W),         # s3fifo: entries in the small queue
+            ("ghost_clock", _W),   # s3fifo: keys sent to the ghost, modulo 2**32
+            ("not_admitted", _W),  # puts of a new key the policy did not store (keep: the cache was full)
+            ("promoted", _W),      # s3fifo: entries moved from small to main for their hits
+            ("ghost_hits", _W),    # s3fifo: new keys admitted straight to main, found in the ghost
         ]),
     ],
     HEADER_NBYTES,
@@ -155,6 +180,8 @@ EXPIRES = np.dtype(_W)   # CLOCK_MONOTONIC ns after which the entry is expired; 
 VERSIONS = np.dtype(_W)  # version_clock when the entry was last stored: the compare-and-swap token
 KINDS = np.dtype("u1")   # kind record number (0: no kind); the same as the key's kind byte
 PINS = np.dtype("u1")    # 1: a view may hold the entry pinned (a kernel lock says whether one still does)
+MARKS = np.dtype("u1")   # the policy's bits of the entry (MARK_*); 0 under lru and keep
+GHOST = np.dtype(_W)     # a ghost slot (s3fifo): see GHOST_STAMP_BITS
 
 HEADER_WORDS = HEADER_NBYTES // 8
 INDEX_WORDS = INDEX_SLOT.itemsize // 8
@@ -220,6 +247,15 @@ H_SAVED_MAX_ENTRIES = _word(HEADER, "saved_max_entries")
 H_SAVED_MAX_RETAINED = _word(HEADER, "saved_max_retained")
 H_SAVED_CHECK = _word(HEADER, "saved_check")
 H_PROGRESS = _word(HEADER, "progress")
+H_ADMITTED = _word(HEADER, "admitted")
+H_POLICY = _word(HEADER, "policy")
+H_GHOST_SLOTS = _word(HEADER, "ghost_slots")
+H_SMALL_FIRST = _word(HEADER, "small_first")
+H_SMALL = _word(HEADER, "small")
+H_GHOST_CLOCK = _word(HEADER, "ghost_clock")
+H_NOT_ADMITTED = _word(HEADER, "not_admitted")
+H_PROMOTED = _word(HEADER, "promoted")
+H_GHOST_HITS = _word(HEADER, "ghost_hits")
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")

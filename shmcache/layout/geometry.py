@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dtypes import (
-    ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MAX_KINDS, PAGE, PINS, VERSIONS,
+    ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MARKS,
+    MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -17,21 +18,24 @@ def _round_up(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class Geometry:
-    """Region offsets and sizes of a segment created for ``capacity_bytes`` and ``max_entries``."""
+    """Region offsets and sizes of a segment created for ``capacity_bytes``, ``max_entries`` and ``policy``."""
 
     capacity_bytes: int
     entry_slots: int
     index_slots: int
     arena_nbytes: int
+    policy: int = 0  # POLICY_* (dtypes.py)
 
     @classmethod
-    def for_capacity(cls, capacity_bytes: int, max_entries: int) -> Geometry:
+    def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0) -> Geometry:
         """The geometry a new cache gets; raises ValueError for sizes that cannot be built."""
         for what, n in (("capacity_bytes", capacity_bytes), ("max_entries", max_entries)):
             if isinstance(n, bool) or not isinstance(n, int):
                 raise TypeError(f"{what} must be an int, got {type(n).__name__}")
             if n <= 0:
                 raise ValueError(f"{what} must be positive, got {n}")
+        if isinstance(policy, bool) or not isinstance(policy, int) or not 0 <= policy < len(POLICY_NAMES):
+            raise ValueError(f"policy must be a number below {len(POLICY_NAMES)}, got {policy!r}")
         if max_entries > MAX_ENTRIES_LIMIT:
             raise ValueError(f"max_entries must be at most {MAX_ENTRIES_LIMIT}, got {max_entries}")
         index_slots = 8
@@ -40,7 +44,12 @@ class Geometry:
         # Room for every entry's block header and padding plus 1/16 slack for compaction, so that a put within the
         # limits always fits physically (see layout/__init__.py, "Arena").
         arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
-        return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN))
+        return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy)
+
+    @property
+    def ghost_slots(self) -> int:
+        """Slots of the ghost region: as many as the index's under s3fifo (a load of at most 0.45), else none."""
+        return max(self.index_slots, GHOST_WAYS) if self.policy == POLICY_S3FIFO else 0
 
     @property
     def index_off(self) -> int:
@@ -67,12 +76,20 @@ class Geometry:
         return _round_up(self.kinds_off + self.entry_slots * KINDS.itemsize, ALIGN)
 
     @property
-    def kind_table_off(self) -> int:
+    def marks_off(self) -> int:
         return _round_up(self.pins_off + self.entry_slots * PINS.itemsize, ALIGN)
 
     @property
+    def kind_table_off(self) -> int:
+        return _round_up(self.marks_off + self.entry_slots * MARKS.itemsize, ALIGN)
+
+    @property
+    def ghost_off(self) -> int:
+        return _round_up(self.kind_table_off + (MAX_KINDS + 1) * KIND.itemsize, ALIGN)
+
+    @property
     def arena_off(self) -> int:
-        return _round_up(self.kind_table_off + (MAX_KINDS + 1) * KIND.itemsize, PAGE)
+        return _round_up(self.ghost_off + self.ghost_slots * GHOST.itemsize, PAGE)
 
     @property
     def total_nbytes(self) -> int:

@@ -275,17 +275,18 @@ class TieredCache(TierMapping):
         """A copy's time to live: the value's (0: none), and never beyond ``max_age``."""
         return min(ttl, self.max_age) if ttl else self.max_age
 
-    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` under ``key`` in Redis and in the local cache (``ttl``: seconds, 0 never, None the
-        default). With Redis unavailable, the value is kept locally only, for at most ``max_age`` (``strict``:
-        RemoteError)."""
+        default); True (a local copy is kept as the local cache's policy admits it). With Redis unavailable, the
+        value is kept locally only, for at most ``max_age`` (``strict``: RemoteError), and put says whether it was."""
         try:
             self._write(key, value, ttl)
         except RemoteError:
             if self.strict:
                 raise
             self._row[C_LOCAL_ONLY_PUTS] += 1
-            self._kind.put(key, value, self._bounded(self._ttl(ttl)))
+            return self._kind.put(key, value, self._bounded(self._ttl(ttl)))
+        return True
 
     def _put_computed(self, key, value, ttl: float) -> None:
         try:

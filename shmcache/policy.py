@@ -1,0 +1,197 @@
+"""The eviction policies' own steps over the one list of entries: what a hit does, where a new entry is linked,
+which entry goes next, and the ghost of S3-FIFO. ``table.py`` calls these; it alone decides when to evict.
+
+* ``lru`` (the default): exact LRU. A hit moves its entry to the front; the entry at the back goes.
+* ``s3fifo``: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023). The list holds
+  two FIFO queues, main then small: ``sentinel -> main, newest first -> small, newest first (from small_first) ->
+  sentinel``. A new key enters small, or main if the ghost remembers it; a hit only raises its entry's 2-bit counter
+  (a byte written, nothing moved). Eviction takes small's oldest while small holds its tenth of the entries (main
+  otherwise): hit at least twice, it moves to main, else it goes and its fingerprint enters the ghost; main's oldest
+  with hits left is reinserted at main's front with one hit fewer, else it goes.
+* ``keep``: the dataset policy. Nothing moves on a hit and a new key is admitted only while it fits: once the
+  cache is full it keeps what it holds (expired entries still make room), which repeated shuffled passes over a
+  dataset larger than the cache hit as often as any policy can. ``set_limits`` and ``popitem`` take the oldest.
+
+The ghost is a region of ``ghost_slots`` words, in groups of GHOST_WAYS (two cache lines): a key's group is chosen by
+its fingerprint's low bits, and a slot holds 31 other bits of it and the ghost clock when the key left small. A slot
+is live while fewer than 0.9 x max_entries keys have entered the ghost since (libCacheSim's ghost of main's size); a
+full group replaces its oldest. Any word is valid: a damaged one only makes a key enter small instead of main, or the
+reverse, so the ghost is outside the crash protocol. Every function assumes the lock is held (and the dirty word
+raised, for those that move entries).
+"""
+
+from __future__ import annotations
+
+from . import lru
+from .errors import CorruptionError
+from .layout import SENTINEL
+from .layout.dtypes import (
+    E_FP, E_NEXT, E_PREV, ENTRY_WORDS, GHOST_STAMP_BITS, GHOST_STAMP_MASK, GHOST_WAYS, H_ENTRIES, H_EVICTIONS,
+    H_GHOST_CLOCK, H_GHOST_HITS, H_MAX_ENTRIES, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ, MARK_SMALL,
+    POLICY_NAMES,
+)
+
+_W = ENTRY_WORDS
+_TAG_BIT = 1 << 30  # set in every tag, so that a used ghost slot is never 0
+PROMOTE_AT = 2  # hits in small that earn an entry its place in main (S3-FIFO's threshold)
+
+
+def number(name: str) -> int:
+    """The POLICY_* number of policy ``name``; ValueError for a name that is none."""
+    try:
+        return POLICY_NAMES.index(name)
+    except ValueError:
+        raise ValueError(f"policy must be one of {', '.join(map(repr, POLICY_NAMES))}, got {name!r}") from None
+
+
+def small_share(max_entries: int) -> int:
+    """The entries small holds before eviction takes from it: a tenth, at least one."""
+    return max(1, max_entries // 10)
+
+
+def ghost_size(max_entries: int) -> int:
+    """How many keys the ghost remembers: as many as main holds, 0.9 of the entries."""
+    return max(0, max_entries * 9 // 10)
+
+
+def bump(marks, e: int) -> None:
+    """A hit on entry ``e`` under s3fifo: its counter raised, saturating at 3 (the byte written only when it
+    changes)."""
+    m = marks[e]
+    if m & MARK_FREQ != MARK_FREQ:
+        marks[e] = m + 1
+
+
+def small_end(h, ent, slots: int) -> tuple[int, int]:
+    """Where a new entry of small is linked: between (prev, next), the newest of main (or the sentinel) and the
+    newest of small (or the sentinel)."""
+    n = h[H_SMALL_FIRST]
+    p = ent[n * _W + E_PREV] if 0 <= n < slots else -1
+    if not 0 <= p < slots:
+        raise CorruptionError(f"small queue's links ({p}, {n}) are out of range", what="put")
+    return p, n
+
+
+def main_tail(h, ent, slots: int) -> int:
+    """Main's oldest entry, or SENTINEL if main is empty."""
+    first = h[H_SMALL_FIRST]
+    if not 0 <= first < slots:
+        raise CorruptionError(f"small_first={first} is out of range", what="evict")
+    return ent[first * _W + E_PREV] if first != SENTINEL else ent[E_PREV]
+
+
+# ------------------------------------------------------------------------------------------------- the ghost
+
+
+def _tag(fp: int) -> int:
+    return (fp >> 33) | _TAG_BIT
+
+
+def ghost_add(h, ghost, fp: int) -> None:
+    """Remember fingerprint ``fp`` (its entry leaves small unhit): a free or lapsed slot of its group, else the
+    oldest one."""
+    size = ghost_size(h[H_MAX_ENTRIES])
+    if not size:
+        return
+    clock = (h[H_GHOST_CLOCK] + 1) & GHOST_STAMP_MASK
+    h[H_GHOST_CLOCK] = clock
+    base = fp & (len(ghost) - 1) & -GHOST_WAYS
+    victim, oldest = base, -1
+    for i in range(base, base + GHOST_WAYS):
+        w = ghost[i]
+        age = (clock - w) & GHOST_STAMP_MASK
+        if w == 0 or age >= size:
+            victim = i
+            break
+        if age > oldest:
+            victim, oldest = i, age
+    ghost[victim] = (_tag(fp) << GHOST_STAMP_BITS) | clock
+
+
+def ghost_take(h, ghost, fp: int) -> bool:
+    """Whether the ghost remembers ``fp``; a slot found is freed (the key is back)."""
+    size = ghost_size(h[H_MAX_ENTRIES])
+    if not size:
+        return False
+    clock = h[H_GHOST_CLOCK]
+    tag = _tag(fp)
+    base = fp & (len(ghost) - 1) & -GHOST_WAYS
+    for i in range(base, base + GHOST_WAYS):
+        w = ghost[i]
+        if w >> GHOST_STAMP_BITS == tag and (clock - w) & GHOST_STAMP_MASK < size:
+            ghost[i] = 0
+            return True
+    return False
+
+
+def admit_to_main(h, ghost, fp: int) -> bool:
+    """Whether a new key goes to main (the ghost remembered it, counted) rather than small."""
+    if ghost_take(h, ghost, fp):
+        h[H_GHOST_HITS] += 1
+        return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------------- eviction
+
+
+def _to_main(table, t: int) -> None:
+    """Move small's oldest entry ``t`` to main's front, its counter reset."""
+    h, ent = table.h, table.ent
+    b = t * _W
+    p, n = ent[b + E_PREV], ent[b + E_NEXT]
+    ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
+    ent[n * _W + E_PREV] = p
+    if h[H_SMALL_FIRST] == t:
+        h[H_SMALL_FIRST] = n
+    lru.push_front(ent, t)
+    table.marks[t] = 0
+    h[H_SMALL] -= 1
+
+
+def s3fifo_evict_one(table) -> bool:
+    """Evict one entry no view pins as S3-FIFO chooses it; False if every entry is pinned (or there is none). An
+    entry a view pins counts as used: in small it moves to main, in main it is passed over."""
+    h, ent, marks = table.h, table.ent, table.marks
+    slots = table.slots
+    if not 0 < h[H_MAX_ENTRIES] < slots:
+        raise CorruptionError(f"max_entries={h[H_MAX_ENTRIES]} is out of range", what="evict")
+    passed = 0  # pinned entries of main passed over since the last change: past main's size, no unpinned one is left
+    for _ in range(4 * slots + 4):
+        small = h[H_SMALL]
+        main = h[H_ENTRIES] - small
+        if small > 0 and main <= h[H_MAX_ENTRIES] - small_share(h[H_MAX_ENTRIES]):
+            t = ent[E_PREV]  # small's oldest: the sentinel's prev
+            if not 0 < t < slots or not marks[t] & MARK_SMALL:
+                raise CorruptionError(f"small queue's oldest is slot {t}, not an entry of small", what="evict")
+            pinned = table.pins[t] and table.pinned(t)
+            if pinned or marks[t] & MARK_FREQ >= PROMOTE_AT:
+                _to_main(table, t)
+                if not pinned:
+                    h[H_PROMOTED] += 1
+                continue
+            ghost_add(h, table.ghost, ent[t * _W + E_FP])
+            table.remove(t)
+            h[H_EVICTIONS] += 1
+            return True
+        if main <= 0:
+            return False
+        t = main_tail(h, ent, slots)
+        if not 0 < t < slots or marks[t] & MARK_SMALL:
+            raise CorruptionError(f"main queue's oldest is slot {t}, not an entry of main", what="evict")
+        if table.pins[t] and table.pinned(t):
+            passed += 1
+            if passed > main:
+                return table.evict_oldest()  # main is all pinned: small's oldest unpinned goes, if any
+            lru.move_to_front(ent, t)
+            continue
+        m = marks[t]
+        if m & MARK_FREQ:
+            marks[t] = m - 1
+            passed = 0
+            lru.move_to_front(ent, t)
+            continue
+        table.remove(t)
+        h[H_EVICTIONS] += 1
+        return True
+    raise CorruptionError("the queues do not hold the entries the header counts", what="evict")
