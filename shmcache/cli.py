@@ -73,7 +73,7 @@ def _describe(args, name: str) -> dict:
         except ShmCacheError as exc:
             row.update(state="busy" if isinstance(exc, TimeoutError) else "damaged", error=str(exc))
             return row
-    row.update(entries=s.entries, max_entries=s.max_entries, retained_bytes=s.retained_bytes,
+    row.update(policy=s.policy, entries=s.entries, max_entries=s.max_entries, retained_bytes=s.retained_bytes,
                max_retained_bytes=s.max_retained_bytes, fill=s.retained_bytes / s.max_retained_bytes,
                hit_ratio=s.hit_ratio)
     return row
@@ -117,7 +117,7 @@ def _print_json(data) -> None:
 
 # The counters --watch gives rates of: they only grow, except when clear() sets them back to zero.
 STATS_COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "recoveries",
-                  "computations", "waits", "takeovers")
+                  "computations", "waits", "takeovers", "admitted", "not_admitted", "promoted", "ghost_hits")
 
 
 class Interval:
@@ -331,6 +331,9 @@ def cmd_inspect(args) -> int:
         "limits": {"max_entries": s.max_entries, "max_retained_bytes": s.max_retained_bytes,
                    "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes,
                    "default_ttl_s": default_ttl_ns / 1e9},
+        "policy": {"name": s.policy, "ghost_slots": g.ghost_slots, "admitted": s.admitted,
+                   "not_admitted": s.not_admitted, "small_entries": s.small_entries, "promoted": s.promoted,
+                   "ghost_hits": s.ghost_hits},
         "arena": _arena_report(s, fill),
         "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},
     }

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
-    H_TAKEOVERS, H_UPDATES, H_WAITS,
+    H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
+    POLICY_NAMES,
 )
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
-                  H_TAKEOVERS)
+                  H_TAKEOVERS, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class CacheStats:
     died), after which the waiter computed it. ``expired`` counts entries dropped because their time to live ran
     out (a lookup that finds one expired also counts a miss). ``kinds`` maps each key kind's name to its
     resident entries and bytes (``SharedCache.kind``).
+
+    ``policy`` is the cache's eviction policy. ``admitted`` counts new entries stored and ``not_admitted`` the puts
+    of a new entry the policy refused (only ``keep`` refuses: the cache was full). Under ``s3fifo``,
+    ``small_entries`` is how many entries the small queue holds, ``promoted`` counts those it moved to main for
+    their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them; under
+    the other policies these are 0.
     """
 
     hits: int
@@ -71,6 +78,12 @@ class CacheStats:
     capacity_bytes: int
     arena_bytes: int
     arena_used_bytes: int
+    policy: str = "lru"
+    admitted: int = 0
+    not_admitted: int = 0
+    small_entries: int = 0
+    promoted: int = 0
+    ghost_hits: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -95,7 +108,10 @@ def read_stats(h, kinds: dict | None = None) -> CacheStats:
         waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
         capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],
-        arena_used_bytes=h[H_ARENA_USED], kinds=kinds or {},
+        arena_used_bytes=h[H_ARENA_USED], admitted=h[H_ADMITTED],
+        policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
+        not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
+        kinds=kinds or {},
     )
 
 
@@ -118,7 +134,12 @@ _PROMETHEUS = (
     ("computations", "computations_total", "counter", "functions run by get_or_compute"),
     ("waits", "waits_total", "counter", "get_or_compute calls that waited for another caller's computation"),
     ("takeovers", "takeovers_total", "counter", "waits that ended without a value, then computed here"),
+    ("admitted", "admitted_total", "counter", "new entries stored"),
+    ("not_admitted", "not_admitted_total", "counter", "puts of a new entry the policy did not store"),
+    ("promoted", "promoted_total", "counter", "s3fifo: entries moved from the small queue to main for their hits"),
+    ("ghost_hits", "ghost_hits_total", "counter", "s3fifo: new keys admitted to main, remembered by the ghost"),
     ("entries", "entries", "gauge", "resident entries"),
+    ("small_entries", "small_entries", "gauge", "s3fifo: entries in the small queue"),
     ("retained_bytes", "retained_bytes", "gauge", "encoded keys and values held"),
     ("max_entries", "max_entries", "gauge", "current entry limit"),
     ("max_retained_bytes", "max_retained_bytes", "gauge", "current byte limit"),
@@ -148,6 +169,9 @@ def prometheus_text(stats_by_cache: dict[str, CacheStats],
             lines.extend((f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", *samples))
 
     caches = sorted(stats_by_cache.items())
+    family("shmcache_policy_info", "gauge", "the cache's eviction policy, as a label (always 1)",
+           [f'shmcache_policy_info{{cache="{prometheus_label(cache)}",policy="{prometheus_label(stats.policy)}"}} 1'
+            for cache, stats in caches])
     for attr, suffix, kind, help_text in _PROMETHEUS:
         metric = f"shmcache_{suffix}"
         family(metric, kind, help_text,

@@ -79,7 +79,9 @@ def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
     assert samples["shmcache_misses_total"].value == stats.misses == 1
     assert samples["shmcache_entries"].value == stats.entries == 10
     assert samples["shmcache_hit_ratio"].value == stats.hit_ratio
-    assert all(s.labels == {"cache": name} for s in samples.values())
+    assert samples["shmcache_policy_info"].labels == {"cache": name, "policy": "lru"}
+    assert samples["shmcache_admitted_total"].value == stats.admitted == 10
+    assert all(s.labels == {"cache": name} for n, s in samples.items() if n != "shmcache_policy_info")
     kinds = {f.name: f.type for f in parser.text_string_to_metric_families(out)}
     assert kinds["shmcache_hits"] == "counter" and kinds["shmcache_entries"] == "gauge"
 
