@@ -89,7 +89,7 @@ class _CoreOps:
         encoded = (kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF, (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1,
                    size, self.nb(size))
         r = self.core.put(encoded, -1, -1)
-        if r is not None:
+        if r is not True and r is not False:  # stored, or not admitted (keep): else HANDOVER or PINNED
             self.handovers += 1
             self.cache.put(key, value)
 
@@ -136,7 +136,7 @@ def _child(case: str, n: int) -> None:
     name = f"benchmarks-instructions-{os.getpid()}"
     cache = SharedCache(name, capacity_bytes=64 * 2**20,
                         max_entries=RESIDENT + (0 if case.endswith("put-evict") else n),
-                        create=True)
+                        create=True, policy=os.environ.get(_POLICY_VAR, "lru"))
     try:
         get, put = cache.get, cache.put
         if case == "tier-get":
@@ -235,6 +235,7 @@ def _child(case: str, n: int) -> None:
 # str hashing salted per run moves counts by a few percent; OpenBLAS's worker threads (started when numpy is
 # imported) spin for a while, and their instructions moved a count by up to 4,000 per operation from run to run.
 _CHILD_ENV = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+_POLICY_VAR = "SHMCACHE_BENCH_POLICY"  # the child's cache policy (--policy)
 
 
 def count(case: str, n: int, collect: str | None = None) -> int:
@@ -274,6 +275,8 @@ def main(argv=None) -> int:
                     "(callgrind --toggle-collect), e.g. Core_get_value with --cases core-get-raw: the C section alone, "
                     "without the interpreter's loop and call around it; no loop case is subtracted")
     ap.add_argument("--repeats", type=int, default=5, help="child runs per case for --wall (default 5)")
+    ap.add_argument("--policy", default="lru", help="comma-separated eviction policies of the measured cache, a "
+                    "column each (default lru; under keep, put-evict is a put the full cache does not admit)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -286,6 +289,12 @@ def main(argv=None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case(s): {', '.join(unknown)}")
+    from shmcache import POLICIES
+
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not policies or any(p not in POLICIES for p in policies):
+        ap.error(f"--policy: comma-separated, of: {', '.join(POLICIES)}")
+
     def per_op(case: str) -> float:
         return (count(case, args.ops + args.delta, args.collect) - count(case, args.ops, args.collect)) / args.delta
 
@@ -296,19 +305,25 @@ def main(argv=None) -> int:
 
     loop = per_op("loop") if not args.collect else 0.0
     loop_ns = wall_per_op("loop") if args.wall else 0.0
-    print(f"{'case':16s} {'instructions/op':>16s}" + (f" {'ns/op':>8s}" if args.wall else "") + "  what")
+    cells = [f"{p:>16s}" + (f" {'ns':>8s}" if args.wall else "") for p in policies]
+    print(f"{'case':16s} " + " ".join(cells) + "  what (instructions per operation" + (", ns" if args.wall else "")
+          + ")")
     for case in cases:
         if case == "loop":
-            print(f"{case:16s} {loop:16,.0f}" + (f" {loop_ns:8,.0f}" if args.wall else "") + f"  {CASES[case]}",
-                  flush=True)
+            cell = f"{loop:16,.0f}" + (f" {loop_ns:8,.0f}" if args.wall else "")
+            print(f"{case:16s} " + " ".join([cell] * len(policies)) + f"  {CASES[case]}", flush=True)
             continue
-        try:
-            net = per_op(case) - loop
-            ns = wall_per_op(case) - loop_ns if args.wall else 0.0
-        except (subprocess.CalledProcessError, RuntimeError) as exc:
-            print(f"{case:16s} {'error':>16s}  {exc}")
-            continue
-        print(f"{case:16s} {net:16,.0f}" + (f" {ns:8,.0f}" if args.wall else "") + f"  {CASES[case]}", flush=True)
+        cells = []
+        for policy in policies:
+            _CHILD_ENV[_POLICY_VAR] = policy
+            try:
+                net = per_op(case) - loop
+                ns = wall_per_op(case) - loop_ns if args.wall else 0.0
+                cells.append(f"{net:16,.0f}" + (f" {ns:8,.0f}" if args.wall else ""))
+            except (subprocess.CalledProcessError, RuntimeError) as exc:
+                cells.append(f"{'error':>16s}" + (f" {'':8s}" if args.wall else ""))
+                print(f"{case} ({policy}): {exc}", file=sys.stderr)
+        print(f"{case:16s} " + " ".join(cells) + f"  {CASES[case]}", flush=True)
     return 0
 
 

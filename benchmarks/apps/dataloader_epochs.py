@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import json
 import os
 import shutil
@@ -65,8 +64,8 @@ RUN_TIMEOUT_S = 1800
 
 # The larger-than-cache configuration's rows: "none", "precomputed", and "shm:<policy>:<percent of the samples>".
 # Eviction policies for the rows at 50 %, besides the default (exact LRU): a row is run for each that SharedCache
-# accepts once it takes ``policy=`` (found with inspect.signature, then tried on a small segment); add names here.
-OTHER_POLICIES: tuple[str, ...] = ("s3fifo", "sieve", "clock", "2q")
+# accepts (tried on a small segment: shmcache.POLICIES has keep and s3fifo); add names here.
+OTHER_POLICIES: tuple[str, ...] = ("keep", "s3fifo", "sieve", "clock", "2q")
 DEFAULT_POLICY = "default"  # no policy= argument: the cache's own (exact LRU)
 
 
@@ -283,16 +282,9 @@ def variant_label(variant: str) -> str:
     return f"SharedCache {'lru (default)' if policy == DEFAULT_POLICY else policy}, {percent} %"
 
 
-def takes_policy() -> bool:
-    """Whether SharedCache takes a ``policy=`` argument (while it does not, its LRU is all it has)."""
-    return "policy" in inspect.signature(SharedCache).parameters
-
-
 def available_policies() -> tuple[list[str], list[str]]:
-    """The names of OTHER_POLICIES that SharedCache accepts, and those it does not (all of them, while it takes no
-    ``policy=``). Each is tried on a small segment of its own, unlinked at once."""
-    if not takes_policy():
-        return [], list(OTHER_POLICIES)
+    """The names of OTHER_POLICIES that SharedCache accepts, and those it does not. Each is tried on a small segment
+    of its own, unlinked at once."""
     accepted, refused = [], []
     for policy in OTHER_POLICIES:
         name = f"bench-dataloader-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
