@@ -549,3 +549,31 @@ def test_cached_dataset_shared_by_two_trainer_processes(big, log):
     assert computations(log) == list(range(n)) and big.stats().computations == n
     check_sample(CachedDataset(CountingDataset(n, log), big)[n - 1], n - 1)  # read from the cache: no computation
     assert computations(log) == list(range(n))
+
+
+def test_torch_a_dataset_larger_than_the_cache_warns_unless_the_policy_keeps(name, tmp_path):
+    log = str(tmp_path / "computed.log")
+    with SharedCache(name, capacity_bytes=2**20, max_entries=8, create=True) as c:
+        with pytest.warns(UserWarning, match=r"holds at most 8 entries, fewer than the dataset's 16 samples.*"
+                                             r"policy='keep'"):
+            CachedDataset(CountingDataset(16, log), c)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            CachedDataset(CountingDataset(8, log), c)  # it fits
+        c.unlink()
+    keep = SharedCache(name, capacity_bytes=2**20, max_entries=8, create=True, policy="keep")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = CachedDataset(CountingDataset(16, log), keep)
+        order = np.random.default_rng(5)
+        for _ in range(3):  # shuffled epochs over twice the cache: from epoch 2 on, half the reads hit
+            for i in order.permutation(16).tolist():
+                sample = ds[i]
+                assert int(sample[1]) == i
+        s = keep.stats()
+        assert (s.hits, s.misses, s.admitted, s.not_admitted) == (16, 32, 8, 24)
+        assert len(computations(log)) == 32  # every miss computed once, the 8 kept never again
+    finally:
+        keep.close()
+        keep.unlink()
