@@ -18,7 +18,8 @@ from shmcache import RemoteError, SharedCache, TieredCache
 from shmcache.codec import KindKey, encode_key
 from shmcache.tier import host_stats
 
-from .tiers import Host, eventually, mark as _mark
+from .conftest import unique_name
+from .tiers import Host, eventually, two_hosts, mark as _mark
 from .workers import check_value, make_value
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,6 +50,23 @@ def test_tiered_hosts_see_each_others_puts(hosts):
     assert (s.remote_hits, s.local_misses) == (20, 20)
     check_value("k3", b.tier.get("k3"))
     assert b.tier.stats().local_hits == 1
+
+
+@pytest.mark.parametrize("policy", shmcache.POLICIES)
+def test_tiered_local_copies_under_every_policy(redis_url, policy):
+    """Local caches smaller than what the fleet reads, under each policy: every value read is the one written, the
+    copies stay within the local limits (under keep: those admitted while there was room), and some reads are
+    served from them."""
+    with two_hosts(redis_url, unique_name("pol"), policy=policy, max_entries=24) as (a, b):
+        for i in range(60):
+            a.tier.put(f"k{i}", make_value(f"k{i}", i, 64))
+        for _ in range(3):  # a few hot keys read again and again, then a scan of every key
+            for i in [0, 1, 2, 3] * 3 + list(range(60)):
+                check_value(f"k{i}", b.tier.get(f"k{i}"))
+        s, local = b.tier.stats(), b.local.stats()
+        assert s.local_hits > 0 and s.remote_hits > 0 and local.policy == policy
+        assert local.entries <= 24 and b.local.verify().ok and a.local.verify().ok
+        assert (local.not_admitted > 0) == (policy == "keep")
 
 
 def test_tiered_values_keep_their_types(hosts):

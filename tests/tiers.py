@@ -27,8 +27,8 @@ class Host:
 
     def __init__(self, url: str, namespace: str, **kwargs) -> None:
         self.name = unique_name("host")
-        self.local = SharedCache(self.name, capacity_bytes=1 << 20, max_entries=512, create=True,
-                                 clock=kwargs.pop("clock", None))
+        self.local = SharedCache(self.name, capacity_bytes=1 << 20, max_entries=kwargs.pop("max_entries", 512),
+                                 create=True, clock=kwargs.pop("clock", None), policy=kwargs.pop("policy", None))
         self.tier = TieredCache(self.local, url, namespace=namespace, **kwargs)
 
     def local_copy(self, key, default=None):

@@ -39,7 +39,8 @@ def begin_fill_locked(store, mkb: bytes, mfp: int, mark_ttl: int) -> int:
     m = store.find_live(mkb, mfp, True)
     expires = store.expires_at(mark_ttl)
     if m == EMPTY:
-        store.store(EMPTY, store.encode(None, 0, mkb), expires)
+        if not store.store(EMPTY, store.encode(None, 0, mkb), expires):
+            return 0  # not admitted (keep, full): no generation is 0, so the fill's store is refused
         m = store.find_live(mkb, mfp)
     elif store.exp[m] and store.exp[m] < expires:
         store.set_expiry(m, expires)  # later, never earlier
@@ -58,8 +59,7 @@ def store_locked(store, encoded: Encoded, mkb: bytes, mfp: int, generation: int,
     old = store.find_live(encoded.kb, encoded.fp, True)
     if old != EMPTY and store.version(old) > version:
         return False
-    store.store(old, encoded, store.expires_at(ttl), version)
-    return True
+    return store.store(old, encoded, store.expires_at(ttl), version)  # False: the policy did not admit it
 
 
 def invalidate_locked(store, kb: bytes, fp: int, mkb: bytes, mfp: int, version: int) -> bool:
