@@ -1,4 +1,4 @@
-"""SharedCache: one bounded LRU cache in shared memory, used the same way from every process on the host.
+"""SharedCache: one bounded cache in shared memory, used the same way from every process on the host.
 
 The public facade over three parts (docs/design.md draws them): ``guard.Guard`` runs the lock protocol (take,
 admit, wait, fault, repair), ``store.Store`` the locked operations over the structures, and ``table.Table`` the
@@ -72,7 +72,7 @@ def parts(cache: SharedCache) -> Parts:
     return cache._parts
 
 class SharedCache(LocalMapping):
-    """A bounded LRU cache in POSIX shared memory that every process on the host can open by name.
+    """A bounded cache in POSIX shared memory that every process on the host can open by name.
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 64 MiB) bounds the
@@ -219,7 +219,8 @@ class SharedCache(LocalMapping):
     # ------------------------------------------------------------------------------------------- the dict-like API
 
     def get(self, key: Any, default: Any = None) -> Any:
-        """The value cached for ``key``, or ``default``; a hit makes the entry the most recently used."""
+        """The value cached for ``key``, or ``default``; a hit is taken as the policy does (lru: the entry becomes the
+        most recently used)."""
         # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
         # an object to carry them (and no other method takes one: encode_key refuses it). The key is encoded and
         # hashed, and the value checked and decoded, outside the lock: it is held for as little as possible.

@@ -36,10 +36,11 @@ def _key_start(mm, k0: int, klen: int, space: int) -> int:
 
 
 def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
-    """The live (unexpired) entries of ``space``, most recently used first: their key bytes (kind prefix dropped),
-    or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the caller to check; and how
-    many entries were passed over as damaged (their key bytes do not hash to their fingerprint: a damaged length,
-    offset or key, whose bytes are no key that was stored). The caller repairs when that is not 0."""
+    """The live (unexpired) entries of ``space``, in the list's order (lru: most recently used first): their key
+    bytes (kind prefix dropped), or with ``with_values`` (key bytes, tag, body, checksum, slot), the checksum for the
+    caller to check; and how many entries were passed over as damaged (their key bytes do not hash to their
+    fingerprint: a damaged length, offset or key, whose bytes are no key that was stored). The caller repairs when
+    that is not 0."""
     ent, mm, base, exp = store.ent, store.mm, store.base, store.exp
     now = store.clock()
     out = []
@@ -67,8 +68,9 @@ def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
 
 
 def popitem_locked(store, space: int):
-    """Remove the least recently used live entry of ``space`` that no view pins, counted as a delete; its (key
-    bytes, tag, body), or None if there is none. Expired entries met on the way are dropped (counted as expired)."""
+    """Remove the live entry of ``space`` at the back of the list (lru: the least recently used) that no view pins,
+    counted as a delete; its (key bytes, tag, body), or None if there is none. Expired entries met on the way are
+    dropped (counted as expired)."""
     ent, mm, base, table = store.ent, store.mm, store.base, store.table
     e = ent[SENTINEL * _W + E_PREV]
     for _ in range(table.slots):

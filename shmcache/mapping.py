@@ -135,7 +135,8 @@ class LocalMapping(ItemAccess):
         return KIND_PREFIXES[space] + encode_key(key) if space else encode_key(key)
 
     def _keys(self) -> list:
-        """The live keys, most recently used first, as one snapshot. A damaged entry is left out, and repaired."""
+        """The live keys in the policy's order (lru: most recently used first), as one snapshot. A damaged entry is
+        left out, and repaired."""
         parts, space = self._space()
         found, damaged = parts.guard.run(entries.snapshot_locked, parts.store, space, False)
         if damaged:
@@ -143,8 +144,8 @@ class LocalMapping(ItemAccess):
         return _decode_keys(parts, found)
 
     def _items(self) -> list:
-        """The live (key, value) pairs, most recently used first, as one snapshot (no lookup counted). A damaged
-        entry (its key, or its value's checksum) is left out, and repaired."""
+        """The live (key, value) pairs in the policy's order (lru: most recently used first), as one snapshot (no
+        lookup counted). A damaged entry (its key, or its value's checksum) is left out, and repaired."""
         parts, space = self._space()
         found, damaged = parts.guard.run(entries.snapshot_locked, parts.store, space, True)
         good = [f for f in found if body_checksum(f[1], f[2]) == f[3]]
@@ -154,8 +155,9 @@ class LocalMapping(ItemAccess):
         return [(k, _decoded(parts, tag, body)) for k, (_, tag, body, _, _) in zip(keys, good)]
 
     def popitem(self) -> tuple[Any, Any]:
-        """Remove the least recently used entry and return it as (key, value), in one hold of the lock (entries an
-        open view pins are passed over); counted as a delete, not a lookup. A damaged entry met is dropped (the
+        """Remove the entry at the back of the policy's order (lru: the least recently used; s3fifo: small's oldest;
+        keep: the oldest) and return it as (key, value), in one hold of the lock (entries an open view pins are
+        passed over); counted as a delete, not a lookup. A damaged entry met is dropped (the
         guard repairs) and the next one taken. :raises KeyError: if there is none."""
         parts, space = self._space()
         for attempt in range(3):

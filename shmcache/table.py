@@ -1,4 +1,4 @@
-"""The segment's tables as one structure: insert, remove, evict and reset entries, keeping the index, the LRU list,
+"""The segment's tables as one structure: insert, remove, evict and reset entries, keeping the index, the list,
 the free list, the arena and the occupancy counters in step. Knows nothing of keys' meaning or of values' encoding.
 
 Every method assumes the cache lock is held and the ``dirty`` word raised (see cache.py). Slot numbers and block
@@ -21,8 +21,8 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
     H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
-    BLOCK_OWNER_SHIFT, E_FP, H_ADMITTED, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL, POLICY_KEEP, POLICY_LRU,
-    POLICY_S3FIFO,
+    BLOCK_OWNER_SHIFT, E_FP, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
+    POLICY_KEEP, POLICY_LRU, POLICY_S3FIFO,
 )
 
 if TYPE_CHECKING:
@@ -270,8 +270,8 @@ class Table:
 
     def evict_until(self, extra_entries: int, extra_bytes: int) -> None:
         """Make room for ``extra_entries`` more entries of ``extra_bytes`` more bytes: expired entries go first,
-        then the least recently used ones, pinned entries excepted. Bounded by the table size, so damaged counters
-        raise instead of looping.
+        then those the policy chooses (lru: the least recently used; keep: the oldest; s3fifo: policy.py), pinned
+        entries excepted. Bounded by the table size, so damaged counters raise instead of looping.
 
         :raises PinnedError: if what is left to evict is all pinned (the limits still hold; room is short).
         """
@@ -378,6 +378,9 @@ class Table:
         lru.reset(self.ent)
         h[H_SMALL_FIRST] = SENTINEL
         h[H_SMALL] = 0
+        if len(self.ghost):  # s3fifo: the ghost forgets too (clear() starts afresh)
+            np.frombuffer(self.ghost, dtype=np.int64)[:] = 0
+            h[H_GHOST_CLOCK] = 0
         self.ring.reset()
         h[H_ENTRIES] = h[H_RETAINED] = h[H_WRITING] = 0
         h[H_FREE_HEAD] = NIL

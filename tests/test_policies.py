@@ -341,3 +341,15 @@ def test_policies_s3fifo_put_killed_at_any_line_is_repaired(name):
             break
         n += 1
     assert n > 50  # the put ran through the eviction's steps: promotions, a rotation, the ghost
+
+
+def test_policies_clear_empties_the_queues_and_the_ghost(make):
+    c = make("s3fifo", max_entries=10)
+    for k in range(40):
+        c.put(f"k{k}", k)
+    assert c.stats().small_entries and any(c._seg.ghost_words)
+    c.clear()
+    s = c.stats()
+    assert (s.entries, s.small_entries, s.admitted, s.ghost_hits) == (0, 0, 0, 0) and not any(c._seg.ghost_words)
+    c.put("k0", 0)  # forgotten: back into small, not main
+    assert c.stats().ghost_hits == 0 and c.stats().small_entries == 1 and c.verify().ok
