@@ -7,6 +7,11 @@ bytes, a dict holding a numpy array, a bare numpy array (the ``A`` path, decoded
 
 Workers count into one shared array of int64 words, one row of ``FIELDS`` per worker slot, written only by the
 process in that slot: the parent reads progress at any time, and a worker that is SIGKILLed leaves its counts behind.
+
+Every script that creates a cache takes --policy (``shmcache.POLICIES``, or ``all``: each policy in turn, the
+seconds split equally, one summary line each, which names its policy). The checks hold under every policy: a put
+returns True, or False under ``keep`` alone (a new key the full cache did not admit: counted in ``not_admitted``,
+and a lie under the others); no check assumes an eviction order.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import traceback
 import numpy as np
 import xxhash
 
-from shmcache import CacheLimits, PinnedError, SharedCache, ShmCacheError, TooLargeError
+from shmcache import POLICIES, CacheLimits, PinnedError, SharedCache, ShmCacheError, TooLargeError
 from shmcache.layout import SEGMENT_PREFIX
 from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import FUTEX_TID_MASK
 
-FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused")
-OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED = range(len(FIELDS))
+FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused", "not_admitted")
+OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED, NOT_ADMITTED = range(len(FIELDS))
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
        "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
@@ -117,6 +122,8 @@ class Workload:
         self.seq = row << 40
         self.reports = 0
         self.kind = cache.kind(KIND)
+        self.policy = cache.policy
+        self.may_refuse = self.policy == "keep"  # the one policy whose put of a new key may store nothing
 
     def key(self) -> str:
         if self.rng.random() < HOT_SHARE:
@@ -134,6 +141,16 @@ class Workload:
         if self.reports < MAX_REPORTS and (self.strict or field != ERRORS):  # damage makes errors expected
             self.reports += 1
             print(f"[pid {os.getpid()}] {FIELDS[field]}: {msg}", file=sys.stderr, flush=True)
+
+    def stored(self, what: str, key: str, r) -> None:
+        """Check put's result ``r``: True (stored), or False under keep alone (not admitted: counted); anything
+        else -- False under lru or s3fifo, a non-bool -- is a wrong answer."""
+        if r is True:
+            return
+        if r is False and self.may_refuse:
+            self.c[self.base + NOT_ADMITTED] += 1
+            return
+        self.report(WRONG, f"{what}({key!r}) returned {r!r} under policy {self.policy!r}")
 
     def step(self) -> None:
         op = self.rng.choices(self.ops, cum_weights=self.cum)[0]
@@ -157,12 +174,13 @@ class Workload:
     def _put(self) -> None:
         key = self.key()
         self.seq += 1
-        self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()))
+        self.stored("put", key, self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes())))
 
     def _put_ttl(self) -> None:
         key = self.key()
         self.seq += 1
-        self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()), ttl=self.rng.choice((0.001, 0.01, 0.1)))
+        value = make_value(key, self.seq, self.rng, self.nbytes())
+        self.stored("put", key, self.cache.put(key, value, ttl=self.rng.choice((0.001, 0.01, 0.1))))
 
     def _view(self) -> None:
         """A zero-copy read, checked inside its block while other processes write (and evict) around it."""
@@ -215,7 +233,7 @@ class Workload:
     def _kind_put(self) -> None:
         key = self.key()
         self.seq += 1
-        self.kind.put(key, make_value(f"{KIND}/{key}", self.seq, self.rng, self.nbytes()))
+        self.stored("kind put", key, self.kind.put(key, make_value(f"{KIND}/{key}", self.seq, self.rng, self.nbytes())))
 
     def _kind_get(self) -> None:
         key = self.key()
@@ -357,10 +375,19 @@ def reap(procs, timeout: float) -> list:
     return stuck
 
 
-def final_check(cache: SharedCache, nkeys: int) -> tuple[bool, int]:
-    """verify() must be ok, the stats within the limits, and every cached key must read back intact: (ok, wrong)."""
+def final_check(cache: SharedCache, nkeys: int, counters: bool = True) -> tuple[bool, int]:
+    """verify() must be ok, the stats within the limits and naming the cache's policy, and every cached key must read
+    back intact: (ok, wrong). ``counters``: also the policy's counters that must stay 0 -- not_admitted but under
+    keep, small_entries, promoted and ghost_hits but under s3fifo (not where damage may have set them)."""
     report, s = cache.verify(), cache.stats()
     problems = list(report.problems)
+    if s.policy != cache.policy:
+        problems.append(f"stats: policy={s.policy!r} in a cache created with {cache.policy!r}")
+    if counters and cache.policy != "keep" and s.not_admitted:
+        problems.append(f"stats: not_admitted={s.not_admitted} under {cache.policy}, which admits every put")
+    if counters and cache.policy != "s3fifo" and (s.small_entries or s.promoted or s.ghost_hits):
+        problems.append(f"stats: small_entries={s.small_entries} promoted={s.promoted} ghost_hits={s.ghost_hits} "
+                        f"under {cache.policy}, which has no small queue nor ghost")
     if not 0 <= s.entries <= s.max_entries:
         problems.append(f"stats: entries={s.entries} with max_entries={s.max_entries}")
     if not 0 <= s.retained_bytes <= s.max_retained_bytes:
@@ -395,16 +422,32 @@ def make_parser(doc: str, **defaults) -> argparse.ArgumentParser:
                    "ordinary put (default %(default)s)")
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
                    help="multiprocessing start method (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--policy", choices=(*POLICIES, "all"), default=d.get("policy", "lru"),
+                   help="the cache's eviction policy; all: each in turn, --seconds split equally between them, one "
+                   "summary line each (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (one per policy)")
     return p
+
+
+def run_policies(prog: str, args: argparse.Namespace, run_one) -> int:
+    """``run_one(args)`` -> (fields, failed) under the policy --policy names, or under each in turn for ``all`` (each
+    run gets an equal share of --seconds and the same seed: ``--policy P --seconds S/3`` runs the same part alone);
+    one summary line per run, naming its policy. The exit status is 1 when any run failed."""
+    names = POLICIES if args.policy == "all" else (args.policy,)
+    status = 0
+    for policy in names:
+        one = argparse.Namespace(**{**vars(args), "policy": policy, "seconds": args.seconds / len(names)})
+        fields, failed = run_one(one)
+        status |= finish(prog, {"policy": policy, **fields}, args.json, failed)
+    return status
 
 
 def finish(prog: str, fields: dict, as_json: bool, failed: bool) -> int:
     """Print the one summary line (or JSON object); the exit status is 1 when ``failed``."""
     if as_json:
-        print(json.dumps({"script": prog, **fields, "ok": not failed}))
+        print(json.dumps({"script": prog, **fields, "ok": not failed}), flush=True)
     else:
-        print(f"{prog}: " + " ".join(f"{k}={v}" for k, v in fields.items()))
+        print(f"{prog}: " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
     return 1 if failed else 0
 
 

@@ -4,26 +4,32 @@ Each round, --workers child processes run OPS_PER_ROUND random operations on the
 stress.hammer, with verify calls that may repair). Then the parent damages the segment through its own raw mmap of
 /dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
 slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters,
-ring and expiry words (lines 2-6), the index, the entry table, the arena, the per-entry columns (expires, versions,
-kinds, pins) and the kind table, half of them aimed at words in use; an entry's key length set to 0 or one off
-(KEY_LENGTH_SHARE of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-6 (any of them: counters,
-limits, default_ttl, version clock, next_expiry, the configuration's checksums...) set to extremes (0, -1,
+ring and expiry words (lines 2-6, and the policy's queue words of line 7), the index, the entry table, the arena,
+the per-entry columns (expires, versions, kinds, pins, marks; the marks also on their own), the kind table and, under
+s3fifo, the ghost, half of them aimed at words in use; an entry's key length set to 0 or one off (KEY_LENGTH_SHARE
+of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-7 (any of them: counters, limits, default_ttl,
+version clock, next_expiry, the configuration's checksums, the policy's state...) set to extremes (0, -1,
 2**63 - 1, -2**63, just past the version and counter bounds, random), and a configuration word set to a small value
 in its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the mutex damage also names a live
 process of another user (nobody) as the owner, with or without the dirty word at "repairing". Line 0
-(identity and geometry) and line 1 (the mutex) are left alone: attaching to a segment whose identity is damaged
-fails by design. With --identity, each round also damages one line-0 word, checks that attaching then either works
-or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
+(identity and geometry), line 1 (the mutex) and line 7's identity words (policy, ghost_slots: written once at
+creation and checked on attach as line 0 is) are left alone: attaching to a segment whose identity is damaged fails
+by design. With --identity, each round also damages one of those identity words, checks that attaching then either
+works or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
 verify(repair_damage=True), then verify() must be ok, the stats within the limits, and every key must read back.
 
 Every operation must work or raise a ShmCacheError; none may run past ROUND_SECONDS (children dump their stacks
-first, then are SIGKILLed), die, or return a wrong value.
+first, then are SIGKILLed), die, or return a wrong value (a put that returns False is one, but under keep).
+
+--policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--seconds split equally, and prints one summary line for each.
 
 Reading the summary line:
 
-    fuzz: ops=N corruptions=C lock_corruptions=L lock_holder_damages=H errors=E refused=R wrong=0 foreign=0 hangs=0
-          crashes=0 unverified=0 repairs=P verify=ok seconds=S workers=W
+    fuzz: policy=P ops=N corruptions=C lock_corruptions=L lock_holder_damages=H errors=E refused=R wrong=0
+          foreign=0 hangs=0 crashes=0 unverified=0 repairs=P not_admitted=A verify=ok seconds=S workers=W
 
+policy       the cache's eviction policy (lru, s3fifo or keep)
 ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the mutex)
 lock_holder_damages   rounds in which a child damaged the lock while holding it, then died
 errors       ShmCacheError raised (CorruptionError, LockTimeout...): the expected reaction to damage
@@ -34,6 +40,7 @@ hangs        children still running after ROUND_SECONDS; must be 0
 crashes      children that died (segfault, abort, uncaught error); must be 0
 unverified   repair phases after which verify() or the read-back failed; must be 0
 repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
+not_admitted puts that returned False under keep (a new key, the cache full)
 verify       ok when the last repair phase and a final verify() in the parent passed
 
 The exit status is 1 when any "must be" above does not hold. The run stops at the first round that fails (unless
@@ -54,14 +61,15 @@ import traceback
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
 from shmcache.layout.dtypes import (
-    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, H_DEFAULT_TTL, H_DIRTY, H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED,
-    H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_UNUSED_NEXT, HEADER, KIND,
+    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_LOCK_OFF,
+    H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT,
+    HEADER, KIND,
 )
 from shmcache.lock import MUTEX_KIND
 
 from .common import (
-    ERRORS, FOREIGN, MIX, NF, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm, final_check,
-    finish, make_parser, raw_map, reap, start, total, unlink_quietly,
+    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm,
+    final_check, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -83,7 +91,13 @@ LOCK_HOLDER_SHARE = 0.25  # odds that a round has a child that damages the lock 
 KEY_LENGTH_SHARE = 0.3  # odds that a round also sets an entry's key length to 0 or one off
 CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a small value in its range
 MUTEX_NBYTES = 40  # glibc's pthread_mutex_t on x86_64 (aarch64: 48, of which the last 8 are padding)
-REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "kinds": 0.5}  # odds of damaging each
+# Odds of damaging each region (the ghost: under s3fifo only, the one policy that has one).
+REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5}
+# Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
+# and the small queue's words of line 7 (under lru and keep they must stay SENTINEL and 0).
+AIMED_HEADER_OFFS = [192 + 8 * i for i in range(10)] + [8 * H_SMALL_FIRST, 8 * H_SMALL]
+# The identity words --identity damages (one a round): line 0's and line 7's (policy, ghost_slots).
+IDENTITY_OFFS = [8 * w for w in range(8)] + [8 * H_POLICY, 8 * H_GHOST_SLOTS]
 FUZZ_MIX = {**MIX, "verify": 1.0}
 
 
@@ -106,8 +120,10 @@ def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
     return {"header": (128, 424), "index": (g.index_off, g.index_off + g.index_slots * 16),
             "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
             "arena": (g.arena_off, g.arena_off + g.arena_nbytes),
-            "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins
-            "kinds": (g.kind_table_off, g.kind_table_off + 4 * KIND.itemsize)}  # the records in use
+            "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins, marks
+            "marks": (g.marks_off, g.marks_off + g.entry_slots),
+            "kinds": (g.kind_table_off, g.kind_table_off + 4 * KIND.itemsize),  # the records in use
+            **({"ghost": (g.ghost_off, g.ghost_off + 8 * g.ghost_slots)} if g.ghost_slots else {})}
 
 
 def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
@@ -116,8 +132,14 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
     rec = g.entries_off + e * ENTRY.itemsize
     if region == "entries":
         return rec + 8 * rng.randrange(ENTRY.itemsize // 8)
-    if region == "header":  # the occupancy, limit, ring and slot-allocator words of lines 3-4
-        return 192 + 8 * rng.randrange(10)
+    if region == "header":
+        return rng.choice(AIMED_HEADER_OFFS)
+    if region == "marks":  # the entry's marks byte (s3fifo: its counter and queue bit; else 0)
+        return g.marks_off + e
+    if region == "ghost":  # a slot in use of a group, if it has one
+        group = g.ghost_off + 8 * GHOST_WAYS * rng.randrange(g.ghost_slots // GHOST_WAYS)
+        used = [off for off in range(group, group + 8 * GHOST_WAYS, 8) if _word(mm, off)]
+        return rng.choice(used) if used else None
     if region == "index":
         s = _word(mm, rec + 8 * E_SLOT)
         return g.index_off + 16 * s + 8 * rng.randrange(2) if 0 <= s < g.index_slots else None
@@ -127,8 +149,10 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
 
 def corrupt(mm, g: Geometry, rng: random.Random) -> str:
     """Damage one spot of the segment; returns what was done, for the log."""
-    region = rng.choices(list(REGIONS), weights=list(REGIONS.values()))[0]
-    lo, hi = _bounds(g)[region]
+    bounds = _bounds(g)
+    regions = [r for r in REGIONS if r in bounds]
+    region = rng.choices(regions, weights=[REGIONS[r] for r in regions])[0]
+    lo, hi = bounds[region]
     off = _aim(mm, g, region, rng) if rng.random() < AIMED_SHARE else None
     off = rng.randrange(lo, hi) if off is None else off
     if rng.random() < 0.4:
@@ -210,10 +234,12 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
     os._exit(0)  # holding the lock, like a crash: no unlock, no cleanup
 
 
-# Header words the header-word damage aims at: every word of lines 2-5 (counters, dirty, occupancy, limits, ring,
-# slot allocator, display words, version clock, expiry bound, default time to live, kinds, writing). Line 0 is the
-# --identity test's; line 1 is the mutex.
-HEADER_WORDS = [n for n in HEADER.names if n != "lock" and HEADER.fields[n][1] >= 128]
+# Header words the header-word damage aims at: every word of lines 2-7 (counters, dirty, occupancy, limits, ring,
+# slot allocator, display words, version clock, expiry bound, default time to live, kinds, writing, the saved
+# configuration, the policy's state and counters) but line 7's identity words. Those and line 0 are the --identity
+# test's (attach checks them: damaged, a new handle is refused with LayoutError by design); line 1 is the mutex.
+HEADER_WORDS = [n for n in HEADER.names if n != "lock" and HEADER.fields[n][1] >= 128
+                and HEADER.fields[n][1] not in IDENTITY_OFFS]
 HEADER_WORDS_MAX = 2  # header words damaged after each round: 0 to this many
 
 
@@ -299,7 +325,7 @@ def repair_child(name: str, row: int, counts, nkeys: int) -> None:
     try:
         with SharedCache(name, create=False, lock_timeout=LOCK_SECONDS) as cache:
             counts[base + REPAIRS] += not cache.verify(repair_damage=True).ok
-            ok, wrong = final_check(cache, nkeys)
+            ok, wrong = final_check(cache, nkeys, counters=False)  # damage sets counters to anything in range
             counts[base + OPS] += nkeys
             counts[base + WRONG] += wrong
             counts[base + UNVERIFIED] += not ok
@@ -324,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         __doc__, seconds=DEFAULT_SECONDS, workers=DEFAULT_WORKERS, seed=DEFAULT_SEED, keys=DEFAULT_KEYS,
         capacity_bytes=DEFAULT_CAPACITY_BYTES, max_entries=DEFAULT_MAX_ENTRIES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
     )
-    parser.add_argument("--identity", action="store_true", help="also damage line 0 and expect LayoutError on attach")
+    parser.add_argument("--identity", action="store_true", help="also damage an identity word (line 0, or line 7's "
+                        "policy and ghost_slots) and expect LayoutError on attach")
     parser.add_argument("--keep-going", action="store_true", help="go on after a round that failed")
     parser.add_argument("--lock-share", type=float, default=LOCK_SHARE, metavar="P",
                         help=f"odds that a spot damaged between rounds is in the mutex's bytes (default {LOCK_SHARE})")
@@ -332,17 +359,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not also set header words of lines 2-5 to extreme or out-of-range values")
     args = parser.parse_args(argv)
     exit_on_sigterm()
+    return run_policies("fuzz", args, _run)
+
+
+def _run(args) -> tuple[dict, bool]:
+    """One run under ``args.policy``: (summary fields, failed)."""
     rng = random.Random(args.seed)
     ctx = mp.get_context(args.start_method)
-    name = f"stress-fuzz-{os.getpid()}"
-    g = Geometry.for_capacity(args.capacity_bytes, args.max_entries)
+    name = f"stress-fuzz-{args.policy}-{os.getpid()}"
     counts = ctx.RawArray("q", (args.workers + 1) * NF)
     solo = args.workers  # the counts row of the repair and identity children
-    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
+    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
+                        policy=args.policy)
+    g = cache._seg.geometry  # the regions damaged are the segment's (under s3fifo the ghost moves the arena)
     hangs = crashes = corruptions = rounds = lock_corruptions = lock_rounds = 0
     ok, elapsed, log = False, 0.0, []
 
-    def failures() -> int:  # a LayoutError outside the identity test means the cache damaged line 0 itself
+    def failures() -> int:  # a LayoutError outside the identity test means the cache damaged its identity itself
         return hangs + crashes + sum(total(counts, f) for f in (WRONG, FOREIGN, UNVERIFIED)) + total(
             counts, REFUSED, solo)
 
@@ -368,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             h, c = run(ctx, jobs)
             hangs, crashes = hangs + h, crashes + c
             if args.identity:
-                off = 8 * rng.randrange(8)
+                off = rng.choice(IDENTITY_OFFS)
                 saved = _word(mm, off)
                 _put_word(mm, off, _mutate(saved, rng, g) or 1)  # a zero magic means "being created": attach waits
                 log.append(f"identity word at {off}: {saved} -> {_word(mm, off)}")
@@ -418,11 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     fields.update({k: total(counts, f) for k, f in (("errors", ERRORS), ("refused", REFUSED), ("wrong", WRONG),
                                                    ("foreign", FOREIGN))})
     fields.update(hangs=hangs, crashes=crashes, unverified=total(counts, UNVERIFIED), repairs=total(counts, REPAIRS),
-                  verify="ok" if ok else "FAILED", seconds=round(elapsed, 1),
-                  workers=args.workers)
+                  not_admitted=total(counts, NOT_ADMITTED), verify="ok" if ok else "FAILED",
+                  seconds=round(elapsed, 1), workers=args.workers)
     failed = bool(fields["wrong"] or fields["foreign"] or hangs or crashes or fields["unverified"] or not ok
                   or total(counts, REFUSED, solo))
-    return finish("fuzz", fields, args.json, failed)
+    return fields, failed
 
 
 if __name__ == "__main__":

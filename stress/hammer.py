@@ -7,19 +7,28 @@ so eviction and arena compaction run all the time. Every value names its key and
 stress/common.py), so a get that returns another key's value or a torn copy is caught. At the end the parent calls
 verify(), checks that the stats respect the limits in force, and reads back every key.
 
+--policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--seconds split equally, and prints one summary line for each. Under keep a put of a new key into the full cache
+stores nothing and returns False (counted in not_admitted); under lru and s3fifo a put that returns False is wrong.
+
 Reading the summary line:
 
-    hammer: ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=0 recoveries=0 verify=ok seconds=S workers=W
+    hammer: policy=P ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=0 recoveries=0 not_admitted=A verify=ok
+            seconds=S workers=W
 
+policy      the cache's eviction policy (lru, s3fifo or keep)
 ops         operations done by all workers together
 wrong       gets that returned a value not put under that key (workers and final read-back); must be 0
 errors      ShmCacheError or any other exception raised by an operation, or a worker's verify() that was not ok;
             must be 0 (a TooLargeError for a big value above a lowered limit is the documented refusal, not counted)
+not_admitted puts that returned False, not admitted by keep's full cache (0 under the other policies, where a
+            False counts as wrong)
 hangs       times the workers made no progress for HANG_SECONDS, plus workers that did not stop when told; must be 0
 crashes     workers that died on their own; must be 0
 kills       workers killed on purpose (always 0 here; see stress.kill_storm)
 recoveries  repairs made by the cache itself (stats().recoveries); 0 when no process dies holding the lock
-verify      ok when the final verify() and stats checks passed, FAILED otherwise (details on stderr)
+verify      ok when the final verify() (the policy's invariants included) and stats checks passed, FAILED
+            otherwise (details on stderr)
 
 The exit status is 1 when any "must be" above does not hold.
 """
@@ -34,8 +43,8 @@ import time
 from shmcache import SharedCache
 
 from .common import (
-    ERRORS, FOREIGN, NF, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check, finish, make_parser,
-    raw_map, reap, start, total, unlink_quietly, worker,
+    ERRORS, FOREIGN, NF, NOT_ADMITTED, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check,
+    make_parser, raw_map, reap, run_policies, start, total, unlink_quietly, worker,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -56,12 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         capacity_bytes=DEFAULT_CAPACITY_BYTES, max_entries=DEFAULT_MAX_ENTRIES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
     ).parse_args(argv)
     exit_on_sigterm()
+    return run_policies("hammer", args, _run)
+
+
+def _run(args) -> tuple[dict, bool]:
+    """One run under ``args.policy``: (summary fields, failed)."""
     ctx = mp.get_context(args.start_method)
-    name = f"stress-hammer-{os.getpid()}"
+    name = f"stress-hammer-{args.policy}-{os.getpid()}"
     counts = ctx.RawArray("q", args.workers * NF)
     stop = ctx.RawValue("b", 0)
     opts = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes)
-    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
+    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
+                        policy=args.policy)
     procs, hangs, crashes, ok, wrong, recoveries, elapsed = [], 0, 0, False, 0, 0, 0.0
     t0 = time.monotonic()
     try:
@@ -91,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         unlink_quietly(name)
     wrong += total(counts, WRONG)
     errors = total(counts, ERRORS) + total(counts, FOREIGN)
-    return finish("hammer", {
+    return {
         "ops": total(counts, OPS), "wrong": wrong, "errors": errors, "hangs": hangs, "crashes": crashes, "kills": 0,
-        "recoveries": recoveries, "verify": "ok" if ok else "FAILED", "seconds": round(elapsed, 1),
-        "workers": args.workers,
-    }, args.json, failed=bool(wrong or errors or hangs or crashes or not ok))
+        "recoveries": recoveries, "not_admitted": total(counts, NOT_ADMITTED), "verify": "ok" if ok else "FAILED",
+        "seconds": round(elapsed, 1), "workers": args.workers,
+    }, bool(wrong or errors or hangs or crashes or not ok)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ locker is told that its holder died and repairs the segment before anyone reads 
 as a heartbeat; if the survivors complete no operation for HANG_SECONDS, the run counts a hang, dumps every worker's
 stack and stops.
 
+--policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--seconds split equally, and prints one summary line for each.
+
 Reading the summary line:
 
-    kill_storm: ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=K locked_kills=L recoveries=R verify=ok
-                seconds=S workers=W
+    kill_storm: policy=P ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=K locked_kills=L recoveries=R
+                not_admitted=A verify=ok seconds=S workers=W
 
+policy        the cache's eviction policy (lru, s3fifo or keep)
 ops           operations completed by all workers, killed ones included
 wrong         gets that returned a value not put under that key (workers and final read-back); must be 0
 errors        ShmCacheError or other exceptions raised by operations, or a worker's verify() not ok; must be 0
@@ -22,7 +26,9 @@ crashes       workers that died without being killed; must be 0
 kills         workers SIGKILLed; locked_kills: of those, killed while the mutex named them as its holder
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
-verify        ok when the final verify() and stats checks passed, FAILED otherwise (details on stderr)
+not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
+verify        ok when the final verify() (the policy's invariants included) and stats checks passed, FAILED
+              otherwise (details on stderr)
 
 The exit status is 1 when any "must be" above does not hold.
 """
@@ -39,8 +45,8 @@ import time
 from shmcache import SharedCache
 
 from .common import (
-    ERRORS, FOREIGN, MIX, NF, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check, finish, lock_owner,
-    make_parser, raw_map, reap, start, total, unlink_quietly, worker,
+    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check,
+    lock_owner, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly, worker,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -81,15 +87,21 @@ def main(argv: list[str] | None = None) -> int:
                         "lock (default: a quarter of the workers, at least one)")
     args = parser.parse_args(argv)
     exit_on_sigterm()
+    return run_policies("kill_storm", args, _run)
+
+
+def _run(args) -> tuple[dict, bool]:
+    """One run under ``args.policy``: (summary fields, failed)."""
     heavy = args.heavy or max(1, args.workers // 4)
     rng = random.Random(args.seed)
     ctx = mp.get_context(args.start_method)
-    name = f"stress-kill_storm-{os.getpid()}"
+    name = f"stress-kill_storm-{args.policy}-{os.getpid()}"
     counts = ctx.RawArray("q", args.workers * NF)
     stop = ctx.RawValue("b", 0)
     light = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes, mix=MIX)
     heavy_opts = dict(nkeys=args.keys, max_nbytes=args.capacity_bytes // 4, mix=HEAVY_MIX, big_share=HEAVY_BIG_SHARE)
-    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
+    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
+                        policy=args.policy)
     procs, dead, born = [], [], [0] * args.workers  # born: the slot's op count when its worker started
 
     def bury(p) -> None:
@@ -151,11 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         unlink_quietly(name)
     wrong += total(counts, WRONG)
     errors = total(counts, ERRORS) + total(counts, FOREIGN)
-    return finish("kill_storm", {
+    return {
         "ops": total(counts, OPS), "wrong": wrong, "errors": errors, "hangs": hangs, "crashes": crashes,
-        "kills": kills, "locked_kills": locked_kills, "recoveries": recoveries, "verify": "ok" if ok else "FAILED",
+        "kills": kills, "locked_kills": locked_kills, "recoveries": recoveries,
+        "not_admitted": total(counts, NOT_ADMITTED), "verify": "ok" if ok else "FAILED",
         "seconds": round(elapsed, 1), "workers": args.workers,
-    }, args.json, failed=bool(wrong or errors or hangs or crashes or not ok))
+    }, bool(wrong or errors or hangs or crashes or not ok)
 
 
 if __name__ == "__main__":

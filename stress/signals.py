@@ -11,13 +11,21 @@ When the time is up the workers stop their timers and wait, alive; the parent th
 locked (every key's claim, every memoized call's claim, every pin), puts every key and computes every key with a
 short timeout; then the workers close their handles and compare their descriptor count with their start, exactly.
 
+--policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--seconds split equally, and prints one summary line for each. Under keep a put may store nothing and return False
+(a new key, the cache full): after the storm, with the workers idle, such a refusal must come with a cache that is
+indeed full (entries at max_entries, or no room for the entry's bytes); under lru and s3fifo put must return True.
+
 Reading the summary line:
 
-    signals: ops=N interrupts=I wrong=0 errors=0 leaked_fds=0 closed_fds=0 held=0 refused=0 hangs=0 crashes=0 verify=ok
+    signals: policy=P ops=N interrupts=I wrong=0 errors=0 leaked_fds=0 closed_fds=0 held=0 refused=0 hangs=0
+             crashes=0 not_admitted=A verify=ok
 
+policy      the cache's eviction policy (lru, s3fifo or keep)
 ops         operations done by all workers together
 interrupts  operations cut short by the timer's exception
-wrong       reads that returned a value not put under that key (workers and final read-back); must be 0
+wrong       reads that returned a value not put under that key (workers and final read-back), and puts that
+            returned anything but True (under keep: False, with room for the entry, after the storm); must be 0
 errors      exceptions other than the timer's and the documented refusals; must be 0
 leaked_fds  descriptors a worker had open beyond its count at start (periodically: beyond FD_SLACK); must be 0
 closed_fds  a worker's own files found closed or replaced; must be 0
@@ -25,6 +33,7 @@ held        claim or pin bytes still locked by the paused workers; must be 0
 refused     puts (PinnedError) or computations (ComputeTimeout) refused after the storm; must be 0
 hangs       workers that did not pause or stop in time, or made no progress for HANG_SECONDS; must be 0
 crashes     workers that died on their own; must be 0
+not_admitted puts that returned False under keep (the workers' and those after the storm)
 verify      ok when the final verify() and stats checks passed, FAILED otherwise (details on stderr)
 
 The exit status is 1 when any "must be" above does not hold.
@@ -43,11 +52,12 @@ import tempfile
 import time
 
 from shmcache import ComputeTimeout, PinnedError, SharedCache, ofd
+from shmcache.cache import parts
 from shmcache.codec import encode_key, fingerprint
 
 from .common import (
-    ERRORS, FOREIGN, NF, OPS, WRONG, MIX, Workload, check_value, exit_on_sigterm, final_check, finish, key_name,
-    make_parser, make_value, reap, start, unlink_quietly,
+    ERRORS, FOREIGN, NF, NOT_ADMITTED, OPS, WRONG, MIX, Workload, check_value, exit_on_sigterm, final_check,
+    key_name, make_parser, make_value, reap, run_policies, start, unlink_quietly,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -207,19 +217,36 @@ def _held(cache: SharedCache, nkeys: int) -> int:
     return len(held)
 
 
-def _write_everything(cache: SharedCache, nkeys: int) -> int:
-    """Put and compute every key; how many were refused (a pin or a claim left behind)."""
-    refused = 0
+def _write_everything(cache: SharedCache, nkeys: int) -> tuple[int, int, int]:
+    """Put and compute every key: (refused, a pin or a claim left behind; wrong, a put that returned anything but
+    True, or False under keep while the cache had room; not admitted, under keep with the cache full). The workers
+    are idle: this process alone changes the cache."""
+    refused = wrong = not_admitted = 0
     for i in range(nkeys):
         key = key_name(i)
+        value = make_value(key, i, random.Random(i), 100)
         try:
-            cache.put(key, make_value(key, i, random.Random(i), 100))
+            stored = cache.put(key, value)
+            if stored is False and cache.policy == "keep":
+                # What keep's insert weighs, as it stands after the refusal (the key's old entry gone, the expired
+                # ones dropped): refused only when full.
+                s, size = cache.stats(), parts(cache).store.encode(key, value).size
+                if s.entries >= s.max_entries or s.retained_bytes + size > s.max_retained_bytes:
+                    not_admitted += 1
+                else:
+                    wrong += 1
+                    print(f"after the storm: put({key!r}) not admitted with room for it: entries={s.entries} of "
+                          f"{s.max_entries}, retained_bytes={s.retained_bytes} + {size} of {s.max_retained_bytes}",
+                          file=sys.stderr)
+            elif stored is not True:
+                wrong += 1
+                print(f"after the storm: put({key!r}) returned {stored!r} under {cache.policy}", file=sys.stderr)
             cache.delete(key)
             cache.get_or_compute(key, lambda: make_value(key, i, random.Random(i), 100), timeout=COMPUTE_TIMEOUT)
         except (PinnedError, ComputeTimeout) as exc:
             refused += 1
             print(f"after the storm: {key!r} refused: {exc!r}", file=sys.stderr)
-    return refused
+    return refused, wrong, not_admitted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,13 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         capacity_bytes=DEFAULT_CAPACITY_BYTES, max_entries=DEFAULT_MAX_ENTRIES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
     ).parse_args(argv)
     exit_on_sigterm()
+    return run_policies("signals", args, _run)
+
+
+def _run(args) -> tuple[dict, bool]:
+    """One run under ``args.policy``: (summary fields, failed)."""
     ctx = mp.get_context(args.start_method)
-    name = f"stress-signals-{os.getpid()}"
+    name = f"stress-signals-{args.policy}-{os.getpid()}"
     counts = ctx.RawArray("q", args.workers * NW)
     control, paused = ctx.RawValue("b", RUNNING), ctx.Value("i", 0)
     opts = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes)
-    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True)
+    cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
+                        policy=args.policy)
     procs, hangs, crashes, ok, wrong, held, refused, elapsed = [], 0, 0, False, 0, 0, 0, 0.0
+    put_wrong = not_admitted = 0
     t0 = time.monotonic()
     try:
         procs = [start(ctx, signal_worker, (name, i, args.seed * 1_000_003 + i, counts, control, paused, opts))
@@ -256,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         hangs += max(0, sum(p.is_alive() for p in procs) - paused.value)
         if not hangs:
             held = _held(cache, args.keys)  # the workers are alive and idle: whatever is locked now stays locked
-            refused = _write_everything(cache, args.keys)
+            refused, put_wrong, not_admitted = _write_everything(cache, args.keys)
         control.value = FINISH
         stuck = reap(procs, JOIN_SECONDS)
         hangs += len(stuck)
@@ -270,14 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         unlink_quietly(name)
     rows = [range(r * NW, r * NW + NW) for r in range(args.workers)]
     per = lambda field: sum(counts[r.start + field] for r in rows)  # noqa: E731
-    wrong += per(WRONG)
+    wrong += per(WRONG) + put_wrong
+    not_admitted += per(NOT_ADMITTED)
     errors = per(ERRORS) + per(FOREIGN)
     leaked, closed = per(LEAKED), per(CLOSED)
-    return finish("signals", {
+    return {
         "ops": per(OPS), "interrupts": per(INTERRUPTS), "wrong": wrong, "errors": errors, "leaked_fds": leaked,
         "closed_fds": closed, "held": held, "refused": refused, "hangs": hangs, "crashes": crashes,
-        "verify": "ok" if ok else "FAILED", "seconds": round(elapsed, 1), "workers": args.workers,
-    }, args.json, failed=bool(wrong or errors or leaked or closed or held or refused or hangs or crashes or not ok))
+        "not_admitted": not_admitted, "verify": "ok" if ok else "FAILED", "seconds": round(elapsed, 1),
+        "workers": args.workers,
+    }, bool(wrong or errors or leaked or closed or held or refused or hangs or crashes or not ok)
 
 
 if __name__ == "__main__":

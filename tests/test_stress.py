@@ -1,7 +1,8 @@
 """Short runs of the stress scripts (stress/), so every CI run also kills lock holders and damages segments.
 
-The long runs, with their figures in docs/operations.md ("Measured under stress"), are the same scripts run for
-minutes instead of seconds.
+Each runs under every eviction policy (shmcache.POLICIES), a third of the time each, so that the four scripts take
+about what one run each took before the policies. The long runs, with their figures in docs/operations.md
+("Measured under stress"), are the same scripts run for minutes instead of seconds (--policy all: each in turn).
 """
 
 from __future__ import annotations
@@ -13,39 +14,47 @@ import sys
 
 import pytest
 
+from shmcache import POLICIES
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_stress(script: str, *args: str) -> dict:
+def run_stress(script: str, policy: str, *args: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", f"stress.{script}", "--json", *args],
+        [sys.executable, "-m", f"stress.{script}", "--json", "--policy", policy, *args],
         cwd=ROOT, capture_output=True, text=True, timeout=100,
     )
     assert proc.stdout.strip(), f"{script} printed no summary; stderr:\n{proc.stderr[-3000:]}"
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, f"{script} failed: {summary}\n{proc.stderr[-3000:]}"
     assert summary["wrong"] == 0 and summary["hangs"] == 0 and summary["verify"] == "ok", summary
-    assert summary["ops"] > 0
+    assert summary["ops"] > 0 and summary["policy"] == policy, summary
+    if policy != "keep":  # the one policy that may leave a put unstored
+        assert summary["not_admitted"] == 0, summary
     return summary
 
 
-def test_stress_hammer_short():
-    s = run_stress("hammer", "--seconds", "5", "--workers", "3", "--seed", "11")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stress_hammer_short(policy):
+    s = run_stress("hammer", policy, "--seconds", "1.5", "--workers", "3", "--seed", "11")
     assert s["errors"] == 0 and s["crashes"] == 0
 
 
-def test_stress_kill_storm_short():
-    s = run_stress("kill_storm", "--seconds", "10", "--workers", "4", "--seed", "12")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stress_kill_storm_short(policy):
+    s = run_stress("kill_storm", policy, "--seconds", "3", "--workers", "4", "--seed", "12")
     assert s["kills"] > 10 and s["errors"] == 0 and s["crashes"] == 0
 
 
-def test_stress_fuzz_short():
-    s = run_stress("fuzz", "--seconds", "10", "--workers", "3", "--seed", "13")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stress_fuzz_short(policy):
+    s = run_stress("fuzz", policy, "--seconds", "3", "--workers", "3", "--seed", "13")
     assert s["corruptions"] > 0 and s["crashes"] == 0 and s["foreign"] == 0
 
 
-def test_stress_signals_short():
-    s = run_stress("signals", "--seconds", "5", "--workers", "3", "--seed", "14")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stress_signals_short(policy):
+    s = run_stress("signals", policy, "--seconds", "1.5", "--workers", "3", "--seed", "14")
     assert s["interrupts"] > 100 and s["errors"] == 0 and s["crashes"] == 0
     assert s["leaked_fds"] == 0 and s["closed_fds"] == 0 and s["held"] == 0 and s["refused"] == 0
