@@ -122,6 +122,21 @@ def test_cli_inspect_reports_layout_and_verify(capsys, filled, name):
     assert arena["used_bytes"] + arena["contiguous_free_bytes"] == arena["bytes"]
 
 
+def test_cli_stats_and_inspect_show_the_policy_and_its_counters(capsys, name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=4, create=True, policy="keep") as c:
+        for i in range(6):
+            c.put(i, i)
+        rc, out, _ = run(capsys, "inspect", name, "--json")
+        policy = json.loads(out)["policy"]
+        assert rc == 0 and policy == {"name": "keep", "ghost_slots": 0, "admitted": 4, "not_admitted": 2,
+                                      "small_entries": 0, "promoted": 0, "ghost_hits": 0}
+        rc, out, _ = run(capsys, "stats", name)
+        assert rc == 0 and re.search(r"policy\s+keep", out) and re.search(r"not_admitted\s+2", out)
+        rc, out, _ = run(capsys, "ls", "--json")
+        assert [r["policy"] for r in json.loads(out) if r["name"] == name] == ["keep"]
+        c.unlink()
+
+
 def test_cli_inspect_counts_dead_blocks_as_fragmentation(capsys, filled, name):
     for i in range(0, 10, 2):
         filled.delete(i)  # five dead blocks inside the ring
