@@ -407,14 +407,17 @@ class SharedCache(LocalMapping):
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """Decorator: memoize a function in this cache, for every process, like ``functools.lru_cache`` with the
         cache shared. ``@cache.memoize`` or ``@cache.memoize(name=..., timeout=...)``.
 
@@ -425,11 +428,17 @@ class SharedCache(LocalMapping):
         the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this
         process's calls: served from the cache, or computed here) and ``cache_clear()`` (removes this function's
         entries for everyone).
+
+        ``ignore``: parameter names left out of the key (a connection, a logger, a ``verbose`` flag); the arguments
+        are then bound to the signature first, defaults applied, so ``f(1, 2)``, ``f(1, b=2)`` and ``f(1)`` with
+        ``b=2`` its default are one entry. ``key``: a function of the arguments whose result (a valid key)
+        replaces them in the key. A memoized method is keyed without its instance (every instance shares the
+        results), unless ``key`` takes it into account: ``key=lambda self, x: (self.id, x)``.
         """
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl)
+            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 

@@ -11,7 +11,7 @@ scan. Functions ending in ``_locked`` need the cache lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -193,17 +193,20 @@ class KindView(LocalMapping):
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl)
+            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 

@@ -4,8 +4,9 @@ process. Kept apart from cache.py, which owns the segment; this module only buil
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from .codec import encode_key_prefix
@@ -74,22 +75,75 @@ class Family(NamedTuple):
     maxsize: Callable[[], int]  # the cache's entry limit in force
 
 
-def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str,
-             timeout: float | None, ttl: float | None = None) -> Memoized[P, R]:
-    """The wrapper ``cache.memoize`` returns for ``fn``."""
-    prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
-    counts = [0, 0]  # hits, misses of this process
-    lock = threading.Lock()
+def _ignored(fn: Callable[..., Any], ignore: str | Iterable[str]) -> tuple[inspect.Signature | None, frozenset]:
+    """``fn``'s signature (None where none is needed) and the parameter names ``ignore`` leaves out of the key;
+    ValueError for a name that is no parameter of ``fn``."""
+    names = frozenset([ignore] if isinstance(ignore, str) else ignore)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"ignore must be a parameter name or an iterable of them, got {ignore!r}")
+    if not names:
+        return None, names
+    sig = inspect.signature(fn)
+    unknown = sorted(names - set(sig.parameters))
+    if unknown:
+        raise ValueError(f"ignore names {', '.join(map(repr, unknown))}, which {function_name(fn)} has no parameter "
+                         f"of: it takes {', '.join(sig.parameters) or 'none'}")
+    return sig, names
 
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+
+class _Memo:
+    """The wrapper ``memoize`` returns: a callable with ``functools.lru_cache``'s methods, and a descriptor, so
+    that a memoized method is keyed without its instance (``key=`` sees it, for a key that needs it)."""
+
+    def __init__(self, cache, family: Family, fn: Callable[..., Any], name: str, timeout: float | None,
+                 ttl: float | None, key: Callable[..., Any] | None, ignore: str | Iterable[str]) -> None:
+        if key is not None and not callable(key):
+            raise TypeError(f"key must be a function of the arguments, got {key!r}")
+        if key is not None and ignore:
+            raise ValueError("pass key= (the whole key) or ignore= (arguments left out of it), not both")
+        functools.update_wrapper(self, fn)
+        self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, fn, timeout, ttl
+        self._key = key
+        self._sig, self._ignore = _ignored(fn, ignore)
+        self.cache_name = name
+        self._prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
+        self._counts = [0, 0]  # hits, misses of this process
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, False)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else _Bound(self, obj)
+
+    def __reduce__(self) -> str:
+        # Pickled as a function is: by its qualified name, found again in its module (spawned workers).
+        return self.__qualname__  # type: ignore[attr-defined,no-any-return]
+
+    def key_of(self, args: tuple, kwargs: dict, method: bool = False) -> list:
+        """The cache key of a call with ``args`` and ``kwargs`` (``method``: ``args[0]`` is the instance a
+        memoized method was called on, left out of the key)."""
+        if self._key is not None:
+            return [_FAMILY, self.cache_name, self._key(*args, **kwargs), None]
+        if not (self._ignore or method):
+            return [_FAMILY, self.cache_name, args, kwargs]
+        if self._sig is None:
+            self._sig = inspect.signature(self._fn)
+        bound = self._sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        kept = {n: v for i, (n, v) in enumerate(bound.arguments.items())
+                if n not in self._ignore and not (method and i == 0)}
+        return [_FAMILY, self.cache_name, kept, True]
+
+    def _call(self, args: tuple, kwargs: dict, method: bool) -> Any:
+        fn = self._fn
         if _inside.busy:
             # Called by the cache's own code (encoding the key, the lookup): the wrapper replaced something the
             # package calls (``builtins.len = cache.memoize(len)``), so it runs ``fn`` itself, uncached.
             return fn(*args, **kwargs)
         computed = False
 
-        def compute() -> R:
+        def compute() -> Any:
             nonlocal computed
             computed = True
             busy = _inside.busy
@@ -99,38 +153,65 @@ def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Ca
             finally:
                 _inside.busy = busy
 
+        key = self.key_of(args, kwargs, method)  # the user's key= runs outside the cache's code
         # Crash window: saved first and put back in finally, so an exception at any bytecode leaves it as it was.
         busy = _inside.busy
         try:
             _inside.busy = True
-            value = cache.get_or_compute([_FAMILY, name, args, kwargs], compute, timeout=timeout, ttl=ttl)
+            value = self._cache.get_or_compute(key, compute, timeout=self._timeout, ttl=self._ttl)
         finally:
             _inside.busy = busy
-        with lock:
-            counts[computed] += 1
+        with self._lock:
+            self._counts[computed] += 1
         return value
 
-    def cache_info() -> MemoInfo:
+    def cache_info(self) -> MemoInfo:
         """This process's hits and misses; the cache's entry limit and the function's entries in it (a pass over
         the cache's entries, under its lock)."""
-        with lock:
-            hits, misses = counts
-        return MemoInfo(hits, misses, family.maxsize(), family.count(prefix))
+        with self._lock:
+            hits, misses = self._counts
+        return MemoInfo(hits, misses, self._family.maxsize(), self._family.count(self._prefix))
 
-    def cache_parameters() -> dict[str, Any]:
+    def cache_parameters(self) -> dict[str, Any]:
         """``functools.lru_cache``'s ``cache_parameters()``: ``maxsize`` and ``typed`` (always True: ``f(1)`` and
-        ``f(1.0)`` are two entries), with the key's name, the compute timeout and the results' time to live."""
-        return {"maxsize": family.maxsize(), "typed": True, "name": name, "timeout": timeout, "ttl": ttl}
+        ``f(1.0)`` are two entries), with the key's name, the compute timeout, the results' time to live and the
+        arguments left out of the key."""
+        return {"maxsize": self._family.maxsize(), "typed": True, "name": self.cache_name, "timeout": self._timeout,
+                "ttl": self._ttl, "key": self._key, "ignore": tuple(sorted(self._ignore))}
 
-    def cache_clear() -> int:
+    def cache_clear(self) -> int:
         """Remove this function's entries from the shared cache (for every process); how many there were."""
-        with lock:
-            counts[0] = counts[1] = 0
-        return family.delete(prefix)
+        with self._lock:
+            self._counts[0] = self._counts[1] = 0
+        return self._family.delete(self._prefix)
 
-    attrs: Any = wrapper  # a function's attributes cannot be declared; the Protocol (Memoized) does
-    attrs.cache_info = cache_info
-    attrs.cache_clear = cache_clear
-    attrs.cache_parameters = cache_parameters
-    attrs.cache_name = name
-    return cast("Memoized[P, R]", wrapper)  # Why: a function's attributes cannot be declared; the Protocol does
+    def __repr__(self) -> str:
+        return f"<memoized {self.cache_name} in {self._cache!r}>"
+
+
+class _Bound:
+    """A memoized method bound to ``obj``: called, ``fn(obj, ...)``, keyed without ``obj``; the rest is the
+    function's (``cache_info``, ``cache_clear``: all instances share the function's entries)."""
+
+    __slots__ = ("__self__", "__func__")
+
+    def __init__(self, memo: _Memo, obj: Any) -> None:
+        self.__func__ = memo
+        self.__self__ = obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__._call((self.__self__, *args), kwargs, True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__func__, name)
+
+    def __repr__(self) -> str:
+        return f"<bound memoized {self.__func__.cache_name} of {self.__self__!r}>"
+
+
+def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str,
+             timeout: float | None, ttl: float | None = None, key: Callable[..., Any] | None = None,
+             ignore: str | Iterable[str] = ()) -> Memoized[P, R]:
+    """The wrapper ``cache.memoize`` returns for ``fn``. ``key``: a function of the call's arguments whose result
+    (a valid key) replaces them in the cache key; ``ignore``: parameter names left out of it."""
+    return cast("Memoized[P, R]", _Memo(cache, family, fn, name, timeout, ttl, key, ignore))

@@ -136,3 +136,75 @@ def test_memoize_a_recursive_function_caches_its_inner_calls(cache):
     assert fib(20) == 6765
     info = fib.cache_info()
     assert info.misses == 21 and info.hits == 18
+
+
+def test_memoize_ignore_leaves_arguments_out_of_the_key(cache):
+    calls = []
+
+    @cache.memoize(ignore=("conn", "verbose"))
+    def load(item, conn, scale=2, verbose=False):
+        calls.append((item, conn, scale, verbose))
+        return item * scale
+
+    assert load(3, "db-1") == 6 and load(3, "db-2", verbose=True) == 6  # conn and verbose are no part of the key
+    assert load(3, conn="db-3", scale=2) == 6  # bound first: scale=2 is the default, the same entry
+    assert load(3, "db-1", 3) == 9  # scale is
+    assert calls == [(3, "db-1", 2, False), (3, "db-1", 3, False)]
+    assert load.cache_parameters()["ignore"] == ("conn", "verbose")
+    with pytest.raises(ValueError, match=r"ignore names 'nope'.*it takes item, conn, scale, verbose"):
+        cache.memoize(ignore="nope")(load.__wrapped__)
+    with pytest.raises(ValueError, match="not both"):
+        cache.memoize(ignore="conn", key=str)(load.__wrapped__)
+
+
+def test_memoize_key_replaces_the_arguments(cache):
+    calls = []
+
+    @cache.memoize(name="user", key=lambda user, **_: user["id"])
+    def profile(user, fresh=False):
+        calls.append(user["id"])
+        return {"id": user["id"], "name": user["name"]}
+
+    assert profile({"id": 7, "name": "Ada"}) == profile({"id": 7, "name": "changed"}, fresh=True)
+    assert calls == [7] and profile.cache_info().currsize == 1
+    assert profile.cache_clear() == 1
+    with pytest.raises(TypeError, match="key must be a function"):
+        cache.memoize(key="id")(profile.__wrapped__)
+
+
+class Shape:
+    """Instances are no valid keys (a memoized method is keyed without them)."""
+
+    calls: list = []
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def test_memoize_a_method_is_keyed_without_its_instance_unless_key_asks(cache):
+    class Area(Shape):
+        @cache.memoize(name="area")
+        def area(self, side):
+            self.calls.append(("area", side))
+            return side * side
+
+        @cache.memoize(name="scaled", key=lambda self, side: (self.scale, side))
+        def scaled(self, side):
+            self.calls.append(("scaled", self.scale, side))
+            return self.scale * side
+
+    a, b = Area(2), Area(3)
+    assert a.area(4) == b.area(4) == 16 and Shape.calls == [("area", 4)]  # one entry for every instance
+    assert a.scaled(4) == 8 and b.scaled(4) == 12 and a.scaled(4) == 8
+    assert Shape.calls[1:] == [("scaled", 2, 4), ("scaled", 3, 4)]
+    assert a.area.cache_info().currsize == 1 and Area.area.cache_name == "area"
+    with pytest.raises(TypeError, match="unsupported key type Area"):
+        Area.area(a, 5)  # through the class it is a plain function: the instance is an argument, and no valid key
+
+
+def test_memoize_a_memoized_function_pickles_by_name():
+    import pickle
+
+    from . import workers
+
+    assert pickle.loads(pickle.dumps(workers.memo_slow_square)) is workers.memo_slow_square

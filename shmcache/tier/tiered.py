@@ -22,7 +22,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -477,21 +477,24 @@ class TieredCache(TierMapping):
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
-                ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ttl: float | None = None, key: Callable[..., Any] | None = None,
+                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize`` over the fleet: each result computed once by the whole fleet
         (``get_or_compute``); ``cache_clear`` clears it on every host and in Redis."""
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, memo.Family(self._count_prefix, self._delete_prefix, self._maxsize), f,
-                                 name or memo.function_name(f), timeout, ttl)
+                                 name or memo.function_name(f), timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 
