@@ -34,6 +34,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
 from .layout.dtypes import (
     ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
+from .aio import AsyncMethods
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
@@ -71,7 +72,7 @@ def parts(cache: SharedCache) -> Parts:
     """``cache``'s parts (see Parts); the one way in for kinds, entries, the Redis tier and the CLI."""
     return cache._parts
 
-class SharedCache(LocalMapping):
+class SharedCache(LocalMapping, AsyncMethods):
     """A bounded cache in POSIX shared memory that every process on the host can open by name.
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
@@ -195,6 +196,7 @@ class SharedCache(LocalMapping):
         self._capacity_bytes = g.capacity_bytes
         self._table = table
         self._addr = guard.addr
+        self._lockw = guard.lockw  # the lock page's words: the asyncio methods look at the lock through them
         self._lock_timeout = lock_timeout
         self.name = seg.name
         # The descriptions views pin through (view.py; compiled: _view.c).
@@ -404,6 +406,10 @@ class SharedCache(LocalMapping):
             return value
         finally:
             claim.release()
+
+    def _compute_target(self, key: Any) -> tuple[SharedCache, Any]:
+        """The cache and the key ``aget_or_compute`` works on (a KindView's: its cache's, and its kind's key)."""
+        return self, key
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,

@@ -42,6 +42,7 @@ from .errors import ComputeTimeout, ReentrantCallError
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
 _RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this interval (a locked lookup)
+POLL_FIRST_S, POLL_MAX_S, RECHECK_S = _POLL_FIRST_S, _POLL_MAX_S, _RECHECK_S  # aio.py's waits are the same
 
 
 class _Claims(threading.local):
@@ -173,6 +174,37 @@ class Claim:
         self._ref = weakref.ref(self)
         keys[self._tag] = self._ref
         self._keys = keys
+        return True
+
+    # The asynchronous claim (aio.py): the description opened off the loop, the byte locked without the thread's
+    # record (every task of a loop shares one thread; aio.py records its claims per task).
+
+    @property
+    def opened(self) -> bool:
+        return self._file is not None
+
+    def adopt(self, file: io.FileIO) -> None:
+        """Take ``file`` (``open_description``'s) as this claim's description."""
+        self._file = file
+
+    @property
+    def tag(self):
+        return self._tag
+
+    def tag_of(self, fp: int):
+        """The (segment inode, byte) of the key of fingerprint ``fp``, which this claim's description locks."""
+        assert self._file is not None
+        self._tag = (os.fstat(self._file.fileno()).st_ino, fp >> 1)
+        return self._tag
+
+    def lock_untracked(self, fp: int) -> bool:
+        """Lock the key's byte without waiting, recorded in no thread's keys; whether it was."""
+        file = self._file
+        assert file is not None
+        if not ofd.lock(file.fileno(), fp >> 1, ofd.WRITE, wait=False):
+            return False
+        self._ref = weakref.ref(self)
+        self._keys = {self._tag: self._ref}  # held (see ``held``), in a record of its own
         return True
 
     def _forget_key(self) -> None:

@@ -25,6 +25,7 @@ from .layout.dtypes import (
     E_CHECK, ENTRY_WORDS, H_DELETES, H_ENTRIES, H_KINDS_USED, K_ENTRIES, K_NAME_NBYTES,
     K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
+from .aio import AsyncMethods
 from .mapping import LocalMapping, memo_family
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ def clear_locked(store, k: int) -> int:
     return removed
 
 
-class KindView(LocalMapping):
+class KindView(LocalMapping, AsyncMethods):
     """The keys of one kind of a cache: the cache's API, in a namespace of its own (``SharedCache.kind``).
 
     ``clear()`` and ``len()`` cover this kind only and ``stats()`` gives its counts; eviction, the limits and the
@@ -138,6 +139,7 @@ class KindView(LocalMapping):
         self.name = name
         self._parts = parts
         self._n = number
+        self._lockw = parts.guard.lockw  # (the asyncio methods look at the lock through it)
 
     @property
     def number(self) -> int:
@@ -190,6 +192,9 @@ class KindView(LocalMapping):
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
                        ttl: float | None = None) -> R:
         return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+
+    def _compute_target(self, key: Any) -> tuple[SharedCache, Any]:
+        return self.cache, KindKey(self._n, key)
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,

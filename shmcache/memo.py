@@ -161,9 +161,21 @@ class _Memo:
             value = self._cache.get_or_compute(key, compute, timeout=self._timeout, ttl=self._ttl)
         finally:
             _inside.busy = busy
+        self.count(computed)
+        return value
+
+    def count(self, computed: bool) -> None:
+        """Count a call of this process: computed here (a miss), or served from the cache (a hit)."""
         with self._lock:
             self._counts[computed] += 1
-        return value
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    @property
+    def ttl(self) -> float | None:
+        return self._ttl
 
     def cache_info(self) -> MemoInfo:
         """This process's hits and misses; the cache's entry limit and the function's entries in it (a pass over

@@ -1,0 +1,226 @@
+"""The asyncio API: each a-method answers as its synchronous twin, and what waits (a busy lock, another caller's
+computation) waits off the loop, which the tests see as a ticker that keeps ticking; cancellation leaves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+
+from shmcache import ComputeTimeout, ReentrantCallError, SharedCache
+
+from .workers import hold_lock
+
+ctx = mp.get_context("fork")
+pytestmark = pytest.mark.timeout(90)
+TICKS = 100  # ticks of 1 ms the loop must make while a call waits: it could make none if the call blocked it
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+class Ticker:
+    """A task that sleeps 1 ms at a time and counts its wake-ups."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            self.ticks += 1
+
+    async def reach(self, n: int) -> None:
+        start = self.ticks
+        while self.ticks < start + n:
+            await asyncio.sleep(0.001)
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+def test_aio_methods_answer_as_their_sync_twins(cache):
+    async def main():
+        assert await cache.aput("a", {"v": 1}) is True and await cache.aget("a") == {"v": 1}
+        assert await cache.aget("missing", "d") == "d"
+        assert await cache.aadd("a", 2) is False and await cache.aadd("b", 2) is True
+        assert await cache.aget_many(["a", "b", "c"], 0) == [{"v": 1}, 2, 0]
+        await cache.aput_many({"c": 3, "d": 4})
+        assert await cache.aincr("n", 5) == 5 and await cache.adecr("n", 2) == 3
+        assert await cache.apop("c") == 3 and await cache.apop("c", None) is None
+        assert await cache.adelete("d") is True and await cache.adelete("d") is False
+        assert await cache.acontains("a") and not await cache.acontains("d")
+        k = cache.kind("k")
+        assert await k.aput("x", 1) and await k.aget("x") == 1 and cache.get("x") is None
+        assert await k.aget_or_compute("y", lambda: 7) == 7 and k.get("y") == 7
+
+    run(main())
+    s = cache.stats()
+    assert s.entries == 5 and cache.verify().ok  # a, b, n and the kind's x and y
+
+
+def test_aio_get_or_compute_takes_a_coroutine_function_and_counts_as_the_sync_one(cache):
+    calls = []
+
+    async def slow():
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        return "computed"
+
+    async def main():
+        # Two tasks of one loop ask at once: one computes, the other waits for it (every task runs on one thread).
+        return await asyncio.gather(cache.aget_or_compute("k", slow), cache.aget_or_compute("k", slow))
+
+    assert run(main()) == ["computed", "computed"] and calls == [1]
+    s = cache.stats()
+    assert (s.computations, s.waits, s.hits, s.misses) == (1, 1, 1, 1)
+    assert run(cache.aget_or_compute("k", slow)) == "computed" and calls == [1]
+
+
+def test_aio_a_computation_asking_for_its_own_key_is_refused(cache):
+    async def main():
+        async def inner():
+            return await cache.aget_or_compute("k", inner)
+
+        with pytest.raises(ReentrantCallError):
+            await cache.aget_or_compute("k", inner)
+
+    run(main())
+    assert run(cache.aget_or_compute("k", lambda: 1)) == 1  # nothing left claimed
+
+
+def test_aio_a_busy_lock_is_waited_for_off_the_loop(name):
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=30) as c:
+        ready, release = ctx.Event(), ctx.Event()
+        holder = ctx.Process(target=hold_lock, args=(name, ready, release), daemon=True)
+        holder.start()
+        try:
+            assert ready.wait(30)
+            os.kill(holder.pid, signal.SIGSTOP)  # the holder stopped with the lock held
+
+            async def main():
+                ticker = Ticker()
+                put = asyncio.create_task(c.aput("k", "v"))
+                get = asyncio.create_task(c.aget("k", "none"))
+                await ticker.reach(TICKS)  # the loop runs on while both wait
+                assert not put.done() and not get.done()
+                os.kill(holder.pid, signal.SIGCONT)
+                release.set()
+                stored, got = await put, await get
+                ticker.stop()
+                return stored, got
+
+            stored, got = run(main())
+            assert stored is True and got in ("v", "none") and c.get("k") == "v"
+        finally:
+            os.kill(holder.pid, signal.SIGCONT)
+            release.set()
+            holder.join(30)
+            if holder.is_alive():
+                holder.kill()
+        c.unlink()
+
+
+def _compute_slowly(name: str, started, finish) -> None:
+    with SharedCache(name, create=False) as c:
+        def fn():
+            started.set()
+            finish.wait(60)
+            return "theirs"
+
+        c.get_or_compute("k", fn)
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_aio_another_process_computation_is_waited_for_off_the_loop(name):
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as c:
+        started, finish = ctx.Event(), ctx.Event()
+        other = ctx.Process(target=_compute_slowly, args=(name, started, finish), daemon=True)
+        other.start()
+        try:
+            assert started.wait(30)
+
+            async def main():
+                ticker = Ticker()
+                waiting = asyncio.create_task(c.aget_or_compute("k", lambda: "ours"))
+                await ticker.reach(TICKS)
+                assert not waiting.done()
+                finish.set()
+                value = await waiting
+                ticker.stop()
+                return value
+
+            assert run(main()) == "theirs"
+            assert c.stats().waits == 1 and c.stats().computations == 1  # the other process's
+        finally:
+            finish.set()
+            other.join(30)
+        c.unlink()
+
+
+def test_aio_cancelling_a_waiting_get_or_compute_leaves_nothing_behind(name):
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as c:
+        started, finish = ctx.Event(), ctx.Event()
+        other = ctx.Process(target=_compute_slowly, args=(name, started, finish), daemon=True)
+        other.start()
+        try:
+            assert started.wait(30)
+            before = _fd_count()
+
+            async def main():
+                ticker = Ticker()
+                waiting = asyncio.create_task(c.aget_or_compute("k", lambda: "ours"))
+                await ticker.reach(20)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                with pytest.raises(ComputeTimeout):  # and a timeout, the same way
+                    await asyncio.wait_for(c.aget_or_compute("k", lambda: "ours", timeout=0.05), 30)
+                ticker.stop()
+
+            run(main())
+            assert _fd_count() == before  # no claim's description left open
+            finish.set()
+            other.join(30)
+            c.delete("k")
+            assert run(c.aget_or_compute("k", lambda: "ours")) == "ours"  # nothing of ours holds the key
+        finally:
+            finish.set()
+            other.join(30)
+        c.unlink()
+
+
+def test_aio_amemoize_shares_results_with_memoize_under_one_name(cache):
+    calls = []
+
+    @cache.memoize(name="sq")
+    def sq(x):
+        calls.append(("sync", x))
+        return x * x
+
+    @cache.amemoize(name="sq")
+    async def asq(x):
+        calls.append(("async", x))
+        await asyncio.sleep(0)
+        return x * x
+
+    assert run(asq(3)) == 9 and sq(3) == 9 and sq(4) == 16 and run(asq(4)) == 16
+    assert calls == [("async", 3), ("sync", 4)]
+    assert asq.cache_info().hits == 1 and asq.cache_info().misses == 1 and asq.cache_name == "sq"
+
+    class Area:
+        @cache.amemoize(name="area")
+        async def area(self, side):
+            calls.append(("area", side))
+            return side * side
+
+    assert run(Area().area(5)) == run(Area().area(5)) == 25 and calls[-1] == ("area", 5)
+    assert calls.count(("area", 5)) == 1
