@@ -74,6 +74,41 @@ async def _gaps_while(awaitable, floor: bool = False) -> tuple[list[float], floa
     return gaps, took
 
 
+async def _django_cost(name: str, keys: list, runs: int) -> tuple[float, float] | None:
+    """Median ns per hit of the Django backend's get and aget (None without Django)."""
+    try:
+        import django
+        from django.conf import settings
+    except ImportError:
+        return None
+    if not settings.configured:
+        settings.configure(CACHES={"default": {"BACKEND": "shmcache.contrib.django.SharedMemoryCache",
+                                               "LOCATION": name, "OPTIONS": {"capacity_bytes": 8 << 20}}})
+        django.setup()
+    from django.core.cache import caches
+
+    from shmcache.contrib.django import close_handles
+
+    cache = caches["default"]
+    try:
+        for k in keys:
+            cache.set(k, {"k": k})
+        sync, aio = [], []
+        for _ in range(runs):
+            t0 = time.perf_counter_ns()
+            for k in keys:
+                cache.get(k)
+            sync.append((time.perf_counter_ns() - t0) / len(keys))
+            t0 = time.perf_counter_ns()
+            for k in keys:
+                await cache.aget(k)
+            aio.append((time.perf_counter_ns() - t0) / len(keys))
+        return statistics.median(sync), statistics.median(aio)
+    finally:
+        close_handles()
+        SharedCache.unlink_name(name)
+
+
 def _hold(name: str, ready) -> None:
     """Take the cache lock and sleep with it (until SIGKILLed: the robust mutex frees it)."""
     c = SharedCache(name, create=False)
@@ -145,6 +180,10 @@ async def main_async(args) -> None:
         sync_ns, aio_ns = await _cost(c, keys, args.runs)
         print(f"get  {sync_ns:8.0f} ns   aget {aio_ns:8.0f} ns   aget / get = {aio_ns / sync_ns:.2f} "
               f"(median of {args.runs} runs of {args.ops:,} hits, alternating)")
+        django = await _django_cost(names[0] + "-dj", keys[: args.ops // 4], args.runs)
+        if django:
+            print(f"Django backend: get {django[0]:6.0f} ns   aget {django[1]:6.0f} ns   aget / get = "
+                  f"{django[1] / django[0]:.2f}")
         floor, _ = await _gaps_while(asyncio.sleep(args.wait))
         print(f"nothing waiting:                     {_summary(floor)}")
         gaps, took = await _stall_lock(names[1], args.wait)

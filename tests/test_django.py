@@ -294,3 +294,38 @@ def test_django_cache_middleware_on_the_backend(dcache):
         first = view(RequestFactory().get("/page"))
         second = view(RequestFactory().get("/page"))
     assert first.content == second.content == b"rendered 1" and len(calls) == 1
+
+
+def test_django_async_methods_are_native_and_keep_django_semantics(dcache):
+    import asyncio
+
+    from django.core.cache.backends.base import BaseCache
+
+    names = ["aadd", "aget", "aset", "atouch", "adelete", "ahas_key", "aincr", "adecr", "aget_many", "aset_many",
+             "adelete_many", "aget_or_set", "aclear", "aclose"]
+    from django.core.cache import caches
+
+    backend_class = type(caches["default"])
+    assert backend_class is backend.SharedMemoryCache
+    assert all(getattr(backend_class, n) is not getattr(BaseCache, n) for n in names)  # none is BaseCache's hop
+
+    async def main():
+        await dcache.aset("a", {"v": 1})
+        assert await dcache.aget("a") == {"v": 1} and await dcache.aget("zz", "d") == "d"
+        assert await dcache.aadd("a", 2) is False and await dcache.aadd("b", 2) is True
+        assert await dcache.aget_many(["a", "b", "c"]) == {"a": {"v": 1}, "b": 2}
+        assert await dcache.aset_many({"c": 3, "d": 4}) == []
+        assert await dcache.aincr("c", 5) == 8 and await dcache.adecr("c") == 7
+        with pytest.raises(ValueError, match="not found"):
+            await dcache.aincr("missing")
+        assert await dcache.ahas_key("d") and await dcache.adelete("d") and not await dcache.ahas_key("d")
+        assert await dcache.atouch("a", 60) is True and await dcache.atouch("gone", 60) is False
+        assert await dcache.aget_or_set("e", lambda: "made") == "made" and await dcache.aget("e") == "made"
+        await dcache.adelete_many(["a", "b"])
+        assert await dcache.aget_many(["a", "b"]) == {}
+        await dcache.aclear()
+        assert await dcache.aget("c") is None
+        await dcache.aclose()
+        assert dcache.get("c", "still usable") == "still usable"
+
+    asyncio.run(main())

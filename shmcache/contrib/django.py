@@ -137,3 +137,53 @@ class SharedMemoryCache(BaseCache):
 
     def close(self, **kwargs: Any) -> None:
         """Called by Django at the end of every request: the process's handle stays open (see the module docstring)."""
+
+    # Django's async API, overridden natively: each runs its sync twin on the loop's thread when the cache's lock is
+    # free (microseconds: no thread hop), else in a worker thread (SharedCache's asyncio methods, aio.py). Without
+    # these, BaseCache's defaults would hop to a thread (sync_to_async) on every call.
+
+    async def _acall(self, fn, *args: Any) -> Any:
+        return await self._cache._call(fn, *args)
+
+    async def aadd(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return await self._acall(self.add, key, value, timeout, version)
+
+    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        return await self._acall(self.get, key, default, version)
+
+    async def aset(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
+        return await self._acall(self.set, key, value, timeout, version)
+
+    async def atouch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return await self._acall(self.touch, key, timeout, version)
+
+    async def adelete(self, key: Any, version: int | None = None) -> bool:
+        return await self._acall(self.delete, key, version)
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        return await self._acall(self.has_key, key, version)
+
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return await self._acall(self.incr, key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return await self._acall(self.decr, key, delta, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict:
+        return await self._acall(self.get_many, list(keys), version)
+
+    async def aset_many(self, data: dict, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> list:
+        return await self._acall(self.set_many, dict(data), timeout, version)
+
+    async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        return await self._acall(self.delete_many, list(keys), version)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        return await self._acall(self.get_or_set, key, default, timeout, version)
+
+    async def aclear(self) -> None:
+        return await self._acall(self.clear)
+
+    async def aclose(self, **kwargs: Any) -> None:
+        self.close(**kwargs)
