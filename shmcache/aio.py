@@ -184,7 +184,7 @@ async def _get_or_compute(cache: SharedCache, key: Any, fn: Callable[[], Any], t
     claim = flight.Claim()
     token = None
     try:
-        waited = await _take(cache, claim, fp, timeout, key)
+        waited = await take(cache, claim, fp, timeout, key)
         if claim.held:
             token = _task_claims.set(_task_claims.get() | {claim.tag})
         # Another caller may have stored the value while this one waited, or between its miss and its claim.
@@ -195,7 +195,7 @@ async def _get_or_compute(cache: SharedCache, key: Any, fn: Callable[[], Any], t
                 await cache._call(cache._count, (H_MISSES, -1), (H_WAITS, 1 if waited else 0))
                 return value
             if not claim.held:  # gone again: wait for the claim itself this time
-                waited = await _take(cache, claim, fp, timeout, None) or waited
+                waited = await take(cache, claim, fp, timeout, None) or waited
                 token = _task_claims.set(_task_claims.get() | {claim.tag})
         await cache._call(cache._count, (H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0),
                           (H_TAKEOVERS, 1 if waited else 0))
@@ -213,7 +213,7 @@ async def _get_or_compute(cache: SharedCache, key: Any, fn: Callable[[], Any], t
             _task_claims.reset(token)
 
 
-async def _take(cache: SharedCache, claim: flight.Claim, fp: int, timeout: float | None, key: Any) -> bool:
+async def take(cache: SharedCache, claim: flight.Claim, fp: int, timeout: float | None, key: Any) -> bool:
     """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop), and the value
     looked for every ``flight._RECHECK_S`` (when ``key`` is not None) only when the lock is free to look."""
     if not claim.opened:

@@ -35,6 +35,7 @@ from .layout.dtypes import (
     ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
 from .aio import AsyncMethods
+from .keylock import KeyLock
 from .mapping import MISSING, LocalMapping, memo_family
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
@@ -406,6 +407,14 @@ class SharedCache(LocalMapping, AsyncMethods):
             return value
         finally:
             claim.release()
+
+    def lock(self, key: Any, *, blocking: bool = True, timeout: float | None = None) -> KeyLock:
+        """A lock named by ``key``, held across every process of the host: ``with cache.lock("job"):`` (or ``async
+        with``; ``acquire``/``release``). Its holder's death frees it at once; it is not reentrant. ``blocking`` and
+        ``timeout`` (seconds; None: no bound) are acquire's defaults; a ``with`` that cannot take it raises
+        TimeoutError. Independent of the entries: no value is stored, and ``key`` names no entry."""
+        seconds("timeout", timeout, none=True, zero=True)
+        return KeyLock(self, key, blocking, timeout)
 
     def _compute_target(self, key: Any) -> tuple[SharedCache, Any]:
         """The cache and the key ``aget_or_compute`` works on (a KindView's: its cache's, and its kind's key)."""

@@ -329,3 +329,25 @@ def test_django_async_methods_are_native_and_keep_django_semantics(dcache):
         assert dcache.get("c", "still usable") == "still usable"
 
     asyncio.run(main())
+
+
+def test_django_redis_extras_map_onto_the_cache(dcache):
+    from django.core.cache import caches
+
+    be = caches["default"]
+    be.set("session:1", "a", timeout=100)
+    be.set("session:2", "b", timeout=None)
+    be.set("other", "c")
+    assert 99 <= be.ttl("session:1") <= 100 and be.ttl("session:2") is None and be.ttl("absent") == 0
+    assert be.expire("session:2", 50) is True and 49 <= be.ttl("session:2") <= 50
+    assert be.persist("session:1") is True and be.ttl("session:1") is None
+    assert be.expire("absent", 5) is False and be.persist("absent") is False
+    assert sorted(be.keys("session:*")) == ["session:1", "session:2"] and sorted(be.iter_keys()) == [
+        "other", "session:1", "session:2"]
+    assert be.keys("session:*", version=2) == []  # another version's keys are others
+    assert be.delete_pattern("session:*") == 2 and be.keys() == ["other"]
+    with be.lock("job") as held:
+        assert held.locked() and be.lock("job").acquire(blocking=False) is False
+    again = be.lock("job", blocking_timeout=1)
+    assert again.acquire() is True
+    again.release()

@@ -28,13 +28,16 @@ request, keeps it: opening a cache costs an attach (a mapping, file locks), not 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import fnmatch
+import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from shmcache import SharedCache, TooLargeError
+from shmcache.keylock import KeyLock
 from shmcache.contrib import backends
 from shmcache.contrib.backends import OPTIONS, close_handles
 from shmcache.durations import MAX_TTL
@@ -137,6 +140,53 @@ class SharedMemoryCache(BaseCache):
 
     def close(self, **kwargs: Any) -> None:
         """Called by Django at the end of every request: the process's handle stays open (see the module docstring)."""
+
+    # django-redis's extras, over what SharedCache does already.
+
+    def ttl(self, key: Any, version: int | None = None) -> int | None:
+        """Seconds ``key`` has left (rounded up, as Redis's TTL), None if it never expires, 0 if it is absent."""
+        made = self.make_and_validate_key(key, version=version)
+        try:
+            left = self._cache.ttl(made)
+        except KeyError:
+            return 0
+        return None if left is None else max(1, math.ceil(left))
+
+    def expire(self, key: Any, timeout: Any, version: int | None = None) -> bool:
+        """Give ``key`` a new timeout from now (Django's: None forever, 0 or below expired); whether it was there."""
+        return self.touch(key, timeout, version)
+
+    def persist(self, key: Any, version: int | None = None) -> bool:
+        """Make ``key`` never expire; whether it was there."""
+        return self.touch(key, None, version)
+
+    def iter_keys(self, search: str = "*", version: int | None = None) -> Iterator[str]:
+        """The keys (as given to ``set``) of this backend's ``KEY_PREFIX`` and ``version`` matching the glob
+        ``search`` (``fnmatch``, case-sensitive), from one snapshot of the cache's keys. Keys are found by the
+        made key's prefix, so a custom ``KEY_FUNCTION`` must put the key last, as Django's does."""
+        prefix = self.make_key("", version=version)
+        for made in self._cache.keys():
+            if isinstance(made, str) and made.startswith(prefix):
+                key = made[len(prefix):]
+                if fnmatch.fnmatchcase(key, search):
+                    yield key
+
+    def keys(self, search: str = "*", version: int | None = None) -> list[str]:
+        """``iter_keys`` as a list."""
+        return list(self.iter_keys(search, version))
+
+    def delete_pattern(self, pattern: str, version: int | None = None) -> int:
+        """Delete the keys ``iter_keys(pattern)`` finds; how many went."""
+        cache = self._cache
+        return sum(cache.delete(self.make_key(k, version=version)) for k in self.keys(pattern, version))
+
+    def lock(self, key: Any, version: int | None = None, blocking: bool = True,
+             blocking_timeout: float | None = None) -> KeyLock:
+        """A lock named by ``key`` across every process of the host (``with``, ``async with``, ``acquire``/
+        ``release``: ``SharedCache.lock``). Unlike django-redis's there is no lease timeout: a dead holder's lock is
+        freed at once by the kernel, and a live one's is never taken from it."""
+        return self._cache.lock(self.make_and_validate_key(key, version=version), blocking=blocking,
+                                timeout=blocking_timeout)
 
     # Django's async API, overridden natively: each runs its sync twin on the loop's thread when the cache's lock is
     # free (microseconds: no thread hop), else in a worker thread (SharedCache's asyncio methods, aio.py). Without

@@ -1,0 +1,114 @@
+"""``SharedCache.lock(key)``: a lock named by a key, held across the processes of the host, sync and async.
+
+It is ``get_or_compute``'s claim (flight.py) on a byte of its own: an open-file-description lock taken from the
+fingerprint of ``("shmcache.lock", key)``, so a lock never meets the computation of the key it is named by. What
+follows from that: the kernel frees it the instant its holder's process dies (no lease to expire, no PID to check), a
+forked child never holds its parent's locks, and it is not reentrant (a thread that asks again for a lock it holds
+gets ReentrantCallError rather than waiting for itself).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from . import flight
+from .codec import encode_key, fingerprint
+from .errors import ComputeTimeout
+
+if TYPE_CHECKING:
+    from .cache import SharedCache
+
+_FAMILY = "shmcache.lock"
+
+
+class KeyLock:
+    """A host-wide lock named by ``key`` in ``cache``: ``with cache.lock(key):``, ``async with cache.lock(key):``, or
+    ``acquire``/``release``. ``blocking`` and ``timeout`` (seconds; None: no bound) are the defaults of ``acquire``
+    and of the ``with`` blocks."""
+
+    def __init__(self, cache: SharedCache, key: Any, blocking: bool = True, timeout: float | None = None) -> None:
+        self.cache, self.key = cache, key
+        self.blocking, self.timeout = blocking, timeout
+        self._fp = fingerprint(encode_key([_FAMILY, key]))  # raises TypeError for a key the cache cannot take
+        self._claim: flight.Claim | None = None
+
+    def locked(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._claim is not None and self._claim.held
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock; False if ``blocking`` is False and another holds it, or after ``timeout`` seconds."""
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
+        claim = self._new()
+        try:
+            if blocking:
+                describe = partial(self.cache._guard.run, flight.open_description, self.cache._seg.fd)
+                claim.take(describe, self._fp, timeout)
+            else:
+                claim.adopt(self.cache._guard.run(flight.open_description, self.cache._seg.fd))
+                claim.tag_of(self._fp)
+                if not claim.lock_untracked(self._fp):
+                    claim.release()
+                    return False
+        except ComputeTimeout:
+            claim.release()
+            return False
+        except BaseException:
+            claim.release()
+            raise
+        return True
+
+    async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """``acquire``, awaitable: a wait for another holder polls with ``asyncio.sleep``."""
+        from . import aio
+
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
+        claim = self._new()
+        try:
+            await aio.take(self.cache, claim, self._fp, timeout if blocking else 0.0, None)
+        except ComputeTimeout:
+            claim.release()
+            return False
+        except BaseException:
+            claim.release()
+            raise
+        return True
+
+    def _new(self) -> flight.Claim:
+        if self.locked():
+            raise RuntimeError(f"this lock object already holds {self.key!r}: make one per holder")
+        # Why: the claim exists before anything is taken, so every path out releases whatever was taken.
+        self._claim = flight.Claim()
+        return self._claim
+
+    def _busy(self) -> TimeoutError:
+        after = "" if self.timeout is None else f" after {self.timeout:g} s"
+        return TimeoutError(f"lock {self.key!r} is held by another{after}")
+
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            claim.release()
+
+    def __enter__(self) -> KeyLock:
+        if not self.acquire():
+            raise self._busy()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    async def __aenter__(self) -> KeyLock:
+        if not await self.aacquire():
+            raise self._busy()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<KeyLock {self.key!r} of {self.cache.name!r}{' held' if self.locked() else ''}>"
