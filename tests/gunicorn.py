@@ -1,5 +1,5 @@
-"""A gunicorn server of one of examples/ for the tests that run the pools for real: started on a free loopback
-port, waited for, and stopped with its whole process group whatever the test did."""
+"""A gunicorn (or uvicorn) server of one of examples/ for the tests that run the pools for real: started on a free
+loopback port, waited for, and stopped with its whole process group whatever the test did."""
 
 from __future__ import annotations
 
@@ -36,7 +36,26 @@ def serving(app: str, cache_name: str, ready_path: str, *, max_requests: int, pr
     cmd = [sys.executable, "-m", "gunicorn", "-w", "3", "-b", f"127.0.0.1:{port}", "--chdir", str(EXAMPLES),
            "--timeout", "60", "--graceful-timeout", "10", "--max-requests", str(max_requests),
            *(["--preload"] if preload else []), app]
-    server = subprocess.Popen(cmd, env={**os.environ, "SHMCACHE_NAME": cache_name}, stdout=subprocess.DEVNULL,
+    with _running(cmd, port, {"SHMCACHE_NAME": cache_name}, ready_path, "gunicorn") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving_uvicorn(app: str, cache_name: str, ready_path: str, *, max_requests: int,
+                    env: dict | None = None) -> Iterator[str]:
+    """``uvicorn app`` with 3 workers, each ending after ``max_requests`` requests (uvicorn's supervisor starts a
+    fresh one), the cache name in ``SHMCACHE_NAME`` and ``env`` added; yields its base URL once ``ready_path``
+    answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--workers", "3", "--host", "127.0.0.1", "--port", str(port),
+           "--app-dir", str(EXAMPLES), "--limit-max-requests", str(max_requests), "--no-access-log", app]
+    with _running(cmd, port, {"SHMCACHE_NAME": cache_name, **(env or {})}, ready_path, "uvicorn") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _running(cmd: list, port: int, env: dict, ready_path: str, what: str) -> Iterator[str]:
+    server = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,7 +66,7 @@ def serving(app: str, cache_name: str, ready_path: str, *, max_requests: int, pr
                     break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"gunicorn did not start: {server.stderr.read().decode()[-2000:]}")
+                    pytest.fail(f"{what} did not start: {server.stderr.read().decode()[-2000:]}")
                 time.sleep(0.2)
         yield url
     finally:
