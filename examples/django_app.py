@@ -5,13 +5,15 @@
 ``GET /set/<key>/<value>`` stores ``{"key", "value", "sum"}`` through Django's cache (``sum``: a digest of key and
 value, so a torn or misplaced read is caught); ``GET /get/<key>`` reads it back; ``GET /visit`` counts this
 session's visits (``SESSION_ENGINE`` is the cache one: the session lives in the shared cache, so any worker, a
-recycled one included, carries it on). Every reply names the worker that served it (``pid``).
+recycled one included, carries it on). Every reply names the worker that served it (``pid``; ``/get`` also its
+thread, for gunicorn's threaded workers: ``-k gthread --threads 4``, whose threads share the process's one handle).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import django
 from django.conf import settings
@@ -50,7 +52,7 @@ def set_value(request, key: str, value: str) -> JsonResponse:
 
 
 def get_value(request, key: str) -> JsonResponse:
-    return JsonResponse({"pid": os.getpid(), "found": cache.get(key)})
+    return JsonResponse({"pid": os.getpid(), "thread": threading.get_ident(), "found": cache.get(key)})
 
 
 def visit(request) -> JsonResponse:

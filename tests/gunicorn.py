@@ -27,15 +27,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app: str, cache_name: str, ready_path: str, *, max_requests: int, preload: bool = False) -> Iterator[str]:
+def serving(app: str, cache_name: str, ready_path: str, *, max_requests: int, preload: bool = False,
+            threads: int = 0) -> Iterator[str]:
     """``gunicorn app`` (``module:callable`` in examples/) with 3 workers, each recycled after ``max_requests``
-    requests, the cache name in ``SHMCACHE_NAME``; yields its base URL once ``ready_path`` answers."""
+    requests, the cache name in ``SHMCACHE_NAME``; ``threads``: gthread workers of that many threads. Yields its
+    base URL once ``ready_path`` answers."""
     port = free_port()
     # Why no --max-requests-jitter: a worker serves at most max_requests requests, so N requests need
     # N / max_requests workers at least: counts of distinct pids follow from that, not from timing.
     cmd = [sys.executable, "-m", "gunicorn", "-w", "3", "-b", f"127.0.0.1:{port}", "--chdir", str(EXAMPLES),
            "--timeout", "60", "--graceful-timeout", "10", "--max-requests", str(max_requests),
-           *(["--preload"] if preload else []), app]
+           *(["--preload"] if preload else []), *(["-k", "gthread", "--threads", str(threads)] if threads else []),
+           app]
     with _running(cmd, port, {"SHMCACHE_NAME": cache_name}, ready_path, "gunicorn") as url:
         yield url
 

@@ -61,3 +61,20 @@ def test_django_gunicorn_session_survives_worker_recycling(site):
         assert reply["visits"] == n, (n, reply)  # the session carried on, whichever worker served it
         pids.append(reply["pid"])
     assert len(set(pids)) >= 30 // MAX_REQUESTS  # workers recycled: the session outlived the ones that made it
+
+
+def test_django_gunicorn_gthread_workers_share_one_handle_across_their_threads(name):
+    """gunicorn's threaded workers: the threads of a worker share its one handle; concurrent requests, some served
+    by the same worker's threads at once, all read what was stored."""
+    with serving("django_app:application", name, "/get/ping", max_requests=1000, threads=4) as site:
+        keys = [f"t{i}" for i in range(8)]
+        for k in keys:
+            _json(urllib.request.build_opener(), f"{site}/set/{k}/v-{k}")
+        with ThreadPoolExecutor(12) as pool:
+            replies = list(pool.map(lambda k: (k, _json(urllib.request.build_opener(), f"{site}/get/{k}")),
+                                    keys * 12))
+    threads: dict = {}
+    for k, reply in replies:
+        assert reply["found"] == {"key": k, "value": f"v-{k}", "sum": _digest(k, f"v-{k}")}, (k, reply)
+        threads.setdefault(reply["pid"], set()).add(reply["thread"])
+    assert len(threads) <= 3 and max(len(t) for t in threads.values()) > 1, threads  # a worker served on threads
