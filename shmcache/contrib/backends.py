@@ -38,14 +38,14 @@ def unknown_options(options: Mapping[str, Any]) -> list[str]:
 
 
 class ProcessHandle:
-    """The handle of this process on the cache ``name`` opened with ``options``, opened on first ``get()`` and again
-    in a forked child."""
+    """The handle of this process on the cache ``name`` opened with ``options`` (and ``serializer``: the framework
+    caches' pickle by default), opened on first ``get()`` and again in a forked child."""
 
     __slots__ = ("name", "options", "key")
 
-    def __init__(self, name: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, options: Mapping[str, Any], serializer: str = "pickle") -> None:
         self.name = name
-        self.options = dict(options)
+        self.options = {"serializer": serializer, **options}
         self.key = (name, repr(sorted(self.options.items())))
 
     def get(self) -> SharedCache:
@@ -59,7 +59,7 @@ class ProcessHandle:
         with _opening:
             entry = _handles.get(self.key)
             if entry is None or entry[0] != pid:
-                entry = _handles[self.key] = pid, SharedCache(self.name, serializer="pickle", **self.options)
+                entry = _handles[self.key] = pid, SharedCache(self.name, **self.options)
         return entry[1]
 
 
