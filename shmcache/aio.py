@@ -21,24 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from . import flight
-from .codec import encode_key, fingerprint
-from .durations import seconds, ttl_ns
-from .errors import ComputeTimeout, ReentrantCallError, TooLargeError
+from .durations import seconds
+from .errors import ComputeTimeout, ReentrantCallError
 from .guard import H_MUTEX_KIND
-from .layout.dtypes import H_COMPUTATIONS, H_DIRTY, H_LOCK_OFF, H_MISSES, H_TAKEOVERS, H_WAITS
+from .layout.dtypes import H_DIRTY, H_LOCK_OFF
 from .lock import FUTEX_TID_MASK, MUTEX_KIND_WORD
 
-if TYPE_CHECKING:
-    from .cache import SharedCache
-
 R = TypeVar("R")
-_MISSING = object()
 _FUTEX = H_LOCK_OFF // 8  # the lock page's word holding the mutex's futex (its low 32 bits: the holder's tid)
 # The claims the current task (and what it awaits) holds: a coroutine fn that asks for its own key would wait for
 # itself. A context variable, not the thread's record: every task of a loop runs on one thread.
@@ -58,62 +52,68 @@ class AsyncMethods:
     __slots__ = ()
     _lockw: Any  # the lock page's words (guard.lockw), set by the class
 
-    async def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    async def acall(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``fn(*args, **kwargs)``, one of this cache's synchronous calls, awaited as the a-methods are: run on the
+        loop's thread when the lock is free and no repair pending, else in a worker thread."""
         if _idle(self._lockw):
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def aget(self, key: Any, default: Any = None) -> Any:
         """``get``, awaitable."""
-        if _idle(self._lockw):  # _call, inlined: a hit's path (a coroutine less costs a fifth of a get)
+        if _idle(self._lockw):  # acall, inlined: a hit's path (a coroutine less costs a fifth of a get)
             return self.get(key, default)  # type: ignore[attr-defined]
         return await asyncio.to_thread(self.get, key, default)  # type: ignore[attr-defined]
 
     async def aput(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """``put``, awaitable."""
-        if _idle(self._lockw):  # _call, inlined
+        if _idle(self._lockw):  # acall, inlined
             return self.put(key, value, ttl)  # type: ignore[attr-defined]
         return await asyncio.to_thread(self.put, key, value, ttl)  # type: ignore[attr-defined]
 
     async def adelete(self, key: Any) -> bool:
         """``delete``, awaitable."""
-        return await self._call(self.delete, key)  # type: ignore[attr-defined]
+        return await self.acall(self.delete, key)  # type: ignore[attr-defined]
 
     async def aget_many(self, keys: Iterable[Any], default: Any = None) -> list:
         """``get_many``, awaitable."""
-        return await self._call(self.get_many, list(keys), default)  # type: ignore[attr-defined]
+        return await self.acall(self.get_many, list(keys), default)  # type: ignore[attr-defined]
 
     async def aput_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """``put_many``, awaitable."""
         items = dict(items) if isinstance(items, Mapping) else list(items)
-        return await self._call(self.put_many, items, ttl)  # type: ignore[attr-defined]
+        return await self.acall(self.put_many, items, ttl)  # type: ignore[attr-defined]
 
     async def aadd(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """``add``, awaitable."""
-        return await self._call(self.add, key, value, ttl)  # type: ignore[attr-defined]
+        return await self.acall(self.add, key, value, ttl)  # type: ignore[attr-defined]
 
     async def aincr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """``incr``, awaitable."""
-        return await self._call(self.incr, key, delta, initial)  # type: ignore[attr-defined]
+        return await self.acall(self.incr, key, delta, initial)  # type: ignore[attr-defined]
 
     async def adecr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """``decr``, awaitable."""
-        return await self._call(self.decr, key, delta, initial)  # type: ignore[attr-defined]
+        return await self.acall(self.decr, key, delta, initial)  # type: ignore[attr-defined]
 
     async def apop(self, key: Any, *default: Any) -> Any:
         """``pop``, awaitable."""
-        return await self._call(self.pop, key, *default)  # type: ignore[attr-defined]
+        return await self.acall(self.pop, key, *default)  # type: ignore[attr-defined]
+
+    def lock_free(self) -> bool:
+        """Whether a call made now would find the cache's lock free and no repair pending (an answer of the
+        instant, read without the lock)."""
+        return _idle(self._lockw)
 
     async def acontains(self, key: Any) -> bool:
         """``key in cache``, awaitable."""
-        return await self._call(self.__contains__, key)  # type: ignore[attr-defined,operator]
+        return await self.acall(self.__contains__, key)  # type: ignore[attr-defined,operator]
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
                               ttl: float | None = None) -> Any:
         """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable), and a wait for
         another caller's computation of the key never blocks the loop. The same stats, timeout and errors."""
-        cache, key = self._compute_target(key)  # type: ignore[attr-defined]
-        return await _get_or_compute(cache, key, fn, timeout, ttl)
+        raise NotImplementedError  # SharedCache's (cache.py) and KindView's (kinds.py), over their own words
 
     def amemoize(self, fn: Callable[..., Awaitable[R]] | None = None, *, name: str | None = None,
                  timeout: float | None = None, ttl: float | None = None, key: Callable[..., Any] | None = None,
@@ -170,54 +170,24 @@ class _AsyncMemo:
         return self.__qualname__  # type: ignore[attr-defined,no-any-return]
 
 
-async def _get_or_compute(cache: SharedCache, key: Any, fn: Callable[[], Any], timeout: float | None,
-                          ttl: float | None) -> Any:
-    seconds("timeout", timeout, none=True, zero=True)
-    if ttl is not None:
-        ttl_ns(ttl)  # refused before anything is looked up, hit or miss
-    value = await cache.aget(key, _MISSING)
-    if value is not _MISSING:
-        return value
-    fp = fingerprint(encode_key(key))
-    # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at any
-    # await (a cancellation) or bytecode left taken (see flight.py).
-    claim = flight.Claim()
-    token = None
-    try:
-        waited = await take(cache, claim, fp, timeout, key)
-        if claim.held:
-            token = _task_claims.set(_task_claims.get() | {claim.tag})
-        # Another caller may have stored the value while this one waited, or between its miss and its claim.
-        if not claim.held or await cache.acontains(key):
-            value = await cache.aget(key, _MISSING)
-            if value is not _MISSING:
-                # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
-                await cache._call(cache._count, (H_MISSES, -1), (H_WAITS, 1 if waited else 0))
-                return value
-            if not claim.held:  # gone again: wait for the claim itself this time
-                waited = await take(cache, claim, fp, timeout, None) or waited
-                token = _task_claims.set(_task_claims.get() | {claim.tag})
-        await cache._call(cache._count, (H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0),
-                          (H_TAKEOVERS, 1 if waited else 0))
-        value = fn()
-        if inspect.isawaitable(value):
-            value = await value
-        try:
-            await cache.aput(key, value, ttl)
-        except TooLargeError:
-            pass  # correct to return, impossible to keep; the next caller computes it again
-        return value
-    finally:
-        claim.release()
-        if token is not None:
-            _task_claims.reset(token)
+def hold_claim(tag) -> contextvars.Token:
+    """Record that the current task holds the claim ``tag`` (a computation that asks for it again is refused);
+    ``drop_claim`` takes the token back."""
+    return _task_claims.set(_task_claims.get() | {tag})
 
 
-async def take(cache: SharedCache, claim: flight.Claim, fp: int, timeout: float | None, key: Any) -> bool:
-    """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop), and the value
-    looked for every ``flight._RECHECK_S`` (when ``key`` is not None) only when the lock is free to look."""
+def drop_claim(token: contextvars.Token) -> None:
+    _task_claims.reset(token)
+
+
+async def take(claim: flight.Claim, fp: int, timeout: float | None,
+               describe: Callable[[], Awaitable[Any]], stored: Callable[[], bool] | None) -> bool:
+    """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop): the key of
+    fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()``, asked every
+    ``flight.RECHECK_S`` while waiting, ends the wait (without the claim) when it says the value is there. Whether
+    another held it first."""
     if not claim.opened:
-        claim.adopt(await cache._call(cache._guard.run, flight.open_description, cache._seg.fd))
+        claim.adopt(await describe())
     tag = claim.tag_of(fp)
     if tag in _task_claims.get():
         raise ReentrantCallError("aget_or_compute was called for a key inside the computation of that same key",
@@ -231,8 +201,8 @@ async def take(cache: SharedCache, claim: flight.Claim, fp: int, timeout: float 
     while not claim.lock_untracked(fp):
         waited = True
         now = time.monotonic()
-        if key is not None and now >= recheck:
-            if _idle(cache._lockw) and key in cache:
+        if stored is not None and now >= recheck:
+            if stored():
                 return True
             recheck = now + flight.RECHECK_S
         if deadline is not None:

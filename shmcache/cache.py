@@ -14,6 +14,7 @@ through a private attribute.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -34,6 +35,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
 from .layout.dtypes import (
     ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
+from . import aio
 from .aio import AsyncMethods
 from .keylock import KeyLock
 from .mapping import MISSING, LocalMapping, memo_family
@@ -414,11 +416,59 @@ class SharedCache(LocalMapping, AsyncMethods):
         ``timeout`` (seconds; None: no bound) are acquire's defaults; a ``with`` that cannot take it raises
         TimeoutError. Independent of the entries: no value is stored, and ``key`` names no entry."""
         seconds("timeout", timeout, none=True, zero=True)
-        return KeyLock(self, key, blocking, timeout)
+        return KeyLock(self, key, blocking, timeout, partial(self._guard.run, flight.open_description, self._seg.fd))
 
-    def _compute_target(self, key: Any) -> tuple[SharedCache, Any]:
-        """The cache and the key ``aget_or_compute`` works on (a KindView's: its cache's, and its kind's key)."""
-        return self, key
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
+                              ttl: float | None = None) -> Any:
+        """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable), and a wait for
+        another caller's computation of the key polls its claim with ``asyncio.sleep``, never blocking the loop. The
+        same stats, timeout and errors; a cancellation at any ``await`` releases the claim (aio.py)."""
+        seconds("timeout", timeout, none=True, zero=True)
+        if ttl is not None:
+            ttl_ns(ttl)  # refused before anything is looked up, hit or miss
+        value = await self.aget(key, MISSING)
+        if value is not MISSING:
+            return value
+        fp = fingerprint(encode_key(key))
+
+        async def describe():
+            return await self.acall(self._guard.run, flight.open_description, self._seg.fd)
+
+        def stored() -> bool:  # looked for only when looking cannot wait for the lock
+            return self.lock_free() and key in self
+
+        # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at
+        # any await (a cancellation) or bytecode left taken (see flight.py).
+        claim = flight.Claim()
+        token = None
+        try:
+            waited = await aio.take(claim, fp, timeout, describe, stored)
+            if claim.held:
+                token = aio.hold_claim(claim.tag)
+            # Another caller may have stored the value while this one waited, or between its miss and its claim.
+            if not claim.held or await self.acontains(key):
+                value = await self.aget(key, MISSING)
+                if value is not MISSING:
+                    # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
+                    await self.acall(self._count, (H_MISSES, -1), (H_WAITS, 1 if waited else 0))
+                    return value
+                if not claim.held:  # gone again: wait for the claim itself this time
+                    waited = await aio.take(claim, fp, timeout, describe, None) or waited
+                    token = aio.hold_claim(claim.tag)
+            await self.acall(self._count, (H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0),
+                             (H_TAKEOVERS, 1 if waited else 0))
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+            try:
+                await self.aput(key, value, ttl)
+            except TooLargeError:
+                pass  # correct to return, impossible to keep; the next caller computes it again
+            return value
+        finally:
+            claim.release()
+            if token is not None:
+                aio.drop_claim(token)
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,

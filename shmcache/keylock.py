@@ -9,7 +9,7 @@ gets ReentrantCallError rather than waiting for itself).
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import flight
@@ -27,8 +27,12 @@ class KeyLock:
     ``acquire``/``release``. ``blocking`` and ``timeout`` (seconds; None: no bound) are the defaults of ``acquire``
     and of the ``with`` blocks."""
 
-    def __init__(self, cache: SharedCache, key: Any, blocking: bool = True, timeout: float | None = None) -> None:
+    def __init__(self, cache: SharedCache, key: Any, blocking: bool = True, timeout: float | None = None,
+                 describe: Callable[[], Any] | None = None) -> None:
+        if describe is None:
+            raise TypeError("KeyLock is made by SharedCache.lock(key)")
         self.cache, self.key = cache, key
+        self._describe = describe  # opens a claim's own description of the segment (flight.open_description)
         self.blocking, self.timeout = blocking, timeout
         self._fp = fingerprint(encode_key([_FAMILY, key]))  # raises TypeError for a key the cache cannot take
         self._claim: flight.Claim | None = None
@@ -44,10 +48,9 @@ class KeyLock:
         claim = self._new()
         try:
             if blocking:
-                describe = partial(self.cache._guard.run, flight.open_description, self.cache._seg.fd)
-                claim.take(describe, self._fp, timeout)
+                claim.take(self._describe, self._fp, timeout)
             else:
-                claim.adopt(self.cache._guard.run(flight.open_description, self.cache._seg.fd))
+                claim.adopt(self._describe())
                 claim.tag_of(self._fp)
                 if not claim.lock_untracked(self._fp):
                     claim.release()
@@ -68,7 +71,7 @@ class KeyLock:
         timeout = self.timeout if timeout is None else timeout
         claim = self._new()
         try:
-            await aio.take(self.cache, claim, self._fp, timeout if blocking else 0.0, None)
+            await aio.take(claim, self._fp, timeout if blocking else 0.0, self._adescribe, None)
         except ComputeTimeout:
             claim.release()
             return False
@@ -76,6 +79,9 @@ class KeyLock:
             claim.release()
             raise
         return True
+
+    async def _adescribe(self) -> Any:
+        return await self.cache.acall(self._describe)
 
     def _new(self) -> flight.Claim:
         if self.locked():

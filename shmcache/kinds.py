@@ -193,8 +193,9 @@ class KindView(LocalMapping, AsyncMethods):
                        ttl: float | None = None) -> R:
         return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
 
-    def _compute_target(self, key: Any) -> tuple[SharedCache, Any]:
-        return self.cache, KindKey(self._n, key)
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
+                              ttl: float | None = None) -> Any:
+        return await self.cache.aget_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,

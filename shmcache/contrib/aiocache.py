@@ -69,10 +69,10 @@ class SharedMemoryCache(BaseCache):
     async def _set(self, key, value, ttl=None, _cas_token=None, _conn=None):
         cache = self._cache
         if _cas_token is not None:  # aiocache's optimistic lock: stored only if the value is still the token
-            current, version = await cache._call(cache.get_with_version, key, _MISSING)
+            current, version = await cache.acall(cache.get_with_version, key, _MISSING)
             if current != _cas_token or version is None:
                 return 0
-            return await cache._call(cache.cas, key, value, version, ttl or 0)
+            return await cache.acall(cache.cas, key, value, version, ttl or 0)
         return await cache.aput(key, value, ttl or 0)
 
     async def _multi_set(self, pairs, ttl=None, _conn=None):
@@ -92,7 +92,7 @@ class SharedMemoryCache(BaseCache):
 
     async def _expire(self, key, ttl, _conn=None):
         cache = self._cache
-        return await cache._call(cache.touch, key, ttl or 0)
+        return await cache.acall(cache.touch, key, ttl or 0)
 
     async def _delete(self, key, _conn=None):
         return int(await self._cache.adelete(key))
@@ -100,25 +100,25 @@ class SharedMemoryCache(BaseCache):
     async def _clear(self, namespace=None, _conn=None):
         cache = self._cache
         if namespace:
-            doomed = [k for k in await cache._call(cache.keys) if isinstance(k, str) and k.startswith(namespace)]
+            doomed = [k for k in await cache.acall(cache.keys) if isinstance(k, str) and k.startswith(namespace)]
             for k in doomed:
                 await cache.adelete(k)
         else:
-            await cache._call(cache.clear)
+            await cache.acall(cache.clear)
         return True
 
     async def _raw(self, command, *args, encoding="utf-8", _conn=None, **kwargs):
         cache = self._cache
-        return await cache._call(getattr(cache, command), *args, **kwargs)
+        return await cache.acall(getattr(cache, command), *args, **kwargs)
 
     async def _redlock_release(self, key, value):
         # aiocache's RedLock: delete the key only if it still holds this lock's value, atomically (get_with_version,
         # then a delete of exactly that version: a cas to an entry that lapses at once).
         cache = self._cache
-        current, version = await cache._call(cache.get_with_version, key, _MISSING)
+        current, version = await cache.acall(cache.get_with_version, key, _MISSING)
         if current != value or version is None:
             return 0
-        stored = await cache._call(cache.cas, key, None, version, 1e-9)
+        stored = await cache.acall(cache.cas, key, None, version, 1e-9)
         if stored:
             await cache.adelete(key)
         return int(stored)

@@ -193,7 +193,7 @@ class SharedMemoryCache(BaseCache):
     # these, BaseCache's defaults would hop to a thread (sync_to_async) on every call.
 
     async def _acall(self, fn, *args: Any) -> Any:
-        return await self._cache._call(fn, *args)
+        return await self._cache.acall(fn, *args)
 
     async def aadd(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         return await self._acall(self.add, key, value, timeout, version)
