@@ -78,3 +78,25 @@ def test_django_gunicorn_gthread_workers_share_one_handle_across_their_threads(n
         assert reply["found"] == {"key": k, "value": f"v-{k}", "sum": _digest(k, f"v-{k}")}, (k, reply)
         threads.setdefault(reply["pid"], set()).add(reply["thread"])
     assert len(threads) <= 3 and max(len(t) for t in threads.values()) > 1, threads  # a worker served on threads
+
+
+def test_django_asgi_under_uvicorn_async_views_share_the_cache(name):
+    """Django's ASGI app under uvicorn with 3 workers: async views (``await cache.aset``/``aget``) and sync ones
+    share one cache; a value set through one worker is read through the others."""
+    pytest.importorskip("uvicorn", reason="uvicorn is in the test extra")
+    from .gunicorn import serving_uvicorn
+
+    with serving_uvicorn("django_app:asgi_application", name, "/aget/ping", max_requests=1000) as site:
+        keys = [f"a{i}" for i in range(4)]
+        setters = {k: _json(urllib.request.build_opener(), f"{site}/aset/{k}/v-{k}")["pid"] for k in keys}
+        readers: dict = {}
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(20):  # rounds, until a key was read by a worker other than its setter (bounded)
+                for k, path, reply in pool.map(
+                        lambda kp: (kp[0], kp[1], _json(urllib.request.build_opener(), f"{site}/{kp[1]}/{kp[0]}")),
+                        [(k, p) for k in keys for p in ("aget", "get")] * 2):
+                    assert reply["found"] == {"key": k, "value": f"v-{k}", "sum": _digest(k, f"v-{k}")}, (path, reply)
+                    readers.setdefault(k, set()).add(reply["pid"])
+                if any(readers[k] - {setters[k]} for k in keys):
+                    break
+        assert any(readers[k] - {setters[k]} for k in keys), (setters, readers)
