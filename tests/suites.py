@@ -209,3 +209,33 @@ def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
         spec.loader.exec_module(module)
         modules[stem] = module
     return root, modules
+
+
+def aiocache_tests():
+    """aiocache's acceptance tests (``tests/acceptance/test_base.py``) of the installed aiocache version's sdist,
+    imported by path as ``aiocache_tests.acceptance.test_base`` (its package, with ``tests/utils.py``, as
+    ``aiocache_tests``). Its conftest.py is not imported (its fixtures are aiocache's own backends): the caller
+    provides the cache the tests take."""
+    from importlib.metadata import version as installed
+
+    name = "aiocache_tests.acceptance.test_base"
+    if name in sys.modules:
+        return sys.modules[name]
+    version = installed("aiocache")
+    where = tempfile.mkdtemp(prefix="shmcache-suites-")
+    atexit.register(shutil.rmtree, where, True)
+    try:
+        with _sdist(f"aiocache=={version}") as tar:
+            members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
+            if not members:
+                raise ValueError("the sdist has no tests/")
+            tar.extractall(where, members=members, filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
+        unavailable(f"aiocache=={version} sources could not be downloaded: {exc!r}")
+    root = os.path.join(where, members[0].name.split("/")[0], "tests")
+    spec = importlib.util.spec_from_file_location("aiocache_tests", os.path.join(root, "__init__.py"),
+                                                  submodule_search_locations=[root])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["aiocache_tests"] = package
+    spec.loader.exec_module(package)
+    return importlib.import_module(name)

@@ -351,3 +351,16 @@ def test_django_redis_extras_map_onto_the_cache(dcache):
     again = be.lock("job", blocking_timeout=1)
     assert again.acquire() is True
     again.release()
+
+
+def test_django_options_choose_the_eviction_policy(name):
+    with override_settings(CACHES=djangosite.caches_setting(name, OPTIONS={"capacity_bytes": 1 << 20,
+                                                                             "max_entries": 4, "policy": "keep"})):
+        from django.core.cache import caches
+
+        be = caches["default"]
+        for i in range(6):
+            be.set(f"k{i}", i)
+        assert [be.get(f"k{i}") for i in range(6)] == [0, 1, 2, 3, None, None]  # kept what came first
+        assert be._cache.policy == "keep" and be._cache.stats().not_admitted == 2
+    backend.close_handles()

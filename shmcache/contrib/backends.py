@@ -19,7 +19,7 @@ from shmcache import SharedCache, TooLargeError
 # SharedCache's keywords a backend's settings may give: the geometry and mode (fixed by whichever process creates
 # the cache; an attacher that gives them must match) and the per-handle timeouts and trust.
 OPTIONS = frozenset(("capacity_bytes", "max_entries", "mode", "lock_timeout", "attach_timeout", "trust_owner",
-                     "group"))
+                     "group", "policy"))
 # Why 1 ns, not a delete: a framework's "already expired" timeout (Django's 0 or below, cachelib's below 0) stores
 # the value already expired, so ``add`` still answers whether the key was absent, atomically, the value is still
 # pickled (a PickleError is raised as for any set), and the old value is gone. No read can come within 1 ns of the

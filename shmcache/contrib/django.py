@@ -11,9 +11,9 @@
 
 ``OPTIONS`` are ``SharedCache`` keywords: ``capacity_bytes``, ``max_entries`` and ``mode`` (fixed by whichever
 process creates the cache; an attacher that gives them must match), and ``lock_timeout``, ``attach_timeout``,
-``trust_owner``, ``group``. Django's own ``MAX_ENTRIES`` and ``CULL_FREQUENCY`` are for the backends that cull by
-count; this one evicts the least recently used entries as ``capacity_bytes`` and ``max_entries`` require, and
-ignores them.
+``trust_owner``, ``group`` and ``policy`` (the eviction policy, at creation). Django's own ``MAX_ENTRIES`` and
+``CULL_FREQUENCY`` are for the backends that cull by count; this one evicts as its policy chooses (least recently
+used, by default) when ``capacity_bytes`` and ``max_entries`` require, and ignores them.
 
 The cache is created with ``serializer="pickle"`` (Django caches model instances, sessions and responses): every
 process that can write the segment can run code in every process that reads it; with the default ``mode`` 0o600
