@@ -72,6 +72,7 @@ class Store:
         self.base = g.arena_off
         self.mask = g.index_slots - 1
         self.capacity_bytes = g.capacity_bytes
+        self.hit = self._hit_relinking if table.policy == POLICY_LRU else self._hit_touching  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------------------------------- before the lock
 
@@ -139,17 +140,20 @@ class Store:
         self.h[counter] += 1
 
     def hit(self, e: int) -> None:
-        """Count a hit on entry ``e``, touched as the policy does (``Table.touch``: under lru, in a dirty bracket,
-        as the move writes links)."""
-        if self.table.policy == POLICY_LRU:
-            self._relink_hit(e)
-        else:
-            self.table.touch(e)
-        self.h[H_HITS] += 1
+        """Count a hit on entry ``e``, touched as the policy does (``Table.touch``). ``__init__`` binds ``hit`` to
+        one of the two below, so that a lookup pays no test of the policy."""
+        raise NotImplementedError  # (replaced on each instance)
 
     @updating
-    def _relink_hit(self, e: int) -> None:
+    def _hit_relinking(self, e: int) -> None:
+        """lru: the entry becomes the most recent, in a dirty bracket (the move writes links)."""
         lru.move_to_front(self.ent, e)
+        self.h[H_HITS] += 1
+
+    def _hit_touching(self, e: int) -> None:
+        """s3fifo (a counter raised: one byte, any value valid, no bracket) and keep (nothing moves)."""
+        self.table.touch(e)
+        self.h[H_HITS] += 1
 
     def lapse(self, e: int, to_insert: bool = False) -> None:
         """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
