@@ -91,3 +91,20 @@ def test_aiocache_backend_is_shared_by_processes_and_serves_the_cached_decorator
     assert calls == [4, 5]
     with SharedCache(name, create=False) as raw:
         assert raw.stats().entries == 3  # the child's key and the two results: one cache
+
+
+def test_aiocache_backend_redlock_releases_only_its_own_value_and_raw_only_public_methods(acache):
+    from aiocache.lock import RedLock
+
+    async def main():
+        async with RedLock(acache, "res", lease=10):
+            assert await acache.exists("res-lock")
+            held = await acache.get("res-lock")
+            assert await acache._redlock_release(acache.build_key("res-lock"), "not this lock's value") == 0
+            assert await acache.get("res-lock") == held  # another's value: left alone
+        assert not await acache.exists("res-lock")  # released by its holder: its own value matched
+        assert await acache.raw("get", "missing") is None
+        with pytest.raises(ValueError, match="no public method"):
+            await acache.raw("_guard")
+
+    run(main())

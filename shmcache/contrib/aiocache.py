@@ -27,6 +27,7 @@ from aiocache.base import BaseCache  # type: ignore[import-untyped,import-not-fo
 from aiocache.serializers import NullSerializer  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
 from shmcache import SharedCache
+from shmcache.contrib import backends
 from shmcache.contrib.backends import ProcessHandle
 
 __all__ = ["SharedMemoryCache"]
@@ -108,20 +109,21 @@ class SharedMemoryCache(BaseCache):
         return True
 
     async def _raw(self, command, *args, encoding="utf-8", _conn=None, **kwargs):
+        """A public method of the SharedCache (``get``, ``keys``, ``setdefault``...), as the memory backend's raw
+        calls its dict's."""
         cache = self._cache
+        if not isinstance(command, str) or command.startswith("_") or not callable(getattr(cache, command, None)):
+            raise ValueError(f"raw: {command!r} is no public method of SharedCache")
         return await cache.acall(getattr(cache, command), *args, **kwargs)
 
     async def _redlock_release(self, key, value):
-        # aiocache's RedLock: delete the key only if it still holds this lock's value, atomically (get_with_version,
-        # then a delete of exactly that version: a cas to an entry that lapses at once).
+        # aiocache's RedLock: drop the key only if it still holds this lock's value, atomically: a cas on the version
+        # that value had, to an entry that lapses at once (a delete after it could drop another's newer value).
         cache = self._cache
         current, version = await cache.acall(cache.get_with_version, key, _MISSING)
         if current != value or version is None:
             return 0
-        stored = await cache.acall(cache.cas, key, None, version, 1e-9)
-        if stored:
-            await cache.adelete(key)
-        return int(stored)
+        return int(await cache.acall(cache.cas, key, None, version, backends.EXPIRED))
 
     async def _close(self, *args, _conn=None, **kwargs):
         pass  # the process's handle stays open: opening it costs an attach, not a connection
