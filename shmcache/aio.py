@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from . import flight
 from .durations import seconds
-from .errors import ComputeTimeout, ReentrantCallError
+from .errors import ReentrantCallError
 from .guard import H_MUTEX_KIND
 from .layout.dtypes import H_DIRTY, H_LOCK_OFF
 from .lock import FUTEX_TID_MASK, MUTEX_KIND_WORD
@@ -183,9 +182,9 @@ def drop_claim(token: contextvars.Token) -> None:
 async def take(claim: flight.Claim, fp: int, timeout: float | None,
                describe: Callable[[], Awaitable[Any]], stored: Callable[[], bool] | None) -> bool:
     """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop): the key of
-    fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()``, asked every
-    ``flight.RECHECK_S`` while waiting, ends the wait (without the claim) when it says the value is there. Whether
-    another held it first."""
+    fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()``, asked at
+    ``flight.Wait``'s interval, ends the wait (without the claim) when it says the value is there. Whether another
+    held it first."""
     if not claim.opened:
         claim.adopt(await describe())
     tag = claim.tag_of(fp)
@@ -194,25 +193,10 @@ async def take(claim: flight.Claim, fp: int, timeout: float | None,
                                  what="get_or_compute",
                                  hint="fn must not ask for its own key; it would wait for itself")
     waited = False
-    now = time.monotonic()
-    deadline = None if timeout is None else now + timeout
-    recheck = now + flight.RECHECK_S
-    pause = flight.POLL_FIRST_S
+    wait = flight.Wait(timeout)
     while not claim.lock_untracked(fp):
         waited = True
-        now = time.monotonic()
-        if stored is not None and now >= recheck:
-            if stored():
-                return True
-            recheck = now + flight.RECHECK_S
-        if deadline is not None:
-            left = deadline - now
-            if left <= 0:
-                raise ComputeTimeout(
-                    f"another caller has been computing this key for over {timeout:g} s", what="get_or_compute",
-                    hint="raise timeout=, or look at the process computing it (it is alive: a dead one frees the "
-                         "key at once)")
-            pause = min(pause, left)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, flight.POLL_MAX_S)
+        if stored is not None and wait.recheck_due() and stored():
+            return True
+        await asyncio.sleep(wait.next_pause())
     return waited

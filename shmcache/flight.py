@@ -42,7 +42,6 @@ from .errors import ComputeTimeout, ReentrantCallError
 _POLL_FIRST_S = 0.0005  # a waiter polls its claim, doubling the pause up to _POLL_MAX_S
 _POLL_MAX_S = 0.005
 _RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this interval (a locked lookup)
-POLL_FIRST_S, POLL_MAX_S, RECHECK_S = _POLL_FIRST_S, _POLL_MAX_S, _RECHECK_S  # aio.py's waits are the same
 
 
 class _Claims(threading.local):
@@ -100,6 +99,44 @@ def open_description(segment_fd: int) -> io.FileIO:
     return file
 
 
+class Wait:
+    """The schedule of a wait for a claimed key, one for ``Claim.take`` and ``aio.take`` (which sleep between its
+    polls, blocking or awaited): pauses doubling from _POLL_FIRST_S to _POLL_MAX_S, a look for the stored value
+    every _RECHECK_S, and the timeout (None: none)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        now = time.monotonic()
+        self.timeout = timeout
+        self.deadline = None if timeout is None else now + timeout
+        self.recheck = now + _RECHECK_S
+        self.pause = _POLL_FIRST_S
+
+    def recheck_due(self) -> bool:
+        """Whether it is time to look for the stored value again (the next look is then _RECHECK_S away)."""
+        now = time.monotonic()
+        if now < self.recheck:
+            return False
+        self.recheck = now + _RECHECK_S
+        return True
+
+    def next_pause(self) -> float:
+        """The seconds to sleep before the next poll.
+
+        :raises ComputeTimeout: once the timeout is up.
+        """
+        pause = self.pause
+        self.pause = min(pause * 2, _POLL_MAX_S)
+        if self.deadline is None:
+            return pause
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ComputeTimeout(
+                f"another caller has been computing this key for over {self.timeout:g} s", what="get_or_compute",
+                hint="raise timeout=, or look at the process computing it (it is alive: a dead one frees the key at "
+                     "once)")
+        return min(pause, left)
+
+
 class Claim:
     """A claim on one key's byte: made empty before anything is taken (``take``), so that a ``finally`` always has
     it to ``release``; ``release()`` (or the end of a ``with`` block) gives it up, and is idempotent."""
@@ -140,27 +177,12 @@ class Claim:
                                      hint="fn must not ask for its own key; it would wait for itself")
         self._tag = tag
         waited = False
-        now = time.monotonic()
-        deadline = None if timeout is None else now + timeout
-        recheck = now + _RECHECK_S
-        pause = _POLL_FIRST_S
+        wait = Wait(timeout)
         while not self._lock(byte):
             waited = True
-            now = time.monotonic()
-            if stored is not None and now >= recheck:
-                if stored():
-                    return True
-                recheck = now + _RECHECK_S
-            if deadline is not None:
-                left = deadline - now
-                if left <= 0:
-                    raise ComputeTimeout(
-                        f"another caller has been computing this key for over {timeout:g} s", what="get_or_compute",
-                        hint="raise timeout=, or look at the process computing it (it is alive: a dead one frees "
-                             "the key at once)")
-                pause = min(pause, left)
-            time.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX_S)
+            if stored is not None and wait.recheck_due() and stored():
+                return True
+            time.sleep(wait.next_pause())
         return waited
 
     def _lock(self, byte: int) -> bool:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import flight
+from . import aio, flight
 from .codec import encode_key, fingerprint
-from .errors import ComputeTimeout
+from .errors import ComputeTimeout, ReentrantCallError
 
 if TYPE_CHECKING:
     from .cache import SharedCache
@@ -47,36 +47,31 @@ class KeyLock:
         timeout = self.timeout if timeout is None else timeout
         claim = self._new()
         try:
-            if blocking:
-                claim.take(self._describe, self._fp, timeout)
-            else:
-                claim.adopt(self._describe())
-                claim.tag_of(self._fp)
-                if not claim.lock_untracked(self._fp):
-                    claim.release()
-                    return False
-        except ComputeTimeout:
+            claim.take(self._describe, self._fp, timeout if blocking else 0.0)  # 0: one try, then ComputeTimeout
+        except BaseException as exc:  # the claim goes whatever cut the take short (a cancellation, Ctrl-C)
             claim.release()
-            return False
-        except BaseException:
-            claim.release()
+            if isinstance(exc, ComputeTimeout):
+                return False
+            if isinstance(exc, ReentrantCallError):
+                raise ReentrantCallError(f"this thread (or task) already holds the lock {self.key!r}: it is not "
+                                         "reentrant", what="lock", hint="release it before taking it again") from None
             raise
         return True
 
     async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """``acquire``, awaitable: a wait for another holder polls with ``asyncio.sleep``."""
-        from . import aio
-
         blocking = self.blocking if blocking is None else blocking
         timeout = self.timeout if timeout is None else timeout
         claim = self._new()
         try:
             await aio.take(claim, self._fp, timeout if blocking else 0.0, self._adescribe, None)
-        except ComputeTimeout:
+        except BaseException as exc:  # the claim goes whatever cut the take short (a cancellation, Ctrl-C)
             claim.release()
-            return False
-        except BaseException:
-            claim.release()
+            if isinstance(exc, ComputeTimeout):
+                return False
+            if isinstance(exc, ReentrantCallError):
+                raise ReentrantCallError(f"this thread (or task) already holds the lock {self.key!r}: it is not "
+                                         "reentrant", what="lock", hint="release it before taking it again") from None
             raise
         return True
 

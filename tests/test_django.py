@@ -18,7 +18,7 @@ from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from shmcache import SerializerMismatch, SharedCache
+from shmcache import ReentrantCallError, SerializerMismatch, SharedCache
 from shmcache.contrib import django as backend
 
 
@@ -347,7 +347,9 @@ def test_django_redis_extras_map_onto_the_cache(dcache):
     assert be.keys("session:*", version=2) == []  # another version's keys are others
     assert be.delete_pattern("session:*") == 2 and be.keys() == ["other"]
     with be.lock("job") as held:
-        assert held.locked() and be.lock("job").acquire(blocking=False) is False
+        assert held.locked()
+        with pytest.raises(ReentrantCallError, match="already holds the lock"):
+            be.lock("job").acquire(blocking=False)
     again = be.lock("job", blocking_timeout=1)
     assert again.acquire() is True
     again.release()

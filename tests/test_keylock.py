@@ -66,8 +66,10 @@ def test_keylock_a_dead_holder_frees_it_at_once(cache, name):
 def test_keylock_is_not_reentrant_and_one_object_holds_once(cache):
     lock = cache.lock("k")
     with lock:
-        with pytest.raises(ReentrantCallError):
+        with pytest.raises(ReentrantCallError, match="already holds the lock 'k'"):
             cache.lock("k").acquire()
+        with pytest.raises(ReentrantCallError):
+            cache.lock("k").acquire(blocking=False)
         with pytest.raises(RuntimeError, match="already holds"):
             lock.acquire()
     with pytest.raises(TypeError):
