@@ -180,6 +180,22 @@ def cachetools_tests():
     return package, importlib.import_module("cachetools_tests.test_lru")
 
 
+def _sdist_tests(requirement: str) -> str:
+    """The ``tests`` directory of ``requirement``'s sdist (``name==version``), extracted into a temporary directory
+    removed at exit; the test is skipped (or fails, under SHMCACHE_REQUIRE_SUITES=1) when it cannot be had."""
+    where = tempfile.mkdtemp(prefix="shmcache-suites-")
+    atexit.register(shutil.rmtree, where, True)
+    try:
+        with _sdist(requirement) as tar:
+            members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
+            if not members:
+                raise ValueError("the sdist has no tests/")
+            tar.extractall(where, members=members, filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
+        unavailable(f"{requirement} sources could not be downloaded: {exc!r}")
+    return os.path.join(where, members[0].name.split("/")[0], "tests")
+
+
 def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
     """The ``tests`` directory of the installed Flask-Caching version's sdist, and those of its modules ``names``
     (file stems, such as ``test_memoize``) that this version has, imported by path as ``flask_caching_tests.<stem>``.
@@ -187,18 +203,7 @@ def flask_caching_tests(names: tuple[str, ...]) -> tuple[str, dict]:
     backends' tests): the caller provides the fixtures the tests ask for."""
     from importlib.metadata import version as installed
 
-    version = installed("Flask-Caching")
-    where = tempfile.mkdtemp(prefix="shmcache-suites-")
-    atexit.register(shutil.rmtree, where, True)
-    try:
-        with _sdist(f"Flask-Caching=={version}") as tar:
-            members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
-            if not members:
-                raise ValueError("the sdist has no tests/")
-            tar.extractall(where, members=members, filter="data")
-    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
-        unavailable(f"Flask-Caching=={version} sources could not be downloaded: {exc!r}")
-    root = os.path.join(where, members[0].name.split("/")[0], "tests")
+    root = _sdist_tests(f"Flask-Caching=={installed('Flask-Caching')}")
     modules = {}
     for stem in names:
         if not os.path.exists(os.path.join(root, f"{stem}.py")):
@@ -221,18 +226,7 @@ def aiocache_tests():
     name = "aiocache_tests.acceptance.test_base"
     if name in sys.modules:
         return sys.modules[name]
-    version = installed("aiocache")
-    where = tempfile.mkdtemp(prefix="shmcache-suites-")
-    atexit.register(shutil.rmtree, where, True)
-    try:
-        with _sdist(f"aiocache=={version}") as tar:
-            members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["tests"]]
-            if not members:
-                raise ValueError("the sdist has no tests/")
-            tar.extractall(where, members=members, filter="data")
-    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as exc:
-        unavailable(f"aiocache=={version} sources could not be downloaded: {exc!r}")
-    root = os.path.join(where, members[0].name.split("/")[0], "tests")
+    root = _sdist_tests(f"aiocache=={installed('aiocache')}")
     spec = importlib.util.spec_from_file_location("aiocache_tests", os.path.join(root, "__init__.py"),
                                                   submodule_search_locations=[root])
     package = importlib.util.module_from_spec(spec)

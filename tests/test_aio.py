@@ -4,6 +4,7 @@ computation) waits off the loop, which the tests see as a ticker that keeps tick
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -137,6 +138,24 @@ def _compute_slowly(name: str, started, finish) -> None:
         c.get_or_compute("k", fn)
 
 
+@contextlib.contextmanager
+def computing_elsewhere(name: str):
+    """Another process computing key "k" of cache ``name`` (its result "theirs") until the event yielded is set;
+    reaped however the test ends."""
+    started, finish = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_compute_slowly, args=(name, started, finish), daemon=True)
+    other.start()
+    try:
+        assert started.wait(30)
+        yield finish
+    finally:
+        finish.set()
+        other.join(30)
+        if other.is_alive():
+            other.kill()
+            other.join(10)
+
+
 def _fd_count() -> int:
     gc.collect()  # what earlier tests left to the collector closes now, not between the two counts
     return len(os.listdir("/proc/self/fd"))
@@ -144,12 +163,7 @@ def _fd_count() -> int:
 
 def test_aio_another_process_computation_is_waited_for_off_the_loop(name):
     with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as c:
-        started, finish = ctx.Event(), ctx.Event()
-        other = ctx.Process(target=_compute_slowly, args=(name, started, finish), daemon=True)
-        other.start()
-        try:
-            assert started.wait(30)
-
+        with computing_elsewhere(name) as finish:
             async def main():
                 ticker = Ticker()
                 waiting = asyncio.create_task(c.aget_or_compute("k", lambda: "ours"))
@@ -162,19 +176,12 @@ def test_aio_another_process_computation_is_waited_for_off_the_loop(name):
 
             assert run(main()) == "theirs"
             assert c.stats().waits == 1 and c.stats().computations == 1  # the other process's
-        finally:
-            finish.set()
-            other.join(30)
         c.unlink()
 
 
 def test_aio_cancelling_a_waiting_get_or_compute_leaves_nothing_behind(name):
     with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True) as c:
-        started, finish = ctx.Event(), ctx.Event()
-        other = ctx.Process(target=_compute_slowly, args=(name, started, finish), daemon=True)
-        other.start()
-        try:
-            assert started.wait(30)
+        with computing_elsewhere(name):
             before = _fd_count()
 
             async def main():
@@ -190,13 +197,8 @@ def test_aio_cancelling_a_waiting_get_or_compute_leaves_nothing_behind(name):
 
             run(main())
             assert _fd_count() == before  # no claim's description left open
-            finish.set()
-            other.join(30)
-            c.delete("k")
-            assert run(c.aget_or_compute("k", lambda: "ours")) == "ours"  # nothing of ours holds the key
-        finally:
-            finish.set()
-            other.join(30)
+        c.delete("k")  # the other process stored "theirs" as it ended
+        assert run(c.aget_or_compute("k", lambda: "ours")) == "ours"  # nothing of ours holds the key
         c.unlink()
 
 
