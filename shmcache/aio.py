@@ -120,14 +120,18 @@ class AsyncMethods:
         """``memoize`` for a coroutine function: the wrapper is a coroutine function whose misses go through
         ``aget_or_compute``; the key is the one ``memoize`` would make of the same call, so a sync and an async
         memoization under one ``name`` share their results. ``cache_info`` and ``cache_clear`` as ``memoize``'s."""
-        seconds("timeout", timeout, none=True, zero=True)
+        return amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore)
 
-        def decorate(f: Callable[..., Awaitable[R]]) -> Any:
-            sync = self.memoize(f, name=name, timeout=timeout, ttl=ttl, key=key,  # type: ignore[attr-defined]
-                                ignore=ignore)
-            return _AsyncMemo(self, sync)
 
-        return decorate if fn is None else decorate(fn)
+def amemoize(cache, fn, **options: Any) -> Any:
+    """``cache.amemoize(fn, **options)`` for any cache with ``memoize`` and ``aget_or_compute`` (SharedCache,
+    KindView, TieredCache): the decorator, or ``fn`` decorated."""
+    seconds("timeout", options["timeout"], none=True, zero=True)
+
+    def decorate(f: Callable[..., Awaitable[R]]) -> Any:
+        return _AsyncMemo(cache, cache.memoize(f, **options))
+
+    return decorate if fn is None else decorate(fn)
 
 
 class _AsyncMemo:

@@ -245,8 +245,8 @@ def test_tiered_stale_copy_is_never_stored(hosts, monkeypatch):
     a.tier.put("k", make_value("k", 1, 16))
     read = b.tier._remote.read
 
-    def slow_read(kb):
-        found = read(kb)  # version 1
+    def slow_read(kb):  # steps, as Remote.read's (shmcache/tier/steps.py)
+        found = yield from read(kb)  # version 1
         a.tier.put("k", make_value("k", 2, 16))
         v2 = a.tier.get_with_version("k")[1]
         eventually(lambda: _mark(b, "k") == v2, what="b applying a's invalidation")

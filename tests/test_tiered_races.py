@@ -25,8 +25,8 @@ def _delay_read(monkeypatch, host, between):
     read = host.tier._remote.read
     done = []
 
-    def slow_read(kb):
-        found = read(kb)
+    def slow_read(kb):  # steps, as Remote.read's (shmcache/tier/steps.py)
+        found = yield from read(kb)
         if not done:
             done.append(1)
             between()
@@ -96,10 +96,10 @@ def test_tiered_value_stored_before_the_lock_is_not_computed_again(hosts, monkey
     runs = []
     try_lock = b.tier._remote.try_lock
 
-    def late_lock(kb, token, lease_ms):
+    def late_lock(kb, token, lease_ms):  # steps, as Remote.try_lock's
         if not runs:
             a.tier.get_or_compute("k", lambda: runs.append("a") or "a's")
-        return try_lock(kb, token, lease_ms)
+        return (yield from try_lock(kb, token, lease_ms))
 
     monkeypatch.setattr(b.tier._remote, "try_lock", late_lock)
     assert b.tier.get_or_compute("k", lambda: runs.append("b") or "b's") == "a's"

@@ -17,26 +17,34 @@ import time
 from ..errors import ComputeTimeout, RemoteError
 from ..mapping import MISSING
 from .layout import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
+from .steps import CALL, SLEEP, run
 
 WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
 
 
 class Lease:
     """A host's compute lock for the duration of a ``with``: renewed every third of the lease from a thread, and
-    released at the end (only if still ours), so a waiting host takes over at once."""
+    released at the end (only if still ours), so a waiting host takes over at once. ``blocking`` (the synchronous
+    API): the exit waits for the release; else (the asyncio API: an event loop must not block, nor a cancellation
+    wait) the thread releases it as it ends, moments later."""
 
-    def __init__(self, remote, kb: bytes, token: bytes, lease_ms: int) -> None:
+    def __init__(self, remote, kb: bytes, token: bytes, lease_ms: int, blocking: bool = True) -> None:
         self._remote, self._kb, self._token, self._lease_ms = remote, kb, token, lease_ms
+        self._blocking = blocking
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="shmcache-lease", daemon=True)
 
     def _renew(self) -> None:
-        while not self._done.wait(self._lease_ms / 3000):
-            try:
-                if not self._remote.renew(self._kb, self._token, self._lease_ms):
-                    return  # lost (expired while Redis was away): another host may compute too, harmlessly
-            except RemoteError:
-                pass
+        try:
+            while not self._done.wait(self._lease_ms / 3000):
+                try:
+                    if not run(self._remote.renew(self._kb, self._token, self._lease_ms), self._remote):
+                        return  # lost (expired while Redis was away): another host may compute too, harmlessly
+                except RemoteError:
+                    pass
+        finally:
+            if not self._blocking:
+                _unlock(self._remote, self._kb, self._token)
 
     def __enter__(self) -> Lease:
         self._thread.start()
@@ -44,8 +52,9 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self._done.set()
-        self._thread.join(5)
-        _unlock(self._remote, self._kb, self._token)
+        if self._blocking:
+            self._thread.join(5)
+            _unlock(self._remote, self._kb, self._token)
 
 
 class RedisDown(Exception):
@@ -57,32 +66,32 @@ class RedisDown(Exception):
         self.error = error
 
 
-def _ask(call, *args):
+def _ask(steps):
     try:
-        return call(*args)
+        return (yield from steps)
     except RemoteError as exc:
         raise RedisDown(exc) from exc
 
 
 def compute(remote, fetch, put_computed, row, lease_ms: int, key, kb: bytes, fn, deadline: float | None,
-            ttl: float):
-    """The value of ``key`` from Redis, or computed by this host under the fleet's lock and written through.
-    A TieredCache's parts: ``remote`` (a ``remote.Remote``), ``fetch(kb, count_miss)`` (Redis's value copied
-    locally, or MISSING), ``put_computed(key, value, ttl)`` (the write-through), ``row`` (its stats row) and
-    ``lease_ms`` (the lock's lease). Raises RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past
-    ``deadline``."""
+            ttl: float, blocking: bool = True):
+    """Steps (``steps.py``) whose result is the value of ``key`` from Redis, or computed by this host under the
+    fleet's lock and written through. A TieredCache's parts: ``remote`` (a ``remote.Remote``), ``fetch(kb,
+    count_miss)`` (steps: Redis's value copied locally, or MISSING), ``put_computed(key, value, ttl)`` (steps: the
+    write-through), ``row`` (its stats row) and ``lease_ms`` (the lock's lease); ``blocking``: see ``Lease``. Raises
+    RedisDown when Redis fails before ``fn`` runs, ComputeTimeout past ``deadline``."""
     token = os.urandom(16)
     pause, waited = WAIT_FIRST_S, False
     while True:
-        value = _ask(fetch, kb, not waited)
+        value = yield from _ask(fetch(kb, not waited))
         if value is not MISSING:
             return value
-        if _ask(remote.try_lock, kb, token, lease_ms):
+        if (yield from _ask(remote.try_lock(kb, token, lease_ms))):
             # The computer may have stored its value and released the lock between the read above and this lock:
             # one more read, now that no other host can be computing.
-            value = _ask(fetch, kb, False)
+            value = yield from _ask(fetch(kb, False))
             if value is not MISSING:
-                _unlock(remote, kb, token)
+                yield from _unlocking(remote, kb, token)
                 return value
             break
         if not waited:
@@ -91,19 +100,23 @@ def compute(remote, fetch, put_computed, row, lease_ms: int, key, kb: bytes, fn,
         if deadline is not None and time.monotonic() >= deadline:
             raise ComputeTimeout("another host has been computing this key for too long", what="get_or_compute",
                                  hint="raise timeout=, or look at the computing host")
-        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        yield SLEEP, (pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, WAIT_MAX_S)
     if waited:
         row[C_LOCK_TAKEOVERS] += 1
     row[C_COMPUTATIONS] += 1
-    with Lease(remote, kb, token, lease_ms):
-        value = fn()
-        put_computed(key, value, ttl)
+    with Lease(remote, kb, token, lease_ms, blocking):
+        value = yield CALL, fn
+        yield from put_computed(key, value, ttl)
     return value
 
 
-def _unlock(remote, kb: bytes, token: bytes) -> None:
+def _unlocking(remote, kb: bytes, token: bytes):
     try:
-        remote.unlock(kb, token)
+        yield from remote.unlock(kb, token)
     except RemoteError:
         pass  # it expires by itself
+
+
+def _unlock(remote, kb: bytes, token: bytes) -> None:
+    run(_unlocking(remote, kb, token), remote)

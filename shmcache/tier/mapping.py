@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..codec import encode_key
-from ..errors import RemoteError
 from ..keys import decode_key
 from ..mapping import MISSING, ItemAccess, pairs_of
-from .layout import C_LOCAL_HITS, C_LOCAL_MISSES
+from .layout import C_LOCAL_HITS
 from .remote import log
+from .steps import LOCAL
 
 if TYPE_CHECKING:
     from ..kinds import KindView
@@ -39,18 +39,20 @@ class TierMapping(ItemAccess):
 
         def _check_open(self) -> None: ...
         def _decode(self, kb: bytes, blob: bytes) -> Any: ...
-        def _fetch(self, kb: bytes, count_miss: bool = True) -> Any: ...
+        def _get_remote(self, kb: bytes, default: Any) -> Any: ...
+        def _put(self, key: Any, value: Any, ttl: float | None) -> Any: ...
+        def _run(self, steps) -> Any: ...
         def add(self, key: Any, value: Any, ttl: float | None = None) -> bool: ...
         def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]: ...
 
     def __len__(self) -> int:
         """The namespace's keys in Redis (a SCAN: costs a pass over the namespace)."""
         self._check_open()
-        return len(self._remote.scan())
+        return len(self._run(self._remote.scan()))
 
     def _keys(self) -> list:
         self._check_open()
-        return [k for _, k in self._scanned(self._remote.scan())]
+        return [k for _, k in self._scanned(self._run(self._remote.scan()))]
 
     def _scanned(self, kbs: list) -> list:
         """(encoded key, key) of the keys found; one that is no key's encoding (another writer's) is skipped."""
@@ -66,8 +68,8 @@ class TierMapping(ItemAccess):
     def _items(self) -> list:
         """The pairs of the keys a scan finds, each value read once (one pipeline); no copy is made locally."""
         self._check_open()
-        found = self._scanned(self._remote.scan())
-        blobs = self._remote.read_many([kb for kb, _ in found])
+        found = self._scanned(self._run(self._remote.scan()))
+        blobs = self._run(self._remote.read_many([kb for kb, _ in found]))
         out = []
         for (kb, key), blob in zip(found, blobs):
             decoded = None if blob is None else self._decode(kb, blob)
@@ -99,34 +101,32 @@ class TierMapping(ItemAccess):
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """``[get(k, default) for k in keys]``: the host's copies in one hold of the local lock, the rest fetched
         from Redis key by key as get does."""
+        return self._run(self._get_many(list(keys), default))
+
+    def _get_many(self, keys: list, default: Any):
         self._check_open()
-        keys = list(keys)
-        values = self._kind.get_many(keys, MISSING)
+        values = yield LOCAL, self._kind.get_many, (keys, MISSING)
         row = self._row
         for i, value in enumerate(values):
             if value is not MISSING:
                 row[C_LOCAL_HITS] += 1
                 continue
-            row[C_LOCAL_MISSES] += 1
-            try:
-                value = self._fetch(encode_key(keys[i]))
-            except RemoteError:
-                if self.strict:
-                    raise
-                value = MISSING
-            values[i] = default if value is MISSING else value
+            values[i] = yield from self._get_remote(encode_key(keys[i]), default)
         return values
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """``put`` of every (key, value) of ``items`` (a mapping, or an iterable of pairs), in order."""
+        self._run(self._put_many(items, ttl))
+
+    def _put_many(self, items, ttl):
         for key, value in pairs_of(items):
-            self.put(key, value, ttl)
+            yield from self._put(key, value, ttl)
 
     def ttl(self, key: Any) -> float | None:
         """Seconds ``key`` has left to live in Redis, or None if it never expires. Needs Redis (RemoteError
         otherwise). :raises KeyError: if Redis does not have the key."""
         self._check_open()
-        ms = self._remote.pttl(encode_key(key))
+        ms = self._run(self._remote.pttl(encode_key(key)))
         if ms == -2:
             raise KeyError(key)
         return None if ms < 0 else max(ms, 1) / 1000
@@ -134,7 +134,7 @@ class TierMapping(ItemAccess):
     def _count_prefix(self, prefix: bytes) -> int:
         """Keys of the namespace in Redis whose encoding starts with ``prefix`` (memoize's ``currsize``)."""
         self._check_open()
-        return len(self._remote.scan(prefix))
+        return len(self._run(self._remote.scan(prefix)))
 
     def _maxsize(self):
         return None  # Redis's own maxmemory bounds the namespace, not a count

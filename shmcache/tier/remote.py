@@ -14,17 +14,20 @@ The caller passes the stats row of its process (``stats.py``); nothing here take
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import socket
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import Any
 
 from ..codec import xxh3 as _xxh
 from ..errors import RemoteError
 from ..layout.dtypes import MAX_REMOTE_VERSION
+from .steps import REDIS
 from .layout import (
     C_LATENCY, C_REMOTE_CALLS, C_REMOTE_ERRORS, C_REMOTE_NS, C_REMOTE_SKIPPED, C_REMOTE_TIMEOUTS, LATENCY_BUCKETS,
     F_EXPIRES, F_KNOWN, LATENCY_PER_OCTAVE, MESSAGE_HEADER, OP_CLEAR, PAYLOAD_HEADER, REMOTE_HEADER, REMOTE_MAGIC,
@@ -158,16 +161,25 @@ def _outage_classes(redis) -> tuple:
     return tuple(c for c in (getattr(redis.exceptions, n, None) for n in names) if c is not None)
 
 
-def connect(url: str, *, timeout: float, cluster: bool):
-    """A redis-py client for ``url`` whose calls give up after ``timeout`` seconds and are not retried by redis-py
-    (this module decides when to ask again), except that a cluster client follows one redirection (a slot that
-    moved: MOVED, ASK). Connections use TCP keepalive, so a peer that vanished without a word is noticed."""
+def connect(url: str, *, timeout: float, cluster: bool, asyncio: bool = False):
+    """A redis-py client for ``url`` (``asyncio``: of redis-py's asyncio API) whose calls give up after ``timeout``
+    seconds and are not retried by redis-py (this module decides when to ask again), except that a cluster client
+    follows one redirection (a slot that moved: MOVED, ASK). Connections use TCP keepalive, so a peer that vanished
+    without a word is noticed."""
     redis = redis_py()
     from redis.backoff import NoBackoff
+
+    options: dict[str, Any] = dict(socket_timeout=timeout, socket_connect_timeout=timeout, socket_keepalive=True,
+                                   socket_keepalive_options=_KEEPALIVE)
+    if asyncio:
+        import redis.asyncio as aredis
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        if cluster:
+            return aredis.RedisCluster.from_url(url, retry=AsyncRetry(NoBackoff(), 1), **options)
+        return aredis.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)
     from redis.retry import Retry
 
-    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, socket_keepalive=True,
-                   socket_keepalive_options=_KEEPALIVE)
     if cluster:
         return redis.RedisCluster.from_url(url, retry=Retry(NoBackoff(), 1), **options)
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
@@ -226,13 +238,26 @@ def _glob_escape(data: bytes) -> bytes:
     return bytes(out)
 
 
-class Remote:
-    """One namespace of one Redis deployment, as this process talks to it."""
+_SCRIPTS = (_WRITE, _DELETE, _TOUCH, _UNLOCK, _RENEW)
+S_WRITE, S_DELETE, S_TOUCH, S_UNLOCK, S_RENEW = range(len(_SCRIPTS))
 
-    def __init__(self, factory, namespace: str, rows, *, retry_interval: float) -> None:
+
+class Remote:
+    """One namespace of one Redis deployment, as this process talks to it.
+
+    Its operations are written once, as generators of steps (``steps.py``): each Redis call is a ``(REDIS, what,
+    fn)`` step, ``fn(client, scripts)`` making the call on a client and the scripts registered with it; the
+    synchronous API runs them with redis-py's client (``call``), the asyncio API with its asyncio client
+    (``acall``). Both count, time and contain the calls alike, and share one outage state."""
+
+    def __init__(self, factory, namespace: str, rows, *, retry_interval: float, afactory=None) -> None:
         self._factory = factory  # () -> a redis-py client; called on first use, so a Redis down at start is contained
+        # () -> a redis-py asyncio client, or None: the asyncio API then runs the synchronous calls in a thread
+        self._afactory = afactory
         self._client = None
         self._scripts: list[Any] = []  # registered with the client (Redis's script objects)
+        # One asyncio client per event loop: an asyncio client's connections belong to the loop that made them.
+        self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.ns = namespace.encode()
         self.prefix = KEY_PREFIX + self.ns + b":"
         self.lock_prefix = LOCK_PREFIX + self.ns + b":"
@@ -242,7 +267,7 @@ class Remote:
         self._down_until = 0.0
         self._down = False
         self._logged: dict[str, float] = {}
-        self._lock = threading.Lock()  # guards the client's creation and the outage state
+        self._lock = threading.Lock()  # guards the clients' creation and the outage state
 
     @property
     def client(self):
@@ -254,47 +279,93 @@ class Remote:
                     if self._skipping():
                         raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
                     client = self._factory()
-                    self._scripts = [client.register_script(s) for s in (_WRITE, _DELETE, _TOUCH, _UNLOCK, _RENEW)]
+                    self._scripts = [client.register_script(s) for s in _SCRIPTS]
                     self._client = client
         return self._client
+
+    def _aclient(self, loop) -> tuple:
+        """(the asyncio client of ``loop``, its scripts), made on first use in that loop."""
+        got = self._aclients.get(loop)
+        if got is None:
+            if self._skipping():
+                raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
+            client = self._afactory()
+            got = self._aclients[loop] = (client, [client.register_script(s) for s in _SCRIPTS])
+        return got
 
     def _skipping(self) -> bool:
         return self._down and time.monotonic() < self._down_until
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._aclients = weakref.WeakKeyDictionary()  # the parent's loops do not run here
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+        # The asyncio clients' connections go with their loops (a loop not running cannot close them).
+        self._aclients = weakref.WeakKeyDictionary()
+
+    async def aclose(self) -> None:
+        """Close the running loop's asyncio client, if it made one."""
+        got = self._aclients.pop(asyncio.get_running_loop(), None)
+        if got is not None:
+            await got[0].aclose()
 
     # --------------------------------------------------------------------------- containment
 
-    def _call(self, what: str, fn, *args, **kwargs):
-        """``fn(client, *args, **kwargs)``, timed and counted; a failure becomes RemoteError."""
-        row = self.rows.row
+    def _skipped(self, what: str) -> RemoteError:
+        self.rows.row[C_REMOTE_SKIPPED] += 1
+        return RemoteError(f"Redis failed less than {self.retry_interval:g} s ago; not asked again yet",
+                           what=what, hint="the cache retries by itself; see the log for the failure")
+
+    def call(self, what: str, fn):
+        """``fn(client, scripts)``, timed and counted; a failure becomes RemoteError."""
         if self._skipping():
-            row[C_REMOTE_SKIPPED] += 1
-            raise RemoteError(f"Redis failed less than {self.retry_interval:g} s ago; not asked again yet",
-                              what=what, hint="the cache retries by itself; see the log for the failure")
+            raise self._skipped(what)
         t0 = time.perf_counter_ns()
         try:
-            result = fn(self.client, *args, **kwargs)
+            result = fn(self.client, self._scripts)
         except RemoteError:
-            row[C_REMOTE_SKIPPED] += 1  # from ``client``: the circuit opened while this thread waited to make it
+            self.rows.row[C_REMOTE_SKIPPED] += 1  # from ``client``: the circuit opened while this thread waited
             raise
         except Exception as exc:  # whatever redis-py raises (its own errors, OSError, and its bugs) is contained
-            self._failed(what, exc)
-            raise RemoteError(f"Redis {what} failed: {exc!r}", what=what,
-                              hint="check that Redis is up and reachable; raise timeout= if it is merely slow"
-                              ) from exc
+            raise self._contained(what, exc) from exc
+        self._done(t0)
+        return result
+
+    async def acall(self, what: str, fn):
+        """``call``, awaited: ``fn`` given this loop's asyncio client, or, without an asyncio client (a client
+        passed in), ``call`` in a worker thread. A cancellation passes through, uncounted."""
+        if self._afactory is None:
+            return await asyncio.to_thread(self.call, what, fn)
+        if self._skipping():
+            raise self._skipped(what)
+        t0 = time.perf_counter_ns()
+        try:
+            client, scripts = self._aclient(asyncio.get_running_loop())
+            result = await fn(client, scripts)
+        except RemoteError:
+            self.rows.row[C_REMOTE_SKIPPED] += 1
+            raise
+        except Exception as exc:
+            raise self._contained(what, exc) from exc
+        self._done(t0)
+        return result
+
+    def _done(self, t0: int) -> None:
+        row = self.rows.row
         ns = time.perf_counter_ns() - t0
         row[C_REMOTE_CALLS] += 1
         row[C_REMOTE_NS] += ns
         row[C_LATENCY + _bucket(ns)] += 1
         if self._down:
             self._recovered()
-        return result
+
+    def _contained(self, what: str, exc: Exception) -> RemoteError:
+        self._failed(what, exc)
+        return RemoteError(f"Redis {what} failed: {exc!r}", what=what,
+                           hint="check that Redis is up and reachable; raise timeout= if it is merely slow")
 
     def _failed(self, what: str, exc: Exception) -> None:
         redis = redis_py()
@@ -342,7 +413,7 @@ class Remote:
         if was:
             log.warning("shmcache: Redis answers again")
 
-    # --------------------------------------------------------------------------- values
+    # --------------------------------------------------------------------------- values (steps: see the class)
 
     def key(self, kb: bytes) -> bytes:
         return self.prefix + kb
@@ -351,12 +422,12 @@ class Remote:
         """(blob, ms to live or -1) of the key, or None. One GET, and a PTTL only for a value given a time to live
         (a script returning both would copy the value twice more inside Redis: 3x slower for 150 KB)."""
         key = self.prefix + kb
-        blob = self._call("get", lambda c: c.get(key))
+        blob = yield REDIS, "get", lambda c, s: c.get(key)
         if blob is None:
             return None
         if blob[:3] != REMOTE_MAGIC or len(blob) < REMOTE_HEADER.size or not blob[REMOTE_HEADER.size - 1] & F_EXPIRES:
             return blob, -1
-        ms = self._call("get", lambda c: c.pttl(key))
+        ms = yield REDIS, "get", lambda c, s: c.pttl(key)
         if type(ms) is not int or ms < -2:
             ms = 0  # a reply out of range: the value is returned, and no copy of it kept
         return None if ms == -2 else (blob, ms)  # -2: gone in between
@@ -365,15 +436,15 @@ class Remote:
         """Write and publish; the new version (UNKNOWN_VERSION if out of range), or None if ``mode``'s condition
         failed (add: present; replace: absent; cas: ``expected`` is not the current version). ``ttl_ms``: 0 none, -1
         keep the key's."""
-        v = self._call("write", lambda c: self._scripts[0](keys=[self.prefix + kb],
-                                                           args=[self.channel, kb, payload, ttl_ms, mode, expected]))
+        keys, args = [self.prefix + kb], [self.channel, kb, payload, ttl_ms, mode, expected]
+        v = yield REDIS, "write", lambda c, s: s[S_WRITE](keys=keys, args=args)
         return None if v is None else self._version(v, "write")
 
     def delete(self, kb: bytes, want_value: bool = False):
         """Delete and publish; None if absent, else the new version, or (``want_value``) the new version and the
         value removed. A version out of range is UNKNOWN_VERSION."""
-        found = self._call("delete", lambda c: self._scripts[1](keys=[self.prefix + kb],
-                                                               args=[self.channel, kb, "1" if want_value else "0"]))
+        keys, args = [self.prefix + kb], [self.channel, kb, "1" if want_value else "0"]
+        found = yield REDIS, "delete", lambda c, s: s[S_DELETE](keys=keys, args=args)
         if found is None:
             return None
         if want_value:
@@ -386,77 +457,126 @@ class Remote:
     def touch(self, kb: bytes, ttl_ms: int):
         """Set the time to live (0: none) and publish; the new version (UNKNOWN_VERSION if out of range), or None if
         absent."""
-        v = self._call("touch", lambda c: self._scripts[2](keys=[self.prefix + kb], args=[self.channel, kb, ttl_ms]))
+        keys, args = [self.prefix + kb], [self.channel, kb, ttl_ms]
+        v = yield REDIS, "touch", lambda c, s: s[S_TOUCH](keys=keys, args=args)
         return None if v is None else self._version(v, "touch")
 
-    def clear(self, match_prefix: bytes = b"") -> int:
+    def clear(self, match_prefix: bytes = b""):
         """Delete every key of the namespace (whose encoded key starts with ``match_prefix``); how many. One
         OP_CLEAR message tells the hosts to drop their copies. Not atomic: a write racing the scan may survive."""
         pattern = _glob_escape(self.prefix + match_prefix) + b"*"
-        n = 0
+        message = MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix
 
-        def run(client):
-            nonlocal n
+        def run(client, scripts):
+            n = 0
             batch = []
             try:
                 for key in client.scan_iter(match=pattern, count=CLEAR_BATCH):
                     batch.append(key)
                     if len(batch) == CLEAR_BATCH:
-                        n += self._unlink(client, batch)
+                        n += _unlink(client, batch)
                         batch = []
                 if batch:
-                    n += self._unlink(client, batch)
+                    n += _unlink(client, batch)
             finally:  # also when cut short: what was unlinked must not stay cached on the hosts
-                client.publish(self.channel, MESSAGE_HEADER.pack(OP_CLEAR, 0.0) + match_prefix)
+                client.publish(self.channel, message)
+            return n
 
-        self._call("clear", run)
-        return n
+        async def arun(client, scripts):  # run's twin for an asyncio client
+            n = 0
+            batch = []
+            try:
+                async for key in client.scan_iter(match=pattern, count=CLEAR_BATCH):
+                    batch.append(key)
+                    if len(batch) == CLEAR_BATCH:
+                        n += await _aunlink(client, batch)
+                        batch = []
+                if batch:
+                    n += await _aunlink(client, batch)
+            finally:
+                await client.publish(self.channel, message)
+            return n
 
-    @staticmethod
-    def _unlink(client, keys: list) -> int:
-        # One command per key: keys of a namespace lie in many cluster slots, and a multi-key UNLINK must not
-        # cross slots. A pipeline keeps it to one round trip per node.
-        pipe = client.pipeline(transaction=False)
-        for k in keys:
-            pipe.unlink(k)
-        return sum(pipe.execute())
+        return (yield REDIS, "clear", _twins(run, arun))
 
-    def scan(self, match_prefix: bytes = b"") -> list[bytes]:
+    def scan(self, match_prefix: bytes = b""):
         """The encoded keys of the namespace (those starting with ``match_prefix``) that a SCAN finds, each once:
         every key present for the whole scan is there; one written or deleted meanwhile may or may not be."""
         pattern = _glob_escape(self.prefix + match_prefix) + b"*"
         n = len(self.prefix)
-        return self._call("scan", lambda c: list(dict.fromkeys(k[n:] for k in c.scan_iter(match=pattern,
-                                                                                          count=CLEAR_BATCH))))
 
-    def read_many(self, kbs: list) -> list:
+        def run(client, scripts):
+            return list(dict.fromkeys(k[n:] for k in client.scan_iter(match=pattern, count=CLEAR_BATCH)))
+
+        async def arun(client, scripts):
+            return list(dict.fromkeys([k[n:] async for k in client.scan_iter(match=pattern, count=CLEAR_BATCH)]))
+
+        return (yield REDIS, "scan", _twins(run, arun))
+
+    def read_many(self, kbs: list):
         """The stored blob of each key (None if absent), in one pipeline: a round trip per node."""
-        def run(client):
+        if not kbs:
+            return []
+        keys = [self.prefix + kb for kb in kbs]
+
+        def run(client, scripts):  # the pipeline's execute() is awaitable on an asyncio client
             pipe = client.pipeline(transaction=False)
-            for kb in kbs:
-                pipe.get(self.prefix + kb)
+            for key in keys:
+                pipe.get(key)
             return pipe.execute()
 
-        return self._call("get", run) if kbs else []
+        return (yield REDIS, "get", run)
 
-    def pttl(self, kb: bytes) -> int:
+    def pttl(self, kb: bytes):
         """The key's time to live in ms: -1 none, -2 absent (Redis's PTTL)."""
-        return self._call("ttl", lambda c: c.pttl(self.prefix + kb))
+        key = self.prefix + kb
+        return (yield REDIS, "ttl", lambda c, s: c.pttl(key))
+
+    def exists(self, kb: bytes):
+        key = self.prefix + kb
+        return bool((yield REDIS, "exists", lambda c, s: c.exists(key)))
 
     # --------------------------------------------------------------------------- the fleet-wide compute lock
 
-    def exists(self, kb: bytes) -> bool:
-        return bool(self._call("exists", lambda c: c.exists(self.prefix + kb)))
+    def try_lock(self, kb: bytes, token: bytes, lease_ms: int):
+        key = self.lock_prefix + kb
+        return bool((yield REDIS, "lock", lambda c, s: c.set(key, token, nx=True, px=lease_ms)))
 
-    def try_lock(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
-        return bool(self._call("lock", lambda c: c.set(self.lock_prefix + kb, token, nx=True, px=lease_ms)))
+    def renew(self, kb: bytes, token: bytes, lease_ms: int):
+        keys, args = [self.lock_prefix + kb], [token, lease_ms]
+        return bool((yield REDIS, "lock", lambda c, s: s[S_RENEW](keys=keys, args=args)))
 
-    def renew(self, kb: bytes, token: bytes, lease_ms: int) -> bool:
-        script = self._scripts[4]
-        return bool(self._call("lock", lambda c: script(keys=[self.lock_prefix + kb], args=[token, lease_ms])))
+    def unlock(self, kb: bytes, token: bytes):
+        keys, args = [self.lock_prefix + kb], [token]
+        yield REDIS, "unlock", lambda c, s: s[S_UNLOCK](keys=keys, args=args)
 
-    def unlock(self, kb: bytes, token: bytes) -> None:
-        self._call("unlock", lambda c: self._scripts[3](keys=[self.lock_prefix + kb], args=[token]))
+
+def _twins(run, arun):
+    """A step's call made by ``run(client, scripts)`` on a client, by ``arun`` on an asyncio client."""
+    def call(client, scripts):
+        return arun(client, scripts) if _is_async(client) else run(client, scripts)
+    return call
+
+
+def _is_async(client) -> bool:
+    return type(client).__module__.startswith("redis.asyncio")
+
+
+def _unlink(client, keys: list) -> int:
+    # One command per key: keys of a namespace lie in many cluster slots, and a multi-key UNLINK must not cross
+    # slots. A pipeline keeps it to one round trip per node.
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command("UNLINK", k)
+    return sum(pipe.execute())
+
+
+async def _aunlink(client, keys: list) -> int:
+    # (execute_command: an asyncio cluster pipeline's unlink() is a coroutine of its own, splitting keys by slot)
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command("UNLINK", k)
+    return sum(await pipe.execute())
 
 
 def _bucket(ns: int) -> int:

@@ -18,15 +18,16 @@ they always need Redis.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from .. import flight, memo, ofd
+from .. import aio, flight, memo, ofd
 from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, parts, seconds, ttl_ns
 from ..codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
 from ..errors import ClosedError, PinnedError, RemoteError, SerializerMismatch, TooLargeError
@@ -42,6 +43,7 @@ from .layout import (
 from .listener import Calls, Listener
 from .mapping import TierMapping
 from .remote import UNKNOWN_VERSION, Remote, check_url, redis_py, connect, pack_payload, remote_version, unpack_value
+from .steps import CALL, LOCAL, arun, run
 from .stats import Rows, TierStats
 
 if TYPE_CHECKING:
@@ -75,11 +77,14 @@ class TieredCache(TierMapping):
         how long other hosts wait before taking over from a computing host that died.
     :param default_ttl: time to live of values stored without ``ttl=`` (0: never expire).
     :param cluster: ``remote`` is a Redis Cluster URL (ignored when ``remote`` is a client).
+    :param async_remote: with ``remote`` a client, the redis-py asyncio client (``redis.asyncio``) the ``a*``
+        methods use, in the loop it belongs to; without one they make the Redis calls in a worker thread. With
+        ``remote`` a URL, each event loop gets an asyncio client of its own, made on its first call.
     """
 
     def __init__(self, local: SharedCache, remote: Any, *, namespace: str, max_age: float = 60.0, timeout: float = 0.1,
                  retry_interval: float = 1.0, strict: bool = False, lock_lease: float = 10.0,
-                 default_ttl: float = 0.0, cluster: bool = False) -> None:
+                 default_ttl: float = 0.0, cluster: bool = False, async_remote: Any = None) -> None:
         if not isinstance(local, SharedCache):
             raise TypeError(f"local must be a SharedCache, got {type(local).__name__}")
         if not isinstance(namespace, str) or not 0 < len(namespace) <= MAX_NAMESPACE \
@@ -117,12 +122,21 @@ class TieredCache(TierMapping):
                 raise TypeError("remote must be a redis:// URL or a redis-py client made without decode_responses")
             client = remote
             factory = lambda: client  # noqa: E731
+            afactory = None
+            if async_remote is not None:
+                if not type(async_remote).__module__.startswith("redis.asyncio") \
+                        or async_remote.get_encoder().decode_responses:
+                    raise TypeError("async_remote must be a redis.asyncio client made without decode_responses")
+                afactory = lambda: async_remote  # noqa: E731
         else:
+            if async_remote is not None:
+                raise TypeError("async_remote goes with a client as remote; with a URL, each loop makes its own")
             factory = lambda: connect(remote, timeout=timeout, cluster=cluster)  # noqa: E731
+            afactory = lambda: connect(remote, timeout=timeout, cluster=cluster, asyncio=True)  # noqa: E731
         # The local cache's trust: the stats segment may be owned by whom the cache may, and is as open as it.
         self._rows = Rows(local.name, namespace, self._local.seg.trust)
         self._row = self._rows.row  # the hot path's copy of it, kept in step by fork and close
-        self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval)
+        self._remote = Remote(factory, namespace, self._rows, retry_interval=retry_interval, afactory=afactory)
         self._listener_box: list = [None]
         self._owns_local = False  # True when unpickling opened the local handle (closed with this one)
         self._state = _READY
@@ -132,27 +146,42 @@ class TieredCache(TierMapping):
                                            self._url is not None)
         self._listen()
 
+    # Each operation below is written once, as steps (``steps.py``): ``_x`` is the generator, ``x`` runs it with
+    # blocking calls (``_run``) and ``ax`` awaits it (``_arun``, aio.py's rules: see the asyncio section).
+
+    def _run(self, steps) -> Any:
+        return run(steps, self._remote)
+
+    async def _arun(self, steps) -> Any:
+        return await arun(steps, self._remote, self.local)
+
     # ------------------------------------------------------------------------------------------- reads
+
+    def _local_key(self, key: Any) -> bytes:
+        if type(key) is str:  # encoded here, inline: a local hit should cost what a SharedCache get does
+            try:
+                return self._kprefix + key.encode()
+            except UnicodeEncodeError:
+                pass  # encode_key raises the TypeError
+        return self._kprefix + encode_key(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``: from the local cache if it has a copy, else from Redis (and copied locally), else
         ``default``. With Redis unavailable, a local miss returns ``default`` (``strict``: raises RemoteError)."""
         if self._state is not _READY:
             self._revive()
-        if type(key) is str:  # encoded here, inline: a local hit should cost what a SharedCache get does
-            try:
-                lkb = self._kprefix + key.encode()
-            except UnicodeEncodeError:
-                lkb = self._kprefix + encode_key(key)  # raises the TypeError
-        else:
-            lkb = self._kprefix + encode_key(key)
+        lkb = self._local_key(key)
         value = self.local.get(EncodedKey(lkb), MISSING)
         if value is not MISSING:
             self._row[C_LOCAL_HITS] += 1
             return value
+        return self._run(self._get_remote(lkb[2:], default))
+
+    def _get_remote(self, kb: bytes, default: Any):
+        """A local miss's rest: counted, then Redis's value, or ``default``."""
         self._row[C_LOCAL_MISSES] += 1
         try:
-            value = self._fetch(lkb[2:])
+            value = yield from self._fetch(kb)
         except RemoteError:
             if self.strict:
                 raise
@@ -163,8 +192,8 @@ class TieredCache(TierMapping):
         """The value of ``kb`` from Redis, copied into the local cache, or MISSING if Redis has none (or one that
         is not valid). Counts the remote hit or miss; raises RemoteError."""
         t0 = time.monotonic()  # before the mark: the deadline must fall within the mark's life
-        generation = self._begin(kb)
-        found = self._remote.read(kb)
+        generation = yield from self._begin(kb)
+        found = yield from self._remote.read(kb)
         decoded = None if found is None else self._decode(kb, found[0])
         if decoded is None:
             if count_miss:
@@ -176,7 +205,7 @@ class TieredCache(TierMapping):
         if found[1] >= 0:
             ttl = min(ttl, found[1] / 1000)
         if ttl > 0:
-            self._keep(kb, tag, body, version, ttl, t0 + self._fill_s, generation)
+            yield from self._keep(kb, tag, body, version, ttl, t0 + self._fill_s, generation)
         return value
 
     def _begin(self, kb: bytes):
@@ -184,8 +213,8 @@ class TieredCache(TierMapping):
         cannot hold the mark (a key too large for it, or all its room pinned): then no copy is stored."""
         mkb = self._mprefix + kb
         try:
-            return self._local.guard.run(copies.begin_fill_locked, self._local.store, mkb, fingerprint(mkb),
-                                      ttl_ns(self._mark_s))
+            return (yield LOCAL, self._local.guard.run, (copies.begin_fill_locked, self._local.store, mkb,
+                                                         fingerprint(mkb), ttl_ns(self._mark_s)))
         except (TooLargeError, PinnedError):
             return None
 
@@ -199,36 +228,39 @@ class TieredCache(TierMapping):
                                  self._remote.key(kb), self.namespace, exc)
             return None
 
-    def _keep(self, kb: bytes, tag: int, body, version: int, ttl: float, deadline: float, generation) -> None:
+    def _keep(self, kb: bytes, tag: int, body, version: int, ttl: float, deadline: float, generation):
         """Store a copy of Redis version ``version`` for ``ttl`` s, unless it is stale or late (``copies.py``)."""
         if generation is None or version == UNKNOWN_VERSION:  # no mark, or no version: no copy, and an older one
-            self._drop_older(kb, version)  # must not stay
+            yield from self._drop_older(kb, version)  # must not stay
             return
         local = self._local
         mkb = self._mprefix + kb
         try:
             encoded = local.store.encode(None, None, self._kprefix + kb, (tag, body))
-            if not local.guard.run(copies.store_locked, local.store, encoded, mkb, fingerprint(mkb), generation,
-                                   version, ttl_ns(ttl), deadline):
+            if not (yield LOCAL, local.guard.run, (copies.store_locked, local.store, encoded, mkb, fingerprint(mkb),
+                                                   generation, version, ttl_ns(ttl), deadline)):
                 self._row[C_STALE_FILLS] += 1
         except (TooLargeError, PinnedError):  # no room for it, or a view holds the old copy: the old must go
-            self._drop_older(kb, version)
+            yield from self._drop_older(kb, version)
 
-    def _drop_older(self, kb: bytes, version: int) -> None:
+    def _drop_older(self, kb: bytes, version: int):
         """Apply an invalidation of ``version`` to this host's copy of ``kb`` (a version out of range, such as
         UNKNOWN_VERSION, drops the copy and its mark, whatever their versions: see copies.invalidate_locked)."""
         lkb, mkb = self._kprefix + kb, self._mprefix + kb
-        self._local.guard.run(copies.invalidate_locked, self._local.store, lkb, fingerprint(lkb), mkb, fingerprint(mkb),
-                           version)
+        yield LOCAL, self._local.guard.run, (copies.invalidate_locked, self._local.store, lkb, fingerprint(lkb), mkb,
+                                             fingerprint(mkb), version)
 
     def __contains__(self, key: object) -> bool:
         """Whether the key has a value, locally or in Redis (neither counts as a lookup). With Redis unavailable,
         whether this host has a copy (``strict``: RemoteError)."""
+        return self._run(self._contains(key))
+
+    def _contains(self, key: object):
         self._check_open()
-        if KindKey(self._n, key) in self.local:
+        if (yield LOCAL, self.local.__contains__, (KindKey(self._n, key),)):
             return True
         try:
-            return self._remote.exists(encode_key(key))
+            return (yield from self._remote.exists(encode_key(key)))
         except RemoteError:
             if self.strict:
                 raise
@@ -237,9 +269,12 @@ class TieredCache(TierMapping):
     def get_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
         """``(value, version)`` as Redis has them, or ``(default, None)``; the version is what ``cas`` compares.
         Always asks Redis (RemoteError if it is unavailable, strict or not: a version is the fleet's)."""
+        return self._run(self._get_with_version(key, default))
+
+    def _get_with_version(self, key: Any, default: Any):
         self._check_open()
         kb = encode_key(key)
-        found = self._remote.read(kb)
+        found = yield from self._remote.read(kb)
         decoded = None if found is None else self._decode(kb, found[0])
         return (default, None) if decoded is None else (decoded[3], decoded[0])
 
@@ -263,12 +298,12 @@ class TieredCache(TierMapping):
         kb = encode_key(key)
         tag, body = encode_parts(value)
         t0 = time.monotonic()
-        generation = self._begin(kb)
-        version = self._remote.write(kb, pack_payload(kb, tag, body), ttl_ms, mode, expected)
+        generation = yield from self._begin(kb)
+        version = yield from self._remote.write(kb, pack_payload(kb, tag, body), ttl_ms, mode, expected)
         self._row[C_PUTS] += 1
         if version is None:
             return False
-        self._keep(kb, tag, body, version, self._bounded(ttl), t0 + self._fill_s, generation)
+        yield from self._keep(kb, tag, body, version, self._bounded(ttl), t0 + self._fill_s, generation)
         return True
 
     def _bounded(self, ttl: float) -> float:
@@ -279,51 +314,60 @@ class TieredCache(TierMapping):
         """Store ``value`` under ``key`` in Redis and in the local cache (``ttl``: seconds, 0 never, None the
         default); True (a local copy is kept as the local cache's policy admits it). With Redis unavailable, the
         value is kept locally only, for at most ``max_age`` (``strict``: RemoteError), and put says whether it was."""
+        return self._run(self._put(key, value, ttl))
+
+    def _put(self, key, value, ttl):
         try:
-            self._write(key, value, ttl)
+            yield from self._write(key, value, ttl)
         except RemoteError:
             if self.strict:
                 raise
             self._row[C_LOCAL_ONLY_PUTS] += 1
-            return self._kind.put(key, value, self._bounded(self._ttl(ttl)))
+            return (yield LOCAL, self._kind.put, (key, value, self._bounded(self._ttl(ttl))))
         return True
 
-    def _put_computed(self, key, value, ttl: float) -> None:
+    def _put_computed(self, key, value, ttl: float):
         try:
-            self.put(key, value, ttl)
+            yield from self._put(key, value, ttl)
         except TooLargeError:
             pass  # correct to return, impossible to keep
 
     def add(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store only if Redis has no value for ``key``; whether it stored (RemoteError if Redis is unavailable)."""
-        return self._write(key, value, ttl, "add")
+        return self._run(self._write(key, value, ttl, "add"))
 
     def replace(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store only if Redis has a value for ``key``; whether it stored (RemoteError if Redis is unavailable)."""
-        return self._write(key, value, ttl, "replace")
+        return self._run(self._write(key, value, ttl, "replace"))
 
     def cas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
         """Store only if Redis's version of ``key`` is still ``version`` (from ``get_with_version``); whether it
         stored (RemoteError if Redis is unavailable)."""
+        return self._run(self._cas(key, value, version, ttl))
+
+    def _cas(self, key, value, version, ttl):
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int from get_with_version, got {version!r}")
-        return self._write(key, value, ttl, "cas", version)
+        return (yield from self._write(key, value, ttl, "cas", version))
 
     def incr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """Add ``delta`` to the int under ``key`` (absent: start from ``initial``; None: KeyError) and return the
         result; atomic across the fleet (a compare-and-swap loop on Redis), and a counter keeps its time to live.
         A counter is the fleet's: RemoteError if Redis is unavailable, strict or not."""
+        return self._run(self._incr(key, delta, initial))
+
+    def _incr(self, key, delta, initial):
         if type(delta) is not int or (initial is not None and type(initial) is not int):
             raise TypeError("incr needs int delta and initial")
         self._check_open()
         kb = encode_key(key)
         while True:
-            found = self._remote.read(kb)
+            found = yield from self._remote.read(kb)
             if found is None:
                 if initial is None:
                     raise KeyError(key)
                 value = initial + delta
-                done = self._write(key, value, None, "add")
+                done = yield from self._write(key, value, None, "add")
             else:
                 decoded = self._decode(kb, found[0])
                 current = None if decoded is None else decoded[3]
@@ -331,100 +375,112 @@ class TieredCache(TierMapping):
                     what = "an invalid" if decoded is None else f"a {type(current).__name__}"
                     raise TypeError(f"incr on {what} value: only int values can be incremented")
                 value = current + delta
-                done = self._write(key, value, None, "cas", decoded[0], kept_ms=found[1])
+                done = yield from self._write(key, value, None, "cas", decoded[0], kept_ms=found[1])
             if done:
                 return value
 
     def decr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
         """``incr`` by ``-delta``."""
+        return self._run(self._decr(key, delta, initial))
+
+    def _decr(self, key, delta, initial):
         if type(delta) is not int:
             raise TypeError("decr needs an int delta")
-        return self.incr(key, -delta, initial)
+        return (yield from self._incr(key, -delta, initial))
 
     def delete(self, key: Any) -> bool:
         """Remove ``key`` from Redis and from every host's local cache; whether Redis had it. With Redis
         unavailable, only this host's copy goes (``strict``: RemoteError)."""
+        return self._run(self._delete(key))
+
+    def _delete(self, key):
         self._check_open()
         kb = encode_key(key)
         try:
-            version = self._remote.delete(kb)
+            version = yield from self._remote.delete(kb)
         except RemoteError:
             if self.strict:
                 raise
-            return self._drop_copy(kb) is not None
+            return (yield from self._drop_copy(kb)) is not None
         self._row[C_PUTS] += 1
         if version is None:
             return False
-        self._drop_older(kb, version)
+        yield from self._drop_older(kb, version)
         return True
 
     def pop(self, key: Any, default: Any = MISSING) -> Any:
         """Remove ``key`` everywhere and return its value, or ``default`` (also when what Redis held was not a
         valid value); without a default, an absent key raises KeyError. With Redis unavailable, this host's copy
         is popped (``strict``: RemoteError)."""
+        return self._run(self._pop(key, default))
+
+    def _pop(self, key, default):
         self._check_open()
         kb = encode_key(key)
         try:
-            found = self._remote.delete(kb, want_value=True)
+            found = yield from self._remote.delete(kb, want_value=True)
         except RemoteError:
             if self.strict:
                 raise
-            found = self._drop_copy(kb)
+            found = yield from self._drop_copy(kb)
             return _absent(key, default) if found is None else decode_body(*found)
         self._row[C_PUTS] += 1
         if found is None:
             return _absent(key, default)
         version, blob = found
-        self._drop_older(kb, version)
+        yield from self._drop_older(kb, version)
         decoded = self._decode(kb, blob)
         return _absent(key, default) if decoded is None else decoded[3]
 
     def touch(self, key: Any, ttl: float | None = None) -> bool:
         """Give ``key`` a new time to live from now, in Redis; every host drops its copy (which carries the old
         one). Whether Redis had the key. With Redis unavailable, only this host's copy is touched."""
+        return self._run(self._touch(key, ttl))
+
+    def _touch(self, key, ttl):
         self._check_open()
         ttl = self._ttl(ttl)
         kb = encode_key(key)
         try:
-            version = self._remote.touch(kb, math.ceil(ttl * 1000))
+            version = yield from self._remote.touch(kb, math.ceil(ttl * 1000))
         except RemoteError:
             if self.strict:
                 raise
             # The time to live is Redis's to change; this host's copy, which carries the old one, goes.
-            return self._drop_copy(kb) is not None
+            return (yield from self._drop_copy(kb)) is not None
         self._row[C_PUTS] += 1
         if version is not None:
-            self._drop_older(kb, version)
+            yield from self._drop_older(kb, version)
         return version is not None
 
     def _drop_copy(self, kb: bytes):
         """A write Redis could not take, applied to this host's copy: it goes (expired, if a view pins it)."""
         self._row[C_LOCAL_ONLY_PUTS] += 1
         lkb = self._kprefix + kb
-        return self._local.guard.run(copies.drop_locked, self._local.store, lkb, fingerprint(lkb))
+        return (yield LOCAL, self._local.guard.run, (copies.drop_locked, self._local.store, lkb, fingerprint(lkb)))
 
     def clear(self) -> int:  # type: ignore[override]  # (returns how many it removed; dict.clear returns None)
         """Remove every key of the namespace from Redis and every host's copies; how many keys Redis held. Not
         atomic: a write racing the clear may survive it. With Redis unavailable, this host's copies go."""
-        return self._delete_prefix(b"")
+        return self._run(self._delete_prefix(b""))
 
-    def _delete_prefix(self, prefix: bytes) -> int:
+    def _delete_prefix(self, prefix: bytes):
         """Remove the keys whose encoding starts with ``prefix``, everywhere (memoize's ``cache_clear``)."""
         self._check_open()
         try:
-            n = self._remote.clear(prefix)
+            n = yield from self._remote.clear(prefix)
             counted = False  # the clear's message, back at the listener, counts it
         except RemoteError:
             if self.strict:
                 raise
             n, counted = 0, True
-        self._clear_local(prefix, counted)
+        yield from self._clear_local(prefix, counted)
         return n
 
-    def _clear_local(self, prefix: bytes = b"", count: bool = True) -> None:
+    def _clear_local(self, prefix: bytes = b"", count: bool = True):
         """Drop this host's copies (of keys starting with ``prefix``) and every fill in flight."""
-        self._local.guard.run(copies.clear_locked, self._local.store, self._n, self._marks_n, self._kprefix + prefix
-                           if prefix else b"")
+        yield LOCAL, self._local.guard.run, (copies.clear_locked, self._local.store, self._n, self._marks_n,
+                                             self._kprefix + prefix if prefix else b"")
         if count:
             self._row[C_LOCAL_CLEARS] += 1
 
@@ -457,23 +513,31 @@ class TieredCache(TierMapping):
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, MISSING)
                 if value is not MISSING:
-                    self._row[C_LOCAL_MISSES] -= 1  # counted as a hit after all, as SharedCache does
-                    self._row[C_LOCAL_HITS] += 1
+                    self._hit_after_all()
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
                     claim.take(describe, fp, timeout)
-            try:
-                return lease.compute(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms, key,
-                                     kb, fn, deadline, ttl)
-            except lease.RedisDown as down:  # Redis failed; fn's own exceptions, RemoteError included, pass
-                if self.strict:
-                    raise down.error from None
-            self._row[C_COMPUTATIONS] += 1
-            value = fn()
-            self._put_computed(key, value, ttl)
-            return value
+            return self._run(self._compute(key, kb, fn, deadline, ttl, True))
         finally:
             claim.release()
+
+    def _hit_after_all(self) -> None:
+        self._row[C_LOCAL_MISSES] -= 1  # counted as a hit after all, as SharedCache does
+        self._row[C_LOCAL_HITS] += 1
+
+    def _compute(self, key, kb: bytes, fn, deadline, ttl: float, blocking: bool):
+        """get_or_compute's fleet-wide part, with this host's claim held: ``lease.compute``, or, with Redis down,
+        ``fn()`` on this host alone (``strict``: RemoteError)."""
+        try:
+            return (yield from lease.compute(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms,
+                                             key, kb, fn, deadline, ttl, blocking))
+        except lease.RedisDown as down:  # Redis failed; fn's own exceptions, RemoteError included, pass
+            if self.strict:
+                raise down.error from None
+        self._row[C_COMPUTATIONS] += 1
+        value = yield CALL, fn
+        yield from self._put_computed(key, value, ttl)
+        return value
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
@@ -493,10 +557,155 @@ class TieredCache(TierMapping):
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo.Family(self._count_prefix, self._delete_prefix, self._maxsize), f,
+            return memo.memoized(self, memo.Family(self._count_prefix, self._clear_prefix, self._maxsize), f,
                                  name or memo.function_name(f), timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
+
+    def _clear_prefix(self, prefix: bytes) -> int:
+        return self._run(self._delete_prefix(prefix))
+
+    # ------------------------------------------------------------------------------------------- asyncio
+
+    # The same operations, awaited: a local hit as SharedCache.aget (no thread), each Redis call through redis-py's
+    # asyncio client of the running loop, each locked call on the local cache through its ``acall`` (in a worker
+    # thread only when its lock is busy), a wait for another computation with ``asyncio.sleep``. A handle made with
+    # a redis-py client and no ``async_remote`` makes its Redis calls in a worker thread. Cancellation at any await
+    # leaves no claim, no compute lock (its renewing thread releases it) and nothing half-stored: a fill cut short
+    # leaves only its mark, which expires.
+
+    async def _acheck_open(self) -> None:
+        if self._state is not _READY:
+            await asyncio.to_thread(self._revive)  # a forked child's first call starts its listener: not on the loop
+
+    async def aget(self, key: Any, default: Any = None) -> Any:
+        """``get``, awaitable."""
+        if self._state is not _READY:
+            await self._acheck_open()
+        lkb = self._local_key(key)
+        value = await self.local.aget(EncodedKey(lkb), MISSING)
+        if value is not MISSING:
+            self._row[C_LOCAL_HITS] += 1
+            return value
+        return await self._arun(self._get_remote(lkb[2:], default))
+
+    async def _a(self, steps) -> Any:
+        await self._acheck_open()
+        return await self._arun(steps)
+
+    async def aput(self, key: Any, value: Any, ttl: float | None = None) -> bool:
+        """``put``, awaitable."""
+        return await self._a(self._put(key, value, ttl))
+
+    async def aadd(self, key: Any, value: Any, ttl: float | None = None) -> bool:
+        """``add``, awaitable."""
+        return await self._a(self._write(key, value, ttl, "add"))
+
+    async def areplace(self, key: Any, value: Any, ttl: float | None = None) -> bool:
+        """``replace``, awaitable."""
+        return await self._a(self._write(key, value, ttl, "replace"))
+
+    async def acas(self, key: Any, value: Any, version: int, ttl: float | None = None) -> bool:
+        """``cas``, awaitable."""
+        return await self._a(self._cas(key, value, version, ttl))
+
+    async def aincr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
+        """``incr``, awaitable."""
+        return await self._a(self._incr(key, delta, initial))
+
+    async def adecr(self, key: Any, delta: int = 1, initial: int | None = 0) -> int:
+        """``decr``, awaitable."""
+        return await self._a(self._decr(key, delta, initial))
+
+    async def adelete(self, key: Any) -> bool:
+        """``delete``, awaitable."""
+        return await self._a(self._delete(key))
+
+    async def apop(self, key: Any, default: Any = MISSING) -> Any:
+        """``pop``, awaitable."""
+        return await self._a(self._pop(key, default))
+
+    async def atouch(self, key: Any, ttl: float | None = None) -> bool:
+        """``touch``, awaitable."""
+        return await self._a(self._touch(key, ttl))
+
+    async def acontains(self, key: Any) -> bool:
+        """``key in tier``, awaitable."""
+        return await self._a(self._contains(key))
+
+    async def aget_with_version(self, key: Any, default: Any = None) -> tuple[Any, int | None]:
+        """``get_with_version``, awaitable."""
+        return await self._a(self._get_with_version(key, default))
+
+    async def aget_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
+        """``get_many``, awaitable."""
+        return await self._a(self._get_many(list(keys), default))
+
+    async def aput_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+                        ttl: float | None = None) -> None:
+        """``put_many``, awaitable."""
+        await self._a(self._put_many(dict(items) if isinstance(items, Mapping) else list(items), ttl))
+
+    async def aclear(self) -> int:
+        """``clear``, awaitable."""
+        return await self._a(self._delete_prefix(b""))
+
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
+                              ttl: float | None = None) -> Any:
+        """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable); the waits for
+        another process's or host's computation never block the loop. The same stats, timeout and errors."""
+        await self._acheck_open()
+        seconds("timeout", timeout, none=True, zero=True)
+        ttl = self._ttl(ttl)
+        lkey = KindKey(self._n, key)
+        value = await self.local.aget(lkey, MISSING)
+        if value is not MISSING:
+            self._row[C_LOCAL_HITS] += 1
+            return value
+        self._row[C_LOCAL_MISSES] += 1
+        kb = encode_key(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fp = fingerprint(self._kprefix + kb)
+        local = self.local
+
+        async def describe():
+            return await local.acall(self._local.guard.run, flight.open_description, self._local.seg.fd)
+
+        def stored() -> bool:  # looked for only when looking cannot wait for the lock
+            return local.lock_free() and lkey in local
+
+        claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
+        token = None
+        try:
+            waited = await aio.take(claim, fp, timeout, describe, stored)
+            if claim.held:
+                token = aio.hold_claim(claim.tag)
+            if waited:  # another process of this host fetched or computed it meanwhile
+                value = await local.aget(lkey, MISSING)
+                if value is not MISSING:
+                    self._hit_after_all()
+                    return value
+                if not claim.held:  # gone again: wait for the claim itself this time
+                    await aio.take(claim, fp, timeout, describe, None)
+                    token = aio.hold_claim(claim.tag)
+            return await self._arun(self._compute(key, kb, fn, deadline, ttl, False))
+        finally:
+            claim.release()
+            if token is not None:
+                aio.drop_claim(token)
+
+    def amemoize(self, fn: Callable[..., Awaitable[R]] | None = None, *, name: str | None = None,
+                 timeout: float | None = None, ttl: float | None = None, key: Callable[..., Any] | None = None,
+                 ignore: str | Iterable[str] = ()) -> Any:
+        """``memoize`` for a coroutine function, over the fleet (``aget_or_compute``); its results are shared with a
+        ``memoize`` of the same ``name``."""
+        return aio.amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore)
+
+    async def aclose(self) -> None:
+        """Close the running loop's asyncio client of Redis, then ``close()``. (A loop's client is also dropped
+        when the loop is; closing it here spares its connections the wait for the garbage collector.)"""
+        await self._remote.aclose()
+        self.close()
 
     # ------------------------------------------------------------------------------------------- invalidations
 
@@ -518,7 +727,7 @@ class TieredCache(TierMapping):
         return pubsub
 
     def _on_gap(self) -> None:
-        self._clear_local()
+        self._run(self._clear_local())
 
     def _on_listening(self) -> None:
         self._row[C_LISTENER_STARTS] += 1
@@ -535,7 +744,7 @@ class TieredCache(TierMapping):
         op, version = MESSAGE_HEADER.unpack_from(data)
         kb = data[MESSAGE_HEADER.size:]
         if op == OP_CLEAR:
-            self._clear_local(kb)
+            self._run(self._clear_local(kb))
             return
         try:
             version = remote_version(version)
@@ -544,7 +753,7 @@ class TieredCache(TierMapping):
                                  "copy is dropped", kb, self.namespace, exc)
             version = UNKNOWN_VERSION
         # This host's own writes come back too: they drop nothing (the writer's copy has the version named).
-        self._drop_older(kb, version)
+        self._run(self._drop_older(kb, version))
         self._row[C_INVALIDATIONS] += 1
 
     # ------------------------------------------------------------------------------------------- the rest
