@@ -471,6 +471,31 @@ def test_cached_dataset_dataloader_workers_compute_each_sample_once(big, log, me
     assert big.verify(deep=True).ok
 
 
+@pytest.mark.timeout(120)
+def test_cached_dataset_thread_workers_share_one_handle(big, log):
+    """Thread-based workers: torch's DataLoader has none (its workers are processes), torchdata.nodes'
+    ParallelMapper does (method="thread"). Its threads read through the one handle of their process, each sample
+    asked by several threads at once: computed once on the host, every read the right sample, the transform run on
+    every read."""
+    tn = pytest.importorskip("torchdata.nodes", reason="torchdata is installed by .ci/run next to torch")
+    n, repeats = 16, 4
+    ds = CachedDataset(CountingDataset(n, log), big, timeout=60, transform=Augment(log + ".aug"))
+    for epoch in range(2):
+        order = [i for i in torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).tolist()
+                 for _ in range(repeats)]  # each index 4 times in a row: 4 threads ask for it together
+        node = tn.ParallelMapper(tn.IterableWrapper(order), map_fn=ds.__getitem__, num_workers=4, method="thread")
+        seen = []
+        for sample in tn.Loader(node):
+            i = sample[1]
+            augmentation_of(sample, i)  # a flip-and-offset of sample i's one deterministic part
+            seen.append(i)
+        assert sorted(seen) == sorted(order)
+        assert computations(log) == list(range(n)), f"epoch {epoch}"  # each sample once, across the threads
+    assert len(computations(log + ".aug")) == 2 * n * repeats  # the random part on every read
+    s = big.stats()
+    assert (s.computations, s.misses, s.hits) == (n, n, 2 * n * repeats - n)  # waiters are counted as hits
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
