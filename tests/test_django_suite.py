@@ -7,6 +7,7 @@ fraction of MAX_ENTRIES). Each test gets a fresh cache (unlinked after it), and 
 SQLite) for its model-instance tests.
 
 Excluded, with the reason: none. Every test of BaseCacheTests runs; none depends on this backend's internals.
+The suite runs twice: through the sync methods, and through their async twins (``AsyncDriven``, one exclusion).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ django_tests_dir()
 djangosite.configure(extra_apps=("cache",))  # Django's cache test app (its Poll model)
 _suite = importlib.import_module("cache.tests")
 
+from asgiref.sync import async_to_sync  # noqa: E402
 from django.test import TestCase, override_settings  # noqa: E402
 
 from shmcache import SharedCache  # noqa: E402
@@ -53,3 +55,42 @@ class TestSharedMemoryCacheDjangoSuite(_suite.BaseCacheTests, TestCase):
             SharedCache.unlink_name(NAME)
         except FileNotFoundError:
             pass
+
+
+class AsyncDriven:
+    """The backend driven through its async methods: each call Django's tests make (``get``, ``set``,
+    ``incr_version``, ...) runs its awaitable twin (``aget``, ``aset``, BaseCache's ``aincr_version``, ...) to
+    completion, as Django runs async code from sync code (asgiref's ``async_to_sync``: a loop in another thread,
+    this one serving the ``thread_sensitive`` calls, the database's included); anything else is the backend's.
+    Django's suite has async cache tests for its dummy backend only (``tests/cache/tests_async.py``, which check
+    that nothing is stored), so its whole BaseCacheTests is run this way instead: the async API held to every rule
+    the sync one is."""
+
+    _TWINS = {"get": "aget", "set": "aset", "add": "aadd", "touch": "atouch", "delete": "adelete",
+              "has_key": "ahas_key", "incr": "aincr", "decr": "adecr", "get_many": "aget_many",
+              "set_many": "aset_many", "delete_many": "adelete_many", "get_or_set": "aget_or_set", "clear": "aclear",
+              "close": "aclose", "incr_version": "aincr_version", "decr_version": "adecr_version"}
+
+    def __init__(self, location, params) -> None:
+        object.__setattr__(self, "_backend", backend.SharedMemoryCache(location, params))
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._backend, name, value)  # (the key-validation tests swap key_func)
+
+    def __getattr__(self, name: str):
+        twin = self._TWINS.get(name)
+        if twin is None:
+            return getattr(self._backend, name)
+        return async_to_sync(getattr(self._backend, twin))
+
+    def __contains__(self, key) -> bool:
+        return async_to_sync(self._backend.ahas_key)(key)
+
+
+@override_settings(CACHES=_suite.caches_setting_for_tests(
+    BACKEND=f"{__name__}.AsyncDriven", LOCATION=NAME, exclude={"cull", "zero_cull"}))
+class TestSharedMemoryCacheDjangoSuiteAsync(TestSharedMemoryCacheDjangoSuite):
+    """Excluded, with the reason: ``test_get_or_set_racing``, which patches the backend class's ``add`` to lose the
+    race; ``aget_or_set`` calls ``aadd`` (tests/test_django.py loses that race through ``aadd``)."""
+
+    test_get_or_set_racing = None

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
-from django.core.exceptions import ImproperlyConfigured
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 
 from shmcache import SharedCache, TooLargeError
 from shmcache.keylock import KeyLock
@@ -195,14 +196,24 @@ class SharedMemoryCache(BaseCache):
     async def _acall(self, fn, *args: Any) -> Any:
         return await self._cache.acall(fn, *args)
 
+    async def _astore(self, fn, *args: Any) -> Any:
+        """``_acall`` for a call that pickles a value. Pickling an unevaluated QuerySet (or a model instance whose
+        deferred field it loads) queries the database, which Django refuses on an event loop's thread
+        (SynchronousOnlyOperation) and which BaseCache's own async methods allow, running in a thread: so this does
+        too, then. The refused attempt stored nothing (a value is pickled before the cache's lock is taken)."""
+        try:
+            return await self._acall(fn, *args)
+        except SynchronousOnlyOperation:
+            return await sync_to_async(fn, thread_sensitive=True)(*args)
+
     async def aadd(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
-        return await self._acall(self.add, key, value, timeout, version)
+        return await self._astore(self.add, key, value, timeout, version)
 
     async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
         return await self._acall(self.get, key, default, version)
 
     async def aset(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
-        return await self._acall(self.set, key, value, timeout, version)
+        return await self._astore(self.set, key, value, timeout, version)
 
     async def atouch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         return await self._acall(self.touch, key, timeout, version)
@@ -223,14 +234,22 @@ class SharedMemoryCache(BaseCache):
         return await self._acall(self.get_many, list(keys), version)
 
     async def aset_many(self, data: dict, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> list:
-        return await self._acall(self.set_many, dict(data), timeout, version)
+        return await self._astore(self.set_many, dict(data), timeout, version)
 
     async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         return await self._acall(self.delete_many, list(keys), version)
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:
-        return await self._acall(self.get_or_set, key, default, timeout, version)
+        # BaseCache.aget_or_set's steps, over the native methods: a callable default is called on the loop, as
+        # Django calls it; the second get answers what a racing caller may have added first.
+        value = await self.aget(key, self._missing_key, version)
+        if value is not self._missing_key:
+            return value
+        if callable(default):
+            default = default()
+        await self.aadd(key, default, timeout, version)
+        return await self.aget(key, default, version)
 
     async def aclear(self) -> None:
         return await self._acall(self.clear)
