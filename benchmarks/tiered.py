@@ -10,12 +10,15 @@ Rows, for a small dict and a 224x224x3 uint8 array:
   (the local copy is dropped, untimed, before each call);
 - ``redis-py GET``: the raw bytes of the value from the same server, and ``GET + decode`` the value rebuilt from
   them (msgpack, or numpy for the array), the peer a remote hit compares with;
-- ``TieredCache.put`` and ``redis-py SET``: a write through, against a bare write to Redis.
+- ``TieredCache.put`` and ``redis-py SET``: a write through, against a bare write to Redis;
+- ``aget`` and ``aput``: the same through the asyncio API (each awaited in a running loop; Redis through redis-py's
+  asyncio client), next to ``redis.asyncio GET + decode``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
@@ -51,6 +54,22 @@ def _time(fn, n: int, before=None) -> float:
     return statistics.median(samples)
 
 
+async def _atime(afn, n: int, before=None) -> float:
+    """``_time`` for a coroutine function, each call awaited in the running loop."""
+    samples = []
+    gc.disable()
+    try:
+        for _ in range(n):
+            if before is not None:
+                before()
+            t0 = time.perf_counter_ns()
+            await afn()
+            samples.append(time.perf_counter_ns() - t0)
+    finally:
+        gc.enable()
+    return statistics.median(samples)
+
+
 def _decoder(kind: str):
     if kind == ARRAY:
         return lambda raw: np.frombuffer(raw, np.uint8).reshape(224, 224, 3).copy()
@@ -63,9 +82,12 @@ def _encode(kind: str, value) -> bytes:
 
 def bench(server_url: str) -> list[dict]:
     import redis
+    import redis.asyncio
 
     name = f"benchmarks-tiered-{os.getpid()}"
     client = redis.Redis.from_url(server_url)
+    loop = asyncio.new_event_loop()
+    aclient = redis.asyncio.Redis.from_url(server_url)
     rows = []
     with SharedCache(name, capacity_bytes=64 << 20, max_entries=1024, create=True) as local:
         tier = TieredCache(local, server_url, namespace=f"bench{os.getpid()}", timeout=1.0)
@@ -94,11 +116,19 @@ def bench(server_url: str) -> list[dict]:
                     "TieredCache.put": (lambda: tier.put(key, value), None),
                     "redis-py SET": (lambda: client.set(raw_key, _encode(kind, value)), None),
                 }
+                acases = {
+                    "TieredCache.aget, local hit": (lambda: tier.aget(key), None),
+                    "TieredCache.aget, remote hit": (lambda: tier.aget(key), drop_copy),
+                    "redis.asyncio GET + decode": (lambda: _aget_decode(aclient, raw_key, decode), None),
+                    "TieredCache.aput": (lambda: tier.aput(key, value), None),
+                }
                 n = CALLS[kind]
-                got = {case: [] for case in cases}
+                got = {case: [] for case in (*cases, *acases)}
                 for _ in range(ROUNDS):  # interleaved: a change of load lands on every case alike
                     for case, (fn, before) in cases.items():
                         got[case].append(_time(fn, n, before))
+                    for case, (afn, before) in acases.items():
+                        got[case].append(loop.run_until_complete(_atime(afn, n, before)))
                 assert tier.stats().stale_fills == 0
                 med = {case: statistics.median(v) / 1000 for case, v in got.items()}
                 for case, us in med.items():
@@ -108,11 +138,17 @@ def bench(server_url: str) -> list[dict]:
                 client.delete(raw_key)
         finally:
             tier.clear()
-            tier.close()
+            loop.run_until_complete(aclient.aclose())
+            loop.run_until_complete(tier.aclose())
+            loop.close()
             tier.unlink()
             local.unlink()
             client.close()
     return rows
+
+
+async def _aget_decode(aclient, raw_key: str, decode):
+    return decode(await aclient.get(raw_key))
 
 
 def main(argv=None) -> int:
