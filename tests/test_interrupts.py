@@ -129,6 +129,13 @@ print(json.dumps({"calls": calls, "interrupted": interrupted}), flush=True)
 sys.stdin.readline()  # alive while the test checks the segment's bytes from outside
 import gc; gc.collect()  # claims and views dropped in reference cycles with their tracebacks
 fds_after = len(os.listdir("/proc/self/fd"))
+lost = 0
+if op == "tiered":
+    # redis-py's pool loses a connection (counted in use, never given back) when an interrupt lands between its
+    # get_connection and the try that releases it; closing the client closes them (fds_end below). Counted apart
+    # from this code's descriptors (the listener holds one connection in use for its subscription).
+    lost = max(len(t._remote.client.connection_pool._in_use_connections) - 1, 0)
+    fds_after -= lost
 if op == "tiered":
     t.close()
     t.unlink()
@@ -150,7 +157,7 @@ for fd, ident in own.items():
     except OSError:
         closed.append(fd)
 print(json.dumps({"fds_before": fds_before, "fds_after": fds_after, "fds_start": fds_start, "fds_end": fds_end,
-                  "own_closed": closed, "leaked": leaked}), flush=True)
+                  "own_closed": closed, "leaked": leaked, "redis_connections_lost": lost}), flush=True)
 """
 
 
