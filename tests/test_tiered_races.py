@@ -333,3 +333,25 @@ def test_tiered_malformed_url_refused_when_made(name, url, what):
         with pytest.raises(ValueError, match=what) as caught:
             TieredCache(local, url, namespace="x")
         assert "secret" not in str(caught.value)
+
+
+def test_tiered_a_lease_whose_exit_never_runs_still_ends(hosts):
+    """A with block of the compute lock cut short before its exit (an interrupt at __exit__'s first bytecode): as
+    the Lease goes, its thread stops renewing and releases the lock, instead of holding the key for ever."""
+    import gc
+
+    from shmcache.tier.lease import Lease
+    from shmcache.tier.steps import run
+
+    a, _ = hosts
+    remote = a.tier._remote
+    kb, token = encode_key("k"), b"t" * 16
+    assert run(remote.try_lock(kb, token, 10_000), remote)
+    lease = Lease(remote, kb, token, 600)  # renewed every 0.2 s while it lives
+    lease.__enter__()  # and its __exit__ never called
+    thread = lease._thread
+    del lease
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert remote.client.get(remote.lock_prefix + kb) is None  # released, not left to expire

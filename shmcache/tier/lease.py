@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 from ..errors import ComputeTimeout, RemoteError
 from ..mapping import MISSING
@@ -24,27 +25,21 @@ WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
 
 class Lease:
     """A host's compute lock for the duration of a ``with``: renewed every third of the lease from a thread, and
-    released at the end (only if still ours), so a waiting host takes over at once. ``blocking`` (the synchronous
-    API): the exit waits for the release; else (the asyncio API: an event loop must not block, nor a cancellation
-    wait) the thread releases it as it ends, moments later."""
+    released at the end (only if still ours), so a waiting host takes over at once. The thread releases it as it
+    ends; ``blocking`` (the synchronous API): the exit waits for that; else (the asyncio API: an event loop must not
+    block, nor a cancellation wait) it returns at once.
+
+    Cut short anywhere (an interrupt at ``__exit__``'s first bytecode, or between ``__enter__`` and the block), the
+    lease still ends: the thread holds no reference to this object, and as this object goes its finalizer stops the
+    thread, which releases the lock. A thread left renewing would hold the key's lock for ever, and every other
+    host would wait for a value that never comes."""
 
     def __init__(self, remote, kb: bytes, token: bytes, lease_ms: int, blocking: bool = True) -> None:
-        self._remote, self._kb, self._token, self._lease_ms = remote, kb, token, lease_ms
         self._blocking = blocking
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="shmcache-lease", daemon=True)
-
-    def _renew(self) -> None:
-        try:
-            while not self._done.wait(self._lease_ms / 3000):
-                try:
-                    if not run(self._remote.renew(self._kb, self._token, self._lease_ms), self._remote):
-                        return  # lost (expired while Redis was away): another host may compute too, harmlessly
-                except RemoteError:
-                    pass
-        finally:
-            if not self._blocking:
-                _unlock(self._remote, self._kb, self._token)
+        self._done = done = threading.Event()
+        self._thread = threading.Thread(target=_renew, args=(remote, kb, token, lease_ms, done),
+                                        name="shmcache-lease", daemon=True)
+        weakref.finalize(self, done.set)
 
     def __enter__(self) -> Lease:
         self._thread.start()
@@ -53,8 +48,19 @@ class Lease:
     def __exit__(self, *exc) -> None:
         self._done.set()
         if self._blocking:
-            self._thread.join(5)
-            _unlock(self._remote, self._kb, self._token)
+            self._thread.join(5)  # (a Redis slower than that: the thread releases the lock when it answers)
+
+
+def _renew(remote, kb: bytes, token: bytes, lease_ms: int, done: threading.Event) -> None:
+    try:
+        while not done.wait(lease_ms / 3000):
+            try:
+                if not run(remote.renew(kb, token, lease_ms), remote):
+                    return  # lost (expired while Redis was away): another host may compute too, harmlessly
+            except RemoteError:
+                pass
+    finally:
+        _unlock(remote, kb, token)
 
 
 class RedisDown(Exception):
