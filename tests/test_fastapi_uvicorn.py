@@ -63,12 +63,20 @@ def test_fastapi_uvicorn_workers_share_values_and_one_exact_rate_limit(api):
                 break
     assert any(readers[k] - {setters[k]} for k in keys), (setters, readers)
 
-    with ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(lambda _: _get(f"{api}/limited/client-a"), range(3 * LIMIT)))
-    allowed = [r for status, r in outcomes if status == 200]
-    refused = [r for status, r in outcomes if status == 429]
-    assert len(allowed) == LIMIT and len(refused) == 2 * LIMIT  # exact for the pool, not once per worker
-    assert sorted(r["n"] for _, r in outcomes) == list(range(1, 3 * LIMIT + 1))  # every count once: atomic
-    assert len({r["pid"] for r in allowed}) > 1  # (served by several workers: MAX_REQUESTS each at most)
+    # Rounds, each a client of its own, until one round's requests were served by more than one worker (uvicorn
+    # ends a worker near its request limit, not exactly at it, so one round may fall to one worker); every round
+    # must be exact.
+    served_by = set()
+    for round_ in range(10):
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda _: _get(f"{api}/limited/client-a{round_}"), range(3 * LIMIT)))
+        allowed = [r for status, r in outcomes if status == 200]
+        refused = [r for status, r in outcomes if status == 429]
+        assert len(allowed) == LIMIT and len(refused) == 2 * LIMIT  # exact for the pool, not once per worker
+        assert sorted(r["n"] for _, r in outcomes) == list(range(1, 3 * LIMIT + 1))  # every count once: atomic
+        served_by = {r["pid"] for _, r in outcomes}
+        if len(served_by) > 1:
+            break
+    assert len(served_by) > 1  # one limit counted by several workers
     status, first = _get(f"{api}/limited/client-b")  # another client has a count of its own
     assert status == 200 and first["n"] == 1 and first["allowed"] is True
