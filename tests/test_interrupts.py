@@ -134,7 +134,8 @@ if op == "tiered":
     # redis-py's pool loses a connection (counted in use, never given back) when an interrupt lands between its
     # get_connection and the try that releases it; closing the client closes them (fds_end below). Counted apart
     # from this code's descriptors (the listener holds one connection in use for its subscription).
-    lost = max(len(t._remote.client.connection_pool._in_use_connections) - 1, 0)
+    in_use = getattr(t._remote.client.connection_pool, "_in_use_connections", None)  # (redis-py's own name)
+    lost = 0 if in_use is None else max(len(in_use) - 1, 0)
     fds_after -= lost
 if op == "tiered":
     t.close()
