@@ -199,16 +199,6 @@ class _Interrupted(Exception):
     pass
 
 
-class _Cyclic:
-    """Garbage in a cycle, with a finalizer in Python: what a collection during a with block runs."""
-
-    def __init__(self) -> None:
-        self.me = self
-
-    def __del__(self) -> None:
-        sum(range(50))
-
-
 @pytest.mark.timeout(60)
 def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
     """A signal's exception at any bytecode of a with block or its release: an array found revoked afterwards
@@ -238,7 +228,6 @@ def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
         revoked = 0
         try:
             for _ in range(1500):
-                _Cyclic()
                 arr = None
                 try:
                     # From inside the pin to well past the release, whatever the machine's load.
