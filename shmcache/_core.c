@@ -51,6 +51,7 @@
 #include "_core_policy.c"
 #include "_core_table.c"
 #include "_core_sections.c"
+#include "_core_unlocked.c"
 #include "_core_methods.c"
 
 /* ------------------------------------------------------------------------------------------------ the module */
@@ -70,7 +71,16 @@ static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUS
     return Py_BuildValue("(diL)", (double)thread_waited_ns / 1e9, thread_extended, (long long)thread_holder);
 }
 
+static PyObject *module_unlocked_view(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(thread_unlocked_view);
+}
+
 static PyMethodDef module_methods[] = {
+    {"unlocked_view", module_unlocked_view, METH_NOARGS,
+     "unlocked_view() -> bool\n\nWhether the calling thread's view in progress was pinned without the lock: its "
+     "lookup is counted in the handle's reader slot once the first look is done (a failed checksum counts a miss), "
+     "so the first look corrects no counter of the header."},
     {"last_wait", module_last_wait, METH_NOARGS,
      "last_wait() -> (seconds, extensions, holder)\n\nHow long the calling thread's last wait for a busy lock took "
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "
@@ -93,6 +103,9 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC PyInit__core(void)
 {
+    static int atfork;
+    if (!atfork && pthread_atfork(NULL, NULL, count_fork) == 0)
+        atfork = 1;
     if (PyType_Ready(&CoreType) < 0)
         return NULL;
     if (RawType.tp_name == NULL && PyStructSequence_InitType2(&RawType, &raw_desc) < 0)

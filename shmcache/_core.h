@@ -71,6 +71,13 @@ typedef struct {
     int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots of them (a power of two, at least GHOST_WAYS) */
     int64_t ghost_slots;
     int policy;         /* POLICY_* of the segment, read at attach */
+    /* reads without the lock (_core_unlocked.c) */
+    int64_t *readers;   /* the reader slots' words, reader_slots records of reader_words */
+    int64_t reader_slots, reader_words;
+    int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
+    unsigned long rd_fork; /* fork_count when rd was claimed: a forked child never counts in its parent's slot */
+    PyObject *reader;   /* what holds the slot (readers.Reader), kept while rd points into it */
+    Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks;
     pthread_mutex_t *mutex;
     volatile int64_t *kind_word;
     int64_t kind_word_value;
@@ -83,7 +90,7 @@ typedef struct {
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_admitted, h_small_first,
-        h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits;
+        h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
@@ -121,6 +128,7 @@ typedef struct {
 } Encoded;
 
 static int64_t mono_ns(void);
+static inline void seq_open(Core *c); /* _core_lock.c: before a hold's first write or pin query */
 static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
 static int table_remove(Core *c, int64_t e);            /* _core_table.c: the policies' eviction calls them */
 static int evict_oldest(Core *c, int *done);

@@ -195,7 +195,20 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_GHOST_CLOCK", &c->h_ghost_clock, hw_limit)
         || take_word(d, "H_NOT_ADMITTED", &c->h_not_admitted, hw_limit)
         || take_word(d, "H_PROMOTED", &c->h_promoted, hw_limit)
-        || take_word(d, "H_GHOST_HITS", &c->h_ghost_hits, hw_limit))
+        || take_word(d, "H_GHOST_HITS", &c->h_ghost_hits, hw_limit)
+        || take_word(d, "H_SEQ", &c->h_seq, hw_limit))
+        return -1;
+    int64_t rw;
+    if (take(d, "READER_SLOTS", &c->reader_slots) || take(d, "READER_WORDS", &rw))
+        return -1;
+    if (c->reader_slots < 0 || c->reader_slots > 65536 || rw < 4 || rw > 64) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the reader slots are not a layout this build knows");
+        return -1;
+    }
+    c->reader_words = rw;
+    if (region(c, d, "readers_off", c->reader_slots * rw * 8, 8, (void **)&c->readers)
+        || take_word(d, "R_HITS", &c->r_hits, rw) || take_word(d, "R_MISSES", &c->r_misses, rw)
+        || take_word(d, "R_RETRIES", &c->r_retries, rw) || take_word(d, "R_FALLBACKS", &c->r_fallbacks, rw))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");
@@ -225,6 +238,7 @@ static int Core_traverse(Core *c, visitproc visit, void *arg)
     Py_VISIT(c->hasher);
     Py_VISIT(c->fallback);
     Py_VISIT(c->unviewable);
+    Py_VISIT(c->reader);
     return 0;
 }
 
@@ -234,6 +248,8 @@ static int Core_clear(Core *c)
     Py_CLEAR(c->hasher);
     Py_CLEAR(c->fallback);
     Py_CLEAR(c->unviewable);
+    c->rd = NULL;
+    Py_CLEAR(c->reader);
     return 0;
 }
 

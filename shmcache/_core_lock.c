@@ -113,6 +113,34 @@ static int wait_lock(Core *c)
     return waited(start, extensions, rc);
 }
 
+/* The write side of the seqlock that readers without the lock validate against (docs/design.md, "Reads without
+ * the lock"): ``seq`` is made odd before a hold's first write or pin query, and even again as the hold ends with
+ * nothing half-done. The fence orders the odd ``seq`` before every later store of the hold (readers never see a
+ * write under an even ``seq`` they read first) and before every later load: a pin flag is read only after the odd
+ * word is visible, so a viewer without the lock either sees it and retries, or its flag is seen here (the two
+ * stores and two loads of Dekker's protocol). Under lru nobody reads without the lock: ``seq`` stays 0.
+ * (twin: seqlock.py open_seq) */
+static inline void seq_open(Core *c)
+{
+    if (c->policy == POLICY_LRU)
+        return;
+    int64_t s = __atomic_load_n(&HW(seq), __ATOMIC_RELAXED);
+    if (!(s & 1)) {
+        __atomic_store_n(&HW(seq), (int64_t)((uint64_t)s + 1), __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
+}
+
+/* The hold ends: ``seq`` even again, with release order after every write of the hold, unless an update was cut
+ * short (``dirty`` set): it stays odd until the repair's hold ends. An odd word left by a holder that died between
+ * the two is evened by the next hold to end. (twin: seqlock.py close_seq) */
+static inline void seq_close(Core *c)
+{
+    int64_t s = HW(seq);
+    if ((s & 1) && !HW(dirty))
+        __atomic_store_n(&HW(seq), (int64_t)((uint64_t)s + 1), __ATOMIC_RELEASE);
+}
+
 static void unlock(Core *c)
 {
     /* A kind word damaged while held is put back before glibc reads it, and the segment marked for repair. */
@@ -120,6 +148,7 @@ static void unlock(Core *c)
         *c->kind_word = c->kind_word_value;
         HW(dirty) = 1;
     }
+    seq_close(c);
     pthread_mutex_unlock(c->mutex);
 }
 

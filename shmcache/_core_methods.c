@@ -193,16 +193,17 @@ static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner
 /* What a get returns for hit *f once the lock is released, from its copy ``body`` (copy_value's; the reference is
  * taken): the copy's checksum checked, bytes returned as they are, a plain msgpack value decoded (_unpack.c);
  * anything else a Raw for the Python side (a failed checksum, an array or tensor, a value the decoder declines). */
-static PyObject *finish(Core *c, const Found *f, PyObject *body)
+static int copy_ok(Core *c, const Found *f, PyObject *body)
 {
-    int whole = PyByteArray_CheckExact(body);
-    const char *after_tag = whole ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
+    const char *after_tag = PyByteArray_CheckExact(body) ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
+    return checksum_ok(c, after_tag, (Py_ssize_t)(f->vlen - 1), body, f->tag, f->check);
+}
+
+/* finish's part after the checksum (``ok``: whether it was right). */
+static PyObject *decoded(Core *c, const Found *f, PyObject *body, int ok)
+{
+    const char *after_tag = PyByteArray_CheckExact(body) ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
     Py_ssize_t n = (Py_ssize_t)(f->vlen - 1);
-    int ok = checksum_ok(c, after_tag, n, body, f->tag, f->check);
-    if (ok < 0) {
-        Py_DECREF(body);
-        return NULL;
-    }
     if (ok && f->tag == c->tag_bytes)
         return body;
     if (ok && f->tag == c->tag_msgpack) {
@@ -220,6 +221,16 @@ static PyObject *finish(Core *c, const Found *f, PyObject *body)
     return v;
 }
 
+static PyObject *finish(Core *c, const Found *f, PyObject *body)
+{
+    int ok = copy_ok(c, f, body);
+    if (ok < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    return decoded(c, f, body, ok);
+}
+
 /* (twin: cache.py SharedCache.get) */
 static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -227,11 +238,42 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     int64_t klen, fp, now;
     if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
         return NULL;
+    Found f = {0, 0, 0, 0, 0, 0};
+    PyObject *body = NULL;
+    int64_t *rd = reader_slot(c);
+    if (rd != NULL && !c->released && c->bound) {
+        /* Without the lock (_core_unlocked.c): counted in this handle's reader slot once the answer is sure. A
+         * copy failing its checksum under a steady seq is damage: the locked path reads it again and judges. */
+        c->users++; /* rd and the arena stay mapped until leave() */
+        int u = get_unlocked(c, rd, kb, klen, fp, &now, &f, &body);
+        int ok = u == U_DONE && f.hit ? copy_ok(c, &f, body) : 1;
+        int done = u == U_DONE && ok == 1;
+        if (done && f.hit) {
+            if (c->policy == POLICY_S3FIFO)
+                bump_unlocked(c, f.slot);
+            ADD(rd[c->r_hits], 1);
+        } else if (done) {
+            ADD(rd[c->r_misses], 1);
+        } else if (u >= 0 && ok >= 0) {
+            ADD(rd[c->r_fallbacks], 1);
+        }
+        leave(c);
+        if (u < 0 || ok < 0) {
+            Py_XDECREF(body);
+            return NULL;
+        }
+        if (done && !f.hit) {
+            Py_INCREF(args[3]);
+            return args[3];
+        }
+        if (done)
+            return decoded(c, &f, body, 1);
+        Py_XDECREF(body);
+        body = NULL;
+    }
     int r = enter(c);
     if (r)
         return r < 0 ? NULL : hand_over(c, r, N_GET_VALUE, args, 4);
-    Found f = {0, 0, 0, 0, 0, 0};
-    PyObject *body = NULL;
     r = get_locked(c, kb, klen, fp, now, &f);
     if (r == ST_OK && f.hit)
         body = copy_value(c, &f);
@@ -245,6 +287,12 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     }
     return body == NULL ? NULL : finish(c, &f, body);
 }
+
+static PyObject *view_out(Core *c, Pins *p, int fd, Taken t, const Found *f, int viewable, int64_t version);
+
+/* Whether this thread's view in progress pinned without the lock (its hit is counted in the reader slot, after the
+ * first look: _core.unlocked_view()). */
+static _Thread_local int thread_unlocked_view;
 
 /* A view, compiled end to end: the pin as Store.pin takes it, through a description of ``pins`` (taken before the
  * lock, given back on a miss), then (_view.c) the lease that ends it, and the View if this handle checked the value
@@ -268,15 +316,42 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
     Taken t;
     if (pins_take(p, &fd, &t))
         return NULL;
+    Found f = {0, 0, 0, 0, 0, 0};
+    int viewable = 0, locked = 0;
+    int64_t version = 0, *rd = reader_slot(c);
+    if (rd != NULL && !c->released && c->bound) {
+        c->users++; /* rd and the arena stay mapped until leave() */
+        int u = pin_unlocked(c, rd, kb, klen, fp, &now, fd, &f, &viewable, &version);
+        if (u == U_DONE && f.hit && viewable) {
+            /* Counted once the view is built: a first look that fails its checksum (HandOver.first_look, which
+             * then corrects no counter of the header) is a miss. */
+            thread_unlocked_view = 1;
+            PyObject *v = view_out(c, p, fd, t, &f, viewable, version);
+            thread_unlocked_view = 0;
+            if (c->policy == POLICY_S3FIFO && v != NULL)
+                bump_unlocked(c, f.slot);
+            ADD(rd[v != NULL ? c->r_hits : c->r_misses], 1);
+            leave(c);
+            return v;
+        }
+        if (u == U_DONE && !f.hit)
+            ADD(rd[c->r_misses], 1);
+        else if (u != U_DONE)
+            ADD(rd[c->r_fallbacks], 1);
+        leave(c);
+        if (u == U_DONE)
+            return view_out(c, p, fd, t, &f, viewable, version);
+        if (u == U_LOST && pins_take(p, &fd, &t))
+            return NULL;
+        f.hit = 0;
+    }
     int r = enter(c);
     if (r) {
         pins_give(p, fd, t);
         return r < 0 ? NULL : hand_over(c, r, N_VIEW, args, 4);
     }
-    Found f = {0, 0, 0, 0, 0, 0};
-    int viewable = 0, locked = 0;
     r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
-    int64_t version = f.hit ? c->ver[f.slot] : 0;
+    version = f.hit ? c->ver[f.slot] : 0;
     unlock(c);
     leave(c);
     if (r) {
@@ -291,6 +366,13 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
         c->reason = WHY_RELEASED;
         return hand_over(c, ST_HANDOVER, N_VIEW, args, 4);
     }
+    return view_out(c, p, fd, t, &f, viewable, version);
+}
+
+/* What view answers once its lookup is done, through ``fd`` (locked through it only for a viewable hit). */
+static PyObject *view_out(Core *c, Pins *p, int fd, Taken t, const Found *found_, int viewable, int64_t version)
+{
+    const Found f = *found_;
     if (!f.hit || !viewable) { /* nothing was locked through it */
         pins_give(p, fd, t);
         if (!f.hit)
@@ -451,6 +533,30 @@ static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *df
     return out;
 }
 
+/* The answers of a batch read without the lock, every copy's checksum already passed: found_list's, decoded. */
+static PyObject *decoded_list(Core *c, Lookup *keys, Py_ssize_t n, PyObject *dflt)
+{
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Lookup *k = &keys[i];
+        if (out != NULL) {
+            PyObject *item = dflt;
+            if (k->f.hit) { /* decoded takes the body, even when it fails */
+                item = decoded(c, &k->f, k->body, 1);
+                k->body = NULL;
+            } else {
+                Py_INCREF(item);
+            }
+            if (item == NULL)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, item);
+        }
+        Py_CLEAR(k->body);
+    }
+    return out;
+}
+
 /* (twin: mapping.py LocalMapping.get_many) */
 static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -480,6 +586,35 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "fps[i] must be a 63-bit fingerprint");
             goto end;
         }
+    }
+    int64_t *rd = reader_slot(c);
+    if (rd != NULL && !c->released && c->bound) {
+        /* Without the lock (_core_unlocked.c): answered only if every copy passes its checksum (one that fails under
+         * a steady seq is damage, which the locked path reads again and judges); counted in the reader slot. */
+        c->users++; /* rd and the arena stay mapped until leave() */
+        int u = get_many_unlocked(c, rd, keys, n, &now), ok = 1;
+        for (Py_ssize_t i = 0; u == U_DONE && ok == 1 && i < n; i++)
+            if (keys[i].f.hit)
+                ok = copy_ok(c, &keys[i].f, keys[i].body);
+        if (u == U_DONE && ok == 1) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (keys[i].f.hit && c->policy == POLICY_S3FIFO)
+                    bump_unlocked(c, keys[i].f.slot);
+                ADD(rd[keys[i].f.hit ? c->r_hits : c->r_misses], 1);
+            }
+        } else if (u >= 0 && ok >= 0) {
+            ADD(rd[c->r_fallbacks], 1);
+        }
+        leave(c);
+        if (u == U_DONE && ok == 1) {
+            out = decoded_list(c, keys, n, args[3]);
+            goto end;
+        }
+        if (u == U_DONE)
+            for (Py_ssize_t i = 0; i < n; i++)
+                Py_CLEAR(keys[i].body);
+        if (u < 0 || ok < 0)
+            goto end;
     }
     if ((r = enter(c))) {
         if (r > 0) /* a hand-over before anything was looked up */
@@ -549,9 +684,38 @@ end:
 static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
 {
     c->released = 1;
+    c->rd = NULL;
+    Py_CLEAR(c->reader);
     if (c->users == 0)
         drop_buffer(c);
     Py_RETURN_NONE;
+}
+
+/* (twin: readers.py Reader.bind) */
+static PyObject *Core_use_reader(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t slot;
+    if (nargs_ok(nargs, 2, "use_reader") || arg_int(args[1], "slot", &slot))
+        return NULL;
+    if (slot < -1 || slot >= c->reader_slots) {
+        PyErr_Format(PyExc_ValueError, "slot must be -1 or below %lld, got %lld", (long long)c->reader_slots,
+                     (long long)slot);
+        return NULL;
+    }
+    c->rd = NULL;
+    Py_CLEAR(c->reader);
+    if (slot >= 0 && c->bound && !c->released) {
+        Py_INCREF(args[0]);
+        c->reader = args[0];
+        c->rd = c->readers + slot * c->reader_words;
+        c->rd_fork = fork_count;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_get_unlocked(Core *c, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(reader_slot(c) != NULL);
 }
 
 static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
@@ -610,6 +774,9 @@ static PyMethodDef Core_methods[] = {
      "over the whole batch first, and a view pinning items[done]'s key hands it over with nothing of it written, "
      "reason \"pinned\") has the fallback's put_many store items[done:]. Without a fallback, done counts what was "
      "stored and stop is None, PINNED or HANDOVER."},
+    {"use_reader", (PyCFunction)(void (*)(void))Core_use_reader, METH_FASTCALL,
+     "use_reader(owner, slot)\n\nCount reads without the lock in reader slot ``slot`` (held by ``owner``, a "
+     "readers.Reader, kept while it is used); -1: read under the lock. Under lru every read takes the lock."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},
@@ -618,6 +785,7 @@ static PyMethodDef Core_methods[] = {
 static PyGetSetDef Core_getset[] = {
     {"reason", (getter)Core_get_reason, NULL, "why this thread's last call was handed over (a key of REASONS)", NULL},
     {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
+    {"unlocked", (getter)Core_get_unlocked, NULL, "whether gets and views of this handle read without the lock", NULL},
     {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

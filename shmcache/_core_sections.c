@@ -6,6 +6,7 @@
 /* An expired entry that no pin flag marks: dropped, counted in ``expired``. (twin: store.py Store.lapse) */
 static int lapse(Core *c, int64_t e)
 {
+    seq_open(c);
     HW(dirty) = 1;
     int r = table_remove(c, e);
     if (r)
@@ -72,6 +73,7 @@ STEP int hit(Core *c, int64_t e)
         int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
         if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
             return bounds(c); /* nothing written yet */
+        seq_open(c);
         HW(dirty) = 1;
         if ((r = move_to_front(c, e)))
             return r;
@@ -177,6 +179,7 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
 STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 {
     int r, done;
+    seq_open(c);
     HW(dirty) = 1;
     if (old != c->empty) {
         ADD(HW(updates), 1);
@@ -246,6 +249,7 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
         return pin ? ST_OK : lapse(c, e);
     if (pin)
         return ST_PINNED;
+    seq_open(c);
     HW(dirty) = 1;
     if ((r = table_remove(c, e)))
         return r;

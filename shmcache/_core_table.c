@@ -8,6 +8,7 @@
  * (twin: table.py Table.pinned) */
 static int pinned(Core *c, int64_t e)
 {
+    seq_open(c); /* before the flag is read: see seq_open */
     if (!c->pins[e])
         return 0;
     struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);

@@ -117,7 +117,8 @@ def _print_json(data) -> None:
 
 # The counters --watch gives rates of: they only grow, except when clear() sets them back to zero.
 STATS_COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "recoveries",
-                  "computations", "waits", "takeovers", "admitted", "not_admitted", "promoted", "ghost_hits")
+                  "computations", "waits", "takeovers", "admitted", "not_admitted", "promoted", "ghost_hits",
+                  "unlocked_reads", "read_retries", "read_fallbacks")
 
 
 class Interval:
@@ -334,6 +335,7 @@ def cmd_inspect(args) -> int:
         "policy": {"name": s.policy, "ghost_slots": g.ghost_slots, "admitted": s.admitted,
                    "not_admitted": s.not_admitted, "small_entries": s.small_entries, "promoted": s.promoted,
                    "ghost_hits": s.ghost_hits},
+        "unlocked": {"reads": s.unlocked_reads, "retries": s.read_retries, "fallbacks": s.read_fallbacks},
         "arena": _arena_report(s, fill),
         "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},
     }

@@ -10,6 +10,7 @@ or the mapping cannot be unmapped.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -83,7 +84,7 @@ _WORDS = (
     "H_FREE_HEAD", "H_UNUSED_NEXT", "H_VERSION_CLOCK", "H_NEXT_EXPIRY", "H_EXPIRED", "H_DEFAULT_TTL", "H_WRITING",
     "H_PROGRESS", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK", "H_NOT_ADMITTED",
     "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ", "MARK_SMALL",
-    "GHOST_WAYS", "GHOST_STAMP_BITS",
+    "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
 )
 
 
@@ -102,6 +103,7 @@ def offsets(geometry) -> dict[str, int]:
         header_off=0, index_off=g.index_off, entries_off=g.entries_off, expires_off=g.expires_off,
         versions_off=g.versions_off, kinds_off=g.kinds_off, pins_off=g.pins_off, kind_table_off=g.kind_table_off,
         marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
+        readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, entry_slots=g.entry_slots, index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
@@ -132,6 +134,7 @@ from . import entries  # noqa: E402
 from .codec import array_checksum, body_checksum  # noqa: E402
 from .errors import ClosedError, PinnedError  # noqa: E402
 from .store import UNVIEWABLE, Fields  # noqa: E402
+from .readers import Reader  # noqa: E402
 from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look  # noqa: E402
 
 
@@ -274,8 +277,13 @@ class HandOver(Reference):
         return self.first_look(lease)
 
     def first_look(self, lease) -> Any:
-        """The view of a value this handle has not checked before (``view.first_look``)."""
-        return first_look(self.pins, lease, self.guard.checksum_failed, self.base)
+        """The view of a value this handle has not checked before (``view.first_look``). Pinned without the lock,
+        its lookup is counted by the compiled section after this returns (a failed checksum: a miss), so the
+        repair then corrects no counter of the header."""
+        failed = self.guard.checksum_failed
+        if _core.unlocked_view():
+            failed = functools.partial(failed, counted=False)
+        return first_look(self.pins, lease, failed, self.base)
 
     def room_pinned(self, encoded: list, done: int) -> None:
         """A batch put's refusal by the compiled section: the room its entry ``done`` needs is pinned."""
@@ -295,4 +303,9 @@ def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
         return Reference(guard, store, arena, base), None, PinDescriptions(seg.fd)
     pins = compiled_pins(seg)
     bound = bind(seg, lock_timeout, HandOver(guard, store, arena, base, pins))
+    if seg.geometry.policy != d.POLICY_LRU:  # gets and views without the lock, counted in a reader slot
+        try:
+            Reader(seg).bind(bound)
+        except OSError:
+            pass  # no /proc, or no descriptor left: every read takes the lock
     return bound, bound, pins

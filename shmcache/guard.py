@@ -21,10 +21,11 @@ from typing import NoReturn
 
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
-from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES
+from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
 from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
 from .lock import hot_trylock, hot_unlock
 from .core import last_wait
+from .seqlock import close_seq, open_seq
 from .verify import check, repair
 
 # The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
@@ -57,6 +58,8 @@ def updating(fn):
     @functools.wraps(fn)
     def bracketed(self, *args):
         h = self.h
+        if self.seqlocked:
+            open_seq(h)
         was = h[H_DIRTY]
         h[H_DIRTY] = 1
         try:
@@ -82,6 +85,7 @@ class Guard:
         self.lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd))
         self.addr = self.lock.handle
         self.closed = False
+        self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
         # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
         # waiter would find the damage, a lone caller never), so each attacher looks once.
         if self.lock.kind_damaged() and not self.lock.word():
@@ -116,7 +120,9 @@ class Guard:
         try:
             addr = self.enter(waited)
             self.admit(addr)
-            return fn(*args)
+            result = fn(*args)
+            close_seq(self.h)
+            return result
         except BaseException as exc:
             self.fault(exc, addr)
             raise
@@ -174,6 +180,8 @@ class Guard:
         Lock held."""
         h = self.h
         with signals_deferred():
+            if self.seqlocked:
+                open_seq(h)
             h[H_DIRTY] = _REPAIRING  # Crash window: dying in here leaves the repair to the next locker.
             try:
                 if not check(self.seg, deep=deep).ok:
@@ -204,6 +212,7 @@ class Guard:
         damage = isinstance(exc, _DAMAGE) and (isinstance(exc, CorruptionError) or not isinstance(exc, ShmCacheError))
         if damage or self.h[H_DIRTY]:
             self.repair(deep=damage)
+        close_seq(self.h)
         if damage and not isinstance(exc, CorruptionError):
             raise CorruptionError(f"shared data failed a check and the cache was repaired: {exc!r}", what="access",
                                   hint="the operation can be retried") from exc
@@ -216,6 +225,7 @@ class Guard:
         try:
             addr = self.enter()
             self.admit(addr)
+            close_seq(self.h)  # (a repair by admit opened it)
             self.closed = True
         except BaseException as exc:
             self.fault(exc, addr)

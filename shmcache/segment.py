@@ -198,9 +198,9 @@ class Segment:
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
         self.features = words[d.H_FEATURES]
-        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots) != (
-            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
-        ):
+        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots,
+                d.READER_SLOTS) != (words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES],
+                                    words[d.H_GHOST_SLOTS], words[d.H_READER_SLOTS]):
             raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
                               hint="the segment is damaged; remove it with `shmcache rm` and recreate it")
         if size < geometry.total_nbytes:
@@ -224,6 +224,7 @@ class Segment:
         h[d.H_CAPACITY_BYTES] = geometry.capacity_bytes
         h[d.H_POLICY] = geometry.policy
         h[d.H_GHOST_SLOTS] = geometry.ghost_slots
+        h[d.H_READER_SLOTS] = d.READER_SLOTS
         config.write(h, self._default_ttl_ns, geometry.max_entries, geometry.capacity_bytes)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
@@ -274,6 +275,7 @@ class Segment:
         self.marks_bytes = mv[g.marks_off : g.marks_off + g.entry_slots]
         self.ghost_words = mv[g.ghost_off : g.ghost_off + g.ghost_slots * d.GHOST.itemsize].cast("q")
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
+        self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         self._mv = mv
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -310,7 +312,8 @@ class Segment:
         if self.mm is None:
             return
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
-                     "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "kind_words", "_mv"):
+                     "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "kind_words",
+                     "reader_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()

@@ -12,6 +12,8 @@ from .layout.dtypes import (
     POLICY_NAMES,
 )
 
+from .readers import set_aside, totals as reader_totals
+
 if TYPE_CHECKING:
     from .kinds import KindStats
     from .tier.stats import TierStats
@@ -56,6 +58,11 @@ class CacheStats:
     ``small_entries`` is how many entries the small queue holds, ``promoted`` counts those it moved to main for
     their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them; under
     the other policies these are 0.
+
+    Under ``s3fifo`` and ``keep`` the compiled section answers gets and views without the lock: ``unlocked_reads``
+    counts those lookups (``hits`` and ``misses`` include them), ``read_retries`` the reads begun again because a
+    writer changed what they were reading, ``read_fallbacks`` those that took the lock after all (a writer kept at
+    it, an expired entry to drop).
     """
 
     hits: int
@@ -84,6 +91,9 @@ class CacheStats:
     small_entries: int = 0
     promoted: int = 0
     ghost_hits: int = 0
+    unlocked_reads: int = 0
+    read_retries: int = 0
+    read_fallbacks: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -99,10 +109,13 @@ class CacheStats:
         return d
 
 
-def read_stats(h, kinds: dict | None = None) -> CacheStats:
-    """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name."""
+def read_stats(h, kinds: dict | None = None, readers=None) -> CacheStats:
+    """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name; ``readers``: the
+    segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``)."""
+    hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
     return CacheStats(
-        hits=h[H_HITS], misses=h[H_MISSES], puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
+        hits=h[H_HITS] + hits, misses=h[H_MISSES] + misses, unlocked_reads=hits + misses, read_retries=retries,
+        read_fallbacks=fallbacks, puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
         evictions=h[H_EVICTIONS], expired=h[H_EXPIRED], clears=h[H_CLEARS], recoveries=h[H_RECOVERIES],
         computations=h[H_COMPUTATIONS],
         waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
@@ -115,9 +128,12 @@ def read_stats(h, kinds: dict | None = None) -> CacheStats:
     )
 
 
-def reset_counters(h) -> None:
+def reset_counters(h, readers=None) -> None:
+    """clear()'s reset: the header's counters zeroed, the reader slots' sums set aside (``readers.set_aside``)."""
     for w in RESET_BY_CLEAR:
         h[w] = 0
+    if readers is not None:
+        set_aside(h, readers)
 
 
 # (field, metric suffix, type, help) for the Prometheus exposition; counters get the conventional _total suffix.
@@ -138,6 +154,9 @@ _PROMETHEUS = (
     ("not_admitted", "not_admitted_total", "counter", "puts of a new entry the policy did not store"),
     ("promoted", "promoted_total", "counter", "s3fifo: entries moved from the small queue to main for their hits"),
     ("ghost_hits", "ghost_hits_total", "counter", "s3fifo: new keys admitted to main, remembered by the ghost"),
+    ("unlocked_reads", "unlocked_reads_total", "counter", "lookups answered without the lock (s3fifo, keep)"),
+    ("read_retries", "read_retries_total", "counter", "reads without the lock begun again under a writer"),
+    ("read_fallbacks", "read_fallbacks_total", "counter", "reads without the lock that took the lock after all"),
     ("entries", "entries", "gauge", "resident entries"),
     ("small_entries", "small_entries", "gauge", "s3fifo: entries in the small queue"),
     ("retained_bytes", "retained_bytes", "gauge", "encoded keys and values held"),

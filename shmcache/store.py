@@ -73,6 +73,7 @@ class Store:
         self.mask = g.index_slots - 1
         self.capacity_bytes = g.capacity_bytes
         self.hit = self._hit_relinking if table.policy == POLICY_LRU else self._hit_touching  # type: ignore[method-assign]
+        self.seqlocked = table.seqlocked  # guard.updating opens the readers' seq (not under lru)
 
     # ------------------------------------------------------------------------------------------- before the lock
 
@@ -160,7 +161,7 @@ class Store:
         stays (it reads as absent), unless the caller is about to insert its key (``to_insert``), which raises
         PinnedError: the key must never be in the index twice."""
         table = self.table
-        if table.pins[e] and table.pinned(e):
+        if table.pinned(e):
             if to_insert:
                 # Why not refuse_pinned: it would ask the kernel again, and a pin ended in between would let the
                 # caller insert the key a second time, beside this entry.
@@ -174,7 +175,7 @@ class Store:
         size = encoded[5]
         if size > h[H_MAX_RETAINED]:
             raise too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
-        if old != EMPTY and table.pins[old]:
+        if old != EMPTY:
             table.refuse_pinned(old, "replaced")
         if old != EMPTY:
             h[H_UPDATES] += 1
@@ -357,7 +358,7 @@ class Store:
                 if e not in keep:
                     table.remove(e)
                 e = n
-        reset_counters(h)
+        reset_counters(h, self.seg.reader_words)
         config.restore(h, self.seg.geometry)  # clear() starts afresh: a damaged configuration word too
         h[H_CLEARS] += 1
         return before - h[H_ENTRIES]
@@ -365,7 +366,7 @@ class Store:
     def stats(self) -> CacheStats:
         if header_problems(self.seg):  # a counter or limit out of range is never reported: repaired first
             self.repair()
-        return read_stats(self.h, kinds.stats_locked(self.seg))
+        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in

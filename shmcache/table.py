@@ -16,6 +16,7 @@ from . import block, index, lru, ofd, policy
 from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
+from .seqlock import open_seq
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
@@ -53,6 +54,7 @@ class Table:
         self.kw = seg.kind_words
         self.marks, self.ghost = seg.marks_bytes, seg.ghost_words
         self.policy = g.policy  # POLICY_* (policy.py): what a hit, an insert and an eviction do
+        self.seqlocked = g.policy != POLICY_LRU  # gets and views read without the lock: see seqlock.py
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.mask = g.index_slots - 1
@@ -67,7 +69,10 @@ class Table:
     def pinned(self, e: int) -> bool:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says
         that one may: a pin dies with its process without a word written, so the kernel lock is what counts, and
-        a flag found without one is cleared."""
+        a flag found without one is cleared. The readers' seq is opened first (under s3fifo and keep): see
+        seqlock.open_seq."""
+        if self.seqlocked:
+            open_seq(self.h)
         if not self.pins[e]:
             return False
         # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too.
@@ -78,7 +83,7 @@ class Table:
 
     def refuse_pinned(self, e: int, what: str) -> None:
         """Raise PinnedError if entry ``e`` is pinned: its bytes must stay as they are while a view reads them."""
-        if self.pins[e] and self.pinned(e):
+        if self.pinned(e):
             raise pinned_error(what)
 
     def touch(self, e: int) -> None:

@@ -29,7 +29,8 @@ from .layout.dtypes import (
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
     H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK, H_GHOST_CLOCK,
     H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
-    MARKS_VALID, POLICY_S3FIFO, H_ADMITTED,
+    MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
+    H_READER_SLOTS, READER_SLOTS,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -138,7 +139,9 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
 
 
 _COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
-             H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS)
+             H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS, H_BASE_HITS,
+             H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS)
+# (``seq`` has no range: any value is a generation, and an odd one is evened by the next hold to end.)
 _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
 
@@ -167,7 +170,8 @@ def _identity(g, features: int) -> dict[int, int]:
     """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
     return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
             H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
-            H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots}
+            H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots,
+            H_READER_SLOTS: READER_SLOTS}
 
 
 _WORD_NAMES = {field_off(HEADER, n) // 8: n for n in HEADER.names or () if n != "lock"}

@@ -15,7 +15,7 @@ from shmcache.layout import dtypes as d
 
 
 def test_layout_golden_itemsizes():
-    assert layout.HEADER.itemsize == 512
+    assert layout.HEADER.itemsize == 576
     assert layout.INDEX_SLOT.itemsize == 16
     assert layout.ENTRY.itemsize == 64
 
@@ -41,7 +41,6 @@ def test_layout_golden_version_4_additions():
     assert f["config_check"][1] == 368 and d.H_CONFIG_CHECK == 46
     assert [f[n][1] for n in ("saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check")] == \
         [384, 392, 400, 408]
-    assert layout.HEADER.itemsize == 512
 
 
 def test_layout_golden_version_5_additions():
@@ -49,12 +48,24 @@ def test_layout_golden_version_5_additions():
     assert f["admitted"][1] == 376
     assert [f[n][1] for n in ("policy", "ghost_slots", "small_first", "small", "ghost_clock", "not_admitted",
                               "promoted", "ghost_hits")] == list(range(448, 512, 8))
-    assert d.LAYOUT_VERSION == 5 and d.POLICY_NAMES == ("lru", "s3fifo", "keep")
+    assert d.POLICY_NAMES == ("lru", "s3fifo", "keep")
     assert (d.MARK_FREQ, d.MARK_SMALL, d.GHOST_WAYS, d.GHOST_STAMP_BITS) == (3, 4, 16, 32)
     lru, s3 = layout.Geometry.for_capacity(1 << 20, 1000), layout.Geometry.for_capacity(1 << 20, 1000, 1)
     assert lru.ghost_slots == 0 and s3.ghost_slots == s3.index_slots == 2048
     assert s3.arena_off >= s3.ghost_off + 2048 * 8 and lru.ghost_off == s3.ghost_off
     assert layout.Geometry.for_capacity(4096, 1, 1).ghost_slots == d.GHOST_WAYS  # a group at least
+
+
+def test_layout_golden_version_6_additions():
+    f = layout.HEADER.fields
+    assert [f[n][1] for n in ("seq", "reader_slots", "base_hits", "base_misses", "base_retries",
+                              "base_fallbacks")] == list(range(512, 560, 8))
+    assert d.LAYOUT_VERSION == 6 and layout.HEADER.itemsize == 576 and d.READER_SLOTS == 256
+    assert d.READER.itemsize == 64 and [d.READER.fields[n][1] for n in d.READER.names] == [0, 8, 16, 24, 32]
+    for policy in (0, 1):
+        g = layout.Geometry.for_capacity(1 << 20, 1000, policy)
+        assert g.index_off == 576 and g.readers_off % 64 == 0
+        assert g.readers_off >= g.ghost_off + g.ghost_slots * 8 and g.arena_off >= g.readers_off + 256 * 64
 
 
 @pytest.mark.parametrize("policy", [0, 1, 2])

@@ -297,8 +297,9 @@ def test_verify_get_of_a_value_that_does_not_decode_raises_corruption_and_drops_
         assert c.get("bad") is None and c.verify().ok
 
 
-CONFIG_WORDS = ("config_check", "saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check", "progress")
-HEADER_WORDS = [n for n in d.HEADER.names if n != "lock" and n not in CONFIG_WORDS]  # (checksums: no range)
+CONFIG_WORDS = ("config_check", "saved_ttl_ns", "saved_max_entries", "saved_max_retained", "saved_check", "progress",
+                "seq")
+HEADER_WORDS = [n for n in d.HEADER.names if n != "lock" and n not in CONFIG_WORDS]  # (checksums, seq: no range)
 BAD_WORDS = [-1, 2**63 - 1, -(2**63), 2**62 + 12345]
 
 

@@ -13,6 +13,7 @@ these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two re
     geometry.marks_off        marks         entry_slots bytes (MARKS): the policy's bits of each entry
     geometry.kind_table_off   kind table    MAX_KINDS + 1 records of dtype KIND (64 bytes)
     geometry.ghost_off        ghost         ghost_slots words (GHOST): s3fifo's ghost (0 words otherwise)
+    geometry.readers_off      reader slots  READER_SLOTS records of dtype READER (64 bytes): reads without the lock
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -30,7 +31,9 @@ version clock, the expiry bound and counter, the default time to live, the numbe
 writing, the configuration's checksum and the count of new entries stored, line 6 the configuration's checked copy
 (``shmcache/config.py``), line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1 s3fifo, 2 keep) and
 ``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``, ``small``), its ghost clock
-and the policy's counters. See ``dtypes.HEADER`` for each field.
+and the policy's counters, line 8 what readers without the lock validate against (``seq``), the number of reader
+slots (written once at creation) and the slots' sums ``clear()`` last set aside (``base_*``). See ``dtypes.HEADER``
+for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -63,6 +66,15 @@ pinned the entry; whether a pin is still held is asked of the kernel (below), si
 without a word written. ``marks`` is 0 under lru and keep; under s3fifo bits 0-1 count the entry's hits since it
 entered its queue (saturating at 3) and bit 2 (``MARK_SMALL``) says it is in small.
 
+Reads without the lock (s3fifo and keep). ``seq`` is odd from a lock holder's first write or pin query until its
+hold ends with ``dirty`` 0; a reader reads it before and after what it reads, and an odd word or a change voids the
+read (docs/design.md, "Reads without the lock"). Any value is valid: an odd word nobody is writing under is evened by
+the next hold to end. Each reader slot is written by the one handle that holds it (an exclusive kernel lock on byte
+``READER_BASE`` + slot, below): plain counts of the lookups it answered without the lock (``hits``, ``misses``),
+of the reads it began again (``retries``) and of those it handed to the locked path (``fallbacks``), and the pid
+of its last holder. A slot keeps its counts when its holder dies; ``stats()`` adds every slot's to the header's,
+less ``base_*``. Any value of a slot is valid (out of range, it counts as 0, and its next claimer zeroes it).
+
 Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of
 ``GHOST_WAYS``: a fingerprint's group is its low bits' slot rounded down to a group. A word is 0 (empty) or
 ``(tag << 32) | stamp``: ``tag`` is the fingerprint shifted right by 33 with bit 30 set, ``stamp`` the low 32 bits of
@@ -84,10 +96,12 @@ offset taken from the key's fingerprint (``shmcache/flight.py``); every open han
 2**62 (``LIVE_BYTE``), which ``sweep`` takes exclusively to know that nobody has the segment open; and a view pins
 entry slot ``e`` with a shared lock on byte 2**62 + 1 + e (``shmcache/view.py``); a ``TieredCache`` namespace's
 invalidation listener holds an exclusive lock on byte 2**62 + 2**40 + its kind number (``LISTENER_BASE``, the
-host's election: one listener per host); and every open handle holds a shared lock on byte 2**62 + 2**41 + its
-process's PID namespace (the inode number of /proc/self/ns/pid, taken modulo ``NS_SPAN``), so that the lock can tell
-when a holder's thread id may belong to a namespace the reader cannot see (``shmcache/lock.py``). The ranges are
-disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far fewer), listeners below 2**62 + 2**41.
+host's election: one listener per host); a handle reading without the lock holds an exclusive lock on byte 2**62 +
+2**40 + 2**20 + its reader slot (``READER_BASE``, ``shmcache/readers.py``); and every open handle holds a shared
+lock on byte 2**62 + 2**41 + its process's PID namespace (the inode number of /proc/self/ns/pid, taken modulo
+``NS_SPAN``), so that the lock can tell when a holder's thread id may belong to a namespace the reader cannot see
+(``shmcache/lock.py``). The ranges are disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far
+fewer), listeners below 2**62 + 2**40 + 2**20, reader slots below 2**62 + 2**41.
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
@@ -121,6 +135,7 @@ Layout versions.
     4 -- the configuration's checksum (``config_check``, line 5) and its checked copy (line 6): a damaged
          ``default_ttl_ns`` or limit is found by verify() and restored by the repair (``shmcache/config.py``).
     5 -- eviction policies: header line 7, ``admitted`` (line 5), the marks column and the ghost region.
+    6 -- reads without the lock: header line 8 (``seq``, ``reader_slots``, ``base_*``) and the reader slots.
 """
 
 from .dtypes import (

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -40,7 +40,7 @@ MAX_TTL_NS = 2**61  # default_ttl_ns and every time to live: clock + ttl stays b
 MAX_PID = 2**22  # creator_pid: Linux's pid_max is at most 2**22
 KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
-HEADER_NBYTES = 512  # 8 cache lines
+HEADER_NBYTES = 576  # 9 cache lines
 LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
 # Eviction policies (header word ``policy``, chosen at creation): the names SharedCache takes, by number.
 POLICY_LRU, POLICY_S3FIFO, POLICY_KEEP = 0, 1, 2
@@ -55,6 +55,8 @@ MARKS_VALID = MARK_FREQ | MARK_SMALL  # no other bit is ever set
 GHOST_STAMP_BITS = 32
 GHOST_STAMP_MASK = 2**32 - 1
 GHOST_WAYS = 16  # a key's ghost slot is one of the 16 of its group (two cache lines), the oldest replaced
+# Reader slots: one per handle that reads without the lock, its counts written by that handle alone (see READER).
+READER_SLOTS = 256
 
 
 def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np.dtype:
@@ -145,6 +147,17 @@ HEADER = _record(
             ("promoted", _W),      # s3fifo: entries moved from small to main for their hits
             ("ghost_hits", _W),    # s3fifo: new keys admitted straight to main, found in the ghost
         ]),
+        # Line 8: what readers without the lock read first and last, alone on its line but for creation-time words
+        # and words written by clear() only.
+        (512, [
+            ("seq", _W),            # odd from a hold's first write (or pin query) until the hold ends with dirty
+            #                         0; any change between a reader's two reads of it voids what it read
+            ("reader_slots", _W),   # READER_SLOTS of the creator, written once at creation
+            ("base_hits", _W),      # the reader slots' sums of hits, misses, retries and fallbacks when clear()
+            ("base_misses", _W),    # last reset the counters: stats() reports the sums less these
+            ("base_retries", _W),
+            ("base_fallbacks", _W),
+        ]),
     ],
     HEADER_NBYTES,
 )
@@ -182,6 +195,16 @@ KINDS = np.dtype("u1")   # kind record number (0: no kind); the same as the key'
 PINS = np.dtype("u1")    # 1: a view may hold the entry pinned (a kernel lock says whether one still does)
 MARKS = np.dtype("u1")   # the policy's bits of the entry (MARK_*); 0 under lru and keep
 GHOST = np.dtype(_W)     # a ghost slot (s3fifo): see GHOST_STAMP_BITS
+# A reader slot: the counts of one handle's reads without the lock, plain words written by that handle alone (it
+# holds the slot with an exclusive OFD lock on byte READER_BASE + slot, ofd.py). A slot outlives its holder: the next
+# claimer adds to its counts, and stats() sums every slot, so counts survive a SIGKILL.
+READER = _record([(0, [
+    ("hits", _W),       # lookups answered without the lock that found the key
+    ("misses", _W),     # lookups answered without the lock that did not
+    ("retries", _W),    # reads begun again because a writer changed the segment under them (torn reads)
+    ("fallbacks", _W),  # reads handed to the locked path after all (a writer kept at it, an expired entry...)
+    ("holder", _W),     # pid of the handle that last claimed the slot (for display only)
+])], 64)
 
 HEADER_WORDS = HEADER_NBYTES // 8
 INDEX_WORDS = INDEX_SLOT.itemsize // 8
@@ -256,6 +279,18 @@ H_GHOST_CLOCK = _word(HEADER, "ghost_clock")
 H_NOT_ADMITTED = _word(HEADER, "not_admitted")
 H_PROMOTED = _word(HEADER, "promoted")
 H_GHOST_HITS = _word(HEADER, "ghost_hits")
+H_SEQ = _word(HEADER, "seq")
+H_READER_SLOTS = _word(HEADER, "reader_slots")
+H_BASE_HITS = _word(HEADER, "base_hits")
+H_BASE_MISSES = _word(HEADER, "base_misses")
+H_BASE_RETRIES = _word(HEADER, "base_retries")
+H_BASE_FALLBACKS = _word(HEADER, "base_fallbacks")
+R_HITS = _word(READER, "hits")
+R_MISSES = _word(READER, "misses")
+R_RETRIES = _word(READER, "retries")
+R_FALLBACKS = _word(READER, "fallbacks")
+R_HOLDER = _word(READER, "holder")
+READER_WORDS = READER.itemsize // 8
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
 K_ENTRIES = _word(KIND, "entries")

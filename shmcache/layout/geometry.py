@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .dtypes import (
     ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MARKS,
-    MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, VERSIONS,
+    MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -88,8 +88,12 @@ class Geometry:
         return _round_up(self.kind_table_off + (MAX_KINDS + 1) * KIND.itemsize, ALIGN)
 
     @property
+    def readers_off(self) -> int:
+        return _round_up(self.ghost_off + self.ghost_slots * GHOST.itemsize, ALIGN)
+
+    @property
     def arena_off(self) -> int:
-        return _round_up(self.ghost_off + self.ghost_slots * GHOST.itemsize, PAGE)
+        return _round_up(self.readers_off + READER_SLOTS * READER.itemsize, PAGE)
 
     @property
     def total_nbytes(self) -> int:

@@ -1,0 +1,240 @@
+/* shmcache._core, reads without the lock: a get's lookup and copy validated against the header's seq word, which
+ * writers make odd for the length of a hold that writes (seq_open, seq_close in _core_lock.c). Under s3fifo and
+ * keep only (lru relinks on every hit: its gets keep the lock).
+ * Twin of store.py (Store.read), whose answers it gives: the Python path takes the lock for them
+ * (tests/test_unlocked.py holds the two to the same answers and totals).
+ *
+ * The reader's protocol (docs/design.md, "Reads without the lock"): s1 = seq (acquire); odd: a writer is at it,
+ * try again; the probe and the entry's words read once each (relaxed atomic loads: never re-read after a check),
+ * every offset and length checked against the arena before use; an acquire fence, then seq again: unchanged, what
+ * was read is what one instant of the segment held. Only then is the value's length trusted for an allocation, and
+ * the copy is validated the same way. A hit still passes the value's checksum before it is returned or counted.
+ * A read found torn is retried (counted in the reader slot's ``retries``); after UNLOCKED_TRIES, or on anything
+ * unusual (an expired entry to drop, a bound failing on a quiet segment, no reader slot), it is handed to the
+ * locked path (``fallbacks``).
+ * A part of the one translation unit _core.c (see there). */
+#include "_core.h"
+
+#ifndef UNLOCKED_TRIES
+#define UNLOCKED_TRIES 64 /* attempts before the lock is taken instead: a writer's hold is ~1 us, a big put ~50 us */
+#endif
+
+/* Whether lock-free reads are built for this machine: the Python path's writers order their stores by x86-64's
+ * total store order alone (seqlock.py), so other machines read under the lock. */
+#if defined(__x86_64__)
+#define UNLOCKED_READS 1
+#else
+#define UNLOCKED_READS 0
+#endif
+
+#define RD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
+static unsigned long fork_count; /* raised in every forked child (pthread_atfork): a slot claimed before is not ours */
+
+static void count_fork(void) { fork_count++; }
+
+/* This handle's reader slot, or NULL: none claimed, or claimed before a fork (the child's is claimed by
+ * readers.py's fork hook). */
+static inline int64_t *reader_slot(Core *c)
+{
+    return (UNLOCKED_READS && c->rd != NULL && c->rd_fork == fork_count && c->policy != POLICY_LRU) ? c->rd : NULL;
+}
+
+static inline int64_t seq_begin(Core *c) { return __atomic_load_n(&HW(seq), __ATOMIC_ACQUIRE); }
+
+/* Whether nothing was written since seq_begin answered ``s`` (even). */
+static inline int seq_same(Core *c, int64_t s)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&HW(seq), __ATOMIC_RELAXED) == s;
+}
+
+/* The probe of index.find without the lock: 1 found (its entry's words into *f), 0 absent, -1 something failed a
+ * bound (torn, or damage: the caller tells them apart by seq). (index.py find's probe, each word read once) */
+static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out, Found *f)
+{
+    int64_t s = fp & c->mask;
+    for (int64_t i = 0; i <= c->mask; i++) {
+        int64_t e = RD(IXE(s));
+        if (e == c->empty)
+            return 0;
+        if (!SLOT_OK(e))
+            return -1;
+        if (RD(IXF(s)) == fp && RD(EN(e, klen)) == klen) {
+            int64_t off = RD(EN(e, off)), vlen = RD(EN(e, vlen));
+            if (!block_in_arena(c, off, vlen, klen))
+                return -1;
+            if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
+                *out = e;
+                f->slot = e;
+                f->off = off + c->block_header;
+                f->vlen = vlen;
+                f->check = RD(EN(e, check));
+                f->tag = RD(c->arena[f->off]);
+                return 1;
+            }
+        }
+        s = (s + 1) & c->mask;
+    }
+    return -1;
+}
+
+/* A hit's counter raised without the lock (s3fifo): a compare-and-swap on the marks byte, once, so that a writer's
+ * MARK_SMALL bit is never overwritten (a writer's plain store may drop the raise instead: any counter is valid).
+ * (twin: policy.py bump) */
+static inline void bump_unlocked(Core *c, int64_t e)
+{
+    unsigned char m = RD(c->marks[e]);
+    if ((m & MARK_FREQ) != MARK_FREQ)
+        __atomic_compare_exchange_n(&c->marks[e], &m, (unsigned char)(m + 1), 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take another */ };
+
+/* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);
+ * U_LOCK: take the lock instead; -1: a Python exception (no memory). Nothing is counted here. *now as find_live's. */
+static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,
+                        PyObject **body)
+{
+    for (int t = 0; t < UNLOCKED_TRIES; t++) {
+        if (t) {
+            ADD(rd[c->r_retries], 1);
+            for (int i = 0; i < (t < 8 ? 1 << t : 256); i++)
+                cpu_pause();
+        }
+        int64_t s = seq_begin(c), e;
+        if (s & 1)
+            continue;
+        f->hit = 0;
+        int r = find_unlocked(c, kb, klen, fp, &e, f);
+        if (r <= 0) {
+            if (!seq_same(c, s))
+                continue;
+            return r == 0 ? U_DONE : U_LOCK; /* a bound failed on a quiet segment: damage, the locked path judges */
+        }
+        int64_t x = RD(c->exp[e]);
+        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
+            return U_LOCK; /* expired: the locked path drops it (or finds it rewritten meanwhile) */
+        if (!seq_same(c, s))
+            continue; /* the length is trusted for an allocation only once validated */
+        PyObject *copy = copy_value(c, f);
+        if (copy == NULL)
+            return -1;
+        if (!seq_same(c, s)) {
+            Py_DECREF(copy);
+            continue;
+        }
+        f->hit = 1;
+        *body = copy;
+        return U_DONE;
+    }
+    return U_LOCK;
+}
+
+/* The pin of a view without the lock: the entry found as get_unlocked finds it, then pinned as Store.pin pins it
+ * (the flag, then the pin byte read-locked through ``fd``), then, after a full fence, seq read again. A writer opens
+ * seq and fences before it reads a pin flag (seq_open): either it sees this flag, and asks the kernel, which holds
+ * the lock taken before it, or this reader sees its odd seq and lets the pin go. U_DONE with *f (f->hit 0: a miss;
+ * *viewable 0: a value view() does not serve, nothing pinned) and, for a pin held, *version; U_LOCK: nothing
+ * locked through fd any more, take the mutex instead; U_LOST: as U_LOCK, but the pin byte could not be let go, so
+ * fd was closed (the locked path takes another). */
+static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, int fd,
+                        Found *f, int *viewable, int64_t *version)
+{
+    for (int t = 0; t < UNLOCKED_TRIES; t++) {
+        if (t) {
+            ADD(rd[c->r_retries], 1);
+            for (int i = 0; i < (t < 8 ? 1 << t : 256); i++)
+                cpu_pause();
+        }
+        int64_t s = seq_begin(c), e;
+        if (s & 1)
+            continue;
+        f->hit = 0;
+        int r = find_unlocked(c, kb, klen, fp, &e, f);
+        if (r <= 0) {
+            if (!seq_same(c, s))
+                continue;
+            return r == 0 ? U_DONE : U_LOCK;
+        }
+        int64_t x = RD(c->exp[e]);
+        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
+            return U_LOCK;
+        *viewable = f->tag == c->tag_bytes || f->tag == c->tag_array || f->tag == c->tag_tensor;
+        *version = RD(c->ver[e]);
+        if (!seq_same(c, s))
+            continue;
+        if (!*viewable) {
+            f->hit = 1;
+            return U_DONE; /* refused before anything is counted or pinned */
+        }
+        /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale
+         * flag, never a pin nobody can see. */
+        __atomic_store_n(&c->pins[e], 1, __ATOMIC_RELAXED);
+        struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);
+        if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
+            return U_LOCK; /* never refused (pin bytes are only read-locked): the locked path tries again */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the flag and the lock before seq is read again: see above */
+        if (__atomic_load_n(&HW(seq), __ATOMIC_RELAXED) == s) {
+            f->hit = 1;
+            return U_DONE;
+        }
+        struct flock un = byte_lock(F_UNLCK, c->pin_base + e);
+        if (fcntl(fd, F_OFD_SETLK, &un) < 0) {
+            close(fd); /* closing drops the lock taken through it */
+            return U_LOST;
+        }
+    }
+    return U_LOCK;
+}
+
+#ifndef UNLOCKED_BATCH_TRIES
+#define UNLOCKED_BATCH_TRIES 4 /* a batch's window is long: a writer met again and again sends it to the lock soon */
+#endif
+
+/* A batch get without the lock: every key looked up and copied within one window of an unchanged seq, so that the
+ * batch reads one instant of the segment, as under one hold of the lock. U_DONE with keys[i].f and .body (the
+ * copies) for all n keys; U_LOCK: nothing kept, take the lock; -1: a Python exception. Nothing is counted here. */
+static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, int64_t *now)
+{
+    for (int t = 0; t < UNLOCKED_BATCH_TRIES; t++) {
+        if (t) {
+            ADD(rd[c->r_retries], 1);
+            for (int i = 0; i < 64 << t; i++)
+                cpu_pause();
+        }
+        int64_t s = seq_begin(c), e;
+        if (s & 1)
+            continue;
+        int u = U_DONE;
+        Py_ssize_t i = 0;
+        for (; i < n && u == U_DONE; i++) {
+            Lookup *k = &keys[i];
+            k->f.hit = 0;
+            int r = find_unlocked(c, k->kb, k->klen, k->fp, &e, &k->f);
+            if (r < 0) {
+                u = U_LOCK;
+            } else if (r > 0) {
+                int64_t x = RD(c->exp[e]);
+                if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
+                    u = U_LOCK;
+                else if (!seq_same(c, s))
+                    u = -2; /* torn: the length is not to be trusted */
+                else if (!(k->body = copy_value(c, &k->f)))
+                    u = -1;
+                else
+                    k->f.hit = 1;
+            }
+        }
+        int same = u != -1 && seq_same(c, s);
+        if (u == U_DONE && same)
+            return U_DONE;
+        for (Py_ssize_t j = 0; j < i; j++)
+            Py_CLEAR(keys[j].body);
+        if (u == -1)
+            return -1;
+        if (same)
+            return U_LOCK; /* an expired entry, or a bound failing on a quiet segment */
+    }
+    return U_LOCK;
+}

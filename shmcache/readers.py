@@ -1,0 +1,113 @@
+"""Reader slots: where a handle that reads without the lock counts its hits and misses (layout/dtypes.py READER).
+
+A handle claims one of the segment's ``READER_SLOTS`` slots with an exclusive OFD lock on byte ``READER_BASE +
+slot`` (``ofd.py``), taken through a description of its own and held for the handle's life; its words are then
+written by that handle alone, with plain increments and no lock. The kernel drops the lock when the process dies;
+the slot's counts stay, the next claimer adds to them, and ``stats()`` sums every slot: nothing a dead process
+counted is lost. A forked child holds its parent's description too, so it claims a slot of its own before it counts
+(``_after_fork_in_child``). With every slot taken a handle reads under the lock, as the Python path always does.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from . import ofd
+from .layout.dtypes import (
+    H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, MAX_COUNTER, R_FALLBACKS, R_HITS, R_HOLDER,
+    R_MISSES, R_RETRIES, READER_SLOTS, READER_WORDS,
+)
+
+# The OFD byte of reader slot r: READER_BASE + r, above the tier's listener bytes (LISTENER_BASE + kind, below
+# 2**62 + 2**40 + 256) and below the PID-namespace bytes (ofd.NS_BASE = 2**62 + 2**41).
+READER_BASE = 2**62 + 2**40 + 2**20
+_COUNTS = (R_HITS, R_MISSES, R_RETRIES, R_FALLBACKS)
+_BASES = (H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS)
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Reader of this process, for the fork hook
+
+
+class Reader:
+    """One claimed reader slot of a segment (``slot`` is None once none could be had or it was given back).
+    ``core``: the compiled section counting in it, told of a new slot after a fork."""
+
+    __slots__ = ("slot", "fd", "_seg_fd", "_words", "_core", "__weakref__")
+
+    def __init__(self, seg) -> None:
+        self.slot: int | None = None
+        self.fd = -1
+        self._seg_fd = seg.fd
+        self._words = seg.reader_words
+        self._core = None
+        self._claim()
+        _LIVE.add(self)
+
+    def _claim(self) -> None:
+        fd = os.open(f"/proc/self/fd/{self._seg_fd}", os.O_RDWR | os.O_CLOEXEC)  # the file checked, not a name
+        try:
+            start = os.getpid() % READER_SLOTS  # spread: fewer slots tried when many processes open at once
+            for i in range(READER_SLOTS):
+                r = (start + i) % READER_SLOTS
+                if ofd.lock(fd, READER_BASE + r, ofd.WRITE, wait=False):
+                    w = r * READER_WORDS
+                    for c in _COUNTS:  # a count out of range (damaged) starts over: stats() must stay sane
+                        if not 0 <= self._words[w + c] < MAX_COUNTER:
+                            self._words[w + c] = 0
+                    self._words[w + R_HOLDER] = os.getpid()
+                    self.slot, self.fd, fd = r, fd, -1
+                    return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def bind(self, core) -> None:
+        """Have ``core`` (a ``_core.Core``) count its reads without the lock in this slot (none: it reads under
+        the lock)."""
+        self._core = core
+        core.use_reader(self, -1 if self.slot is None else self.slot)
+
+    def close(self) -> None:
+        """Give the slot back (the kernel drops the lock with the description); its counts stay in the segment."""
+        self.slot = None
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _after_fork_in_child(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # the child's copy only: the parent's lock stays with its own
+            self.fd, self.slot = -1, None
+            self._claim()
+            if self._core is not None:
+                self.bind(self._core)
+
+
+def _after_fork_in_child() -> None:
+    for reader in list(_LIVE):
+        try:
+            reader._after_fork_in_child()
+        except OSError:
+            reader.slot = None  # no slot: the core reads under the lock (it never counts in the parent's)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def totals(h, words) -> tuple[int, int, int, int]:
+    """(hits, misses, retries, fallbacks) of every reader slot, less what clear() set aside (``base_*``)."""
+    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)
+    sums = [int(a[:, c].clip(0, MAX_COUNTER).sum()) for c in _COUNTS]
+    return tuple(max(0, s - h[b]) for s, b in zip(sums, _BASES))  # type: ignore[return-value]
+
+
+def set_aside(h, words) -> None:
+    """clear(): the slots' sums become the new base, so that stats() counts from zero (a slot is its holder's to
+    write, never another process's: it is not zeroed)."""
+    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)
+    for c, b in zip(_COUNTS, _BASES):
+        h[b] = int(a[:, c].clip(0, MAX_COUNTER).sum())

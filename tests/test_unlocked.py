@@ -1,0 +1,450 @@
+"""Reads without the lock (shmcache/_core_unlocked.c): under s3fifo and keep the compiled section's get, get_many
+and view take no lock, validate what they read against the header's seq word, and count in a reader slot.
+
+What is held here: a stopped lock holder stalls none of them; they answer and count exactly as the locked Python
+path does (segments compared byte for byte, the counters aside); a read under a writer is retried, then handed to
+the lock; counts survive a SIGKILL, a fork and clear(); hostile bytes never crash a reader or pass as a value; and
+readers racing writers of other processes never return a wrong or torn value."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from shmcache import CorruptionError, LockTimeout, SharedCache, ofd
+from shmcache.layout.dtypes import (
+    H_CREATED_NS, H_CREATOR_PID, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_SEQ, READER, READER_SLOTS,
+)
+from shmcache.layout import LOCK_NBYTES
+from shmcache.readers import READER_BASE
+
+from .workers import check_value, hold_lock, make_value, python_path, reap
+
+UNLOCKED_TRIES = 64  # _core_unlocked.c
+
+
+def _unlocked(c: SharedCache) -> SharedCache:
+    if c._core is None or not c._core.unlocked:
+        c.close()
+        c.unlink()
+        pytest.skip("reads without the lock need the compiled section on x86-64")
+    return c
+
+
+def _cache(name: str, policy: str = "s3fifo", **kw) -> SharedCache:
+    kw.setdefault("capacity_bytes", 1 << 20)
+    kw.setdefault("max_entries", 256)
+    return _unlocked(SharedCache(name, create=True, policy=policy, **kw))
+
+
+def _stopped_holder(name: str):
+    """A process holding the cache lock, SIGSTOPped: (process, its pid)."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=hold_lock, args=(name, ready))
+    p.start()
+    assert ready.wait(30), "the child never took the lock"
+    os.kill(p.pid, signal.SIGSTOP)
+    return p
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["s3fifo", "keep"])
+def test_unlocked_reads_answer_while_a_stopped_process_holds_the_lock(name, policy):
+    # lock_timeout 5 s: a read that took the lock would raise LockTimeout, failing the test
+    c = _cache(name, policy, lock_timeout=5)
+    try:
+        for i in range(20):
+            c.put(f"k{i}", make_value(f"k{i}", i, 50 + i))
+        c.put("arr", np.arange(1000, dtype=np.int64))
+        c.put("raw", b"r" * 150_000)
+        with c.view("arr") as a:  # a first look (checksum) before the stop, and one during it below
+            assert int(a.sum()) == 499500
+        before = c.stats()
+        p = _stopped_holder(name)
+        try:
+            hits = misses = 0
+            for i in range(20):
+                check_value(f"k{i}", c.get(f"k{i}"))
+                hits += 1
+            assert c.get("absent", "dflt") == "dflt"
+            misses += 1
+            got = c.get_many([f"k{i}" for i in range(5)] + ["absent"])
+            for i in range(5):
+                check_value(f"k{i}", got[i])
+            assert got[5] is None
+            hits, misses = hits + 5, misses + 1
+            with c.view("arr") as a:
+                assert int(a.sum()) == 499500
+            with c.view("raw") as r:  # first view of this value: checked without the lock too
+                assert bytes(r[:3]) == b"rrr" and len(r) == 150_000
+            with pytest.raises(KeyError):
+                c.view("absent")
+            hits, misses = hits + 2, misses + 1
+        finally:
+            os.kill(p.pid, signal.SIGKILL)  # dies holding the lock: the next locker is told, and repairs if need be
+            reap([p], 30)
+        s = c.stats()  # takes the lock: the dead holder's
+        assert (s.hits - before.hits, s.misses - before.misses) == (hits, misses)
+        assert s.read_fallbacks == before.read_fallbacks
+        assert c.verify().ok
+    finally:
+        c.close()
+        c.unlink()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_unlocked_reads_are_not_made_under_lru(name):
+    """lru relinks on every hit: its gets take the lock, and a stopped holder stalls them until lock_timeout."""
+    c = SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=0.2)
+    try:
+        c.put("a", b"v")
+        assert c._core is None or not c._core.unlocked
+        p = _stopped_holder(name)
+        try:
+            with pytest.raises(LockTimeout):
+                c.get("a")
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            reap([p], 30)
+        assert c.get("a") == b"v"
+    finally:
+        c.close()
+        c.unlink()
+
+
+def test_unlocked_read_under_an_odd_seq_retries_then_takes_the_lock(name):
+    """An odd seq is a writer mid-hold (here: one that died between its last write and the hold's end): the read is
+    retried, then made under the lock, whose end evens the word again."""
+    c = _cache(name)
+    try:
+        c.put("a", b"v")
+        h = c._seg.header_words
+        h[H_SEQ] = h[H_SEQ] + 1
+        assert c.get("a") == b"v"
+        s = c.stats()
+        assert (s.read_retries, s.read_fallbacks, s.hits) == (UNLOCKED_TRIES - 1, 1, 1)
+        assert h[H_SEQ] % 2 == 0  # the locked get's hold ended with nothing half-done
+        assert c.get("a") == b"v" and c.stats().read_fallbacks == 1  # and reads go without the lock again
+    finally:
+        c.close()
+        c.unlink()
+
+
+def test_unlocked_expired_entry_is_dropped_under_the_lock(name):
+    now = [10**12]
+    c = _cache(name, clock=lambda: now[0])
+    try:
+        c.put("a", b"v", ttl=1)
+        assert c.get("a") == b"v"
+        now[0] += 2 * 10**9
+        assert c.get("a") is None and "a" not in c
+        s = c.stats()
+        assert (s.hits, s.misses, s.expired, s.read_fallbacks) == (1, 1, 1, 1)
+    finally:
+        c.close()
+        c.unlink()
+
+
+# ------------------------------------------------------------------------------------ the same answers and counts
+
+# Bytes that may differ between a segment read without the lock and one read under it: the header's hit and miss
+# counters (the reader slots hold the first one's), seq (a generation), the reader slots, and what differs anyway
+# (the mutex, the creation stamp, the progress word).
+def _comparable(c: SharedCache) -> np.ndarray:
+    x = np.frombuffer(c._seg.mm, dtype=np.uint8).copy()
+    g = c._seg.geometry
+    for lo, n in ((H_LOCK_OFF, LOCK_NBYTES), (H_CREATED_NS * 8, 8), (H_CREATOR_PID * 8, 8), (H_PROGRESS * 8, 8),
+                  (H_SEQ * 8, 8), (H_HITS * 8, 8), (H_MISSES * 8, 8), (g.readers_off, READER_SLOTS * READER.itemsize)):
+        x[lo : lo + n] = 0
+    return x
+
+
+@pytest.mark.parametrize("policy", ["s3fifo", "keep"])
+@pytest.mark.parametrize("seed", range(6))
+def test_unlocked_answers_and_counts_as_the_locked_python_path(name, policy, seed):
+    rng = random.Random(seed)
+    now = [10**12]
+    kw = dict(capacity_bytes=8192, max_entries=24, create=True, policy=policy, clock=lambda: now[0])
+    a = _unlocked(SharedCache(name, **kw))
+    b = python_path(SharedCache(name + "-ref", **kw))
+    views: list = []
+    try:
+        for step in range(600):
+            k = f"k{rng.randrange(40)}"
+            op = rng.random()
+            if op < 0.35:
+                got = [x.get(k, "miss") for x in (a, b)]
+            elif op < 0.45:
+                keys = [f"k{rng.randrange(40)}" for _ in range(rng.randrange(1, 6))]
+                got = [x.get_many(keys, "miss") for x in (a, b)]
+                got = [[v.tolist() if isinstance(v, np.ndarray) else v for v in g] for g in got]
+            elif op < 0.55:
+                got = []
+                for x in (a, b):
+                    try:
+                        v = x.view(k)
+                        got.append(bytes(v.__enter__()))
+                        views.append(v)
+                    except (KeyError, TypeError) as exc:
+                        got.append(type(exc))
+                if len(views) > 6:
+                    for v in views[:2]:
+                        v.close()
+                    del views[:2]
+            elif op < 0.85:
+                n = rng.randrange(1, 900)
+                v = b"x" * n if rng.random() < 0.5 else (np.arange(n // 8 + 1) if rng.random() < 0.5 else [k, n])
+                ttl = rng.choice([None, None, 1, 5])
+                got = []
+                for x in (a, b):
+                    try:
+                        got.append(x.put(k, v, ttl=ttl))
+                    except Exception as exc:  # PinnedError, TooLargeError: the same on both
+                        got.append(type(exc))
+            elif op < 0.95:
+                got = []
+                for x in (a, b):
+                    try:
+                        got.append(x.delete(k))
+                    except Exception as exc:
+                        got.append(type(exc))
+            else:
+                now[0] += rng.choice([10**8, 2 * 10**9])
+                continue
+            if isinstance(got[0], np.ndarray):
+                assert isinstance(got[1], np.ndarray) and got[0].tolist() == got[1].tolist(), (step, k)
+            else:
+                assert got[0] == got[1], (step, k, got)
+            assert np.array_equal(_comparable(a), _comparable(b)), f"segments differ after step {step}"
+        for v in views:
+            v.close()
+        sa, sb = a.stats(), b.stats()
+        assert (sa.read_retries, sa.read_fallbacks) == (0, sa.read_fallbacks)  # nothing wrote under it here
+        assert sa.unlocked_reads > 0 and sb.unlocked_reads == 0
+        assert sa.as_dict() | {"read_fallbacks": 0, "unlocked_reads": 0} == sb.as_dict()
+        assert list(a.keys()) == list(b.keys()) and a.verify().ok and b.verify().ok
+    finally:
+        for v in views:
+            v.close()
+        for x in (a, b):
+            x.close()
+            x.unlink()
+
+
+# ------------------------------------------------------------------------------------ the reader slots
+
+
+def _count_and_die(name: str, hits: int, misses: int) -> None:
+    c = SharedCache(name)
+    for _ in range(hits):
+        assert c.get("a") == b"v"
+    for _ in range(misses):
+        assert c.get("nope") is None
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_unlocked_counts_survive_a_sigkill_of_their_process(name):
+    c = _cache(name)
+    try:
+        c.put("a", b"v")
+        p = mp.get_context("spawn").Process(target=_count_and_die, args=(name, 37, 5))
+        p.start()
+        reap([p], 30)
+        assert p.exitcode == -signal.SIGKILL
+        s = c.stats()
+        assert (s.hits, s.misses) == (37, 5)
+        assert c.get("a") == b"v" and c.stats().hits == 38  # its slot is free again: claimed and added to
+    finally:
+        c.close()
+        c.unlink()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_unlocked_forked_child_counts_in_a_slot_of_its_own(name):
+    c = _cache(name)
+    try:
+        c.put("a", b"v")
+        assert c.get("a") == b"v"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its handle's counts must not go to the parent's slot (plain increments)
+            try:
+                ok = all(c.get("a") == b"v" for _ in range(100)) and c._core.unlocked
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        for _ in range(50):
+            assert c.get("a") == b"v"
+        assert os.read(r, 1) == b"1"
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert c.stats().hits == 151
+        words = np.frombuffer(c._seg.reader_words, dtype=np.int64).reshape(READER_SLOTS, -1)
+        used = words[words[:, 0] > 0]
+        assert sorted(used[:, 0].tolist()) == [51, 100]
+    finally:
+        c.close()
+        c.unlink()
+
+
+def test_unlocked_clear_starts_the_counts_afresh(name):
+    c = _cache(name)
+    try:
+        c.put("a", b"v")
+        for _ in range(5):
+            c.get("a")
+        c.get("b")
+        c.clear()
+        s = c.stats()
+        assert (s.hits, s.misses) == (0, 0)
+        c.put("a", b"v")
+        c.get("a")
+        c.get("b")
+        s = c.stats()
+        assert (s.hits, s.misses) == (1, 1)
+    finally:
+        c.close()
+        c.unlink()
+
+
+def test_unlocked_with_every_slot_taken_reads_under_the_lock(name):
+    SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, policy="s3fifo").close()
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR)
+    try:
+        assert ofd.lock(fd, READER_BASE, ofd.WRITE, wait=False, length=READER_SLOTS)
+        c = SharedCache(name)
+        try:
+            c.put("a", b"v")
+            assert c._core is None or not c._core.unlocked
+            assert c.get("a") == b"v" and c.get("b") is None
+            s = c.stats()
+            assert (s.hits, s.misses, s.read_fallbacks) == (1, 1, 0)
+        finally:
+            c.close()
+    finally:
+        os.close(fd)
+        SharedCache.unlink_name(name)
+
+
+# ------------------------------------------------------------------------------------ hostile bytes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unlocked_hostile_bytes_never_crash_a_reader_nor_pass_as_a_value(name, seed):
+    rng = random.Random(seed)
+    c = _cache(name, capacity_bytes=1 << 16, max_entries=64)
+    try:
+        mm = np.frombuffer(c._seg.mm, dtype=np.uint8)
+        g = c._seg.geometry
+        regions = [(g.index_off, g.entries_off + g.entry_slots * 64), (g.arena_off, g.arena_off + 4096)]
+        for round_ in range(60):
+            for i in range(30):
+                try:
+                    c.put(f"k{i}", make_value(f"k{i}", round_ * 100 + i, rng.randrange(1, 200)))
+                except (CorruptionError, ValueError):
+                    pass
+            lo, hi = rng.choice(regions)
+            for _ in range(rng.randrange(1, 8)):
+                at = rng.randrange(lo, hi)
+                mm[at : at + 8] = np.frombuffer(rng.randbytes(8), dtype=np.uint8)
+            for i in range(30):
+                for read in (lambda k: c.get(k), lambda k: c.get_many([k])[0]):
+                    try:
+                        v = read(f"k{i}")
+                    except CorruptionError:
+                        continue
+                    if v is not None:
+                        check_value(f"k{i}", v)
+            c.verify(repair_damage=True)
+    finally:
+        c.close()
+        c.unlink()
+
+
+# ------------------------------------------------------------------------------------ readers racing writers
+
+
+def _writer(name: str, seconds: float, seed: int, queue, pure: bool = False) -> None:
+    rng = random.Random(seed)
+    c = SharedCache(name)
+    if pure:  # the Python path's writers open and close seq too (seqlock.py)
+        python_path(c)
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        k = f"k{rng.randrange(64)}"
+        if rng.random() < 0.9:
+            c.put(k, make_value(k, rng.randrange(10**6), rng.choice([10, 300, 3000, 20000])))
+        else:
+            try:
+                c.delete(k)
+            except Exception:  # PinnedError: a reader's view holds it
+                pass
+        n += 1
+    c.close()
+    queue.put(("writer", n, 0))
+
+
+def _reader(name: str, seconds: float, seed: int, queue) -> None:
+    rng = random.Random(seed)
+    c = SharedCache(name)
+    end, n, wrong = time.monotonic() + seconds, 0, 0
+    while time.monotonic() < end:
+        k = f"k{rng.randrange(64)}"
+        try:
+            r = rng.random()
+            if r < 0.6:
+                v = c.get(k)
+                if v is not None:
+                    check_value(k, v)
+            elif r < 0.8:
+                keys = [f"k{rng.randrange(64)}" for _ in range(4)]
+                for kk, v in zip(keys, c.get_many(keys)):
+                    if v is not None:
+                        check_value(kk, v)
+            else:
+                try:
+                    with c.view(k) as v:
+                        pass  # a dict value: not viewable (TypeError), exercised for its pin and count
+                except (KeyError, TypeError):
+                    pass
+        except AssertionError:
+            wrong += 1
+        n += 1
+    c.close()
+    queue.put(("reader", n, wrong))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy,writers", [("s3fifo", "compiled"), ("keep", "compiled"), ("s3fifo", "python")])
+def test_unlocked_readers_racing_writers_never_read_a_wrong_value(name, policy, writers):
+    c = _cache(name, policy, capacity_bytes=256 * 1024, max_entries=48)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(name, 3.0, i, queue, writers == "python")) for i in range(2)]
+    procs += [ctx.Process(target=_reader, args=(name, 3.0, 10 + i, queue)) for i in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        results = [queue.get(timeout=60) for _ in procs]
+        assert all(r[2] == 0 for r in results), results
+        assert sum(r[1] for r in results if r[0] == "reader") > 0
+        s = c.stats()
+        assert s.unlocked_reads > 0 and c.verify().ok
+    finally:
+        reap(procs, 30)
+        c.close()
+        c.unlink()
