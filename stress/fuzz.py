@@ -27,7 +27,8 @@ first, then are SIGKILLed), die, or return a wrong value (a put that returns Fal
 Reading the summary line:
 
     fuzz: policy=P ops=N corruptions=C lock_corruptions=L lock_holder_damages=H errors=E refused=R wrong=0
-          foreign=0 hangs=0 crashes=0 unverified=0 repairs=P not_admitted=A verify=ok seconds=S workers=W
+          foreign=0 hangs=0 crashes=0 unverified=0 repairs=P not_admitted=A unlocked_reads=U read_retries=T
+          read_fallbacks=F verify=ok seconds=S workers=W
 
 policy       the cache's eviction policy (lru, s3fifo or keep)
 ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the mutex)
@@ -41,6 +42,8 @@ crashes      children that died (segfault, abort, uncaught error); must be 0
 unverified   repair phases after which verify() or the read-back failed; must be 0
 repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
 not_admitted puts that returned False under keep (a new key, the cache full)
+unlocked_reads  lookups answered without the lock (s3fifo and keep, compiled; counted in the reader slots, which
+             the damage reaches too); read_retries, read_fallbacks: reads begun again, and those that took the lock
 verify       ok when the last repair phase and a final verify() in the parent passed
 
 The exit status is 1 when any "must be" above does not hold. The run stops at the first round that fails (unless
@@ -386,6 +389,7 @@ def _run(args) -> tuple[dict, bool]:
     g = cache._seg.geometry  # the regions damaged are the segment's (under s3fifo the ghost moves the arena)
     hangs = crashes = corruptions = rounds = lock_corruptions = lock_rounds = 0
     ok, elapsed, log = False, 0.0, []
+    unlocked = (0, 0, 0)
 
     def failures() -> int:  # a LayoutError outside the identity test means the cache damaged its identity itself
         return hangs + crashes + sum(total(counts, f) for f in (WRONG, FOREIGN, UNVERIFIED)) + total(
@@ -451,6 +455,8 @@ def _run(args) -> tuple[dict, bool]:
         mm.close()
         if failures() == before:
             ok = cache.verify().ok
+            st = cache.stats()
+            unlocked = (st.unlocked_reads, st.read_retries, st.read_fallbacks)
     finally:
         for p in (stranger, foreigner):
             if p is not None:
@@ -463,7 +469,8 @@ def _run(args) -> tuple[dict, bool]:
     fields.update({k: total(counts, f) for k, f in (("errors", ERRORS), ("refused", REFUSED), ("wrong", WRONG),
                                                    ("foreign", FOREIGN))})
     fields.update(hangs=hangs, crashes=crashes, unverified=total(counts, UNVERIFIED), repairs=total(counts, REPAIRS),
-                  not_admitted=total(counts, NOT_ADMITTED), verify="ok" if ok else "FAILED",
+                  not_admitted=total(counts, NOT_ADMITTED), unlocked_reads=unlocked[0], read_retries=unlocked[1],
+                  read_fallbacks=unlocked[2], verify="ok" if ok else "FAILED",
                   seconds=round(elapsed, 1), workers=args.workers)
     failed = bool(fields["wrong"] or fields["foreign"] or hangs or crashes or fields["unverified"] or not ok
                   or total(counts, REFUSED, solo))

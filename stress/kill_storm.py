@@ -15,7 +15,7 @@ stack and stops.
 Reading the summary line:
 
     kill_storm: policy=P ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=K locked_kills=L recoveries=R
-                not_admitted=A verify=ok seconds=S workers=W
+                not_admitted=A unlocked_reads=U read_retries=T read_fallbacks=F verify=ok seconds=S workers=W
 
 policy        the cache's eviction policy (lru, s3fifo or keep)
 ops           operations completed by all workers, killed ones included
@@ -27,6 +27,8 @@ kills         workers SIGKILLed; locked_kills: of those, killed while the mutex 
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
 not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
+unlocked_reads  lookups answered without the lock (s3fifo and keep, compiled: stats().unlocked_reads); read_retries,
+              read_fallbacks: of the reads, those begun again under a writer and those that took the lock after all
 verify        ok when the final verify() (the policy's invariants included) and stats checks passed, FAILED
               otherwise (details on stderr)
 
@@ -112,6 +114,7 @@ def _run(args) -> tuple[dict, bool]:
         else:
             p.close()
     hangs = crashes = kills = locked_kills = recoveries = wrong = 0
+    unlocked = (0, 0, 0)
     ok, elapsed = False, 0.0
 
     def spawn(row: int):
@@ -155,7 +158,8 @@ def _run(args) -> tuple[dict, bool]:
         mm.close()
         if not hangs:
             ok, wrong = final_check(cache, args.keys)
-            recoveries = cache.stats().recoveries
+            s = cache.stats()
+            recoveries, unlocked = s.recoveries, (s.unlocked_reads, s.read_retries, s.read_fallbacks)
     finally:
         stop.value = 1
         reap(procs + dead, 5.0)
@@ -166,7 +170,8 @@ def _run(args) -> tuple[dict, bool]:
     return {
         "ops": total(counts, OPS), "wrong": wrong, "errors": errors, "hangs": hangs, "crashes": crashes,
         "kills": kills, "locked_kills": locked_kills, "recoveries": recoveries,
-        "not_admitted": total(counts, NOT_ADMITTED), "verify": "ok" if ok else "FAILED",
+        "not_admitted": total(counts, NOT_ADMITTED), "unlocked_reads": unlocked[0], "read_retries": unlocked[1],
+        "read_fallbacks": unlocked[2], "verify": "ok" if ok else "FAILED",
         "seconds": round(elapsed, 1), "workers": args.workers,
     }, bool(wrong or errors or hangs or crashes or not ok)
 
