@@ -39,6 +39,7 @@ enum {
 enum { POLICY_LRU = 0, POLICY_S3FIFO = 1, POLICY_KEEP = 2 };
 enum { MARK_FREQ = 3, MARK_SMALL = 4, GHOST_WAYS = 16, GHOST_STAMP_BITS = 32, PROMOTE_AT = 2 };
 #define GHOST_STAMP_MASK ((uint64_t)0xFFFFFFFFu)
+#define PIN_SLOT_MASK 0xFFFFFFFFLL /* a reader slot's pin word: (count << 32) | entry slot (layout/dtypes.py) */
 
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
@@ -77,7 +78,8 @@ typedef struct {
     int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
     unsigned long rd_fork; /* fork_count when rd was claimed: a forked child never counts in its parent's slot */
     PyObject *reader;   /* what holds the slot (readers.Reader), kept while rd points into it */
-    Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks;
+    Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks, r_pins;
+    int64_t reader_pins, reader_base; /* pin words per slot; the kernel lock byte of slot 0 (readers.READER_BASE) */
     pthread_mutex_t *mutex;
     volatile int64_t *kind_word;
     int64_t kind_word_value;

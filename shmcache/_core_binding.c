@@ -199,16 +199,21 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_SEQ", &c->h_seq, hw_limit))
         return -1;
     int64_t rw;
-    if (take(d, "READER_SLOTS", &c->reader_slots) || take(d, "READER_WORDS", &rw))
+    int64_t pin_mask;
+    if (take(d, "READER_SLOTS", &c->reader_slots) || take(d, "READER_WORDS", &rw)
+        || take(d, "READER_PINS", &c->reader_pins) || take(d, "READER_BASE", &c->reader_base)
+        || take(d, "PIN_SLOT_MASK", &pin_mask))
         return -1;
-    if (c->reader_slots < 0 || c->reader_slots > 65536 || rw < 4 || rw > 64) {
+    if (c->reader_slots < 0 || c->reader_slots > 65536 || rw < 4 || rw > 64 || c->reader_pins < 0
+        || c->reader_pins > rw || c->reader_base <= 0 || pin_mask != (int64_t)PIN_SLOT_MASK) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the reader slots are not a layout this build knows");
         return -1;
     }
     c->reader_words = rw;
     if (region(c, d, "readers_off", c->reader_slots * rw * 8, 8, (void **)&c->readers)
         || take_word(d, "R_HITS", &c->r_hits, rw) || take_word(d, "R_MISSES", &c->r_misses, rw)
-        || take_word(d, "R_RETRIES", &c->r_retries, rw) || take_word(d, "R_FALLBACKS", &c->r_fallbacks, rw))
+        || take_word(d, "R_RETRIES", &c->r_retries, rw) || take_word(d, "R_FALLBACKS", &c->r_fallbacks, rw)
+        || take_word(d, "R_PINS", &c->r_pins, rw - c->reader_pins + 1))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");

@@ -321,12 +321,24 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
     int64_t version = 0, *rd = reader_slot(c);
     if (rd != NULL && !c->released && c->bound) {
         c->users++; /* rd and the arena stay mapped until leave() */
-        int u = pin_unlocked(c, rd, kb, klen, fp, &now, fd, &f, &viewable, &version);
+        int64_t *word;
+        int u = pin_unlocked(c, rd, kb, klen, fp, &now, fd, p->forking, &f, &viewable, &version, &word);
         if (u == U_DONE && f.hit && viewable) {
             /* Counted once the view is built: a first look that fails its checksum (HandOver.first_look, which
              * then corrects no counter of the header) is a miss. */
             thread_unlocked_view = 1;
-            PyObject *v = view_out(c, p, fd, t, &f, viewable, version);
+            PyObject *v;
+            if (word != NULL) { /* pinned by the reader slot's word: the description goes back unused */
+                pins_give(p, fd, t);
+                v = view_of_slot_pin(p, word, c->reader, f.slot, f.off, f.vlen, f.check, version);
+                if (v != NULL && c->fallback != NULL && Py_TYPE(v) != &ViewType) {
+                    PyObject *out = leave_to(c, N_FIRST_LOOK, &v, 1);
+                    Py_DECREF(v);
+                    v = out;
+                }
+            } else {
+                v = view_out(c, p, fd, t, &f, viewable, version);
+            }
             thread_unlocked_view = 0;
             if (c->policy == POLICY_S3FIFO && v != NULL)
                 bump_unlocked(c, f.slot);

@@ -3,6 +3,30 @@
  * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
+/* Whether a view without the lock of a live reader slot's holder pins entry ``e``: a pin word naming it in a slot
+ * whose kernel lock is held (a dead viewer's pins end with it). 1, 0, -1 the query failed.
+ * (twin: readers.py slot_pinned) */
+static int slot_pinned(Core *c, int64_t e)
+{
+    if (c->policy == POLICY_LRU)
+        return 0;
+    for (int64_t r = 0; r < c->reader_slots; r++) {
+        const int64_t *w = c->readers + r * c->reader_words + c->r_pins;
+        for (int64_t i = 0; i < c->reader_pins; i++) {
+            int64_t x = __atomic_load_n(&w[i], __ATOMIC_RELAXED);
+            if ((x & PIN_SLOT_MASK) == e && (x >> 32) > 0) {
+                struct flock fl = byte_lock(F_WRLCK, c->reader_base + r);
+                if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
+                    return -1;
+                if (fl.l_type != F_UNLCK)
+                    return 1;
+                break; /* a dead holder's: the next slot */
+            }
+        }
+    }
+    return 0;
+}
+
 /* Whether a view (of any process) still pins entry ``e``: a flagged entry is pinned while another description holds
  * its pin byte; a flag found without one is cleared. 1 pinned, 0 not, -1 the query failed.
  * (twin: table.py Table.pinned) */
@@ -16,6 +40,9 @@ static int pinned(Core *c, int64_t e)
         return -1;
     if (fl.l_type != F_UNLCK)
         return 1;
+    int s = slot_pinned(c, e);
+    if (s)
+        return s;
     c->pins[e] = 0;
     return 0;
 }

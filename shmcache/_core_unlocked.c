@@ -131,16 +131,33 @@ static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
     return U_LOCK;
 }
 
+/* The word of reader slot ``rd`` a new pin of entry ``e`` goes into: the one already counting views of it, else a
+ * free one; NULL when all are taken (the pin byte's lock then). Only this handle writes them (GIL held). */
+static int64_t *free_pin_word(Core *c, int64_t *rd, int64_t e)
+{
+    int64_t *w = rd + c->r_pins, *free = NULL;
+    for (int64_t i = 0; i < c->reader_pins; i++) {
+        int64_t x = w[i];
+        if ((x & PIN_SLOT_MASK) == e && (x >> 32) > 0)
+            return (x >> 32) < ((int64_t)1 << 30) ? &w[i] : NULL;
+        if (x == 0 && free == NULL)
+            free = &w[i];
+    }
+    return free;
+}
+
 /* The pin of a view without the lock: the entry found as get_unlocked finds it, then pinned as Store.pin pins it
  * (the flag, then the pin byte read-locked through ``fd``), then, after a full fence, seq read again. A writer opens
  * seq and fences before it reads a pin flag (seq_open): either it sees this flag, and asks the kernel, which holds
  * the lock taken before it, or this reader sees its odd seq and lets the pin go. U_DONE with *f (f->hit 0: a miss;
- * *viewable 0: a value view() does not serve, nothing pinned) and, for a pin held, *version; U_LOCK: nothing
+ * *viewable 0: a value view() does not serve, nothing pinned) and, for a pin held, *version and *word (the reader
+ * slot's pin word holding it, or NULL: the pin byte's lock through fd; ``forking``: never a word); U_LOCK: nothing
  * locked through fd any more, take the mutex instead; U_LOST: as U_LOCK, but the pin byte could not be let go, so
  * fd was closed (the locked path takes another). */
 static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, int fd,
-                        Found *f, int *viewable, int64_t *version)
+                        int forking, Found *f, int *viewable, int64_t *version, int64_t **word)
 {
+    *word = NULL;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
         if (t) {
             ADD(rd[c->r_retries], 1);
@@ -168,16 +185,28 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
             f->hit = 1;
             return U_DONE; /* refused before anything is counted or pinned */
         }
-        /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale
-         * flag, never a pin nobody can see. */
+        /* Ordering: the flag before the pin, as Store.pin: a holder dying between the two leaves a stale flag,
+         * never a pin nobody can see. The pin is a word of this handle's reader slot when one is free (no system
+         * call: a writer finds it in slot_pinned), else the pin byte's read lock through fd. */
         __atomic_store_n(&c->pins[e], 1, __ATOMIC_RELAXED);
-        struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);
-        if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
-            return U_LOCK; /* never refused (pin bytes are only read-locked): the locked path tries again */
-        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the flag and the lock before seq is read again: see above */
+        int64_t *w = forking ? NULL : free_pin_word(c, rd, e), was = 0;
+        if (w != NULL) {
+            was = RD(*w);
+            __atomic_store_n(w, was ? was + ((int64_t)1 << 32) : (e | ((int64_t)1 << 32)), __ATOMIC_RELAXED);
+        } else {
+            struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);
+            if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
+                return U_LOCK; /* never refused (pin bytes are only read-locked): the locked path tries again */
+        }
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the flag and the pin before seq is read again: see above */
         if (__atomic_load_n(&HW(seq), __ATOMIC_RELAXED) == s) {
             f->hit = 1;
+            *word = w;
             return U_DONE;
+        }
+        if (w != NULL) {
+            __atomic_store_n(w, was, __ATOMIC_RELAXED);
+            continue;
         }
         struct flock un = byte_lock(F_UNLCK, c->pin_base + e);
         if (fcntl(fd, F_OFD_SETLK, &un) < 0) {

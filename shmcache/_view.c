@@ -51,9 +51,12 @@ static PyObject *s_reshape, *s_release, *s_setstate;
 
 enum { VK_ARRAY, VK_BYTES, VK_TENSOR };
 
-typedef struct {
+typedef struct LeaseS {
     PyObject_HEAD
     Pins *pins;
+    int64_t *pin_word;   /* a reader slot's pin word holding this pin (no description: fd -1); NULL otherwise */
+    PyObject *pin_owner; /* what holds that slot, kept while the pin is */
+    struct LeaseS *pin_prev, *pin_next; /* in pins->slot_leases */
     Py_buffer src; /* the export of the mapping, held while the lease lives */
     int have_src;
     int fd;         /* the description the pin is held through; -1 once the pin ended */
@@ -65,6 +68,31 @@ typedef struct {
     Py_ssize_t len;
     int64_t slot, off, check, version;
 } Lease;
+
+/* A pin word's pin given back: one view fewer of its entry. */
+static void word_release(int64_t *w)
+{
+    int64_t x = __atomic_load_n(w, __ATOMIC_RELAXED);
+    __atomic_store_n(w, (x >> 32) > 1 ? x - ((int64_t)1 << 32) : 0, __ATOMIC_RELAXED);
+}
+
+/* Lease ``l``'s pin by a pin word ended (at most once): the word given back (unless this process is a fork child
+ * the lease was inherited by: the word is the parent's), the lease off the list. */
+static void slot_end(Lease *l)
+{
+    Pins *p = l->pins;
+    if (l->pid == p->pid)
+        word_release(l->pin_word);
+    l->pin_word = NULL;
+    if (l->pin_prev != NULL)
+        l->pin_prev->pin_next = l->pin_next;
+    else if (p->slot_leases == l)
+        p->slot_leases = l->pin_next;
+    if (l->pin_next != NULL)
+        l->pin_next->pin_prev = l->pin_prev;
+    l->pin_prev = l->pin_next = NULL;
+    Py_CLEAR(l->pin_owner);
+}
 
 typedef struct {
     PyObject_HEAD
@@ -182,6 +210,9 @@ static Lease *lease_alloc(Pins *p, int fd, Taken t)
         return NULL;
     Py_INCREF(p);
     l->pins = p;
+    l->pin_word = NULL;
+    l->pin_owner = NULL;
+    l->pin_prev = l->pin_next = NULL;
     l->have_src = 0;
     l->fd = fd;
     l->byte = -1;
@@ -233,6 +264,10 @@ static int lease_arm(Lease *l, int64_t slot, int64_t off, int64_t len, int64_t c
  * which drops whatever lock it holds once no other process holds it too. Never raises. */
 static void lease_end(Lease *l)
 {
+    if (l->pin_word != NULL) {
+        slot_end(l);
+        return;
+    }
     int fd = l->fd;
     if (fd < 0)
         return;
@@ -419,6 +454,8 @@ static PyObject *known_layout(Pins *p, Lease *l)
     return layout;
 }
 
+static PyObject *view_of_lease(Pins *p, Lease *l);
+
 PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64_t len, int64_t check,
                       int64_t version)
 {
@@ -432,6 +469,12 @@ PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64
         Py_DECREF(l);
         return NULL;
     }
+    return view_of_lease(p, l);
+}
+
+/* The View of armed lease ``l`` (whose reference it takes), or the lease itself for a first look. */
+static PyObject *view_of_lease(Pins *p, Lease *l)
+{
     PyObject *layout = known_layout(p, l);
     if (layout == NULL) {
         if (PyErr_Occurred()) {
@@ -449,6 +492,29 @@ PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64
     Py_DECREF(layout);
     Py_DECREF(l); /* held by the view's memory now, or freed (unlocking) if it could not be built */
     return v;
+}
+
+PyObject *view_of_slot_pin(Pins *p, int64_t *word, PyObject *owner, int64_t slot, int64_t off, int64_t len,
+                           int64_t check, int64_t version)
+{
+    Taken t = {p->pid, p->epoch};
+    Lease *l = lease_alloc(p, -1, t);
+    if (l == NULL) {
+        word_release(word);
+        return NULL;
+    }
+    l->pin_word = word;
+    Py_INCREF(owner);
+    l->pin_owner = owner;
+    l->pin_next = p->slot_leases;
+    if (l->pin_next != NULL)
+        l->pin_next->pin_prev = l;
+    p->slot_leases = l;
+    if (lease_arm(l, slot, off, len, check, version)) {
+        Py_DECREF(l); /* its end gives the word back */
+        return NULL;
+    }
+    return view_of_lease(p, l);
 }
 
 /* How many references each name bound to ``obj`` in frame ``f`` stands for, once ``f``'s locals are read: before
@@ -740,9 +806,47 @@ static PyObject *Pins_close(Pins *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* Before a fork: every pin held by a reader slot's word moves to a description's lock, which the child inherits (the
+ * word is the parent's alone: a child's view would lose its pin when the parent's ended); from then until the hook
+ * after the fork, views pin through descriptions only. A pin that cannot move (no descriptor left) stays the
+ * parent's: the child's inherited view of it is then pinned only while the parent's is. */
+static void slot_pins_to_descriptions(Pins *p)
+{
+    Lease *l = p->slot_leases;
+    while (l != NULL) {
+        Lease *next = l->pin_next;
+        int fd;
+        Taken t;
+        if (pins_take(p, &fd, &t) < 0) {
+            PyErr_Clear();
+        } else {
+            struct flock fl = byte_lock(F_RDLCK, p->pin_base + l->slot);
+            if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
+                close(fd);
+            } else {
+                slot_end(l); /* (the flag stays set: the pin byte now holds it) */
+                l->fd = fd;
+                l->byte = p->pin_base + l->slot;
+                l->pid = t.pid;
+                l->epoch = l->armed_epoch = t.epoch; /* armed before the fork: closed, never unlocked, at its end */
+            }
+        }
+        l = next;
+    }
+}
+
 static PyObject *Pins_forking(Pins *p, PyObject *Py_UNUSED(ignored))
 {
+    p->forking = 1;
+    slot_pins_to_descriptions(p);
     p->epoch++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pins_forked_parent(Pins *p, PyObject *Py_UNUSED(ignored))
+{
+    p->epoch++;
+    p->forking = 0;
     Py_RETURN_NONE;
 }
 
@@ -751,6 +855,7 @@ static PyObject *Pins_forked_child(Pins *p, PyObject *Py_UNUSED(ignored))
     close_idle(p);
     p->epoch++;
     p->pid = getpid();
+    p->forking = 0;
     Py_RETURN_NONE;
 }
 
@@ -792,7 +897,8 @@ static PyMethodDef Pins_methods[] = {
      "Close the idle descriptions; those of leases still alive are closed as they go."},
     {"forget", (PyCFunction)Pins_forget, METH_NOARGS,
      "Forget every stored value checked: the next view of each checks it again (benchmarks.views times it so)."},
-    {"_forking", (PyCFunction)Pins_forking, METH_NOARGS, "os.register_at_fork's before and after_in_parent"},
+    {"_forking", (PyCFunction)Pins_forking, METH_NOARGS, "os.register_at_fork's before"},
+    {"_forked_parent", (PyCFunction)Pins_forked_parent, METH_NOARGS, "os.register_at_fork's after_in_parent"},
     {"_forked_child", (PyCFunction)Pins_forked_child, METH_NOARGS, "os.register_at_fork's after_in_child"},
     {NULL, NULL, 0, NULL},
 };

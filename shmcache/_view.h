@@ -40,6 +40,8 @@ typedef struct {
     int64_t pin_base;
     PyObject *viewed;     /* slot -> (version, offset, length, checksum, layout) of values a view checked */
     PyObject *weakreflist;
+    void *slot_leases;    /* the leases pinned by a reader slot's word (Core.view without the lock), linked */
+    int forking;          /* between the fork hooks before and after: no new pin by a reader slot's word */
 } Pins;
 
 extern PyTypeObject PinsType, LeaseType, ViewType;
@@ -67,6 +69,13 @@ void pins_give(Pins *p, int fd, Taken t);
  * stored value before (the lease itself otherwise: a first look, for the Python side). NULL with an exception set. */
 PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64_t len, int64_t check,
                       int64_t version);
+
+/* As view_of_pin, for a pin held by the reader slot's pin word ``word`` (Core.view without the lock: no description,
+ * no system call), which the lease decrements as it ends; ``owner`` holds the slot (readers.Reader) and is kept as
+ * long as the lease. Before a fork (Pins._forking) such a lease takes a description's lock instead, so that a child's
+ * inherited view stays pinned. NULL with an exception set (the word given back). */
+PyObject *view_of_slot_pin(Pins *p, int64_t *word, PyObject *owner, int64_t slot, int64_t off, int64_t len,
+                           int64_t check, int64_t version);
 
 /* _core.setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array): what views are built and revoked with
  * (view.py calls it once, at import). */

@@ -84,7 +84,7 @@ _WORDS = (
     "H_FREE_HEAD", "H_UNUSED_NEXT", "H_VERSION_CLOCK", "H_NEXT_EXPIRY", "H_EXPIRED", "H_DEFAULT_TTL", "H_WRITING",
     "H_PROGRESS", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK", "H_NOT_ADMITTED",
     "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ", "MARK_SMALL",
-    "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
+    "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS", "R_PINS",
 )
 
 
@@ -104,6 +104,7 @@ def offsets(geometry) -> dict[str, int]:
         versions_off=g.versions_off, kinds_off=g.kinds_off, pins_off=g.pins_off, kind_table_off=g.kind_table_off,
         marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
         readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
+        READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, entry_slots=g.entry_slots, index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
@@ -134,7 +135,7 @@ from . import entries  # noqa: E402
 from .codec import array_checksum, body_checksum  # noqa: E402
 from .errors import ClosedError, PinnedError  # noqa: E402
 from .store import UNVIEWABLE, Fields  # noqa: E402
-from .readers import Reader  # noqa: E402
+from .readers import READER_BASE, Reader  # noqa: E402
 from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look  # noqa: E402
 
 

@@ -1,10 +1,13 @@
-"""Reader slots: where a handle that reads without the lock counts its hits and misses (layout/dtypes.py READER).
+"""Reader slots: where a handle that reads without the lock counts its hits and misses and pins its views
+(layout/dtypes.py READER).
 
 A handle claims one of the segment's ``READER_SLOTS`` slots with an exclusive OFD lock on byte ``READER_BASE +
 slot`` (``ofd.py``), taken through a description of its own and held for the handle's life; its words are then
 written by that handle alone, with plain increments and no lock. The kernel drops the lock when the process dies;
 the slot's counts stay, the next claimer adds to them, and ``stats()`` sums every slot: nothing a dead process
-counted is lost. A forked child holds its parent's description too, so it claims a slot of its own before it counts
+counted is lost. A slot's pin words are the views its holder opened without a system call (``_core_unlocked.c``):
+they count only while the slot is held, so a dead viewer's pins end with it, and the next claimer clears them. A
+forked child holds its parent's description too, so it claims a slot of its own before it counts
 (``_after_fork_in_child``). With every slot taken a handle reads under the lock, as the Python path always does.
 """
 
@@ -17,8 +20,8 @@ import numpy as np
 
 from . import ofd
 from .layout.dtypes import (
-    H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, MAX_COUNTER, R_FALLBACKS, R_HITS, R_HOLDER,
-    R_MISSES, R_RETRIES, READER_SLOTS, READER_WORDS,
+    H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, MAX_COUNTER, PIN_SLOT_MASK, R_FALLBACKS, R_HITS,
+    R_HOLDER, R_MISSES, R_PINS, R_RETRIES, READER_PINS, READER_SLOTS, READER_WORDS,
 )
 
 # The OFD byte of reader slot r: READER_BASE + r, above the tier's listener bytes (LISTENER_BASE + kind, below
@@ -55,6 +58,8 @@ class Reader:
                     for c in _COUNTS:  # a count out of range (damaged) starts over: stats() must stay sane
                         if not 0 <= self._words[w + c] < MAX_COUNTER:
                             self._words[w + c] = 0
+                    for i in range(READER_PINS):  # a dead holder's pins: they ended with it
+                        self._words[w + R_PINS + i] = 0
                     self._words[w + R_HOLDER] = os.getpid()
                     self.slot, self.fd, fd = r, fd, -1
                     return
@@ -91,11 +96,19 @@ def _after_fork_in_child() -> None:
     for reader in list(_LIVE):
         try:
             reader._after_fork_in_child()
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: its segment was closed meanwhile)
             reader.slot = None  # no slot: the core reads under the lock (it never counts in the parent's)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def slot_pinned(words, fd: int, e: int) -> bool:
+    """Whether a view of a live reader slot's holder pins entry ``e`` (a pin word naming it, in a slot whose kernel
+    lock some description holds: not a dead process's). ``fd``: a description of the segment that holds no slot."""
+    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)[:, R_PINS : R_PINS + READER_PINS]
+    rows = np.flatnonzero((((a & PIN_SLOT_MASK) == e) & ((a >> 32) > 0)).any(axis=1))
+    return any(ofd.held_elsewhere(fd, READER_BASE + int(r)) for r in rows)
 
 
 def totals(h, words) -> tuple[int, int, int, int]:

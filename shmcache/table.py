@@ -16,6 +16,7 @@ from . import block, index, lru, ofd, policy
 from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
+from .readers import slot_pinned
 from .seqlock import open_seq
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
@@ -75,8 +76,10 @@ class Table:
             open_seq(self.h)
         if not self.pins[e]:
             return False
-        # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too.
-        if ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e):
+        # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too; the
+        # compiled section's views without the lock pin in their reader slot instead (readers.py).
+        if ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e) or (
+                self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e)):
             return True
         self.pins[e] = 0
         return False

@@ -34,6 +34,7 @@ from .layout.dtypes import (
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
+from .readers import slot_pinned
 from .serializers import TAG_PICKLE, check_pickle
 
 _W = ENTRY_WORDS
@@ -465,7 +466,8 @@ def _repair_words(seg) -> None:
 
 def _pinned(seg, e: int) -> bool:
     """Whether a view still pins entry ``e`` (see ``Table.pinned``)."""
-    return bool(seg.pins_bytes[e]) and ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
+    return bool(seg.pins_bytes[e]) and (ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
+                                        or slot_pinned(seg.reader_words, seg.live_fd, e))
 
 
 def _rebuild(seg, kept: list[int], unused: int) -> None:

@@ -8,6 +8,9 @@ expiry, clear) asks the kernel whether anyone still holds that byte (``Table.pin
 is; if not, the flag is stale and is cleared. The kernel drops the lock when the description is closed -- when the
 view's memory is no longer referenced, or at the latest when the process dies, SIGKILL included -- so a pin can
 never outlive its holder, and nothing needs to be written when it ends.
+Under s3fifo and keep the compiled section pins without the lock, and in a word of the handle's reader slot rather
+than through a description where one is free (``readers.py``, ``_core_unlocked.c``); ``Table.pinned`` counts such a
+word while the slot's kernel lock is held, so that pin too ends with its process.
 
 Lifetime. The pin lasts as long as any Python object references the pinned memory, not merely until the ``with``
 block ends: the arrays handed out, and any slice or ``np.asarray`` of them, all keep a private owner array alive,
@@ -69,7 +72,7 @@ _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for
 # Forking is marked twice, before the fork and after it in the parent: a pin taken by another thread while a fork
 # handler let it run is older than the second mark (see PinDescriptions: Fork).
 os.register_at_fork(before=lambda: [pins._forking() for pins in list(_ALL)],
-                    after_in_parent=lambda: [pins._forking() for pins in list(_ALL)],
+                    after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
                     after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
 
 _UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
@@ -161,6 +164,8 @@ class PinDescriptions:
         for pin in list(self._out.values()):  # views the child inherits: their pins are never unlocked here
             if pin.ended is not None:
                 pin.ended[1].close = int
+
+    _forked_parent = _forking  # (the compiled Pins also ends the fork's window there)
 
     def _forked_child(self) -> None:
         for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin

@@ -17,9 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from shmcache import CorruptionError, LockTimeout, SharedCache, ofd
+from shmcache import CorruptionError, LockTimeout, PinnedError, SharedCache, ofd
 from shmcache.layout.dtypes import (
-    H_CREATED_NS, H_CREATOR_PID, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_SEQ, READER, READER_SLOTS,
+    H_CREATED_NS, H_CREATOR_PID, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_SEQ, R_PINS, READER, READER_PINS,
+    READER_SLOTS,
 )
 from shmcache.layout import LOCK_NBYTES
 from shmcache.readers import READER_BASE
@@ -446,5 +447,134 @@ def test_unlocked_readers_racing_writers_never_read_a_wrong_value(name, policy, 
         assert s.unlocked_reads > 0 and c.verify().ok
     finally:
         reap(procs, 30)
+        c.close()
+        c.unlink()
+
+
+# ------------------------------------------------------------------------------------ pins without a system call
+
+
+def _pin_words(c: SharedCache) -> list[int]:
+    w = np.frombuffer(c._seg.reader_words, dtype=np.int64).reshape(READER_SLOTS, -1)[:, R_PINS : R_PINS + READER_PINS]
+    out = sorted(int(x) for x in w[w != 0])
+    del w
+    return out
+
+
+def test_unlocked_view_pins_in_its_reader_slot_and_writers_of_both_paths_see_it(name):
+    c = _cache(name)
+    ref = python_path(SharedCache(name))
+    try:
+        c.put("a", np.arange(100))
+        c.view("a").close()  # (the first view opens a description for the pool, which a word pin gives back)
+        fds = len(os.listdir("/proc/self/fd"))
+        v1, v2 = c.view("a"), c.view("a")
+        v1.__enter__()
+        a2 = v2.__enter__()
+        assert [w >> 32 for w in _pin_words(c)] == [2]  # one word, two views
+        assert len(os.listdir("/proc/self/fd")) == fds  # and no description locked
+        for writer in (c, ref):
+            with pytest.raises(PinnedError):
+                writer.delete("a")
+            with pytest.raises(PinnedError):
+                writer.put("a", b"other")
+        v1.close()
+        assert [w >> 32 for w in _pin_words(c)] == [1] and int(a2.sum()) == 4950
+        v2.close()
+        assert _pin_words(c) == [] and ref.delete("a")
+    finally:
+        ref.close()
+        c.close()
+        c.unlink()
+
+
+def test_unlocked_views_past_the_slot_words_pin_through_the_kernel(name):
+    c = _cache(name)
+    try:
+        n = READER_PINS + 6
+        for i in range(n):
+            c.put(f"k{i}", np.full(10, i))
+        views = [c.view(f"k{i}") for i in range(n)]
+        assert len(_pin_words(c)) == READER_PINS
+        for i, v in enumerate(views):
+            with pytest.raises(PinnedError):
+                c.delete(f"k{i}")
+            with v as a:
+                assert int(a[0]) == i
+        # (an array still referenced after its view's end would keep its pin: the documented lifetime of a view)
+        assert _pin_words(c) == [] and all(c.delete(f"k{i}") for i in range(n))
+    finally:
+        c.close()
+        c.unlink()
+
+
+def _view_and_wait(name: str, ready) -> None:
+    c = SharedCache(name)
+    with c.view("a") as a:
+        assert int(a.sum()) == 4950
+        ready.set()
+        time.sleep(60)  # (to be SIGKILLed: an Event waited on here would be left counting a dead sleeper)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_unlocked_sigkilled_viewer_frees_its_pins_at_once(name):
+    c = _cache(name)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_view_and_wait, args=(name, ready))
+    try:
+        c.put("a", np.arange(100))
+        p.start()
+        assert ready.wait(30)
+        assert len(_pin_words(c)) == 1
+        with pytest.raises(PinnedError):
+            c.delete("a")
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        assert c.delete("a")  # its slot's lock went with it: its pin word counts no more
+    finally:
+        reap([p], 5)
+        c.close()
+        c.unlink()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_unlocked_forked_child_keeps_an_inherited_view_pinned(name):
+    """A pin word is the parent's alone: before a fork it moves to a description's lock, which the child inherits,
+    so the child's view stays pinned after the parent's ends."""
+    c = _cache(name)
+    try:
+        c.put("a", np.arange(100))
+        v = c.view("a")
+        a = v.__enter__()
+        assert len(_pin_words(c)) == 1
+        r, w = os.pipe()
+        r2, w2 = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.close(w2)
+                os.read(r2, 1)  # the parent closed its view and tried to delete
+                ok = int(a.sum()) == 4950
+                v.close()
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.close(r2)
+        assert _pin_words(c) == []  # moved to a description before the fork
+        v.close()
+        with pytest.raises(PinnedError):
+            c.delete("a")  # the child's inherited view still pins it
+        os.write(w2, b"x")
+        assert os.read(r, 1) == b"1"
+        os.waitpid(pid, 0)
+        os.close(r)
+        os.close(w2)
+        assert c.delete("a")
+    finally:
         c.close()
         c.unlink()

@@ -72,7 +72,9 @@ read (docs/design.md, "Reads without the lock"). Any value is valid: an odd word
 the next hold to end. Each reader slot is written by the one handle that holds it (an exclusive kernel lock on byte
 ``READER_BASE`` + slot, below): plain counts of the lookups it answered without the lock (``hits``, ``misses``),
 of the reads it began again (``retries``) and of those it handed to the locked path (``fallbacks``), and the pid
-of its last holder. A slot keeps its counts when its holder dies; ``stats()`` adds every slot's to the header's,
+of its last holder; and 24 pin words, one per entry its holder's open views pin without a system call, ``(count <<
+32) | entry slot`` (0: free), which count only while the slot's kernel lock is held. A slot keeps its counts when its
+holder dies; ``stats()`` adds every slot's to the header's,
 less ``base_*``. Any value of a slot is valid (out of range, it counts as 0, and its next claimer zeroes it).
 
 Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of

@@ -198,13 +198,16 @@ GHOST = np.dtype(_W)     # a ghost slot (s3fifo): see GHOST_STAMP_BITS
 # A reader slot: the counts of one handle's reads without the lock, plain words written by that handle alone (it
 # holds the slot with an exclusive OFD lock on byte READER_BASE + slot, ofd.py). A slot outlives its holder: the next
 # claimer adds to its counts, and stats() sums every slot, so counts survive a SIGKILL.
+# Its pin words are the views its holder has open, pinned without a system call: (count << 32) | entry slot, 0 free.
+READER_PINS = 24
 READER = _record([(0, [
     ("hits", _W),       # lookups answered without the lock that found the key
     ("misses", _W),     # lookups answered without the lock that did not
     ("retries", _W),    # reads begun again because a writer changed the segment under them (torn reads)
     ("fallbacks", _W),  # reads handed to the locked path after all (a writer kept at it, an expired entry...)
     ("holder", _W),     # pid of the handle that last claimed the slot (for display only)
-])], 64)
+]), (64, [("pins", f"({READER_PINS},){_W}")])], 256)
+PIN_SLOT_MASK = 2**32 - 1  # a pin word's entry slot; the count of views of it is above
 
 HEADER_WORDS = HEADER_NBYTES // 8
 INDEX_WORDS = INDEX_SLOT.itemsize // 8
@@ -290,6 +293,7 @@ R_MISSES = _word(READER, "misses")
 R_RETRIES = _word(READER, "retries")
 R_FALLBACKS = _word(READER, "fallbacks")
 R_HOLDER = _word(READER, "holder")
+R_PINS = _word(READER, "pins")
 READER_WORDS = READER.itemsize // 8
 KIND_WORDS = KIND.itemsize // 8
 K_NAME_NBYTES = _word(KIND, "name_nbytes")
