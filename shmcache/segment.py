@@ -198,9 +198,10 @@ class Segment:
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
         self.features = words[d.H_FEATURES]
-        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots,
-                d.READER_SLOTS) != (words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES],
-                                    words[d.H_GHOST_SLOTS], words[d.H_READER_SLOTS]):
+        # (reader_slots is not compared: the layout version fixes it, and verify() restores a damaged one)
+        if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots) != (
+            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
+        ):
             raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
                               hint="the segment is damaged; remove it with `shmcache rm` and recreate it")
         if size < geometry.total_nbytes:
