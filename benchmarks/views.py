@@ -38,10 +38,12 @@ def _time(fn, key, n: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.views", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--policy", default="lru", help="the cache's eviction policy: under s3fifo and keep, gets and views "
+                   "take no lock (default %(default)s)")
     args = p.parse_args(argv)
     name = f"benchmarks-views-{os.getpid()}"
     rows = []
-    with SharedCache(name, capacity_bytes=64 << 20, max_entries=64, create=True) as cache:
+    with SharedCache(name, capacity_bytes=64 << 20, max_entries=64, create=True, policy=args.policy) as cache:
         try:
             for size in SIZES:
                 arr = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
@@ -67,6 +69,7 @@ def main(argv=None) -> int:
                              "view_over_get": round(med["view"] / med["get"], 2)})
         finally:
             cache.unlink()
+    print(f"policy {args.policy}")
     print(f"{'bytes':>10}  {'get us':>9}  {'view us':>9}  {'first view us':>13}  {'np.copy us':>10}  view/get")
     for r in rows:
         print(f"{r['bytes']:>10,}  {r['get_us']:>9.1f}  {r['view_us']:>9.1f}  {r['first_view_us']:>13.1f}  "
