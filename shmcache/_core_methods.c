@@ -522,39 +522,15 @@ static PyObject *batch_end(Core *c, int r, int why, PyObject *done, PyObject *na
 }
 
 /* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. */
-static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *dflt)
+static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *dflt, int checked)
 {
     PyObject *out = PyList_New(done);
     for (Py_ssize_t i = 0; i < done; i++) {
         Lookup *k = &keys[i];
         if (out != NULL) {
             PyObject *item = dflt;
-            if (k->f.hit) { /* finish takes the body, even when it fails */
-                item = finish(c, &k->f, k->body);
-                k->body = NULL;
-            } else {
-                Py_INCREF(item);
-            }
-            if (item == NULL)
-                Py_CLEAR(out);
-            else
-                PyList_SET_ITEM(out, i, item);
-        }
-        Py_CLEAR(k->body);
-    }
-    return out;
-}
-
-/* The answers of a batch read without the lock, every copy's checksum already passed: found_list's, decoded. */
-static PyObject *decoded_list(Core *c, Lookup *keys, Py_ssize_t n, PyObject *dflt)
-{
-    PyObject *out = PyList_New(n);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Lookup *k = &keys[i];
-        if (out != NULL) {
-            PyObject *item = dflt;
-            if (k->f.hit) { /* decoded takes the body, even when it fails */
-                item = decoded(c, &k->f, k->body, 1);
+            if (k->f.hit) { /* finish (decoded) takes the body, even when it fails */
+                item = checked ? decoded(c, &k->f, k->body, 1) : finish(c, &k->f, k->body);
                 k->body = NULL;
             } else {
                 Py_INCREF(item);
@@ -619,7 +595,7 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
         }
         leave(c);
         if (u == U_DONE && ok == 1) {
-            out = decoded_list(c, keys, n, args[3]);
+            out = found_list(c, keys, n, args[3], 1);
             goto end;
         }
         if (u == U_DONE)
@@ -638,7 +614,7 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
     leave(c);
     int why = c->reason;
     if (r >= 0) {
-        out = batch_end(c, r, why, found_list(c, keys, done, args[3]), N_GET_MANY, args, 4);
+        out = batch_end(c, r, why, found_list(c, keys, done, args[3], 0), N_GET_MANY, args, 4);
     } else {
         for (Py_ssize_t i = 0; i < done; i++)
             Py_CLEAR(keys[i].body);

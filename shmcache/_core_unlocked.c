@@ -89,6 +89,14 @@ static inline void bump_unlocked(Core *c, int64_t e)
         __atomic_compare_exchange_n(&c->marks[e], &m, (unsigned char)(m + 1), 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
+/* Before try ``t`` (from 1) of a read: counted as a retry, then 2**t pause instructions (at most 256). */
+static inline void backoff(Core *c, int64_t *rd, int t)
+{
+    ADD(rd[c->r_retries], 1);
+    for (int i = 0; i < (t < 8 ? 1 << t : 256); i++)
+        cpu_pause();
+}
+
 enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take another */ };
 
 /* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);
@@ -97,11 +105,8 @@ static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
                         PyObject **body)
 {
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
-        if (t) {
-            ADD(rd[c->r_retries], 1);
-            for (int i = 0; i < (t < 8 ? 1 << t : 256); i++)
-                cpu_pause();
-        }
+        if (t)
+            backoff(c, rd, t);
         int64_t s = seq_begin(c), e;
         if (s & 1)
             continue;
@@ -159,11 +164,8 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
 {
     *word = NULL;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
-        if (t) {
-            ADD(rd[c->r_retries], 1);
-            for (int i = 0; i < (t < 8 ? 1 << t : 256); i++)
-                cpu_pause();
-        }
+        if (t)
+            backoff(c, rd, t);
         int64_t s = seq_begin(c), e;
         if (s & 1)
             continue;
