@@ -521,7 +521,8 @@ static PyObject *batch_end(Core *c, int r, int why, PyObject *done, PyObject *na
     return out;
 }
 
-/* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. */
+/* The results of keys[0..done) as Core.get_value returns them (``dflt`` for a miss); every body is taken. ``checked``:
+ * every copy passed its checksum already (a batch read without the lock), so it is only decoded. */
 static PyObject *found_list(Core *c, Lookup *keys, Py_ssize_t done, PyObject *dflt, int checked)
 {
     PyObject *out = PyList_New(done);
