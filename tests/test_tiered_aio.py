@@ -157,7 +157,7 @@ def test_tiered_aio_cancelling_leaves_no_claim_lock_or_descriptor(hosts):
                 await task
         eventually(lambda: client.exists(lock_key) == 0, what="the cancelled computation's lock released")
         with pytest.raises(ComputeTimeout):  # a timeout ends a wait the same way (a third host computes)
-            other = Host(a.tier._url, a.tier.namespace)
+            other = Host(a.tier._url, a.tier.namespace, timeout=2.0)
             try:
                 flag2 = started()
                 holder = asyncio.create_task(other.tier.aget_or_compute("t", lambda: forever(flag2)))

@@ -49,7 +49,9 @@ class Host:
 @contextmanager
 def two_hosts(url: str, namespace: str, **kwargs):
     """Two hosts on one Redis, each subscribed for the other's invalidations; the namespace is cleared and both
-    are removed after."""
+    are removed after. Redis's timeout is 2 s unless given: at the default 0.1 s a loaded machine's Redis can seem
+    down, and a host then computes on its own where a test means it to wait (the tests of a slow Redis set theirs)."""
+    kwargs.setdefault("timeout", 2.0)
     made = [Host(url, namespace, **kwargs), Host(url, namespace, **kwargs)]
     try:
         for h in made:
