@@ -14,8 +14,9 @@ install -e ".[bench]"``).
     python -m benchmarks.instructions --cases get,core-get --wall   # also wall time per operation (no valgrind)
 
 The ``core-*`` cases run the compiled critical section (``shmcache._core``, built by ``python setup.py build_ext
---inplace``) as SharedCache will call it: encode and hash before, the locked section in C, checksum and decode
-after (``_CoreOps``).
+--inplace``) as SharedCache will call it: encode and hash before, the section in C, checksum and decode after
+(``_CoreOps``). The policy decides which section a get runs: under lru the locked one (a hit relinks the entry),
+under s3fifo and keep the one without the lock (x86-64); ``--policy lru,s3fifo`` puts the two side by side.
 """
 
 from __future__ import annotations
@@ -69,6 +70,14 @@ class _CoreOps:
         self.core = core.bind(cache._seg, 10.0)
         if self.core is None:
             raise RuntimeError(f"shmcache._core is not available ({core.PATH}); python setup.py build_ext --inplace")
+        # As SharedCache binds its own (core.path): under the policies that move nothing on a hit, a reader slot,
+        # so that gets read without the lock; under lru none, and every get takes it.
+        self.reader = None
+        if cache.policy != "lru":
+            from shmcache.readers import Reader
+
+            self.reader = Reader(cache._seg)
+            self.reader.bind(self.core)
         self.cache, self.handover, self.raw = cache, core.HANDOVER, core.Raw
         self.handovers = 0  # calls the Python path made instead (printed: a figure with some is not Core's alone)
         self.xxh, self.encode, self.nb = xxhash.xxh3_64_intdigest, encode_parts, block_nbytes
@@ -96,6 +105,8 @@ class _CoreOps:
     def close(self) -> None:
         print(f"handovers {self.handovers}", file=sys.stderr)
         self.core.release()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def _child(case: str, n: int) -> None:
@@ -158,10 +169,6 @@ def _child(case: str, n: int) -> None:
             def get(key):
                 with cache.view(key):
                     pass
-
-            for k in keys[:RESIDENT]:  # each stored value checked once, before the loop (the checksum policy)
-                put(k, value)
-                get(k)
         ops = None
         if case.endswith("-raw"):
             ops = _CoreOps(cache)
@@ -195,6 +202,11 @@ def _child(case: str, n: int) -> None:
         if case != "done":
             for k in keys[:RESIDENT]:
                 put(k, value)
+        if case == "view":
+            # Each stored value viewed once before the loop, after its last put: a handle checks a value's bytes
+            # on its first view of it alone (the checksum policy), and a put makes the value a new one.
+            for k in keys[:RESIDENT]:
+                get(k)
         t0 = time.perf_counter_ns()
         if case == "done":
             pass

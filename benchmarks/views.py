@@ -2,8 +2,10 @@
 1 KB to 16 MB, timed side by side in one process (interleaved rounds, medians), with ``np.copy`` of the array as the
 reference. Prints a table; ``--json FILE`` also writes the figures. Nothing passes or fails here.
 
-A view pays the cache lock, two kernel-lock calls (the pin and its end) and the arrays built over the bytes, and
-copies nothing; a get pays the lock, one copy and the checksum of the copy. The "view" column is a handle's later
+A view pays its lookup and pin, the arrays built over the bytes and their revocation as the block ends, and copies
+nothing: under lru the cache lock and two kernel-lock calls (the pin and its end); under s3fifo and keep (compiled,
+x86-64) neither, the entry found without the lock and pinned in the handle's reader slot. A get pays the lookup,
+one copy and the checksum of the copy. The "view" column is a handle's later
 views of a stored value it checked before; "first view" is its first, which also checks the checksum over the bytes
 (the checksum policy, docs/usage.md, "Zero-copy reads of large values"): timed by making the handle forget what it
 checked before each call.

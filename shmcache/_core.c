@@ -86,7 +86,7 @@ static PyMethodDef module_methods[] = {
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "
      "thread id the lock's word named when it gave up (0: it did not)."},
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
-     "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
+     "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},
     {"unpack", module_unpack, METH_O,
      "unpack(data) -> value | HANDOVER\n\nThe plain msgpack value in ``data`` as get_value decodes it, or HANDOVER "

@@ -43,11 +43,12 @@
 #endif
 
 /* Set once by setup_views(): what the views are built with. */
-static PyObject *frombuffer;   /* numpy.frombuffer */
+static PyObject *frombuffer;   /* numpy.frombuffer: a bytes value's memory */
+static PyObject *ndarray;      /* numpy.ndarray: an array value's, in its shape at once */
 static PyObject *closed_state; /* view.CLOSED's __setstate__ argument: what a revoked array becomes */
 static PyObject *keep;         /* view.keep_base(arr): arr's base lives as long as arr does */
 static long tag_bytes = -1, tag_array = -1;
-static PyObject *s_reshape, *s_release, *s_setstate;
+static PyObject *s_view, *s_release, *s_setstate;
 
 enum { VK_ARRAY, VK_BYTES, VK_TENSOR };
 
@@ -394,7 +395,9 @@ static PyObject *view_new(PyObject *obj, int kind)
 
 /* The View of leased value ``l`` as ``layout`` (tag, dtype, shape, data offset, count) reads it: a memoryview for
  * bytes, an array for an array. The memory is owned by an array over the lease (``owner``): what is handed out
- * derives from it (numpy collapses a view's base to it), so the lease goes after the last of them. */
+ * derives from it (numpy collapses a view's base to it, and to nothing further: the lease is not an array), so the
+ * lease goes after the last of them, and revoking what was handed out leaves them be. An array's owner is built in
+ * its shape by one call of ndarray (two thirds of frombuffer followed by reshape), what is handed out a view() of it. */
 static PyObject *build(Lease *l, PyObject *layout)
 {
     if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 5) {
@@ -413,17 +416,23 @@ static PyObject *build(Lease *l, PyObject *layout)
         PyErr_Format(PyExc_ValueError, "a view built in C is of bytes or an array, not tag %ld", tag);
         return NULL;
     }
-    PyObject *fargs[4] = {(PyObject *)l, PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 4),
-                          PyTuple_GET_ITEM(layout, 3)};
-    PyObject *owner = PyObject_Vectorcall(frombuffer, fargs, 4, NULL); /* bounds-checked by numpy */
-    if (owner == NULL)
-        return NULL;
-    PyObject *obj;
+    PyObject *owner, *obj;
     if (kind == VK_BYTES) {
+        PyObject *fargs[4] = {(PyObject *)l, PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 4),
+                              PyTuple_GET_ITEM(layout, 3)};
+        owner = PyObject_Vectorcall(frombuffer, fargs, 4, NULL); /* bounds-checked by numpy */
+        if (owner == NULL)
+            return NULL;
         obj = PyMemoryView_FromObject(owner);
     } else {
-        PyObject *margs[2] = {owner, PyTuple_GET_ITEM(layout, 2)};
-        obj = PyObject_VectorcallMethod(s_reshape, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        /* ndarray(shape, dtype, buffer, offset): numpy checks the buffer holds the shape's bytes from offset. */
+        PyObject *nargs[4] = {PyTuple_GET_ITEM(layout, 2), PyTuple_GET_ITEM(layout, 1), (PyObject *)l,
+                              PyTuple_GET_ITEM(layout, 3)};
+        owner = PyObject_Vectorcall(ndarray, nargs, 4, NULL);
+        if (owner == NULL)
+            return NULL;
+        PyObject *margs[1] = {owner};
+        obj = PyObject_VectorcallMethod(s_view, margs, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     Py_DECREF(owner);
     return obj == NULL ? NULL : view_new(obj, kind);
@@ -931,24 +940,27 @@ PyTypeObject PinsType = {
 
 PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "setup_views(frombuffer, closed_state, keep, tag_bytes, tag_array)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)");
         return NULL;
     }
-    long tb = PyLong_AsLong(args[3]), ta = PyLong_AsLong(args[4]);
+    long tb = PyLong_AsLong(args[4]), ta = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PyCallable_Check(args[0]) || !PyTuple_Check(args[1]) || !PyCallable_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "setup_views: frombuffer and keep must be callable, closed_state a tuple");
+    if (!PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyTuple_Check(args[2]) || !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_views: frombuffer and keep must be callable, ndarray a type, closed_state a tuple");
         return NULL;
     }
-    PyObject *olds[3] = {frombuffer, closed_state, keep};
-    for (int i = 0; i < 3; i++)
+    PyObject *olds[4] = {frombuffer, ndarray, closed_state, keep};
+    for (int i = 0; i < 4; i++)
         Py_INCREF(args[i]);
     frombuffer = args[0];
-    closed_state = args[1];
-    keep = args[2];
-    for (int i = 0; i < 3; i++)
+    ndarray = args[1];
+    closed_state = args[2];
+    keep = args[3];
+    for (int i = 0; i < 4; i++)
         Py_XDECREF(olds[i]);
     tag_bytes = tb;
     tag_array = ta;
@@ -957,10 +969,10 @@ PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t 
 
 int view_types_add(PyObject *m)
 {
-    s_reshape = PyUnicode_InternFromString("reshape");
+    s_view = PyUnicode_InternFromString("view");
     s_release = PyUnicode_InternFromString("release");
     s_setstate = PyUnicode_InternFromString("__setstate__");
-    if (s_reshape == NULL || s_release == NULL || s_setstate == NULL)
+    if (s_view == NULL || s_release == NULL || s_setstate == NULL)
         return -1;
     PyTypeObject *types[3] = {&PinsType, &LeaseType, &ViewType};
     const char *names[3] = {"Pins", "Lease", "View"};

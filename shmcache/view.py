@@ -493,4 +493,4 @@ def first_look(pins, lease, checksum_failed, arena_off: int):
 
 
 if _core is not None:
-    _core.setup_views(np.frombuffer, _CLOSED_STATE, keep_base, TAG_BYTES, TAG_ARRAY)
+    _core.setup_views(np.frombuffer, np.ndarray, _CLOSED_STATE, keep_base, TAG_BYTES, TAG_ARRAY)
