@@ -42,8 +42,9 @@ crashes      children that died (segfault, abort, uncaught error); must be 0
 unverified   repair phases after which verify() or the read-back failed; must be 0
 repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
 not_admitted puts that returned False under keep (a new key, the cache full)
-unlocked_reads  lookups answered without the lock (s3fifo and keep, compiled; counted in the reader slots, which
-             the damage reaches too); read_retries, read_fallbacks: reads begun again, and those that took the lock
+unlocked_reads  lookups answered without the lock over the whole run (s3fifo and keep, compiled; summed from the
+             reader slots as stats() sums them, but not from the workload's last clear(); the damage reaches the
+             slots too); read_retries, read_fallbacks: reads begun again, and those that took the lock
 verify       ok when the last repair phase and a final verify() in the parent passed
 
 The exit status is 1 when any "must be" above does not hold. The run stops at the first round that fails (unless
@@ -72,7 +73,7 @@ from shmcache.lock import MUTEX_KIND
 
 from .common import (
     ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm,
-    final_check, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly,
+    final_check, lifetime_reads, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -455,8 +456,7 @@ def _run(args) -> tuple[dict, bool]:
         mm.close()
         if failures() == before:
             ok = cache.verify().ok
-            st = cache.stats()
-            unlocked = (st.unlocked_reads, st.read_retries, st.read_fallbacks)
+            unlocked = lifetime_reads(cache)
     finally:
         for p in (stranger, foreigner):
             if p is not None:

@@ -27,7 +27,8 @@ kills         workers SIGKILLed; locked_kills: of those, killed while the mutex 
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
 not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
-unlocked_reads  lookups answered without the lock (s3fifo and keep, compiled: stats().unlocked_reads); read_retries,
+unlocked_reads  lookups answered without the lock over the whole run (s3fifo and keep, compiled: summed from the
+              reader slots, as stats().unlocked_reads is, but not from the workload's last clear()); read_retries,
               read_fallbacks: of the reads, those begun again under a writer and those that took the lock after all
 verify        ok when the final verify() (the policy's invariants included) and stats checks passed, FAILED
               otherwise (details on stderr)
@@ -48,7 +49,7 @@ from shmcache import SharedCache
 
 from .common import (
     ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check,
-    lock_owner, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly, worker,
+    lifetime_reads, lock_owner, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly, worker,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -159,7 +160,7 @@ def _run(args) -> tuple[dict, bool]:
         if not hangs:
             ok, wrong = final_check(cache, args.keys)
             s = cache.stats()
-            recoveries, unlocked = s.recoveries, (s.unlocked_reads, s.read_retries, s.read_fallbacks)
+            recoveries, unlocked = s.recoveries, lifetime_reads(cache)
     finally:
         stop.value = 1
         reap(procs + dead, 5.0)
