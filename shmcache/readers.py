@@ -111,16 +111,20 @@ def slot_pinned(words, fd: int, e: int) -> bool:
     return any(ofd.held_elsewhere(fd, READER_BASE + int(r)) for r in rows)
 
 
+def sums(words) -> tuple[int, int, int, int]:
+    """(hits, misses, retries, fallbacks) summed over every reader slot since the segment was made, clear() or not
+    (a damaged count clipped into range)."""
+    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)
+    return tuple(int(a[:, c].clip(0, MAX_COUNTER).sum()) for c in _COUNTS)  # type: ignore[return-value]
+
+
 def totals(h, words) -> tuple[int, int, int, int]:
     """(hits, misses, retries, fallbacks) of every reader slot, less what clear() set aside (``base_*``)."""
-    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)
-    sums = [int(a[:, c].clip(0, MAX_COUNTER).sum()) for c in _COUNTS]
-    return tuple(max(0, s - h[b]) for s, b in zip(sums, _BASES))  # type: ignore[return-value]
+    return tuple(max(0, s - h[b]) for s, b in zip(sums(words), _BASES))  # type: ignore[return-value]
 
 
 def set_aside(h, words) -> None:
     """clear(): the slots' sums become the new base, so that stats() counts from zero (a slot is its holder's to
     write, never another process's: it is not zeroed)."""
-    a = np.frombuffer(words, dtype=np.int64).reshape(READER_SLOTS, READER_WORDS)
-    for c, b in zip(_COUNTS, _BASES):
-        h[b] = int(a[:, c].clip(0, MAX_COUNTER).sum())
+    for s, b in zip(sums(words), _BASES):
+        h[b] = s

@@ -34,7 +34,8 @@ import xxhash
 
 from shmcache import POLICIES, CacheLimits, PinnedError, SharedCache, ShmCacheError, TooLargeError
 from shmcache.layout import SEGMENT_PREFIX
-from shmcache.layout.dtypes import H_LOCK_OFF, MAX_COUNTER, READER, READER_SLOTS
+from shmcache import readers
+from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import FUTEX_TID_MASK
 
 FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused", "not_admitted")
@@ -337,17 +338,9 @@ def raw_map(name: str, writable: bool = False) -> mmap.mmap:
 
 
 def lifetime_reads(cache) -> tuple[int, int, int]:
-    """(lookups answered without the lock, retries, fallbacks) over the whole run, summed from the segment's reader
-    slots: stats() counts them from the last clear(), which the workloads call now and then. A count out of range
-    (damaged) is taken as 0, as stats() takes it."""
-    mm = raw_map(cache.name)
-    try:
-        a = np.frombuffer(mm, dtype=READER, count=READER_SLOTS, offset=cache._seg.geometry.readers_off)
-        hits, misses, retries, fallbacks = (int(np.where((a[f] >= 0) & (a[f] < MAX_COUNTER), a[f], 0).sum())
-                                            for f in ("hits", "misses", "retries", "fallbacks"))
-        del a  # (the mapping cannot close under a view of it)
-    finally:
-        mm.close()
+    """(lookups answered without the lock, retries, fallbacks) over the whole run: the reader slots' sums, which
+    stats() reports less what the workload's last clear() set aside."""
+    hits, misses, retries, fallbacks = readers.sums(cache._seg.reader_words)
     return hits + misses, retries, fallbacks
 
 
