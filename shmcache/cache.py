@@ -554,7 +554,14 @@ class SharedCache(LocalMapping, AsyncMethods):
         :raises KeyError: if the key is absent.
         :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
         """
-        kb = encode_key(key)
+        # encode_key, inlined for a str key as get() does (the call costs more than the encoding).
+        if type(key) is str:
+            try:
+                kb = key.encode()
+            except UnicodeEncodeError:
+                kb = encode_key(key)  # raises the TypeError
+        else:
+            kb = encode_key(key)
         got = self._path.view(kb, _xxh(kb) & _MASK63, self._now(), self._pins)
         if got is None:
             raise KeyError(key)

@@ -94,6 +94,18 @@ def test_view_of_other_values_or_absent_keys(cache):
     assert (s.hits, s.misses) == (0, 1)  # a view refused for its value's type counts nothing
 
 
+def test_view_keys_encode_as_get_keys_do(cache):
+    """view() encodes a str key inline, as get() does: the same entry for the same key, the same refusal."""
+    for key in ("k", "clé", 7, ("k", 1), b"k"):
+        cache.put(key, np.arange(3) + len(repr(key)))
+        with cache.view(key) as arr:
+            assert np.array_equal(arr, cache.get(key))
+    with pytest.raises(TypeError, match="cannot encode key"):
+        cache.view("\ud800")  # a lone surrogate is no key, for get() and view() alike
+    with pytest.raises(TypeError, match="cannot encode key"):
+        cache.get("\ud800")
+
+
 def test_view_pins_against_put_delete_pop_and_clear(cache):
     cache.put("a", np.arange(100))
     cache.put("other", 1)
