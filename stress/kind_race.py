@@ -11,25 +11,29 @@ fresh handle must put and get within its lock timeout.
 
 Reading the summary line:
 
-    kind_race: kind=K flips=F ops=N errors=E wrong=0 crashes=0 stuck=0 word=W seconds=S
+    kind_race: kind=K flips=F ops=N errors=E wrong=0 crashes=0 hangs=0 stuck=0 word=W seconds=S
 
 kind     the foreign kind written: plain (glibc's PTHREAD_MUTEX_TIMED_NP, 0), errorcheck (2, not robust), pi
          (PTHREAD_MUTEX_PRIO_INHERIT_NP alone), pi-robust (the right kind with the priority-inheritance bit)
 flips    times the foreign kind was written (and put back)
 ops      put + get pairs the workers completed; errors: ShmCacheError raised (LockTimeout, CorruptionError)
 wrong    gets that returned a value not put under that key; must be 0
-crashes  workers that died of a signal (SIGSEGV); must be 0
+crashes  processes that died of a signal (SIGSEGV: glibc's robust unlock of a mutex the priority-inheritance path
+         never queued); must be 0
+hangs    processes still running 60 s after the storm ended (SIGKILLed); must be 0
 stuck    1 when the fresh handle's put raised LockTimeout after the storm: the futex word was left naming a thread
          that does not hold the lock (1: "thread 1 holds it"); must be 0
 word     the futex word after the storm (0: free)
 
-Exit status 1 when wrong, crashes or stuck is not 0. Long runs stay out of CI: this script prints figures.
+Exit status 1 when wrong, crashes, hangs or stuck is not 0. Long runs stay out of CI: this script prints figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import multiprocessing as mp
+import queue
 import os
 import random
 import struct
@@ -41,7 +45,7 @@ from shmcache.errors import LockTimeout, ShmCacheError
 from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import KIND_OFF, MUTEX_KIND
 
-from .common import check_value, make_value, raw_map, unlink_quietly
+from .common import check_value, exit_on_sigterm, make_value, raw_map, reap, start, unlink_quietly
 
 PI = 0x20  # PTHREAD_MUTEX_PRIO_INHERIT_NP
 KINDS = {"plain": 0, "errorcheck": 2, "pi": PI, "pi-robust": MUTEX_KIND | PI}
@@ -66,6 +70,7 @@ def flipper(name: str, seconds: float, kind: int, gap: int, out) -> None:
 
 def worker(name: str, seconds: float, seed: int, out) -> None:
     """Put and get self-checking values; count completed pairs, errors and wrong reads."""
+    faulthandler.enable()  # a crash prints where it happened
     rng = random.Random(seed)
     cache = SharedCache(name, create=False, lock_timeout=LOCK_TIMEOUT)
     end, ops, errors, wrong = time.monotonic() + seconds, 0, 0, 0
@@ -86,36 +91,33 @@ def run_one(kind_name: str, args) -> dict:
     name = f"kindrace{os.getpid()}{kind_name.replace('-', '')}"
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    fields = dict(kind=kind_name, flips=0, ops=0, errors=0, wrong=0, crashes=0, stuck=0, word=0)
+    fields = dict(kind=kind_name, flips=0, ops=0, errors=0, wrong=0, crashes=0, hangs=0, stuck=0, word=0)
     try:
         SharedCache(name, capacity_bytes=1 << 20, max_entries=256, lock_timeout=LOCK_TIMEOUT).close()
-        procs = [ctx.Process(target=worker, args=(name, args.seconds, args.seed + i, out))
-                 for i in range(args.workers)]
-        procs.append(ctx.Process(target=flipper, args=(name, args.seconds, KINDS[kind_name], args.gap, out)))
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(args.seconds + 60)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-        fields["crashes"] = sum(1 for p in procs if p.exitcode is None or p.exitcode < 0)
-        while not out.empty():
-            msg = out.get(timeout=1)
+        procs = [start(ctx, worker, (name, args.seconds, args.seed + i, out)) for i in range(args.workers)]
+        procs.append(start(ctx, flipper, (name, args.seconds, KINDS[kind_name], args.gap, out)))
+        fields["hangs"] = len(reap(procs, args.seconds + 60))
+        fields["crashes"] = sum(1 for p in procs if p.exitcode is not None and p.exitcode < 0) - fields["hangs"]
+        for _ in range(sum(1 for p in procs if p.exitcode == 0)):  # one message from each process that finished
+            try:
+                msg = out.get(timeout=5)
+            except queue.Empty:
+                break
             if msg[0] == "flips":
                 fields["flips"] = msg[1]
             else:
                 fields["ops"] += msg[1]
                 fields["errors"] += msg[2]
                 fields["wrong"] += msg[3]
-        with SharedCache(name, create=False, lock_timeout=LOCK_TIMEOUT) as cache:
-            fields["word"] = struct.unpack_from("<I", cache._seg.lock_mm, H_LOCK_OFF)[0]
-            try:
+        with raw_map(name) as mm:
+            fields["word"] = struct.unpack_from("<I", mm, H_LOCK_OFF)[0]
+        try:
+            with SharedCache(name, create=False, lock_timeout=LOCK_TIMEOUT) as cache:
                 cache.put("after", 1)
                 if cache.get("after") != 1:
                     fields["wrong"] += 1
-            except LockTimeout:
-                fields["stuck"] = 1
+        except LockTimeout:
+            fields["stuck"] = 1
     finally:
         unlink_quietly(name)
     return fields
@@ -130,10 +132,11 @@ def main(argv=None) -> int:
     p.add_argument("--gap", type=int, default=2000, help="busy-loop rounds between two flips (default 2000)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    exit_on_sigterm()  # a SIGTERM unwinds through run_one's finally, which unlinks the cache
     failed = False
     for kind_name in KINDS if args.kind == "all" else [args.kind]:
         f = run_one(kind_name, args)
-        failed |= bool(f["wrong"] or f["crashes"] or f["stuck"])
+        failed |= bool(f["wrong"] or f["crashes"] or f["hangs"] or f["stuck"])
         print("kind_race: " + " ".join(f"{k}={v:#x}" if k == "word" else f"{k}={v}" for k, v in f.items())
               + f" seconds={args.seconds:g}", flush=True)
     return 1 if failed else 0
