@@ -1,7 +1,8 @@
 """``python -m benchmarks.scaling``: lookups per second as processes are added, 95 % get / 5 % put, side by side.
 
 Each configuration runs N forked worker processes on one store for ``--seconds``; every worker draws Zipf-skewed
-keys (s = 1.0) from ``--keys`` keys, all resident, and does a get (95 %) or a put of the same ~100-byte value (5 %).
+keys (s = 1.0) from ``--keys`` keys, all resident, and does a get (95 %) or a put of the same ~100-byte value (5 %;
+``--puts 0`` for reads alone).
 The figure is the sum of the workers' operations per second, and the ratio to the same store's figure at one
 process. Rounds are interleaved (every store and process count once, then again), and the table shows medians.
 
@@ -96,7 +97,7 @@ class _Store:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _worker(store: _Store, seconds: float, seed: int, go, out) -> None:
+def _worker(store: _Store, seconds: float, seed: int, puts_share: float, go, out) -> None:
     get, put = store.attach()
     rng = np.random.default_rng(seed)
     n = store.keys
@@ -104,7 +105,7 @@ def _worker(store: _Store, seconds: float, seed: int, go, out) -> None:
     cdf = np.cumsum(1.0 / ranks)
     cdf /= cdf[-1]
     draws = np.searchsorted(cdf, rng.random(200_000)).tolist()
-    puts = (rng.random(200_000) < 0.05).tolist()
+    puts = (rng.random(200_000) < puts_share).tolist()
     keys = [f"k{i}" for i in range(n)]
     value = _value(0)
     go.wait()
@@ -123,10 +124,10 @@ def _worker(store: _Store, seconds: float, seed: int, go, out) -> None:
     out.put(ops / seconds)
 
 
-def _run(store: _Store, n: int, seconds: float, seed: int) -> float:
+def _run(store: _Store, n: int, seconds: float, seed: int, puts_share: float) -> float:
     ctx = mp.get_context("fork")
     go, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(store, seconds, seed + i, go, out)) for i in range(n)]
+    procs = [ctx.Process(target=_worker, args=(store, seconds, seed + i, puts_share, go, out)) for i in range(n)]
     for p in procs:
         p.start()
     time.sleep(0.3)  # every worker attached and ready
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians shown (default %(default)s)")
     ap.add_argument("--keys", type=int, default=10_000, help="resident keys (default %(default)s)")
+    ap.add_argument("--puts", type=float, default=0.05, help="share of puts (default %(default)s)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -171,11 +173,12 @@ def main(argv=None) -> int:
         for _ in range(args.rounds):
             for s in stores:
                 for n in counts:
-                    figures[(s.kind, n)].append(_run(s, n, args.seconds, args.seed))
+                    figures[(s.kind, n)].append(_run(s, n, args.seconds, args.seed, args.puts))
     finally:
         for s in stores:
             s.close()
-    print(f"lookups/s, 95 % get / 5 % put, {args.keys} Zipf keys, median of {args.rounds} rounds of {args.seconds} s;"
+    print(f"lookups/s, {100 - 100 * args.puts:g} % get / {100 * args.puts:g} % put, {args.keys} Zipf keys, median of"
+          f" {args.rounds} rounds of {args.seconds} s;"
           f" {os.cpu_count()} cores ({platform.processor() or platform.machine()})")
     print(f"{'store':<17}" + "".join(f"{f'{n} proc':>16}" for n in counts) + "".join(
         f"{f'1->{n}':>8}" for n in counts[1:]))
