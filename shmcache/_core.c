@@ -71,6 +71,12 @@ static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUS
     return Py_BuildValue("(diL)", (double)thread_waited_ns / 1e9, thread_extended, (long long)thread_holder);
 }
 
+static PyObject *module_lock_mends(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(kk)", __atomic_load_n(&foreign_holds, __ATOMIC_RELAXED),
+                         __atomic_load_n(&unlisted_unlocks, __ATOMIC_RELAXED));
+}
+
 static PyObject *module_unlocked_view(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong(thread_unlocked_view);
@@ -81,6 +87,10 @@ static PyMethodDef module_methods[] = {
      "unlocked_view() -> bool\n\nWhether the calling thread's view in progress was pinned without the lock: its "
      "lookup is counted in the handle's reader slot once the first look is done (a failed checksum counts a miss), "
      "so the first look corrects no counter of the header."},
+    {"lock_mends", module_lock_mends, METH_NOARGS,
+     "lock_mends() -> (foreign_holds, unlisted_unlocks)\n\nIn this process: holds that glibc took through a "
+     "foreign kind's path (a kind word damaged under the lock's check), given back by hand; unlocks that left the "
+     "mutex on the holder's robust list, taken off by hand (lock.py, \"Holds taken through a foreign kind's path\")."},
     {"last_wait", module_last_wait, METH_NOARGS,
      "last_wait() -> (seconds, extensions, holder)\n\nHow long the calling thread's last wait for a busy lock took "
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "

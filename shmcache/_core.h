@@ -16,8 +16,11 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <limits.h>
+#include <linux/futex.h>
 
 #include "_unpack.h"
 #include "_view.h"
@@ -81,6 +84,7 @@ typedef struct {
     Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks, r_pins;
     int64_t reader_pins, reader_base; /* pin words per slot; the kernel lock byte of slot 0 (readers.READER_BASE) */
     pthread_mutex_t *mutex;
+    uintptr_t robust_prev; /* the holder's robust-list head before it took the lock (_core_lock.c, release) */
     volatile int64_t *kind_word;
     int64_t kind_word_value;
     /* geometry */

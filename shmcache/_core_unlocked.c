@@ -29,10 +29,6 @@
 
 #define RD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 
-static unsigned long fork_count; /* raised in every forked child (pthread_atfork): a slot claimed before is not ours */
-
-static void count_fork(void) { fork_count++; }
-
 /* This handle's reader slot, or NULL: none claimed, or claimed before a fork (the child's is claimed by
  * readers.py's fork hook). */
 static inline int64_t *reader_slot(Core *c)

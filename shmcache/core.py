@@ -26,7 +26,7 @@ from .layout import (
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout import dtypes as d
-from .lock import KIND_OFF, MUTEX_KIND_WORD
+from .lock import KIND_OFF, MENDS, MUTEX_KIND_WORD
 
 _PURE_ASKED = os.environ.get("SHMCACHE_PURE_PYTHON") == "1"
 try:
@@ -93,6 +93,14 @@ def last_wait() -> tuple[float, int, int] | None:
     timeouts it added while the holder made progress, and the holder it gave up on (a thread id; 0: none) (None:
     not built)."""
     return None if _core is None else _core.last_wait()
+
+
+def lock_mends() -> tuple[int, int]:
+    """In this process, both paths: holds that glibc took through a foreign kind's path (a kind word damaged under
+    the lock's check), given back by hand; and unlocks that left the mutex on the holder's robust list, taken off
+    by hand (lock.py, "Holds taken through a foreign kind's path")."""
+    c = (0, 0) if _core is None else _core.lock_mends()
+    return MENDS[0] + c[0], MENDS[1] + c[1]
 
 
 def offsets(geometry) -> dict[str, int]:

@@ -23,7 +23,7 @@ from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
 from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
-from .lock import hot_trylock, hot_unlock
+from .lock import ENTRY_MASK, FUTEX_TID_MASK, FUTEX_WAITERS, hot_trylock, hot_unlock, robust
 from .core import last_wait
 from .seqlock import close_seq, open_seq
 from .verify import check, repair
@@ -84,6 +84,9 @@ class Guard:
         self.lockw = seg.lock_words
         self.lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd))
         self.addr = self.lock.handle
+        self.entry = self.lock.entry
+        self.futex = self.lock.futex
+        self.robust_prev = 0  # the holder's robust-list head before it took the lock (lock.py settle_release)
         self.closed = False
         self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
         # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
@@ -102,15 +105,24 @@ class Guard:
     #         guard.fault(exc, addr)
     #         raise
     #     finally:
-    #         (put back a damaged kind word, see H_MUTEX_KIND)
+    #         (put back a damaged kind word, see H_MUTEX_KIND; and the holder's id into the futex word, see
+    #         lock.py "Holds taken through a foreign kind's path")
     #         unlock(addr)
+    #         (and settle an unlock that left the mutex listed)
     # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
     # must leave the lock to the call that holds it.
 
     def enter(self, waited: bool = False):
         """Take the lock; returns the handle the caller releases (see ``wait``). Follow with ``admit``."""
+        first = robust.first
+        prev = 0 if first is None else first.value
         rc = hot_trylock(self.addr) if self.lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY
-        return self.wait(rc, waited) if rc else self.addr
+        if not rc and first is not None and first.value & ENTRY_MASK != self.entry:  # lock.py SegmentLock.checked
+            rc = self.lock.give_back_foreign()
+        addr = self.wait(rc, waited) if rc else self.addr
+        if addr is self.addr:
+            self.robust_prev = prev  # written by the holder alone
+        return addr
 
     def run(self, fn, *args, waited: bool = False):
         """``fn(*args)`` run under the lock, with the protocol above: every operation of the Python path goes
@@ -127,10 +139,19 @@ class Guard:
             self.fault(exc, addr)
             raise
         finally:
-            if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self.addr:  # see H_MUTEX_KIND
-                self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self.lockw[H_DIRTY] = 1
+            # Written inline, without a call before the unlock (see H_MUTEX_KIND); twin of close's.
+            listed, first = False, None
+            if addr is self.addr:
+                if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD:  # see H_MUTEX_KIND
+                    self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
+                    self.lockw[H_DIRTY] = 1
+                first = robust.first
+                listed = first is not None and first.value & ENTRY_MASK == self.entry
+                if listed and self.futex.value & FUTEX_TID_MASK != robust.tid:  # a waiter wrote 2 over it
+                    self.futex.value = robust.tid | FUTEX_WAITERS
             hot_unlock(addr)
+            if listed and first is not None and first.value & ENTRY_MASK == self.entry:
+                self.lock.settle_release(self.robust_prev)
 
     def admit(self, addr) -> None:
         """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
@@ -204,7 +225,9 @@ class Guard:
         """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""
         if addr is not self.addr:
             return  # this thread re-entered: the lock belongs to the call it interrupted
-        if not self.lock.owned():
+        if not self.lock.listed():
+            if self.lock.foreign_hold():  # interrupted between the lock call and its check (enter)
+                self.lock.give_back_foreign()
             return  # raised before the lock was taken (timeout, bad handle...): nothing was touched
         self.lock.mark_consistent()  # in case it was taken from a dead holder; refused (EINVAL) otherwise
         if self.closed:
@@ -234,10 +257,18 @@ class Guard:
             self.closed = True
             return False
         finally:
-            if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD and addr is self.addr:  # see H_MUTEX_KIND
-                self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                self.lockw[H_DIRTY] = 1
+            listed, first = False, None  # as in run's finally
+            if addr is self.addr:
+                if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD:  # see H_MUTEX_KIND
+                    self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
+                    self.lockw[H_DIRTY] = 1
+                first = robust.first
+                listed = first is not None and first.value & ENTRY_MASK == self.entry
+                if listed and self.futex.value & FUTEX_TID_MASK != robust.tid:
+                    self.futex.value = robust.tid | FUTEX_WAITERS
             hot_unlock(addr)
+            if listed and first is not None and first.value & ENTRY_MASK == self.entry:
+                self.lock.settle_release(self.robust_prev)
         return True
 
     # ------------------------------------------------------------------------------------------- damage found late

@@ -170,6 +170,58 @@ def _mutex_kind_word() -> int:
 
 MUTEX_KIND_WORD = _mutex_kind_word()
 
+# ------------------------------------------------------------------------ holds taken through a foreign kind's path
+# glibc reads the kind word again after the check of it, and takes the path of whatever kind it finds: a word damaged
+# in between sends the call down another kind's path (docs/operations.md, "a kind word damaged between the lock's
+# check and glibc's own read of it"). Only a robust kind's path queues the mutex on the holder's robust list, at its
+# head (the kernel's struct robust_list_head, which glibc registers for every thread): that tells a right hold from
+# a foreign one, where the futex word cannot (the priority-inheritance path writes the holder's id too). A foreign
+# hold is given back by hand at once; an unlock checks that the word names its holder, and that glibc took the mutex
+# off the list. (twin: _core_lock.c, the part of the same name)
+_SYSCALLS = {"x86_64": (274, 202), "aarch64": (100, 98)}.get(os.uname().machine)  # get_robust_list, futex
+_FUTEX_WAKE = 1
+_INT_MAX = 2**31 - 1
+FUTEX_WAITERS = 0x80000000  # the futex word's bit for "a thread sleeps on it": an unlock then wakes one
+ENTRY_MASK = ~1  # a robust-list entry's bit 0 marks a priority-inheritance mutex
+_OWNER_OFF = 8  # __owner, which every kind's lock path writes (the holder's thread id) and every unlock clears
+# glibc's list is doubly linked on 64-bit targets: each __prev word 8 bytes before its entry
+_PREV_OFF = -8 if ctypes.sizeof(ctypes.c_void_p) == 8 else 0
+MENDS = [0, 0]  # in this process's Python path: foreign holds given back, unlocks taken off the list by hand
+
+
+def _robust_head() -> int:
+    """The calling thread's robust-list head, asked of the kernel (0: it will not say, or an unknown machine)."""
+    if _SYSCALLS is None:
+        return 0
+    head, size = ctypes.c_void_p(), ctypes.c_size_t()
+    if _libc.syscall(ctypes.c_long(_SYSCALLS[0]), ctypes.c_long(0), ctypes.byref(head), ctypes.byref(size)) \
+            or size.value != 3 * ctypes.sizeof(ctypes.c_void_p):
+        return 0
+    return head.value or 0
+
+
+class _Robust(threading.local):
+    """This thread's robust-list head (``head``, 0 where there is none to look at), its first entry as a word to
+    read (``first``, None then), and the thread's id (``tid``, read again in a forked child, whose head is at the
+    same address: glibc registers the same struct pthread's head again)."""
+
+    def __init__(self) -> None:
+        self.head = _robust_head()
+        self.first = ctypes.c_size_t.from_address(self.head) if self.head else None
+        self.tid = threading.get_native_id()
+
+
+robust = _Robust()
+# The head's futex_offset: from an entry to its mutex's futex word (a constant of glibc's, the same in every thread).
+FUTEX_OFFSET = ctypes.c_long.from_address(robust.head + ctypes.sizeof(ctypes.c_void_p)).value if robust.head else 0
+
+
+def _forked() -> None:
+    robust.tid = threading.get_native_id()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 def _maps_file(tid: int, file: os.stat_result) -> bool | None:
     """Whether thread ``tid`` exists and its process maps the segment ``file`` (its fstat) from /dev/shm; None:
@@ -253,6 +305,65 @@ class SegmentLock:
         # lock, one for the private mutex.
         self.handle = ctypes.c_void_p(address)
         self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
+        self.futex = ctypes.c_uint.from_address(address)  # the futex word, read and written in place
+        self.owner = ctypes.c_int.from_address(address + _OWNER_OFF)
+        self.entry = address - FUTEX_OFFSET  # the robust-list entry of this mutex, as glibc queues it
+
+    def listed(self) -> bool:
+        """Whether this mutex heads the calling thread's robust list: glibc's robust path took it for this thread.
+        Where there is no list to look at, whether the futex word names this thread."""
+        first = robust.first
+        return self.owned() if first is None else first.value & ENTRY_MASK == self.entry
+
+    def checked(self, rc: int) -> int:
+        """A lock call's result, checked: 0 only for a hold that glibc queued; a foreign one is given back, and
+        the caller waits on (EBUSY) as for a busy lock, meeting the damaged kind, if it is still there, next."""
+        if rc or robust.first is None or robust.first.value & ENTRY_MASK == self.entry:
+            return rc
+        return self.give_back_foreign()
+
+    def give_back_foreign(self) -> int:
+        """Give back a hold that glibc took through a foreign kind's path: nobody else is inside (every kind's path
+        takes the word from 0 with a compare-and-swap or an exchange), and nothing was written under it. The owner
+        field is cleared as an unlock clears it, the word set to 0, and every sleeper woken: one that read a plain
+        kind sleeps on 2, one that read the robust kind on the word with FUTEX_WAITERS. Returns EBUSY."""
+        MENDS[0] += 1
+        self.owner.value = 0
+        self.futex.value = 0
+        if _SYSCALLS is not None:
+            _libc.syscall(ctypes.c_long(_SYSCALLS[1]), ctypes.c_void_p(self.address), ctypes.c_long(_FUTEX_WAKE),
+                          ctypes.c_long(_INT_MAX), None, None, ctypes.c_long(0))
+        return errno.EBUSY
+
+    def foreign_hold(self) -> bool:
+        """Whether the calling thread holds the mutex through a foreign kind's path (not listed): the word names
+        it (the priority-inheritance path), or is a plain lock's 1 or 2 with the owner field naming it. For an
+        interrupt that came between a lock call's return and ``checked``."""
+        if robust.first is None or self.listed():
+            return False
+        tid = self.futex.value & FUTEX_TID_MASK
+        return tid == robust.tid or (tid in (1, 2) and self.owner.value == robust.tid)
+
+    def settle_release(self, prev: int) -> None:
+        """After an unlock that left this mutex at the head of the calling thread's robust list: glibc refused it
+        (EPERM: a waiter that read a plain kind wrote 2 over the word again, so the holder's id goes back; EINVAL:
+        glibc read the kind word a second time and found a kind it has no case for) and the unlock is tried again,
+        or glibc read a foreign kind and released without taking the mutex off the list: the list is put
+        back as it was before the lock (``prev``), since an entry left there points into the segment and the next
+        robust lock of this thread writes through it, after an unmap too. (twin: _core_lock.c release)"""
+        r = robust
+        for _ in range(1000):
+            if r.first is None or r.first.value & ENTRY_MASK != self.entry:
+                return
+            if self.owner.value == r.tid:  # still held (every unlock clears the owner field): refused
+                self.futex.value = r.tid | FUTEX_WAITERS
+                _mutex_unlock(self.address)
+                continue
+            if _PREV_OFF:  # released, still listed
+                MENDS[1] += 1
+                r.first.value = prev
+                ctypes.c_void_p.from_address((prev & ENTRY_MASK) + _PREV_OFF).value = r.head
+            return
 
     def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0, holder: int = 0) -> bool:
         """Wait for the lock after a failed trylock that returned ``rc``. ``progress()`` reads the header's progress
@@ -295,7 +406,7 @@ class SegmentLock:
                     judged, may_hold = word, not self.owner_gone()
                 if word and may_hold and now < deadline:  # a holder may be inside through the damaged kind: wait
                     time.sleep(_DAMAGE_POLL_S)
-                    rc = _mutex_trylock(self.address) if not self.kind_damaged() else errno.EBUSY
+                    rc = self.try_checked()
                     continue
                 raise Damaged("kind")
             if rc not in (errno.EBUSY, errno.ETIMEDOUT):
@@ -324,7 +435,7 @@ class SegmentLock:
                     deadline = now + int(self.timeout * 1e9)
                 else:
                     raise self._timeout(start, extensions)
-            rc = _timedlock(self.address, min(deadline, now + _SLICE_NS), ts)
+            rc = self.checked(_timedlock(self.address, min(deadline, now + _SLICE_NS), ts))
 
     def _timeout(self, start_ns: int, extensions: int) -> LockTimeout:
         waited = (time.monotonic_ns() - start_ns) / 1e9
@@ -385,7 +496,7 @@ class SegmentLock:
         """``pthread_mutex_trylock``, unless the kind word is not ``init_mutex``'s: then EBUSY, and the waiting path
         judges the damage. Why: glibc asserts inside trylock itself on some kinds (a priority-inheritance kind
         without the robust flag, with the owner-died bit set, aborts the process)."""
-        return errno.EBUSY if self.kind_damaged() else _mutex_trylock(self.address)
+        return errno.EBUSY if self.kind_damaged() else self.checked(_mutex_trylock(self.address))
 
     def word(self) -> int:
         """The futex word: holder's thread id and the WAITERS / OWNER_DIED bits; 0 when free."""
@@ -398,11 +509,18 @@ class SegmentLock:
         if not word or word & FUTEX_OWNER_DIED:
             return False
         tid = word & FUTEX_TID_MASK
+        owner = self.owner.value
+        if tid in (1, 2) and owner > 0:
+            # A plain lock's values (a hold through a foreign kind's path, its holder killed before it could give
+            # it back: not on any robust list, so the kernel never releases it). Every kind's lock writes its
+            # holder's id into the owner field: that thread is the one to judge, whatever thread 1 or 2 is (a PID
+            # namespace's init holding the lock through the robust path has both words the same).
+            tid = owner
         if tid and _maps_file(tid, self.file) is not False:
             return False
         # Ordering: the kernel sets OWNER_DIED on a dying holder's mutexes before its thread id is freed, so a word
         # unchanged after its thread was found gone was never a live holder's.
-        return self.word() == word
+        return self.word() == word and self.owner.value == owner
 
     def mark_consistent(self) -> None:
         """Tell the mutex that the state left by a dead holder has been repaired."""

@@ -11,13 +11,15 @@ fresh handle must put and get within its lock timeout.
 
 Reading the summary line:
 
-    kind_race: kind=K flips=F ops=N errors=E wrong=0 crashes=0 hangs=0 stuck=0 word=W seconds=S
+    kind_race: kind=K flips=F ops=N errors=E wrong=0 foreign=G unlisted=U crashes=0 hangs=0 stuck=0 word=W seconds=S
 
 kind     the foreign kind written: plain (glibc's PTHREAD_MUTEX_TIMED_NP, 0), errorcheck (2, not robust), pi
          (PTHREAD_MUTEX_PRIO_INHERIT_NP alone), pi-robust (the right kind with the priority-inheritance bit)
 flips    times the foreign kind was written (and put back)
 ops      put + get pairs the workers completed; errors: ShmCacheError raised (LockTimeout, CorruptionError)
 wrong    gets that returned a value not put under that key; must be 0
+foreign  holds that glibc took through the foreign kind's path, found not queued on the robust list and given back
+unlisted unlocks through the foreign kind's path, which left the mutex on the holder's robust list: taken off
 crashes  processes that died of a signal (SIGSEGV: glibc's robust unlock of a mutex the priority-inheritance path
          never queued); must be 0
 hangs    processes still running 60 s after the storm ended (SIGKILLed); must be 0
@@ -41,6 +43,7 @@ import sys
 import time
 
 from shmcache import SharedCache
+from shmcache.core import lock_mends
 from shmcache.errors import LockTimeout, ShmCacheError
 from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import KIND_OFF, MUTEX_KIND
@@ -84,14 +87,15 @@ def worker(name: str, seconds: float, seed: int, out) -> None:
             ops += 1
         except ShmCacheError:
             errors += 1
-    out.put(("worker", ops, errors, wrong))
+    out.put(("worker", ops, errors, wrong, *lock_mends()))
 
 
 def run_one(kind_name: str, args) -> dict:
     name = f"kindrace{os.getpid()}{kind_name.replace('-', '')}"
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    fields = dict(kind=kind_name, flips=0, ops=0, errors=0, wrong=0, crashes=0, hangs=0, stuck=0, word=0)
+    fields = dict(kind=kind_name, flips=0, ops=0, errors=0, wrong=0, foreign=0, unlisted=0, crashes=0, hangs=0,
+                  stuck=0, word=0)
     try:
         SharedCache(name, capacity_bytes=1 << 20, max_entries=256, lock_timeout=LOCK_TIMEOUT).close()
         procs = [start(ctx, worker, (name, args.seconds, args.seed + i, out)) for i in range(args.workers)]
@@ -109,6 +113,8 @@ def run_one(kind_name: str, args) -> dict:
                 fields["ops"] += msg[1]
                 fields["errors"] += msg[2]
                 fields["wrong"] += msg[3]
+                fields["foreign"] += msg[4]
+                fields["unlisted"] += msg[5]
         with raw_map(name) as mm:
             fields["word"] = struct.unpack_from("<I", mm, H_LOCK_OFF)[0]
         try:

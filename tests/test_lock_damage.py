@@ -80,6 +80,9 @@ def _damage(kind: str, b: bytearray, live_pid: int) -> None:
     elif kind == "all-zero-held":  # a plain mutex held by nobody that will ever unlock it
         b[:] = bytes(len(b))
         _word(b, 0, 1)
+    elif kind == "plain-word-gone-owner":  # taken through a foreign kind's path, its holder killed before giving
+        _word(b, 0, 1)                       # it back: a plain lock's word, the owner field naming the dead holder
+        _word(b, 8, _gone_tid())
     else:
         raise AssertionError(kind)
 
@@ -91,7 +94,7 @@ def _kind(b) -> int:
 DAMAGES = ["pi-kind-dead-owner", "pi-kind-not-robust-owner-died", "spins-word", "pi-kind-free", "pp-kind",
            "garbage-kind", "dead-owner", "waiters-bit-no-owner",
            "live-owner-not-mapping", "count-owner-nusers", "owner-notrecoverable", "list-pointers", "all-ff",
-           "all-zero", "all-zero-held"]
+           "all-zero", "all-zero-held", "plain-word-gone-owner"]
 
 # Run in a fresh process: attach, read every key (right or gone), write and read back, with two handles contending.
 _AFTER_DAMAGE = r"""
@@ -270,3 +273,66 @@ def test_lock_kind_damaged_while_held_never_aborts_the_holder(name, kind):
     run = subprocess.run([sys.executable, "-c", _DAMAGED_WHILE_HELD, name, str(kind)], cwd=ROOT, capture_output=True,
                          text=True, timeout=90)
     assert run.returncode == 0 and run.stdout.startswith("ok"), f"exit {run.returncode}: {run.stderr[-3000:]}"
+
+
+# A kind word damaged in the nanoseconds between the lock's check of it and glibc's own read (docs/operations.md):
+# glibc then takes the foreign kind's path, which holds the mutex without queueing it on the holder's robust list,
+# or releases it without taking it off. Each case is made here without a race, by writing the foreign kind around a
+# direct glibc call, in a fresh process (a crash fails the test, not pytest).
+_FOREIGN_PATHS = r"""
+import ctypes, errno, sys
+from shmcache import SharedCache
+from shmcache import lock as L
+
+name, case = sys.argv[1], sys.argv[2]
+c = SharedCache(name, create=False, lock_timeout=0.5)
+g = c._guard
+lock = g.lock
+kind = ctypes.c_int.from_address(lock.address + L.KIND_OFF)
+right = kind.value
+first = L.robust.first
+assert first is not None, "no robust list to look at"
+before = first.value
+
+if case in ("plain", "pi"):  # a hold taken through the foreign kind's path
+    kind.value = 0 if case == "plain" else 0x20
+    rc = L._mutex_trylock(lock.address)
+    kind.value = right
+    assert rc == 0 and first.value == before, (rc, first.value, before)  # held, not queued
+    assert lock.futex.value == (1 if case == "plain" else L.robust.tid), hex(lock.futex.value)
+    assert lock.foreign_hold()
+    assert lock.checked(rc) == errno.EBUSY  # given back
+    assert lock.futex.value == 0 and lock.owner.value == 0 and L.MENDS[0] == 1
+elif case == "unlock-plain":  # a right hold released through the plain kind's path: still listed
+    assert lock.try_checked() == 0 and first.value & L.ENTRY_MASK == lock.entry
+    kind.value = 0
+    L.hot_unlock(lock.handle)
+    kind.value = right
+    assert lock.futex.value == 0 and first.value & L.ENTRY_MASK == lock.entry  # released, still listed
+    lock.settle_release(before)
+    assert first.value == before and L.MENDS[1] == 1, (first.value, before)
+elif case == "waiter-wrote-2":  # a waiter that read the plain kind wrote 2 over the holder's id
+    def overwrite():
+        lock.futex.value = 2
+    g.run(overwrite)  # its unlock puts the holder's id back first: without that, glibc refuses it (EPERM)
+    assert lock.futex.value == 0 and first.value == before, hex(lock.futex.value)
+
+c.put("after", 1)  # the lock is free and every later hold queues and unqueues as glibc's robust path does
+assert c.get("after") == 1 and lock.futex.value == 0 and first.value == before
+c.close()
+other = ctypes.create_string_buffer(64)  # a robust lock after the unmap writes through no entry of the segment
+L.init_mutex(ctypes.addressof(other))
+assert L._mutex_trylock(ctypes.addressof(other)) == 0 and L._mutex_unlock(ctypes.addressof(other)) == 0
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "pi", "unlock-plain", "waiter-wrote-2"])
+def test_lock_foreign_kind_paths_are_given_back_and_unlisted(name, case):
+    SharedCache(name, **SMALL).close()
+    run = subprocess.run([sys.executable, "-c", _FOREIGN_PATHS, name, case], cwd=ROOT, capture_output=True,
+                         text=True, timeout=90)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), f"exit {run.returncode}: {run.stderr[-3000:]}"
+    with SharedCache(name, create=False, lock_timeout=0.5) as c:  # and another process uses it at once
+        c.put("x", 2)
+        assert c.get("x") == 2
