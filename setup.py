@@ -60,6 +60,9 @@ class OptionalBuildExt(build_ext):
 
     def build_extension(self, ext):
         try:
+            import numpy  # the views build arrays through numpy's C API (shmcache/_view.c): its headers
+
+            ext.include_dirs.append(numpy.get_include())
             super().build_extension(ext)
         except Exception as exc:  # the compiler failed (missing headers...)
             self._skip(exc)

@@ -26,6 +26,16 @@
 #include <frameobject.h> /* f_locals, before PyFrame_GetLocals */
 #endif
 
+/* numpy's C API, for the arrays a view hands out: built from a layout's numbers in one call, without the argument
+ * parsing of the Python-level constructor (about 2,900 instructions a view). Its table is loaded by setup_views,
+ * which view.py calls once numpy is imported anyway; this is the one translation unit that uses it. */
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#if NPY_ABI_VERSION < 0x02000000 /* numpy 1.x headers (numpy 2's accessor reads either runtime's descriptor) */
+#define PyDataType_ELSIZE(d) ((d)->elsize)
+#endif
+#define VIEW_MAXDIMS 32 /* numpy 1.x's NPY_MAXDIMS: the most dimensions every runtime takes */
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h> /* offsetof (the member tables; structmember.h brought it before 3.12) */
@@ -46,6 +56,8 @@
 static PyObject *frombuffer;   /* numpy.frombuffer: a bytes value's memory */
 static PyObject *ndarray;      /* numpy.ndarray: an array value's, in its shape at once */
 static PyObject *closed_state; /* view.CLOSED's __setstate__ argument: what a revoked array becomes */
+static PyArray_Descr *closed_descr; /* view.CLOSED, its dtype; NULL: revoke through __setstate__ alone */
+static char closed_byte;         /* where a revoked array's data pointer points: it has no item to read */
 static PyObject *keep;         /* view.keep_base(arr): arr's base lives as long as arr does */
 static long tag_bytes = -1, tag_array = -1;
 static PyObject *s_view, *s_release, *s_setstate;
@@ -398,6 +410,54 @@ static PyObject *view_new(PyObject *obj, int kind)
  * derives from it (numpy collapses a view's base to it, and to nothing further: the lease is not an array), so the
  * lease goes after the last of them, and revoking what was handed out leaves them be. An array's owner is built in
  * its shape by one call of ndarray (two thirds of frombuffer followed by reshape), what is handed out a view() of it. */
+/* The array of ``nd`` items of ``shape`` (a tuple; NULL for one dimension of ``count``) of ``dt`` over lease ``l``
+ * from ``off``, read-only, its base the lease; NULL without an exception where this dtype is not one to build so
+ * (a structured, subarray or object dtype: the Python-level constructor takes those, or refuses them, as before).
+ * Every number is checked against the lease's length before the pointer is made. */
+static PyObject *owner_array(Lease *l, PyObject *dt, PyObject *shape, PyObject *count, PyObject *off_obj)
+{
+    if (!PyArray_DescrCheck(dt))
+        return NULL;
+    PyArray_Descr *descr = (PyArray_Descr *)dt;
+    if (PyDataType_HASFIELDS(descr) || PyDataType_HASSUBARRAY(descr) || PyDataType_REFCHK(descr)
+        || PyDataType_ELSIZE(descr) <= 0)
+        return NULL;
+    npy_intp dims[VIEW_MAXDIMS];
+    int nd = 1;
+    if (shape == NULL) {
+        dims[0] = PyLong_AsSsize_t(count);
+    } else {
+        if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > VIEW_MAXDIMS)
+            return NULL;
+        nd = (int)PyTuple_GET_SIZE(shape);
+        for (int i = 0; i < nd; i++)
+            dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(off_obj), nbytes = (Py_ssize_t)PyDataType_ELSIZE(descr);
+    if (PyErr_Occurred())
+        return NULL;
+    for (int i = 0; i < nd; i++)
+        if (dims[i] < 0 || __builtin_mul_overflow(nbytes, (Py_ssize_t)dims[i], &nbytes)) {
+            PyErr_SetString(PyExc_ValueError, "a view's shape is negative or too large");
+            return NULL;
+        }
+    if (off < 0 || off > l->len || nbytes > l->len - off) {
+        PyErr_SetString(PyExc_ValueError, "a view's layout does not fit the value it reads");
+        return NULL;
+    }
+    Py_INCREF(descr); /* stolen by the constructor */
+    PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, l->ptr + off, NPY_ARRAY_C_CONTIGUOUS,
+                                       NULL);
+    if (a == NULL)
+        return NULL;
+    Py_INCREF(l); /* stolen by SetBaseObject, also when it fails */
+    if (PyArray_SetBaseObject((PyArrayObject *)a, (PyObject *)l) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
 static PyObject *build(Lease *l, PyObject *layout)
 {
     if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 5) {
@@ -417,23 +477,26 @@ static PyObject *build(Lease *l, PyObject *layout)
         return NULL;
     }
     PyObject *owner, *obj;
-    if (kind == VK_BYTES) {
+    owner = owner_array(l, PyTuple_GET_ITEM(layout, 1), kind == VK_BYTES ? NULL : PyTuple_GET_ITEM(layout, 2),
+                        PyTuple_GET_ITEM(layout, 4), PyTuple_GET_ITEM(layout, 3));
+    if (owner == NULL && PyErr_Occurred())
+        return NULL;
+    if (owner == NULL && kind == VK_BYTES) {
         PyObject *fargs[4] = {(PyObject *)l, PyTuple_GET_ITEM(layout, 1), PyTuple_GET_ITEM(layout, 4),
                               PyTuple_GET_ITEM(layout, 3)};
         owner = PyObject_Vectorcall(frombuffer, fargs, 4, NULL); /* bounds-checked by numpy */
-        if (owner == NULL)
-            return NULL;
-        obj = PyMemoryView_FromObject(owner);
-    } else {
+    } else if (owner == NULL) {
         /* ndarray(shape, dtype, buffer, offset): numpy checks the buffer holds the shape's bytes from offset. */
         PyObject *nargs[4] = {PyTuple_GET_ITEM(layout, 2), PyTuple_GET_ITEM(layout, 1), (PyObject *)l,
                               PyTuple_GET_ITEM(layout, 3)};
         owner = PyObject_Vectorcall(ndarray, nargs, 4, NULL);
-        if (owner == NULL)
-            return NULL;
-        PyObject *margs[1] = {owner};
-        obj = PyObject_VectorcallMethod(s_view, margs, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
+    if (owner == NULL)
+        return NULL;
+    if (kind == VK_BYTES)
+        obj = PyMemoryView_FromObject(owner);
+    else
+        obj = PyArray_View((PyArrayObject *)owner, NULL, NULL); /* its base collapses to owner, as .view()'s */
     Py_DECREF(owner);
     return obj == NULL ? NULL : view_new(obj, kind);
 }
@@ -650,6 +713,35 @@ static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held, PyObject *view)
     return others > 0 ? others : 0;
 }
 
+/* Revoke array ``obj`` as ``obj.__setstate__(closed_state)`` would, by writing its fields (PyArrayObject_fields,
+ * which numpy's own accessor macros read): about 2,000 instructions fewer a view than the call, which parses its
+ * argument and allocates a byte of data. The array becomes a 1-d array of no item of the CLOSED dtype, over a
+ * static byte, with no base; the dimensions block numpy allocated is kept (it has room for two entries at least,
+ * what one dimension needs, and numpy frees it whatever its size). 1: not an array this is done to (an ndarray
+ * subclass, no dimension, data of its own), for __setstate__. (twin: view.py View._close, which calls __setstate__) */
+static int revoke_fields(PyObject *obj)
+{
+    if (closed_descr == NULL || !PyArray_CheckExact(obj))
+        return 1;
+    PyArrayObject_fields *fa = (PyArrayObject_fields *)obj;
+    if (fa->nd < 1 || fa->dimensions == NULL || fa->strides == NULL || (fa->flags & NPY_ARRAY_OWNDATA))
+        return 1;
+    PyObject *base = fa->base;
+    PyArray_Descr *descr = fa->descr;
+    fa->dimensions[0] = 0;
+    fa->strides[0] = 1;
+    fa->nd = 1;
+    fa->data = &closed_byte;
+    Py_INCREF(closed_descr);
+    fa->descr = closed_descr;
+    fa->base = NULL;
+    fa->flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_F_CONTIGUOUS | NPY_ARRAY_ALIGNED;
+    /* Ordering: the references go last, once the array reads as revoked (their deallocations may run code). */
+    Py_DECREF(descr);
+    Py_XDECREF(base);
+    return 0;
+}
+
 /* view.View._close: revoke what was handed out. */
 static int view_close(View *v)
 {
@@ -680,10 +772,13 @@ static int view_close(View *v)
             r = -1;
         if (r == 0) {
             Py_XDECREF(x);
-            PyObject *margs[2] = {obj, closed_state};
-            x = PyObject_VectorcallMethod(s_setstate, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            if (x == NULL)
-                r = -1;
+            x = NULL;
+            if (revoke_fields(obj)) {
+                PyObject *margs[2] = {obj, closed_state};
+                x = PyObject_VectorcallMethod(s_setstate, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                if (x == NULL)
+                    r = -1;
+            }
         }
     } /* a tensor is never revoked (view.py: it lives, and keeps its pin, while anything holds it) */
     Py_XDECREF(x);
@@ -953,6 +1048,14 @@ PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t 
                         "setup_views: frombuffer and keep must be callable, ndarray a type, closed_state a tuple");
         return NULL;
     }
+    if (PyArray_API == NULL && _import_array() < 0)
+        return NULL;
+    /* CLOSED: one byte of no fields, what revoke_fields writes (else every revocation calls __setstate__). */
+    PyObject *cd = PyTuple_GET_SIZE(args[2]) == 5 ? PyTuple_GET_ITEM(args[2], 2) : NULL;
+    PyArray_Descr *closed = cd != NULL && PyArray_DescrCheck(cd) && PyDataType_ELSIZE((PyArray_Descr *)cd) == 1
+                                    && !PyDataType_REFCHK((PyArray_Descr *)cd) ? (PyArray_Descr *)cd : NULL;
+    Py_XINCREF(closed);
+    Py_XSETREF(closed_descr, closed);
     PyObject *olds[4] = {frombuffer, ndarray, closed_state, keep};
     for (int i = 0; i < 4; i++)
         Py_INCREF(args[i]);
