@@ -27,12 +27,11 @@ from typing import Any, TypeVar
 from . import flight
 from .durations import seconds
 from .errors import ReentrantCallError
-from .guard import H_MUTEX_KIND
-from .layout.dtypes import H_DIRTY, H_LOCK_OFF
+from .guard import FUTEX_WORD, H_MUTEX_KIND
+from .layout.dtypes import H_DIRTY
 from .lock import FUTEX_TID_MASK, MUTEX_KIND_WORD
 
 R = TypeVar("R")
-_FUTEX = H_LOCK_OFF // 8  # the lock page's word holding the mutex's futex (its low 32 bits: the holder's tid)
 # The claims the current task (and what it awaits) holds: a coroutine fn that asks for its own key would wait for
 # itself. A context variable, not the thread's record: every task of a loop runs on one thread.
 _task_claims: contextvars.ContextVar[frozenset] = contextvars.ContextVar("shmcache_task_claims", default=frozenset())
@@ -41,7 +40,7 @@ _task_claims: contextvars.ContextVar[frozenset] = contextvars.ContextVar("shmcac
 def _idle(w) -> bool:
     """Whether a call would find the lock free and no repair pending, from the lock page's words ``w`` (read
     without the lock: an answer of the instant)."""
-    return not w[_FUTEX] & FUTEX_TID_MASK and not w[H_DIRTY] and w[H_MUTEX_KIND] == MUTEX_KIND_WORD
+    return not w[FUTEX_WORD] & FUTEX_TID_MASK and not w[H_DIRTY] and w[H_MUTEX_KIND] == MUTEX_KIND_WORD
 
 
 class AsyncMethods:

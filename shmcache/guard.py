@@ -36,6 +36,7 @@ from .verify import check, repair
 # word (also on that page) has the next holder repair the segment. Written inline, without a call: a call is a point
 # where an interrupt can be raised, and nothing may come between the finally and the unlock.
 H_MUTEX_KIND = (H_LOCK_OFF + KIND_OFF) // 8
+FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the mutex's futex word (low 32 bits: the holder's tid)
 EBUSY = errno.EBUSY
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
@@ -94,8 +95,8 @@ class Guard:
         if self.lock.kind_damaged() and not self.lock.word():
             self.lock.reinit_damaged(seg.fd, self.mark_dirty)
 
-    # The pattern of every call, written once in ``run``; ``close`` varies it
-    # (it must mark the handle closed even when the lock cannot be had):
+    # The pattern of every call, written once in ``run`` (``close`` too, marking the handle closed even when the lock
+    # cannot be had):
     #     addr = guard.addr
     #     try:
     #         addr = guard.enter()
@@ -112,12 +113,13 @@ class Guard:
     # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
     # must leave the lock to the call that holds it.
 
-    def enter(self, waited: bool = False):
-        """Take the lock; returns the handle the caller releases (see ``wait``). Follow with ``admit``."""
-        first = robust.first
-        prev = 0 if first is None else first.value
+    def enter(self, waited: bool = False, me=None):
+        """Take the lock (``me``: the calling thread's ``robust.me``, looked up when not given); returns the handle
+        the caller releases (see ``wait``). Follow with ``admit``."""
+        first = (robust.me if me is None else me).first
+        prev = 0 if first is None else first[0]
         rc = hot_trylock(self.addr) if self.lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY
-        if not rc and first is not None and first.value & ENTRY_MASK != self.entry:  # lock.py SegmentLock.checked
+        if not rc and first is not None and first[0] & ENTRY_MASK != self.entry:  # lock.py SegmentLock.checked
             rc = self.lock.give_back_foreign()
         addr = self.wait(rc, waited) if rc else self.addr
         if addr is self.addr:
@@ -128,9 +130,10 @@ class Guard:
         """``fn(*args)`` run under the lock, with the protocol above: every operation of the Python path goes
         through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py).
         ``waited``: as for ``wait``."""
+        me = robust.me  # one thread-local lookup for the lock and the unlock
         addr = self.addr
         try:
-            addr = self.enter(waited)
+            addr = self.enter(waited, me)
             self.admit(addr)
             result = fn(*args)
             close_seq(self.h)
@@ -139,18 +142,18 @@ class Guard:
             self.fault(exc, addr)
             raise
         finally:
-            # Written inline, without a call before the unlock (see H_MUTEX_KIND); twin of close's.
+            # Written inline, without a call before the unlock (see H_MUTEX_KIND).
             listed, first = False, None
             if addr is self.addr:
                 if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD:  # see H_MUTEX_KIND
                     self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
                     self.lockw[H_DIRTY] = 1
-                first = robust.first
-                listed = first is not None and first.value & ENTRY_MASK == self.entry
-                if listed and self.futex.value & FUTEX_TID_MASK != robust.tid:  # a waiter wrote 2 over it
-                    self.futex.value = robust.tid | FUTEX_WAITERS
+                first = me.first
+                listed = first is not None and first[0] & ENTRY_MASK == self.entry
+                if listed and self.lockw[FUTEX_WORD] & FUTEX_TID_MASK != me.tid:  # a waiter wrote 2 over it
+                    self.futex.value = me.tid | FUTEX_WAITERS
             hot_unlock(addr)
-            if listed and first is not None and first.value & ENTRY_MASK == self.entry:
+            if listed and first is not None and first[0] & ENTRY_MASK == self.entry:
                 self.lock.settle_release(self.robust_prev)
 
     def admit(self, addr) -> None:
@@ -244,32 +247,15 @@ class Guard:
         """Mark the handle closed, under the lock so that calls of other threads still inside finish first. False
         when the lock could not be had: the handle is closed all the same, and the caller leaves the unmapping to
         the garbage collector, in case a call of another thread is still inside."""
-        addr = self.addr
         try:
-            addr = self.enter()
-            self.admit(addr)
-            close_seq(self.h)  # (a repair by admit opened it)
-            self.closed = True
-        except BaseException as exc:
-            self.fault(exc, addr)
-            if not isinstance(exc, (ShmCacheError, RuntimeError)):
-                raise
+            self.run(self._mark_closed)
+        except (ShmCacheError, RuntimeError):  # (``run`` made the fault's repair already)
             self.closed = True
             return False
-        finally:
-            listed, first = False, None  # as in run's finally
-            if addr is self.addr:
-                if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD:  # see H_MUTEX_KIND
-                    self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                    self.lockw[H_DIRTY] = 1
-                first = robust.first
-                listed = first is not None and first.value & ENTRY_MASK == self.entry
-                if listed and self.futex.value & FUTEX_TID_MASK != robust.tid:
-                    self.futex.value = robust.tid | FUTEX_WAITERS
-            hot_unlock(addr)
-            if listed and first is not None and first.value & ENTRY_MASK == self.entry:
-                self.lock.settle_release(self.robust_prev)
         return True
+
+    def _mark_closed(self) -> None:
+        self.closed = True
 
     # ------------------------------------------------------------------------------------------- damage found late
     # Values are checked after the unlock (the lock is held only for the copy); a failure takes the lock again.

@@ -200,24 +200,36 @@ def _robust_head() -> int:
     return head.value or 0
 
 
-class _Robust(threading.local):
-    """This thread's robust-list head (``head``, 0 where there is none to look at), its first entry as a word to
-    read (``first``, None then), and the thread's id (``tid``, read again in a forked child, whose head is at the
-    same address: glibc registers the same struct pthread's head again)."""
+class _Me:
+    """The calling thread's robust-list head (``head``, 0 where there is none to look at), its first entry as a word
+    to read and write (``first``, a one-item memoryview; None then), and the thread's id (``tid``, read again in a
+    forked child, whose head is at the same address: glibc registers the same struct pthread's head again). Plain
+    slots behind one thread-local lookup: the Python path reads them on every lock and unlock."""
+
+    __slots__ = ("head", "first", "tid")
 
     def __init__(self) -> None:
         self.head = _robust_head()
-        self.first = ctypes.c_size_t.from_address(self.head) if self.head else None
+        self.first = memoryview((ctypes.c_uint64 * 1).from_address(self.head)).cast("B").cast("Q") \
+            if self.head else None
         self.tid = threading.get_native_id()
+
+
+class _Robust(threading.local):
+    """``robust.me``: the calling thread's ``_Me``, made on its first use in each thread."""
+
+    def __init__(self) -> None:
+        self.me = _Me()
 
 
 robust = _Robust()
 # The head's futex_offset: from an entry to its mutex's futex word (a constant of glibc's, the same in every thread).
-FUTEX_OFFSET = ctypes.c_long.from_address(robust.head + ctypes.sizeof(ctypes.c_void_p)).value if robust.head else 0
+FUTEX_OFFSET = ctypes.c_long.from_address(robust.me.head + ctypes.sizeof(ctypes.c_void_p)).value \
+    if robust.me.head else 0
 
 
 def _forked() -> None:
-    robust.tid = threading.get_native_id()
+    robust.me.tid = threading.get_native_id()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -312,13 +324,14 @@ class SegmentLock:
     def listed(self) -> bool:
         """Whether this mutex heads the calling thread's robust list: glibc's robust path took it for this thread.
         Where there is no list to look at, whether the futex word names this thread."""
-        first = robust.first
-        return self.owned() if first is None else first.value & ENTRY_MASK == self.entry
+        first = robust.me.first
+        return self.owned() if first is None else first[0] & ENTRY_MASK == self.entry
 
     def checked(self, rc: int) -> int:
         """A lock call's result, checked: 0 only for a hold that glibc queued; a foreign one is given back, and
         the caller waits on (EBUSY) as for a busy lock, meeting the damaged kind, if it is still there, next."""
-        if rc or robust.first is None or robust.first.value & ENTRY_MASK == self.entry:
+        first = robust.me.first
+        if rc or first is None or first[0] & ENTRY_MASK == self.entry:
             return rc
         return self.give_back_foreign()
 
@@ -339,10 +352,11 @@ class SegmentLock:
         """Whether the calling thread holds the mutex through a foreign kind's path (not listed): the word names
         it (the priority-inheritance path), or is a plain lock's 1 or 2 with the owner field naming it. For an
         interrupt that came between a lock call's return and ``checked``."""
-        if robust.first is None or self.listed():
+        me = robust.me
+        if me.first is None or self.listed():
             return False
         tid = self.futex.value & FUTEX_TID_MASK
-        return tid == robust.tid or (tid in (1, 2) and self.owner.value == robust.tid)
+        return tid == me.tid or (tid in (1, 2) and self.owner.value == me.tid)
 
     def settle_release(self, prev: int) -> None:
         """After an unlock that left this mutex at the head of the calling thread's robust list: glibc refused it
@@ -351,18 +365,18 @@ class SegmentLock:
         or glibc read a foreign kind and released without taking the mutex off the list: the list is put
         back as it was before the lock (``prev``), since an entry left there points into the segment and the next
         robust lock of this thread writes through it, after an unmap too. (twin: _core_lock.c release)"""
-        r = robust
+        me = robust.me
         for _ in range(1000):
-            if r.first is None or r.first.value & ENTRY_MASK != self.entry:
+            if me.first is None or me.first[0] & ENTRY_MASK != self.entry:
                 return
-            if self.owner.value == r.tid:  # still held (every unlock clears the owner field): refused
-                self.futex.value = r.tid | FUTEX_WAITERS
+            if self.owner.value == me.tid:  # still held (every unlock clears the owner field): refused
+                self.futex.value = me.tid | FUTEX_WAITERS
                 _mutex_unlock(self.address)
                 continue
             if _PREV_OFF:  # released, still listed
                 MENDS[1] += 1
-                r.first.value = prev
-                ctypes.c_void_p.from_address((prev & ENTRY_MASK) + _PREV_OFF).value = r.head
+                me.first[0] = prev
+                ctypes.c_void_p.from_address((prev & ENTRY_MASK) + _PREV_OFF).value = me.head
             return
 
     def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0, holder: int = 0) -> bool:

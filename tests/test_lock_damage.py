@@ -290,35 +290,35 @@ g = c._guard
 lock = g.lock
 kind = ctypes.c_int.from_address(lock.address + L.KIND_OFF)
 right = kind.value
-first = L.robust.first
+first = L.robust.me.first
 assert first is not None, "no robust list to look at"
-before = first.value
+before = first[0]
 
 if case in ("plain", "pi"):  # a hold taken through the foreign kind's path
     kind.value = 0 if case == "plain" else 0x20
     rc = L._mutex_trylock(lock.address)
     kind.value = right
-    assert rc == 0 and first.value == before, (rc, first.value, before)  # held, not queued
-    assert lock.futex.value == (1 if case == "plain" else L.robust.tid), hex(lock.futex.value)
+    assert rc == 0 and first[0] == before, (rc, first[0], before)  # held, not queued
+    assert lock.futex.value == (1 if case == "plain" else L.robust.me.tid), hex(lock.futex.value)
     assert lock.foreign_hold()
     assert lock.checked(rc) == errno.EBUSY  # given back
     assert lock.futex.value == 0 and lock.owner.value == 0 and L.MENDS[0] == 1
 elif case == "unlock-plain":  # a right hold released through the plain kind's path: still listed
-    assert lock.try_checked() == 0 and first.value & L.ENTRY_MASK == lock.entry
+    assert lock.try_checked() == 0 and first[0] & L.ENTRY_MASK == lock.entry
     kind.value = 0
     L.hot_unlock(lock.handle)
     kind.value = right
-    assert lock.futex.value == 0 and first.value & L.ENTRY_MASK == lock.entry  # released, still listed
+    assert lock.futex.value == 0 and first[0] & L.ENTRY_MASK == lock.entry  # released, still listed
     lock.settle_release(before)
-    assert first.value == before and L.MENDS[1] == 1, (first.value, before)
+    assert first[0] == before and L.MENDS[1] == 1, (first[0], before)
 elif case == "waiter-wrote-2":  # a waiter that read the plain kind wrote 2 over the holder's id
     def overwrite():
         lock.futex.value = 2
     g.run(overwrite)  # its unlock puts the holder's id back first: without that, glibc refuses it (EPERM)
-    assert lock.futex.value == 0 and first.value == before, hex(lock.futex.value)
+    assert lock.futex.value == 0 and first[0] == before, hex(lock.futex.value)
 
 c.put("after", 1)  # the lock is free and every later hold queues and unqueues as glibc's robust path does
-assert c.get("after") == 1 and lock.futex.value == 0 and first.value == before
+assert c.get("after") == 1 and lock.futex.value == 0 and first[0] == before
 c.close()
 other = ctypes.create_string_buffer(64)  # a robust lock after the unmap writes through no entry of the segment
 L.init_mutex(ctypes.addressof(other))

@@ -325,9 +325,9 @@ def test_mapping_batches_take_the_lock_once(local, path):
     guard = cache._guard
     real = guard.enter
 
-    def counting(waited=False):
+    def counting(*args, **kwargs):
         taken.append(1)
-        return real(waited)
+        return real(*args, **kwargs)
 
     guard.enter = counting
     if cache._core is not None:
