@@ -38,6 +38,7 @@
  * twin names it, as "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.
  */
 #include "_core.h"
+#include "_frame.h" /* frame_fast_built */
 
 #ifndef SHMCACHE_SOURCES
 #define SHMCACHE_SOURCES "" /* built without setup.py: the digest of its sources is unknown, and not checked */
@@ -151,7 +152,8 @@ PyMODINIT_FUNC PyInit__core(void)
         }
         Py_DECREF(v);
     }
-    if (view_types_add(m) < 0 || PyModule_AddStringConstant(m, "SOURCES", SHMCACHE_SOURCES) < 0)
+    if (view_types_add(m) < 0 || PyModule_AddStringConstant(m, "SOURCES", SHMCACHE_SOURCES) < 0
+        || PyModule_AddIntConstant(m, "FRAME_LOCALS_IN_PLACE", frame_fast_built()) < 0)
         goto fail;
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {

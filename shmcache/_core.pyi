@@ -14,6 +14,7 @@ HANDOVER: Final[object]  # (no fallback) the Python path must make the call; Cor
 PINNED: Final[object]  # (no fallback) pinned entries leave no room, or a view pins the key's entry
 REASONS: Final[dict[str, int]]  # every value Core.reason takes
 SOURCES: Final[str]  # the digest of the C sources it was built from (shmcache/_sources.py; "": not known)
+FRAME_LOCALS_IN_PLACE: Final[int]  # 1: a view's end reads its caller's fast locals in place (shmcache/_frame.c)
 
 class Raw(tuple[int, bytes | bytearray, int, bool]):
     """A hit ``Core.get_value`` leaves to the Python side to decode or to judge."""

@@ -16,9 +16,12 @@ static int arg_bytes(PyObject *o, const char *what, const char **p, int64_t *n)
 
 static int arg_int(PyObject *o, const char *what, int64_t *out)
 {
-    long long x = PyLong_AsLongLong(o);
-    if (x == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+    /* ...AndOverflow: it reads an int of several digits (every fingerprint) in a loop over them, where
+     * PyLong_AsLongLong goes through _PyLong_AsByteArray (about 250 instructions more an argument). */
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        if (overflow || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError, "%s must be an int that fits 64 bits", what);
         }

@@ -22,9 +22,7 @@
  */
 #include "_view.h"
 
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* f_locals, before PyFrame_GetLocals */
-#endif
+#include "_frame.h" /* (with frameobject.h: before 3.11, f_locals; PyFrame_GetLocals came with 3.11) */
 
 /* numpy's C API, for the arrays a view hands out: built from a layout's numbers in one call, without the argument
  * parsing of the Python-level constructor (about 2,900 instructions a view). Its table is loaded by setup_views,
@@ -518,10 +516,9 @@ static PyObject *known_layout(Pins *p, Lease *l)
     int64_t want[4] = {l->version, l->off, (int64_t)l->len, l->check};
     for (int i = 0; i < 4; i++) {
         PyObject *x = PyTuple_GET_ITEM(rec, i);
-        if (!PyLong_CheckExact(x) || PyLong_AsLongLong(x) != want[i]) {
-            PyErr_Clear(); /* (an overflow: not the same value) */
-            return NULL;
-        }
+        int overflow = 0; /* (...AndOverflow: it reads an int of several digits in a loop, see arg_int) */
+        if (!PyLong_CheckExact(x) || PyLong_AsLongLongAndOverflow(x, &overflow) != want[i] || overflow)
+            return NULL; /* (an overflow: not the same value) */
     }
     return layout;
 }
@@ -623,13 +620,6 @@ static Py_ssize_t name_weight(PyCodeObject *code, PyObject *name)
     return w;
 }
 
-/* Whether a frame's local ``v`` is ``view`` or one of its bound methods (view.py _relays). */
-static int relays(PyObject *v, PyObject *view)
-{
-    return v == view || (PyMethod_Check(v) && PyMethod_GET_SELF(v) == view)
-        || (PyCFunction_Check(v) && PyCFunction_GET_SELF(v) == view);
-}
-
 /* How many references to ``obj`` the names of frame ``f`` stand for (``name_weight``), reading its locals; and, in
  * ``*relay``, whether the frame relays ``view``'s exit (view.py _frame_refs). */
 static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj, PyObject *view, int *relay)
@@ -695,9 +685,18 @@ static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held, PyObject *view)
     if (others <= 0)
         return 0; /* the usual case, before any frame: PyEval_GetFrame makes the caller's frame object */
     PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
-    Py_XINCREF(f);
+    if (f == NULL)
+        return others;
+    /* The shortcut: the caller's fast locals read in place (_frame.c), which explain the usual ``with cache.view(k)
+     * as arr:`` without filling a snapshot. Only an answer of "all explained" is taken from it; anything else is
+     * counted again from the start, reading f_locals, so that the answer is always the one that reading gives. */
+    int relay = 0;
+    Py_ssize_t fast = frame_fast_names(f, obj, view, &relay);
+    if (fast >= 0 && Py_REFCNT(obj) - explained - fast <= 0)
+        return 0;
+    Py_INCREF(f);
     while (f != NULL && others > 0) {
-        int relay = 0;
+        relay = 0;
         Py_ssize_t n = frame_refs(f, obj, view, &relay);
         if (n < 0) {
             Py_DECREF(f);

@@ -22,8 +22,10 @@ is released (using it raises ValueError), and an array is turned, in place, into
 itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() tells from the names that bind the
 array by counting references: the names of the frames on the stack, from the caller of ``__exit__`` up as far as
 needed (an ExitStack's target lies a frame further up), each counted after its frame's locals are read (before
-3.13 that read leaves the frame a snapshot dict, which holds a reference too). A revoked array a name binds so
-never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is dropped:
+3.13 that read leaves the frame a snapshot dict, which holds a reference too). The compiled build first counts the
+names of the caller's fast locals in place (``shmcache/_frame.c``), which explains the usual ``with ... as arr:``
+without reading f_locals, and reads them only where that leaves a reference unexplained. A revoked array a name
+binds so never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is dropped:
 such a reference cannot be told from an export that still reads the memory. Never shorter than something could
 read it; sometimes longer than needed.
 
