@@ -34,7 +34,8 @@
  * translation unit, so that the hot paths' static functions inline across parts with no link-time optimisation:
  * _core.h (the Core object and the outcomes), _core_binding.c (core.py), _core_lock.c (lock.py), _core_arena.c
  * (arena.py), _core_index.c (index.py), _core_lru.c (lru.py), _core_policy.c (policy.py), _core_table.c (table.py),
- * _core_sections.c (store.py and entries.py), _core_methods.c (cache.py and mapping.py). A function with a Python
+ * _core_sections.c (store.py and entries.py), _core_methods.c (cache.py and mapping.py), _core_hash.c (codec.py's
+ * xxh3, for short keys and values). A function with a Python
  * twin names it, as "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.
  */
 #include "_core.h"
@@ -44,6 +45,7 @@
 #define SHMCACHE_SOURCES "" /* built without setup.py: the digest of its sources is unknown, and not checked */
 #endif
 
+#include "_core_hash.c"
 #include "_core_binding.c"
 #include "_core_lock.c"
 #include "_core_arena.c"
@@ -83,7 +85,24 @@ static PyObject *module_unlocked_view(PyObject *Py_UNUSED(module), PyObject *Py_
     return PyBool_FromLong(thread_unlocked_view);
 }
 
+static PyObject *module_setup_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyType_Check(args[1])
+        || !PyType_IsSubtype((PyTypeObject *)args[1], &PyBytes_Type)) {
+        PyErr_SetString(PyExc_TypeError, "setup_keys takes codec.encode_key and codec.EncodedKey");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(key_encoder, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(encoded_key_type, (PyTypeObject *)args[1]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"setup_keys", (PyCFunction)(void (*)(void))module_setup_keys, METH_FASTCALL,
+     "setup_keys(encode_key, EncodedKey)\n\nWhat Core.get_key and view_key encode a key that is not a str with, and "
+     "the type of key bytes already encoded (core.py calls it once)."},
     {"unlocked_view", module_unlocked_view, METH_NOARGS,
      "unlocked_view() -> bool\n\nWhether the calling thread's view in progress was pinned without the lock: its "
      "lookup is counted in the handle's reader slot once the first look is done (a failed checksum counts a miss), "
@@ -99,6 +118,9 @@ static PyMethodDef module_methods[] = {
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
      "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},
+    {"xxh3_short", (PyCFunction)(void (*)(void))mod_xxh3_short, METH_FASTCALL,
+     "xxh3_short(data, seed=0) -> int\n\nXXH3-64 of at most 240 bytes, computed by the compiled section as "
+     "xxhash.xxh3_64_intdigest(data, seed) does (the fingerprints and checksums of short keys and values)."},
     {"unpack", module_unpack, METH_O,
      "unpack(data) -> value | HANDOVER\n\nThe plain msgpack value in ``data`` as get_value decodes it, or HANDOVER "
      "where it declines (codec.py then decodes, or raises)."},

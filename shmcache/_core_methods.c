@@ -172,6 +172,9 @@ static PyObject *raw_of(int64_t tag, PyObject *body, int64_t slot, int ok)
 /* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag. */
 static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
 {
+    if (n <= XXH3_SHORT_MAX) /* most values: hashed here (_core_hash.c), as the hasher would */
+        return (int64_t)((xxh3_short((const uint8_t *)bytes, (size_t)n, (uint64_t)tag) & (uint64_t)c->check_mask)
+                         | 1) == check;
     /* A memoryview over the copy's memory, which ``owner`` keeps alive for the call: the hasher (xxhash's C
        function) keeps no reference to its argument. */
     PyObject *view = PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
@@ -234,13 +237,120 @@ static PyObject *finish(Core *c, const Found *f, PyObject *body)
     return decoded(c, f, body, ok);
 }
 
+/* A call's key as the C reads it, and how to hand the call over: ``args``, the call's own (kb, fp, now_ns, last)
+ * where it was called so, else NULL: they are made from the fields (Core.view_key's, whose key was encoded here). */
+typedef struct {
+    const char *kb;
+    int64_t klen, fp, now; /* now: as the call gave it (-1: read the clock when needed) */
+    PyObject *kbo;         /* the encoded key's bytes object, where there is one (borrowed) */
+    PyObject *const *args;
+} KeyCall;
+
+/* hand_over of a call on key ``k`` to the fallback's method ``name`` as (kb, fp, now_ns, last). */
+static PyObject *hand_over_key(Core *c, int r, PyObject *name, const KeyCall *k, PyObject *last)
+{
+    if (k->args != NULL)
+        return hand_over(c, r, name, k->args, 4);
+    PyObject *kb = k->kbo != NULL ? (Py_INCREF(k->kbo), k->kbo) : PyBytes_FromStringAndSize(k->kb, k->klen);
+    PyObject *fp = PyLong_FromLongLong(k->fp), *now = PyLong_FromLongLong(k->now), *out = NULL;
+    if (kb != NULL && fp != NULL && now != NULL) {
+        PyObject *a[4] = {kb, fp, now, last};
+        out = hand_over(c, r, name, a, 4);
+    }
+    Py_XDECREF(kb);
+    Py_XDECREF(fp);
+    Py_XDECREF(now);
+    return out;
+}
+
+/* Set once by setup_keys(): codec.encode_key, what encodes a key that is not a str, and codec.EncodedKey, key bytes
+ * already encoded (TieredCache's local hits; get alone takes one). */
+static PyObject *key_encoder;
+static PyTypeObject *encoded_key_type;
+
+/* Key ``key`` as SharedCache.get and view are given it, encoded and hashed into *k as their Python did it before
+ * calling: a str's UTF-8 (the bytes CPython keeps with the str) and XXH3 (_core_hash.c); an EncodedKey as it is
+ * (where ``encoded`` allows one); any other key (or a str without UTF-8: a lone surrogate) through codec.encode_key,
+ * which raises the TypeError. A key of more than 240 bytes is hashed by xxhash (c->hasher). 0, or -1 with an
+ * exception set; the new reference in k->kbo, if any, is the caller's to drop. (twin: core.py Reference.view_key) */
+static int key_of(Core *c, PyObject *key, int encoded, KeyCall *k)
+{
+    Py_ssize_t n = 0;
+    k->kbo = NULL;
+    if (PyUnicode_CheckExact(key) && (k->kb = PyUnicode_AsUTF8AndSize(key, &n)) != NULL) {
+        k->klen = n;
+    } else if (encoded && encoded_key_type != NULL && Py_TYPE(key) == encoded_key_type) {
+        k->kb = PyBytes_AS_STRING(key);
+        k->klen = PyBytes_GET_SIZE(key);
+    } else {
+        PyErr_Clear(); /* (a lone surrogate: encode_key raises the TypeError) */
+        if (key_encoder == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "shmcache._core.setup_keys was not called (shmcache/core.py calls it)");
+            return -1;
+        }
+        PyObject *kbo = PyObject_CallOneArg(key_encoder, key);
+        if (kbo == NULL)
+            return -1;
+        if (!PyBytes_CheckExact(kbo)) {
+            PyErr_SetString(PyExc_TypeError, "encode_key must return bytes");
+            Py_DECREF(kbo);
+            return -1;
+        }
+        k->kb = PyBytes_AS_STRING(kbo);
+        k->klen = PyBytes_GET_SIZE(kbo);
+        k->kbo = kbo;
+    }
+    if (k->klen <= XXH3_SHORT_MAX) {
+        k->fp = (int64_t)(xxh3_short((const uint8_t *)k->kb, (size_t)k->klen, 0) & (uint64_t)INT64_MAX);
+        return 0;
+    }
+    PyObject *b = k->kbo != NULL ? (Py_INCREF(k->kbo), k->kbo) : PyBytes_FromStringAndSize(k->kb, k->klen);
+    PyObject *zero = PyLong_FromLong(0), *h = NULL;
+    if (b != NULL && zero != NULL) {
+        PyObject *hargs[2] = {b, zero};
+        h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
+    }
+    Py_XDECREF(b);
+    Py_XDECREF(zero);
+    unsigned long long x = h != NULL ? PyLong_AsUnsignedLongLong(h) : 0;
+    if (h == NULL || (x == (unsigned long long)-1 && PyErr_Occurred())) {
+        Py_XDECREF(h);
+        Py_CLEAR(k->kbo);
+        return -1;
+    }
+    Py_DECREF(h);
+    k->fp = (int64_t)(x & (uint64_t)INT64_MAX);
+    return 0;
+}
+
+static PyObject *get_key_found(Core *c, const KeyCall *k, PyObject *dflt);
+
 /* (twin: cache.py SharedCache.get) */
 static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
-    const char *kb;
-    int64_t klen, fp, now;
-    if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &kb, &klen, &fp, &now))
+    KeyCall k = {NULL, 0, 0, 0, NULL, args};
+    if (nargs_ok(nargs, 4, "get_value") || key_args(args, 3, "get_value", &k.kb, &k.klen, &k.fp, &k.now))
         return NULL;
+    return get_key_found(c, &k, args[3]);
+}
+
+/* get_key(key, now_ns, default): get_value, the key encoded and hashed here (key_of). (twin: core.py
+ * Reference.get_key) */
+static PyObject *Core_get_key(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    KeyCall k = {NULL, 0, 0, 0, NULL, NULL};
+    if (nargs_ok(nargs, 3, "get_key") || arg_int(args[1], "now_ns", &k.now) || key_of(c, args[0], 1, &k))
+        return NULL;
+    PyObject *out = get_key_found(c, &k, args[2]);
+    Py_XDECREF(k.kbo);
+    return out;
+}
+
+/* Core.get_value's work, for key ``k``. */
+static PyObject *get_key_found(Core *c, const KeyCall *k, PyObject *dflt)
+{
+    const char *kb = k->kb;
+    int64_t klen = k->klen, fp = k->fp, now = k->now;
     Found f = {0, 0, 0, 0, 0, 0};
     PyObject *body = NULL;
     int64_t *rd = reader_slot(c);
@@ -266,8 +376,8 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
         if (done && !f.hit) {
-            Py_INCREF(args[3]);
-            return args[3];
+            Py_INCREF(dflt);
+            return dflt;
         }
         if (done)
             return decoded(c, &f, body, 1);
@@ -276,17 +386,17 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
     }
     int r = enter(c);
     if (r)
-        return r < 0 ? NULL : hand_over(c, r, N_GET_VALUE, args, 4);
+        return r < 0 ? NULL : hand_over_key(c, r, N_GET_VALUE, k, dflt);
     r = get_locked(c, kb, klen, fp, now, &f);
     if (r == ST_OK && f.hit)
         body = copy_value(c, &f);
     unlock(c);
     leave(c);
     if (r)
-        return hand_over(c, r, N_GET_VALUE, args, 4);
+        return hand_over_key(c, r, N_GET_VALUE, k, dflt);
     if (!f.hit) {
-        Py_INCREF(args[3]);
-        return args[3];
+        Py_INCREF(dflt);
+        return dflt;
     }
     return body == NULL ? NULL : finish(c, &f, body);
 }
@@ -297,23 +407,50 @@ static PyObject *view_out(Core *c, Pins *p, int fd, Taken t, const Found *f, int
  * first look: _core.unlocked_view()). */
 static _Thread_local int thread_unlocked_view;
 
+static PyObject *view_key_found(Core *c, const KeyCall *k, Pins *p);
+
 /* A view, compiled end to end: the pin as Store.pin takes it, through a description of ``pins`` (taken before the
  * lock, given back on a miss), then (_view.c) the lease that ends it, and the View if this handle checked the value
- * before. (twin: cache.py SharedCache.view) */
+ * before. (twin: core.py Reference.view) */
 static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
-    const char *kb;
-    int64_t klen, fp, now;
-    if (nargs_ok(nargs, 4, "view") || key_args(args, 3, "view", &kb, &klen, &fp, &now))
+    KeyCall k = {NULL, 0, 0, 0, NULL, args};
+    if (nargs_ok(nargs, 4, "view") || key_args(args, 3, "view", &k.kb, &k.klen, &k.fp, &k.now))
         return NULL;
     if (Py_TYPE(args[3]) != &PinsType) {
         PyErr_SetString(PyExc_TypeError, "Core.view: pins must be a shmcache._core.Pins");
         return NULL;
     }
-    Pins *p = (Pins *)args[3];
+    return view_key_found(c, &k, (Pins *)args[3]);
+}
+
+/* view_key(key, now_ns, pins): view, the key encoded and hashed here (key_of; an EncodedKey is encoded as any other
+ * bytes subclass, as view() does). (twin: core.py Reference.view_key) */
+static PyObject *Core_view_key(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    KeyCall k = {NULL, 0, 0, 0, NULL, NULL};
+    if (nargs_ok(nargs, 3, "view_key") || arg_int(args[1], "now_ns", &k.now))
+        return NULL;
+    if (Py_TYPE(args[2]) != &PinsType) {
+        PyErr_SetString(PyExc_TypeError, "Core.view_key: pins must be a shmcache._core.Pins");
+        return NULL;
+    }
+    if (key_of(c, args[0], 0, &k))
+        return NULL;
+    PyObject *out = view_key_found(c, &k, (Pins *)args[2]);
+    Py_XDECREF(k.kbo);
+    return out;
+}
+
+/* Core.view's work, for key ``k``. */
+static PyObject *view_key_found(Core *c, const KeyCall *k, Pins *p)
+{
+    const char *kb = k->kb;
+    int64_t klen = k->klen, fp = k->fp, now = k->now;
+    PyObject *pins = (PyObject *)p;
     if (p->closed) {
         c->reason = WHY_RELEASED;
-        return hand_over(c, ST_HANDOVER, N_VIEW, args, 4);
+        return hand_over_key(c, ST_HANDOVER, N_VIEW, k, pins);
     }
     int fd;
     Taken t;
@@ -363,7 +500,7 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
     int r = enter(c);
     if (r) {
         pins_give(p, fd, t);
-        return r < 0 ? NULL : hand_over(c, r, N_VIEW, args, 4);
+        return r < 0 ? NULL : hand_over_key(c, r, N_VIEW, k, pins);
     }
     r = pin_locked(c, kb, klen, fp, now, fd, &f, &viewable, &locked);
     version = f.hit ? c->ver[f.slot] : 0;
@@ -374,12 +511,12 @@ static PyObject *Core_view(Core *c, PyObject *const *args, Py_ssize_t nargs)
             close(fd); /* closing drops the lock taken through it */
         else
             pins_give(p, fd, t);
-        return hand_over(c, r, N_VIEW, args, 4);
+        return hand_over_key(c, r, N_VIEW, k, pins);
     }
     if (p->closed && f.hit && viewable) { /* the handle was closed while this call waited for the lock */
         close(fd);
         c->reason = WHY_RELEASED;
-        return hand_over(c, ST_HANDOVER, N_VIEW, args, 4);
+        return hand_over_key(c, ST_HANDOVER, N_VIEW, k, pins);
     }
     return view_out(c, p, fd, t, &f, viewable, version);
 }
@@ -737,12 +874,20 @@ static PyMethodDef Core_methods[] = {
      "and plain msgpack values decoded (_unpack.c). Anything else (a checksum that failed, an array or tensor, a "
      "value the decoder declines) is a Raw, which the fallback finishes (HandOver.finish); a hand-over calls the "
      "fallback's get_value with the same arguments."},
+    {"get_key", (PyCFunction)(void (*)(void))Core_get_key, METH_FASTCALL,
+     "get_key(key, now_ns, default) -> as get_value\n\nget_value of ``key`` as given to SharedCache.get: encoded "
+     "and hashed here (a str; an EncodedKey as it is; any other key through codec.encode_key, which raises its "
+     "TypeError), then as get_value(kb, fp, now_ns, default), to which a hand-over goes."},
     {"view", (PyCFunction)(void (*)(void))Core_view, METH_FASTCALL,
      "view(kb, fp, now_ns, pins) -> View | None | UNVIEWABLE (without a fallback: Lease | None | -1 | HANDOVER)"
      "\n\nThe key's entry pinned for a view (as Store.pin, through a description of pins), counted as a lookup: the "
      "View when this handle checked that stored value before, else the Lease of the pin, which the fallback looks at "
      "first (HandOver.first_look); None on a miss; UNVIEWABLE (-1) for a value view() does not serve (nothing "
      "counted or pinned)."},
+    {"view_key", (PyCFunction)(void (*)(void))Core_view_key, METH_FASTCALL,
+     "view_key(key, now_ns, pins) -> as view\n\nview of ``key`` as given to SharedCache.view: encoded and hashed "
+     "here, as get_key does (an EncodedKey too is encoded as any bytes key), then as view(kb, fp, now_ns, pins), to "
+     "which a hand-over goes."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
      "put(encoded, now_ns, ttl_ns) -> None (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
      "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns -1: the cache's default). "

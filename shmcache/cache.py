@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 from . import core, flight, memo, serializers
 from . import policy as policies
 from .durations import seconds, ttl_ns
-from .codec import (
-    EncodedKey, encode_key, fingerprint,
-)
-from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: the hot path's two hash calls
+from .codec import encode_key, fingerprint
+from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: put's two hash calls
 from .errors import CorruptionError, KindsFullError, TooLargeError
 from . import kinds
 from .guard import Guard
@@ -226,19 +224,10 @@ class SharedCache(LocalMapping, AsyncMethods):
     def get(self, key: Any, default: Any = None) -> Any:
         """The value cached for ``key``, or ``default``; a hit is taken as the policy does (lru: the entry becomes the
         most recently used)."""
-        # An EncodedKey is key bytes already encoded, for TieredCache's local hits, which would otherwise pay for
-        # an object to carry them (and no other method takes one: encode_key refuses it). The key is encoded and
-        # hashed, and the value checked and decoded, outside the lock: it is held for as little as possible.
-        if type(key) is str:
-            try:
-                kb = key.encode()
-            except UnicodeEncodeError:
-                kb = encode_key(key)  # raises the TypeError
-        elif type(key) is EncodedKey:
-            kb = key
-        else:
-            kb = encode_key(key)
-        return self._path.get_value(kb, _xxh(kb) & _MASK63, self._now(), default)
+        # The key is encoded and hashed by the path (Core.get_key in C: a str's UTF-8 and XXH3, without a call), and
+        # the value checked and decoded, outside the lock: it is held for as little as possible. An EncodedKey is
+        # key bytes already encoded, for TieredCache's local hits (no other method takes one).
+        return self._path.get_key(key, self._now(), default)
 
     def put(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` under ``key``, evicting as the limits require (expired entries first, then as the policy
@@ -554,15 +543,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         :raises KeyError: if the key is absent.
         :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
         """
-        # encode_key, inlined for a str key as get() does (the call costs more than the encoding).
-        if type(key) is str:
-            try:
-                kb = key.encode()
-            except UnicodeEncodeError:
-                kb = encode_key(key)  # raises the TypeError
-        else:
-            kb = encode_key(key)
-        got = self._path.view(kb, _xxh(kb) & _MASK63, self._now(), self._pins)
+        # The key is encoded and hashed by the path (Core.view_key in C: a str's UTF-8 and XXH3, without a call).
+        got = self._path.view_key(key, self._now(), self._pins)
         if got is None:
             raise KeyError(key)
         if got is UNVIEWABLE:

@@ -20,7 +20,9 @@ from . import ofd
 from .arena import block_nbytes
 from ._sources import sources_digest
 from .errors import CompiledSectionMissing
-from .codec import MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, array_over, xxh3
+from .codec import (
+    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, EncodedKey, array_over, encode_key, xxh3,
+)
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
@@ -146,6 +148,9 @@ from .store import UNVIEWABLE, Fields  # noqa: E402
 from .readers import READER_BASE, Reader  # noqa: E402
 from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look  # noqa: E402
 
+if _core is not None:
+    _core.setup_keys(encode_key, EncodedKey)  # what Core.get_key and view_key encode a key that is not a str with
+
 
 class Reference:
     """The Python path of one handle's get, put, delete, view and batches: what a pure-Python handle calls, and what
@@ -185,6 +190,26 @@ class Reference:
 
     def delete(self, kb: bytes, fp: int, now: int, waited: bool = False) -> bool:
         return self.guard.run(self.store.delete, kb, fp, waited=waited)
+
+    def get_key(self, key: Any, now: int, default: Any) -> Any:
+        """``get_value`` of ``key`` as SharedCache.get is given it, encoded and hashed here (Core.get_key does both in
+        C): an EncodedKey is key bytes already encoded (TieredCache's local hits), which no other method takes."""
+        if type(key) is str:  # encode_key's first case, inlined: the call costs more than the encoding
+            try:
+                kb = key.encode()
+            except UnicodeEncodeError:
+                kb = encode_key(key)  # raises the TypeError
+        elif type(key) is EncodedKey:
+            kb = key
+        else:
+            kb = encode_key(key)
+        return self.get_value(kb, xxh3(kb) & MASK63, now, default)
+
+    def view_key(self, key: Any, now: int, pins) -> Any:
+        """``view`` of ``key`` as SharedCache.view is given it, encoded and hashed here (Core.view_key does both in C;
+        encode_key raises the TypeError of a key that cannot be one)."""
+        kb = encode_key(key)
+        return self.view(kb, xxh3(kb) & MASK63, now, pins)
 
     def view(self, kb: bytes, fp: int, now: int, pins, waited: bool = False) -> Any:
         """A view of the key's value pinned through ``pins`` (a ``view.PinDescriptions``): the view, None on a miss,

@@ -662,11 +662,12 @@ def test_core_bind_refuses_a_missing_offset(name):
 
 
 def test_core_get_many_reports_its_own_hand_over_reason(name):
-    """A batch's hand-over reason is read right after its unlock: the checksum calls that follow run Python code,
-    and a call there on the same handle (here, in the same thread) must not change what the batch reports."""
+    """A batch's hand-over reason is read right after its unlock: the checksum calls that follow run Python code (a
+    value of more than 240 bytes is hashed by xxhash, the hasher), and a call there on the same handle (here, in the
+    same thread) must not change what the batch reports."""
     with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True) as c:
-        c.put("a", "x" * 50)
-        c.put("b", "y" * 50)
+        c.put("a", "x" * 300)
+        c.put("b", "y" * 300)
         kbs = [encode_key("a"), encode_key("b")]
         seg = c._seg
         e = index.find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
@@ -685,7 +686,7 @@ def test_core_get_many_reports_its_own_hand_over_reason(name):
         try:
             found, stop = k.get_many(kbs, [fingerprint(kb) for kb in kbs], 0, None)
             assert meddled == [True]
-            assert found == ["x" * 50] and stop is core.HANDOVER and k.reason == "bounds"
+            assert found == ["x" * 300] and stop is core.HANDOVER and k.reason == "bounds"
         finally:
             k.release()
             seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
@@ -710,6 +711,49 @@ def test_core_path_names_what_runs():
     out = subprocess.run([sys.executable, "-c", "from shmcache import core; print(core.PATH)"], capture_output=True,
                          text=True, env={**os.environ, "SHMCACHE_PURE_PYTHON": "1"}, timeout=60, check=True)
     assert out.stdout.strip() == "pure Python"
+
+
+def test_core_xxh3_short_equals_xxhash_at_every_length():
+    """The compiled section's XXH3 (keys it encodes, values' checksums up to 240 bytes) is xxhash's, at each length
+    the algorithm treats apart (0, 1-3, 4-8, 9-16, 17-128, 129-240) and every one between, with seeds that flip the
+    sign-sensitive arithmetic: a process on the compiled path must find the entries a pure one stored."""
+    import xxhash
+
+    rng = random.Random(27)
+    for n in range(241):
+        for seed in (0, 1, 255, 2**32 - 1, 2**63, 2**64 - 1, rng.getrandbits(64)):
+            data = rng.randbytes(n)
+            assert core._core.xxh3_short(data, seed) == xxhash.xxh3_64_intdigest(data, seed), (n, seed)
+        assert core._core.xxh3_short(bytes(n)) == xxhash.xxh3_64_intdigest(bytes(n))
+        assert core._core.xxh3_short(b"\xff" * n) == xxhash.xxh3_64_intdigest(b"\xff" * n)
+    with pytest.raises(ValueError, match="at most 240"):
+        core._core.xxh3_short(bytes(241))
+
+
+def test_core_view_key_encodes_and_hashes_as_the_python_path(name):
+    """Core.view_key finds, for every kind of key, the entry SharedCache.put stored (whose key Python encoded and
+    xxhash hashed): str keys of every hashed length class (beyond 240 bytes hashed by xxhash), non-ASCII, str
+    subclasses, non-str keys; and refuses what encode_key refuses."""
+    import enum
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    keys = ["", "k", "clé", "日本語", Color.RED, 7, ("k", 1), b"k",
+            *("x" * n for n in (3, 8, 16, 128, 239, 240, 241, 999))]
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True, policy="s3fifo") as c:
+        for i, key in enumerate(keys):
+            c.put(key, np.arange(3) + i)
+        for i, key in enumerate(keys):
+            with c._path.view_key(key, -1, c._pins) as arr:
+                assert np.array_equal(arr, np.arange(3) + i), key
+            with c.view(key) as arr:
+                assert np.array_equal(arr, np.arange(3) + i), key
+        assert c._path.view_key("absent", -1, c._pins) is None
+        with pytest.raises(TypeError, match="cannot encode key"):
+            c._path.view_key("\ud800", -1, c._pins)
+        with pytest.raises(TypeError, match="pins must be"):
+            c._path.view_key("k", -1, object())
 
 
 def test_core_reads_a_frames_names_in_place():
