@@ -34,11 +34,12 @@ ROUNDS = 5
 # alone.
 
 
-def _time_get(cache, key, n: int) -> float:
+def _time_call(fn, arg, n: int) -> float:
+    """``fn(arg)`` (a get, or np.copy: the operation itself, no wrapper), then the release of its result."""
     samples = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
-        value = cache.get(key)
+        value = fn(arg)
         del value
         samples.append(time.perf_counter_ns() - t0)
     return statistics.median(samples)
@@ -54,16 +55,6 @@ def _time_view(cache, key, n: int, first: bool = False) -> float:
         with cache.view(key) as arr:
             pass
         del arr
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples)
-
-
-def _time_copy(arr, n: int) -> float:
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        value = np.copy(arr)
-        del value
         samples.append(time.perf_counter_ns() - t0)
     return statistics.median(samples)
 
@@ -85,10 +76,10 @@ def main(argv=None) -> int:
                 calls = max(20, min(2000, (64 << 20) // size))
                 got = {"get": [], "view": [], "first view": [], "np.copy": []}
                 for _ in range(ROUNDS):  # interleaved, so that a change of load lands on all alike
-                    got["get"].append(_time_get(cache, "a", calls))
+                    got["get"].append(_time_call(cache.get, "a", calls))
                     got["view"].append(_time_view(cache, "a", calls))
                     got["first view"].append(_time_view(cache, "a", calls, first=True))
-                    got["np.copy"].append(_time_copy(arr, calls))
+                    got["np.copy"].append(_time_call(np.copy, arr, calls))
                 med = {k: statistics.median(v) / 1000 for k, v in got.items()}
                 rows.append({"bytes": size, **{f"{k.replace(' ', '_')}_us": round(v, 2) for k, v in med.items()},
                              "view_over_get": round(med["view"] / med["get"], 2)})
