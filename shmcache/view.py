@@ -25,9 +25,9 @@ needed (an ExitStack's target lies a frame further up), each counted after its f
 3.13 that read leaves the frame a snapshot dict, which holds a reference too). The compiled build first counts the
 names of the caller's fast locals in place (``shmcache/_frame.c``), which explains the usual ``with ... as arr:``
 without reading f_locals, and reads them only where that leaves a reference unexplained. A revoked array a name
-binds so never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is dropped:
-such a reference cannot be told from an export that still reads the memory. Never shorter than something could
-read it; sometimes longer than needed.
+binds so never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is
+dropped: such a reference cannot be told from an export that still reads the memory. Never shorter than something
+could read it; sometimes longer than needed.
 
 Tensors. torch has no read-only tensors: a tensor over the segment's own (writable) mapping could be written through,
 changing the value under every other process. So a tensor value's bytes are mapped a second time, read-only
