@@ -169,31 +169,43 @@ static PyObject *raw_of(int64_t tag, PyObject *body, int64_t slot, int ok)
     return out;
 }
 
-/* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag. */
-static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
+/* XXH3-64 of the ``n`` bytes at ``p`` with ``seed`` into *out (codec.xxh3): computed here (_core_hash.c) up to 240
+ * bytes, else by c->hasher (xxhash's C function) over ``owner`` where it is a bytes object of exactly those bytes, or
+ * a memoryview of them (the caller keeps the memory alive for the call; the hasher keeps no reference to its
+ * argument). 0, or -1 with an exception set. */
+static int hash64(Core *c, const char *p, Py_ssize_t n, PyObject *owner, uint64_t seed, uint64_t *out)
 {
-    if (n <= XXH3_SHORT_MAX) /* most values: hashed here (_core_hash.c), as the hasher would */
-        return (int64_t)((xxh3_short((const uint8_t *)bytes, (size_t)n, (uint64_t)tag) & (uint64_t)c->check_mask)
-                         | 1) == check;
-    /* A memoryview over the copy's memory, which ``owner`` keeps alive for the call: the hasher (xxhash's C
-       function) keeps no reference to its argument. */
-    PyObject *view = PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
-                                               : PyMemoryView_FromMemory((char *)bytes, n, PyBUF_READ);
-    PyObject *t = PyLong_FromLongLong(tag);
-    PyObject *h = NULL;
-    if (view != NULL && t != NULL) {
-        PyObject *hargs[2] = {view, t};
+    if (n <= XXH3_SHORT_MAX) {
+        *out = xxh3_short((const uint8_t *)p, (size_t)n, seed);
+        return 0;
+    }
+    PyObject *view = owner != NULL && PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
+                                                                 : PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    PyObject *s = PyLong_FromUnsignedLongLong(seed), *h = NULL;
+    if (view != NULL && s != NULL) {
+        PyObject *hargs[2] = {view, s};
         h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
     }
     Py_XDECREF(view);
-    Py_XDECREF(t);
+    Py_XDECREF(s);
     if (h == NULL)
         return -1;
     unsigned long long x = PyLong_AsUnsignedLongLong(h);
     Py_DECREF(h);
     if (x == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    return (int64_t)((x & (uint64_t)c->check_mask) | 1) == check;
+    *out = x;
+    return 0;
+}
+
+/* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag;
+ * ``owner``: the copy (bytes of exactly the value, or a bytearray holding the tag too). */
+static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
+{
+    uint64_t h;
+    if (hash64(c, bytes, n, owner, (uint64_t)tag, &h))
+        return -1;
+    return (int64_t)((h & (uint64_t)c->check_mask) | 1) == check;
 }
 
 /* What a get returns for hit *f once the lock is released, from its copy ``body`` (copy_value's; the reference is
@@ -242,7 +254,7 @@ static PyObject *finish(Core *c, const Found *f, PyObject *body)
 typedef struct {
     const char *kb;
     int64_t klen, fp, now; /* now: as the call gave it (-1: read the clock when needed) */
-    PyObject *kbo;         /* the encoded key's bytes object, where there is one (borrowed) */
+    PyObject *kbo;         /* the key's bytes as codec.encode_key made them, where it did (key_of's caller drops it) */
     PyObject *const *args;
 } KeyCall;
 
@@ -271,8 +283,8 @@ static PyTypeObject *encoded_key_type;
 /* Key ``key`` as SharedCache.get and view are given it, encoded and hashed into *k as their Python did it before
  * calling: a str's UTF-8 (the bytes CPython keeps with the str) and XXH3 (_core_hash.c); an EncodedKey as it is
  * (where ``encoded`` allows one); any other key (or a str without UTF-8: a lone surrogate) through codec.encode_key,
- * which raises the TypeError. A key of more than 240 bytes is hashed by xxhash (c->hasher). 0, or -1 with an
- * exception set; the new reference in k->kbo, if any, is the caller's to drop. (twin: core.py Reference.view_key) */
+ * which raises the TypeError; then its fingerprint (hash64). 0, or -1 with an exception set; the new reference in
+ * k->kbo, if any, is the caller's to drop. (twin: core.py Reference.view_key) */
 static int key_of(Core *c, PyObject *key, int encoded, KeyCall *k)
 {
     Py_ssize_t n = 0;
@@ -300,26 +312,12 @@ static int key_of(Core *c, PyObject *key, int encoded, KeyCall *k)
         k->klen = PyBytes_GET_SIZE(kbo);
         k->kbo = kbo;
     }
-    if (k->klen <= XXH3_SHORT_MAX) {
-        k->fp = (int64_t)(xxh3_short((const uint8_t *)k->kb, (size_t)k->klen, 0) & (uint64_t)INT64_MAX);
-        return 0;
-    }
-    PyObject *b = k->kbo != NULL ? (Py_INCREF(k->kbo), k->kbo) : PyBytes_FromStringAndSize(k->kb, k->klen);
-    PyObject *zero = PyLong_FromLong(0), *h = NULL;
-    if (b != NULL && zero != NULL) {
-        PyObject *hargs[2] = {b, zero};
-        h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
-    }
-    Py_XDECREF(b);
-    Py_XDECREF(zero);
-    unsigned long long x = h != NULL ? PyLong_AsUnsignedLongLong(h) : 0;
-    if (h == NULL || (x == (unsigned long long)-1 && PyErr_Occurred())) {
-        Py_XDECREF(h);
+    uint64_t h;
+    if (hash64(c, k->kb, (Py_ssize_t)k->klen, k->kbo, 0, &h)) {
         Py_CLEAR(k->kbo);
         return -1;
     }
-    Py_DECREF(h);
-    k->fp = (int64_t)(x & (uint64_t)INT64_MAX);
+    k->fp = (int64_t)(h & (uint64_t)INT64_MAX);
     return 0;
 }
 

@@ -208,7 +208,13 @@ class Reference:
     def view_key(self, key: Any, now: int, pins) -> Any:
         """``view`` of ``key`` as SharedCache.view is given it, encoded and hashed here (Core.view_key does both in C;
         encode_key raises the TypeError of a key that cannot be one)."""
-        kb = encode_key(key)
+        if type(key) is str:  # as get_key
+            try:
+                kb = key.encode()
+            except UnicodeEncodeError:
+                kb = encode_key(key)  # raises the TypeError
+        else:
+            kb = encode_key(key)
         return self.view(kb, xxh3(kb) & MASK63, now, pins)
 
     def view(self, kb: bytes, fp: int, now: int, pins, waited: bool = False) -> Any:
