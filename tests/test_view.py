@@ -187,6 +187,33 @@ def test_view_pin_ends_with_the_block_when_only_its_name_remains(cache):
     assert total == 45 and arr.size == 0
 
 
+def test_view_names_in_every_kind_of_frame(cache):
+    """The names that explain the array's references are counted in a function's fast locals (read in place by the
+    compiled build), a module's or class body's namespace (a dict: read as f_locals) alike; a closure's cell is a
+    holder that keeps the pin until it is dropped."""
+    cache.put("a", np.arange(10))
+    for source in ("with cache.view('a') as arr:\n    total = int(arr.sum())\n",  # a module's namespace
+                   "class Body:\n    with cache.view('a') as arr:\n        total = int(arr.sum())\n"):
+        namespace = {"cache": cache, "int": int}
+        exec(compile(source, "<frame>", "exec"), namespace)
+        cache.put("a", np.arange(10))  # no pin left: the name that binds the array was explained
+        held = namespace["Body"].arr if "Body" in namespace else namespace["arr"]
+        assert held.size == 0
+
+    def closure():
+        with cache.view("a") as arr:
+            def read():
+                return arr
+        return read
+
+    read = closure()
+    assert read().size == 0  # revoked, but the cell holds it: counted as a holder, so the pin stays with it
+    with pytest.raises(PinnedError):
+        cache.put("a", 0)
+    del read
+    cache.put("a", 0)
+
+
 def test_view_revoked_through_an_exit_stack_holds_no_pin(cache):
     """The names that bind the array may be in any frame up the stack, not only in __exit__'s caller."""
     cache.put("a", np.arange(10))
