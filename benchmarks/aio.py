@@ -110,9 +110,9 @@ async def _django_cost(name: str, keys: list, runs: int) -> tuple[float, float] 
 
 
 def _hold(name: str, ready) -> None:
-    """Take the cache lock and sleep with it (until SIGKILLed: the robust mutex frees it)."""
+    """Take the cache lock and sleep with it (until SIGKILLed: its holder slot goes with it; a waiter takes over)."""
     c = SharedCache(name, create=False)
-    c._guard.enter()
+    c._guard.hold()
     ready.set()
     time.sleep(120)
 
@@ -143,7 +143,7 @@ async def _stall_lock(name: str, wait: float) -> tuple[list[float], float]:
         os.kill(holder.pid, signal.SIGSTOP)
         loop = asyncio.get_running_loop()
 
-        def wake() -> None:  # the holder resumes and dies after --wait s (its death frees the lock: robust mutex)
+        def wake() -> None:  # the holder resumes and dies after --wait s (its death frees the lock)
             os.kill(holder.pid, signal.SIGKILL)
             os.kill(holder.pid, signal.SIGCONT)
 

@@ -10,7 +10,7 @@
  * it in Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
  * unusual is handed over to the Python path (the handle's core.HandOver, called from C with the call's own
  * arguments; a Core bound without one answers HANDOVER), which knows how to judge, repair and raise: the dirty word
- * set on entry, a damaged mutex kind word, a re-entered call (EDEADLK), a dead holder (EOWNERDEAD), a lock wait past
+ * set on entry, a lock word naming this thread (a re-entered call, or damage), a holder to judge, a lock wait past
  * the timeout, a put above the byte limit or a damaged default time to live, and any bound failing on the segment's
  * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
  * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
@@ -74,12 +74,6 @@ static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUS
     return Py_BuildValue("(diL)", (double)thread_waited_ns / 1e9, thread_extended, (long long)thread_holder);
 }
 
-static PyObject *module_lock_mends(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
-{
-    return Py_BuildValue("(kk)", __atomic_load_n(&foreign_holds, __ATOMIC_RELAXED),
-                         __atomic_load_n(&unlisted_unlocks, __ATOMIC_RELAXED));
-}
-
 static PyObject *module_unlocked_view(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong(thread_unlocked_view);
@@ -107,10 +101,6 @@ static PyMethodDef module_methods[] = {
      "unlocked_view() -> bool\n\nWhether the calling thread's view in progress was pinned without the lock: its "
      "lookup is counted in the handle's reader slot once the first look is done (a failed checksum counts a miss), "
      "so the first look corrects no counter of the header."},
-    {"lock_mends", module_lock_mends, METH_NOARGS,
-     "lock_mends() -> (foreign_holds, unlisted_unlocks)\n\nIn this process: holds that glibc took through a "
-     "foreign kind's path (a kind word damaged under the lock's check), given back by hand; unlocks that left the "
-     "mutex on the holder's robust list, taken off by hand (lock.py, \"Holds taken through a foreign kind's path\")."},
     {"last_wait", module_last_wait, METH_NOARGS,
      "last_wait() -> (seconds, extensions, holder)\n\nHow long the calling thread's last wait for a busy lock took "
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -83,10 +84,12 @@ typedef struct {
     PyObject *reader;   /* what holds the slot (readers.Reader), kept while rd points into it */
     Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks, r_pins;
     int64_t reader_pins, reader_base; /* pin words per slot; the kernel lock byte of slot 0 (readers.READER_BASE) */
-    pthread_mutex_t *mutex;
-    uintptr_t robust_prev; /* the holder's robust-list head before it took the lock (_core_lock.c, release) */
-    volatile int64_t *kind_word;
-    int64_t kind_word_value;
+    uint32_t *lockword;   /* the lock's futex word: holder's thread id | WAITERS (lock.py), atomics only */
+    uint32_t *holderword; /* the holder's holder slot + 1, stored after the word is taken, cleared before release */
+    uint32_t *wakesword;  /* the wake count sleepers wait on */
+    uint32_t holder_slot; /* this handle's holder slot + 1 (0: none), set from lock.HolderSlot */
+    unsigned long holder_slot_fork; /* fork_count when it was set: a forked child's holds name no slot */
+    int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
     /* geometry */
     int64_t slots, mask, arena_nbytes;
     /* word numbers */

@@ -98,13 +98,14 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         c->unviewable = unviewable;
     }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
-        kind_off, word;
+        holder_off, wakes_off, word;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
         || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
         || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
         || take(d, "KIND_NBYTES", &kind_bytes) || take(d, "H_LOCK_OFF", &lock_off)
-        || take(d, "LOCK_NBYTES", &lock_nbytes) || take(d, "MUTEX_KIND_OFF", &kind_off)
-        || take(d, "MUTEX_KIND_WORD", &c->kind_word_value) || take(d, "WORD_NBYTES", &word)
+        || take(d, "LOCK_NBYTES", &lock_nbytes) || take(d, "LOCK_HOLDER_OFF", &holder_off)
+        || take(d, "LOCK_WAKES_OFF", &wakes_off) || take(d, "HOLDER_BASE", &c->holder_base)
+        || take(d, "HOLDER_SLOTS", &c->holder_slots) || take(d, "WORD_NBYTES", &word)
         || take(d, "BLOCK_HEADER_NBYTES", &c->block_header) || take(d, "BLOCK_ALIGN", &c->block_align)
         || take(d, "MAX_BLOCK_NBYTES", &c->max_block) || take(d, "BLOCK_LEN_MASK", &c->len_mask)
         || take(d, "BLOCK_OWNER_SHIFT", &c->owner_shift) || take(d, "EMPTY", &c->empty)
@@ -120,10 +121,10 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || c->block_header != (int64_t)sizeof(int64_t) || c->block_align <= 0 || c->block_align % 8
         || entry_bytes % 8 || index_bytes % 8 || kind_bytes % 8 || kind_rows < 256 || c->owner_shift <= 0
         || c->owner_shift > 32 || c->len_mask != ((int64_t)1 << c->owner_shift) - 1 || c->sentinel != 0
-        || lock_nbytes < (int64_t)sizeof(pthread_mutex_t) || kind_off < 0 || kind_off % 8
-        || kind_off + 8 > lock_nbytes || c->kind_prefix < 0 || c->kind_prefix > 255) {
+        || holder_off != 4 || wakes_off != 8 || lock_nbytes < 12 || c->holder_base <= 0 || c->holder_slots <= 0
+        || c->holder_slots > ((int64_t)1 << 30) || c->kind_prefix < 0 || c->kind_prefix > 255) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the offsets describe a layout this build cannot "
-                                          "address (word size, slot counts, block header or mutex)");
+                                          "address (word size, slot counts, block header or lock words)");
         return -1;
     }
     c->slots = entry_slots;
@@ -162,8 +163,9 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || region(c, d, "arena_off", c->arena_nbytes, 8, (void **)&c->arena))
         return -1;
     c->aw = (int64_t *)c->arena;
-    c->mutex = (pthread_mutex_t *)((unsigned char *)c->h + lock_off);
-    c->kind_word = (volatile int64_t *)((unsigned char *)c->h + lock_off + kind_off);
+    c->lockword = (uint32_t *)((unsigned char *)c->h + lock_off);
+    c->holderword = c->lockword + 1;
+    c->wakesword = c->lockword + 2;
     int64_t ewl = c->ew, iwl = c->iw, kwl = c->kww;
     if (take_word(d, "E_PREV", &c->e_prev, ewl) || take_word(d, "E_NEXT", &c->e_next, ewl)
         || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
@@ -216,7 +218,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "R_PINS", &c->r_pins, rw - c->reader_pins + 1))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
-        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the mutex is not within the header");
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the lock's words are not within the header");
         return -1;
     }
     return 0;

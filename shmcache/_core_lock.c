@@ -1,18 +1,21 @@
-/* shmcache._core, the lock: the robust mutex taken, waited for with the GIL released, and given back.
- * Twin of lock.py (SegmentLock).
+/* shmcache._core, the lock: the futex word taken with a compare-and-swap, waited for with the GIL released, its
+ * holder judged by its holder slot, and given back. Twin of lock.py (SegmentLock); the protocol and what a stray
+ * write can do are in lock.py's docstring and docs/design.md ("The cache lock").
  * A part of the one translation unit _core.c (see there). */
 #include "_core.h"
 
 #ifndef SPIN_ROUNDS
-#define SPIN_ROUNDS 64   /* trylock attempts with pause instructions between them, GIL released */
+#define SPIN_ROUNDS 64   /* tries with pause instructions between them, GIL released */
 #endif
 #ifndef SPIN_PAUSES
 #define SPIN_PAUSES 32   /* pause instructions per round (a lock hold is ~1 us) */
 #endif
 #ifndef YIELD_ROUNDS
-#define YIELD_ROUNDS 50  /* then trylock + sched_yield rounds, as lock.py's _SPIN_TRIES */
+#define YIELD_ROUNDS 20  /* then try + sched_yield rounds, as lock.py's _SPIN_TRIES */
 #endif
-#define SLICE_NS 100000000LL /* timed-lock slice: signals are looked at between two */
+#define SLICE_NS 5000000LL /* a sleep's longest: then signals are run and the holder is judged (lock.py _SLICE_S) */
+#define TID_MASK 0x3FFFFFFFu /* the word's holder thread id (lock.py FUTEX_TID_MASK) */
+#define WAITERS 0x80000000u  /* the word's bit: a thread sleeps, the unlock wakes one (lock.py FUTEX_WAITERS) */
 #define PATIENCE 1000        /* timeouts more for a holder whose long walk moves the progress word (lock.py's) */
 
 static _Thread_local int64_t thread_waited_ns; /* how long this thread's last wait for the lock took */
@@ -44,42 +47,12 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static inline int kind_ok(Core *c) { return *c->kind_word == c->kind_word_value; }
-
 static unsigned long fork_count; /* raised in every forked child (pthread_atfork): a slot claimed before is not ours */
 
 static void count_fork(void) { fork_count++; }
 
-/* ---------------------------------------------------------------------- holds taken through a foreign kind's path
- * glibc reads the kind word again, a few nanoseconds after kind_ok, and takes the path of whatever kind it finds: a
- * word damaged in between sends the call down another kind's path (docs/operations.md, "a kind word damaged between
- * the lock's check and glibc's own read of it"). Only a robust kind's path queues the mutex on the holder's robust
- * list, at its head (the kernel's struct robust_list_head, which glibc registers for every thread): that tells a
- * right hold from a foreign one, where the futex word cannot (the priority-inheritance path writes the holder's id
- * too). A foreign hold is given back by hand at once; an unlock checks the word names its holder, and that glibc
- * took the mutex off the list. (twin: lock.py, "Holds taken through a foreign kind's path") */
-
-static unsigned long foreign_holds;   /* holds given back by give_back_foreign, in this process (atomic) */
-static unsigned long unlisted_unlocks; /* unlocks that left the mutex listed, put right by release (atomic) */
-static _Thread_local struct robust_list_head *thread_robust; /* this thread's list head; NULL: none to look at */
-static _Thread_local int thread_robust_asked;
 static _Thread_local pid_t thread_tid;
 static _Thread_local unsigned long thread_tid_fork = ~0UL; /* fork_count when thread_tid was read */
-
-/* This thread's robust-list head, asked of the kernel once per thread (the same address in a forked child: glibc
- * registers the same struct pthread's head again), or NULL where it will not say (seccomp, no such call). */
-static inline struct robust_list_head *robust_head(void)
-{
-    if (!thread_robust_asked) {
-        struct robust_list_head *h = NULL;
-        size_t len = 0;
-        if (syscall(SYS_get_robust_list, 0, &h, &len) != 0 || len != sizeof *h)
-            h = NULL;
-        thread_robust = h;
-        thread_robust_asked = 1;
-    }
-    return thread_robust;
-}
 
 /* The calling thread's id, read again after a fork (the child's thread has another). */
 static inline uint32_t my_tid(void)
@@ -91,51 +64,63 @@ static inline uint32_t my_tid(void)
     return (uint32_t)thread_tid;
 }
 
-/* The list's first entry as glibc wrote it (bit 0: a priority-inheritance mutex). */
-static inline uintptr_t robust_first(struct robust_list_head *h)
+/* Take a word that names no thread (0, or a damaged one with only flag bits) for ``tid``, keeping WAITERS when
+ * ``waiters`` (a thread that slept takes it so: another may sleep still); or, when it names a holder, set WAITERS in
+ * it. 1: taken. The kernel's FUTEX_TRYLOCK_PI, the Python path's try, takes a word the same way. */
+static inline int take_or_mark(Core *c, uint32_t tid, uint32_t waiters)
 {
-    return (uintptr_t)__atomic_load_n(&h->list.next, __ATOMIC_RELAXED);
+    uint32_t v = __atomic_load_n(c->lockword, __ATOMIC_RELAXED);
+    for (int i = 0; i < 16; i++) {
+        if (!(v & TID_MASK)) {
+            if (__atomic_compare_exchange_n(c->lockword, &v, tid | waiters, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+                return 1;
+        } else if (waiters && !(v & WAITERS)) {
+            if (__atomic_compare_exchange_n(c->lockword, &v, v | WAITERS, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                return 0;
+        } else {
+            return 0;
+        }
+    }
+    return 0;
 }
 
-/* Whether mutex m heads this thread's robust list (h NULL: cannot tell, taken as yes, as before this check). */
-static inline int queued(struct robust_list_head *h, pthread_mutex_t *m)
+/* Whether the holder that word ``v`` names is to be judged by the Python path (lock.py holder_state): its holder
+ * slot is named and no description holds that slot's byte (its process is gone: the kernel dropped the lock at
+ * exit) or its thread id names no thread, the slot named is out of range, or no slot is named a slice after the
+ * holder was first seen (judged there by the thread id). Only a word still
+ * ``v`` after the look. (twin: lock.py SegmentLock.holder_state, its first case) */
+static int holder_suspect(Core *c, uint32_t v, int first)
 {
-    return h == NULL || (robust_first(h) & ~(uintptr_t)1) + (uintptr_t)h->futex_offset == (uintptr_t)m;
+    uint32_t s = __atomic_load_n(c->holderword, __ATOMIC_RELAXED);
+    if (s == 0 && first)
+        return 0; /* a holder between taking the word and naming its slot (or the reverse): looked at a slice later */
+    if (s != 0 && (int64_t)s <= c->holder_slots) {
+        struct flock fl;
+        memset(&fl, 0, sizeof fl);
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = (off_t)(c->holder_base + (int64_t)s - 1);
+        fl.l_len = 1;
+        if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
+            return 0;
+        /* Its process lives: its thread too, unless no thread has the id here (the Python path then asks whether
+         * the id may be another PID namespace's). */
+        if (fl.l_type != F_UNLCK && !(kill((pid_t)(v & TID_MASK), 0) < 0 && errno == ESRCH))
+            return 0;
+    }
+    return __atomic_load_n(c->lockword, __ATOMIC_RELAXED) == v;
 }
 
-/* Give back a hold that glibc took through a foreign kind's path: nobody else is inside (every kind's path takes
- * the word from 0 with a compare-and-swap or an exchange), and nothing was written under it. The owner field is
- * cleared as an unlock clears it, the word set to 0, and every sleeper woken: one that read a plain kind sleeps on
- * 2, one that read the robust kind on the word with FUTEX_WAITERS. */
-static void give_back_foreign(pthread_mutex_t *m)
-{
-    __atomic_fetch_add(&foreign_holds, 1, __ATOMIC_RELAXED);
-    m->__data.__owner = 0;
-    __atomic_store_n((uint32_t *)m, 0, __ATOMIC_RELEASE);
-    syscall(SYS_futex, (uint32_t *)m, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-/* A lock call's result, checked: 0 only for a hold that glibc queued; a foreign one is given back, and the caller
- * waits on (EBUSY) as for a busy lock, meeting the damaged kind, if it is still there, at its next kind_ok. */
-static inline int checked_hold(Core *c, int rc)
-{
-    if (rc != 0 || queued(robust_head(), c->mutex))
-        return rc;
-    give_back_foreign(c->mutex);
-    return EBUSY;
-}
-
-/* trylock, unless the kind word is not init_mutex's: glibc asserts inside some kinds' lock calls.
- * (twin: lock.py SegmentLock.try_checked) */
-static inline int try_checked(Core *c) { return kind_ok(c) ? checked_hold(c, pthread_mutex_trylock(c->mutex)) : -1; }
-
-/* Wait for a busy lock with the GIL released: spin with pause instructions, then yield, then timed lock in
- * slices until the timeout, extended by another timeout each time the holder moved the progress word meanwhile (a
- * long repair or verify: lock.py's SegmentLock.acquire_slow has the same patience); between slices the GIL is
- * re-taken to run pending signal handlers. Returns the last lock result (0: held), -1 for a damaged kind word, or
- * -2 with a Python exception set (a signal handler raised). The time it took is the thread's last_wait().
- * (twin: lock.py SegmentLock.acquire_slow) */
-static int wait_lock(Core *c)
+/* Wait for a busy lock with the GIL released: spin with pause instructions, then yield, then sleep on the wake count
+ * in slices until the timeout, extended by another timeout each time the holder moved the progress word meanwhile
+ * (lock.py's SegmentLock.acquire_slow has the same patience); between slices the GIL is re-taken to run pending
+ * signal handlers, and a holder seen for a whole slice is judged (holder_suspect). Returns 0 (held), ETIMEDOUT,
+ * EBUSY (a close() came), WAIT_MINE (the word names this thread), WAIT_SUSPECT (its holder is for the Python path to
+ * judge), or -2 with a Python exception set (a signal handler raised). The time it took is the thread's
+ * last_wait(). (twin: lock.py SegmentLock.acquire_slow) */
+#define WAIT_MINE (-3)
+#define WAIT_SUSPECT (-4)
+static int wait_lock(Core *c, uint32_t tid)
 {
     int rc = EBUSY;
     int64_t start = mono_ns();
@@ -145,16 +130,33 @@ static int wait_lock(Core *c)
     for (int i = 0; i < SPIN_ROUNDS && rc == EBUSY; i++) {
         for (int j = 0; j < SPIN_PAUSES; j++)
             cpu_pause();
-        rc = try_checked(c);
+        if (take_or_mark(c, tid, 0))
+            rc = 0;
     }
     for (int i = 0; i < YIELD_ROUNDS && rc == EBUSY; i++) {
         sched_yield();
-        rc = try_checked(c);
+        if (take_or_mark(c, tid, 0))
+            rc = 0;
     }
     Py_END_ALLOW_THREADS
+    if (rc == 0)
+        return waited(start, extensions, 0);
     int64_t deadline = mono_ns() + c->timeout_ns;
-    while (rc == EBUSY || rc == ETIMEDOUT) {
+    uint32_t judged = 0;
+    int64_t judged_at = 0;
+    for (;;) {
         int64_t now = mono_ns();
+        uint32_t v = __atomic_load_n(c->lockword, __ATOMIC_RELAXED);
+        if ((v & TID_MASK) == tid)
+            return waited(start, extensions, WAIT_MINE);
+        /* Each holder is judged when first seen here, then once a slice. */
+        if ((v & TID_MASK) && (v != judged || now - judged_at >= SLICE_NS)) {
+            int first = v != judged;
+            judged = v;
+            judged_at = now;
+            if (holder_suspect(c, v, first))
+                return waited(start, extensions, WAIT_SUSPECT);
+        }
         if (now >= deadline) {
             int64_t p = *(volatile int64_t *)&HW(progress);
             if (p != seen && extensions < PATIENCE) {
@@ -163,12 +165,11 @@ static int wait_lock(Core *c)
                 deadline = now + c->timeout_ns;
                 continue;
             }
-            rc = ETIMEDOUT;
             /* Whom the wait was for: the Python path it hands over to judges that holder, not one that took the
-             * lock since (another waiter's re-initialisation, say), which it waits for afresh. */
-            waited(start, extensions, rc);
-            thread_holder = *(volatile uint32_t *)c->mutex & 0x3FFFFFFF; /* lock.py's FUTEX_TID_MASK */
-            return rc;
+             * lock since, which it waits for afresh. */
+            waited(start, extensions, ETIMEDOUT);
+            thread_holder = v & TID_MASK;
+            return ETIMEDOUT;
         }
         if (PyErr_CheckSignals() < 0)
             return waited(start, extensions, -2);
@@ -176,20 +177,26 @@ static int wait_lock(Core *c)
             return waited(start, extensions, EBUSY); /* a close() came meanwhile: the Python path says so */
         int64_t until = deadline < now + SLICE_NS ? deadline : now + SLICE_NS;
         Py_BEGIN_ALLOW_THREADS
-        if (!kind_ok(c)) {
-            rc = -1;
+        /* Ordering: the count is read before WAITERS is set and the word tried again, so an unlock after that try
+         * has changed it, and the sleep returns at once. */
+        uint32_t count = __atomic_load_n(c->wakesword, __ATOMIC_ACQUIRE);
+        if (take_or_mark(c, tid, WAITERS)) {
+            rc = 0;
         } else {
-            /* The wall-clock API (every libc has it), converted per slice so a clock step costs one slice. */
-            struct timespec real;
-            clock_gettime(CLOCK_REALTIME, &real);
-            int64_t at = (int64_t)real.tv_sec * 1000000000LL + real.tv_nsec + (until - mono_ns());
-            real.tv_sec = at / 1000000000LL;
-            real.tv_nsec = at % 1000000000LL;
-            rc = checked_hold(c, pthread_mutex_timedlock(c->mutex, &real));
+            struct timespec ts;
+            int64_t ns = until - mono_ns();
+            if (ns < 0)
+                ns = 0;
+            ts.tv_sec = (time_t)(ns / 1000000000LL);
+            ts.tv_nsec = (long)(ns % 1000000000LL);
+            syscall(SYS_futex, c->wakesword, FUTEX_WAIT, count, &ts, NULL, 0);
+            if (take_or_mark(c, tid, WAITERS))
+                rc = 0;
         }
         Py_END_ALLOW_THREADS
+        if (rc == 0)
+            return waited(start, extensions, 0);
     }
-    return waited(start, extensions, rc);
 }
 
 /* The write side of the seqlock that readers without the lock validate against (docs/design.md, "Reads without
@@ -220,48 +227,30 @@ static inline void seq_close(Core *c)
         __atomic_store_n(&HW(seq), (int64_t)((uint64_t)s + 1), __ATOMIC_RELEASE);
 }
 
-/* Give the lock back through glibc. The holder's id goes back first into a futex word that a waiter which read a
- * plain kind overwrote (its exchange writes 2): the robust unlock refuses a word that does not name its caller
- * (EPERM), which would leave the lock held for ever; FUTEX_WAITERS goes in with it, so that the unlock wakes that
- * waiter. Then, should glibc have read a foreign kind in its turn and released the mutex without taking it off this
- * thread's robust list, the list is put back as it was before the lock: an entry left there points into the
- * segment, and the next robust lock of this thread writes through it, after an unmap too. The Python path's first
- * step is inline in guard.py's unlocks. (twin: lock.py SegmentLock.settle_release) */
+/* Give the lock back: the holder word cleared, then the futex word, with release order after every store of the
+ * hold; a word that gained WAITERS is exchanged for 0, the wake count raised and one sleeper woken. A word that does
+ * not name this thread was changed by a stray write during the hold: it is left as it is (another thread may have
+ * come in through it), and the dirty word has the next holder repair. (twin: lock.py SegmentLock.release) */
 static void release(Core *c)
 {
-    pthread_mutex_t *m = c->mutex;
-    uint32_t *w = (uint32_t *)m, tid = my_tid();
-    int rc = EPERM;
-    /* Every refusal comes before glibc writes anything, so the lock is still held: EPERM for a word that does not
-     * name the caller, EINVAL where glibc read the kind word a second time (__pthread_mutex_unlock_full does) and
-     * found a kind it has no case for. */
-    for (int i = 0; i < 1000 && rc != 0; i++) {
-        uint32_t v = __atomic_load_n(w, __ATOMIC_RELAXED);
-        if ((v & FUTEX_TID_MASK) != tid)
-            __atomic_compare_exchange_n(w, &v, tid | FUTEX_WAITERS, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-        rc = pthread_mutex_unlock(m);
+    uint32_t tid = my_tid();
+    __atomic_store_n(c->holderword, 0, __ATOMIC_RELAXED);
+    uint32_t v = tid;
+    if (__atomic_compare_exchange_n(c->lockword, &v, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        return;
+    if ((v & TID_MASK) == tid) {
+        uint32_t old = __atomic_exchange_n(c->lockword, 0, __ATOMIC_RELEASE);
+        if (old & WAITERS) {
+            __atomic_fetch_add(c->wakesword, 1, __ATOMIC_RELEASE);
+            syscall(SYS_futex, c->wakesword, FUTEX_WAKE, 1, NULL, NULL, 0);
+        }
+        return;
     }
-    struct robust_list_head *h = robust_head();
-#if defined(__x86_64__) || defined(__aarch64__)
-    if (rc == 0 && h != NULL && queued(h, m)) { /* a robust unlock takes it off: glibc read a foreign kind */
-        /* Released but still listed: take it off as glibc's DEQUEUE_MUTEX would. glibc's list is doubly linked on
-         * 64-bit targets, each __prev word 8 bytes before the entry it belongs to (the head's too, robust_prev):
-         * the entry that is first again points back at the head. */
-        uintptr_t prev = c->robust_prev;
-        __atomic_fetch_add(&unlisted_unlocks, 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->list.next, (struct robust_list *)prev, __ATOMIC_RELAXED);
-        ((void **)(prev & ~(uintptr_t)1))[-1] = (void *)h;
-    }
-#endif
+    HW(dirty) = 1;
 }
 
 static void unlock(Core *c)
 {
-    /* A kind word damaged while held is put back before glibc reads it, and the segment marked for repair. */
-    if (!kind_ok(c)) {
-        *c->kind_word = c->kind_word_value;
-        HW(dirty) = 1;
-    }
     seq_close(c);
     release(c);
 }
@@ -274,45 +263,34 @@ static int lock(Core *c)
         c->reason = WHY_RELEASED;
         return ST_HANDOVER;
     }
-    struct robust_list_head *h = robust_head();
-    uintptr_t prev = h != NULL ? robust_first(h) : 0; /* what release() puts back, if glibc leaves the mutex listed */
-    int rc = try_checked(c);
-    if (rc == EBUSY) {
+    uint32_t tid = my_tid(), v = 0;
+    int rc = 0;
+    if (!__atomic_compare_exchange_n(c->lockword, &v, tid, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
         c->waits++;
-        rc = wait_lock(c);
+        rc = wait_lock(c, tid);
     }
     if (rc == -2)
         return -1;
-    if (rc == 0 || rc == EOWNERDEAD)
-        c->robust_prev = prev; /* written by the holder alone */
-    if (rc == 0 && c->released) {
+    if (rc == 0) {
+        /* A forked child has not claimed the parent's slot: its holds name none, and are judged by thread id. */
+        __atomic_store_n(c->holderword, c->holder_slot_fork == fork_count ? c->holder_slot : 0, __ATOMIC_RELAXED);
+        if (!c->released)
+            return ST_OK;
         unlock(c);
         rc = EBUSY;
     }
     switch (rc) {
-    case 0:
-        return ST_OK;
-    case -1:
-        c->reason = WHY_KIND;
+    case WAIT_MINE:
+        c->reason = WHY_REENTERED; /* the Python path tells a call from inside a call from a damaged word */
         break;
-    case EOWNERDEAD:
-        /* Consistent at once, as the Python path does; what the dead holder left half-done is flagged by the
-         * dirty word, which the Python path looks at when it takes the lock again. */
-        pthread_mutex_consistent(c->mutex);
-        unlock(c);
-        c->reason = WHY_OWNERDEAD;
-        break;
-    case EDEADLK:
-        c->reason = WHY_REENTERED;
+    case WAIT_SUSPECT:
+        c->reason = WHY_OWNERDEAD; /* the Python path judges the holder and takes the lock over */
         break;
     case ETIMEDOUT:
         c->reason = WHY_TIMEOUT;
         break;
-    case EBUSY:
-        c->reason = WHY_RELEASED;
-        break;
     default:
-        c->reason = WHY_LOCK;
+        c->reason = WHY_RELEASED;
         break;
     }
     return ST_HANDOVER;

@@ -851,6 +851,29 @@ static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
     return PyUnicode_FromString(why_names[thread_reason]);
 }
 
+static PyObject *Core_get_holder_slot(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLong(c->holder_slot);
+}
+
+static int Core_set_holder_slot(Core *c, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "holder_slot cannot be deleted");
+        return -1;
+    }
+    unsigned long n = PyLong_AsUnsignedLong(value);
+    if (n == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if ((int64_t)n > c->holder_slots) {
+        PyErr_SetString(PyExc_ValueError, "holder_slot is a number from 0 to HOLDER_SLOTS");
+        return -1;
+    }
+    c->holder_slot = (uint32_t)n;
+    c->holder_slot_fork = fork_count;
+    return 0;
+}
+
 static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(c->waits);
@@ -922,6 +945,9 @@ static PyGetSetDef Core_getset[] = {
     {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
     {"unlocked", (getter)Core_get_unlocked, NULL, "whether gets and views of this handle read without the lock", NULL},
     {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
+    {"holder_slot", (getter)Core_get_holder_slot, (setter)Core_set_holder_slot,
+     "this handle's holder slot + 1 (lock.HolderSlot.number; 0: none), stored in the lock's holder word by each hold",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from . import flight
 from .durations import seconds
 from .errors import ReentrantCallError
-from .guard import FUTEX_WORD, H_MUTEX_KIND
+from .guard import FUTEX_WORD
 from .layout.dtypes import H_DIRTY
-from .lock import FUTEX_TID_MASK, MUTEX_KIND_WORD
+from .lock import FUTEX_TID_MASK
 
 R = TypeVar("R")
 # The claims the current task (and what it awaits) holds: a coroutine fn that asks for its own key would wait for
@@ -40,7 +40,7 @@ _task_claims: contextvars.ContextVar[frozenset] = contextvars.ContextVar("shmcac
 def _idle(w) -> bool:
     """Whether a call would find the lock free and no repair pending, from the lock page's words ``w`` (read
     without the lock: an answer of the instant)."""
-    return not w[FUTEX_WORD] & FUTEX_TID_MASK and not w[H_DIRTY] and w[H_MUTEX_KIND] == MUTEX_KIND_WORD
+    return not w[FUTEX_WORD] & FUTEX_TID_MASK and not w[H_DIRTY]
 
 
 class AsyncMethods:

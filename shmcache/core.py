@@ -3,7 +3,7 @@
 ``path`` gives a handle the object its hot calls go to (docs/design.md, "The seams"): a ``Core`` bound with a
 ``HandOver``, which the C calls for whatever it does not finish, or a ``Reference`` where the extension is not built
 (or SHMCACHE_PURE_PYTHON=1). ``bind`` hands the C the segment's writable buffer and every offset, word number and
-constant it uses, taken from ``shmcache/layout`` (and the mutex's kind word from ``lock.py``), so that the layout has
+constant it uses, taken from ``shmcache/layout`` (and the lock's word offsets from ``lock.py``), so that the layout has
 one source of truth. A ``Core`` keeps a buffer export of the mapping: ``release()`` it before the segment is closed,
 or the mapping cannot be unmapped.
 """
@@ -28,7 +28,7 @@ from .layout import (
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout import dtypes as d
-from .lock import KIND_OFF, MENDS, MUTEX_KIND_WORD
+from .lock import HOLDER_BASE, HOLDER_OFF, HOLDER_SLOTS, TAKEOVERS, WAKES_OFF
 
 _PURE_ASKED = os.environ.get("SHMCACHE_PURE_PYTHON") == "1"
 try:
@@ -97,12 +97,10 @@ def last_wait() -> tuple[float, int, int] | None:
     return None if _core is None else _core.last_wait()
 
 
-def lock_mends() -> tuple[int, int]:
-    """In this process, both paths: holds that glibc took through a foreign kind's path (a kind word damaged under
-    the lock's check), given back by hand; and unlocks that left the mutex on the holder's robust list, taken off
-    by hand (lock.py, "Holds taken through a foreign kind's path")."""
-    c = (0, 0) if _core is None else _core.lock_mends()
-    return MENDS[0] + c[0], MENDS[1] + c[1]
+def lock_takeovers() -> int:
+    """Holders judged gone whose lock this process took over (lock.py ``SegmentLock.take_over``; the compiled
+    section leaves that to the Python path)."""
+    return TAKEOVERS[0]
 
 
 def offsets(geometry) -> dict[str, int]:
@@ -118,7 +116,8 @@ def offsets(geometry) -> dict[str, int]:
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, entry_slots=g.entry_slots, index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
-        MUTEX_KIND_OFF=KIND_OFF, MUTEX_KIND_WORD=MUTEX_KIND_WORD, BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,
+        LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,
+        BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,
         BLOCK_ALIGN=BLOCK_ALIGN, MAX_BLOCK_NBYTES=MAX_BLOCK_NBYTES, BLOCK_LEN_MASK=d.BLOCK_LEN_MASK,
         BLOCK_OWNER_SHIFT=d.BLOCK_OWNER_SHIFT, EMPTY=EMPTY, NIL=NIL, SENTINEL=SENTINEL, NEVER=NEVER,
         MAX_TTL_NS=MAX_TTL_NS, MAX_VERSION=MAX_VERSION, KIND_PREFIX=KIND_PREFIX, PIN_BASE=ofd.PIN_BASE,
@@ -343,6 +342,7 @@ def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
         return Reference(guard, store, arena, base), None, PinDescriptions(seg.fd)
     pins = compiled_pins(seg)
     bound = bind(seg, lock_timeout, HandOver(guard, store, arena, base, pins))
+    bound.holder_slot = guard.slot.number  # void in a forked child, whose holds then name no slot (_core_lock.c)
     if seg.geometry.policy != d.POLICY_LRU:  # gets and views without the lock, counted in a reader slot
         try:
             Reader(seg).bind(bound)

@@ -1,20 +1,20 @@
 """The lock protocol of one attached cache: take the lock, admit the call, wait, repair, fault. Written once, here.
 
 Every operation of the Python path runs the same protocol (``Guard.run``; the compiled section runs its own, in C):
-take the lock inside ``try`` (so that an exception raised at any bytecode still reaches ``finally``), check the
-closed flag and the ``dirty`` word under the lock, and unlock in ``finally`` -- an unlock by a thread that does not
-hold the lock is refused by the error-checking mutex (EPERM) and changes nothing. An operation that writes the
+record the try in the thread's private record of holds (``lock.me.holds``: a call from inside a call is refused
+there, before the lock is touched), take the lock inside ``try`` (so that an exception raised at any bytecode still
+reaches ``finally``), check the closed flag and the ``dirty`` word under the lock, and in ``finally`` give the lock
+back if its word names this thread. An operation that writes the
 structures raises ``dirty`` before its first write and lowers it after its last (``updating``).
 
 Crash window: a process can die, or an exception (Ctrl-C) can cut an update short, between any two writes. A dead
-holder is reported to the next locker by the robust mutex, which marks it consistent at once; ``dirty`` then says
-whether the dead holder left an update half-done. Whoever locks and finds ``dirty`` set verifies and repairs the
+holder is found by the next locker's wait (lock.py, "Owner death"), which takes the lock over and sets ``dirty``.
+Whoever locks and finds ``dirty`` set verifies and repairs the
 segment before reading it (``Guard.repair``), so no half-made update is ever seen.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 from typing import NoReturn
@@ -22,22 +22,12 @@ from typing import NoReturn
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
-from .lock import KIND_OFF, MUTEX_KIND_WORD, Damaged, Reentered, SegmentLock, Unrecoverable, signals_deferred
-from .lock import ENTRY_MASK, FUTEX_TID_MASK, FUTEX_WAITERS, hot_trylock, hot_unlock, robust
+from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
 from .core import last_wait
 from .seqlock import close_seq, open_seq
 from .verify import check, repair
 
-# The header word holding the mutex's kind (and its never-changing spin and elision counts): compared before every
-# trylock, because glibc asserts, and aborts the process, inside trylock on some damaged kinds. A damaged word is
-# answered as a busy lock (EBUSY), and the waiting path (lock.py) judges and repairs it. Read through the lock page's
-# own words (``Segment.lock_words``), which a concurrent close() never releases. Before every unlock too: a word
-# damaged while this thread held the lock is put back (glibc's unlock of some kinds asserts as well), and the dirty
-# word (also on that page) has the next holder repair the segment. Written inline, without a call: a call is a point
-# where an interrupt can be raised, and nothing may come between the finally and the unlock.
-H_MUTEX_KIND = (H_LOCK_OFF + KIND_OFF) // 8
-FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the mutex's futex word (low 32 bits: the holder's tid)
-EBUSY = errno.EBUSY
+FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the futex word (low 32 bits: the holder's tid)
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
@@ -83,117 +73,112 @@ class Guard:
         self.table = table  # the repair's last resort empties it
         self.h = seg.header_words
         self.lockw = seg.lock_words
-        self.lock = SegmentLock(seg.lock_address, lock_timeout, os.fstat(seg.fd))
-        self.addr = self.lock.handle
-        self.entry = self.lock.entry
-        self.futex = self.lock.futex
-        self.robust_prev = 0  # the holder's robust-list head before it took the lock (lock.py settle_release)
+        self.lock = SegmentLock(seg.lock_address, lock_timeout, seg.fd, os.fstat(seg.fd))
+        self.addr = seg.lock_address
+        self.ident = self.lock.ident
+        self.holder = self.lock.holder
+        self.slot = self.lock.slot
+        self.lock32 = memoryview(seg.lock_mm).cast("I")  # the lock page's 32-bit words, as long as the page
+        self.fw = H_LOCK_OFF // 4  # the futex word's index there; the holder word follows it
+        self._clear = self.lock.clear_call
+        self._bump = self.lock.bump_call
         self.closed = False
         self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
-        # Why here: a mutex of a damaged kind that nobody holds may still let the fast path's trylock through (a
-        # waiter would find the damage, a lone caller never), so each attacher looks once.
-        if self.lock.kind_damaged() and not self.lock.word():
-            self.lock.reinit_damaged(seg.fd, self.mark_dirty)
 
     # The pattern of every call, written once in ``run`` (``close`` too, marking the handle closed even when the lock
     # cannot be had):
-    #     addr = guard.addr
+    #     if guard.ident in me.holds: raise Reentered()
     #     try:
-    #         addr = guard.enter()
-    #         guard.admit(addr)
+    #         me.holds.add(guard.ident)
+    #         guard.enter()
+    #         guard.admit()
     #         ...
     #     except BaseException as exc:
-    #         guard.fault(exc, addr)
+    #         guard.fault(exc)
     #         raise
     #     finally:
-    #         (put back a damaged kind word, see H_MUTEX_KIND; and the holder's id into the futex word, see
-    #         lock.py "Holds taken through a foreign kind's path")
-    #         unlock(addr)
-    #         (and settle an unlock that left the mutex listed)
-    # ``addr`` is the handle to release: the real lock, or a private mutex when this thread re-entered the cache and
-    # must leave the lock to the call that holds it.
+    #         (give the lock back if its word names this thread)
+    #         me.holds.discard(guard.ident)
+    # The record comes before the try of the word, so that a call made from a signal handler that interrupts this
+    # one anywhere between the two is refused as re-entered; the finally looks at the word, not at a flag, so that
+    # an interrupt between the lock's call and the next bytecode still gives the lock back.
 
-    def enter(self, waited: bool = False, me=None):
-        """Take the lock (``me``: the calling thread's ``robust.me``, looked up when not given); returns the handle
-        the caller releases (see ``wait``). Follow with ``admit``."""
-        first = (robust.me if me is None else me).first
-        prev = 0 if first is None else first[0]
-        rc = hot_trylock(self.addr) if self.lockw[H_MUTEX_KIND] == MUTEX_KIND_WORD else EBUSY
-        if not rc and first is not None and first[0] & ENTRY_MASK != self.entry:  # lock.py SegmentLock.checked
-            rc = self.lock.give_back_foreign()
-        addr = self.wait(rc, waited) if rc else self.addr
-        if addr is self.addr:
-            self.robust_prev = prev  # written by the holder alone
-        return addr
+    def enter(self, waited: bool = False) -> None:
+        """Take the lock (the try recorded in ``me.holds`` already). Follow with ``admit``."""
+        rc = futex_trylock(self.addr)
+        if rc:
+            self.wait(rc, waited)
+        self.holder.value = self.slot.number
 
     def run(self, fn, *args, waited: bool = False):
         """``fn(*args)`` run under the lock, with the protocol above: every operation of the Python path goes
         through here (``fn`` is a Store method, or a function of entries.py, kinds.py or tier/copies.py).
         ``waited``: as for ``wait``."""
-        me = robust.me  # one thread-local lookup for the lock and the unlock
-        addr = self.addr
+        holds = me.holds
+        ident = self.ident
+        if ident in holds:
+            if self.lock32[self.fw] & FUTEX_TID_MASK == me.tid:
+                raise Reentered()
+            holds.discard(ident)  # left by a call whose finally an interrupt cut short after the word was cleared
+        entered = False
         try:
-            addr = self.enter(waited, me)
-            self.admit(addr)
+            holds.add(ident)
+            self.enter(waited)
+            entered = True
+            if self.closed or self.h[H_DIRTY]:
+                self.admit()
             result = fn(*args)
             close_seq(self.h)
             return result
         except BaseException as exc:
-            self.fault(exc, addr)
+            self.fault(exc)
             raise
         finally:
-            # Written inline, without a call before the unlock (see H_MUTEX_KIND).
-            listed, first = False, None
-            if addr is self.addr:
-                if self.lockw[H_MUTEX_KIND] != MUTEX_KIND_WORD:  # see H_MUTEX_KIND
-                    self.lockw[H_MUTEX_KIND] = MUTEX_KIND_WORD
-                    self.lockw[H_DIRTY] = 1
-                first = me.first
-                listed = first is not None and first[0] & ENTRY_MASK == self.entry
-                if listed and self.lockw[FUTEX_WORD] & FUTEX_TID_MASK != me.tid:  # a waiter wrote 2 over it
-                    self.futex.value = me.tid | FUTEX_WAITERS
-            hot_unlock(addr)
-            if listed and first is not None and first[0] & ENTRY_MASK == self.entry:
-                self.lock.settle_release(self.robust_prev)
+            # Written inline, with no Python call before the word is cleared: a signal handler runs only at a call
+            # or a loop's jump, so none comes between the look at the word and its release (``_clear`` is a C
+            # call). Anything after may be cut short: a record left in ``holds`` is dropped by the next call, a
+            # wake not made costs a sleeper one slice.
+            w = self.lock32[self.fw]
+            if w & FUTEX_TID_MASK == me.tid:
+                self.lock32[self.fw + 1] = 0
+                self._clear()
+                if w & FUTEX_WAITERS:
+                    self._bump()
+            elif entered:
+                # A stray write changed the word during the hold (another thread may have come in): the word is left
+                # as it is, no longer naming this handle's slot (waiters judge it by its thread id), and the next
+                # holder repairs. The lock page outlives close(), unlike the header's mapping.
+                self.lock32[self.fw + 1] = 0
+                self.lockw[H_DIRTY] = 1
+            holds.discard(ident)
 
-    def admit(self, addr) -> None:
-        """After the lock is taken: refuse a re-entered call or a closed handle, repair what an update left half-done.
-        The hot paths call it only when one of the three applies."""
-        if addr is not self.addr:
-            raise Reentered()
+    def hold(self) -> None:
+        """Take the lock as a call of this thread holds it, outside any call, until ``let_go`` (tests and benchmarks
+        that play a holder: stopped, killed, or interrupted by a signal handler)."""
+        me.holds.add(self.ident)
+        self.enter()
+
+    def let_go(self) -> None:
+        """Give back what ``hold`` took."""
+        if not self.lock.release():
+            self.lock.holder.value = 0
+            self.lockw[H_DIRTY] = 1
+        me.holds.discard(self.ident)
+
+    def admit(self) -> None:
+        """After the lock is taken: refuse a closed handle, repair what an update left half-done. The hot paths call
+        it only when one of the two applies."""
         if self.closed:
             raise closed_error()
         if self.h[H_DIRTY]:
             self.repair()
 
-    def wait(self, rc: int, waited: bool = False):
-        """The lock was busy, or its holder died: wait for it (bounded by lock_timeout). Returns the lock's handle;
-        when this thread already holds the lock, the private mutex's handle instead, and the caller raises
-        Reentered. ``waited``: the compiled section timed out waiting for this call (``timed_out``), so the
-        timeout is not waited a second time."""
+    def wait(self, rc: int, waited: bool = False) -> None:
+        """The lock was busy: wait for it (bounded by lock_timeout), taking it over from a holder judged gone (the
+        dirty word is set then, and ``admit`` repairs). ``waited``: the compiled section timed out waiting for this
+        call (``timed_out``), so the timeout is not waited a second time."""
         prior = (last_wait() or (self.lock.timeout, 0, 0)) if waited else (0.0, 0, 0)
-        for _ in range(3):
-            try:
-                if self.lock.acquire_slow(rc, self.progress, *prior):
-                    # The holder died. Consistent at once: what it left half-done is flagged by the dirty word.
-                    self.lock.mark_consistent()
-                return self.addr
-            except Reentered:
-                return self.lock.private_handle
-            except (Unrecoverable, Damaged) as exc:
-                prior = (0.0, 0, 0)  # a re-initialised lock is waited for afresh
-                if self.closed:
-                    raise closed_error() from None
-                if isinstance(exc, Unrecoverable):
-                    self.lock.reinit_unrecoverable(self.seg.fd)
-                elif not self.lock.reinit_damaged(self.seg.fd, self.mark_dirty) and exc.fallback is not None \
-                        and self.lock.word() == exc.word:  # not repaired by another process meanwhile either
-                    raise exc.fallback from None
-                rc = self.lock.try_checked()
-                if rc == 0:
-                    return self.addr
-        raise CorruptionError("the cache lock stays unrecoverable or damaged", what="lock",
-                              hint="remove the cache with `shmcache rm NAME` and recreate it")
+        self.lock.acquire_slow(rc, self.progress, *prior, mark_dirty=self.mark_dirty)
 
     def mark_dirty(self) -> None:
         """Make the next holder verify and repair the segment (a damaged lock is being re-initialised)."""
@@ -224,15 +209,10 @@ class Guard:
         except ValueError:  # closed meanwhile by another thread
             return None
 
-    def fault(self, exc: BaseException, addr) -> None:
+    def fault(self, exc: BaseException) -> None:
         """A call raised. If it holds the lock, put the segment right before ``finally`` releases it."""
-        if addr is not self.addr:
-            return  # this thread re-entered: the lock belongs to the call it interrupted
-        if not self.lock.listed():
-            if self.lock.foreign_hold():  # interrupted between the lock call and its check (enter)
-                self.lock.give_back_foreign()
-            return  # raised before the lock was taken (timeout, bad handle...): nothing was touched
-        self.lock.mark_consistent()  # in case it was taken from a dead holder; refused (EINVAL) otherwise
+        if not self.lock.owned():
+            return  # raised before the lock was taken (timeout, re-entered...): nothing was touched
         if self.closed:
             return
         damage = isinstance(exc, _DAMAGE) and (isinstance(exc, CorruptionError) or not isinstance(exc, ShmCacheError))

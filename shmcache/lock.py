@@ -1,51 +1,52 @@
-"""The cross-process cache lock: a robust, process-shared, error-checking pthread mutex living in the segment header.
+"""The cross-process cache lock: a futex word in the segment header that holds its holder's thread id, and no
+state that any C library trusts.
 
 One lock guards everything in the segment: the header counters, the index, the entry table with its LRU list, and the
-arena. Only ``guard.Guard`` takes it, and the compiled section (``_core_lock.c``); ``store``, ``table``,
-``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it is held. Segment creation,
-and the re-initialisation of a broken mutex (below), are serialised separately, by ``flock`` on the segment's file (see
-``segment.py``). The order of this lock against every other lock of the package is in ``docs/design.md``.
+arena. Only ``guard.Guard`` takes it, and the compiled section (``_core_lock.c``, the twin of this module);
+``store``, ``table``, ``index``, ``lru``, ``arena``, ``stats``, ``verify`` and the ``*_locked`` functions assume it
+is held. The order of this lock against every other lock of the package is in ``docs/design.md``.
 
-Why a robust mutex (the mechanism LMDB relies on): when its holder dies -- SIGKILL, OOM killer, segfault, at any
-instruction -- the kernel marks the mutex owner-dead as the process exits, and the next locker gets ``EOWNERDEAD`` at
-once. No timeout, no PID check, so PID reuse cannot fool it. The new owner calls ``pthread_mutex_consistent`` at
-once (``guard.Guard.wait``), then, before reading anything, repairs what the dead holder left half-done, which
-the segment's ``dirty`` word records (``Guard.admit`` -> ``Guard.repair``). If it dies before marking the mutex
-consistent, the next locker is told again; if it dies during the repair, ``dirty`` is still set for the next locker;
-if it unlocks without marking it, the mutex is unrecoverable and is re-initialised under ``flock``
-(``reinit_unrecoverable``). A waiter first retries a bounded number of times, yielding the CPU (``_SPIN_TRIES``),
-then blocks in a futex, in slices so that Python can deliver signals such as Ctrl-C to a waiter.
+The words (the first 8 bytes of the header's lock line; the rest of the line is never read):
 
-Damaged bytes. The mutex's bytes are shared memory like any other, so garbage there must neither abort the process
-(glibc asserts in its priority-inheritance code when the kind word has PTHREAD_MUTEX_PRIO_INHERIT set and the owner
-is gone) nor block every call forever (an owner thread id that no thread has: the kernel's robust list releases only
-the locks of threads that die holding them). The waiting path -- never the fast path, where a successful trylock
-costs nothing more -- checks the mutex before every blocking call (``damage``): a kind word other than what
-``init_mutex`` writes is damage at once, and an owner that provably does not hold it is damage once the lock timeout
-has passed. The thread id in the futex word is "provably not a holder" only when no thread has it (``kill(tid, 0)``
-says ESRCH), when its process does not map the segment at all (its ``/proc/<tid>/maps``), or, where that file is not
-ours to read (another user's process), when the process's user and group ids (``/proc/<tid>/status``, which anyone
-may read and no process can fake) could never have opened the segment: not its owner's, not root's, and no group or
-other bit of its mode lets them in; and only when no handle of another PID namespace has the segment open
-(``ofd.other_pid_namespaces``), since a thread id is only meaningful in its own namespace. A damaged mutex is
-re-initialised under ``flock`` on the segment, after the damage is seen again under it, and the segment is marked
-dirty so the next holder verifies and repairs it (``cache.py``).
+- ``word`` (32 bits, the futex): 0 when free; else the holder's thread id (bits 0-29) and ``WAITERS`` (bit 31: a
+  thread sleeps on the word, so the unlock wakes one). The encoding is the kernel's priority-inheritance futex ABI
+  (futex(2), FUTEX_TRYLOCK_PI), because that is the one atomic compare-and-swap Python can reach without a compiled
+  helper: the Python path takes the word through the kernel (``FUTEX_TRYLOCK_PI``: 0 -> its thread id), the compiled
+  path with a compare-and-swap of its own; both give it back with an atomic store of 0 (``FUTEX_WAKE_OP``'s SET
+  here, a compare-and-swap or an exchange in C). Nobody ever blocks inside the kernel's PI code, so no kernel state
+  outlives a call.
+- ``holder`` (32 bits): the holder's holder slot + 1 (0: none yet), stored right after the word is taken and
+  cleared right before it is given back. Slot ``s`` is an exclusive OFD lock on byte ``HOLDER_BASE + s`` of the
+  segment's file, claimed by every handle for its life (``HolderSlot``): the kernel drops it when the process dies,
+  whatever its PID namespace, so a waiter that finds the slot unlocked knows the holder's process is gone.
+- ``wakes`` (32 bits): what sleepers sleep on (``FUTEX_WAIT`` on the count they read before their last try), so that
+  no sleeper is ever queued on the futex word itself, where the kernel's PI try would refuse to take a free word. An
+  unlock that took ``WAITERS`` out of the word adds 1 to it and wakes one sleeper. Any value is valid.
+
+Nothing in these words is ever followed as a pointer or handed to a C library; the kernel is only asked to compare
+and swap, to sleep while the word holds a value, and to wake. A stray write into them can make two threads believe
+they hold the lock, or make waiters wait for a holder that is not there; it cannot make anything write outside the
+segment. What each case leads to is in docs/operations.md ("The lock's words").
+
+Owner death. Waiters look at a holder when they first see it, then once a sleep slice (``_SLICE_S``), and judge
+it (``holder_state``): a holder slot named and not locked by anyone is a dead process (the kernel released it at
+exit); a slot that is locked is a live one (its thread too, unless this namespace sees no such thread); no slot
+(the holder died between taking the word and naming its slot, or the slot word is damaged) is judged a slice later
+by the thread id (``_maps_file``), where no handle of another PID namespace has the segment open, and is gone in
+any case once the word has not changed for a lock timeout. A holder judged gone is taken over under ``flock`` on
+the segment file, after the same judgement again there: the taker sets ``dirty`` first (so the next holder repairs
+whatever the dead one left half-done) and stores its own id in the word (``take_over``). A thread that finds its
+own id in the word but holds nothing (a stray write; thread ids of another namespace) judges it the same way.
+
+Reentrancy. Whether this thread holds the lock is known privately (``holds``, a per-thread set of segment
+identities, added to before the word is tried), never from the word: a call made from inside a call (a signal
+handler, a ``__del__``) raises ``Reentered`` at once, and a word that names this thread while it holds nothing is
+damage, not reentrancy.
 
 Patience. A holder on a long walk (a repair or a verify of a large segment: seconds for a million entries) moves
 the header's progress word as it goes; a waiter whose timeout passes while the word moved waits another timeout (up
-to ``_PATIENCE`` of them), so a legitimate recovery fails no healthy waiter, while a holder that stops moving it
-(stuck, stopped, or a stray dirty word) is waited for one timeout. Every ``LockTimeout`` states the time waited.
-
-Limits. A garbage thread id naming a live thread that maps the segment (a live process of the cache, after thread-id
-reuse), or a live thread of a process that could have opened it (root's, or a user's the mode lets in), cannot be
-told from a stuck holder: every call then fails with ``LockTimeout`` until that thread exits. Where /proc is missing
-or hides the owner's process, no owner is judged gone. A process that opened the segment and then dropped every id
-that could open it (a root process turned ``nobody``) would be judged gone while holding the lock. A kind word
-damaged while a live thread holds the mutex through it cannot be undone safely in general (glibc's unlock writes
-through the mutex's list pointers); a re-initialisation after a kind damage waits up to the lock timeout for the
-futex word to clear (unless it names an owner provably gone), and a thread that took the damaged lock by trylock in
-the instant before the re-initialisation shares the critical section with the next locker once -- the dirty word
-and the values' checksums make that a repair, never a wrong value read.
+to ``_PATIENCE`` of them), so a legitimate recovery fails no healthy waiter, while a live holder that stops moving
+it (stuck, stopped) is waited for one timeout: ``LockTimeout``, which states the time waited.
 """
 
 from __future__ import annotations
@@ -54,185 +55,158 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
+import io
 import os
 import signal
 import threading
 import time
+import weakref
 
 from . import ofd
-from .errors import CorruptionError, LockTimeout, ReentrantCallError
+from .errors import LockTimeout, ReentrantCallError
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_PTHREAD_PROCESS_SHARED = 1
-_PTHREAD_MUTEX_ROBUST = 1
-_PTHREAD_MUTEX_ERRORCHECK = 2
-_CLOCK_MONOTONIC = 1
-_SLICE_NS = 100_000_000  # wait at most this long per futex call, then let Python run signal handlers
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
                   signal.SIGUSR2}
-_SPIN_TRIES = 50  # trylock + sched_yield rounds before a contended waiter blocks in the kernel (~25-50 us)
+_SPIN_TRIES = 20  # trylock + sched_yield rounds before a contended waiter sleeps on the word
+_SLICE_S = 0.005  # a waiter sleeps at most this long before it looks at the holder again (and runs signal handlers)
 _PATIENCE = 1000  # a waiter gives a holder whose long walk makes progress (a repair) at most this many more timeouts
-FUTEX_TID_MASK = 0x3FFFFFFF  # the futex word of a robust mutex: holder's thread id, plus the WAITERS/OWNER_DIED bits
-FUTEX_OWNER_DIED = 0x40000000  # set by the kernel when the holder died with the mutex on its robust list
-# glibc's struct __pthread_mutex_s (x86_64 and aarch64): __lock (the futex word) at 0, __count 4, __owner 8,
-# __nusers 12, __kind 16, spins/elision 20, the robust list pointers 24..40. Only __lock and __kind are trusted by
-# glibc before it takes the mutex; __count, __owner and __nusers are rewritten by every lock.
-_KIND_OFF = 16
-_DAMAGE_POLL_S = 0.001  # how often a waiter on a mutex of a damaged kind looks whether its futex word has cleared
+FUTEX_TID_MASK = 0x3FFFFFFF  # the word's holder thread id
+FUTEX_WAITERS = 0x80000000  # the word's bit for "a thread sleeps on it": the unlock then wakes one
+HOLDER_OFF = 4  # the holder-slot word, after the futex word
+WAKES_OFF = 8  # the wake count: sleepers wait on it, an unlock that found WAITERS adds 1 and wakes one
+# Holder slots: byte HOLDER_BASE + s of the segment file, exclusively locked by the handle that claimed slot s; above
+# the reader slots (READER_BASE + r, r < 2**20) and below the PID-namespace bytes (ofd.NS_BASE = 2**62 + 2**41).
+HOLDER_BASE = 2**62 + 2**40 + 2**21
+HOLDER_SLOTS = 2**20
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine, 202)
+_FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_WAKE_OP, _FUTEX_TRYLOCK_PI = 0, 1, 5, 8
+# FUTEX_WAKE_OP's operation on the second word (here the same word): SET 0, and OR 1 << 31 (FUTEX_OP_OPARG_SHIFT).
+_OP_SET_0 = 0
+_OP_OR_WAITERS = ((2 | 8) << 28 | 31 << 12) - 2**32  # as the signed int the call takes
+_OP_ADD_1 = 1 << 28 | 1 << 12
+_INT_MAX = 2**31 - 1
+
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_int]
 
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _fn(name: str, *argtypes):
-    f = getattr(_libc, name)
-    f.argtypes = list(argtypes)
-    f.restype = ctypes.c_int
-    return f
-
-
-_vp = ctypes.c_void_p
-_mutexattr_init = _fn("pthread_mutexattr_init", _vp)
-_mutexattr_setpshared = _fn("pthread_mutexattr_setpshared", _vp, ctypes.c_int)
-_mutexattr_setrobust = _fn("pthread_mutexattr_setrobust", _vp, ctypes.c_int)
-_mutexattr_settype = _fn("pthread_mutexattr_settype", _vp, ctypes.c_int)
-_mutexattr_destroy = _fn("pthread_mutexattr_destroy", _vp)
-_mutex_init = _fn("pthread_mutex_init", _vp, _vp)
-_mutex_trylock = _fn("pthread_mutex_trylock", _vp)
-_mutex_unlock = _fn("pthread_mutex_unlock", _vp)
-_mutex_consistent = _fn("pthread_mutex_consistent", _vp)
-_realtime_lock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
-
-# The hot path's pair, from a CDLL instance of their own so that no argtypes are set: ctypes then converts nothing,
-# and the address goes in as a prebuilt c_void_p (a ``SegmentLock.handle``). Measured about 0.1 us cheaper per
-# lock + unlock pair than the same calls with argtypes and an int address. Neither call ever blocks.
-_hot = ctypes.CDLL(None)
-hot_trylock = _hot.pthread_mutex_trylock
-hot_unlock = _hot.pthread_mutex_unlock
-hot_unlock.restype = None  # the hot path ignores unlock's result (EPERM for a private handle is the point)
-
-
-def _realtime_timedlock(address: int, until_ns: int, ts: _Timespec) -> int:
-    """Lock with a monotonic deadline through the wall-clock API, converted per slice so a clock step costs at most
-    one slice (for C libraries older than glibc 2.30)."""
-    ts.tv_sec, ts.tv_nsec = divmod(time.time_ns() + until_ns - time.monotonic_ns(), 1_000_000_000)
-    return _realtime_lock(address, ts)
-
-
-if hasattr(_libc, "pthread_mutex_clocklock"):  # glibc >= 2.30: deadlines on the monotonic clock itself
-    _clocklock = _fn("pthread_mutex_clocklock", _vp, ctypes.c_int, ctypes.POINTER(_Timespec))
-
-    def _timedlock(address: int, until_ns: int, ts: _Timespec) -> int:
-        ts.tv_sec, ts.tv_nsec = divmod(until_ns, 1_000_000_000)
-        return _clocklock(address, _CLOCK_MONOTONIC, ts)
-
-else:
-    _timedlock = _realtime_timedlock
-
-
-def init_mutex(address: int) -> None:
-    """Initialise a robust, process-shared, error-checking mutex at ``address`` (creation, or re-initialisation of
-    an unrecoverable one under ``flock``)."""
-    attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes on glibc; 64 is ample
-    try:
-        for rc in (
-            _mutexattr_init(attr),
-            _mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
-            _mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST),
-            _mutexattr_settype(attr, _PTHREAD_MUTEX_ERRORCHECK),
-            _mutex_init(address, attr),
-        ):
-            if rc:
-                raise OSError(rc, f"initialising the cache mutex failed: {errno.errorcode.get(rc, rc)}")
-    finally:
-        _mutexattr_destroy(attr)
-
-
-def _mutex_kind() -> int:
-    """The kind word ``init_mutex`` writes (read back from a private mutex: glibc's flag values are not an ABI)."""
-    buf = ctypes.create_string_buffer(64)
-    init_mutex(ctypes.addressof(buf))
-    return ctypes.c_int.from_buffer(buf, _KIND_OFF).value
-
-
-MUTEX_KIND = _mutex_kind()
-KIND_OFF = _KIND_OFF  # byte offset of the kind word in the mutex; 8-aligned, so a 64-bit word starts there
-
-
-def _mutex_kind_word() -> int:
-    """The 64-bit word at ``KIND_OFF`` of a mutex ``init_mutex`` made (the kind, and the spin and elision counts that
-    an error-checking mutex never changes): what the hot path compares before every trylock."""
-    buf = ctypes.create_string_buffer(64)
-    init_mutex(ctypes.addressof(buf))
-    return ctypes.c_int64.from_buffer(buf, _KIND_OFF).value
-
-
-MUTEX_KIND_WORD = _mutex_kind_word()
-
-# ------------------------------------------------------------------------ holds taken through a foreign kind's path
-# glibc reads the kind word again after the check of it, and takes the path of whatever kind it finds: a word damaged
-# in between sends the call down another kind's path (docs/operations.md, "a kind word damaged between the lock's
-# check and glibc's own read of it"). Only a robust kind's path queues the mutex on the holder's robust list, at its
-# head (the kernel's struct robust_list_head, which glibc registers for every thread): that tells a right hold from
-# a foreign one, where the futex word cannot (the priority-inheritance path writes the holder's id too). A foreign
-# hold is given back by hand at once; an unlock checks that the word names its holder, and that glibc took the mutex
-# off the list. (twin: _core_lock.c, the part of the same name)
-_SYSCALLS = {"x86_64": (274, 202), "aarch64": (100, 98)}.get(os.uname().machine)  # get_robust_list, futex
-_FUTEX_WAKE = 1
-_INT_MAX = 2**31 - 1
-FUTEX_WAITERS = 0x80000000  # the futex word's bit for "a thread sleeps on it": an unlock then wakes one
-ENTRY_MASK = ~1  # a robust-list entry's bit 0 marks a priority-inheritance mutex
-_OWNER_OFF = 8  # __owner, which every kind's lock path writes (the holder's thread id) and every unlock clears
-# glibc's list is doubly linked on 64-bit targets: each __prev word 8 bytes before its entry
-_PREV_OFF = -8 if ctypes.sizeof(ctypes.c_void_p) == 8 else 0
-MENDS = [0, 0]  # in this process's Python path: foreign holds given back, unlocks taken off the list by hand
-
-
-def _robust_head() -> int:
-    """The calling thread's robust-list head, asked of the kernel (0: it will not say, or an unknown machine)."""
-    if _SYSCALLS is None:
+def futex_trylock(address: int) -> int:
+    """``FUTEX_TRYLOCK_PI``: the kernel stores this thread's id into the word at ``address`` if it holds no thread
+    id; 0 when it did, else the errno (EAGAIN: held; EDEADLK: it names this thread; ESRCH: it names no thread of this
+    namespace)."""
+    if _syscall(_SYS_FUTEX, address, _FUTEX_TRYLOCK_PI, 0, None, None, 0) == 0:
         return 0
-    head, size = ctypes.c_void_p(), ctypes.c_size_t()
-    if _libc.syscall(ctypes.c_long(_SYSCALLS[0]), ctypes.c_long(0), ctypes.byref(head), ctypes.byref(size)) \
-            or size.value != 3 * ctypes.sizeof(ctypes.c_void_p):
-        return 0
-    return head.value or 0
+    return ctypes.get_errno()
 
 
-class _Me:
-    """The calling thread's robust-list head (``head``, 0 where there is none to look at), its first entry as a word
-    to read and write (``first``, a one-item memoryview; None then), and the thread's id (``tid``, read again in a
-    forked child, whose head is at the same address: glibc registers the same struct pthread's head again). Plain
-    slots behind one thread-local lookup: the Python path reads them on every lock and unlock."""
+def futex_clear(address: int) -> None:
+    """Store 0 into the word at ``address`` with one atomic operation of the kernel's (``FUTEX_WAKE_OP``, waking
+    nobody): ordered after every store before it, on any machine."""
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE_OP, 0, None, address, _OP_SET_0)
 
-    __slots__ = ("head", "first", "tid")
+
+def futex_mark_waiting(address: int) -> None:
+    """Set ``WAITERS`` in the word at ``address`` atomically (``FUTEX_WAKE_OP``, waking nobody): the holder's unlock
+    then wakes a sleeper."""
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE_OP, 0, None, address, _OP_OR_WAITERS)
+
+
+def futex_bump(address: int, wake: int) -> None:
+    """Add 1 to the wake count at ``address`` atomically and wake ``wake`` of its sleepers (``FUTEX_WAKE_OP``)."""
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAKE_OP, wake, None, address, _OP_ADD_1)
+
+
+def futex_wait(address: int, value: int, seconds: float) -> None:
+    """Sleep while the word at ``address`` is ``value``, at most ``seconds`` (or until a wake)."""
+    ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
+    _syscall(_SYS_FUTEX, address, _FUTEX_WAIT, value - 2**32 if value >= 2**31 else value, ctypes.addressof(ts),
+             None, 0)
+
+class _Me(threading.local):
+    """The calling thread's id (``tid``, read again in a forked child) and the identities of the segments whose lock
+    it holds or is about to try (``holds``): the private record reentrancy is judged by."""
 
     def __init__(self) -> None:
-        self.head = _robust_head()
-        self.first = memoryview((ctypes.c_uint64 * 1).from_address(self.head)).cast("B").cast("Q") \
-            if self.head else None
         self.tid = threading.get_native_id()
+        self.holds: set = set()
 
 
-class _Robust(threading.local):
-    """``robust.me``: the calling thread's ``_Me``, made on its first use in each thread."""
-
-    def __init__(self) -> None:
-        self.me = _Me()
-
-
-robust = _Robust()
-# The head's futex_offset: from an entry to its mutex's futex word (a constant of glibc's, the same in every thread).
-FUTEX_OFFSET = ctypes.c_long.from_address(robust.me.head + ctypes.sizeof(ctypes.c_void_p)).value \
-    if robust.me.head else 0
+me = _Me()
 
 
 def _forked() -> None:
-    robust.me.tid = threading.get_native_id()
+    me.tid = threading.get_native_id()
+    me.holds = set()  # Why: a fork is never made under the lock; what the parent thread was trying is its own
+    for slot in list(_SLOTS):
+        slot.after_fork_in_child()
 
 
+_SLOTS: weakref.WeakSet = weakref.WeakSet()  # every HolderSlot of this process, for the fork hook
 os.register_at_fork(after_in_child=_forked)
+
+
+class HolderSlot:
+    """A handle's holder slot: an exclusive OFD lock on byte ``HOLDER_BASE + number - 1`` of the segment file, taken
+    through a description of its own and held for the handle's life (the description is an ``io.FileIO``: closed,
+    and the lock dropped, when the handle goes, closed or collected). ``number`` is what a holder stores in the
+    lock's holder word (0: no slot could be claimed; the thread id is judged instead). A forked child closes its
+    copy of the parent's description (the parent's lock stays) and claims a slot of its own (the compiled section's
+    holds in the child name none: ``_core_lock.c``)."""
+
+    def __init__(self, seg_fd: int) -> None:
+        self.seg_fd = seg_fd
+        self.number = 0
+        self.file: io.FileIO | None = None
+        self._claim()
+        _SLOTS.add(self)
+
+    def _claim(self) -> None:
+        try:
+            fd = os.open(f"/proc/self/fd/{self.seg_fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return
+        f = io.FileIO(fd, "r+", closefd=True)
+        start = os.getpid() % HOLDER_SLOTS  # spread: one try in the usual case
+        for i in range(4096):
+            s = (start + i) % HOLDER_SLOTS
+            try:
+                if ofd.lock(fd, HOLDER_BASE + s, ofd.WRITE, wait=False):
+                    self.file, self.number = f, s + 1
+                    return
+            except OSError:
+                break
+        f.close()
+
+    def after_fork_in_child(self) -> None:
+        if self.file is not None:
+            self.file.close()  # the child's copy only: the parent's lock stays with the parent's descriptor
+            self.file, self.number = None, 0
+            self._claim()
+
+    def close(self) -> None:
+        _SLOTS.discard(self)
+        if self.file is not None:
+            self.file.close()
+        self.file, self.number = None, 0
+
+
+def _thread_gone(tid: int) -> bool:
+    """Whether no thread of this PID namespace has the id ``tid``."""
+    try:
+        os.kill(tid, 0)  # a thread id too, on Linux
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def _maps_file(tid: int, file: os.stat_result) -> bool | None:
@@ -273,6 +247,8 @@ def _could_open(tid: int, file: os.stat_result) -> bool | None:
     return bool(file.st_mode & 0o060) and file.st_gid in gids
 
 
+
+
 class Reentered(ReentrantCallError):
     """This thread already holds the lock: a cache call was made from inside another (a signal handler, a __del__
     run by the garbage collector in the middle of a call)."""
@@ -284,175 +260,177 @@ class Reentered(ReentrantCallError):
                               "on it after the call returns")
 
 
-class Unrecoverable(Exception):
-    """The mutex is unrecoverable: a holder was interrupted between taking it from a dead owner and marking it
-    consistent. ``SegmentLock.reinit_unrecoverable`` makes it usable again."""
-
-
-class Damaged(Exception):
-    """The mutex's bytes are provably damaged (``SegmentLock.damage``). ``SegmentLock.reinit_damaged`` makes it usable
-    again; ``fallback`` is the error to raise if, looked at again under ``flock``, there is nothing to repair and the
-    futex word is still ``word`` (an owner that could not be judged after all: another PID namespace)."""
-
-    def __init__(self, reason: str, fallback: Exception | None = None, word: int = 0) -> None:
-        super().__init__(reason)
-        self.fallback = fallback
-        self.word = word  # the futex word judged
+TAKEOVERS = [0]  # holders judged gone and taken over by this process (``SegmentLock.take_over``)
+ALIVE, GONE, UNKNOWN = "alive", "gone", "unknown"  # what ``holder_state`` says of the holder a word names
 
 
 class SegmentLock:
-    """Handle on the mutex at ``address`` (inside a mapping the caller keeps alive). ``acquire_slow`` returns True
-    when the previous holder died; the caller marks the mutex consistent at once, then repairs what the holder left
-    half-done (the ``dirty`` word says whether there is anything)."""
+    """The lock's words at ``address`` (inside a mapping the caller keeps alive: the futex word, then the holder
+    word), for the segment open as ``fd`` (``file``: its fstat). ``ident`` names the segment in this thread's
+    private record of holds (``me.holds``). ``acquire_slow`` returns True when it took the lock over from a holder
+    judged gone: the caller repairs (the dirty word is set)."""
 
-    def __init__(self, address: int, timeout: float, file: os.stat_result) -> None:
+    def __init__(self, address: int, timeout: float, fd: int, file: os.stat_result) -> None:
         self.address = address
         self.timeout = timeout
-        self.file = file  # the segment file's fstat: a holder's process maps it, and could open it
-        # A private mutex that no thread ever holds: a call that must not release the real lock (it did not take
-        # it) releases this one instead, which the error-checking mutex refuses (EPERM) without effect.
-        self._private = ctypes.create_string_buffer(64)
-        init_mutex(ctypes.addressof(self._private))
-        # The handles the callers pass to ``hot_trylock``/``hot_unlock`` (and compare by identity): one for the
-        # lock, one for the private mutex.
-        self.handle = ctypes.c_void_p(address)
-        self.private_handle = ctypes.c_void_p(ctypes.addressof(self._private))
-        self.futex = ctypes.c_uint.from_address(address)  # the futex word, read and written in place
-        self.owner = ctypes.c_int.from_address(address + _OWNER_OFF)
-        self.entry = address - FUTEX_OFFSET  # the robust-list entry of this mutex, as glibc queues it
+        self.fd = fd
+        self.file = file  # a holder's process maps it, and could open it
+        self.ident = (file.st_dev, file.st_ino)
+        self.futex = ctypes.c_uint32.from_address(address)  # the futex word, read and written in place
+        self.holder = ctypes.c_uint32.from_address(address + HOLDER_OFF)
+        self.wakes_address = address + WAKES_OFF
+        self.wakes = ctypes.c_uint32.from_address(self.wakes_address)
+        self.slot = HolderSlot(fd)
+        # futex_clear and futex_bump(.., 1) of these words as C callables: a call of one runs no bytecode (guard.py)
+        self.clear_call = functools.partial(_syscall, _SYS_FUTEX, address, _FUTEX_WAKE_OP, 0, None, address,
+                                            _OP_SET_0)
+        self.bump_call = functools.partial(_syscall, _SYS_FUTEX, self.wakes_address, _FUTEX_WAKE_OP, 1, None,
+                                           self.wakes_address, _OP_ADD_1)
 
-    def listed(self) -> bool:
-        """Whether this mutex heads the calling thread's robust list: glibc's robust path took it for this thread.
-        Where there is no list to look at, whether the futex word names this thread."""
-        first = robust.me.first
-        return self.owned() if first is None else first[0] & ENTRY_MASK == self.entry
+    def word(self) -> int:
+        """The futex word: the holder's thread id and the WAITERS bit; 0 when free."""
+        return self.futex.value
 
-    def checked(self, rc: int) -> int:
-        """A lock call's result, checked: 0 only for a hold that glibc queued; a foreign one is given back, and
-        the caller waits on (EBUSY) as for a busy lock, meeting the damaged kind, if it is still there, next."""
-        first = robust.me.first
-        if rc or first is None or first[0] & ENTRY_MASK == self.entry:
-            return rc
-        return self.give_back_foreign()
+    def holder_tid(self) -> int:
+        """Thread id the word names (0: free); a holder's, unless the word is damaged."""
+        return self.futex.value & FUTEX_TID_MASK
 
-    def give_back_foreign(self) -> int:
-        """Give back a hold that glibc took through a foreign kind's path: nobody else is inside (every kind's path
-        takes the word from 0 with a compare-and-swap or an exchange), and nothing was written under it. The owner
-        field is cleared as an unlock clears it, the word set to 0, and every sleeper woken: one that read a plain
-        kind sleeps on 2, one that read the robust kind on the word with FUTEX_WAITERS. Returns EBUSY."""
-        MENDS[0] += 1
-        self.owner.value = 0
-        self.futex.value = 0
-        if _SYSCALLS is not None:
-            _libc.syscall(ctypes.c_long(_SYSCALLS[1]), ctypes.c_void_p(self.address), ctypes.c_long(_FUTEX_WAKE),
-                          ctypes.c_long(_INT_MAX), None, None, ctypes.c_long(0))
-        return errno.EBUSY
+    def owned(self) -> bool:
+        """Whether the word names the calling thread (which, if it is not inside a call, means a damaged word)."""
+        return self.futex.value & FUTEX_TID_MASK == me.tid
 
-    def foreign_hold(self) -> bool:
-        """Whether the calling thread holds the mutex through a foreign kind's path (not listed): the word names
-        it (the priority-inheritance path), or is a plain lock's 1 or 2 with the owner field naming it. For an
-        interrupt that came between a lock call's return and ``checked``."""
-        me = robust.me
-        if me.first is None or self.listed():
-            return False
-        tid = self.futex.value & FUTEX_TID_MASK
-        return tid == me.tid or (tid in (1, 2) and self.owner.value == me.tid)
+    def holder_state(self, word: int, first: bool = False, waited_out: bool = False) -> str:
+        """What the holder that ``word`` names is: ALIVE (or cannot be told apart from alive), GONE (its process
+        died, or no handle could have written it), UNKNOWN (no slot named, and its thread id may be another PID
+        namespace's). A GONE is said only if the word is still ``word`` after the look. ``first``: the holder is seen
+        for the first time, when no slot named is a holder between taking the word and naming its slot (or between
+        clearing it and the word): ALIVE then; it is judged a slice later. ``waited_out``: the word has not changed
+        for a whole lock timeout, when no slot named is no holder's (every handle that has a slot names it
+        microseconds after it takes the word): GONE, whatever thread the word names."""
+        tid = word & FUTEX_TID_MASK
+        if not tid:
+            return ALIVE  # no holder: the next try takes it
+        s = self.holder.value
+        if s:
+            if s <= HOLDER_SLOTS and ofd.held_elsewhere(self.fd, HOLDER_BASE + s - 1):
+                # Its process lives; its thread too, unless this namespace sees it gone (a thread that ended holding
+                # the lock while its process goes on).
+                if ofd.other_pid_namespaces(self.fd) or not _thread_gone(tid):
+                    return ALIVE
+        elif first:
+            return ALIVE
+        elif waited_out:
+            pass
+        elif ofd.other_pid_namespaces(self.fd):
+            return UNKNOWN
+        elif _maps_file(tid, self.file) is not False:
+            return ALIVE
+        # Ordering: the slot (or the thread) was found gone after the word was read; a word unchanged since was
+        # that holder's, and the holder word names a holder before the futex word changes hands.
+        return GONE if self.futex.value == word else ALIVE
 
-    def settle_release(self, prev: int) -> None:
-        """After an unlock that left this mutex at the head of the calling thread's robust list: glibc refused it
-        (EPERM: a waiter that read a plain kind wrote 2 over the word again, so the holder's id goes back; EINVAL:
-        glibc read the kind word a second time and found a kind it has no case for) and the unlock is tried again,
-        or glibc read a foreign kind and released without taking the mutex off the list: the list is put
-        back as it was before the lock (``prev``), since an entry left there points into the segment and the next
-        robust lock of this thread writes through it, after an unmap too. (twin: _core_lock.c release)"""
-        me = robust.me
-        for _ in range(1000):
-            if me.first is None or me.first[0] & ENTRY_MASK != self.entry:
-                return
-            if self.owner.value == me.tid:  # still held (every unlock clears the owner field): refused
-                self.futex.value = me.tid | FUTEX_WAITERS
-                _mutex_unlock(self.address)
-                continue
-            if _PREV_OFF:  # released, still listed
-                MENDS[1] += 1
-                me.first[0] = prev
-                ctypes.c_void_p.from_address((prev & ENTRY_MASK) + _PREV_OFF).value = me.head
-            return
+    def take_over(self, word: int, mark_dirty, waited_out: bool = False) -> bool:
+        """Take the lock from the holder ``word`` names, judged gone (or a word naming this thread, which holds
+        nothing): under ``flock`` on the segment file (every taker is serialised, and judges again there), the
+        dirty word set first (``mark_dirty``: the next holder, this one, repairs), then this thread's id stored in
+        the word and every sleeper woken to look again. False: the word changed meanwhile, or its holder is alive
+        after all."""
+        lfd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX)
+            if self.futex.value != word:
+                return False
+            if word & FUTEX_TID_MASK != me.tid and self.holder_state(word, waited_out=waited_out) == ALIVE:
+                return False
+            # Ordering: dirty first, so that whoever holds the lock next repairs, even if this process dies here.
+            mark_dirty()
+            self.holder.value = 0
+            self.futex.value = me.tid  # nobody else writes a word that names a holder: only takers, serialised here
+            futex_bump(self.wakes_address, _INT_MAX)  # every sleeper looks again
+            TAKEOVERS[0] += 1
+            return True
+        finally:
+            os.close(lfd)  # releases the flock
 
-    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0, holder: int = 0) -> bool:
-        """Wait for the lock after a failed trylock that returned ``rc``. ``progress()`` reads the header's progress
-        word, which a holder on a long walk (a repair, a verify: time in proportion to the segment's size) moves as
-        it goes: while it moves, the wait is extended by another timeout (up to ``_PATIENCE``), rather than failing
-        every waiter during a legitimate recovery; a holder that stops moving it (stuck, stopped, or a stray word)
-        is waited for one timeout, as any other. ``waited``: the seconds the compiled section has already waited for
-        this call (with the same patience: ``extended`` timeouts added), so the wait is judged at once (the holder
-        dead or moved) instead of starting again; the timeout's message counts them. ``holder``: the thread that
-        wait was for (0: unknown): one that took the lock since is waited for afresh, once."""
-        # Why: the lock is held for a few microseconds, and putting a waiter to sleep in the kernel (and waking it)
-        # costs tens of microseconds on a VM. Retry briefly first, yielding the CPU so that a holder preempted on
-        # this core can finish; only then block. The spin is bounded, so a waiter never burns a core.
+    def acquire_slow(self, rc: int, progress=None, waited: float = 0.0, extended: int = 0, holder: int = 0,
+                     mark_dirty=None) -> bool:
+        """Wait for the lock after a failed try that returned ``rc`` (the caller has recorded the try in
+        ``me.holds``). True: it was taken over from a holder judged gone (``mark_dirty`` was called). ``progress()``
+        reads the header's progress word, which a holder on a long walk moves: while it moves, the wait is extended
+        by another timeout (up to ``_PATIENCE``). ``waited``: the seconds the compiled section has already waited for
+        this call (``extended`` timeouts added), so the wait is judged at once; ``holder``: the thread that wait was
+        for (0: unknown): one that took the lock since is waited for afresh, once."""
+        addr = self.address
         for _ in range(0 if waited else _SPIN_TRIES):
-            if rc != errno.EBUSY:
+            if rc != errno.EAGAIN:
                 break
             os.sched_yield()
-            rc = self.try_checked()
-        start = time.monotonic_ns() - int(waited * 1e9)
-        deadline = time.monotonic_ns() + (0 if waited else int(self.timeout * 1e9))
+            rc = futex_trylock(addr)
+        now = time.monotonic()
+        start = now - waited
+        deadline = now + (0 if waited else self.timeout)
         extensions = extended
         seen = progress() if progress is not None else None
-        waited_for, moved = holder or self.word() & FUTEX_TID_MASK, False  # the holder this wait is for
-        judged, may_hold = None, True  # with a damaged kind: the futex word judged, whether it may name a holder
-        ts = _Timespec()
+        waited_for, moved = holder or self.holder_tid(), False
+        last, since = -1, now - (self.timeout if waited else 0.0)
+        judged, judged_at = -1, now
+        slept = False
         while True:
             if rc == 0:
+                if slept:  # the kernel's try takes WAITERS out of the word: put it back for the other sleepers
+                    futex_mark_waiting(addr)
                 return False
-            if rc == errno.EOWNERDEAD:
-                return True
-            if rc == errno.EDEADLK:
-                raise Reentered()
-            if rc == errno.ENOTRECOVERABLE:
-                raise Unrecoverable()
-            now = time.monotonic_ns()
-            # Invariant: glibc never blocks on a mutex of another kind than init_mutex's (it may assert in there).
-            if self.kind_damaged():
-                word = self.word()
-                if word != judged:  # judged once per futex word: no reading of /proc at every poll
-                    judged, may_hold = word, not self.owner_gone()
-                if word and may_hold and now < deadline:  # a holder may be inside through the damaged kind: wait
-                    time.sleep(_DAMAGE_POLL_S)
-                    rc = self.try_checked()
-                    continue
-                raise Damaged("kind")
-            if rc not in (errno.EBUSY, errno.ETIMEDOUT):
-                raise CorruptionError(
-                    f"locking the cache failed with {errno.errorcode.get(rc, rc)}: the lock's bytes are damaged",
-                    what="lock",
-                    hint="remove the cache with `shmcache rm NAME` (or SharedCache.unlink) and recreate it",
-                )
+            now = time.monotonic()
+            w = self.futex.value
+            if w != last:
+                last, since = w, now
+            tid = w & FUTEX_TID_MASK
+            if rc == errno.EDEADLK or (tid and tid == me.tid):
+                # This thread holds nothing here (Guard.run looked at me.holds): a stray write named it, or a thread
+                # of another PID namespace has its number.
+                state = UNKNOWN if ofd.other_pid_namespaces(self.fd) else GONE
+            elif w != judged or now - judged_at >= _SLICE_S:  # each holder at once, then once a slice
+                first = w != judged
+                judged, judged_at = w, now
+                state = self.holder_state(w, first)
+            else:
+                state = ALIVE
+            if (state == GONE or (state == UNKNOWN and now - since >= self.timeout)) and mark_dirty is not None:
+                if self.take_over(w, mark_dirty, waited_out=now - since >= self.timeout):
+                    return True
+                rc = futex_trylock(addr)
+                continue
             if now >= deadline:
-                # Why one more try: a re-initialisation by another waiter wakes no one sleeping on the old word.
-                rc = self.try_checked()
-                if rc != errno.EBUSY:
+                rc = futex_trylock(addr)
+                if rc == 0:
                     continue
-                word = self.word()
-                if self.owner_gone():
-                    raise Damaged("owner", self._timeout(start, extensions), word)
-                holder = self.word() & FUTEX_TID_MASK  # Why again: another waiter may have just re-initialised it
-                if holder != waited_for and not moved:
-                    # The holder waited for is gone (released or repaired away) and another has it now: the wait
-                    # starts again for that one, once, so that a waiter is not failed by a damage repaired meanwhile.
-                    moved, waited_for = True, holder
-                    deadline = now + int(self.timeout * 1e9)
+                tid = self.holder_tid()
+                if tid != waited_for and not moved:
+                    # The holder waited for left and another has it now: the wait starts again for that one, once.
+                    moved, waited_for = True, tid
+                    deadline = now + self.timeout
                 elif progress is not None and extensions < _PATIENCE and progress() != seen:
                     extensions += 1
                     seen = progress()
-                    deadline = now + int(self.timeout * 1e9)
+                    deadline = now + self.timeout
+                elif mark_dirty is not None and self.holder_state(w, waited_out=now - since >= self.timeout) == GONE \
+                        and self.take_over(w, mark_dirty, waited_out=now - since >= self.timeout):
+                    return True  # judged once more, in full, before the wait is given up
                 else:
                     raise self._timeout(start, extensions)
-            rc = self.checked(_timedlock(self.address, min(deadline, now + _SLICE_NS), ts))
+            # Ordering: the wake count is read before WAITERS is set and the lock tried again, so an unlock after
+            # that try changes it, and the sleep below returns at once.
+            count = self.wakes.value
+            if tid and not w & FUTEX_WAITERS:
+                futex_mark_waiting(addr)
+            rc = futex_trylock(addr)
+            if rc:
+                futex_wait(self.wakes_address, count, max(0.0, min(_SLICE_S, deadline - now)))
+                slept = True
+                rc = futex_trylock(addr)
 
-    def _timeout(self, start_ns: int, extensions: int) -> LockTimeout:
-        waited = (time.monotonic_ns() - start_ns) / 1e9
+    def _timeout(self, start: float, extensions: int) -> LockTimeout:
+        waited = time.monotonic() - start
         return LockTimeout(
             f"could not lock the cache in {waited:.3g} s of waiting (lock_timeout={self.timeout:g} s, extended "
             f"{extensions} times while its holder's work made progress): thread {self.holder_tid()} holds it",
@@ -460,94 +438,23 @@ class SegmentLock:
             hint="its holder is alive but stuck or stopped; raise lock_timeout= or inspect that process",
         )
 
-    def reinit_unrecoverable(self, fd: int) -> None:
-        """Re-initialise the mutex if it is still unrecoverable, excluding every other process that tries the same
-        through ``flock`` on the segment (``fd``), reopened so that a forked parent and child do not share the lock."""
-        lfd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
-        try:
-            fcntl.flock(lfd, fcntl.LOCK_EX)
-            rc = self.try_checked()
-            if rc == errno.ENOTRECOVERABLE:
-                init_mutex(self.address)
-            elif rc == errno.EOWNERDEAD:
-                _mutex_consistent(self.address)
-                _mutex_unlock(self.address)
-            elif rc == 0:
-                _mutex_unlock(self.address)
-        finally:
-            os.close(lfd)  # releases the flock
-
-    def reinit_damaged(self, fd: int, mark_dirty) -> bool:
-        """Re-initialise the mutex if, under ``flock`` on the segment (``fd``), it is still provably damaged
-        (``damage``), calling ``mark_dirty()`` first so that the next holder repairs what the damage may have let
-        through. False: nothing to repair (another process did it, or the owner turned out to be alive)."""
-        lfd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
-        try:
-            fcntl.flock(lfd, fcntl.LOCK_EX)
-            if self.damage(fd) is None:
-                return False
-            # Ordering: dirty first, so a locker of the fresh mutex repairs even if this process dies right here.
-            mark_dirty()
-            init_mutex(self.address)
-            return True
-        finally:
-            os.close(lfd)  # releases the flock
-
-    def damage(self, fd: int) -> str | None:
-        """What provably damages the mutex now: ``"kind"`` (not the kind word init_mutex writes), ``"owner"`` (the
-        futex word names no thread that could hold it: see the module docstring), or None. A wrong kind with a holder
-        inside is damage too: the caller has waited the lock timeout for it to leave."""
-        if self.kind_damaged():
-            return "kind"
-        if self.owner_gone() and not ofd.other_pid_namespaces(fd):
-            return "owner"
-        return None
-
-    def kind_damaged(self) -> bool:
-        return ctypes.c_int.from_address(self.address + _KIND_OFF).value != MUTEX_KIND
-
-    def try_checked(self) -> int:
-        """``pthread_mutex_trylock``, unless the kind word is not ``init_mutex``'s: then EBUSY, and the waiting path
-        judges the damage. Why: glibc asserts inside trylock itself on some kinds (a priority-inheritance kind
-        without the robust flag, with the owner-died bit set, aborts the process)."""
-        return errno.EBUSY if self.kind_damaged() else self.checked(_mutex_trylock(self.address))
-
-    def word(self) -> int:
-        """The futex word: holder's thread id and the WAITERS / OWNER_DIED bits; 0 when free."""
-        return ctypes.c_uint.from_address(self.address).value
-
-    def owner_gone(self) -> bool:
-        """Whether the futex word says the mutex is held by a thread that provably cannot be holding it (no such
-        thread, or its process does not map this segment); the robust list's OWNER_DIED is not this case."""
-        word = self.word()
-        if not word or word & FUTEX_OWNER_DIED:
+    def release(self) -> bool:
+        """Give the lock back (the calling thread holds it): the holder word cleared, then the futex word, and one
+        sleeper woken if the word said there were any. False, and nothing released, when the word does not name
+        this thread: a stray write changed it during the hold (the caller has the segment repaired). (twin:
+        _core_lock.c release)"""
+        w = self.futex.value
+        if w & FUTEX_TID_MASK != me.tid:
             return False
-        tid = word & FUTEX_TID_MASK
-        owner = self.owner.value
-        if tid in (1, 2) and owner > 0:
-            # A plain lock's values (a hold through a foreign kind's path, its holder killed before it could give
-            # it back: not on any robust list, so the kernel never releases it). Every kind's lock writes its
-            # holder's id into the owner field: that thread is the one to judge, whatever thread 1 or 2 is (a PID
-            # namespace's init holding the lock through the robust path has both words the same).
-            tid = owner
-        if tid and _maps_file(tid, self.file) is not False:
-            return False
-        # Ordering: the kernel sets OWNER_DIED on a dying holder's mutexes before its thread id is freed, so a word
-        # unchanged after its thread was found gone was never a live holder's.
-        return self.word() == word and self.owner.value == owner
+        self.holder.value = 0
+        futex_clear(self.address)
+        # A sleeper that set WAITERS after the read above sleeps one slice at most.
+        if w & FUTEX_WAITERS:
+            futex_bump(self.wakes_address, 1)
+        return True
 
-    def mark_consistent(self) -> None:
-        """Tell the mutex that the state left by a dead holder has been repaired."""
-        _mutex_consistent(self.address)
-
-    def holder_tid(self) -> int:
-        """Thread id of the holder, 0 when free. The robust-futex ABI keeps it in the mutex's first word."""
-        return ctypes.c_int.from_address(self.address).value & FUTEX_TID_MASK if self.address else 0
-
-    def owned(self) -> bool:
-        """Whether the calling thread holds the lock."""
-        return self.holder_tid() == threading.get_native_id()
-
+    def close(self) -> None:
+        self.slot.close()
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ from . import config, layout, ofd, space
 from .errors import AttachTimeout, LayoutError, LayoutVersionError
 from .layout import Geometry
 from .layout import dtypes as d
-from .lock import init_mutex
 from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
@@ -231,7 +230,7 @@ class Segment:
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
         h[d.H_CREATOR_PID] = os.getpid()
-        init_mutex(self.lock_address)
+        # The lock's words are zero, as the file was made: a free lock (lock.py).
         h[d.H_VERSION] = layout.LAYOUT_VERSION
         h[d.H_FEATURES] = self.features = self._features
         # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
@@ -242,12 +241,12 @@ class Segment:
         # The lock lives in a mapping of its own that outlives close(): a thread still on its way into a cache call
         # when another thread closes the handle must find the lock (and then the closed flag), never unmapped memory.
         self.lock_mm = mmap.mmap(fd, layout.PAGE)
-        # The words of the lock's page, kept as long as the page: the hot path reads the mutex's kind word through
-        # them before every trylock, also when another thread is closing the handle (never a released view).
+        # The words of the lock's page, kept as long as the page: aio's look at the lock, and the dirty word an
+        # unlock sets after a damaged hold, read them also when another thread is closing the handle.
         self.lock_words = memoryview(self.lock_mm).cast("q")
         self._lock_holder = ctypes.c_char.from_buffer(self.lock_mm, d.H_LOCK_OFF)
         self.lock_address = ctypes.addressof(self._lock_holder)
-        self.fd = os.dup(fd)  # kept for re-initialising an unrecoverable lock (lock.py)
+        self.fd = os.dup(fd)  # kept for the lock's holder slot and take-overs (lock.py)
         # Held for as long as this handle is open (and by forked children that inherit the descriptor): sweep()
         # treats a segment whose LIVE_BYTE nobody holds as an orphan. A description of its own, because the mmap
         # objects keep duplicates of ``fd`` (and the lock page outlives close()). Blocks only while a sweep is

@@ -345,7 +345,7 @@ def lifetime_reads(cache) -> tuple[int, int, int]:
 
 
 def lock_owner(mm: mmap.mmap) -> int:
-    """Thread id of the cache mutex's holder, 0 when free, from the mutex's futex word as shmcache.lock reads it (a
+    """Thread id of the cache lock's holder, 0 when free, from the lock's futex word as shmcache.lock reads it (a
     racy, informational read)."""
     return int.from_bytes(mm[H_LOCK_OFF : H_LOCK_OFF + 4], "little") & FUTEX_TID_MASK
 

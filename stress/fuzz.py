@@ -10,9 +10,9 @@ s3fifo, the ghost, half of them aimed at words in use; an entry's key length set
 of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-7 (any of them: counters, limits, default_ttl,
 version clock, next_expiry, the configuration's checksums, the policy's state...) set to extremes (0, -1,
 2**63 - 1, -2**63, just past the version and counter bounds, random), and a configuration word set to a small value
-in its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the mutex damage also names a live
+in its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the lock damage also names a live
 process of another user (nobody) as the owner, with or without the dirty word at "repairing". Line 0
-(identity and geometry), line 1 (the mutex) and line 7's identity words (policy, ghost_slots: written once at
+(identity and geometry), line 1 (the lock's words) and line 7's identity words (policy, ghost_slots: written once at
 creation and checked on attach as line 0 is) are left alone: attaching to a segment whose identity is damaged fails
 by design. With --identity, each round also damages one of those identity words, checks that attaching then either
 works or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
@@ -31,7 +31,7 @@ Reading the summary line:
           read_fallbacks=F verify=ok seconds=S workers=W
 
 policy       the cache's eviction policy (lru, s3fifo or keep)
-ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the mutex)
+ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the lock's words)
 lock_holder_damages   rounds in which a child damaged the lock while holding it, then died
 errors       ShmCacheError raised (CorruptionError, LockTimeout...): the expected reaction to damage
 refused      attaches refused with LayoutError right after --identity damage (any other refusal is a failure)
@@ -59,6 +59,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -69,7 +70,6 @@ from shmcache.layout.dtypes import (
     H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT,
     HEADER, KIND,
 )
-from shmcache.lock import MUTEX_KIND
 
 from .common import (
     ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm,
@@ -90,11 +90,11 @@ IDENTITY_OPS = 20  # operations tried after attaching to a segment with a damage
 ROUND_SECONDS = 10.0  # a child running longer than this is hung
 LOCK_SECONDS = 3.0  # children's lock_timeout: a hung holder shows up as LockTimeout in the others
 AIMED_SHARE = 0.5
-LOCK_SHARE = 0.1  # odds that a spot damaged between rounds is in the mutex's bytes
+LOCK_SHARE = 0.1  # odds that a spot damaged between rounds is in the lock's words
 LOCK_HOLDER_SHARE = 0.25  # odds that a round has a child that damages the lock while holding it, then dies
 KEY_LENGTH_SHARE = 0.3  # odds that a round also sets an entry's key length to 0 or one off
 CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a small value in its range
-MUTEX_NBYTES = 40  # glibc's pthread_mutex_t on x86_64 (aarch64: 48, of which the last 8 are padding)
+LOCK_WORDS_NBYTES = 16  # the lock's words (12 bytes) and the first bytes after them
 # Odds of damaging each region (the ghost: under s3fifo only, the one policy that has one).
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5}
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
@@ -191,44 +191,47 @@ def _judgeable(tid: int) -> bool:
 
 
 def corrupt_lock(mm, rng: random.Random, stranger: int, foreigner: int | None = None) -> str:
-    """Damage the mutex's bytes in ``mm`` (a mapping of the segment, or of its first page); returns what was done.
-    The fields (glibc): futex word 0 (owner tid | WAITERS | OWNER_DIED), count 4, owner 8, users 12, kind 16.
-    ``stranger``: the pid of a live process that does not map the cache; ``foreigner``: one of another user (that
-    could never open the segment), where the fuzzer can make one. (A garbage owner naming a live process of the
-    cache is the documented limit of shmcache/lock.py: calls time out until that thread exits.)"""
+    """Damage the lock's words in ``mm`` (a mapping of the segment, or of its first page); returns what was done.
+    The words (shmcache/lock.py): futex 0 (holder tid | WAITERS), holder slot + 1 at 4, wake count at 8, then bytes
+    never read. ``stranger``: the pid of a live process that does not map the cache; ``foreigner``: one of another
+    user (that could never open the segment), where the fuzzer can make one. (A word naming a live thread of the
+    cache, with its holder slot, is the documented limit of shmcache/lock.py: calls time out until it calls.)"""
     lock = H_LOCK_OFF
-    kinds = ("random bytes", "random field", "pi kind", "pp kind", "garbage kind", "gone owner", "stranger owner",
-             "waiters only", "count owner users", "all ff", "all zero", "all zero held")
+    kinds = ("random bytes", "random word", "gone owner", "stranger owner", "waiters only", "slot garbage",
+             "slot unheld", "own tid", "wakes", "all ff", "all zero", "all zero held")
     what = rng.choice(kinds + (("foreign owner", "foreign owner repairing") if foreigner else ()))
     words: dict[int, int] = {}
     if what == "random bytes":
-        off = lock + rng.randrange(MUTEX_NBYTES)
-        n = rng.randint(1, lock + MUTEX_NBYTES - off)
+        off = lock + rng.randrange(LOCK_WORDS_NBYTES)
+        n = rng.randint(1, lock + LOCK_WORDS_NBYTES - off)
         mm[off : off + n] = rng.randbytes(n)
         return f"lock: {n} random bytes at +{off - lock}"
-    if what == "random field":
-        words[rng.choice((0, 4, 8, 12, 16))] = rng.getrandbits(32)
-    elif what in ("pi kind", "pp kind"):
-        words[16] = MUTEX_KIND | (32 if what == "pi kind" else 64)  # PTHREAD_MUTEX_PRIO_INHERIT_NP / PROTECT_NP
-        words[0] = rng.choice((0, _gone_tid()))
-    elif what == "garbage kind":
-        words[16] = rng.getrandbits(32)
+    if what == "random word":
+        words[rng.choice((0, 4, 8))] = rng.getrandbits(32)
     elif what == "gone owner":
         words[0] = _gone_tid() | rng.choice((0, 0x80000000))
     elif what == "stranger owner":  # a thread id reused by a process that has nothing to do with the cache
         words[0] = stranger
+        words[4] = 0
     elif what.startswith("foreign owner"):  # a live thread of another user's process, with the dirty word at
         words[0] = foreigner                # "repairing" too: no progress moves, so waiters wait one timeout
+        words[4] = 0
         if what.endswith("repairing"):
             _put_word(mm, H_DIRTY * 8, 2)
     elif what == "waiters only":
         words[0] = 0x80000000
-    elif what == "count owner users":
-        words.update({4: rng.getrandbits(32), 8: rng.getrandbits(32), 12: rng.getrandbits(32)})
+    elif what == "slot garbage":
+        words[4] = rng.choice((0xFFFFFFFF, 2**20 + 2, rng.getrandbits(32)))
+    elif what == "slot unheld":
+        words[4] = 2**20  # the last holder slot, held by no handle of the fuzzer's few processes
+    elif what == "own tid":  # the damaging process's own thread: it exits, so the word names a thread gone
+        words[0] = threading.get_native_id()
+    elif what == "wakes":
+        words[8] = rng.getrandbits(32)
     else:
-        mm[lock : lock + MUTEX_NBYTES] = (b"\xff" if what == "all ff" else b"\0") * MUTEX_NBYTES
+        mm[lock : lock + LOCK_WORDS_NBYTES] = (b"\xff" if what == "all ff" else b"\0") * LOCK_WORDS_NBYTES
         if what == "all zero held":
-            words[0] = 1 if _judgeable(1) else _gone_tid()  # a plain mutex's "locked" (thread 1, where judgeable)
+            words[0] = 1 if _judgeable(1) else _gone_tid()  # thread 1, where judgeable
     for off, v in words.items():
         mm[lock + off : lock + off + 4] = v.to_bytes(4, "little")
     return f"lock: {what} " + " ".join(f"+{off}={v:#x}" for off, v in words.items())
@@ -240,7 +243,7 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
     try:
         cache = SharedCache(name, create=False, lock_timeout=LOCK_SECONDS)
         time.sleep(random.Random(seed).random() * 0.05)  # somewhere in the workers' round
-        cache._guard.enter()
+        cache._guard.hold()
     except ShmCacheError:
         counts[row * NF + ERRORS] += 1
         os._exit(0)
@@ -253,7 +256,7 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
 # Header words the header-word damage aims at: every word of lines 2-7 (counters, dirty, occupancy, limits, ring,
 # slot allocator, display words, version clock, expiry bound, default time to live, kinds, writing, the saved
 # configuration, the policy's state and counters) but line 7's identity words. Those and line 0 are the --identity
-# test's (attach checks them: damaged, a new handle is refused with LayoutError by design); line 1 is the mutex.
+# test's (attach checks them: damaged, a new handle is refused with LayoutError by design); line 1 is the lock's.
 HEADER_WORDS = [n for n in HEADER.names if n != "lock" and HEADER.fields[n][1] >= 128
                 and HEADER.fields[n][1] not in IDENTITY_OFFS]
 HEADER_WORDS_MAX = 2  # header words damaged after each round: 0 to this many
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                         "policy and ghost_slots) and expect LayoutError on attach")
     parser.add_argument("--keep-going", action="store_true", help="go on after a round that failed")
     parser.add_argument("--lock-share", type=float, default=LOCK_SHARE, metavar="P",
-                        help=f"odds that a spot damaged between rounds is in the mutex's bytes (default {LOCK_SHARE})")
+                        help=f"odds that a spot damaged between rounds is in the lock's words (default {LOCK_SHARE})")
     parser.add_argument("--no-header-words", dest="header_words", action="store_false",
                         help="do not also set header words of lines 2-5 to extreme or out-of-range values")
     args = parser.parse_args(argv)

@@ -3,9 +3,9 @@
 The workload is stress.hammer's, plus --heavy workers that make the lock's hold times long: puts of values up to a
 quarter of the capacity (each evicting and compacting a lot) and frequent set_limits to low limits. Every KILL_GAP
 seconds the parent SIGKILLs one worker that has started working and starts a replacement in its slot. LOCKED_SHARE
-of the kills are aimed: the parent watches the holder recorded in the cache mutex (a raw read of the segment) for up
-to HOLDER_WAIT seconds and kills the holder the moment it is one of the workers. The mutex is robust: the next
-locker is told that its holder died and repairs the segment before anyone reads it. Workers bump a shared op counter
+of the kills are aimed: the parent watches the holder recorded in the cache lock's word (a raw read of the segment)
+for up to HOLDER_WAIT seconds and kills the holder the moment it is one of the workers. The holder's slot dies with
+it: the next locker takes the lock over and repairs the segment before anyone reads it. Workers bump a shared op counter
 as a heartbeat; if the survivors complete no operation for HANG_SECONDS, the run counts a hang, dumps every worker's
 stack and stops.
 
@@ -23,7 +23,7 @@ wrong         gets that returned a value not put under that key (workers and fin
 errors        ShmCacheError or other exceptions raised by operations, or a worker's verify() not ok; must be 0
 hangs         stalls of HANG_SECONDS without progress, plus workers that did not stop when told; must be 0
 crashes       workers that died without being killed; must be 0
-kills         workers SIGKILLed; locked_kills: of those, killed while the mutex named them as its holder
+kills         workers SIGKILLed; locked_kills: of those, killed while the lock named them as its holder
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
 not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
@@ -70,7 +70,7 @@ JOIN_SECONDS = 10.0
 
 
 def _victim(rng: random.Random, procs: list, running: list, mm, aimed: bool):
-    """The worker to kill and whether the mutex named it as its holder; None while no worker is running yet."""
+    """The worker to kill and whether the lock named it as its holder; None while no worker is running yet."""
     if aimed:
         by_pid = {p.pid: p for p in procs}
         until = time.monotonic() + HOLDER_WAIT

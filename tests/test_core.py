@@ -970,15 +970,14 @@ def _hold_lock(name: str, seconds: float, die: bool, ready) -> None:
     """Take the cache lock, say so, then release it after ``seconds`` -- or exit holding it (``die``)."""
     import time
 
-    from shmcache.lock import hot_trylock, hot_unlock
 
     c = SharedCache(name, create=False)
-    assert hot_trylock(c._addr) == 0
+    c._guard.hold()
     ready.set()
     time.sleep(seconds)
     if die:
-        os._exit(0)  # the robust mutex tells the next locker: EOWNERDEAD
-    hot_unlock(c._addr)
+        os._exit(0)  # its holder slot goes with it: the next locker takes the lock over
+    c._guard.let_go()
     c.close()
 
 
@@ -1040,35 +1039,16 @@ def test_core_lock_of_a_dead_holder_is_made_consistent_and_handed_over(name):
 
 
 def test_core_reentered_call_hands_over(name):
-    from shmcache.lock import hot_trylock, hot_unlock
 
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
         k = core.bind(c._seg, 1.0)
         try:
-            assert hot_trylock(c._addr) == 0  # as a Python-path call of this thread would hold it
+            c._guard.hold()  # as a Python-path call of this thread would hold it
             try:
                 kb = encode_key("a")
                 assert core_get(k, kb, 0) is core.HANDOVER and k.reason == "reentered"
             finally:
-                hot_unlock(c._addr)
-        finally:
-            k.release()
-
-
-def test_core_damaged_mutex_kind_hands_over(name):
-    from shmcache.lock import KIND_OFF
-
-    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
-        k = core.bind(c._seg, 1.0)
-        try:
-            word = (H_LOCK_OFF + KIND_OFF) // 8
-            saved = c._seg.lock_words[word]
-            c._seg.lock_words[word] = saved ^ 0x10  # a kind glibc would assert on must never reach trylock
-            try:
-                kb = encode_key("a")
-                assert core_get(k, kb, 0) is core.HANDOVER and k.reason == "kind"
-            finally:
-                c._seg.lock_words[word] = saved
+                c._guard.let_go()
         finally:
             k.release()
 
@@ -1138,7 +1118,6 @@ class _Interrupted(Exception):
 def test_core_signal_handler_runs_during_a_wait(name):
     import signal
 
-    from shmcache.lock import hot_trylock, hot_unlock
 
     def interrupt(signum, frame):
         raise _Interrupted()
@@ -1158,8 +1137,8 @@ def test_core_signal_handler_runs_during_a_wait(name):
             signal.signal(signal.SIGALRM, previous)
             reap([p], 30)
             k.release()
-        assert hot_trylock(c._addr) == 0  # free once the holder left
-        hot_unlock(c._addr)
+        c._guard.hold()  # free once the holder left
+        c._guard.let_go()
 
 
 def test_core_reads_the_monotonic_clock_itself_when_told(name):

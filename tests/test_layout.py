@@ -60,13 +60,36 @@ def test_layout_golden_version_6_additions():
     f = layout.HEADER.fields
     assert [f[n][1] for n in ("seq", "reader_slots", "base_hits", "base_misses", "base_retries",
                               "base_fallbacks")] == list(range(512, 560, 8))
-    assert d.LAYOUT_VERSION == 6 and layout.HEADER.itemsize == 576 and d.READER_SLOTS == 256
+    assert d.LAYOUT_VERSION >= 6 and layout.HEADER.itemsize == 576 and d.READER_SLOTS == 256
     assert d.READER.itemsize == 256 and [d.READER.fields[n][1] for n in d.READER.names] == [0, 8, 16, 24, 32, 64]
     assert (d.READER_PINS, d.R_PINS, d.PIN_SLOT_MASK) == (24, 8, 2**32 - 1)
     for policy in (0, 1):
         g = layout.Geometry.for_capacity(1 << 20, 1000, policy)
         assert g.index_off == 576 and g.readers_off % 64 == 0
         assert g.readers_off >= g.ghost_off + g.ghost_slots * 8 and g.arena_off >= g.readers_off + 256 * 256
+
+
+def test_layout_golden_version_7_lock_words(name):
+    """Version 7: the lock's line holds shmcache's own words (word, holder, wakes at bytes 64, 68, 72), zero as
+    made, and nothing else is ever read there; a held lock names its thread and this handle's holder slot."""
+    import threading
+
+    from shmcache import lock
+
+    assert d.LAYOUT_VERSION == 7 and d.H_LOCK_OFF == 64 and d.LOCK_NBYTES == 64
+    assert (lock.HOLDER_OFF, lock.WAKES_OFF) == (4, 8)
+    assert lock.HOLDER_BASE == 2**62 + 2**40 + 2**21 and lock.HOLDER_SLOTS == 2**20
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
+        with open(f"/dev/shm/shmcache.{name}", "rb") as f:
+            assert f.read(128)[64:128] == bytes(64)
+        c._guard.hold()
+        try:
+            words = bytes(c._seg.lock_mm[64:76])
+            assert int.from_bytes(words[:4], "little") == threading.get_native_id()
+            assert int.from_bytes(words[4:8], "little") == c._guard.slot.number > 0
+        finally:
+            c._guard.let_go()
+        assert bytes(c._seg.lock_mm[64:72]) == bytes(8)
 
 
 @pytest.mark.parametrize("policy", [0, 1, 2])

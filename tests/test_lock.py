@@ -14,7 +14,6 @@ import time
 import pytest
 
 from shmcache import ClosedError, LockTimeout, ReentrantCallError, SharedCache, ShmCacheError
-from shmcache.lock import hot_unlock
 from tests.workers import check_value, half_put_then_die, hold_lock, make_value, repair_slowly
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -146,14 +145,14 @@ def test_lock_waiting_does_not_spin(name):
 
 def test_lock_reentry_from_same_thread_is_an_error_not_a_hang(name):
     with SharedCache(name, **SMALL) as c:
-        c._guard.enter()
+        c._guard.hold()
         try:
             for call in (lambda: c.get("k"), lambda: c.put("k", 1), lambda: c.delete("k"), c.stats, c.clear):
                 with pytest.raises(RuntimeError, match="already holds"):
                     call()
                 assert c._guard.lock.owned()  # the inner call left the lock to the call it interrupted
         finally:
-            hot_unlock(c._addr)
+            c._guard.let_go()
         assert c.get("k") is None
 
 
@@ -171,11 +170,11 @@ def test_lock_reentry_from_a_signal_handler_is_a_reentrant_call_error(name):
         c.put("k", 1)
         old = signal.signal(signal.SIGUSR1, handler)
         try:
-            c._guard.enter()
+            c._guard.hold()
             try:
                 signal.raise_signal(signal.SIGUSR1)
             finally:
-                hot_unlock(c._addr)
+                c._guard.let_go()
         finally:
             signal.signal(signal.SIGUSR1, old)
         assert len(seen) == 1, seen
@@ -211,25 +210,6 @@ def test_lock_threads_share_one_handle(name):
         assert not errors and c.verify().ok
         s = c.stats()
         assert s.hits + s.misses == 6 * 400 - 6 * 134
-
-
-def test_lock_wall_clock_fallback_waits_and_times_out(name, monkeypatch):
-    """The path used where pthread_mutex_clocklock is missing (C libraries older than glibc 2.30)."""
-    from shmcache import lock
-
-    monkeypatch.setattr(lock, "_timedlock", lock._realtime_timedlock)
-    with SharedCache(name, lock_timeout=0.3, **SMALL) as c:
-        p, _ = _start(hold_lock, name)
-        try:
-            t0 = time.monotonic()
-            with pytest.raises(LockTimeout):
-                c.get("k")
-            assert time.monotonic() - t0 >= 0.29
-            os.kill(p.pid, signal.SIGKILL)
-            p.join(timeout=10)
-            assert c.get("k") is None and c.verify().ok  # and the dead holder is still taken over
-        finally:
-            _reap(p)
 
 
 _SIGNAL_STORM = r"""

@@ -74,17 +74,3 @@ def test_stress_signals_short(policy):
     assert s["leaked_fds"] == 0 and s["closed_fds"] == 0 and s["held"] == 0 and s["refused"] == 0
 
 
-def test_stress_kind_race_short():
-    """A kind word made foreign under the lock's check, thousands of times a second (stress/kind_race.py): every
-    lock through the foreign kind's path is given back, no unlock leaves the lock stuck or the mutex listed."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "stress.kind_race", "--seconds", "1.5", "--workers", "2", "--seed", "15"],
-        cwd=ROOT, capture_output=True, text=True, timeout=100,
-    )
-    rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in proc.stdout.splitlines()
-            if line.startswith("kind_race: ")]
-    assert [r["kind"] for r in rows] == ["plain", "errorcheck", "pi", "pi-robust"], proc.stdout + proc.stderr[-3000:]
-    for r in rows:
-        assert int(r["flips"]) > 0 and int(r["ops"]) > 0, r
-        assert r["wrong"] == r["crashes"] == r["hangs"] == r["stuck"] == "0" and int(r["word"], 16) == 0, r
-    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,6 @@ import xxhash
 
 from shmcache import SharedCache, core
 from shmcache.guard import Guard
-from shmcache.lock import hot_unlock
 from shmcache.view import PinDescriptions
 
 
@@ -187,13 +186,13 @@ def open_and_put(name: str, worker: int, barrier, queue, mode: int = 0o600) -> N
 def hold_lock(name: str, ready, release=None, then: str = "sleep") -> None:
     """Take the cache lock and keep it: sleep forever (to be killed), or release when told, or die holding it."""
     cache = SharedCache(name, create=False)
-    cache._guard.enter()
+    cache._guard.hold()
     ready.set()
     if then == "exit":
         os._exit(0)  # dies holding the lock, without any cleanup
     if release is not None:
         release.wait(timeout=60)
-        hot_unlock(cache._addr)
+        cache._guard.let_go()
         cache.close()
         return
     time.sleep(120)
@@ -210,7 +209,7 @@ def half_put_then_die(name: str, ready) -> None:
     )
 
     cache = SharedCache(name, create=False)
-    cache._guard.enter()
+    cache._guard.hold()
     cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
     e = cache._h[H_FREE_HEAD] or cache._h[H_UNUSED_NEXT]  # the slot Table.insert would take
@@ -237,7 +236,7 @@ def repair_slowly(name: str, ready, seconds: float, progress: bool = True) -> No
     from shmcache.layout.dtypes import H_DIRTY, H_PROGRESS
 
     cache = SharedCache(name, create=False)
-    cache._guard.enter()
+    cache._guard.hold()
     cache._h[H_DIRTY] = _REPAIRING
     ready.set()
     deadline = time.monotonic() + seconds
@@ -246,7 +245,7 @@ def repair_slowly(name: str, ready, seconds: float, progress: bool = True) -> No
         if progress:
             cache._h[H_PROGRESS] += 1
     cache._h[H_DIRTY] = 0
-    hot_unlock(cache._addr)
+    cache._guard.let_go()
     cache.close()
 
 

@@ -24,7 +24,9 @@ Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION
 is in place is fully initialised. ``features`` bit 0 (``FEATURE_PICKLE``) says the values may be pickled: the creator
 asked for ``serializer="pickle"``, and a handle that did not ask for it is refused (and one that did, on a segment
 without it); no other bit is defined, and an attacher refuses a segment with a bit it does not know. Line 1 is the
-process-shared robust mutex. Line 2 holds the hit/miss/put counters and the ``dirty`` word (what every operation
+lock (``shmcache/lock.py``): ``word`` (bytes 0-3, the futex: the holder's thread id and a waiters bit, 0 when free),
+``holder`` (4-7: the holder's holder slot + 1) and ``wakes`` (8-11: what sleepers wait on); the rest of the line is
+never read, and zero as made. Line 2 holds the hit/miss/put counters and the ``dirty`` word (what every operation
 writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-slot allocator, the creation stamp
 and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
 version clock, the expiry bound and counter, the default time to live, the number of kinds, the entry a store is
@@ -99,11 +101,14 @@ offset taken from the key's fingerprint (``shmcache/flight.py``); every open han
 entry slot ``e`` with a shared lock on byte 2**62 + 1 + e (``shmcache/view.py``); a ``TieredCache`` namespace's
 invalidation listener holds an exclusive lock on byte 2**62 + 2**40 + its kind number (``LISTENER_BASE``, the
 host's election: one listener per host); a handle reading without the lock holds an exclusive lock on byte 2**62 +
-2**40 + 2**20 + its reader slot (``READER_BASE``, ``shmcache/readers.py``); and every open handle holds a shared
+2**40 + 2**20 + its reader slot (``READER_BASE``, ``shmcache/readers.py``); every open handle holds an exclusive
+lock on byte 2**62 + 2**40 + 2**21 + its holder slot (``HOLDER_BASE``, below 2**20 slots, ``shmcache/lock.py``),
+which the lock's waiters test to know whether a holder's process lives; and every open handle holds a shared
 lock on byte 2**62 + 2**41 + its process's PID namespace (the inode number of /proc/self/ns/pid, taken modulo
 ``NS_SPAN``), so that the lock can tell when a holder's thread id may belong to a namespace the reader cannot see
 (``shmcache/lock.py``). The ranges are disjoint: claims below 2**62, pins below 2**62 + 2**40 (entry slots are far
-fewer), listeners below 2**62 + 2**40 + 2**20, reader slots below 2**62 + 2**41.
+fewer), listeners below 2**62 + 2**40 + 2**20, reader slots below 2**62 + 2**40 + 2**21, holder slots below
+2**62 + 2**41.
 
 Encoded keys (``shmcache/codec.py``): a ``str`` key is its UTF-8 bytes; any other key is the byte 0xC1 followed by its
 canonical msgpack form; a key of kind ``k`` is the byte 0xF5 (``KIND_PREFIX``, never in UTF-8 either), ``k``, then
@@ -138,6 +143,7 @@ Layout versions.
          ``default_ttl_ns`` or limit is found by verify() and restored by the repair (``shmcache/config.py``).
     5 -- eviction policies: header line 7, ``admitted`` (line 5), the marks column and the ghost region.
     6 -- reads without the lock: header line 8 (``seq``, ``reader_slots``, ``base_*``) and the reader slots.
+    7 -- the lock's line holds shmcache's own futex words (``word``, ``holder``, ``wakes``), no pthread mutex.
 """
 
 from .dtypes import (

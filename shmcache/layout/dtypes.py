@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -41,7 +41,7 @@ MAX_PID = 2**22  # creator_pid: Linux's pid_max is at most 2**22
 KIND_PREFIX = 0xF5  # first byte of a key of some kind (never in UTF-8, and not NON_STR_KEY): then the kind number
 SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache name
 HEADER_NBYTES = 576  # 9 cache lines
-LOCK_NBYTES = 64  # a pthread_mutex_t is 40 bytes on x86_64 glibc and 48 on aarch64; one whole line either way
+LOCK_NBYTES = 64  # the lock's words (futex, holder slot, wake count: 12 bytes), alone on one whole line
 # Eviction policies (header word ``policy``, chosen at creation): the names SharedCache takes, by number.
 POLICY_LRU, POLICY_S3FIFO, POLICY_KEEP = 0, 1, 2
 POLICY_NAMES = ("lru", "s3fifo", "keep")
@@ -84,7 +84,7 @@ HEADER = _record(
             ("arena_nbytes", _W),    # bytes in the arena
             ("capacity_bytes", _W),  # the retained-bytes capacity asked for at creation
         ]),
-        # Line 1: the process-shared robust mutex, alone on its line.
+        # Line 1: the lock's words (shmcache/lock.py), alone on their line.
         (64, [("lock", f"V{LOCK_NBYTES}")]),
         # Line 2: what every operation writes (under the lock): the counters and the dirty word, on one line so
         # that a get dirties two header lines (this and the lock's), not three.
