@@ -492,7 +492,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl, key, ignore)
+            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 

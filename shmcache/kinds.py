@@ -212,7 +212,7 @@ class KindView(LocalMapping, AsyncMethods):
                 ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name or memo.function_name(f), timeout, ttl, key, ignore)
+            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 

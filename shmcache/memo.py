@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import types
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
@@ -22,6 +23,7 @@ R_co = TypeVar("R_co", covariant=True)
 
 _FAMILY = "shmcache.memoize"  # first item of every memoized key: [_FAMILY, function name, args, kwargs]
 _KEY_ITEMS = 4
+_CLASS = "shmcache.class"  # a class in a key: (_CLASS, its module.qualname), the same in every process
 
 
 class MemoInfo(NamedTuple):
@@ -40,7 +42,7 @@ class Memoized(Protocol[P, R_co]):
     """What ``memoize`` returns for a function ``(*P) -> R``: a function of the same signature with
     ``functools.lru_cache``'s ``cache_info()``, ``cache_clear()`` and ``cache_parameters()``."""
 
-    cache_name: str  # the key's function name: ``module.qualname``, or ``name=``
+    cache_name: str  # the function's name in the key: ``module.qualname`` (a partial's with its arguments), or name=
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
@@ -53,11 +55,38 @@ class Memoized(Protocol[P, R_co]):
 
 def function_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of ``fn``, the same in every process: the main script is ``__main__`` everywhere,
-    although multiprocessing's spawned children import it as ``__mp_main__``."""
+    although multiprocessing's spawned children import it as ``__mp_main__``. TypeError where ``fn`` has no
+    ``__qualname__``."""
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(qualname, str):
+        raise TypeError(f"{type(fn).__qualname__} object has no __qualname__")
     module = getattr(fn, "__module__", None) or "?"
     if module == "__mp_main__":
         module = "__main__"
-    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+    return f"{module}.{qualname}"
+
+
+def key_name(fn: Callable[..., Any]) -> tuple[str, Any]:
+    """How ``fn``'s entries are named in their keys, the same in every process, and how that name reads: its
+    ``module.qualname``; with a partial's arguments, or the instance a bound method is bound to, which must then be
+    valid keys (checked when the name is encoded). TypeError for a callable with no name of its own."""
+    if isinstance(fn, functools.partial):
+        text, item = key_name(fn.func)
+        shown = [text, *map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())]
+        return f"functools.partial({', '.join(shown)})", [item, fn.args, fn.keywords]
+    obj: Any = fn
+    if not isinstance(getattr(obj, "__qualname__", None), str) and isinstance(obj.__call__, types.MethodType):
+        return key_name(obj.__call__)  # a callable object: named as its __call__, bound to it
+    text = function_name(fn)
+    owner = getattr(fn, "__self__", None)  # builtins are bound to their module: named by it alone
+    if owner is None or isinstance(owner, types.ModuleType):
+        return text, text
+    return text, [text, _keyed_class(owner)]
+
+
+def _keyed_class(obj: Any) -> Any:
+    """``obj`` as a key holds it: a class by its qualified name, anything else as itself."""
+    return (_CLASS, function_name(obj)) if isinstance(obj, type) else obj
 
 
 class _Inside(threading.local):
@@ -75,7 +104,8 @@ class Family(NamedTuple):
     maxsize: Callable[[], int]  # the cache's entry limit in force
 
 
-def _ignored(fn: Callable[..., Any], ignore: str | Iterable[str]) -> tuple[inspect.Signature | None, frozenset]:
+def _ignored(fn: Callable[..., Any], ignore: str | Iterable[str],
+             shown: str) -> tuple[inspect.Signature | None, frozenset]:
     """``fn``'s signature (None where none is needed) and the parameter names ``ignore`` leaves out of the key;
     ValueError for a name that is no parameter of ``fn``."""
     names = frozenset([ignore] if isinstance(ignore, str) else ignore)
@@ -86,7 +116,7 @@ def _ignored(fn: Callable[..., Any], ignore: str | Iterable[str]) -> tuple[inspe
     sig = inspect.signature(fn)
     unknown = sorted(names - set(sig.parameters))
     if unknown:
-        raise ValueError(f"ignore names {', '.join(map(repr, unknown))}, which {function_name(fn)} has no parameter "
+        raise ValueError(f"ignore names {', '.join(map(repr, unknown))}, which {shown} has no parameter "
                          f"of: it takes {', '.join(sig.parameters) or 'none'}")
     return sig, names
 
@@ -95,18 +125,24 @@ class _Memo:
     """The wrapper ``memoize`` returns: a callable with ``functools.lru_cache``'s methods, and a descriptor, so
     that a memoized method is keyed without its instance (``key=`` sees it, for a key that needs it)."""
 
-    def __init__(self, cache, family: Family, fn: Callable[..., Any], name: str, timeout: float | None,
+    def __init__(self, cache, family: Family, fn: Callable[..., Any], name: str | None, timeout: float | None,
                  ttl: float | None, key: Callable[..., Any] | None, ignore: str | Iterable[str]) -> None:
         if key is not None and not callable(key):
             raise TypeError(f"key must be a function of the arguments, got {key!r}")
         if key is not None and ignore:
             raise ValueError("pass key= (the whole key) or ignore= (arguments left out of it), not both")
+        try:
+            names: tuple[str, Any] = (name, name) if name else key_name(fn)
+            self.cache_name, self._name = names  # how the name reads, and what the keys hold
+            self._prefix = encode_key_prefix([_FAMILY, self._name], _KEY_ITEMS)
+        except TypeError as exc:
+            shown = getattr(fn, "__qualname__", None) or f"a {type(fn).__name__} object"
+            raise TypeError(f"memoize cannot name {shown} the same in every process ({exc}): pass name=, one "
+                            "name per distinct computation") from None
         functools.update_wrapper(self, fn)
         self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, fn, timeout, ttl
         self._key = key
-        self._sig, self._ignore = _ignored(fn, ignore)
-        self.cache_name = name
-        self._prefix = encode_key_prefix([_FAMILY, name], _KEY_ITEMS)
+        self._sig, self._ignore = _ignored(fn, ignore, self.cache_name)
         self._counts = [0, 0]  # hits, misses of this process
         self._lock = threading.Lock()
 
@@ -124,16 +160,16 @@ class _Memo:
         """The cache key of a call with ``args`` and ``kwargs`` (``method``: ``args[0]`` is the instance a
         memoized method was called on, left out of the key)."""
         if self._key is not None:
-            return [_FAMILY, self.cache_name, self._key(*args, **kwargs), None]
+            return [_FAMILY, self._name, self._key(*args, **kwargs), None]
         if not (self._ignore or method):
-            return [_FAMILY, self.cache_name, args, kwargs]
+            return [_FAMILY, self._name, args, kwargs]
         if self._sig is None:
             self._sig = inspect.signature(self._fn)
         bound = self._sig.bind(*args, **kwargs)
         bound.apply_defaults()
         kept = {n: v for i, (n, v) in enumerate(bound.arguments.items())
                 if n not in self._ignore and not (method and i == 0)}
-        return [_FAMILY, self.cache_name, kept, True]
+        return [_FAMILY, self._name, kept, True]
 
     def _call(self, args: tuple, kwargs: dict, method: bool) -> Any:
         fn = self._fn
@@ -221,9 +257,10 @@ class _Bound:
         return f"<bound memoized {self.__func__.cache_name} of {self.__self__!r}>"
 
 
-def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str,
+def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str | None,
              timeout: float | None, ttl: float | None = None, key: Callable[..., Any] | None = None,
              ignore: str | Iterable[str] = ()) -> Memoized[P, R]:
-    """The wrapper ``cache.memoize`` returns for ``fn``. ``key``: a function of the call's arguments whose result
-    (a valid key) replaces them in the cache key; ``ignore``: parameter names left out of it."""
+    """The wrapper ``cache.memoize`` returns for ``fn``. ``name``: the function's name in the key (None: made of
+    ``fn``, see ``key_name``); ``key``: a function of the call's arguments whose result (a valid key) replaces them
+    in the cache key; ``ignore``: parameter names left out of it."""
     return cast("Memoized[P, R]", _Memo(cache, family, fn, name, timeout, ttl, key, ignore))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
+from typing import NamedTuple
 
 import pytest
 
@@ -10,7 +12,7 @@ from shmcache import SharedCache
 from shmcache.codec import encode_key, encode_key_prefix
 from shmcache.memo import MemoInfo, function_name
 
-from .workers import memo_slow_square
+from .workers import memo_partial, memo_slow_square, scaled_sum
 
 
 def test_memoize_second_call_is_served_from_the_cache(cache):
@@ -200,6 +202,64 @@ def test_memoize_a_method_is_keyed_without_its_instance_unless_key_asks(cache):
     assert a.area.cache_info().currsize == 1 and Area.area.cache_name == "area"
     with pytest.raises(TypeError, match="unsupported key type Area"):
         Area.area(a, 5)  # through the class it is a plain function: the instance is an argument, and no valid key
+
+
+def test_memoize_a_partial_is_named_by_its_function_and_arguments(cache):
+    f = cache.memoize(functools.partial(scaled_sum, 2, scale=10))
+    g = cache.memoize(functools.partial(scaled_sum, 3, scale=10))
+    assert f(1) == 30 and g(1) == 40 and f(1) == 30
+    assert f.cache_info().hits == 1 and g.cache_info().currsize == 1
+    assert f.cache_name == "functools.partial(tests.workers.scaled_sum, 2, scale=10)"
+    assert "0x" not in f.cache_name
+
+
+def test_memoize_a_partial_of_arguments_that_are_no_keys_asks_for_a_name(cache):
+    with pytest.raises(TypeError, match=r"cannot name a partial object.*unsupported key type method_desc.*name="):
+        cache.memoize(functools.partial(sorted, key=str.lower))
+    f = cache.memoize(functools.partial(sorted, key=str.lower), name="sorted-ignoring-case")
+    assert f(("b", "A")) == f(("b", "A")) == ["A", "b"] and f.cache_info().hits == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_memoize_a_partial_has_one_key_in_every_process(name):
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True) as c:
+        with mp.get_context("spawn").Pool(1) as pool:
+            child_key, child_value, child_info = pool.apply_async(memo_partial, (name, 5)).get(timeout=90)
+        f = c.memoize(functools.partial(scaled_sum, 2, scale=10))
+        assert child_value == 70 and child_info == (0, 1, 64, 1)
+        assert encode_key(f.key_of((5,), {})) == child_key
+        assert f(5) == 70 and f.cache_info() == MemoInfo(hits=1, misses=0, maxsize=64, currsize=1)  # the child's
+
+
+def test_memoize_a_callable_object_without_qualname_asks_for_a_name(cache):
+    class Scaler:
+        def __call__(self, x):
+            return 2 * x
+
+    with pytest.raises(TypeError, match=r"cannot name a Scaler object the same in every process.*pass name="):
+        cache.memoize(Scaler())
+    scale = cache.memoize(Scaler(), name="scaler")
+    assert scale(4) == scale(4) == 8 and scale.cache_info().hits == 1
+
+
+def test_memoize_a_bound_method_or_callable_object_is_named_with_its_instance(cache):
+    class Power(NamedTuple):
+        exp: int
+
+        def __call__(self, x):
+            return x ** self.exp
+
+        def of(self, x):
+            return x ** self.exp
+
+    square, cube = cache.memoize(Power(2)), cache.memoize(Power(3))
+    assert square(3) == 9 and cube(3) == 27
+    square, cube = cache.memoize(Power(2).of), cache.memoize(Power(3).of)
+    assert square(3) == 9 and cube(3) == 27
+    assert square.cache_info().currsize == 1
+    with pytest.raises(TypeError, match="cannot name .*Shape.__init__.*pass name="):
+        cache.memoize(Shape(1).__init__)
 
 
 def test_memoize_a_memoized_function_pickles_by_name():

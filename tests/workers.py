@@ -3,6 +3,7 @@ them), and the self-checking values they exchange."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ import numpy as np
 import xxhash
 
 from shmcache import SharedCache, core
+from shmcache.codec import encode_key
 from shmcache.guard import Guard
 from shmcache.view import PinDescriptions
 
@@ -258,6 +260,18 @@ def memo_slow_square(name: str, x: int) -> int:
 def _slow_square(x: int) -> int:
     time.sleep(0.05)  # long enough for other workers to ask for the same x meanwhile
     return x * x
+
+
+def memo_partial(name: str, x: int) -> tuple[bytes, int, tuple]:
+    """A memoized ``functools.partial(scaled_sum, 2, scale=10)`` of the cache ``name``, called with ``x``: the call's
+    encoded key, its result and the wrapper's ``cache_info()`` (a key made here must be the parent's)."""
+    with SharedCache(name, create=False) as cache:
+        f = cache.memoize(functools.partial(scaled_sum, 2, scale=10))
+        return encode_key(f.key_of((x,), {})), f(x), tuple(f.cache_info())
+
+
+def scaled_sum(a: int, b: int, scale: int = 1) -> int:
+    return (a + b) * scale
 
 
 def put_and_die_at(name: str, func: str, marker: str, key: str, value, ttl) -> None:

@@ -558,7 +558,7 @@ class TieredCache(TierMapping):
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, memo.Family(self._count_prefix, self._clear_prefix, self._maxsize), f,
-                                 name or memo.function_name(f), timeout, ttl, key, ignore)
+                                 name, timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
 
