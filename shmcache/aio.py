@@ -147,9 +147,8 @@ class _AsyncMemo:
         return await self._call(args, kwargs, False)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self._bound, obj)
+        owner = self._sync.owner(obj, objtype)  # bound as the sync wrapper is: to the instance, or the class
+        return self if owner is None else functools.partial(self._bound, owner)
 
     async def _bound(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._call((obj, *args), kwargs, True)

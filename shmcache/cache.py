@@ -478,7 +478,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         The key is the function's name (``module.qualname``, or ``name=``) with its positional and keyword arguments,
         encoded canonically: keyword order does not matter, argument types do (``f(1)`` and ``f(1.0)`` are two
         entries), and, as with ``lru_cache``, ``f(1, b=2)`` and ``f(1, 2)`` are two entries. Arguments must be
-        valid keys (TypeError otherwise). Misses go through ``get_or_compute``, so concurrent callers anywhere on
+        valid keys (TypeError otherwise). A ``functools.partial`` is named by its function and its arguments, a
+        callable with no ``__qualname__`` needs ``name=``. Misses go through ``get_or_compute``, so concurrent callers anywhere on
         the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this
         process's calls: served from the cache, or computed here) and ``cache_clear()`` (removes this function's
         entries for everyone).
@@ -486,8 +487,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         ``ignore``: parameter names left out of the key (a connection, a logger, a ``verbose`` flag); the arguments
         are then bound to the signature first, defaults applied, so ``f(1, 2)``, ``f(1, b=2)`` and ``f(1)`` with
         ``b=2`` its default are one entry. ``key``: a function of the arguments whose result (a valid key)
-        replaces them in the key. A memoized method is keyed without its instance (every instance shares the
-        results), unless ``key`` takes it into account: ``key=lambda self, x: (self.id, x)``.
+        replaces them in the key. As with ``lru_cache``, a memoized method is keyed by its instance, which must then
+        be a valid key (a TypeError says so), a classmethod by its class's qualified name; ``key=lambda self, x:
+        (self.id, x)`` keys by what identifies the instance, ``ignore=("self",)`` shares the results across every
+        instance.
         """
         seconds("timeout", timeout, none=True, zero=True)
 

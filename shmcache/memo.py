@@ -10,7 +10,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
-from .codec import encode_key_prefix
+from .codec import encode_key, encode_key_prefix
 
 if TYPE_CHECKING:
     from .cache import SharedCache
@@ -24,6 +24,7 @@ R_co = TypeVar("R_co", covariant=True)
 _FAMILY = "shmcache.memoize"  # first item of every memoized key: [_FAMILY, function name, args, kwargs]
 _KEY_ITEMS = 4
 _CLASS = "shmcache.class"  # a class in a key: (_CLASS, its module.qualname), the same in every process
+_INSTANCE_NAMES = ("self", "cls")  # a first parameter so named takes the instance (or class) a method is called on
 
 
 class MemoInfo(NamedTuple):
@@ -74,6 +75,8 @@ def key_name(fn: Callable[..., Any]) -> tuple[str, Any]:
         text, item = key_name(fn.func)
         shown = [text, *map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())]
         return f"functools.partial({', '.join(shown)})", [item, fn.args, fn.keywords]
+    if isinstance(fn, (classmethod, staticmethod)):
+        return key_name(fn.__func__)
     obj: Any = fn
     if not isinstance(getattr(obj, "__qualname__", None), str) and isinstance(obj.__call__, types.MethodType):
         return key_name(obj.__call__)  # a callable object: named as its __call__, bound to it
@@ -87,6 +90,16 @@ def key_name(fn: Callable[..., Any]) -> tuple[str, Any]:
 def _keyed_class(obj: Any) -> Any:
     """``obj`` as a key holds it: a class by its qualified name, anything else as itself."""
     return (_CLASS, function_name(obj)) if isinstance(obj, type) else obj
+
+
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name of ``fn``'s first positional parameter, if it has one (and a signature)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return params[0].name if params and params[0].kind in positional else None
 
 
 class _Inside(threading.local):
@@ -122,8 +135,9 @@ def _ignored(fn: Callable[..., Any], ignore: str | Iterable[str],
 
 
 class _Memo:
-    """The wrapper ``memoize`` returns: a callable with ``functools.lru_cache``'s methods, and a descriptor, so
-    that a memoized method is keyed without its instance (``key=`` sees it, for a key that needs it)."""
+    """The wrapper ``memoize`` returns: a callable with ``functools.lru_cache``'s methods, and a descriptor that
+    binds as the function it wraps does (a method to its instance, a classmethod to its class, a staticmethod not
+    at all). As with ``lru_cache``, the instance or class a method is called on is part of the key."""
 
     def __init__(self, cache, family: Family, fn: Callable[..., Any], name: str | None, timeout: float | None,
                  ttl: float | None, key: Callable[..., Any] | None, ignore: str | Iterable[str]) -> None:
@@ -131,6 +145,8 @@ class _Memo:
             raise TypeError(f"key must be a function of the arguments, got {key!r}")
         if key is not None and ignore:
             raise ValueError("pass key= (the whole key) or ignore= (arguments left out of it), not both")
+        self._binds = "class" if isinstance(fn, classmethod) else "none" if isinstance(fn, staticmethod) else "self"
+        func = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
         try:
             names: tuple[str, Any] = (name, name) if name else key_name(fn)
             self.cache_name, self._name = names  # how the name reads, and what the keys hold
@@ -139,10 +155,13 @@ class _Memo:
             shown = getattr(fn, "__qualname__", None) or f"a {type(fn).__name__} object"
             raise TypeError(f"memoize cannot name {shown} the same in every process ({exc}): pass name=, one "
                             "name per distinct computation") from None
-        functools.update_wrapper(self, fn)
-        self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, fn, timeout, ttl
+        functools.update_wrapper(self, func)
+        self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, func, timeout, ttl
         self._key = key
-        self._sig, self._ignore = _ignored(fn, ignore, self.cache_name)
+        self._sig, self._ignore = _ignored(func, ignore, self.cache_name)
+        self._first = _first_parameter(func)
+        # Whether args[0] is an instance (or class) even when called unbound: Area.area(a, 5) is a.area(5).
+        self._takes_instance = self._binds == "class" or (self._binds == "self" and self._first in _INSTANCE_NAMES)
         self._counts = [0, 0]  # hits, misses of this process
         self._lock = threading.Lock()
 
@@ -150,26 +169,52 @@ class _Memo:
         return self._call(args, kwargs, False)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else _Bound(self, obj)
+        owner = self.owner(obj, objtype)
+        return self if owner is None else _Bound(self, owner)
+
+    def owner(self, obj: Any, objtype: Any = None) -> Any:
+        """What the wrapper is bound to when looked up on ``obj`` (on the class ``objtype`` where ``obj`` is None):
+        the instance, a classmethod's class, or None (unbound)."""
+        if self._binds == "class":
+            return objtype if objtype is not None else type(obj)
+        return obj if self._binds == "self" else None
 
     def __reduce__(self) -> str:
         # Pickled as a function is: by its qualified name, found again in its module (spawned workers).
         return self.__qualname__  # type: ignore[attr-defined,no-any-return]
 
     def key_of(self, args: tuple, kwargs: dict, method: bool = False) -> list:
-        """The cache key of a call with ``args`` and ``kwargs`` (``method``: ``args[0]`` is the instance a
-        memoized method was called on, left out of the key)."""
+        """The cache key of a call with ``args`` and ``kwargs`` (``method``: ``args[0]`` is the instance or class
+        a memoized method was called on). The instance is keyed as an argument, and must be a valid key unless
+        ``ignore`` names it; a class is keyed by its qualified name."""
         if self._key is not None:
             return [_FAMILY, self._name, self._key(*args, **kwargs), None]
-        if not (self._ignore or method):
+        if args and (method or self._takes_instance) and self._first not in self._ignore:
+            args = (self._keyed_instance(args[0]), *args[1:])
+        if not self._ignore:
             return [_FAMILY, self._name, args, kwargs]
         if self._sig is None:
             self._sig = inspect.signature(self._fn)
         bound = self._sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        kept = {n: v for i, (n, v) in enumerate(bound.arguments.items())
-                if n not in self._ignore and not (method and i == 0)}
-        return [_FAMILY, self._name, kept, True]
+        return [_FAMILY, self._name, {n: v for n, v in bound.arguments.items() if n not in self._ignore}, True]
+
+    def _keyed_instance(self, obj: Any) -> Any:
+        """``obj``, the instance a method is called on, as the key holds it; TypeError saying what to do instead
+        where it is no valid key."""
+        if isinstance(obj, type):
+            return _keyed_class(obj)
+        try:
+            # Why: encoded here too, not only with the whole key, so that the refusal can say what to do instead.
+            encode_key(obj)
+        except TypeError as exc:
+            first = self._first or "self"
+            raise TypeError(
+                f"{self.cache_name} is keyed by the {type(obj).__name__} it is called on, as functools.lru_cache "
+                f"keys a method, and that is no valid key ({exc}). Pass key= a function of the arguments that "
+                f"returns one (key=lambda {first}, *args: ({first}.id, *args)), or ignore=(\"{first}\",) to share "
+                f"the results across every instance") from None
+        return obj
 
     def _call(self, args: tuple, kwargs: dict, method: bool) -> Any:
         fn = self._fn
@@ -238,8 +283,8 @@ class _Memo:
 
 
 class _Bound:
-    """A memoized method bound to ``obj``: called, ``fn(obj, ...)``, keyed without ``obj``; the rest is the
-    function's (``cache_info``, ``cache_clear``: all instances share the function's entries)."""
+    """A memoized method bound to ``obj`` (an instance, or a classmethod's class): called, ``fn(obj, ...)``, keyed
+    with ``obj``; the rest is the function's (``cache_info``, ``cache_clear``: for the entries of every instance)."""
 
     __slots__ = ("__self__", "__func__")
 

@@ -221,10 +221,34 @@ def test_aio_amemoize_shares_results_with_memoize_under_one_name(cache):
     assert asq.cache_info().hits == 1 and asq.cache_info().misses == 1 and asq.cache_name == "sq"
 
     class Area:
-        @cache.amemoize(name="area")
+        @cache.amemoize(name="area", ignore=("self",))  # one result for every instance, asked for
         async def area(self, side):
             calls.append(("area", side))
             return side * side
 
+        @cache.amemoize(name="keyed")
+        async def keyed(self, side):
+            return side
+
     assert run(Area().area(5)) == run(Area().area(5)) == 25 and calls[-1] == ("area", 5)
     assert calls.count(("area", 5)) == 1
+    with pytest.raises(TypeError, match=r"keyed by the Area it is called on.*ignore=\(\"self\",\)"):
+        run(Area().keyed(5))  # keyed by its instance, as memoize's methods are
+
+
+def test_aio_amemoize_a_method_is_keyed_by_its_instance_or_class(cache):
+    class Area(tuple):
+        @cache.amemoize
+        async def area(self, side):
+            return self[0] * side * side
+
+        @classmethod
+        @cache.amemoize
+        async def name(cls, x):
+            return (cls.__name__, x)
+
+    class Sub(Area):
+        pass
+
+    assert run(Area((1,)).area(2)) == 4 and run(Area((3,)).area(2)) == 12
+    assert run(Area.name(1)) == ("Area", 1) and run(Sub.name(1)) == ("Sub", 1)

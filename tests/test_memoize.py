@@ -175,7 +175,7 @@ def test_memoize_key_replaces_the_arguments(cache):
 
 
 class Shape:
-    """Instances are no valid keys (a memoized method is keyed without them)."""
+    """Instances are no valid keys: a memoized method of theirs is refused unless key= or ignore= says how."""
 
     calls: list = []
 
@@ -183,9 +183,49 @@ class Shape:
         self.scale = scale
 
 
-def test_memoize_a_method_is_keyed_without_its_instance_unless_key_asks(cache):
-    class Area(Shape):
+class Side(NamedTuple):
+    """Instances are valid keys (a tuple subclass keys as its tuple): a memoized method is keyed by them."""
+
+    scale: int
+
+
+def test_memoize_a_method_is_keyed_by_its_instance(cache):
+    calls = []
+
+    class Area(Side):
         @cache.memoize(name="area")
+        def area(self, side):
+            calls.append((self.scale, side))
+            return self.scale * side * side
+
+    assert Area(1).area(2) == 4 and Area(3).area(2) == 12  # never the other instance's result
+    assert Area(3).area(2) == 12 and Area.area(Area(3), 2) == 12  # an equal instance, bound or not: one entry
+    assert calls == [(1, 2), (3, 2)]
+    assert Area(1).area.cache_info() == MemoInfo(hits=2, misses=2, maxsize=64, currsize=2)
+
+
+def test_memoize_a_method_of_an_instance_that_is_no_key_is_refused(cache):
+    class Area(Shape):
+        @cache.memoize
+        def area(self, side):
+            return side * side
+
+        @cache.memoize
+        def unbound(this, side):  # not named self: refused when called bound, and the hint names it
+            return side
+
+    with pytest.raises(TypeError, match=r"keyed by the Area it is called on.*key=.*ignore=\(\"self\",\)"):
+        Area(3).area(2)
+    with pytest.raises(TypeError, match=r"ignore=\(\"self\",\)"):
+        Area.area(Area(3), 2)  # through the class: its first parameter is self, the same refusal
+    with pytest.raises(TypeError, match=r"ignore=\(\"this\",\)"):
+        Area(3).unbound(2)
+    assert Area.area.cache_info().misses == 0 and len(cache) == 0
+
+
+def test_memoize_a_method_shares_across_instances_only_when_asked(cache):
+    class Area(Shape):
+        @cache.memoize(name="area", ignore=("self",))  # explicitly one result for every instance
         def area(self, side):
             self.calls.append(("area", side))
             return side * side
@@ -196,12 +236,75 @@ def test_memoize_a_method_is_keyed_without_its_instance_unless_key_asks(cache):
             return self.scale * side
 
     a, b = Area(2), Area(3)
-    assert a.area(4) == b.area(4) == 16 and Shape.calls == [("area", 4)]  # one entry for every instance
+    assert a.area(4) == b.area(4) == 16 and Shape.calls == [("area", 4)]
     assert a.scaled(4) == 8 and b.scaled(4) == 12 and a.scaled(4) == 8
     assert Shape.calls[1:] == [("scaled", 2, 4), ("scaled", 3, 4)]
     assert a.area.cache_info().currsize == 1 and Area.area.cache_name == "area"
-    with pytest.raises(TypeError, match="unsupported key type Area"):
-        Area.area(a, 5)  # through the class it is a plain function: the instance is an argument, and no valid key
+    assert Area.area(a, 4) == 16 and len(Shape.calls) == 3  # through the class, self still left out of the key
+    assert Area.area.key_of((a, 4), {}, True) == ["shmcache.memoize", "area", {"side": 4}, True]  # old default's keys
+
+
+def test_memoize_methods_of_equal_and_unequal_instances_like_lru_cache(cache):
+    """``functools.lru_cache`` on a method keys by the instance (equal instances share, unequal ones never do),
+    with one cache_info for the function; the same with the cache shared."""
+    calls = []
+
+    class Num(int):
+        @cache.memoize
+        def times(self, x):
+            calls.append((int(self), x))
+            return int(self) * x
+
+    ones, twos = [Num(1), Num(1)], [Num(2), Num(2)]
+    for x in (5, 6, 5):
+        for n in ones + twos:
+            assert n.times(x) == n * x
+    assert calls == [(1, 5), (2, 5), (1, 6), (2, 6)]
+    assert Num.times.cache_info() == MemoInfo(hits=8, misses=4, maxsize=64, currsize=4)
+    assert Num(7).times.cache_clear() == 4 and Num(1).times(5) == 5 and len(calls) == 5
+
+
+def test_memoize_a_classmethod_is_keyed_by_its_class(cache):
+    calls = []
+
+    class Base:
+        @classmethod
+        @cache.memoize
+        def outer(cls, x):
+            calls.append((cls.__name__, x))
+            return (cls.__name__, x)
+
+        @cache.memoize
+        @classmethod
+        def inner(cls, x):
+            calls.append((cls.__name__, x))
+            return (cls.__name__, x)
+
+    class Sub(Base):
+        pass
+
+    for f in ("outer", "inner"):
+        assert getattr(Base, f)(1) == ("Base", 1) and getattr(Sub, f)(1) == ("Sub", 1)
+        assert getattr(Sub(), f)(1) == ("Sub", 1) and getattr(Base, f)(1) == ("Base", 1)
+    assert len(calls) == 4
+    key = Base.inner.key_of((Sub, 1), {}, True)
+    assert key[2] == (("shmcache.class", f"{Sub.__module__}.{Sub.__qualname__}"), 1)  # by name, in every process
+
+
+def test_memoize_a_staticmethod_is_a_function(cache):
+    class Tool:
+        @staticmethod
+        @cache.memoize(name="outer")
+        def outer(x):
+            return x + 1
+
+        @cache.memoize(name="inner")
+        @staticmethod
+        def inner(x):
+            return x + 2
+
+    assert Tool.outer(1) == Tool().outer(1) == 2 and Tool.inner(1) == Tool().inner(1) == 3
+    assert Tool.outer.cache_info().hits == 1 and Tool.inner.cache_info().hits == 1
 
 
 def test_memoize_a_partial_is_named_by_its_function_and_arguments(cache):
