@@ -504,10 +504,11 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._guard.run(self._store.count, deltas)
 
     def __len__(self) -> int:
-        """Resident entries of no kind (what iteration yields; a kind's are its KindView's), expired ones not yet
-        dropped included (they go when read or when room is needed). A count out of range (damaged) is repaired
-        first, so the number returned is always valid."""
-        return self._guard.run(self._store.plain_entries)
+        """Live entries of no kind: what iteration yields (a kind's are its KindView's). Expired entries not yet
+        dropped are not counted, though they stay resident until read, ``expire()`` or a need for room (and count
+        in ``stats().entries`` until then). A count out of range (damaged) is repaired first, so the number
+        returned is always valid."""
+        return self._guard.run(self._store.live_entries, 0)
 
     # ------------------------------------------------------------------------------------------- whole-cache operations
 

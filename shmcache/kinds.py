@@ -40,7 +40,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class KindStats:
-    """Resident entries of one kind and the bytes of their encoded keys and values."""
+    """Resident entries of one kind (expired ones not yet dropped included, unlike the KindView's ``len()``) and
+    the bytes of their encoded keys and values."""
 
     entries: int
     retained_bytes: int
@@ -106,6 +107,18 @@ def plain_entries_locked(seg) -> int:
     kw = seg.kind_words
     of_kinds = sum(kw[k * KIND_WORDS + K_ENTRIES] for k in range(1, _used(seg) + 1))
     return max(0, seg.header_words[H_ENTRIES] - of_kinds)
+
+
+def resident_locked(seg, k: int) -> int | None:
+    """Resident entries of kind ``k`` (0: of no kind), expired ones not yet dropped included; None if a count it
+    reads is out of range (damaged: the caller repairs and asks again)."""
+    slots = seg.geometry.entry_slots
+    if not 0 <= seg.header_words[H_ENTRIES] < slots:
+        return None
+    if k == 0:
+        return plain_entries_locked(seg)
+    n = seg.kind_words[k * KIND_WORDS + K_ENTRIES]
+    return n if 0 <= n < slots else None
 
 
 def slots_locked(table, *numbers: int) -> list[int]:
@@ -226,7 +239,9 @@ class KindView(LocalMapping, AsyncMethods):
         return KindKey(self._n, key) in self.cache
 
     def __len__(self) -> int:
-        return self.stats().entries
+        """This kind's live entries: what iterating it yields (``stats().entries`` also counts the expired ones not
+        yet dropped)."""
+        return self._parts.guard.run(self._parts.store.live_entries, self._n)
 
     def clear(self) -> int:  # type: ignore[override]  # (returns how many it removed; dict.clear returns None)
         """Remove every entry of this kind (those an open view pins excepted); how many were removed."""

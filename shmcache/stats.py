@@ -44,6 +44,9 @@ class CacheLimits:
 class CacheStats:
     """A consistent snapshot of a cache's global counters, the same from every process.
 
+    ``entries`` and ``retained_bytes`` are what the segment holds: resident entries, every kind's, expired ones
+    not yet dropped included (they take room until a lookup, ``expire()`` or a need for room drops them), where
+    ``len()`` counts only the live entries iteration yields, of no kind.
     ``puts`` counts every successful put, ``updates`` those that replaced an existing key; ``evictions`` counts
     entries dropped to respect a limit; ``retained_bytes`` is the logical payload (encoded keys plus values), while
     ``arena_used_bytes`` is what their blocks physically take in the ``arena_bytes`` of the segment.

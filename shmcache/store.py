@@ -332,12 +332,16 @@ class Store:
         for word, delta in deltas:
             h[word] = max(0, h[word] + delta)
 
-    def plain_entries(self) -> int:
-        """Resident entries of no kind; a count out of range (damaged) is repaired first, so the number returned is
-        always valid."""
-        if not 0 <= self.h[H_ENTRIES] < self.table.slots:
+    def live_entries(self, space: int) -> int:
+        """How many entries iterating ``space`` yields (0: the keys of no kind; k: kind k's): the resident ones less
+        those expired and not yet dropped, which no lookup or listing shows. Read only: the expired stay for the
+        next operation that meets them. A count out of range (damaged) is repaired first, so the number returned
+        is always valid."""
+        resident = kinds.resident_locked(self.seg, space)
+        if resident is None:
             self.repair()  # len() must not raise a raw ValueError on a damaged count
-        return kinds.plain_entries_locked(self.seg)
+            resident = kinds.resident_locked(self.seg, space) or 0
+        return max(0, resident - self.table.expired_of_kind(space))
 
     @updating
     def clear(self) -> int:

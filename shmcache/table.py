@@ -350,6 +350,21 @@ class Table:
         x = self.exp[e]
         return bool(x) and x <= self.clock()
 
+    def expired_of_kind(self, kind: int) -> int:
+        """How many resident entries of kind ``kind`` (0: of no kind) have expired and are not yet dropped (pinned
+        ones included: they read as absent too); nothing is written. None can be while ``next_expiry`` (a lower
+        bound of every expiry) is still ahead, so that costs one word; else one vectorised scan of the columns."""
+        h = self.h
+        now = self.clock()
+        if h[H_NEXT_EXPIRY] > now:
+            return 0
+        handed_out = block.handed_out(h, self.slots)
+        x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
+        k = np.frombuffer(self.kinds, dtype=np.uint8, count=handed_out)
+        # A free slot may keep the expiry and kind byte of its last entry: resident ones have a checksum (never 0).
+        check = np.frombuffer(self.ent, dtype=np.int64, count=handed_out * _W)[E_CHECK::_W]
+        return int(np.count_nonzero((x != 0) & (x <= now) & (k == kind) & (check != 0)))
+
     def reclaim_expired(self) -> int:
         """Remove every expired entry that no view pins, count them in ``expired``, and move ``next_expiry`` up to
         the earliest expiry left; how many were removed. One vectorised scan of the expires column (repeated at

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shmcache import PinnedError, SharedCache, prometheus_text
+from shmcache import POLICIES, PinnedError, SharedCache, prometheus_text
 from shmcache.table import Table
 from tests.workers import put_and_die_at, start_and_collect
 
@@ -190,11 +190,38 @@ def test_ttl_expire_drops_every_expired_entry_now(tcache, clock):
     for i in range(5):
         tcache.put(i, i, ttl=1 + i)
     clock.advance(3)
-    assert len(tcache) == 5  # nothing has read or needed room yet
+    assert len(tcache) == 2 and tcache.stats().entries == 5  # nothing has read or needed room yet
     assert tcache.expire() == 3
     assert len(tcache) == 2 and tcache.stats().expired == 3
     assert tcache.expire() == 0
     assert tcache.verify(deep=True).ok
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_issue_len_agrees_with_iteration_under_expiry(name, clock, policy):
+    """len() counted expired entries that no listing shows: 5 puts with ttl=0.05, 0.1 s later len() was 5 and
+    list(keys()) empty. len(), bool(), ``in``, keys(), items() and values() agree (a KindView's too, a view's pinned
+    expired entry included); stats().entries counts what is resident, and len() drops nothing."""
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=16, create=True, clock=clock, policy=policy) as c:
+        kind = c.kind("k")
+        for i in range(5):
+            c.put(i, b"v%d" % i, ttl=0.05)
+            kind.put(i, b"w%d" % i, ttl=0.05)
+        c.put("kept", b"x")
+        kind.put("kept", b"y", ttl=60)
+        pinned = c.view(0)
+        clock.advance(0.1)
+        for m, kept in ((c, b"x"), (kind, b"y")):
+            assert list(m.keys()) == ["kept"] and list(m.items()) == [("kept", kept)]
+            assert list(m.values()) == [kept] and len(m) == 1 and m
+            assert [i in m for i in range(5)] == [False] * 5  # each drops the one it finds (not the pinned one)
+            assert len(m) == 1
+        pinned.close()
+        s = c.stats()
+        assert (s.entries, s.expired) == (3, 9) and c.expire() == 1 and c.stats().entries == 2
+        clock.advance(60)
+        assert (len(c), len(kind), bool(kind), list(kind)) == (1, 0, False, [])
+        assert c.stats().entries == 2 and c.stats().expired == 10  # len() counted, it dropped nothing
 
 
 def test_ttl_expired_counter_in_stats_and_prometheus(tcache, clock):
