@@ -102,7 +102,7 @@ typedef struct {
         h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
-        max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor;
+        max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;
 } Core;
 
 #define HW(f) (c->h[c->h_##f])
@@ -128,6 +128,18 @@ static inline int bounds(Core *c)
 {
     c->reason = WHY_BOUNDS;
     return ST_HANDOVER;
+}
+
+/* Whether value tag ``tag`` is one view() serves. */
+static inline int tag_viewable(const Core *c, int64_t tag)
+{
+    return tag == c->tag_bytes || tag == c->tag_array || tag == c->tag_tensor;
+}
+
+/* Whether an encoder writes value tag ``tag``: any other is damage (twin: store.py _WRITTEN). */
+static inline int tag_written(const Core *c, int64_t tag)
+{
+    return tag_viewable(c, tag) || tag == c->tag_msgpack || tag == c->tag_pickle;
 }
 
 /* An entry ready to store, its arguments checked once by the method (twin: store.py Encoded). */

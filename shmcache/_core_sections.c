@@ -278,9 +278,12 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
         return ST_OK;
     }
     found(c, e, f);
-    *viewable = f->tag == c->tag_bytes || f->tag == c->tag_array || f->tag == c->tag_tensor;
-    if (!*viewable)
-        return ST_OK; /* refused before anything is counted or pinned */
+    *viewable = tag_viewable(c, f->tag);
+    if (!*viewable) {
+        if (!tag_written(c, f->tag))
+            return bounds(c); /* damage: the Python path counts the miss, raises, and its repair drops the entry */
+        return ST_OK;         /* refused before anything is counted or pinned */
+    }
     /* Ordering: the flag before the kernel lock, as Store.pin: a holder dying between the two leaves a stale flag. */
     c->pins[e] = 1;
     struct flock fl = byte_lock(F_RDLCK, c->pin_base + e);

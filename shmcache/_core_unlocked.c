@@ -175,11 +175,13 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
         int64_t x = RD(c->exp[e]);
         if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
             return U_LOCK;
-        *viewable = f->tag == c->tag_bytes || f->tag == c->tag_array || f->tag == c->tag_tensor;
+        *viewable = tag_viewable(c, f->tag);
         *version = RD(c->ver[e]);
         if (!seq_same(c, s))
             continue;
         if (!*viewable) {
+            if (!tag_written(c, f->tag))
+                return U_LOCK; /* damage: the locked path hands it over to be judged and repaired */
             f->hit = 1;
             return U_DONE; /* refused before anything is counted or pinned */
         }

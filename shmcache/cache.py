@@ -546,6 +546,8 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         :raises KeyError: if the key is absent.
         :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
+        :raises CorruptionError: if the stored value is damaged (its checksum, or a tag no encoder writes): the
+            entry is dropped and the lookup counted as a miss, as get does.
         """
         # The key is encoded and hashed by the path (Core.view_key in C: a str's UTF-8 and XXH3, without a call).
         got = self._path.view_key(key, self._now(), self._pins)

@@ -29,6 +29,7 @@ from .layout import (
 )
 from .layout import dtypes as d
 from .lock import HOLDER_BASE, HOLDER_OFF, HOLDER_SLOTS, TAKEOVERS, WAKES_OFF
+from .serializers import TAG_PICKLE
 
 _PURE_ASKED = os.environ.get("SHMCACHE_PURE_PYTHON") == "1"
 try:
@@ -122,6 +123,7 @@ def offsets(geometry) -> dict[str, int]:
         BLOCK_OWNER_SHIFT=d.BLOCK_OWNER_SHIFT, EMPTY=EMPTY, NIL=NIL, SENTINEL=SENTINEL, NEVER=NEVER,
         MAX_TTL_NS=MAX_TTL_NS, MAX_VERSION=MAX_VERSION, KIND_PREFIX=KIND_PREFIX, PIN_BASE=ofd.PIN_BASE,
         CHECK_MASK=MASK63, TAG_BYTES=TAG_BYTES, TAG_MSGPACK=TAG_MSGPACK, TAG_ARRAY=TAG_ARRAY, TAG_TENSOR=TAG_TENSOR,
+        TAG_PICKLE=TAG_PICKLE,
     )
     return out
 

@@ -25,12 +25,14 @@ from .layout.dtypes import (
     H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_UPDATES, H_WRITING, POLICY_LRU,
 )
+from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
 from .table import pinned_error
 from .verify import header_problems
 
 _W = ENTRY_WORDS
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
+_WRITTEN = (*_VIEWABLE, TAG_MSGPACK, TAG_PICKLE)  # every value tag an encoder writes: any other byte is damage
 UNVIEWABLE = object()  # ``Store.pin``'s answer for a value view() does not serve
 _new_encoded = tuple.__new__  # Why: builds an Encoded without NamedTuple's Python-level __new__ (the put path)
 
@@ -374,13 +376,22 @@ class Store:
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in
-        the arena, value length, checksum, version); None on a miss; UNVIEWABLE for a value view() does not serve."""
+        the arena, value length, checksum, version); None on a miss; UNVIEWABLE for a value view() does not serve.
+
+        :raises CorruptionError: for a value tag no encoder writes (counted as a miss; the guard repairs).
+        """
         e = self.find_live(kb, fp)
         if e == EMPTY:
             self.h[H_MISSES] += 1
             return None
         voff = block.value_at(self.ent, 0, e)
-        if self.arena[voff] not in _VIEWABLE:
+        tag = self.arena[voff]
+        if tag not in _VIEWABLE:
+            if tag not in _WRITTEN:
+                # Damage (the checksum covers the tag): a miss, and raised so, the guard's deep repair drops it.
+                self.h[H_MISSES] += 1
+                raise CorruptionError(f"entry {e}: value tag {tag} is none an encoder writes", what="view",
+                                      hint="the entry was dropped; the operation can be retried")
             return UNVIEWABLE  # refused before anything is counted or pinned
         # Ordering: the flag before the kernel lock, so a holder dying between the two leaves a stale flag (cleared
         # by the next who tests it), never a pin nobody can see.

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from shmcache import CacheLimits, ClosedError, CorruptionError, PinnedError, SharedCache, View, core
+from shmcache import POLICIES, CacheLimits, ClosedError, CorruptionError, PinnedError, SharedCache, View, core
 from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
 from shmcache import view as view_module
@@ -661,6 +661,47 @@ def test_view_checks_each_stored_value_once_per_handle(cache, name):
     with pytest.raises(CorruptionError):
         with cache.view("b"):
             pass
+
+
+def _set_value_byte(cache: SharedCache, key, at: int, byte: int) -> None:
+    """Write ``byte`` at ``at`` bytes into ``key``'s stored value (0: its tag), as _flip_value_byte writes."""
+    kb = encode_key(key)
+    e = find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    voff = value_at(cache._ent, cache._base, e)
+    fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
+    try:
+        with mmap.mmap(fd, len(cache._mm)) as mm:
+            mm[voff + at] = byte
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("value", [np.arange(100.0), b"payload" * 20], ids=["array", "bytes"])
+@pytest.mark.parametrize("tag", [0, ord("Z"), 0xFF])
+def test_issue_view_of_a_damaged_tag_raises_corruption_error(name, policy, value, tag):
+    """A value's tag byte damaged to one no encoder writes made view() raise TypeError (as for a value it does not
+    serve) and left the entry in place: it is damage, so CorruptionError, the entry dropped by the repair and the
+    lookup counted as a miss, as get does; the key then reads as absent, never as another value."""
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=16, create=True, policy=policy) as c:
+        c.put("k", value)
+        c.put("other", b"fine")
+        _set_value_byte(c, "k", 0, tag)
+        before = c.stats()
+        with pytest.raises(CorruptionError):
+            c.view("k")
+        after = c.stats()
+        assert (after.hits, after.misses, after.entries) == (before.hits, before.misses + 1, before.entries - 1)
+        assert after.recoveries == before.recoveries + 1
+        with pytest.raises(KeyError):
+            c.view("k")
+        assert c.get("k", "miss") == "miss" and "k" not in c
+        with c.view("other") as mv:
+            assert bytes(mv) == b"fine"
+        assert c.verify(deep=True).ok
+        c.put("k", value)  # stored anew, it is served again
+        with c.view("k") as got:
+            assert bytes(got) == bytes(memoryview(value).cast("B"))
 
 
 # ---------------------------------------------------------------------------------------------- the compiled build's
