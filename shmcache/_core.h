@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h> /* offsetof (the weak reference list of Core) */
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -69,6 +70,7 @@ typedef struct {
     PyObject *hasher; /* codec.xxh3: a get checks its copy's checksum with it, after the unlock */
     PyObject *fallback;   /* the handle's core.HandOver, which takes what C hands over (NULL: answer HANDOVER) */
     PyObject *unviewable; /* the fallback's UNVIEWABLE: view's answer for a value it does not serve */
+    PyObject *weakreflist; /* a handle's finaliser holds the Core weakly (cache.py _release) */
     /* regions */
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;

@@ -264,6 +264,8 @@ static int Core_clear(Core *c)
 static void Core_dealloc(Core *c)
 {
     PyObject_GC_UnTrack(c);
+    if (c->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)c);
     drop_buffer(c);
     Core_clear(c);
     Py_TYPE(c)->tp_free((PyObject *)c);

@@ -962,6 +962,7 @@ static PyTypeObject CoreType = {
     .tp_dealloc = (destructor)Core_dealloc,
     .tp_traverse = (traverseproc)Core_traverse,
     .tp_clear = (inquiry)Core_clear,
+    .tp_weaklistoffset = offsetof(Core, weakreflist),
     .tp_methods = Core_methods,
     .tp_getset = Core_getset,
 };

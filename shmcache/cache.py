@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
@@ -207,6 +208,12 @@ class SharedCache(LocalMapping, AsyncMethods):
         # The descriptions views pin through (view.py's PinDescriptions; compiled: _view.c's Pins) come with it.
         self._path, self._core, self._pins = core.path(seg, guard, store, lock_timeout)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
+        # Last: a handle dropped without close() closes what it opened as it is collected. Why weak references to
+        # the parts that hold the clock (the Core through its hand-over): a clock may hold the handle, and the
+        # finaliser's own references would then keep it for ever (the segment and the pins hold nothing of ours).
+        self._finalizer = weakref.finalize(self, _release, seg, self._pins,
+                                           *map(weakref.ref, (guard, table, store, self._core or store)))
+        self._finalizer.atexit = False  # at exit the process's end closes all; daemon threads may still be inside
 
     @property
     def policy(self) -> str:
@@ -611,11 +618,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         """
         if self.closed or not self._guard.close():
             return
-        if self._core is not None:
-            self._core.release()  # its buffer export, or the mapping cannot be unmapped
-        self._table.close()
-        self._pins.close()
-        self._seg.close()
+        self._finalizer()  # (once: the finaliser is spent, and the collection of the handle does nothing more)
 
     def unlink(self) -> None:
         """Remove the cache from the system, once for everyone; processes that have it open keep working on their
@@ -650,6 +653,24 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     def _hot(self) -> tuple:
         return self._path, self._now  # what the batches call (mapping.LocalMapping)
+
+
+def _release(seg: Segment, pins, *parts: weakref.ref) -> None:
+    """Close what a handle opened and unmap its segment: close()'s end (the guard closed under the lock), and the
+    finaliser of a handle collected open (no call can be inside: each holds the handle). ``parts``: the guard, table,
+    store and Core, which a collection of the handle in its cycle collects too (they are gone by then). A mapping
+    some view still exports stays until that view goes (Segment.close)."""
+    guard, table, store, compiled = (ref() for ref in parts)
+    if guard is not None:
+        guard.closed = True
+    if compiled is not None and compiled is not store:
+        compiled.release()  # its buffer export, or the mapping cannot be unmapped; gives its reader slot back
+    if table is not None:
+        table.close()
+    if store is not None:
+        store.close()
+    pins.close()
+    seg.close()
 
 
 def _reattach(name: str, lock_timeout: float, mode: int = 0o600, trust_owner: Any = (),

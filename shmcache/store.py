@@ -77,6 +77,10 @@ class Store:
         self.hit = self._hit_relinking if table.policy == POLICY_LRU else self._hit_touching  # type: ignore[method-assign]
         self.seqlocked = table.seqlocked  # guard.updating opens the readers' seq (not under lru)
 
+    def close(self) -> None:
+        """Drop ``hit``, a method of this object: the cycle would keep the segment until the cycle collector."""
+        self.__dict__.pop("hit", None)
+
     # ------------------------------------------------------------------------------------------- before the lock
 
     def encode(self, key, value, kb: bytes | None = None, parts: tuple | None = None) -> Encoded:

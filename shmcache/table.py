@@ -66,6 +66,7 @@ class Table:
     def close(self) -> None:
         self.entb.release()
         self.ring.close()
+        self.ring.pinned = None  # (the ring's reference to self: a cycle would keep the segment to the collector)
 
     def pinned(self, e: int) -> bool:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says

@@ -334,3 +334,53 @@ def test_lifecycle_a_handle_in_a_reference_cycle_is_collected(name):
         assert ref() is None  # collected, cycle and all
     finally:
         SharedCache.unlink_name(name)
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_lifecycle_a_handle_dropped_open_closes_what_it_opened(name, policy):
+    """A handle collected without close() closes its descriptors (the segment's, its LIVE_BYTE hold's, its reader
+    slot's) and unmaps, as its last reference goes: no cycle keeps it for the collector, so the collector is off."""
+    import gc
+
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True, policy=policy) as c:
+        c.put("k", -1)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _descriptors()
+        for i in range(40):
+            h = SharedCache(name, create=False)
+            h.put("k", i)
+            assert h.get("k") == i
+            del h
+        assert _descriptors() == before
+    finally:
+        gc.enable()
+    (found,) = segment.sweep(names=[name])
+    assert found["state"] == "orphan"  # nobody holds it open any more
+
+
+@pytest.mark.timeout(120)
+def test_lifecycle_handles_dropped_open_never_run_out_of_descriptors(name):
+    """A handle made per request and dropped: more requests than the descriptor limit allows open files."""
+    code = (
+        "import resource, sys\n"
+        "from shmcache import SharedCache\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))\n"
+        "for i in range(200):\n"
+        "    h = SharedCache(sys.argv[1], create=False)\n"
+        "    h.put('k', i)\n"
+        "    assert h.get('k') == i\n"
+        "print('served', i + 1)\n"
+    )
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True, policy="s3fifo"):
+        done = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["served", "200"]
+    (found,) = segment.sweep(names=[name])
+    assert found["state"] == "orphan"
+
