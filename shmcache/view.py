@@ -71,11 +71,14 @@ from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout, body_checksum
 
 _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for the fork hooks
+# token -> every Pin handed over (PinDescriptions.hand_over) whose memory lives: a view outlives its handle, and its
+# pin with it; the pin leaves as its memory goes (a weak reference's callback, in C), or as it is released.
+_HELD: dict[int, Pin] = {}
 # Forking is marked twice, before the fork and after it in the parent: a pin taken by another thread while a fork
 # handler let it run is older than the second mark (see PinDescriptions: Fork).
-os.register_at_fork(before=lambda: [pins._forking() for pins in list(_ALL)],
-                    after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)],
-                    after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)])
+os.register_at_fork(before=lambda: [pins._forking() for pins in list(_ALL)] + [_close_at_end()],
+                    after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)] + [_close_at_end()],
+                    after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)] + [_close_at_end()])
 
 _UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
@@ -95,6 +98,16 @@ class _Unlocker(weakref.ref):
     close: Any
 
 
+def _close_at_end() -> None:
+    """The fork hooks' part for the views out (of every handle, open or collected): each pin ends by closing its
+    description as its memory goes, never by unlocking it (an unlock would end the other process's pin too; see
+    PinDescriptions, Fork). A pin ``_end`` disarmed meanwhile (``close`` is ``int``) stays disarmed."""
+    for pin in list(_HELD.values()):
+        file, ended = pin.file, pin.ended
+        if file is not None and ended is not None and ended[1].close is not int:
+            ended[1].close = file.close
+
+
 class Pin:
     """One view's pin: the description it holds (``file``, an io.FileIO), the byte locked through it once known
     (``byte``), the process that took it (``pid``). Made before anything is taken, so that whoever is cut short
@@ -108,7 +121,7 @@ class Pin:
         self.pid = os.getpid()
         self.token = next(_TOKENS)
         # the weak references that end the pin when the view's memory goes (kept alive here)
-        self.ended: tuple[weakref.ref, _Unlocker] | None = None
+        self.ended: tuple[weakref.ref, _Unlocker, weakref.ref] | None = None
         self.epoch = -1  # PinDescriptions' fork count when its description was taken
         self.armed = -1  # ...and when it was handed over (a view that existed at a fork is the child's too)
 
@@ -128,18 +141,21 @@ class PinDescriptions:
       descriptor number is ever closed twice (one the application reused would be closed).
     - Until the view is built and handed over (``hand_over``, view()'s last step), only view()'s frame references
       the pin: an exception unwinds it, and the description (and any lock taken through it) closes with it.
-    - Once handed over, the end of the view's memory ends the pin in C (``_Unlocker``), and records it (another
-      weak reference whose callback is ``_ended.__setitem__``); ``drain``, called at the end of every ``with``
-      block, by each new view and by close(), puts the description back in the pool. A drain cut short, or a view
-      whose memory outlives its block, delays that (by a description held open until then), never the unlock.
+    - Once handed over, the end of the view's memory ends the pin in C (``_Unlocker``, which holds the
+      description), and records it (another weak reference whose callback is ``_ended.__setitem__``); ``drain``,
+      called at the end of every ``with`` block, by each new view and by close(), puts the description back in the
+      pool. A drain cut short, or a view whose memory outlives its block, delays that (by a description held open
+      until then), never the unlock. ``_HELD`` keeps the pin while its memory lives, so a view outlives its handle
+      (collected or closed): its description then closes as the pin goes.
 
     Fork. A description lives until every process holding it has closed it, and so does any lock taken through it;
     but an unlock through a shared description ends the lock for every process that holds it. So: a child closes
     its copies of the idle descriptions at once; a view the child inherited open only closes the child's copy when
-    it goes (its pin knows the pid that took it, and the child disarms its unlocker), so a child never drops its
-    parent's pin; and the parent, symmetrically, never unlocks a description that was out at the fork (its
-    unlockers are disarmed by the fork hooks), it closes it: the pin then lasts until the child drops its copy of
-    the view or exits, so the child never reads bytes reused under it. Nor does the parent lend such a description
+    its memory goes (the fork hooks turn its unlocker into the description's close, ``_close_at_end``), so a child
+    never drops its parent's pin; and the parent, symmetrically, never unlocks a description that was out at the
+    fork, it closes it as the memory goes (the same hooks, before the fork and after it): the pin then lasts until
+    the child drops its copy of the view or exits, so the child never reads bytes reused under it, and no longer
+    (the compiled Lease does the same in its dealloc). Nor does the parent lend such a description
     again (a pin taken through it later would outlive the parent). "Out"
     includes a description taken by a view still waiting for the lock in another thread: each pin records the fork
     count (``epoch``) when its description was taken, and one from before the last fork is closed, not lent again.
@@ -162,17 +178,11 @@ class PinDescriptions:
         self.viewed.clear()
 
     def _forking(self) -> None:
-        self._epoch += 1
-        for pin in list(self._out.values()):  # views the child inherits: their pins are never unlocked here
-            if pin.ended is not None:
-                pin.ended[1].close = int
+        self._epoch += 1  # (the views out: _close_at_end, for every handle's at once)
 
     _forked_parent = _forking  # (the compiled Pins also ends the fork's window there)
 
     def _forked_child(self) -> None:
-        for pin in self._out.values():  # the child's end of an inherited view must not unlock the parent's pin
-            if pin.ended is not None:
-                pin.ended[1].close = int
         # The inherited open views stay in _out: each closes the child's copy when the child drops it (pid check).
         idle, self._idle = self._idle, []
         self._epoch += 1
@@ -195,14 +205,19 @@ class PinDescriptions:
         """End ``pin`` once ``owner`` is garbage collected: its byte is unlocked and its token recorded there, in C;
         its description goes back to the pool at the next ``drain``. The pin is registered last (until then an
         exception drops it, closing its description)."""
-        pin.armed = self._epoch  # first: a fork from here on makes it older (the hooks disarm what is in _out)
+        pin.armed = self._epoch  # first: a fork from here on makes it older (and _close_at_end sees it in _HELD)
         unlocker = _Unlocker(owner, _CLOSE)
         file = pin.file
         if file is None:
             raise ValueError("hand_over: the pin holds no description")
-        unlocker.close = functools.partial(fcntl.fcntl, file.fileno(), fcntl.F_OFD_SETLK, ofd.unlock_request(pin.byte))
-        pin.ended = (weakref.ref(owner, functools.partial(self._ended.__setitem__, pin.token)), unlocker)
+        # Why the FileIO and not its number: the description lives as long as the unlocker can run, whoever drops
+        # the pin first (the callbacks of an object's weak references all run, in C, each reference held meanwhile).
+        unlocker.close = functools.partial(fcntl.fcntl, file, fcntl.F_OFD_SETLK, ofd.unlock_request(pin.byte))
+        # (each callback is called with its reference: _HELD.pop takes it as the default of a pin gone already)
+        pin.ended = (weakref.ref(owner, functools.partial(self._ended.__setitem__, pin.token)), unlocker,
+                     weakref.ref(owner, functools.partial(_HELD.pop, pin.token)))
         self._out[pin.token] = pin
+        _HELD[pin.token] = pin
 
     def drain(self) -> None:
         """Put back the descriptions of the pins whose memory is gone (their bytes are unlocked already)."""
@@ -232,6 +247,7 @@ class PinDescriptions:
             # the pin goes.)
             if self._out.pop(pin.token, None) is None:
                 return
+            _HELD.pop(pin.token, None)  # (its memory may live on: a release before the end)
         file, pin.file = pin.file, None
         if file is None:
             return

@@ -384,3 +384,31 @@ def test_lifecycle_handles_dropped_open_never_run_out_of_descriptors(name):
     (found,) = segment.sweep(names=[name])
     assert found["state"] == "orphan"
 
+
+def _slice_of_a_dropped_handle(name):
+    """A slice of a view whose handle is gone, and a weak reference to that handle (a function of its own: the
+    pure path's view reads its caller's locals, which before 3.13 leaves a snapshot of them with the frame)."""
+    import weakref
+
+    import numpy as np
+
+    h = SharedCache(name, capacity_bytes=1 << 20, max_entries=16, create=True)
+    h.put("a", np.arange(100))
+    with h.view("a") as arr:
+        part = arr[10:20]
+    return part, weakref.ref(h)
+
+
+def test_lifecycle_a_view_outlives_its_dropped_handle(name):
+    """The mapping a live view reads stays mapped, and its entry pinned, after its handle is collected; the pin goes
+    when the view does."""
+    from shmcache import PinnedError
+
+    kept, handle = _slice_of_a_dropped_handle(name)
+    assert handle() is None
+    with SharedCache(name, create=False) as other:
+        with pytest.raises(PinnedError):
+            other.delete("a")
+        assert kept.tolist() == list(range(10, 20))
+        del kept
+        assert other.delete("a")
