@@ -76,9 +76,22 @@ _ALL: weakref.WeakSet = weakref.WeakSet()  # every handle's PinDescriptions, for
 _HELD: dict[int, Pin] = {}
 # Forking is marked twice, before the fork and after it in the parent: a pin taken by another thread while a fork
 # handler let it run is older than the second mark (see PinDescriptions: Fork).
-os.register_at_fork(before=lambda: [pins._forking() for pins in list(_ALL)] + [_close_at_end()],
-                    after_in_parent=lambda: [pins._forked_parent() for pins in list(_ALL)] + [_close_at_end()],
-                    after_in_child=lambda: [pins._forked_child() for pins in list(_ALL)] + [_close_at_end()])
+
+
+def _fork_hook(step: str):
+    """A fork hook: ``step`` of every handle's pins (PinDescriptions, or the compiled Pins), then the views out."""
+    each = operator.methodcaller(step)
+
+    def hook() -> None:
+        for pins in list(_ALL):
+            each(pins)
+        _close_at_end()
+
+    return hook
+
+
+os.register_at_fork(before=_fork_hook("_forking"), after_in_parent=_fork_hook("_forked_parent"),
+                    after_in_child=_fork_hook("_forked_child"))
 
 _UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
 CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
