@@ -19,22 +19,17 @@ its end there (a thread cannot be interrupted), so a cancelled ``aput`` may stil
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from . import flight
 from .durations import seconds
-from .errors import ReentrantCallError
 from .guard import FUTEX_WORD
 from .layout.dtypes import H_DIRTY
 from .lock import FUTEX_TID_MASK
 
 R = TypeVar("R")
-# The claims the current task (and what it awaits) holds: a coroutine fn that asks for its own key would wait for
-# itself. A context variable, not the thread's record: every task of a loop runs on one thread.
-_task_claims: contextvars.ContextVar[frozenset] = contextvars.ContextVar("shmcache_task_claims", default=frozenset())
 
 
 def _idle(w) -> bool:
@@ -171,32 +166,19 @@ class _AsyncMemo:
         return self.__qualname__  # type: ignore[attr-defined,no-any-return]
 
 
-def hold_claim(tag) -> contextvars.Token:
-    """Record that the current task holds the claim ``tag`` (a computation that asks for it again is refused);
-    ``drop_claim`` takes the token back."""
-    return _task_claims.set(_task_claims.get() | {tag})
-
-
-def drop_claim(token: contextvars.Token) -> None:
-    _task_claims.reset(token)
-
-
 async def take(claim: flight.Claim, fp: int, timeout: float | None,
                describe: Callable[[], Awaitable[Any]], stored: Callable[[], bool] | None) -> bool:
     """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop): the key of
     fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()``, asked at
     ``flight.Wait``'s interval, ends the wait (without the claim) when it says the value is there. Whether another
-    held it first."""
+    held it first. The claim is recorded as the task's, as ``Claim.take`` records it (flight.py ``_held``): a
+    computation asking for its key again, with either API, is refused (ReentrantCallError)."""
     if not claim.opened:
         claim.adopt(await describe())
-    tag = claim.tag_of(fp)
-    if tag in _task_claims.get():
-        raise ReentrantCallError("aget_or_compute was called for a key inside the computation of that same key",
-                                 what="get_or_compute",
-                                 hint="fn must not ask for its own key; it would wait for itself")
+    claim.refuse_nested(fp)
     waited = False
     wait = flight.Wait(timeout)
-    while not claim.lock_untracked(fp):
+    while not claim.lock_nowait(fp):
         waited = True
         if stored is not None and wait.recheck_due() and stored():
             return True

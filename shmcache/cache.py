@@ -436,11 +436,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at
         # any await (a cancellation) or bytecode left taken (see flight.py).
         claim = flight.Claim()
-        token = None
         try:
             waited = await aio.take(claim, fp, timeout, describe, stored)
-            if claim.held:
-                token = aio.hold_claim(claim.tag)
             # Another caller may have stored the value while this one waited, or between its miss and its claim.
             if not claim.held or await self.acontains(key):
                 value = await self.aget(key, MISSING)
@@ -450,7 +447,6 @@ class SharedCache(LocalMapping, AsyncMethods):
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
                     waited = await aio.take(claim, fp, timeout, describe, None) or waited
-                    token = aio.hold_claim(claim.tag)
             await self.acall(self._count, (H_COMPUTATIONS, 1), (H_WAITS, 1 if waited else 0),
                              (H_TAKEOVERS, 1 if waited else 0))
             value = fn()
@@ -463,8 +459,6 @@ class SharedCache(LocalMapping, AsyncMethods):
             return value
         finally:
             claim.release()
-            if token is not None:
-                aio.drop_claim(token)
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
@@ -486,10 +480,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         encoded canonically: keyword order does not matter, argument types do (``f(1)`` and ``f(1.0)`` are two
         entries), and, as with ``lru_cache``, ``f(1, b=2)`` and ``f(1, 2)`` are two entries. Arguments must be
         valid keys (TypeError otherwise). A ``functools.partial`` is named by its function and its arguments, a
-        callable with no ``__qualname__`` needs ``name=``. Misses go through ``get_or_compute``, so concurrent callers anywhere on
-        the host compute each result once, and ``ttl`` is their time to live. The wrapper has ``cache_info()`` (this
-        process's calls: served from the cache, or computed here) and ``cache_clear()`` (removes this function's
-        entries for everyone).
+        callable with no ``__qualname__`` needs ``name=``. Misses go through ``get_or_compute``, so concurrent
+        callers anywhere on the host compute each result once, and ``ttl`` is their time to live. The wrapper has
+        ``cache_info()`` (this process's calls: served from the cache, or computed here) and ``cache_clear()``
+        (removes this function's entries for everyone).
 
         ``ignore``: parameter names left out of the key (a connection, a logger, a ``verbose`` flag); the arguments
         are then bound to the signature first, defaults applied, so ``f(1, 2)``, ``f(1, b=2)`` and ``f(1)`` with

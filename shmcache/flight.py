@@ -18,7 +18,7 @@ A claim is released by closing its descriptor. Interrupts and fork (the two ways
   anything is taken, so the caller's ``finally`` always finds what to release; its description is an
   ``io.FileIO``, which owns the descriptor from the open on, closes it at most once (never a number the application
   reused meanwhile), and closes it in C when dropped: a release cut short still ends the claim when the object goes.
-  The thread's record of its claims holds them weakly, so a key is never left marked as this thread's.
+  The record of the claims held (``_held``) holds them weakly, so a key is never left marked as held.
 - A forked child gets copies of every descriptor, and an OFD lock lasts until the last copy of its description is
   closed. Every claim description of the process is in one registry (``_HELD``) that the child empties at once,
   closing its copies; so a child never holds its parent's claims. Fork takes the registry's lock first, so the
@@ -29,9 +29,12 @@ A claim is released by closing its descriptor. Interrupts and fork (the two ways
 
 from __future__ import annotations
 
+import contextvars
 import io
 import os
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 import time
 import weakref
 from collections.abc import Callable
@@ -44,14 +47,15 @@ _POLL_MAX_S = 0.005
 _RECHECK_S = 0.05  # ...and asks whether the value was stored meanwhile at this interval (a locked lookup)
 
 
-class _Claims(threading.local):
-    def __init__(self) -> None:
-        # (segment inode, byte) -> weak reference to the claim this thread holds on it. Weak: a claim whose release
-        # was cut short leaves the key free for this thread once the claim object is gone.
-        self.keys: dict = {}
-
-
-_claims = _Claims()
+# The claims held, sync and async, in one record: (segment inode, byte) -> weak reference to the Claim. A context
+# variable, so that it is the thread's for a synchronous call and the task's for an asyncio one (the tasks of a loop
+# share its thread, and must wait for each other, not be refused), and so that every nesting of calls on one thread
+# sees it: a synchronous call made by a task's code runs in the task's context, a loop run inside a computation
+# (asyncio.run) and a call sent to a worker (asyncio.to_thread) start from a copy of the caller's. Each change sets
+# a new dict, never one changed in place, so a context copied meanwhile keeps what it was given. Weak, and checked
+# with ``Claim.held``: an entry left by a release cut short, by a release made in another context (a coroutine
+# closed by the garbage collector), or by a fork (the child closes its copies) refuses nothing.
+_held: contextvars.ContextVar[Mapping] = contextvars.ContextVar("shmcache_claims", default=MappingProxyType({}))
 _HELD: dict = {}  # id -> weak reference to the FileIO of every claim of this process (weak: a claim dropped
 # without release closes its file as it goes; a plain dict of bare references costs a fraction of a WeakSet)
 _REGISTRY = threading.RLock()  # guards _HELD against fork, held only for an open (reentrant: a signal handler may
@@ -75,7 +79,6 @@ def _after_fork_in_child() -> None:
         if file is not None:
             file.close()
     _HELD.clear()
-    _claims.keys.clear()
     _REGISTRY = threading.RLock()
 
 
@@ -143,14 +146,13 @@ class Claim:
 
     # Class-level defaults, so that release (and __del__) work on an object whose __init__ was cut short.
     _file: io.FileIO | None = None  # the claim's own description, once opened
-    _keys = None  # the claiming thread's keys (_Claims.keys), once the byte is locked
-    _tag = None
-    _ref = None  # weak reference to self, as recorded in the thread's keys
+    _tag = None  # (segment inode, byte) of the key, once known
+    _ref = None  # weak reference to self, as recorded in ``_held``, once the byte is locked
 
     @property
     def held(self) -> bool:
         """Whether this object holds the key's byte (locked through an open description)."""
-        return self._keys is not None and self._file is not None and not self._file.closed
+        return self._ref is not None and self._file is not None and not self._file.closed
 
     def take(self, describe: Callable[[], io.FileIO], fp: int, timeout: float | None, stored=None) -> bool:
         """Claim the key of fingerprint ``fp`` on a segment, through a description of its file that ``describe()``
@@ -160,46 +162,25 @@ class Claim:
         there.
 
         :raises ComputeTimeout: if the key stays claimed for ``timeout`` seconds.
-        :raises ReentrantCallError: (a RuntimeError) if this thread already holds the claim (``fn`` called
-            ``get_or_compute`` on its own key).
+        :raises ReentrantCallError: (a RuntimeError) if this thread (or the task running it) already holds the
+            claim (``fn`` asked for its own key, with either API).
         """
-        byte = fp >> 1  # below ofd.LIVE_BYTE (2**62), which marks open handles
         # A description of our own for this claim (the segment's descriptor is shared with whatever else this
         # process does with it, and is inherited by forked children).
         if self._file is None:
             self._file = describe()  # Crash window: dropped before the store, the FileIO closes as it goes
-        tag = (os.fstat(self._file.fileno()).st_ino, byte)  # our own descriptor: never one reused meanwhile
-        other = _claims.keys.get(tag)
-        other = other and other()
-        if other is not None and other.held:
-            raise ReentrantCallError("get_or_compute was called for a key inside the computation of that same key",
-                                     what="get_or_compute",
-                                     hint="fn must not ask for its own key; it would wait for itself")
-        self._tag = tag
+        self.refuse_nested(fp)
         waited = False
         wait = Wait(timeout)
-        while not self._lock(byte):
+        while not self.lock_nowait(fp):
             waited = True
             if stored is not None and wait.recheck_due() and stored():
                 return True
             time.sleep(wait.next_pause())
         return waited
 
-    def _lock(self, byte: int) -> bool:
-        # Crash window: cut short between the lock and the record, the lock is still dropped by release (closing the
-        # description drops it, whatever is recorded).
-        file = self._file
-        assert file is not None  # (taken opens it first)
-        if not ofd.lock(file.fileno(), byte, ofd.WRITE, wait=False):
-            return False
-        keys = _claims.keys
-        self._ref = weakref.ref(self)
-        keys[self._tag] = self._ref
-        self._keys = keys
-        return True
-
-    # The asynchronous claim (aio.py): the description opened off the loop, the byte locked without the thread's
-    # record (every task of a loop shares one thread; aio.py records its claims per task).
+    # The asynchronous claim (aio.py take) is made of the same steps, its description opened off the loop and its
+    # waits awaited.
 
     @property
     def opened(self) -> bool:
@@ -209,30 +190,39 @@ class Claim:
         """Take ``file`` (``open_description``'s) as this claim's description."""
         self._file = file
 
-    @property
-    def tag(self):
-        return self._tag
-
-    def tag_of(self, fp: int):
-        """The (segment inode, byte) of the key of fingerprint ``fp``, which this claim's description locks."""
+    def refuse_nested(self, fp: int) -> None:
+        """Raise ReentrantCallError if the caller (this thread, or the task running it) holds the claim on the key
+        of fingerprint ``fp`` already: it would wait for itself. Whichever API took it and asks again."""
         assert self._file is not None
-        self._tag = (os.fstat(self._file.fileno()).st_ino, fp >> 1)
-        return self._tag
+        # Our own descriptor: never one reused meanwhile. Bytes below ofd.LIVE_BYTE (2**62), which marks open handles.
+        self._tag = tag = (os.fstat(self._file.fileno()).st_ino, fp >> 1)
+        other = _held.get().get(tag)
+        other = other and other()
+        if other is not None and other.held:
+            raise ReentrantCallError("get_or_compute was called for a key inside the computation of that same key",
+                                     what="get_or_compute",
+                                     hint="fn must not ask for its own key (with get_or_compute or aget_or_compute): "
+                                          "it would wait for itself")
 
-    def lock_untracked(self, fp: int) -> bool:
-        """Lock the key's byte without waiting, recorded in no thread's keys; whether it was."""
+    def lock_nowait(self, fp: int) -> bool:
+        """Lock the key's byte without waiting and record the claim as the caller's; whether it was locked."""
+        # Crash window: cut short between the lock and the record, the lock is still dropped by release (closing the
+        # description drops it, whatever is recorded).
         file = self._file
-        assert file is not None
+        assert file is not None  # (refuse_nested ran first)
         if not ofd.lock(file.fileno(), fp >> 1, ofd.WRITE, wait=False):
             return False
-        self._ref = weakref.ref(self)
-        self._keys = {self._tag: self._ref}  # held (see ``held``), in a record of its own
+        self._ref = ref = weakref.ref(self)
+        _held.set({**_held.get(), self._tag: ref})
         return True
 
     def _forget_key(self) -> None:
-        keys, self._keys = self._keys, None
-        if keys is not None and keys.get(self._tag) is self._ref:
-            del keys[self._tag]
+        ref, self._ref = self._ref, None
+        record = _held.get()
+        # Only in the record it was written to: a release run in another context (a coroutine closed by the garbage
+        # collector) finds another record, and leaves it alone; the entry left behind refuses nothing (``held``).
+        if ref is not None and record.get(self._tag) is ref:
+            _held.set({tag: r for tag, r in record.items() if tag != self._tag})
 
     def release(self) -> None:
         file = self._file

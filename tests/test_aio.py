@@ -9,6 +9,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import sys
 
 import pytest
 
@@ -252,3 +253,93 @@ def test_aio_amemoize_a_method_is_keyed_by_its_instance_or_class(cache):
 
     assert run(Area((1,)).area(2)) == 4 and run(Area((3,)).area(2)) == 12
     assert run(Area.name(1)) == ("Area", 1) and run(Sub.name(1)) == ("Sub", 1)
+
+
+# One record of the claims held, sync and async: any nesting of a key's computation in its own is refused at once
+# (timeout=None: a wait would be for ever, which the test's timeout turns into a failure).
+
+
+@pytest.mark.timeout(30)
+def test_aio_get_or_compute_inside_aget_or_compute_of_its_key_is_refused(cache):
+    async def main():
+        async def fn():
+            return cache.get_or_compute("k", lambda: "inner")
+
+        with pytest.raises(ReentrantCallError, match="same key"):
+            await cache.aget_or_compute("k", fn)
+        assert await cache.aget_or_compute("other", lambda: cache.get_or_compute("k", lambda: 3)) == 3
+
+    run(main())
+    assert cache.get("k") == 3 and cache.get("other") == 3
+    assert cache.get_or_compute("k2", lambda: 1) == 1  # nothing left claimed
+
+
+@pytest.mark.timeout(30)
+def test_aio_aget_or_compute_inside_get_or_compute_of_its_key_is_refused(cache):
+    def fn():
+        return asyncio.run(cache.aget_or_compute("k", lambda: "inner"))
+
+    with pytest.raises(ReentrantCallError, match="same key"):
+        cache.get_or_compute("k", fn)
+    assert "k" not in cache
+    assert cache.get_or_compute("k", lambda: asyncio.run(cache.aget_or_compute("k2", lambda: 4))) == 4
+    assert run(cache.aget_or_compute("k", lambda: 5)) == 4  # stored, and nothing left claimed
+
+
+@pytest.mark.timeout(30)
+def test_aio_get_or_compute_in_a_worker_of_the_computation_of_its_key_is_refused(cache):
+    """``asyncio.to_thread`` runs the call in a copy of the task's context, where its claims are."""
+
+    async def main():
+        async def fn():
+            # (a bounded wait: on failure, a worker thread waiting for ever would keep the loop from closing)
+            return await asyncio.to_thread(cache.get_or_compute, "k", lambda: "inner", timeout=5)
+
+        with pytest.raises(ReentrantCallError):
+            await cache.aget_or_compute("k", fn)
+
+    run(main())
+    assert run(cache.aget_or_compute("k", lambda: 6)) == 6
+
+
+@pytest.mark.timeout(30)
+def test_aio_a_lock_taken_again_by_its_task_is_refused(cache):
+    async def main():
+        async with cache.lock("k"):
+            with pytest.raises(ReentrantCallError, match="already holds the lock"):
+                async with cache.lock("k"):
+                    pass
+            with pytest.raises(ReentrantCallError):
+                cache.lock("k").acquire()
+        async with cache.lock("k"):  # free again
+            pass
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_aio_a_claim_of_a_coroutine_closed_by_the_collector_goes_quietly(cache, monkeypatch):
+    """A task left pending in a closed loop: its coroutine, closed by the garbage collector in whatever context is
+    current then, releases its claim and prints nothing ("Token was created in a different Context" before)."""
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    started = []
+
+    async def fn():
+        started.append(True)
+        await asyncio.Event().wait()  # for ever
+
+    async def until_started():
+        while not started:
+            await asyncio.sleep(0.001)
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(cache.aget_or_compute("k", fn))
+        loop.run_until_complete(asyncio.wait_for(until_started(), 10))
+    finally:
+        loop.close()
+    del task
+    gc.collect()
+    assert [u.exc_value for u in unraisable] == []
+    assert cache.get_or_compute("k", lambda: 7, timeout=5) == 7  # its claim was released

@@ -675,11 +675,8 @@ class TieredCache(TierMapping):
             return local.lock_free() and lkey in local
 
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
-        token = None
         try:
             waited = await aio.take(claim, fp, timeout, describe, stored)
-            if claim.held:
-                token = aio.hold_claim(claim.tag)
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = await local.aget(lkey, MISSING)
                 if value is not MISSING:
@@ -687,12 +684,9 @@ class TieredCache(TierMapping):
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
                     await aio.take(claim, fp, timeout, describe, None)
-                    token = aio.hold_claim(claim.tag)
             return await self._arun(self._compute(key, kb, fn, deadline, ttl, False))
         finally:
             claim.release()
-            if token is not None:
-                aio.drop_claim(token)
 
     def amemoize(self, fn: Callable[..., Awaitable[R]] | None = None, *, name: str | None = None,
                  timeout: float | None = None, ttl: float | None = None, key: Callable[..., Any] | None = None,
