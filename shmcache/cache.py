@@ -211,7 +211,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         # Last: a handle dropped without close() closes what it opened as it is collected. Why weak references to
         # the parts that hold the clock (the Core through its hand-over): a clock may hold the handle, and the
         # finaliser's own references would then keep it for ever (the segment and the pins hold nothing of ours).
-        self._finalizer = weakref.finalize(self, _release, seg, self._pins,
+        self._finalizer = weakref.finalize(self, _release, seg, self._pins, guard.slot,
                                            *map(weakref.ref, (guard, table, store, self._core or store)))
         self._finalizer.atexit = False  # at exit the process's end closes all; daemon threads may still be inside
 
@@ -649,9 +649,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         return self._path, self._now  # what the batches call (mapping.LocalMapping)
 
 
-def _release(seg: Segment, pins, *parts: weakref.ref) -> None:
+def _release(seg: Segment, pins, slot, *parts: weakref.ref) -> None:
     """Close what a handle opened and unmap its segment: close()'s end (the guard closed under the lock), and the
-    finaliser of a handle collected open (no call can be inside: each holds the handle). ``parts``: the guard, table,
+    finaliser of a handle collected open (no call can be inside: each holds the handle). ``slot``: the lock's holder
+    slot, closed last but for the mapping. ``parts``: the guard, table,
     store and Core, which a collection of the handle in its cycle collects too (they are gone by then). A mapping
     some view still exports stays until that view goes (Segment.close)."""
     guard, table, store, compiled = (ref() for ref in parts)
@@ -664,6 +665,7 @@ def _release(seg: Segment, pins, *parts: weakref.ref) -> None:
     if store is not None:
         store.close()
     pins.close()
+    slot.close()  # the lock's holder slot (lock.HolderSlot): its description, and the kernel lock through it
     seg.close()
 
 
