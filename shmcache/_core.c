@@ -69,6 +69,30 @@ static PyObject *module_unpack(PyObject *Py_UNUSED(m), PyObject *arg)
     return v != NULL ? v : handover(NULL);
 }
 
+/* try_word(address): the Python path's try of the lock's futex word at ``address`` (an int: the lock page the
+ * caller keeps mapped), with a compare-and-swap instead of the kernel's FUTEX_TRYLOCK_PI, with its answers: 0
+ * (taken), EDEADLK (the word names this thread), EAGAIN (held). (twin: lock.py futex_trylock) */
+static PyObject *module_try_word(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    unsigned long long a = PyLong_AsUnsignedLongLong(arg);
+    if (a == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (a == 0 || a % 4) {
+        PyErr_SetString(PyExc_ValueError, "try_word: not the address of a 32-bit word");
+        return NULL;
+    }
+    uint32_t *w = (uint32_t *)(uintptr_t)a, tid = my_tid(), v = 0;
+    int rc = EAGAIN;
+    if (__atomic_compare_exchange_n(w, &v, tid, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        rc = 0;
+    else if ((v & TID_MASK) == tid)
+        rc = EDEADLK;
+    else if (!(v & TID_MASK)
+             && __atomic_compare_exchange_n(w, &v, tid | (v & WAITERS), 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        rc = 0;
+    return PyLong_FromLong(rc);
+}
+
 static PyObject *module_last_wait(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     return Py_BuildValue("(diL)", (double)thread_waited_ns / 1e9, thread_extended, (long long)thread_holder);
@@ -101,6 +125,9 @@ static PyMethodDef module_methods[] = {
      "unlocked_view() -> bool\n\nWhether the calling thread's view in progress was pinned without the lock: its "
      "lookup is counted in the handle's reader slot once the first look is done (a failed checksum counts a miss), "
      "so the first look corrects no counter of the header."},
+    {"try_word", module_try_word, METH_O,
+     "try_word(address) -> int\n\nThe Python path's try of the lock's futex word at address, by compare-and-swap: 0 "
+     "(taken), EDEADLK (it names this thread), EAGAIN (held) -- FUTEX_TRYLOCK_PI's answers (lock.py)."},
     {"last_wait", module_last_wait, METH_NOARGS,
      "last_wait() -> (seconds, extensions, holder)\n\nHow long the calling thread's last wait for a busy lock took "
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "

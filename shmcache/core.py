@@ -98,6 +98,12 @@ def last_wait() -> tuple[float, int, int] | None:
     return None if _core is None else _core.last_wait()
 
 
+def word_try():
+    """The Python path's try of the lock's word when the compiled section is built (``_core.try_word``: a
+    compare-and-swap, no system call); None: not built, the kernel's FUTEX_TRYLOCK_PI is used."""
+    return None if _core is None else _core.try_word
+
+
 def lock_takeovers() -> int:
     """Holders judged gone whose lock this process took over (lock.py ``SegmentLock.take_over``; the compiled
     section leaves that to the Python path)."""

@@ -22,8 +22,9 @@ from typing import NoReturn
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
+from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
-from .core import last_wait
+from .core import last_wait, word_try
 from .seqlock import close_seq, open_seq
 from .verify import check, repair
 
@@ -80,7 +81,14 @@ class Guard:
         self.slot = self.lock.slot
         self.lock32 = memoryview(seg.lock_mm).cast("I")  # the lock page's 32-bit words, as long as the page
         self.fw = H_LOCK_OFF // 4  # the futex word's index there; the holder word follows it
-        self._clear = self.lock.clear_call
+        self._try = word_try() or futex_trylock  # a compare-and-swap where the compiled section is built
+        # Clearing the word, as C calls (no bytecode: see run). On x86-64 a plain store of 0 is a release (stores
+        # are seen in program order), and a WAITERS set in the instant between the look and the store costs that
+        # sleeper one slice; elsewhere the kernel's atomic store (FUTEX_WAKE_OP), ordered after the hold's stores.
+        if lock.PLAIN_RELEASE:
+            self._clear = functools.partial(self.lock32.__setitem__, self.fw, 0)
+        else:
+            self._clear = self.lock.clear_call
         self._bump = self.lock.bump_call
         self.closed = False
         self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
@@ -105,7 +113,7 @@ class Guard:
 
     def enter(self, waited: bool = False) -> None:
         """Take the lock (the try recorded in ``me.holds`` already). Follow with ``admit``."""
-        rc = futex_trylock(self.addr)
+        rc = self._try(self.addr)
         if rc:
             self.wait(rc, waited)
         self.holder.value = self.slot.number

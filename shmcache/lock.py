@@ -81,6 +81,9 @@ WAKES_OFF = 8  # the wake count: sleepers wait on it, an unlock that found WAITE
 HOLDER_BASE = 2**62 + 2**40 + 2**21
 HOLDER_SLOTS = 2**20
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine, 202)
+# Whether a plain store of 0 gives the word back with release order: stores are seen in program order (x86-64's
+# total store order), so none of the hold's is seen after it.
+PLAIN_RELEASE = os.uname().machine in ("x86_64", "AMD64")
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_WAKE_OP, _FUTEX_TRYLOCK_PI = 0, 1, 5, 8
 # FUTEX_WAKE_OP's operation on the second word (here the same word): SET 0, and OR 1 << 31 (FUTEX_OP_OPARG_SHIFT).
 _OP_SET_0 = 0
@@ -447,7 +450,10 @@ class SegmentLock:
         if w & FUTEX_TID_MASK != me.tid:
             return False
         self.holder.value = 0
-        futex_clear(self.address)
+        if PLAIN_RELEASE:
+            self.futex.value = 0
+        else:
+            futex_clear(self.address)
         # A sleeper that set WAITERS after the read above sleeps one slice at most.
         if w & FUTEX_WAITERS:
             futex_bump(self.wakes_address, 1)
