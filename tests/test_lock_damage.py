@@ -193,3 +193,54 @@ def test_lock_word_naming_a_live_holder_of_the_cache_times_out_clearly(name):
         assert q.get(timeout=5).startswith("LockTimeout")
         check_value("k1", c.get("k1"))  # this thread judges its own id: damage, taken over and repaired
         _use(name)
+
+
+_SWEEP = r"""
+import os, struct, subprocess, sys, threading
+from shmcache import SharedCache
+from shmcache.layout.dtypes import H_LOCK_OFF
+from tests.workers import check_value, make_value
+
+name = sys.argv[1]
+p = subprocess.Popen(["sleep", "60"])  # a live thread id of a process that does not map the cache
+gone = subprocess.Popen(["true"])
+gone.wait()
+values = [0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 0x40000000, gone.pid, p.pid, threading.get_native_id(),
+          threading.get_native_id() | 0x80000000, 2**20 + 1, 0xDEADBEEF]
+c = SharedCache(name, capacity_bytes=1 << 16, max_entries=64, lock_timeout=0.5)
+take, give = c._guard.hold, c._guard.let_go
+served = 0
+try:
+    for off in range(0, 61):
+        for value in values:
+            key = f"k{off}-{value}"
+            c.put(key, make_value(key, off, 30))
+            take()
+            c._seg.lock_mm[H_LOCK_OFF + off : H_LOCK_OFF + off + 4] = struct.pack("<I", value)
+            give()
+            c.put("after", make_value("after", off, 40))
+            check_value("after", c.get("after"))
+            v = c.get(key)
+            if v is not None:
+                check_value(key, v)
+            served += 1
+    assert c.verify().ok
+finally:
+    p.kill()
+    p.wait()
+    c.close()
+print(served)
+"""
+
+
+def test_lock_every_byte_of_its_line_written_during_a_hold_never_crashes(name):
+    """A 4-byte write of each value class at every byte offset of the lock's line (64 bytes) while this process
+    holds the lock, then its unlock and the next calls: run in a child process, so a crash (as glibc's unlock
+    writing through list pointers in the segment) or an abort fails the test instead of killing the run."""
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _SWEEP, name], cwd=root, capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert int(out.stdout.strip()) == 61 * 12
