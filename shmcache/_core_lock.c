@@ -87,13 +87,16 @@ static inline int take_or_mark(Core *c, uint32_t tid, uint32_t waiters)
 /* Whether the holder that word ``v`` names is to be judged by the Python path (lock.py holder_state): its holder
  * slot is named and no description holds that slot's byte (its process is gone: the kernel dropped the lock at
  * exit) or its thread id names no thread, the slot named is out of range, or no slot is named a slice after the
- * holder was first seen (judged there by the thread id). Only a word still
+ * holder was first seen and its thread id names no thread. Only a word still
  * ``v`` after the look. (twin: lock.py SegmentLock.holder_state, its first case) */
 static int holder_suspect(Core *c, uint32_t v, int first)
 {
     uint32_t s = __atomic_load_n(c->holderword, __ATOMIC_RELAXED);
-    if (s == 0 && first)
-        return 0; /* a holder between taking the word and naming its slot (or the reverse): looked at a slice later */
+    /* No slot named: a holder between taking the word and naming its slot (or between clearing them), perhaps
+     * descheduled there, is looked at a slice later, and then only a thread id that names no thread is handed to
+     * the Python path (which judges the rest when the wait times out). */
+    if (s == 0 && (first || !(kill((pid_t)(v & TID_MASK), 0) < 0 && errno == ESRCH)))
+        return 0;
     if (s != 0 && (int64_t)s <= c->holder_slots) {
         struct flock fl;
         memset(&fl, 0, sizeof fl);
