@@ -14,6 +14,7 @@ import pytest
 
 from shmcache import SharedCache
 from tests import suites
+from tests.tiering import tier_of
 from tests.servers import REDIS_BINARY, REDIS_CLI_BINARY, RedisClusterServers, RedisServer
 
 SHM_DIR = "/dev/shm"
@@ -22,6 +23,19 @@ PREFIXES = ("shmcache.", "shmcache-tier.")  # caches, and TieredCache stats segm
 
 def pytest_configure(config: pytest.Config) -> None:
     suites.configure(config)  # its downloads, at collection, say so on the terminal
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Mark every test with its module's tier (tests/tiering.py); a module named in no tier fails the run."""
+    unknown = set()
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        try:
+            item.add_marker(getattr(pytest.mark, tier_of(module)))
+        except KeyError:
+            unknown.add(module)
+    if unknown:
+        raise pytest.UsageError(f"test modules in no tier of tests/tiering.py: {sorted(unknown)}")
 
 
 def unique_name(tag: str = "t") -> str:

@@ -37,6 +37,7 @@ from shmcache.layout.dtypes import (
 
 from .conftest import unique_name
 from .workers import check_value, make_value, python_path, reap
+from .profiles import examples, seeds
 
 if core.Core is None:
     if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
@@ -383,7 +384,7 @@ _op = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
        default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
@@ -411,7 +412,7 @@ def _allowed_batch_handovers(ops) -> set:
         ({"pinned"} if any(op[0] == "view" for op in ops) else set())
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 120).flatmap(lambda n: st.lists(_batch_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
        default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
@@ -438,7 +439,7 @@ def _batch_ops(rng: random.Random, n: int, keys: int, max_value: int, with_views
     return out
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", seeds(16))
 def test_core_batches_differential_long_sequences(seed):
     """Long seeded runs with batches, where the ring wraps and compacts, views pin entries (odd seeds) and the byte
     limit is lowered and raised back; each policy in turn."""
@@ -449,7 +450,7 @@ def test_core_batches_differential_long_sequences(seed):
     assert set(handovers) <= _allowed_batch_handovers(ops), handovers
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(40))
 def test_core_differential_long_sequences(seed):
     """Long seeded runs, where the arena's ring wraps and compacts many times, with views pinning entries (odd
     seeds) and the byte limit lowered and raised back; each policy in turn (seed % 3)."""

@@ -24,6 +24,7 @@ from shmcache.layout.dtypes import (
 )
 from tests.conftest import unique_name
 from tests.workers import python_path
+from tests.profiles import examples
 
 KEYS = [f"k{i}" for i in range(6)] + [("t", i) for i in range(3)]  # few: most gets hit, many entries move
 # when each was made; the mutex's own words; how much walking was done under the lock
@@ -62,7 +63,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
 def test_hot_paths_equal_the_composed_operations(script):
     clock = Clock()

@@ -22,8 +22,9 @@ from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_PREV, E_VAL_NBYTES, EN
 from tests.conftest import unique_name
 from tests.reference import COUNTERS, MISSING, Pinned, ReferenceLRU, TooLarge, key_bytes
 from tests.test_codec import same_value
+from tests.profiles import examples
 
-CODEC_SETTINGS = settings(max_examples=100, deadline=None)
+CODEC_SETTINGS = settings(max_examples=examples(100), deadline=None)
 
 # ---------------------------------------------------------------------------------------------------- strategies
 
@@ -581,6 +582,6 @@ class SharedCacheMachine(RuleBasedStateMachine):
 TestSharedCacheMatchesReference = SharedCacheMachine.TestCase
 # SHMCACHE_MACHINE_EXAMPLES=3000 (with -o timeout=0) for a longer hunt than the suite can afford.
 TestSharedCacheMatchesReference.settings = settings(
-    max_examples=int(os.environ.get("SHMCACHE_MACHINE_EXAMPLES", 100)), stateful_step_count=50, deadline=None,
+    max_examples=int(os.environ.get("SHMCACHE_MACHINE_EXAMPLES", examples(100))), stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

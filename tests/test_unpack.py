@@ -26,6 +26,7 @@ if core.Core is None:
     pytest.skip("shmcache._core is not built (python setup.py build_ext --inplace)", allow_module_level=True)
 
 from shmcache import _core
+from tests.profiles import examples
 
 DECLINED = core.HANDOVER
 
@@ -69,7 +70,7 @@ plain = st.recursive(scalars, lambda inner: st.lists(inner, max_size=6) | st.dic
                      max_leaves=40)
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(plain, st.booleans())
 def test_unpack_decodes_plain_values_as_msgpack_does(value, single_float):
     try:
@@ -80,7 +81,7 @@ def test_unpack_decodes_plain_values_as_msgpack_does(value, single_float):
     assert got is not DECLINED, data  # every plain value is decoded, not handed back
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(plain, st.data())
 def test_unpack_damaged_bytes_decode_as_msgpack_or_decline(value, data):
     raw = bytearray(msgpack.packb(value, use_bin_type=True))
