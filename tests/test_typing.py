@@ -178,6 +178,11 @@ def _conforms(value: object, hint: object) -> bool:
     if hint is None or hint is type(None):
         return value is None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if _is_alias(hint):  # ``type X = ...`` (numpy 2.5's NDArray): what it stands for
+        return _conforms(value, hint.__value__)
+    if _is_alias(origin):  # X[args]: what it stands for, its parameters given
+        expanded = origin.__value__
+        return _conforms(value, expanded[args] if origin.__type_params__ else expanded)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, a) for a in args)
     if origin is tuple:
@@ -212,6 +217,12 @@ def _conforms(value: object, hint: object) -> bool:
     return True
 
 
+def _is_alias(hint: object) -> bool:
+    """Whether ``hint`` is a type alias statement's (``typing.TypeAliasType``, Python 3.12 on, or its
+    typing_extensions backport): numpy 2.5 writes ``NDArray`` so."""
+    return type(hint).__name__ == "TypeAliasType" and hasattr(hint, "__value__")
+
+
 def _returns(fn: Callable[..., object]) -> object:
     target = getattr(fn, "__func__", fn)
     if isinstance(target, property):
@@ -237,6 +248,8 @@ def test_typing_conforms_catches_a_lie():
     assert not _conforms({"a": np.int64(1)}, dict[str, int])
     assert not _conforms(shmcache.CacheStats(*range(20), kinds={"k": 1}), shmcache.CacheStats)
     assert _conforms(shmcache.CacheStats(*range(20)), shmcache.CacheStats)
+    assert _conforms(np.arange(2), npt.NDArray[typing.Any]) and not _conforms([1, 2], npt.NDArray[typing.Any])
+    assert _conforms(np.arange(2), npt.NDArray[np.int64]) and not _conforms(b"", npt.NDArray[np.int64])
 
 
 def test_typing_shared_cache_returns_what_it_declares(cache):
