@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from . import djangosite
-from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
+from .workers import check_backend_reopens_after_fork, count_lock_holds, reap, start_and_collect
 
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -261,6 +261,73 @@ def test_django_backend_add_is_atomic_across_processes(dcache, name):
     for who, _, seen in results:
         for k, v in seen.items():  # every process read the one winner's value, whole
             assert v == {"key": k, "by": winners[k], "check": f"{k}/{winners[k]}"}, (who, k, v)
+
+
+def _race_get_or_set(name: str, who: int, keys: list, use_async: bool, barrier, calls, queue) -> None:
+    """Ask for every key at once with the other workers, through get_or_set (or aget_or_set) with a callable that
+    counts its calls (in ``calls``, shared) and takes a while, so that every worker misses."""
+    import asyncio
+    import time
+
+    with override_settings(CACHES=djangosite.caches_setting(name)):
+        from django.core.cache import cache
+
+        def compute(key: str):
+            def fn():
+                with calls.get_lock():
+                    calls.value += 1
+                time.sleep(0.3)
+                return {"key": key, "by": who, "check": f"{key}/{who}"}
+            return fn
+
+        async def all_async():
+            return await asyncio.gather(*(cache.aget_or_set(k, compute(k), 60) for k in keys))
+
+        barrier.wait(timeout=30)
+        got = asyncio.run(all_async()) if use_async else [cache.get_or_set(k, compute(k), 60) for k in keys]
+    queue.put((who, dict(zip(keys, got))))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_django_backend_get_or_set_computes_once_per_host(dcache, name, use_async):
+    dcache.set("open", 1)  # created here, so the workers only attach
+    keys = ["a", "b", "c"]
+    ctx = mp.get_context("fork")
+    barrier, calls, queue = ctx.Barrier(4), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_race_get_or_set, args=(name, who, keys, use_async, barrier, calls, queue))
+             for who in range(4)]
+    results = start_and_collect(procs, queue, 60)
+    assert calls.value == len(keys)  # each key computed once, by one of the four
+    for k in keys:
+        seen = {who: got[k] for who, got in results}
+        assert len({v["by"] for v in seen.values()}) == 1, seen  # every worker got the one computed value
+        by = seen[0]["by"]
+        assert all(v == {"key": k, "by": by, "check": f"{k}/{by}"} for v in seen.values()), seen
+        assert dcache.get(k) == seen[0]
+
+
+def test_django_backend_get_or_set_keeps_djangos_rules(dcache, name):
+    import asyncio
+
+    assert dcache.get_or_set("none", lambda: None) is None and dcache.get("none", "dflt") is None
+    assert dcache.get_or_set("plain", 5) == 5 and dcache.get_or_set("plain", 6) == 5
+    assert dcache.get_or_set("v", lambda: "two", version=2) == "two" and dcache.get("v") is None
+    assert dcache.get_or_set("gone", lambda: "x", timeout=0) == "x" and dcache.get("gone") is None
+    assert dcache.get_or_set("kept", lambda: "y", timeout=None) == "y" and _ttl(name, dcache.make_key("kept")) is None
+    with pytest.raises(ReentrantCallError):
+        dcache.get_or_set("self", lambda: dcache.get_or_set("self", lambda: 1))
+
+    async def check():
+        async def coroutine():
+            return "awaited"
+        assert await dcache.aget_or_set("co", coroutine) == "awaited"
+        assert await dcache.aget_or_set("co", lambda: "again") == "awaited"
+        assert await dcache.aget_or_set("aplain", 7) == 7 and await dcache.aget_or_set("aplain", 8) == 7
+
+    asyncio.run(check())
+    assert dcache.get("co") == "awaited"
 
 
 def test_django_sessions_on_the_backend(dcache):

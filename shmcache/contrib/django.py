@@ -20,6 +20,10 @@ process that can write the segment can run code in every process that reads it; 
 that is the same user only. Keys are Django's (``KEY_PREFIX``, ``VERSION``, ``KEY_FUNCTION``), validated with the
 warnings Django gives for keys memcached would refuse.
 
+``get_or_set`` and ``aget_or_set`` with a callable default call it once on the whole host: every worker that misses
+the key meanwhile waits for that result (``SharedCache.get_or_compute``), where Django's own backends call it in
+each worker.
+
 Invariant: a process uses the handle it opened. The handle is opened on first use and shared by every backend
 instance (Django makes one per thread and alias) of the same name and options in the process; a forked child sees
 another pid and opens its own (``shmcache.contrib.backends``). ``close()``, which Django calls at the end of every
@@ -29,6 +33,7 @@ request, keeps it: opening a cache costs an attach (a mapping, file locks), not 
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -94,6 +99,24 @@ class SharedMemoryCache(BaseCache):
         memcached backends do with memcached's item size limit)."""
         key = self.make_and_validate_key(key, version=version)
         backends.put(self._cache, key, value, self._ttl(timeout))
+
+    def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> Any:
+        """The value of ``key``; if absent, ``default`` stored and returned. A callable ``default`` is called once
+        on the whole host: callers in other processes (or threads) that miss the key meanwhile wait for its result
+        instead of calling it too (``SharedCache.get_or_compute``); if it raises, the exception is the caller's and
+        a waiter calls it instead. A result too large for the cache is returned, not stored.
+
+        :raises ReentrantCallError: (a RuntimeError) if ``default`` itself asks for ``key``: it would wait for itself.
+        """
+        made = self.make_and_validate_key(key, version=version)
+        if callable(default):
+            return self._cache.get_or_compute(made, default, ttl=self._ttl(timeout))
+        # Nothing to compute: BaseCache's steps (the second get answers what a racing caller may have added first).
+        value = self._cache.get(made, _MISSING)
+        if value is not _MISSING:
+            return value
+        self.add(key, default, timeout, version)
+        return self.get(key, default, version)
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
@@ -241,15 +264,35 @@ class SharedMemoryCache(BaseCache):
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:
-        # BaseCache.aget_or_set's steps, over the native methods: a callable default is called on the loop, as
-        # Django calls it; the second get answers what a racing caller may have added first.
-        value = await self.aget(key, self._missing_key, version)
-        if value is not self._missing_key:
+        """``get_or_set``, awaitable: a callable ``default`` is called on the loop, as Django calls it (a coroutine
+        function's result is awaited), once on the whole host (``SharedCache.aget_or_compute``: a wait for another
+        caller's result never blocks the loop)."""
+        made = self.make_and_validate_key(key, version=version)
+        if not callable(default):
+            value = await self.aget(key, self._missing_key, version)
+            if value is not self._missing_key:
+                return value
+            await self.aadd(key, default, timeout, version)
+            return await self.aget(key, default, version)
+        computed = _MISSING
+
+        async def compute() -> Any:
+            nonlocal computed
+            value = default()
+            if inspect.isawaitable(value):
+                value = await value
+            computed = value
             return value
-        if callable(default):
-            default = default()
-        await self.aadd(key, default, timeout, version)
-        return await self.aget(key, default, version)
+
+        try:
+            return await self._cache.aget_or_compute(made, compute, ttl=self._ttl(timeout))
+        except SynchronousOnlyOperation:
+            if computed is _MISSING:
+                raise  # raised by ``default`` itself: the caller's, as Django's own aget_or_set gives it
+            # Storing it queried the database on the loop (see ``_astore``): stored from a thread instead. Another
+            # caller may have taken over the key meanwhile; what it stored first wins, as add decides.
+            await self._astore(self.add, key, computed, timeout, version)
+            return await self.aget(key, computed, version)
 
     async def aclear(self) -> None:
         return await self._acall(self.clear)
