@@ -14,7 +14,7 @@ import hashlib
 import os
 
 from flask import Flask, jsonify
-from flask_caching import Cache
+from shmcache.contrib.flask import Cache  # flask_caching.Cache, its decorators single-flight
 
 app = Flask(__name__)
 app.config.update(

@@ -20,9 +20,10 @@ import flask
 from flask_caching import Cache
 
 from shmcache import SerializerMismatch, SharedCache
+from shmcache.contrib import flask as contrib_flask
 from shmcache.contrib.flask import SharedMemoryCache, close_handles
 
-from .workers import check_backend_reopens_after_fork, count_lock_holds, reap
+from .workers import check_backend_reopens_after_fork, count_lock_holds, reap, start_and_collect
 
 BACKEND = "shmcache.contrib.flask.SharedMemoryCache"
 OPTIONS = {"capacity_bytes": 4 << 20, "max_entries": 4096}  # room for every key of the races: nothing evicted
@@ -319,3 +320,144 @@ def test_flask_memoize_result_is_shared_across_processes(name):
     # The second process found the first one's result (its pid, not its own): one computation for the host.
     assert computed == again == {"key": "shared", "pid": first.pid, "sum": _digest("shared", "v")}
     SharedCache.unlink_name(name)
+
+
+def _race_decorated(name: str, who: int, barrier, calls, queue) -> None:
+    """Call a cached view and a memoized function (two arguments) at once with the other workers; each function
+    counts its calls (in ``calls``, shared) and takes a while, so that every worker misses."""
+    import time
+
+    try:
+        app = flask.Flask(__name__)
+        app.config.update({"CACHE_TYPE": BACKEND, "CACHE_SHMCACHE_NAME": name, "CACHE_OPTIONS": dict(OPTIONS)})
+        cache = contrib_flask.Cache(app)
+
+        def counted(what: str) -> dict:
+            with calls.get_lock():
+                calls.value += 1
+            time.sleep(0.3)
+            return {"what": what, "by": who, "check": _digest(what, str(who))}
+
+        @app.route("/page")
+        @cache.cached(60)
+        def page():
+            return counted("page")
+
+        @cache.memoize(60)
+        def square(x):
+            return counted(f"square{x}")
+
+        client = app.test_client()
+        barrier.wait(timeout=30)
+        got = {"page": client.get("/page").get_json()}
+        with app.app_context():
+            got.update({f"square{x}": square(x) for x in (2, 3)})
+        queue.put((who, got))
+    except BaseException as exc:  # reported, not lost
+        queue.put((who, repr(exc)))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_flask_cached_and_memoize_compute_once_per_host(name):
+    with SharedCache(name, serializer="pickle", **OPTIONS):
+        pass  # created here, so the workers only attach
+    ctx = mp.get_context("fork")
+    barrier, calls, queue = ctx.Barrier(4), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_race_decorated, args=(name, who, barrier, calls, queue)) for who in range(4)]
+    try:
+        results = start_and_collect(procs, queue, 60)
+        assert all(isinstance(got, dict) for _, got in results), results
+        assert calls.value == 3  # the page and two squares, each computed once, by one of the four
+        for what in ("page", "square2", "square3"):
+            seen = [got[what] for _, got in results]
+            by = seen[0]["by"]
+            assert all(v == {"what": what, "by": by, "check": _digest(what, str(by))} for v in seen), seen
+    finally:
+        SharedCache.unlink_name(name)
+
+
+def test_flask_single_flight_keeps_flask_cachings_rules(name):
+    app = flask.Flask(__name__)
+    app.config.update({"CACHE_TYPE": BACKEND, "CACHE_SHMCACHE_NAME": name, "CACHE_OPTIONS": dict(OPTIONS)})
+    cache = contrib_flask.Cache(app)
+    calls = []
+
+    @cache.memoize(60)
+    def fails(x):
+        calls.append(x)
+        raise ValueError(x)
+
+    @cache.memoize(60, response_filter=lambda rv: rv != "skip")
+    def filtered(x):
+        calls.append(x)
+        return "skip"
+
+    @cache.memoize(60, cache_none=True)
+    def nothing():
+        calls.append("none")
+
+    @cache.memoize(60)
+    def outer(x):
+        calls.append(("outer", x))
+        return {"inner": inner(x), "other": cache.get("plain")}
+
+    @cache.memoize(60)
+    def inner(x):
+        calls.append(("inner", x))
+        return x * 2
+
+    with app.app_context():
+        for _ in range(2):  # the claim goes with the exception, and with a result not stored: no wait the 2nd time
+            with pytest.raises(ValueError):
+                fails(1)
+            assert filtered(2) == "skip"
+        assert nothing() is None and nothing() is None
+        cache.set("plain", "p")
+        assert outer(5) == outer(5) == {"inner": 10, "other": "p"}
+        assert calls == [1, 2, 1, 2, "none", ("outer", 5), ("inner", 5)]
+        outer.cache_timeout = 5  # Flask-Caching's attributes, on the function it made
+        assert outer.uncached(6) == {"inner": 12, "other": "p"} and outer.cache_timeout == 5
+        cache.delete_memoized(outer, 5)
+        assert outer(5) == {"inner": 10, "other": "p"} and calls[-1] == ("outer", 5)
+        assert contrib_flask._flight.get() is None
+        with SharedCache(name, create=False, serializer="pickle") as own:  # no claim left behind
+            assert all(own.lock(k).acquire(blocking=False) for k in own.keys())
+    close_handles()
+    SharedCache.unlink_name(name)
+
+
+def _first_keys(name: str, who: int, barrier, queue) -> None:
+    """Make the cache keys of 30 memoized functions, called for the first time by every worker at once."""
+    try:
+        app = flask.Flask(__name__)
+        app.config.update({"CACHE_TYPE": BACKEND, "CACHE_SHMCACHE_NAME": name, "CACHE_OPTIONS": dict(OPTIONS)})
+        cache = contrib_flask.Cache(app)
+        functions = []
+        for i in range(30):
+            def f(x, i=i):
+                return x + i
+            f.__qualname__ = f"first_call_{i}"
+            functions.append(cache.memoize(60)(f))
+        with app.app_context():
+            barrier.wait(timeout=30)
+            queue.put((who, [f.make_cache_key(f.uncached, 1) for f in functions]))
+    except BaseException as exc:  # reported, not lost
+        queue.put((who, repr(exc)))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_flask_memoize_first_calls_at_once_agree_on_the_key(name):
+    with SharedCache(name, serializer="pickle", **OPTIONS):
+        pass  # created here, so the workers only attach
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_first_keys, args=(name, who, barrier, queue)) for who in range(4)]
+    try:
+        results = start_and_collect(procs, queue, 60)
+        keys = [got for _, got in results]
+        assert all(isinstance(k, list) and len(k) == 30 for k in keys), keys
+        assert all(k == keys[0] for k in keys), keys  # one version per function: one key per call, host-wide
+    finally:
+        SharedCache.unlink_name(name)

@@ -2,7 +2,8 @@
 (``tests/suites.py``): its backend suite (``GenericCacheTests`` of ``tests/test_backend_cache.py``, bound here as it
 binds SimpleCache and RedisCache, with and without a key prefix), and its tests of the extension (``cached``,
 ``memoize``, cached views, the Jinja2 tag, signals, hash methods, subclassing), each given an app whose cache is a
-SharedMemoryCache of its own (``CACHE_TYPE`` set by the ``app`` fixture their conftest.py would give).
+SharedMemoryCache of its own (``CACHE_TYPE`` set by the ``app`` fixture their conftest.py would give), through
+``flask_caching.Cache`` and through ``shmcache.contrib.flask.Cache`` (single-flight decorators).
 
 Their ``clock`` fixture advances a fake time that cachelib's SimpleCache reads; here it is the clock of the handles
 opened in the test (SharedCache's ``clock``), so the tests of expiry run in full without sleeping.
@@ -28,6 +29,7 @@ import flask_caching as fsc
 
 from shmcache import SharedCache
 from shmcache.contrib import backends
+from shmcache.contrib import flask as contrib_flask
 from shmcache.contrib.flask import SharedMemoryCache, close_handles
 
 from .suites import flask_caching_tests
@@ -109,9 +111,10 @@ def app(request, name):
     _unlink(name)
 
 
-@pytest.fixture
-def cache(app):
-    return fsc.Cache(app)
+@pytest.fixture(params=[fsc.Cache, contrib_flask.Cache], ids=["flask_caching.Cache", "single-flight Cache"])
+def cache(request, app):
+    """Flask-Caching's extension, and this package's single-flight one, which must keep every rule of it."""
+    return request.param(app)
 
 
 @pytest.fixture(params=fsc.SUPPORTED_HASH_FUNCTIONS, ids=[m.__name__ for m in fsc.SUPPORTED_HASH_FUNCTIONS])

@@ -27,16 +27,28 @@ The cache is created with ``serializer="pickle"`` (Flask-Caching stores arbitrar
 results): every process that can write the segment can run code in every process that reads it; with the default
 ``mode`` 0o600 that is the same user only.
 
+Flask-Caching's decorators look a key up, call the function on a miss and store its result: each worker that misses
+calls it. ``shmcache.contrib.flask.Cache``, a ``flask_caching.Cache`` to use in its place (``cache = Cache(app)``),
+makes ``cached`` and ``memoize`` call it once on the whole host: the first worker to miss claims the key (a
+``SharedCache.lock`` on it) until it has stored the result, and the others wait for that result meanwhile, with no
+lock held; if the function raises (or its result is not stored), the claim goes and a waiter calls it instead. A
+memoized function's version keys, made by the first call, are added (the first writer's stand) rather than set, so
+that workers calling it for the first time at once agree on its key. With another backend it is Flask-Caching's own.
+
 Invariant: a process uses the handle it opened, on first use, and a forked child opens its own
 (``shmcache.contrib.backends``): an app created before gunicorn forks its workers (``--preload``) is safe.
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
+import flask_caching
 from flask import Flask
 from flask_caching.backends.base import BaseCache
 
@@ -44,10 +56,35 @@ from shmcache import SharedCache, TooLargeError
 from shmcache.contrib import backends
 from shmcache.contrib.backends import OPTIONS, close_handles
 from shmcache.durations import MAX_TTL
+from shmcache.keylock import KeyLock
 from shmcache.mapping import delete_prefix
 
-__all__ = ["SharedMemoryCache", "close_handles"]
+__all__ = ["Cache", "SharedMemoryCache", "close_handles"]
 NAME_CONFIG = "CACHE_SHMCACHE_NAME"
+_MISSING = object()
+_RECHECK_S = 0.05  # a waiter for another worker's result looks for it at this interval
+
+
+class _Flight:
+    """One call of a decorated function: whether its lookup may still claim the key, and the claim it took."""
+
+    __slots__ = ("armed", "key", "lock")
+
+    def __init__(self) -> None:
+        self.armed: bool = True
+        self.key: str | None = None
+        self.lock: KeyLock | None = None
+
+    def release(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
+
+# The call of a decorated function under way in this thread (or task), and whether version keys are being made.
+_flight: contextvars.ContextVar[_Flight | None] = contextvars.ContextVar("shmcache_flask_flight", default=None)
+_versioning: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("shmcache_flask_versions",
+                                                                                 default=None)
 
 
 class SharedMemoryCache(BaseCache):
@@ -124,6 +161,11 @@ class SharedMemoryCache(BaseCache):
 
     def set_many(self, mapping: dict[str, Any], timeout: int | dt.timedelta | None = None) -> list[Any]:
         """Store every pair under one hold of the lock; the keys stored (not those too large: their old values go)."""
+        lost = _versioning.get()
+        if lost is not None:  # a memoized function's version keys, made by Cache: the first writer's stand
+            added = [k for k in mapping if self.add(k, mapping[k], timeout)]
+            lost.append(len(added) < len(mapping))
+            return added
         keys = list(mapping)
         prefix = self.key_prefix
         failed = set(backends.put_many(self._cache, [(prefix + k, mapping[k]) for k in keys], self._ttl(timeout)))
@@ -166,3 +208,94 @@ class SharedMemoryCache(BaseCache):
     def dec(self, key: str, delta: int = 1) -> int:
         """``inc`` by ``-delta``."""
         return self._cache.decr(self.key_prefix + key, delta, initial=0)
+
+    def get_or_claim(self, key: str) -> tuple[Any, KeyLock | None]:
+        """The value of ``key``; or, where it is absent, a claim on it (a held ``KeyLock``) that no other caller
+        holds, taken after waiting for any other claim to go or the value to be stored, whichever comes first. The
+        value is _MISSING with a claim, the stored value without."""
+        cache, made = self._cache, self.key_prefix + key
+        value = cache.get(made, _MISSING)
+        if value is not _MISSING:
+            return value, None
+        lock = cache.lock(made)  # (a lock never meets the entry of its key)
+        while not lock.acquire(timeout=_RECHECK_S):
+            value = cache.get(made, _MISSING)
+            if value is not _MISSING:
+                return value, None
+        value = cache.get(made, _MISSING)  # stored between the first look and the claim
+        if value is not _MISSING:
+            lock.release()
+            return value, None
+        return _MISSING, lock
+
+
+def _single_flight(decorate: Callable[[Callable[..., Any]], Any]) -> Callable[[Callable[..., Any]], Any]:
+    """``decorate`` (Flask-Caching's ``cached`` or ``memoize`` decorator), each call of what it makes run as one
+    flight: the claim its lookup takes on a miss is given up when the call ends, whatever way it ends."""
+
+    def decorator(f: Callable[..., Any]) -> Any:
+        inner = decorate(f)
+
+        @functools.wraps(inner)
+        def flight(*args: Any, **kwargs: Any) -> Any:
+            this = _Flight()
+            token = _flight.set(this)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                _flight.reset(token)
+                this.release()
+
+        # One namespace for both: what Flask-Caching sets on the function it made (``cache_timeout``, which a user
+        # may change, ``uncached``, ``make_cache_key``) is read and written through either.
+        flight.__dict__ = inner.__dict__
+        return flight
+
+    return decorator
+
+
+class Cache(flask_caching.Cache):
+    """``flask_caching.Cache`` whose ``cached`` and ``memoize`` call the function once on the whole host when the
+    backend is SharedMemoryCache (see the module docstring); otherwise Flask-Caching's own."""
+
+    def cached(self, *args: Any, **kwargs: Any) -> Any:
+        return _single_flight(super().cached(*args, **kwargs))
+
+    def memoize(self, *args: Any, **kwargs: Any) -> Any:
+        return _single_flight(super().memoize(*args, **kwargs))
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        """``flask_caching.Cache.get``; the first lookup of a decorated call claims the key on a miss."""
+        flight = _flight.get()
+        if flight is None or not flight.armed or kwargs or len(args) != 1:
+            return super().get(*args, **kwargs)
+        flight.armed = False  # the decorator's own lookup; any other the function makes is plain
+        backend = self.cache
+        if not isinstance(backend, SharedMemoryCache):
+            return super().get(*args, **kwargs)
+        value, flight.lock = backend.get_or_claim(args[0])
+        flight.key = args[0]
+        return None if value is _MISSING else value  # None: Flask-Caching's miss
+
+    def set(self, *args: Any, **kwargs: Any) -> Any:
+        """``flask_caching.Cache.set``; storing a decorated call's result gives up its claim."""
+        try:
+            return super().set(*args, **kwargs)
+        finally:
+            flight = _flight.get()
+            if flight is not None and flight.lock is not None and (args[:1] or [kwargs.get("key")])[0] == flight.key:
+                flight.release()
+
+    def _memoize_version(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Flask-Caching's; version keys made for a call are added, not set, so that workers making them at once
+        agree: a worker whose keys lost reads the winners' instead."""
+        changes = args or any(kwargs.get(k) for k in ("reset", "delete", "refresh", "forced_update"))
+        if changes or not isinstance(self.cache, SharedMemoryCache):
+            return super()._memoize_version(f, *args, **kwargs)
+        lost: list[bool] = []
+        token = _versioning.set(lost)
+        try:
+            made = super()._memoize_version(f, **kwargs)
+        finally:
+            _versioning.reset(token)
+        return super()._memoize_version(f, **kwargs) if any(lost) else made
