@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
@@ -413,6 +413,14 @@ class SharedCache(LocalMapping, AsyncMethods):
         TimeoutError. Independent of the entries: no value is stored, and ``key`` names no entry."""
         seconds("timeout", timeout, none=True, zero=True)
         return KeyLock(self, key, blocking, timeout, partial(self._guard.run, flight.open_description, self._seg.fd))
+
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
+                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                              ttl: float | None = None) -> R: ...
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
                               ttl: float | None = None) -> Any:

@@ -11,7 +11,7 @@ scan. Functions ending in ``_locked`` need the cache lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -205,6 +205,14 @@ class KindView(LocalMapping, AsyncMethods):
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
                        ttl: float | None = None) -> R:
         return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
+                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                              ttl: float | None = None) -> R: ...
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
                               ttl: float | None = None) -> Any:

@@ -63,9 +63,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import numpy.typing as npt
-
 from . import core, ofd, tensors
 from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout, body_checksum
@@ -443,7 +440,9 @@ class PyView:
         self._pins = pins
         pins.hand_over(owner, pin)  # last: until here, an exception drops the pin, closing its description
 
-    def __enter__(self) -> npt.NDArray[Any] | memoryview | Any:
+    def __enter__(self) -> Any:
+        """The value: a read-only numpy array, a read-only memoryview for bytes, a tensor for a tensor. Typed Any,
+        as ``get`` is: the caller knows what it stored, and uses it as such without a cast."""
         if not self._open:
             raise ValueError("this view is closed; take a new one with cache.view(key)")
         return self._obj

@@ -145,6 +145,31 @@ def test_typing_mypy_catches_a_wrong_type(tmp_path):
         assert f"bad_usage.py:{line}: error:" in done.stdout, done.stdout
 
 
+def test_typing_async_compute_and_views_need_no_cast(tmp_path):
+    """``aget_or_compute`` returns what ``fn`` returns (awaited where it is a coroutine function), as
+    ``get_or_compute`` does, on every class that has it; a view's target is used as the array it is, with no cast
+    or narrowing. The wrong uses (lines 11 to 13) are still caught."""
+    code = tmp_path / "async_usage.py"
+    code.write_text(
+        "from shmcache import KindView, SharedCache, TieredCache\n"
+        "async def compute() -> int:\n"
+        "    return 3\n"
+        "async def main(cache: SharedCache, kind: KindView, tier: TieredCache) -> int:\n"
+        "    n: int = await cache.aget_or_compute('k', compute)\n"
+        "    s: str = await cache.aget_or_compute('s', lambda: 'x')\n"
+        "    m: int = await kind.aget_or_compute('k', compute) + await tier.aget_or_compute('k', compute)\n"
+        "    with cache.view('arr') as arr:\n"
+        "        total = int(arr.sum()) + len(arr)\n"
+        "    return n + m + total + len(s)\n"
+        "async def wrong(cache: SharedCache, kind: KindView, tier: TieredCache) -> None:\n"
+        "    s: str = await cache.aget_or_compute('k', compute)\n"
+        "    t: str = await kind.aget_or_compute('k', lambda: 3) + await tier.aget_or_compute('k', compute)\n"
+    )
+    done = _mypy("--strict", "--follow-imports=silent", str(code), cache_dir=str(tmp_path / "cache"))
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert {int(line.split(":")[1]) for line in errors} == {12, 13}, done.stdout + done.stderr
+
+
 def test_typing_user_script_runs():
     """The script is real: it runs every SharedCache call it type-checks, and leaves no segment behind."""
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -650,6 +650,14 @@ class TieredCache(TierMapping):
         """``clear``, awaitable."""
         return await self._a(self._delete_prefix(b""))
 
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
+                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+
+    @overload
+    async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
+                              ttl: float | None = None) -> R: ...
+
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
                               ttl: float | None = None) -> Any:
         """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable); the waits for
