@@ -26,7 +26,7 @@ from . import policy as policies
 from .durations import seconds, ttl_ns
 from .codec import encode_key, fingerprint
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: put's two hash calls
-from .errors import CorruptionError, KindsFullError, TooLargeError
+from .errors import CorruptionError, KindsFullError, TooLargeError, remove_hint
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
@@ -172,7 +172,8 @@ class SharedCache(LocalMapping, AsyncMethods):
             ):
                 if asked is not None and asked != have:
                     raise ValueError(f"cache {name!r} exists with {what}={have!r}, not {asked!r}; "
-                                     f"omit {what} to attach to it as it is, or use another name")
+                                     f"omit {what} to attach to it as it is, use another name, or "
+                                     f"{remove_hint(name)}")
             self._bind(seg, lock_timeout, clock or time.monotonic_ns, ser)
         except BaseException:
             seg.close()

@@ -3,6 +3,15 @@ FileExistsError) are raised as they are wherever Python users expect them; these
 
 from __future__ import annotations
 
+import shlex
+
+
+def remove_hint(name: str) -> str:
+    """How to remove the existing cache ``name`` to create it anew, and what that loses: the end of the hint of every
+    error about an existing cache."""
+    return (f"remove it with `shmcache rm {shlex.quote(name)}` and create it again: every entry it holds is lost, "
+            "for every process, and processes that have it open keep the old one until they close it")
+
 
 class ShmCacheError(Exception):
     """Root of shmcache's own errors; ``what`` names the failed operation and ``hint`` says what to do."""

@@ -22,8 +22,10 @@ import fcntl
 import importlib
 import mmap
 import os
+import shlex
 import stat
 import time
+from functools import partial
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -31,7 +33,7 @@ import numpy as np
 import posix_ipc
 
 from . import config, layout, ofd, space
-from .errors import AttachTimeout, LayoutError, LayoutVersionError
+from .errors import AttachTimeout, LayoutError, LayoutVersionError, remove_hint
 from .layout import Geometry
 from .layout import dtypes as d
 from .trust import Trust
@@ -66,10 +68,11 @@ def flock_until(fd: int, deadline: float, error) -> None:
             time.sleep(0.001)
 
 
-def _still_creating() -> AttachTimeout:
-    return AttachTimeout("another process has been initialising this cache for longer than attach_timeout",
-                         what="attach", hint="if its creator is stopped or stuck, remove the cache with "
-                                             "`shmcache rm NAME`; else pass a larger attach_timeout")
+def _still_creating(name: str) -> AttachTimeout:
+    return AttachTimeout(f"another process has been initialising cache {name!r} for longer than attach_timeout",
+                         what="attach", hint=f"if its creator is stopped or stuck, remove it with `shmcache rm "
+                                             f"{shlex.quote(name)}` (it holds nothing yet) and create it again; else "
+                                             "pass a larger attach_timeout")
 
 
 def _space_args(name: str) -> tuple[str, str]:
@@ -120,7 +123,8 @@ class Segment:
             if time.monotonic() > deadline:
                 raise LayoutError(
                     f"cache {name!r} exists but was never initialised",
-                    what="attach", hint="its creator may have died; remove it with `shmcache rm` and recreate it",
+                    what="attach", hint=f"its creator may have died; remove it with `shmcache rm "
+                                        f"{shlex.quote(name)}` (it holds nothing) and create it again",
                 )
             time.sleep(0.005)
 
@@ -147,7 +151,8 @@ class Segment:
             shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=trust.mode & 0o700)
         except posix_ipc.ExistentialError:
             if create:
-                raise FileExistsError(errno.EEXIST, f"cache {self.name!r} already exists", self.shm_name) from None
+                raise FileExistsError(errno.EEXIST, f"cache {self.name!r} already exists (attach to it with "
+                                      f"create=None or False, or {remove_hint(self.name)})", self.shm_name) from None
             return self._open(False, trust)
         try:
             trust.share(shm.fd)
@@ -164,7 +169,7 @@ class Segment:
         # mode checks, so only this user, a trusted owner (or root) can have made it -- as trustworthy as a file made
         # here. It is what a creator that died between shm_open and the magic leaves (a crashed gunicorn master);
         # refusing it would wedge the name until someone removes it by hand. Another user's file never gets here.
-        flock_until(shm.fd, deadline, _still_creating)
+        flock_until(shm.fd, deadline, partial(_still_creating, self.name))
         try:
             size = os.fstat(shm.fd).st_size
             if size >= d.HEADER_NBYTES:
@@ -189,24 +194,25 @@ class Segment:
             raise LayoutVersionError(
                 f"cache {self.name!r} has layout version {words[d.H_VERSION]} (features {words[d.H_FEATURES]:#x}); "
                 f"this shmcache reads version {layout.LAYOUT_VERSION} (features within {layout.FEATURES:#x})",
-                what="attach", hint="use the same shmcache version in every process, or remove and recreate the cache",
+                what="attach", hint=f"use the same shmcache version in every process, or {remove_hint(self.name)}",
             )
         try:
             geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1,
                                              words[d.H_POLICY])
         except (TypeError, ValueError) as exc:
-            raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach") from None
+            raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach",
+                              hint=f"the segment is damaged; {remove_hint(self.name)}") from None
         self.features = words[d.H_FEATURES]
         # (reader_slots is not compared: the layout version fixes it, and verify() restores a damaged one)
         if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots) != (
             words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
         ):
             raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
-                              hint="the segment is damaged; remove it with `shmcache rm` and recreate it")
+                              hint=f"the segment is damaged; {remove_hint(self.name)}")
         if size < geometry.total_nbytes:
             raise LayoutError(
                 f"cache {self.name!r} is truncated: {size} bytes, its header says {geometry.total_nbytes}",
-                what="attach", hint="remove it with `shmcache rm` and recreate it",
+                what="attach", hint=remove_hint(self.name),
             )
         self._map(fd, geometry)
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import codec
-from .errors import SerializerMismatch
+from .errors import SerializerMismatch, remove_hint
 from .layout import FEATURE_PICKLE
 
 TAG_PICKLE = ord("P")
@@ -109,7 +109,8 @@ def check(name: str, features: int, asked: Serializer) -> None:
     raise SerializerMismatch(
         f"cache {name!r} was created with serializer={found.name!r}; this handle asked for {asked.name!r}",
         what="attach", asked=asked.name, found=found.name,
-        hint=_HINTS[found.name],
+        hint=f"{_HINTS[found.name]}; or, to change its serializer, {remove_hint(name)} with serializer="
+             f"{asked.name!r}",
     )
 
 

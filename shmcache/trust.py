@@ -17,7 +17,8 @@ import pwd
 import stat
 from dataclasses import dataclass
 
-from .errors import OwnershipError
+from .errors import OwnershipError, remove_hint
+from .layout import SEGMENT_PREFIX
 
 _SHARE_HINT = ("to share a cache between users on purpose, create it with mode=0o660 (and group=) and open it with "
                "the same mode= and trust_owner=<its owner>")
@@ -145,8 +146,10 @@ class Trust:
         expected = f"a regular file owned by {_user(os.geteuid())}" + (
             " or a trusted owner" if self.owners else "") + f" with a mode within {self.mode:04o}"
         if reason.startswith("mode"):
-            hint = (f"if this sharing is intended, pass mode=0o{mode | self.mode:o}; otherwise remove it "
-                    "(`shmcache rm`) and recreate it")
+            cache = os.path.basename(path)
+            remove = (remove_hint(cache[len(SEGMENT_PREFIX):]) if cache.startswith(SEGMENT_PREFIX) else
+                      "remove it and create it again")
+            hint = f"if this sharing is intended, pass mode=0o{mode | self.mode:o}; otherwise {remove}"
         else:
             hint = ("if it is not yours, do not use it: have its owner or root remove it, and choose another name "
                     f"meanwhile; {_SHARE_HINT}")

@@ -204,8 +204,11 @@ MALFORMED = [
 @pytest.mark.parametrize("what,mutate,error", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_layout_malformed_header_raises(name, what, mutate, error):
     attach = _corrupt_and_attach(name, mutate)
-    with pytest.raises(error):
+    with pytest.raises(error) as raised:
         attach()
+    # A cache's own error says how to remove it and what that loses; another program's object is not for removing.
+    removable = f"`shmcache rm {name}`" in str(raised.value) and "every entry it holds is lost" in str(raised.value)
+    assert removable == (what != "bad magic"), str(raised.value)
 
 
 def test_layout_version_error_names_both_versions(name):

@@ -157,6 +157,35 @@ def test_lifecycle_attach_only_to_uninitialised_segment_gives_up(name, monkeypat
         SharedCache(name, create=False)
 
 
+def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name, monkeypatch):
+    """Every refusal of an existing cache says how to remove it (``shmcache rm NAME``, the name given) and what that
+    loses, besides how to use it as it is."""
+    from shmcache import SerializerMismatch
+
+    removal = f"`shmcache rm {name}`"
+    with SharedCache(name, **SMALL):
+        refusals = []
+        for make, error in ((lambda: SharedCache(name, capacity_bytes=2 * SMALL["capacity_bytes"]), ValueError),
+                            (lambda: SharedCache(name, max_entries=2 * SMALL["max_entries"]), ValueError),
+                            (lambda: SharedCache(name, policy="keep"), ValueError),
+                            (lambda: SharedCache(name, create=True), FileExistsError),
+                            (lambda: SharedCache(name, serializer="pickle"), SerializerMismatch)):
+            with pytest.raises(error) as raised:
+                make().close()
+            refusals.append(str(raised.value))
+        for message in refusals:
+            assert removal in message and "every entry it holds is lost, for every process" in message, message
+        assert "omit capacity_bytes" in refusals[0] and "create=None" in refusals[3]
+        assert "serializer='msgpack'" in refusals[4] and "serializer='pickle'" in refusals[4]
+    SharedCache.unlink_name(name)
+    monkeypatch.setattr(segment, "_INIT_WAIT_S", 0.2)
+    fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    with pytest.raises(segment.LayoutError, match="never initialised") as raised:
+        SharedCache(name, create=False)
+    assert removal in str(raised.value) and "holds nothing" in str(raised.value)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method, mode", [("fork", 0o600), ("spawn", 0o600), ("fork", 0o660)])

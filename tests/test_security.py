@@ -450,6 +450,7 @@ def test_security_error_in_hierarchy(name):
     assert isinstance(err, ShmCacheError) and isinstance(err, OwnershipError)
     assert err.what == "attach" and "mode=" in err.hint and err.reason.startswith("mode 0644")
     assert "expected a regular file owned by uid" in str(err) and _path(name) in str(err)
+    assert f"`shmcache rm {name}`" in err.hint and "every entry it holds is lost" in err.hint  # the other way out
 
 
 
