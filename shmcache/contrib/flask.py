@@ -209,10 +209,10 @@ class SharedMemoryCache(BaseCache):
         """``inc`` by ``-delta``."""
         return self._cache.decr(self.key_prefix + key, delta, initial=0)
 
-    def get_or_claim(self, key: str) -> tuple[Any, KeyLock | None]:
-        """The value of ``key``; or, where it is absent, a claim on it (a held ``KeyLock``) that no other caller
-        holds, taken after waiting for any other claim to go or the value to be stored, whichever comes first. The
-        value is _MISSING with a claim, the stored value without."""
+    def _get_or_claim(self, key: str) -> tuple[Any, KeyLock | None]:
+        """(value, None) where ``key`` holds a value; else (_MISSING, a held claim on the key: a ``KeyLock``), taken
+        once no other caller holds it. A wait for another's claim ends as soon as its value is stored (looked for
+        every _RECHECK_S), with no bound otherwise: a dead claimant's claim goes with its process."""
         cache, made = self._cache, self.key_prefix + key
         value = cache.get(made, _MISSING)
         if value is not _MISSING:
@@ -273,7 +273,7 @@ class Cache(flask_caching.Cache):
         backend = self.cache
         if not isinstance(backend, SharedMemoryCache):
             return super().get(*args, **kwargs)
-        value, flight.lock = backend.get_or_claim(args[0])
+        value, flight.lock = backend._get_or_claim(args[0])
         flight.key = args[0]
         return None if value is _MISSING else value  # None: Flask-Caching's miss
 
