@@ -170,6 +170,33 @@ def test_typing_async_compute_and_views_need_no_cast(tmp_path):
     assert {int(line.split(":")[1]) for line in errors} == {12, 13}, done.stdout + done.stderr
 
 
+def test_typing_flask_single_flight_cache_types_as_flask_cachings(tmp_path):
+    """``shmcache.contrib.flask.Cache``'s decorators keep Flask-Caching's types: a user's ``mypy --strict`` reports
+    the same of code using it as of code using ``flask_caching.Cache`` (no "untyped decorator")."""
+    pytest.importorskip("flask_caching")
+    code = ("import flask\n"
+            "from {module} import Cache\n"
+            "app = flask.Flask(__name__)\n"
+            "cache = Cache(app)\n"
+            "@cache.memoize(60)\n"
+            "def square(x: int) -> int:\n"
+            "    return x * x\n"
+            "@app.route('/')\n"
+            "@cache.cached(60)\n"
+            "def page() -> str:\n"
+            "    return 'p'\n"
+            "n: int = square(3)\n"
+            "s: str = square(3)\n")
+    reports = []
+    for module in ("flask_caching", "shmcache.contrib.flask"):
+        path = tmp_path / f"{module.replace('.', '_')}_usage.py"
+        path.write_text(code.format(module=module))
+        done = _mypy("--strict", "--follow-imports=silent", str(path), cache_dir=str(tmp_path / "cache"))
+        reports.append(sorted(line.split(":", 1)[1] for line in done.stdout.splitlines() if ": error:" in line))
+    assert any(line.startswith("13: error:") for line in reports[0]), reports[0]  # the wrong use is caught
+    assert reports[1] == reports[0], reports
+
+
 def test_typing_user_script_runs():
     """The script is real: it runs every SharedCache call it type-checks, and leaves no segment behind."""
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -46,7 +46,7 @@ import datetime as dt
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flask_caching
 from flask import Flask
@@ -258,11 +258,12 @@ class Cache(flask_caching.Cache):
     """``flask_caching.Cache`` whose ``cached`` and ``memoize`` call the function once on the whole host when the
     backend is SharedMemoryCache (see the module docstring); otherwise Flask-Caching's own."""
 
-    def cached(self, *args: Any, **kwargs: Any) -> Any:
-        return _single_flight(super().cached(*args, **kwargs))
+    if not TYPE_CHECKING:  # type checkers read flask_caching.Cache's own, whose types these keep
+        def cached(self, *args: Any, **kwargs: Any) -> Any:
+            return _single_flight(super().cached(*args, **kwargs))
 
-    def memoize(self, *args: Any, **kwargs: Any) -> Any:
-        return _single_flight(super().memoize(*args, **kwargs))
+        def memoize(self, *args: Any, **kwargs: Any) -> Any:
+            return _single_flight(super().memoize(*args, **kwargs))
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         """``flask_caching.Cache.get``; the first lookup of a decorated call claims the key on a miss."""
