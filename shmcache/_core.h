@@ -100,8 +100,8 @@ typedef struct {
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
-        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_admitted, h_small_first,
-        h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq;
+        h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
+        h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;

@@ -202,6 +202,10 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
             return r;
     }
     ADD(HW(puts), 1);
+    /* The time of the last store, to the second: the line is written once a second at most (unsigned, so that a
+     * word ahead of ``now`` -- damaged, or another clock's -- is rewritten too). */
+    if ((uint64_t)now - (uint64_t)HW(last_put) >= 1000000000u)
+        HW(last_put) = now;
     HW(writing) = 0;
     HW(dirty) = 0;
     return ST_OK;

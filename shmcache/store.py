@@ -22,7 +22,7 @@ from .guard import updating
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
-    H_ENTRIES, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
+    H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_UPDATES, H_WRITING, POLICY_LRU,
 )
 from .serializers import TAG_PICKLE
@@ -31,6 +31,7 @@ from .table import pinned_error
 from .verify import header_problems
 
 _W = ENTRY_WORDS
+_SECOND_NS = 10**9  # the resolution of the time of the last store (H_LAST_PUT)
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
 _WRITTEN = (*_VIEWABLE, TAG_MSGPACK, TAG_PICKLE)  # every value tag an encoder writes: any other byte is damage
 UNVIEWABLE = object()  # ``Store.pin``'s answer for a value view() does not serve
@@ -198,6 +199,9 @@ class Store:
                 h[H_WRITING] = 0
                 return False
         h[H_PUTS] += 1
+        now = self.clock()
+        if not 0 <= now - h[H_LAST_PUT] < _SECOND_NS:  # to the second: the line is written once a second at most
+            h[H_LAST_PUT] = now
         h[H_WRITING] = 0
         return True
 

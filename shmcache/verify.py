@@ -27,7 +27,8 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK, H_GHOST_CLOCK,
+    H_LAST_PUT, H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
+    H_GHOST_CLOCK,
     H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
     MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
     H_READER_SLOTS, READER_SLOTS,
@@ -160,6 +161,7 @@ def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
         H_ENTRIES: (0, slots - 1), H_RETAINED: (0, cap), H_MAX_ENTRIES: (1, slots - 1), H_MAX_RETAINED: (1, cap),
         H_HEAD: (0, arena - 1), H_TAIL: (0, arena - 1), H_FILL: (0, arena), H_ARENA_USED: (0, arena),
         H_FREE_HEAD: (NIL, slots - 1), H_UNUSED_NEXT: (1, slots), H_CREATED_NS: (0, _INT64_MAX),
+        H_LAST_PUT: (0, _INT64_MAX),
         H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
         H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
         H_SMALL_FIRST: (SENTINEL, slots - 1), H_SMALL: (0, slots - 1), H_GHOST_CLOCK: (0, GHOST_STAMP_MASK),
@@ -457,7 +459,7 @@ def _repair_words(seg) -> None:
         h[w] = v
     config.restore(h, seg.geometry)  # the default time to live and the limits: from whichever copy checks
     ranges = header_ranges(seg.geometry, seg.features)
-    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_GHOST_CLOCK):
+    for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
         if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):

@@ -69,6 +69,35 @@ def test_layout_golden_version_6_additions():
         assert g.readers_off >= g.ghost_off + g.ghost_slots * 8 and g.arena_off >= g.readers_off + 256 * 256
 
 
+def test_layout_golden_version_7_last_put(name):
+    """Version 7: line 6's ``last_put_ns`` holds the writer's monotonic clock at a store, to the second (rewritten
+    only when a second or more old), on both paths; 0 until the first store."""
+    clock = [10**12]
+    assert layout.HEADER.fields["last_put_ns"][1] == 424 and d.H_LAST_PUT == 53
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, clock=lambda: clock[0]) as c:
+        h = c._seg.header_words
+        assert h[d.H_LAST_PUT] == 0
+        c.put("a", 1)
+        assert h[d.H_LAST_PUT] == 10**12
+        clock[0] += 10**9 - 1  # within the second: the word, and its line, stay as they are
+        c.put("a", 2)
+        c.incr("n")
+        assert h[d.H_LAST_PUT] == 10**12
+        clock[0] += 1
+        c.incr("n")
+        assert h[d.H_LAST_PUT] == 10**12 + 10**9
+        clock[0] += 5 * 10**9
+        c.put("b", 1)
+        assert h[d.H_LAST_PUT] == 10**12 + 6 * 10**9
+        c.get("a")
+        c.delete("a")
+        assert h[d.H_LAST_PUT] == 10**12 + 6 * 10**9  # lookups and deletes store nothing
+        h[d.H_LAST_PUT] = 2**62  # ahead of the clock (damaged): the next store sets it back
+        clock[0] += 1
+        c.put("b", 2)
+        assert h[d.H_LAST_PUT] == clock[0] and c.verify().ok
+
+
 def test_layout_golden_version_7_lock_words(name):
     """Version 7: the lock's line holds shmcache's own words (word, holder, wakes at bytes 64, 68, 72), zero as
     made, and nothing else is ever read there; a held lock names its thread and this handle's holder slot."""

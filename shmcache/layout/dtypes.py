@@ -135,6 +135,10 @@ HEADER = _record(
             ("saved_check", _W),         # checksum of the three words above
             ("progress", _W),            # moved by a lock holder on a long walk (verify, repair): while it moves,
             #                              waiters wait on (lock.py); wraps at MAX_COUNTER, any value is valid
+            ("last_put_ns", _W),         # the writer's CLOCK_MONOTONIC ns at a store (put, incr, a computed value...),
+            #                              to the second: a store rewrites it only when it is a second or more
+            #                              old, so the line is written once a second at most; 0: no store yet (for
+            #                              display only: `shmcache ls`)
         ]),
         # Line 7: the eviction policy: its identity (written once at creation) and its state (under the lock).
         (448, [
@@ -273,6 +277,7 @@ H_SAVED_MAX_ENTRIES = _word(HEADER, "saved_max_entries")
 H_SAVED_MAX_RETAINED = _word(HEADER, "saved_max_retained")
 H_SAVED_CHECK = _word(HEADER, "saved_check")
 H_PROGRESS = _word(HEADER, "progress")
+H_LAST_PUT = _word(HEADER, "last_put_ns")
 H_ADMITTED = _word(HEADER, "admitted")
 H_POLICY = _word(HEADER, "policy")
 H_GHOST_SLOTS = _word(HEADER, "ghost_slots")
