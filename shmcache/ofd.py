@@ -113,3 +113,75 @@ def judge(path: str, name: str, byte: int, length: int, remove: bool, trust) -> 
         return entry
     finally:
         os.close(fd)  # releases the exclusive lock
+
+
+# ------------------------------------------------------------------------------------- who holds a lock, from /proc
+#
+# Why /proc: F_OFD_GETLK names one conflicting lock, and no pid (an OFD lock belongs to a description, which
+# several processes may share). /proc/locks lists every lock of the host, whoever holds it; /proc/PID/fdinfo/FD
+# lists those of the description open as FD, readable for this user's processes (every process's, for root).
+
+
+def _parse_lock(line: str) -> tuple[int, int, int, int, int] | None:
+    """(kind, major, minor, inode, start) of a held OFD lock on one byte, from a line of /proc/locks (or an
+    fdinfo ``lock:`` line without its tag); None for any other lock, or a request still waiting (``->``)."""
+    f = line.split()
+    if len(f) < 8 or f[1] != "OFDLCK" or f[7] != f[6]:
+        return None
+    try:
+        major, minor, inode = f[5].split(":")
+        return READ if f[3] == "READ" else WRITE, int(major, 16), int(minor, 16), int(inode), int(f[6])
+    except ValueError:
+        return None
+
+
+def readers_by_file(byte: int) -> dict[tuple[int, int, int], int] | None:
+    """The read locks held on ``byte`` of every file of the host, counted by file (major, minor, inode): one per
+    open file description that holds one. None where /proc/locks cannot be read."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    counts: dict[tuple[int, int, int], int] = {}
+    for line in lines:
+        lk = _parse_lock(line)
+        if lk is not None and lk[0] == READ and lk[4] == byte:
+            counts[lk[1:4]] = counts.get(lk[1:4], 0) + 1
+    return counts
+
+
+def file_id(st: os.stat_result) -> tuple[int, int, int]:
+    """A file as /proc/locks names it: (major, minor, inode)."""
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def reading_processes(paths: set[str], byte: int) -> dict[str, set[int]]:
+    """For each of ``paths``, the processes holding a read lock on its ``byte`` through a descriptor open on it,
+    among those whose descriptors this process may read (its user's; every one for root). A process counts once,
+    however many of its descriptors hold one; a description shared after fork counts in each process."""
+    found: dict[str, set[int]] = {}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # another user's, or gone
+            continue
+        for fd in fds:
+            try:
+                path = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if path not in paths:
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    info = f.read()
+            except OSError:
+                continue
+            for line in info.splitlines():
+                lk = _parse_lock(line[5:]) if line.startswith("lock:") else None
+                if lk is not None and lk[0] == READ and lk[4] == byte:
+                    found.setdefault(path, set()).add(int(pid))
+                    break
+    return found
