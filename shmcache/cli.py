@@ -19,16 +19,19 @@ import pwd
 import shlex
 import sys
 import time
+import warnings
 from typing import Any
 
 from . import __version__, block, core, entries, index, tensors
 from .cache import SharedCache, parts
 from .codec import KIND_PREFIXES, TAG_TENSOR, array_layout, body_checksum, decode_body, encode_key, fingerprint
 from .errors import OwnershipError, SerializerMismatch, ShmCacheError
-from .segment import segment_in_use, segment_names, sweep
+from .segment import attached, segment_in_use, segment_names, sweep
 from .keys import decode_key
 from .layout import EMPTY
-from .layout.dtypes import E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL
+from .layout.dtypes import (
+    E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL, H_LAST_PUT,
+)
 from .serializers import PICKLE, TAG_PICKLE
 from .stats import CacheLimits, prometheus_text
 from .trust import Trust
@@ -52,22 +55,30 @@ def _open(args, name: str) -> SharedCache:
         return SharedCache(name, serializer=exc.found, **kwargs)
 
 
-def _describe(args, name: str) -> dict:
+def _describe(args, name: str, attachment: tuple[int | None, list[int]]) -> dict:
     """One row of ``ls``: ``state`` is ``ok``, ``busy`` (its lock or its creation did not come within the timeout:
     a holder is stuck or stopped), ``damaged`` (the segment cannot be read as a cache) or ``skipped`` (not opened:
     another user's, more open than --mode, not a regular file; ``reason`` says which); the figures that need the
-    lock are missing unless ``ok``."""
+    lock are missing unless ``ok``. ``attachment``: the handles open on it and the processes seen holding them,
+    taken before this command opened anything (``segment.attached``)."""
+    handles, pids = attachment
+    attached = {"attached_handles": handles, "attached_pids": pids}
     try:
         c = _open(args, name)
     except OwnershipError as exc:
-        return {"name": name, "state": "skipped", "reason": exc.reason}
+        return {"name": name, "state": "skipped", "reason": exc.reason, **attached}
     except (TimeoutError, ShmCacheError) as exc:  # LockTimeout and an unfinished creation are TimeoutErrors
-        return {"name": name, "state": "busy" if isinstance(exc, TimeoutError) else "damaged", "error": str(exc)}
+        return {"name": name, "state": "busy" if isinstance(exc, TimeoutError) else "damaged", "error": str(exc),
+                **attached}
     with c:
         seg = parts(c).seg
-        h = seg.header_words  # creation-time words: read without the lock
+        h = seg.header_words  # creation-time and display words: read without the lock
+        age = max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)
+        last_put = h[H_LAST_PUT]  # the writers' CLOCK_MONOTONIC, to the second; 0: never stored to
+        # (clamped to the age: a writer with a clock of its own, SharedCache(clock=...), stamps in its own time)
+        since = None if not last_put else min(age, max(0.0, (time.monotonic_ns() - last_put) / 1e9))
         row = {"name": name, "state": "ok", "size_bytes": seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
-               "owner": _user(os.fstat(seg.fd).st_uid), "age_s": max(0.0, (time.time_ns() - h[H_CREATED_NS]) / 1e9)}
+               "owner": _user(os.fstat(seg.fd).st_uid), "age_s": age, "last_write_s": since, **attached}
         try:
             s = c.stats()
         except ShmCacheError as exc:
@@ -244,15 +255,38 @@ def _human(n: float) -> str:
 
 
 def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    """Columns padded to their widest cell; a row may have more cells than the header (a note at its end)."""
+    widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(max(map(len, rows)))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _ago(seconds: float) -> str:
+    """A duration as ``ls`` shows it: two units at most (``42s``, ``7m05s``, ``3h12m``, ``2d04h``)."""
+    s = int(seconds)
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit}{s % size // subsize:02d}{sub}"
+    return f"{s}s"
+
+
+def _shown_attached(handles: int | None, pids: list[int]) -> str:
+    """``ls``'s ATTACHED column: the processes holding the cache open, by pid (three at most, then how many more),
+    or how many handles are open where none of their processes can be seen here (another user's)."""
+    if handles is None and not pids:
+        return "?"
+    if pids:
+        shown = ",".join(map(str, pids[:3]))
+        return shown + (f" +{len(pids) - 3}" if len(pids) > 3 else "")
+    return "none" if not handles else _count(handles, "handle", "handles") + " (other users)"
 
 
 def cmd_ls(args) -> int:
     caches = []
-    for name in segment_names():
+    names = segment_names()
+    attachments = attached(names)  # before this command opens any of them
+    for name in names:
         try:
-            caches.append(_describe(args, name))
+            caches.append(_describe(args, name, attachments.get(name, (None, []))))
         except Exception as exc:  # an unexpected failure is listed, not fatal
             caches.append({"name": name, "state": "error", "error": str(exc)})
     if args.json:
@@ -262,13 +296,17 @@ def cmd_ls(args) -> int:
         print("no shmcache caches on this host")
         print(hot_path())
         return 0
-    rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE"]]
+    rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE", "LAST WRITE",
+             "ATTACHED"]]
     for c in caches:
         if "size_bytes" not in c:
-            rows.append([_shown(c["name"]), c["state"], "-", "-", "-", "-", "-", "-",
+            rows.append([_shown(c["name"]), c["state"], "-", "-", "-", "-", "-", "-", "-", "-",
+                         _shown_attached(c.get("attached_handles"), c.get("attached_pids", [])),
                          f"{c['state']}: {c.get('reason') or c.get('error')}"])
             continue
-        age = [c["owner"], str(c["creator_pid"]), f"{c['age_s']:.0f}s"]
+        last = "never" if c["last_write_s"] is None else _ago(c["last_write_s"]) + " ago"
+        age = [c["owner"], str(c["creator_pid"]), _ago(c["age_s"]), last,
+               _shown_attached(c["attached_handles"], c["attached_pids"])]
         if c["state"] != "ok":
             rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), "-", "-", "-", *age])
             continue
@@ -577,9 +615,49 @@ def _entry(k, v, left_ns: int, summary: bool = False) -> dict[str, Any]:
     return {**_key_fields(k), **_value_fields(v, summary), "ttl_s": left_ns / 1e9 if left_ns else None}
 
 
+def _reads_as_other(text: str) -> bool:
+    """Whether ``text``, printed as it is, could be taken for a value of another type as this command prints it:
+    it reads as JSON (``42``, ``true``, ``[1]``, ``"x"``) or as a Python literal (``None``, ``b'x'``, ``(1, 'a')``,
+    ``'42'``)."""
+    try:
+        json.loads(text)
+        return True
+    except (ValueError, RecursionError):
+        pass
+    try:
+        with warnings.catch_warnings():  # an invalid escape ('C:\d') is a SyntaxWarning, not ours to print
+            warnings.simplefilter("ignore")
+            ast.literal_eval(text)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
 def _shown_key(k) -> str:
-    """A key as ``keys`` lists it: a str key as it is when it is printable, anything else as its repr."""
-    return k if type(k) is str and k.isprintable() else repr(k)
+    """A key as ``keys`` lists it: a str key as it is, unless it is empty, has whitespace at an end, holds a
+    character that cannot be printed, or reads as a literal (``42``, ``None``, ``(1, 2)``), so that it could be taken
+    for another key; that one, and every key that is not a str, as its repr, which ``--literal`` reads back. So
+    the str ``'42'`` and the int ``42`` never print alike."""
+    if type(k) is str and k and k.isprintable() and k == k.strip() and not _reads_as_other(k):
+        return k
+    return repr(k)
+
+
+def _matched_key(k) -> str:
+    """What ``keys PATTERN`` matches: a str key as itself, any other key as printed."""
+    return k if type(k) is str else repr(k)
+
+
+# The str values that would print as a value of another sort does: get prints them as their repr.
+_PLACEHOLDERS = ("array(", "<tensor of ", "<a value this process cannot build")
+
+
+def _shown_str(value: str) -> str:
+    """A str value as ``get`` prints it: as it is, unless it holds a character that cannot be printed (newline and
+    tab apart) or could be taken for a value of another sort (``42``, ``null``, ``[1, 2]``, ``b'x'``): then as its
+    repr, so that the str ``'42'`` and the int ``42`` never print alike (``--raw`` writes it as it is)."""
+    plain = all(ch.isprintable() or ch in "\n\t" for ch in value)
+    return value if plain and not value.startswith(_PLACEHOLDERS) and not _reads_as_other(value) else repr(value)
 
 
 def _damaged_note(args, damaged: int) -> None:
@@ -587,13 +665,19 @@ def _damaged_note(args, damaged: int) -> None:
           f"(`shmcache inspect {_shell_word(args.name)}` checks the cache)", file=sys.stderr)
 
 
+def _key_arg(text: str, literal: bool):
+    """A KEY argument: the str itself, or with ``--literal`` the Python literal it spells (as ``keys`` prints a
+    key that is not a plain str: ``42``, ``'42'``, ``('page', 3)``, ``b'raw'``)."""
+    if not literal:
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"--literal: {text!r} is not a Python literal ({exc})") from None
+
+
 def cmd_get(args) -> int:
-    key = args.key
-    if args.literal:
-        try:
-            key = ast.literal_eval(args.key)
-        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
-            raise ValueError(f"--literal: {args.key!r} is not a Python literal ({exc})") from None
+    key = _key_arg(args.key, args.literal)
     with _open(args, args.name) as c:
         space = _space(args, c)
         kb = KIND_PREFIXES[space] + encode_key(key) if space else encode_key(key)
@@ -645,7 +729,7 @@ def _print_value(args, key, value, left_ns: int) -> int:
         sys.stdout.buffer.flush()
         return 0
     if type(value) is str:
-        print(value if all(ch.isprintable() or ch in "\n\t" for ch in value) else repr(value))
+        print(_shown_str(value))
     elif isinstance(value, _Tensor):
         print(f"<tensor of {value.dtype}, shape {value.shape}, {len(value.data)} bytes: --raw writes its data, "
               "--json gives it in base64>")
@@ -671,7 +755,7 @@ def cmd_keys(args) -> int:
         except ValueError:
             damaged += 1
     if args.pattern is not None:
-        keys = [k for k in keys if fnmatch.fnmatchcase(_shown_key(k), args.pattern)]
+        keys = [k for k in keys if fnmatch.fnmatchcase(_matched_key(k), args.pattern)]
     if args.json:
         _print_json([_key_fields(k) for k in keys])
     else:
@@ -706,6 +790,118 @@ def cmd_dump(args) -> int:
             sys.stdout.write(json.dumps(line) + "\n")  # key first, the value's fields, the TTL last
     sys.stdout.flush()
     return _listing_done(args, note, damaged)
+
+
+# ------------------------------------------------------------------------------------------- set, del
+#
+# Why str by default: guessing the type from the text (redis-cli stores every value as bytes, so it never has to)
+# would make `set c k 42` store an int and `set c k 007` a str; a value is a str unless --type says otherwise.
+
+VALUE_TYPES = ("str", "int", "float", "json", "literal", "bytes")
+
+
+def _value_arg(args):
+    """The VALUE of ``set`` (or stdin's bytes, with ``--stdin``) as ``--type`` reads it."""
+    if args.stdin == (args.value is not None):
+        raise ValueError("give VALUE or --stdin, not both" if args.stdin else "give VALUE, or --stdin to read it")
+    data = sys.stdin.buffer.read() if args.stdin else args.value.encode("utf-8", "surrogateescape")
+    if args.type == "bytes":
+        return data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the value is not UTF-8 text: --type bytes stores it as bytes") from None
+    try:
+        if args.type == "int":
+            return int(text)
+        if args.type == "float":
+            return float(text)
+        if args.type == "json":
+            return json.loads(text, parse_constant=_refuse_constant)
+        if args.type == "literal":
+            return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"--type {args.type}: {_clip(text)!r} is not {_A_TYPE[args.type]} ({exc})") from None
+    return text
+
+
+_A_TYPE = {"int": "an integer", "float": "a number", "json": "JSON", "literal": "a Python literal"}
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON (--type float or literal stores it)")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_ttl(text: str) -> float:
+    """``--ttl``: seconds from now, a finite number from 0 (0: never expires, whatever the cache's default)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 60, 0.5)") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time to live is a finite number of seconds from 0 "
+                                         "(0: never expires)")
+    return value
+
+
+def _expiry_note(ttl: float | None, default_ttl_ns: int) -> tuple[float | None, str]:
+    """The seconds an entry stored with ``ttl`` (None: the cache's default) lives, and how ``set`` says it."""
+    if ttl is None and default_ttl_ns:
+        return default_ttl_ns / 1e9, f"expires in {default_ttl_ns / 1e9:g} s, the cache's default"
+    if ttl:
+        return ttl, f"expires in {ttl:g} s"
+    return None, "never expires"
+
+
+def cmd_set(args) -> int:
+    key = _key_arg(args.key, args.literal)
+    value = _value_arg(args)
+    with _open(args, args.name) as c:
+        target = c if args.kind is None else c.kind(args.kind)  # a kind set to is made, as the API makes it
+        store = target.add if args.nx else target.replace if args.xx else target.put
+        stored = store(key, value, ttl=args.ttl)
+        default_ttl_ns = parts(c).seg.header_words[H_DEFAULT_TTL]  # written at creation
+        policy = c.stats().policy if not stored else None
+    ttl_s, expiry = _expiry_note(args.ttl, default_ttl_ns)
+    where = f"kind {args.kind!r} of cache {args.name!r}" if args.kind else f"cache {args.name!r}"
+    why = None
+    if not stored:
+        why = ("the key is present (--nx)" if args.nx else "the key is absent (--xx)" if args.xx else
+               f"the cache is full and its policy ({policy!r}) admits no new entry")
+    if args.json:
+        _print_json({"name": args.name, "kind": args.kind, **_key_fields(key), "value_type": type(value).__name__,
+                     "stored": stored, "ttl_s": ttl_s if stored else None, **({"reason": why} if why else {})})
+    elif stored:
+        print(f"stored {key!r} in {where} ({type(value).__name__}; {expiry})")
+    if not stored:
+        if not args.json:
+            print(f"shmcache: {key!r} not stored in {where}: {why}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_del(args) -> int:
+    keys = [_key_arg(text, args.literal) for text in args.keys]
+    with _open(args, args.name) as c:
+        if args.kind is not None:
+            _space(args, c)  # a kind that does not exist is an error, never made
+        target = c if args.kind is None else c.kind(args.kind)
+        deleted = [target.delete(k) for k in keys]
+    where = f"kind {args.kind!r} of cache {args.name!r}" if args.kind else f"cache {args.name!r}"
+    if args.json:
+        _print_json({"name": args.name, "kind": args.kind, "deleted": sum(deleted),
+                     "keys": [{**_key_fields(k), "deleted": d} for k, d in zip(keys, deleted)]})
+    else:
+        for k, d in zip(keys, deleted):
+            if d:
+                print(f"deleted {k!r} from {where}")
+            else:
+                print(f"shmcache: no key {k!r} in {where}", file=sys.stderr)
+    return 0 if all(deleted) else 1
 
 
 def cmd_set_limits(args) -> int:
@@ -865,6 +1061,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kind", metavar="KIND", help="look among the keys of this key kind")
     sp.add_argument("--unpickle", action="store_true",
                     help="load a pickled value (pickle caches: runs code its writer chose; trust every writer)")
+    sp = add("set", cmd_set, "store a value under a key (a str unless --type says otherwise); exit code 1 if it "
+                             "was not stored (--nx, --xx, or a full cache of policy keep)")
+    sp.add_argument("name")
+    sp.add_argument("key", help="a str key, or with --literal a Python literal: 42, (1, 'a'), b'raw'")
+    sp.add_argument("value", nargs="?", help="the value, read as --type says (default: the str as it is)")
+    sp.add_argument("--type", choices=VALUE_TYPES, default="str",
+                    help="how VALUE is read: str (as it is, the default), int, float, json (an object, a list, a "
+                         "number, true, false, null...), literal (a Python literal: a tuple, bytes...) or bytes "
+                         "(its UTF-8 bytes; with --stdin, stdin's bytes as they are)")
+    sp.add_argument("--stdin", action="store_true", help="read the value from stdin (all of it, a last newline "
+                                                         "included) instead of VALUE")
+    sp.add_argument("--ttl", type=parse_ttl, metavar="SECONDS",
+                    help="seconds until the entry expires (0: never; default: the cache's default time to live)")
+    once = sp.add_mutually_exclusive_group()
+    once.add_argument("--nx", action="store_true", help="store only if the key is absent (SharedCache.add)")
+    once.add_argument("--xx", action="store_true", help="store only if the key is present (SharedCache.replace)")
+    sp.add_argument("--literal", action="store_true", help="read KEY as a Python literal (as `keys` prints a key "
+                                                           "that is not a plain str)")
+    sp.add_argument("--kind", metavar="KIND", help="store under this key kind (made if it does not exist)")
+    sp = add("del", cmd_del, "delete keys; exit code 1 if any of them was absent")
+    sp.add_argument("name")
+    sp.add_argument("keys", nargs="+", metavar="KEY", help="str keys, or with --literal Python literals")
+    sp.add_argument("--literal", action="store_true", help="read each KEY as a Python literal")
+    sp.add_argument("--kind", metavar="KIND", help="delete keys of this key kind")
     sp = add("keys", cmd_keys, "list a cache's keys, most recently used first (no lookup counted, no LRU move)")
     sp.add_argument("name")
     sp.add_argument("pattern", nargs="?", help="only keys matching this glob (*, ?, [abc]), matched against each key "

@@ -889,3 +889,200 @@ def test_prometheus_text_leaves_out_families_without_samples(name):
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
     assert set(helps) == samples
+
+
+# ------------------------------------------------------------------------------------------- set, del
+
+
+def test_cli_set_stores_a_str_unless_type_says_otherwise(capsys, cache, name, monkeypatch):
+    import io
+
+    for argv, key, value in [
+        (("k", "42"), "k", "42"),  # a str, though it reads as a number
+        (("k", "007"), "k", "007"),
+        (("i", "42", "--type", "int"), "i", 42),
+        (("f", "2.5", "--type", "float"), "f", 2.5),
+        (("j", '{"a": [1, null, true]}', "--type", "json"), "j", {"a": [1, None, True]}),
+        (("t", "(1, b'x')", "--type", "literal"), "t", (1, b"x")),
+        (("b", "raw", "--type", "bytes"), "b", b"raw"),
+        (("--literal", "42", "an int key"), 42, "an int key"),
+    ]:
+        rc, out, err = run(capsys, "set", name, *argv)
+        assert (rc, err) == (0, "") and out.startswith(f"stored {key!r} in cache {name!r} ({type(value).__name__};")
+        assert cache.get(key) == value and type(cache.get(key)) is type(value), argv
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\x00\xff bytes\n")))
+    rc, out, _ = run(capsys, "set", name, "s", "--stdin", "--type", "bytes", "--json")
+    assert rc == 0 and cache.get("s") == b"\x00\xff bytes\n"  # stdin's bytes as they are, the newline kept
+    assert json.loads(out) == {"name": name, "kind": None, "key": "s", "value_type": "bytes", "stored": True,
+                               "ttl_s": None}
+    rc, out, _ = run(capsys, "get", name, "k")  # the str '007', printed bare: no value of another type reads so
+    assert (rc, out) == (0, "007\n")
+    cache.put("k", "42")
+    assert run(capsys, "get", name, "k")[:2] == (0, "'42'\n")  # the str: its repr, not to be taken for the int
+    assert run(capsys, "get", name, "i")[:2] == (0, "42\n")
+    assert run(capsys, "get", name, "k", "--raw")[0] == 0
+
+
+def test_cli_set_refuses_what_it_cannot_read(capsys, cache, name):
+    for argv, said in [
+        (("i", "4.0", "--type", "int"), "--type int: '4.0' is not an integer"),
+        (("j", "{'a': 1}", "--type", "json"), "is not JSON"),
+        (("j", "NaN", "--type", "json"), "NaN is not JSON"),
+        (("t", "open('x')", "--type", "literal"), "is not a Python literal"),
+        (("k",), "give VALUE, or --stdin to read it"),
+        (("k", "v", "--stdin"), "give VALUE or --stdin, not both"),
+        (("--literal", "(1,", "v"), "--literal: '(1,' is not a Python literal"),
+    ]:
+        rc, out, err = run(capsys, "set", name, *argv)
+        assert (rc, out) == (1, "") and said in err, argv
+    assert len(cache) == 0
+    for ttl in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            run(capsys, "set", name, "k", "v", "--ttl", ttl)
+        assert exc.value.code == 2 and "--ttl" in capsys.readouterr().err
+    rc, out, err = run(capsys, "set", "no-such-cache-" + name, "k", "v")
+    assert rc == 1 and "no cache named" in err and not os.path.exists(f"/dev/shm/shmcache.no-such-cache-{name}")
+
+
+def test_cli_set_ttl_expires_and_nx_xx_store_once(capsys, name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, default_ttl=300) as c:
+        rc, out, _ = run(capsys, "set", name, "brief", "v", "--ttl", "0.2")
+        assert rc == 0 and "expires in 0.2 s" in out and c.get("brief") == "v"
+        rc, out, _ = run(capsys, "set", name, "default", "v")
+        assert rc == 0 and "expires in 300 s, the cache's default" in out
+        rc, out, _ = run(capsys, "set", name, "kept", "v", "--ttl", "0", "--json")
+        assert rc == 0 and json.loads(out)["ttl_s"] is None  # 0: never, whatever the default
+        entries = {json.loads(x)["key"]: json.loads(x)["ttl_s"] for x in run(capsys, "dump", name)[1].splitlines()}
+        assert entries["kept"] is None and 299 < entries["default"] <= 300 and 0 < entries["brief"] <= 0.2
+        time.sleep(0.3)
+        assert c.get("brief") is None and run(capsys, "get", name, "brief")[0] == 1
+        rc, _, err = run(capsys, "set", name, "kept", "other", "--nx")
+        assert rc == 1 and "not stored" in err and "the key is present (--nx)" in err and c.get("kept") == "v"
+        rc, out, _ = run(capsys, "set", name, "absent", "v", "--xx", "--json")
+        assert rc == 1 and json.loads(out)["stored"] is False and "absent" not in c
+        assert run(capsys, "set", name, "kept", "new", "--xx")[0] == 0 and c.get("kept") == "new"
+        assert run(capsys, "set", name, "fresh", "v", "--nx")[0] == 0 and c.get("fresh") == "v"
+        rc, out, _ = run(capsys, "set", name, "x", "1", "--type", "int", "--kind", "jvp")
+        assert rc == 0 and f"kind 'jvp' of cache {name!r}" in out and c.kind("jvp").get("x") == 1
+
+
+def test_cli_del_says_whether_each_key_existed(capsys, assorted, name):
+    rc, out, err = run(capsys, "del", name, "text")
+    assert (rc, out, err) == (0, f"deleted 'text' from cache {name!r}\n", "") and "text" not in assorted
+    rc, out, err = run(capsys, "del", name, "text")  # gone: exit code 1, as redis-cli DEL answers 0
+    assert (rc, out) == (1, "") and err == f"shmcache: no key 'text' in cache {name!r}\n"
+    rc, out, err = run(capsys, "del", name, "42")  # the str '42': absent; the int key stays
+    assert rc == 1 and assorted.get(42) == "an int key"
+    rc, out, _ = run(capsys, "del", name, "--literal", "42", "('user', 7)", "'nope'", "--json")
+    assert rc == 1 and json.loads(out) == {"name": name, "kind": None, "deleted": 2, "keys": [
+        {"key": 42, "deleted": True}, {"key": "('user', 7)", "key_encoding": "repr", "deleted": True},
+        {"key": "nope", "deleted": False}]}
+    assert 42 not in assorted and ("user", 7) not in assorted
+    rc, _, err = run(capsys, "del", name, "text", "--kind", "nokind")
+    assert rc == 1 and "has no kind 'nokind'" in err and "nokind" not in assorted.stats().kinds
+    assert run(capsys, "del", name, "text", "--kind", "jvp")[0] == 0 and "text" not in assorted.kind("jvp")
+    assert assorted.stats().deletes == 4
+    assorted.put("brief", 1, ttl=0.05)
+    time.sleep(0.1)
+    assert run(capsys, "del", name, "brief")[0] == 1  # expired: absent, as get finds it
+
+
+def test_cli_keys_and_get_tell_apart_keys_that_print_alike(capsys, cache, name):
+    import ast
+
+    alike = [42, "42", None, "None", b"x", "b'x'", (1, 2), "(1, 2)", "", " pad", "true", 1.5, "1.5", "plain",
+             "'C:\\d'"]
+    for i, k in enumerate(alike):
+        cache.put(k, i)
+    rc, out, err = run(capsys, "keys", name)
+    printed = out.splitlines()
+    assert rc == 0 and err == "" and len(printed) == len(set(printed)) == len(alike)
+    assert {"42", "'42'", "None", "'None'", "b'x'", '"b\'x\'"', "(1, 2)", "'(1, 2)'", "''", "' pad'", "'true'",
+            "1.5", "'1.5'", "plain", '"\'C:\\\\d\'"'} == set(printed)
+    for line in printed:  # each line reads back as its key: --literal for a line that is a literal, else as it is
+        try:
+            argv, key = ("--literal", line), ast.literal_eval(line)
+        except (ValueError, SyntaxError):
+            argv, key = (line,), line
+        rc, out, _ = run(capsys, "get", name, *argv)
+        assert (rc, out) == (0, f"{alike.index(key)}\n"), line
+    rc, out, _ = run(capsys, "keys", name, "4*")  # a str key is matched as itself, any other as printed
+    assert rc == 0 and sorted(out.splitlines()) == ["'42'", "42"]
+    rc, out, _ = run(capsys, "keys", name, "--json")
+    assert [d for d in json.loads(out) if d["key"] in ("42", 42)] in (
+        [{"key": "42"}, {"key": 42}], [{"key": 42}, {"key": "42"}])
+
+
+def test_cli_get_prints_a_str_that_reads_as_another_value_as_its_repr(capsys, cache, name):
+    values = {"n": 42, "s": "42", "null": None, "snull": "null", "l": [1, 2], "sl": "[1, 2]", "b": b"x",
+              "sb": "b'x'", "arr": "array([1])", "text": "hello world", "multi": "two\nlines"}
+    for k, v in values.items():
+        cache.put(k, v)
+    shown = {k: run(capsys, "get", name, k)[1] for k in values}
+    assert shown == {"n": "42\n", "s": "'42'\n", "null": "null\n", "snull": "'null'\n", "l": "[1, 2]\n",
+                     "sl": "'[1, 2]'\n", "b": "b'x'\n", "sb": '"b\'x\'"\n', "arr": "'array([1])'\n",
+                     "text": "hello world\n", "multi": "two\nlines\n"}
+
+
+# ------------------------------------------------------------------------------ ls: age, last write, attached
+
+_ATTACH = """
+import sys
+from shmcache import SharedCache
+c = SharedCache(sys.argv[1])
+c.put("from-child", 1)
+print("attached", flush=True)
+sys.stdin.readline()
+c.close()
+print("closed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _ls_row(capsys, name: str) -> dict:
+    rc, out, _ = run(capsys, "ls", "--json")
+    rows = [r for r in json.loads(out) if r["name"] == name]
+    assert rc == 0 and len(rows) == 1
+    return rows[0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+        row = _ls_row(capsys, name)
+        assert row["last_write_s"] is None and 0 <= row["age_s"] < 60  # never stored to
+        assert row["attached_handles"] == 1 and row["attached_pids"] == [os.getpid()]  # ls's own handle not counted
+        child = subprocess.Popen([sys.executable, "-c", _ATTACH, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, cwd=ROOT)
+        try:
+            assert child.stdout.readline() == "attached\n"
+            row = _ls_row(capsys, name)
+            assert row["attached_handles"] == 2 and row["attached_pids"] == sorted([os.getpid(), child.pid])
+            assert 0 <= row["last_write_s"] < 10 and row["last_write_s"] <= row["age_s"]
+            rc, out, _ = run(capsys, "ls")
+            line = next(x for x in out.splitlines() if x.startswith(name))
+            assert re.search(r"\d+s ago\s+" + ",".join(map(str, sorted([os.getpid(), child.pid]))) + "$", line)
+            child.stdin.write("\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "closed\n"  # the child lives on, its handle closed
+            row = _ls_row(capsys, name)
+            assert row["attached_handles"] == 1 and row["attached_pids"] == [os.getpid()]
+            assert c.get("from-child") == 1
+        finally:
+            child.stdin.close()
+            assert child.wait(timeout=60) == 0
+    row = _ls_row(capsys, name)  # nobody has it open: what `sweep` would remove
+    assert row["attached_handles"] == 0 and row["attached_pids"] == []
+    rc, out, _ = run(capsys, "ls")
+    assert re.search(r"\d+s ago\s+none$", next(x for x in out.splitlines() if x.startswith(name)))
+
+
+def test_cli_ls_durations_read_as_people_write_them():
+    from shmcache.cli import _ago, _shown_attached
+
+    assert [_ago(s) for s in (0, 42.9, 60, 425, 3600, 11520, 86400, 2 * 86400 + 4 * 3600 + 59)] == [
+        "0s", "42s", "1m00s", "7m05s", "1h00m", "3h12m", "1d00h", "2d04h"]
+    assert _shown_attached(0, []) == "none" and _shown_attached(None, []) == "?"
+    assert _shown_attached(2, [7, 9]) == "7,9" and _shown_attached(5, [1, 2, 3, 4, 5]) == "1,2,3 +2"
+    assert _shown_attached(1, []) == "1 handle (other users)"
