@@ -271,13 +271,14 @@ def _ago(seconds: float) -> str:
 
 def _shown_attached(handles: int | None, pids: list[int]) -> str:
     """``ls``'s ATTACHED column: the processes holding the cache open, by pid (three at most, then how many more),
-    or how many handles are open where none of their processes can be seen here (another user's)."""
+    or how many handles are open where none of their processes can be seen here (another user's, or another PID
+    namespace's)."""
     if handles is None and not pids:
         return "?"
     if pids:
         shown = ",".join(map(str, pids[:3]))
         return shown + (f" +{len(pids) - 3}" if len(pids) > 3 else "")
-    return "none" if not handles else _count(handles, "handle", "handles") + " (other users)"
+    return "none" if not handles else _count(handles, "handle", "handles") + " (pids not visible)"
 
 
 def cmd_ls(args) -> int:

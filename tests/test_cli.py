@@ -1085,4 +1085,4 @@ def test_cli_ls_durations_read_as_people_write_them():
         "0s", "42s", "1m00s", "7m05s", "1h00m", "3h12m", "1d00h", "2d04h"]
     assert _shown_attached(0, []) == "none" and _shown_attached(None, []) == "?"
     assert _shown_attached(2, [7, 9]) == "7,9" and _shown_attached(5, [1, 2, 3, 4, 5]) == "1,2,3 +2"
-    assert _shown_attached(1, []) == "1 handle (other users)"
+    assert _shown_attached(1, []) == "1 handle (pids not visible)"
