@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from .cache import SharedCache
 from .errors import (
-    AttachTimeout, ClosedError, CompiledSectionMissing, ComputeTimeout, CorruptionError, KindsFullError,
-    LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError, RemoteError,
-    SerializerMismatch, ShmCacheError, TooLargeError,
+    AttachTimeout, CapacityWarning, ClosedError, CompiledSectionMissing, ComputeTimeout, CorruptionError,
+    KindsFullError, LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError,
+    RemoteError, SerializerMismatch, ShmCacheError, TooLargeError, TooLargeWarning,
 )
 from .kinds import KindStats, KindView
 from .layout.dtypes import POLICY_NAMES as POLICIES
@@ -29,11 +29,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttachTimeout", "CacheLimits", "CacheStats", "ClosedError", "CompiledSectionMissing", "ComputeTimeout",
-    "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
+    "AttachTimeout", "CacheLimits", "CacheStats", "CapacityWarning", "ClosedError", "CompiledSectionMissing",
+    "ComputeTimeout", "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
     "LockTimeout", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError",
     "SerializerMismatch", "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError",
-    "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
+    "TooLargeWarning", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]
 
 

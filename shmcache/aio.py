@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from . import flight
 from .durations import seconds
+from .oversize import Computation
 from .guard import FUTEX_WORD
 from .layout.dtypes import H_DIRTY
 from .lock import FUTEX_TID_MASK
@@ -157,8 +158,9 @@ class _AsyncMemo:
             computed = True
             return await fn(*args, **kwargs)
 
-        value = await self._cache.aget_or_compute(sync.key_of(args, kwargs, method), compute,
-                                                  timeout=sync.timeout, ttl=sync.ttl)
+        value = await self._cache.aget_or_compute(sync.key_of(args, kwargs, method),
+                                                  Computation(compute, sync.told_as), timeout=sync.timeout,
+                                                  ttl=sync.ttl)
         sync.count(computed)
         return value
 

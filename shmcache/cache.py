@@ -38,10 +38,11 @@ from . import aio
 from .aio import AsyncMethods
 from .keylock import KeyLock
 from .mapping import MISSING, LocalMapping, memo_family
+from .oversize import Told
 from .segment import Segment, unlink_name
 from .stats import CacheLimits, CacheStats
 from .block import PAD
-from .store import UNVIEWABLE, Store, too_large
+from .store import UNVIEWABLE, Store
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
@@ -185,8 +186,9 @@ class SharedCache(LocalMapping, AsyncMethods):
         g = seg.geometry
         table = Table(seg, clock)
         guard = Guard(seg, table, lock_timeout)
-        store = Store(seg, table, clock, guard.repair, ser)
+        store = Store(seg, table, clock, guard.repair, ser, guard.bump)
         self._parts = Parts(seg, guard, store)
+        self._told = Told()  # the key families warned about a value too large to keep (oversize.py)
         self._seg, self._guard, self._store = seg, guard, store
         # The segment's tables at hand (one attribute read each instead of two; views and tests use them).
         self._h, self._ix, self._ent, self._mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
@@ -259,7 +261,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
         if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
-            raise too_large(size, self._capacity_bytes, "capacity_bytes")
+            raise self._store.refuse(size)
         check = (_xxh(body, tag) & _MASK63) | 1
         encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
         return self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl))
@@ -368,8 +370,11 @@ class SharedCache(LocalMapping, AsyncMethods):
         the exception is its own and one waiter computes instead (a takeover); if its process dies, the kernel
         frees the key at once and a waiter takes over. ``timeout`` bounds the wait for a live computation (None: no
         bound; a finite number of seconds otherwise; ``fn`` itself is never interrupted); ``ttl`` is the stored
-        result's, as in ``put``. A result too large for the cache is returned without being stored. Stats: the call
-        counts one lookup (a hit, or a miss), plus a computation, a wait or a takeover.
+        result's, as in ``put``. A result too large for the cache is returned without being stored, so every call
+        computes it again: ``stats().too_large`` counts it, and a ``TooLargeWarning`` says so once per family of
+        keys (the key's kind, or the function calling ``get_or_compute``; ``memoize``'s function, a
+        ``CachedDataset``) with the result's size and the limit. Stats: the call counts one lookup (a hit, or a
+        miss), plus a computation, a wait or a takeover.
 
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises ReentrantCallError: (a RuntimeError) if ``fn`` itself calls ``get_or_compute`` for the same key.
@@ -401,8 +406,8 @@ class SharedCache(LocalMapping, AsyncMethods):
             value = fn()
             try:
                 self.put(key, value, ttl)
-            except TooLargeError:
-                pass  # correct to return, impossible to keep; the next caller computes it again
+            except TooLargeError as exc:  # correct to return, impossible to keep: counted, and said once
+                self._told.refused(exc, self.name, key, fn, self._kind_name)
             return value
         finally:
             claim.release()
@@ -463,8 +468,8 @@ class SharedCache(LocalMapping, AsyncMethods):
                 value = await value
             try:
                 await self.aput(key, value, ttl)
-            except TooLargeError:
-                pass  # correct to return, impossible to keep; the next caller computes it again
+            except TooLargeError as exc:  # correct to return, impossible to keep: counted, and said once
+                self._told.refused(exc, self.name, key, fn, self._kind_name)
             return value
         finally:
             claim.release()
@@ -508,6 +513,9 @@ class SharedCache(LocalMapping, AsyncMethods):
             return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore)
 
         return decorate if fn is None else decorate(fn)
+
+    def _kind_name(self, number: int) -> str:
+        return kinds.name_of(self._seg, number)
 
     def _count(self, *deltas: tuple[int, int]) -> None:
         """Add to header counters: ``(word, delta)`` pairs."""

@@ -21,7 +21,6 @@ from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
     H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, POLICY_LRU, POLICY_S3FIFO,
 )
-from .store import too_large
 
 _W = ENTRY_WORDS
 
@@ -166,7 +165,7 @@ def put_many_locked(store, ttl, encoded: list) -> None:
     limit = store.h[H_MAX_RETAINED]
     for item in encoded:
         if item.size > limit:
-            raise too_large(item.size, limit, "max_retained_bytes")
+            raise store.refuse_locked(item.size)
     expires = store.expires_at(ttl)
     for item in encoded:
         store.store(store.find_live(item.kb, item.fp, True), item, expires)

@@ -49,7 +49,16 @@ class ComputeTimeout(ShmCacheError, TimeoutError):
 
 
 class TooLargeError(ShmCacheError, ValueError):
-    """An entry can never fit the cache's limits; nothing was evicted."""
+    """An entry can never fit the cache's limits; nothing was evicted. ``size``: the entry's bytes (encoded key and
+    value, as ``max_retained_bytes`` counts them); ``limit``: the limit it exceeds, named by ``limit_name``
+    (``"max_retained_bytes"``, or ``"capacity_bytes"`` for one beyond what the cache could ever be set to)."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "", size: int = 0, limit: int = 0,
+                 limit_name: str = "") -> None:
+        super().__init__(message, what=what, hint=hint)
+        self.size = size
+        self.limit = limit
+        self.limit_name = limit_name
 
 
 class OwnershipError(ShmCacheError, PermissionError):
@@ -101,6 +110,19 @@ class PinnedError(ShmCacheError):
 class RemoteError(ShmCacheError, ConnectionError):
     """A ``TieredCache`` call needed Redis and Redis failed, timed out, or failed recently (raised only with
     ``strict=True``; otherwise the failure is counted and logged and the call is served by the local cache)."""
+
+
+class CapacityWarning(UserWarning):
+    """The cache's limits keep it from holding what it is asked to (a ``UserWarning``: shown by default, once per
+    place, where a ``ResourceWarning`` would be hidden outside development mode). Each is said once per process
+    and per what it concerns; filter the category to silence them all."""
+
+
+class TooLargeWarning(CapacityWarning):
+    """A value ``get_or_compute`` computed (through ``memoize`` or ``CachedDataset`` too) can never be kept, so
+    every call computes it again. Said once per process for each family of keys (a memoized function, a dataset,
+    a kind, or the function that calls ``get_or_compute``), with the value's size and the limit; ``stats()
+    .too_large`` counts every refusal."""
 
 
 class CompiledSectionMissing(RuntimeWarning):

@@ -65,6 +65,10 @@ def updating(fn):
     return bracketed
 
 
+def _add_one(h, word: int) -> None:
+    h[word] += 1
+
+
 class Guard:
     """The lock of one mapped segment, and what a call does around it. ``closed`` is this handle's flag, read
     under the lock by every call."""
@@ -159,6 +163,14 @@ class Guard:
                 self.lock32[self.fw + 1] = 0
                 self.lockw[H_DIRTY] = 1
             holds.discard(ident)
+
+    def bump(self, word: int) -> None:
+        """Add one to header counter ``word`` for something refused before the lock was taken (a value too large
+        for the capacity): one short hold; inside a call of this thread that holds it already, at once."""
+        if self.ident in me.holds and self.lock32[self.fw] & FUTEX_TID_MASK == me.tid:
+            self.h[word] += 1
+        else:
+            self.run(_add_one, self.h, word)
 
     def hold(self) -> None:
         """Take the lock as a call of this thread holds it, outside any call, until ``let_go`` (tests and benchmarks

@@ -63,6 +63,12 @@ def _name(seg, k: int) -> bytes:
     return bytes(seg.mm[off : off + min(max(n, 0), KIND_NAME_NBYTES)])
 
 
+def name_of(seg, k: int) -> str:
+    """Kind ``k``'s name, read without the lock: a display figure (a record's name is written once, when the kind
+    is made)."""
+    return _name(seg, k).decode("utf-8", "replace") or f"#{k}"
+
+
 def _used(seg) -> int:
     n = seg.header_words[H_KINDS_USED]
     return n if 0 <= n <= MAX_KINDS else MAX_KINDS

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from .codec import encode_key, encode_key_prefix
+from .oversize import Computation
 
 if TYPE_CHECKING:
     from .cache import SharedCache
@@ -158,6 +159,7 @@ class _Memo:
         functools.update_wrapper(self, func)
         self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, func, timeout, ttl
         self._key = key
+        self.told_as = f"memoized {self.cache_name}"  # its family in a TooLargeWarning (oversize.py)
         self._sig, self._ignore = _ignored(func, ignore, self.cache_name)
         self._first = _first_parameter(func)
         # Whether args[0] is an instance (or class) even when called unbound: Area.area(a, 5) is a.area(5).
@@ -239,7 +241,8 @@ class _Memo:
         busy = _inside.busy
         try:
             _inside.busy = True
-            value = self._cache.get_or_compute(key, compute, timeout=self._timeout, ttl=self._ttl)
+            value = self._cache.get_or_compute(key, Computation(compute, self.told_as), timeout=self._timeout,
+                                               ttl=self._ttl)
         finally:
             _inside.busy = busy
         self.count(computed)

@@ -9,7 +9,7 @@ from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
-    POLICY_NAMES,
+    H_TOO_LARGE, POLICY_NAMES,
 )
 
 from .readers import set_aside, totals as reader_totals
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Counters that clear() sets back to zero (clears and recoveries keep counting: they describe the segment's life).
 RESET_BY_CLEAR = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_EXPIRED, H_COMPUTATIONS, H_WAITS,
-                  H_TAKEOVERS, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS)
+                  H_TAKEOVERS, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS, H_TOO_LARGE)
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,11 @@ class CacheStats:
     ``computations`` counts the functions ``get_or_compute`` ran, ``waits`` the calls that waited for another
     caller computing the same key, and ``takeovers`` the waits that ended without a value (the computer raised or
     died), after which the waiter computed it. ``expired`` counts entries dropped because their time to live ran
-    out (a lookup that finds one expired also counts a miss). ``kinds`` maps each key kind's name to its
-    resident entries and bytes (``SharedCache.kind``).
+    out (a lookup that finds one expired also counts a miss). ``too_large`` counts the stores refused with
+    ``TooLargeError`` (an entry over ``max_retained_bytes``, or over the capacity), by every process: a value
+    ``get_or_compute`` or ``memoize`` computed and could not keep is computed again by the next call (a
+    ``TooLargeWarning`` says so once). ``kinds`` maps each key kind's name to its resident entries and bytes
+    (``SharedCache.kind``).
 
     ``policy`` is the cache's eviction policy. ``admitted`` counts new entries stored and ``not_admitted`` the puts
     of a new entry the policy refused (only ``keep`` refuses: the cache was full). Under ``s3fifo``,
@@ -97,6 +100,7 @@ class CacheStats:
     unlocked_reads: int = 0
     read_retries: int = 0
     read_fallbacks: int = 0
+    too_large: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -127,7 +131,7 @@ def read_stats(h, kinds: dict | None = None, readers=None) -> CacheStats:
         arena_used_bytes=h[H_ARENA_USED], admitted=h[H_ADMITTED],
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
-        kinds=kinds or {},
+        too_large=h[H_TOO_LARGE], kinds=kinds or {},
     )
 
 
@@ -153,6 +157,7 @@ _PROMETHEUS = (
     ("computations", "computations_total", "counter", "functions run by get_or_compute"),
     ("waits", "waits_total", "counter", "get_or_compute calls that waited for another caller's computation"),
     ("takeovers", "takeovers_total", "counter", "waits that ended without a value, then computed here"),
+    ("too_large", "too_large_total", "counter", "stores refused: the entry can never fit the byte limit"),
     ("admitted", "admitted_total", "counter", "new entries stored"),
     ("not_admitted", "not_admitted_total", "counter", "puts of a new entry the policy did not store"),
     ("promoted", "promoted_total", "counter", "s3fifo: entries moved from the small queue to main for their hits"),

@@ -23,7 +23,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
-    H_UPDATES, H_WRITING, POLICY_LRU,
+    H_TOO_LARGE, H_UPDATES, H_WRITING, POLICY_LRU,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -56,17 +56,25 @@ Fields = tuple[bytes, int, bytes, int, int, int, int]
 
 
 def too_large(size: int, limit: int, name: str) -> TooLargeError:
+    """The refusal of an entry of ``size`` bytes over ``limit``, the limit named ``name``; uncounted (see
+    ``Store.refuse`` and ``Store.refuse_locked``)."""
+    if name == "capacity_bytes":  # fixed at creation
+        hint = "store a smaller value, or recreate the cache with a larger capacity_bytes"
+    else:
+        hint = "store a smaller value, or raise max_retained_bytes with set_limits (up to capacity_bytes)"
     return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
-                         what="put", hint=f"raise {name} or store a smaller value")
+                         what="put", hint=hint, size=size, limit=limit, limit_name=name)
 
 
 class Store:
     """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held); ``serializer``
     the handle's (serializers.py)."""
 
-    def __init__(self, seg, table, clock, repair, serializer) -> None:
+    def __init__(self, seg, table, clock, repair, serializer, bump=None) -> None:
         g = seg.geometry
         self.seg, self.table, self.clock, self.repair = seg, table, clock, repair
+        # Adds one to a header counter from outside the lock (Guard.bump): how a refusal before the lock is counted.
+        self.bump = bump
         self.serializer = serializer  # encodes every value stored, decodes every value read
         self._encode_value = serializer.encode
         self.h, self.ix, self.ent, self.exp, self.mm = (seg.header_words, seg.index_words, seg.entry_words,
@@ -94,8 +102,21 @@ class Store:
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
         if size > self.capacity_bytes or nb > MAX_BLOCK_NBYTES:
-            raise too_large(size, self.capacity_bytes, "capacity_bytes")
+            raise self.refuse(size)
         return _new_encoded(Encoded, (kb, tag, body, xxh3(kb) & MASK63, (xxh3(body, tag) & MASK63) | 1, size, nb))
+
+    def refuse(self, size: int) -> TooLargeError:
+        """The refusal of an entry of ``size`` bytes beyond the capacity, found before the lock, counted in
+        ``too_large`` by one short hold of it (a refusal is never a hot path)."""
+        if self.bump is not None:
+            self.bump(H_TOO_LARGE)
+        return too_large(size, self.capacity_bytes, "capacity_bytes")
+
+    def refuse_locked(self, size: int) -> TooLargeError:
+        """The refusal of an entry of ``size`` bytes over ``max_retained_bytes``, counted; lock held."""
+        h = self.h
+        h[H_TOO_LARGE] += 1
+        return too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
 
     # ------------------------------------------------------------------------------------------- reading one entry
 
@@ -181,7 +202,7 @@ class Store:
         h, table = self.h, self.table
         size = encoded[5]
         if size > h[H_MAX_RETAINED]:
-            raise too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+            raise self.refuse_locked(size)
         if old != EMPTY:
             table.refuse_pinned(old, "replaced")
         if old != EMPTY:
@@ -231,7 +252,7 @@ class Store:
         old = self.find_live(encoded.kb, encoded.fp, not present)
         if (old != EMPTY) != present or (version is not None and self.table.ver[old] != version):
             if encoded.size > self.h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
-                raise too_large(encoded.size, self.h[H_MAX_RETAINED], "max_retained_bytes")
+                raise self.refuse_locked(encoded.size)
             return False
         return self.store(old, encoded, self.expires_at(ttl))
 

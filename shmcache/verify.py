@@ -31,7 +31,7 @@ from .layout.dtypes import (
     H_GHOST_CLOCK,
     H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
     MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
-    H_READER_SLOTS, READER_SLOTS,
+    H_READER_SLOTS, H_TOO_LARGE, READER_SLOTS,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -142,7 +142,7 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
 
 _COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
              H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS, H_BASE_HITS,
-             H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS)
+             H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS, H_TOO_LARGE)
 # (``seq`` has no range: any value is a generation, and an odd one is evened by the next hold to end.)
 _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)

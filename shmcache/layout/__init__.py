@@ -31,12 +31,12 @@ writes), line 3 the occupancy, the limits and the arena ring, line 4 the entry-s
 and the rarely written counters (``clears``; ``get_or_compute``'s computations, waits and takeovers), line 5 the
 version clock, the expiry bound and counter, the default time to live, the number of kinds, the entry a store is
 writing, the configuration's checksum and the count of new entries stored, line 6 the configuration's checked copy
-(``shmcache/config.py``), the long walks' ``progress`` and the time of the last store (``last_put_ns``),
-line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1 s3fifo, 2 keep) and
-``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``, ``small``), its ghost clock
-and the policy's counters, line 8 what readers without the lock validate against (``seq``), the number of reader
-slots (written once at creation) and the slots' sums ``clear()`` last set aside (``base_*``). See ``dtypes.HEADER``
-for each field.
+(``shmcache/config.py``), the long walks' ``progress``, the time of the last store (``last_put_ns``) and the count
+of stores refused as too large (``too_large``), line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1
+s3fifo, 2 keep) and ``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``,
+``small``), its ghost clock and the policy's counters, line 8 what readers without the lock validate against
+(``seq``), the number of reader slots (written once at creation) and the slots' sums ``clear()`` last set aside
+(``base_*``). See ``dtypes.HEADER`` for each field.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -144,8 +144,9 @@ Layout versions.
          ``default_ttl_ns`` or limit is found by verify() and restored by the repair (``shmcache/config.py``).
     5 -- eviction policies: header line 7, ``admitted`` (line 5), the marks column and the ghost region.
     6 -- reads without the lock: header line 8 (``seq``, ``reader_slots``, ``base_*``) and the reader slots.
-    7 -- the lock's line holds shmcache's own futex words (``word``, ``holder``, ``wakes``), no pthread mutex.
-         ``last_put_ns`` (line 6): when the cache was last stored to, for ``shmcache ls``.
+    7 -- the lock's line holds shmcache's own futex words (``word``, ``holder``, ``wakes``), no pthread mutex;
+         line 6: ``last_put_ns``, when the cache was last stored to (for ``shmcache ls``), and ``too_large``, the
+         stores refused as too large.
 """
 
 from .dtypes import (

@@ -139,6 +139,9 @@ HEADER = _record(
             #                              to the second: a store rewrites it only when it is a second or more
             #                              old, so the line is written once a second at most; 0: no store yet (for
             #                              display only: `shmcache ls`)
+            ("too_large", _W),           # stores refused with TooLargeError (an entry over the byte limit in force
+            #                              or the capacity): under the lock where refused, or in one short hold
+            #                              after a refusal before it (rarely written: a refusal is never hot)
         ]),
         # Line 7: the eviction policy: its identity (written once at creation) and its state (under the lock).
         (448, [
@@ -278,6 +281,7 @@ H_SAVED_MAX_RETAINED = _word(HEADER, "saved_max_retained")
 H_SAVED_CHECK = _word(HEADER, "saved_check")
 H_PROGRESS = _word(HEADER, "progress")
 H_LAST_PUT = _word(HEADER, "last_put_ns")
+H_TOO_LARGE = _word(HEADER, "too_large")
 H_ADMITTED = _word(HEADER, "admitted")
 H_POLICY = _word(HEADER, "policy")
 H_GHOST_SLOTS = _word(HEADER, "ghost_slots")
