@@ -18,7 +18,7 @@ import xxhash
 
 torch = pytest.importorskip("torch", reason="torch is optional (pip install torch); CI installs the CPU build")
 
-from shmcache import PinnedError, SharedCache  # noqa: E402
+from shmcache import CapacityWarning, PinnedError, SharedCache, TooLargeWarning  # noqa: E402
 from shmcache.codec import decode_value, encode_value  # noqa: E402
 from shmcache.contrib.torch import CachedDataset  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
@@ -602,3 +602,69 @@ def test_torch_a_dataset_larger_than_the_cache_warns_unless_the_policy_keeps(nam
     finally:
         keep.close()
         keep.unlink()
+
+
+def test_torch_a_cache_sized_in_bytes_to_half_the_dataset_warns_once_unless_the_policy_keeps(name, tmp_path):
+    """Sized the README's way, by capacity_bytes (max_entries leaves room): the warning comes from the bytes of the
+    samples read, extrapolated, and says the numbers and the remedy."""
+    log = str(tmp_path / "computed.log")
+    n, sample = 64, 1 + 3 * 16 * 16 * 4 + 1 + 1  # a sample's payload: the tuple, the image, the index, the checksum
+    with SharedCache(name, capacity_bytes=n * sample // 2, max_entries=1024, create=True) as c:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = CachedDataset(CountingDataset(n, log), c, name="half")  # max_entries holds every sample
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for epoch in range(2):
+                for i in np.random.default_rng(epoch).permutation(n).tolist():
+                    check_sample(ds[i], i)
+        said = [str(w.message) for w in caught if issubclass(w.category, CapacityWarning)]
+        assert len(said) == 1, said
+        assert said[0].startswith(f"CachedDataset 'half': its 64 samples need at least {n * sample:,} bytes "
+                                  f"({sample:,} per sample, the mean of the 8 seen so far), more than the "
+                                  f"{n * sample // 2:,} the cache {name!r} holds (max_retained_bytes)")
+        assert "policy='keep'" in said[0] and f"capacity_bytes of at least {n * sample:,}" in said[0]
+        c.unlink()
+    with SharedCache(name, capacity_bytes=n * sample // 2, max_entries=1024, create=True, policy="keep") as keep:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                ds = CachedDataset(CountingDataset(n, log), keep, name="half")
+                for i in range(n):
+                    check_sample(ds[i], i)
+        finally:
+            keep.unlink()
+
+
+def test_torch_a_sample_too_large_for_the_cache_is_returned_and_said_once(name, tmp_path):
+    log = str(tmp_path / "computed.log")
+    with SharedCache(name, capacity_bytes=2048, max_entries=64, create=True) as c:  # a sample is over 3 KiB
+        ds = CachedDataset(CountingDataset(4, log), c, name="huge")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                for i in range(4):
+                    check_sample(ds[i], i)
+        said = [str(w.message) for w in caught if issubclass(w.category, TooLargeWarning)]
+        assert len(said) == 1, said
+        assert said[0].startswith("CachedDataset 'huge': a value of ")
+        assert f"can never be kept in cache {name!r}, whose capacity_bytes is 2,048 bytes" in said[0]
+        assert len(computations(log)) == 12  # computed on every read: nothing could be kept
+        s = c.stats()
+        assert (s.too_large, s.entries) == (12, 0)
+
+
+def test_torch_dataloader_workers_but_the_first_leave_the_judgement_to_it(name, tmp_path, monkeypatch):
+    """Every worker would see the same shortfall: only worker 0 (or the main process) judges and says it."""
+    import shmcache.contrib.torch as contrib
+
+    log = str(tmp_path / "computed.log")
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=1024, create=True) as c:
+        ds = CachedDataset(CountingDataset(512, log), c)  # 512 samples of 3 KiB: six times the cache
+        for worker, says in ((1, 0), (0, 1)):
+            monkeypatch.setattr(contrib, "get_worker_info", lambda: type("Info", (), {"id": worker})())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for i in range(16):
+                    check_sample(ds[i], i)
+            assert len([w for w in caught if issubclass(w.category, CapacityWarning)]) == says

@@ -27,9 +27,11 @@ import warnings
 from typing import Any
 from collections.abc import Callable
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
-from shmcache import SharedCache
+from shmcache import CapacityWarning, SharedCache
+from shmcache.contrib.fit import DatasetFit, sample_nbytes
+from shmcache.oversize import Computation
 
 __all__ = ["CachedDataset"]
 
@@ -66,8 +68,12 @@ class CachedDataset(Dataset):
     ``policy="lru"`` the samples kept are the ones read last, which the next epoch reads at random places: with a
     cache of half the dataset about 15 % of the reads hit, and each miss's put evicts another sample. Create the
     cache with ``policy="keep"``: it stores samples until full and then keeps them, so every epoch after the first
-    hits on the cached fraction (half the reads, for half the dataset). A dataset with more samples than the
-    cache's ``max_entries`` under another policy warns (``UserWarning``) once, here.
+    hits on the cached fraction (half the reads, for half the dataset). Under another policy a cache that cannot
+    hold the dataset warns (``shmcache.CapacityWarning``, a ``UserWarning``) once, with the numbers and the remedy:
+    by entries here, when the dataset has more samples than ``max_entries``; by bytes as samples are read, when
+    the mean size of those seen so far, times the dataset's length, exceeds ``max_retained_bytes`` (judged in
+    the main process or DataLoader worker 0; contrib/fit.py). A sample too large for the cache is returned
+    uncached, computed again on every read, and said once (``shmcache.TooLargeWarning``).
     """
 
     def __init__(self, dataset: Any, cache: SharedCache, key: Callable[[Any], Any] | None = None,
@@ -87,21 +93,34 @@ class CachedDataset(Dataset):
         self.ttl = ttl
         self.timeout = timeout
         self.transform = transform
-        if cache.policy != "keep":
-            room = cache.limits().max_entries
-            if room < len(dataset):
-                warnings.warn(f"CachedDataset: the cache holds at most {room:,} entries, fewer than the dataset's "
-                              f"{len(dataset):,} samples; under policy={cache.policy!r} shuffled epochs hit far less "
-                              "than the cached fraction: create the cache with policy='keep' (docs/frameworks.md)",
-                              UserWarning, stacklevel=2)
+        self._told_as = f"CachedDataset {self.name!r}"  # its family in a TooLargeWarning (shmcache/oversize.py)
+        limits = cache.limits()
+        self._fit = DatasetFit(self.name, len(dataset), max_entries=limits.max_entries,
+                               max_retained_bytes=limits.max_retained_bytes, policy=cache.policy, cache=cache.name)
+        said = self._fit.entries()
+        if said:
+            warnings.warn(said, CapacityWarning, stacklevel=2)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
-        sample = self.cache.get_or_compute(self.key_of(index), lambda: self.dataset[index], timeout=self.timeout,
-                                           ttl=self.ttl)
+        sample = self.cache.get_or_compute(self.key_of(index), Computation(lambda: self.dataset[index], self._told_as),
+                                           timeout=self.timeout, ttl=self.ttl)
+        if not self._fit.done:
+            self._judge(sample)
         return sample if self.transform is None else self.transform(sample)
+
+    def _judge(self, sample: Any) -> None:
+        """Count ``sample`` towards the judgement of the cache's bytes against the dataset (contrib/fit.py), and
+        warn once if they cannot hold it. Made in the main process, or in DataLoader worker 0 only: every worker
+        would see the same, and say it again."""
+        worker = get_worker_info()
+        if worker is not None and worker.id != 0:
+            return
+        said = self._fit.observe(sample_nbytes(sample))
+        if said:
+            warnings.warn(said, CapacityWarning, stacklevel=3)
 
     def key_of(self, index: Any) -> Any:
         """The cache key of sample ``index``."""
