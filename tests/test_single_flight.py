@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from shmcache import ComputeTimeout, ReentrantCallError, SharedCache
+from shmcache import ComputeTimeout, ReentrantCallError, SharedCache, TooLargeWarning
 
 from .workers import check_value, make_value
 
@@ -207,8 +207,10 @@ def test_flight_recursive_same_key_is_refused_other_keys_work(shared):
 def test_flight_too_large_result_is_returned_not_stored(name):
     with SharedCache(name, capacity_bytes=4096, max_entries=4, create=True) as c:
         big = b"x" * 10_000
-        assert c.get_or_compute("big", lambda: big) == big
+        with pytest.warns(TooLargeWarning, match=r"a value of 10,004 bytes .* capacity_bytes is 4,096 bytes"):
+            assert c.get_or_compute("big", lambda: big) == big
         assert "big" not in c
+        assert c.stats().too_large == 1
 
 
 @pytest.mark.timeout(60)
