@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from shmcache import CacheLimits, SharedCache
+from shmcache import CacheLimits, SharedCache, TooLargeError
 from shmcache.cli import main
 
 _REAL_SLEEP = time.sleep  # (tests of --watch replace time.sleep)
@@ -84,6 +84,20 @@ def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
     assert all(s.labels == {"cache": name} for n, s in samples.items() if n != "shmcache_policy_info")
     kinds = {f.name: f.type for f in parser.text_string_to_metric_families(out)}
     assert kinds["shmcache_hits"] == "counter" and kinds["shmcache_entries"] == "gauge"
+
+
+def test_cli_stats_shows_the_values_refused_as_too_large(capsys, filled, name):
+    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is in the test extra")
+    for _ in range(3):
+        with pytest.raises(TooLargeError):
+            filled.put("big", b"x" * 100_000)
+    rc, out, _ = run(capsys, "stats", name, "--json")
+    assert rc == 0 and json.loads(out)["too_large"] == 3
+    rc, out, _ = run(capsys, "stats", name)
+    assert rc == 0 and re.search(r"^too_large +3$", out, re.M), out
+    rc, out, _ = run(capsys, "stats", name, "--prometheus")
+    samples = {s.name: s for family in parser.text_string_to_metric_families(out) for s in family.samples}
+    assert samples["shmcache_too_large_total"].value == 3
 
 
 def test_cli_stats_shows_each_kind(capsys, filled, name):
