@@ -180,3 +180,19 @@ def test_told_remembers_a_bounded_number_of_families():
     assert all(told.first(f"f{i}") for i in range(MAX_FAMILIES))
     assert not told.first("f0")
     assert not told.first("one more")  # beyond the bound: silent rather than unbounded
+
+
+def test_too_large_refused_before_the_lock_inside_a_hold_counts_without_waiting(cache):
+    """Guard.bump, from a thread that holds the lock already (an encode made inside a locked operation): counted
+    at once, not refused as a re-entered call nor waited for."""
+    from shmcache.cache import parts
+    from shmcache.layout.dtypes import H_TOO_LARGE
+
+    guard = parts(cache).guard
+    guard.hold()
+    try:
+        guard.bump(H_TOO_LARGE)
+    finally:
+        guard.let_go()
+    guard.bump(H_TOO_LARGE)
+    assert cache.stats().too_large == 2 and cache.verify().ok
