@@ -18,7 +18,7 @@ from shmcache.codec import encode_key, encode_value
 
 KIND_PREFIX = 0xF5
 COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "computations",
-            "waits", "takeovers")
+            "waits", "takeovers", "too_large")
 MISSING = object()
 
 
@@ -88,8 +88,13 @@ class ReferenceLRU:
     def _size(self, kb: bytes, value) -> int:
         size = len(kb) + len(encode_value(value))
         if size > self.capacity_bytes:
-            raise TooLarge(size)
+            raise self._too_large(size)
         return size
+
+    def _too_large(self, size: int) -> TooLarge:
+        """The refusal of an entry of ``size`` bytes, counted (``too_large``) as SharedCache counts each one."""
+        self.counters["too_large"] += 1
+        return TooLarge(size)
 
     def _ttl(self, ttl) -> int:
         """Time to live in ns (None: the default); ValueError or TypeError for an invalid ``ttl``."""
@@ -122,7 +127,7 @@ class ReferenceLRU:
         """Store over the key's live entry, if any. Should making room fail (Pinned), the old entry stays removed
         and counted as an update, as in SharedCache."""
         if size > self.max_retained_bytes:
-            raise TooLarge(size)
+            raise self._too_large(size)
         if kb in self.data:
             if kb in self.pinned:
                 raise Pinned(kb)
@@ -139,7 +144,7 @@ class ReferenceLRU:
         ns = self._ttl(ttl)
         e = self._live(kb, to_insert=not present)
         if size > self.max_retained_bytes:
-            raise TooLarge(size)
+            raise self._too_large(size)
         if (e is not None) != present or (version and e.version != version):
             return False
         self._store(kb, value, size, self._at(ns))

@@ -24,6 +24,10 @@ from tests.reference import COUNTERS, MISSING, Pinned, ReferenceLRU, TooLarge, k
 from tests.test_codec import same_value
 from tests.profiles import examples
 
+# The machine stores values too large on purpose, and holds their count (too_large) to the model; the warning they
+# raise is test_too_large.py's concern.
+pytestmark = pytest.mark.filterwarnings("ignore::shmcache.TooLargeWarning")
+
 CODEC_SETTINGS = settings(max_examples=examples(100), deadline=None)
 
 # ---------------------------------------------------------------------------------------------------- strategies
