@@ -16,7 +16,7 @@ from . import block, config, index, kinds, lru, ofd
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
-from .errors import CorruptionError, PinnedError, TooLargeError
+from .errors import CorruptionError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
 from .guard import updating
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
@@ -70,7 +70,7 @@ class Store:
     """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held); ``serializer``
     the handle's (serializers.py)."""
 
-    def __init__(self, seg, table, clock, repair, serializer, bump=None) -> None:
+    def __init__(self, seg, table, clock, repair, serializer, bump) -> None:
         g = seg.geometry
         self.seg, self.table, self.clock, self.repair = seg, table, clock, repair
         # Adds one to a header counter from outside the lock (Guard.bump): how a refusal before the lock is counted.
@@ -108,8 +108,12 @@ class Store:
     def refuse(self, size: int) -> TooLargeError:
         """The refusal of an entry of ``size`` bytes beyond the capacity, found before the lock, counted in
         ``too_large`` by one short hold of it (a refusal is never a hot path)."""
-        if self.bump is not None:
+        try:
             self.bump(H_TOO_LARGE)
+        except ShmCacheError:
+            # Why: the refusal is the answer; a count that cannot be made (the lock timed out, the handle is
+            # closed) is lost rather than turned into another error, which the put would not have raised.
+            pass
         return too_large(size, self.capacity_bytes, "capacity_bytes")
 
     def refuse_locked(self, size: int) -> TooLargeError:
