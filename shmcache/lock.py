@@ -375,7 +375,9 @@ class SegmentLock:
         extensions = extended
         seen = progress() if progress is not None else None
         waited_for, moved = holder or self.holder_tid(), False
-        last, since = -1, now - (self.timeout if waited else 0.0)
+        # Whose word this wait is, and since when: from the same instant as the deadline, so that a word unchanged
+        # until the deadline has been seen for the whole timeout.
+        last, since = self.futex.value, now - (self.timeout if waited else 0.0)
         judged, judged_at = -1, now
         slept = False
         while True:
