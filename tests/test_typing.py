@@ -55,6 +55,12 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory) -> str:
+    """One mypy cache for the module's runs (in each worker): the package is checked cold once, not once a test."""
+    return str(tmp_path_factory.mktemp("mypy-cache"))
+
+
 def _mypy(*args: str, cache_dir: str, cwd: str = ROOT) -> subprocess.CompletedProcess[str]:
     if importlib.util.find_spec("mypy") is None:
         _unavailable("mypy is not installed (pip install 'shmcache[test]')")
@@ -97,12 +103,12 @@ def test_typing_public_api_is_annotated():
     assert not missing, f"public signatures without annotations: {missing}"
 
 
-def test_typing_user_script_passes_mypy_strict(tmp_path):
-    done = _mypy("--strict", "--follow-imports=silent", SCRIPT, cache_dir=str(tmp_path))
+def test_typing_user_script_passes_mypy_strict(tmp_path, mypy_cache):
+    done = _mypy("--strict", "--follow-imports=silent", SCRIPT, cache_dir=mypy_cache)
     assert done.returncode == 0, f"mypy --strict {SCRIPT} failed:\n{done.stdout}{done.stderr}"
 
 
-def test_typing_user_script_outside_the_checkout_finds_the_installed_package(tmp_path):
+def test_typing_user_script_outside_the_checkout_finds_the_installed_package(tmp_path, mypy_cache):
     """The same script, checked from outside the checkout, as a user's is: mypy finds shmcache (and its py.typed)
     only through what the install put in site-packages, where the check above finds ./shmcache whatever the install.
     An editable install must be one mypy can follow: setup.cfg's strict mode, not setuptools' import hook."""
@@ -113,19 +119,19 @@ def test_typing_user_script_outside_the_checkout_finds_the_installed_package(tmp
         _unavailable("shmcache is installed with an import hook, which mypy cannot follow: reinstall it with "
                      "`pip install -e '.[test]'` (setup.cfg makes that a strict editable install)")
     script = shutil.copy(os.path.join(ROOT, SCRIPT), tmp_path)
-    done = _mypy("--strict", "--follow-imports=silent", script, cache_dir=str(tmp_path / "cache"), cwd=str(tmp_path))
+    done = _mypy("--strict", "--follow-imports=silent", script, cache_dir=mypy_cache, cwd=str(tmp_path))
     assert done.returncode == 0, f"mypy --strict {SCRIPT}, run in {tmp_path}, failed:\n{done.stdout}{done.stderr}"
 
 
-def test_typing_the_package_itself_passes_mypy(tmp_path):
+def test_typing_the_package_itself_passes_mypy(tmp_path, mypy_cache):
     """The package's own code agrees with its annotations (``[tool.mypy]`` in pyproject.toml: ``mypy`` from the
     checkout); what a user's mypy reads of it is checked above."""
-    done = _mypy(cache_dir=str(tmp_path))
+    done = _mypy(cache_dir=mypy_cache)
     assert done.returncode == 0, f"mypy shmcache failed:\n{done.stdout}{done.stderr}"
     assert "no issues found in" in done.stdout and " source files" in done.stdout
 
 
-def test_typing_mypy_catches_a_wrong_type(tmp_path):
+def test_typing_mypy_catches_a_wrong_type(tmp_path, mypy_cache):
     """The check above can fail: the same mypy run rejects user code that misuses the types the package declares."""
     bad = tmp_path / "bad_usage.py"
     bad.write_text(
@@ -139,13 +145,13 @@ def test_typing_mypy_catches_a_wrong_type(tmp_path):
         "    s: str = cache.get_or_compute('k', lambda: 3)\n"
         "    h: str = square.cache_info().hits\n"
     )
-    done = _mypy("--strict", "--follow-imports=silent", str(bad), cache_dir=str(tmp_path / "cache"))
+    done = _mypy("--strict", "--follow-imports=silent", str(bad), cache_dir=mypy_cache)
     assert done.returncode == 1, done.stdout + done.stderr
     for line in (3, 7, 8, 9):
         assert f"bad_usage.py:{line}: error:" in done.stdout, done.stdout
 
 
-def test_typing_async_compute_and_views_need_no_cast(tmp_path):
+def test_typing_async_compute_and_views_need_no_cast(tmp_path, mypy_cache):
     """``aget_or_compute`` returns what ``fn`` returns (awaited where it is a coroutine function), as
     ``get_or_compute`` does, on every class that has it; a view's target is used as the array it is, with no cast
     or narrowing. The wrong uses (lines 11 to 13) are still caught."""
@@ -165,12 +171,12 @@ def test_typing_async_compute_and_views_need_no_cast(tmp_path):
         "    s: str = await cache.aget_or_compute('k', compute)\n"
         "    t: str = await kind.aget_or_compute('k', lambda: 3) + await tier.aget_or_compute('k', compute)\n"
     )
-    done = _mypy("--strict", "--follow-imports=silent", str(code), cache_dir=str(tmp_path / "cache"))
+    done = _mypy("--strict", "--follow-imports=silent", str(code), cache_dir=mypy_cache)
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     assert {int(line.split(":")[1]) for line in errors} == {12, 13}, done.stdout + done.stderr
 
 
-def test_typing_flask_single_flight_cache_types_as_flask_cachings(tmp_path):
+def test_typing_flask_single_flight_cache_types_as_flask_cachings(tmp_path, mypy_cache):
     """``shmcache.contrib.flask.Cache``'s decorators keep Flask-Caching's types: a user's ``mypy --strict`` reports
     the same of code using it as of code using ``flask_caching.Cache`` (no "untyped decorator")."""
     pytest.importorskip("flask_caching")
@@ -191,7 +197,7 @@ def test_typing_flask_single_flight_cache_types_as_flask_cachings(tmp_path):
     for module in ("flask_caching", "shmcache.contrib.flask"):
         path = tmp_path / f"{module.replace('.', '_')}_usage.py"
         path.write_text(code.format(module=module))
-        done = _mypy("--strict", "--follow-imports=silent", str(path), cache_dir=str(tmp_path / "cache"))
+        done = _mypy("--strict", "--follow-imports=silent", str(path), cache_dir=mypy_cache)
         reports.append(sorted(line.split(":", 1)[1] for line in done.stdout.splitlines() if ": error:" in line))
     assert any(line.startswith("13: error:") for line in reports[0]), reports[0]  # the wrong use is caught
     assert reports[1] == reports[0], reports
