@@ -4,21 +4,26 @@ Keys are encoded canonically so that equal keys built in any process give equal 
 is its UTF-8 bytes and nothing else, so encoding it is one ``str.encode``. Every other key is the byte ``NON_STR_KEY``
 (0xC1, which valid UTF-8 never contains, so no other key can equal a ``str`` key) followed by msgpack: scalars in
 msgpack's (already unique) smallest form, lists as msgpack arrays, tuples as an ext wrapping an array, dicts as maps
-whose pairs are sorted by their encoded key, numpy arrays as an ext of little-endian dtype, shape and C-order bytes.
-Keys are typed, like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and ``True`` are three different keys.
+whose pairs are sorted by their encoded key, sets and frozensets as exts wrapping their items' encodings sorted (a
+set's iteration order follows the process's hash seed; its key must not), numpy arrays as an ext of little-endian
+dtype, shape and C-order bytes, and the standard library's datetime, date, time, timedelta, Decimal, UUID and
+complex as their exts (stdtypes.py). Keys are typed, like ``functools.lru_cache(typed=True)``: ``1``, ``1.0`` and
+``True`` are three different keys; so are ``Decimal("1.0")`` and ``Decimal("1.00")``, and an aware datetime keys by
+its wall clock and offset, so that equal instants in two zones are two keys (a miss, never the other zone's value).
 
 A value starts with a one-byte tag, and its checksum is xxh3 of the rest seeded with the tag, so a get can copy the
 body alone and still have the tag covered. ``B``: raw bytes. ``A``: a numpy array, as an 8-byte prefix, a msgpack header
 (dtype, shape) padded to 8 bytes, then the raw C-order data, so that a get copies the data once, straight into the
 array it returns. ``T``: a torch tensor, laid out as ``A`` with a dtype code in the prefix's second byte
 (``shmcache/tensors.py``; torch is imported only to store or read one). ``M``: anything else, msgpack with ext types
-for arrays, tuples, big ints and tensors (msgpack's own Timestamp, ext -1, round-trips as ``msgpack.Timestamp``).
-Decoding builds only plain data and tensors (no constructor named by the data is ever called), so whoever can write
-the segment cannot run code in a reader; tuples and arrays nest at most ``_MAX_DEPTH`` deep, so crafted bytes cannot
-exhaust the decoder's C stack either.
+for arrays, tuples, big ints, tensors, sets and frozensets, and stdtypes.py's (msgpack's own Timestamp, ext -1,
+round-trips as ``msgpack.Timestamp``). A set is stored in its iteration order (a value's bytes need not be canonical).
+Decoding builds only plain data, stdtypes.py's standard types and tensors (no constructor named by the data is ever
+called), so whoever can write the segment cannot run code in a reader; tuples, sets and arrays nest at most
+``_MAX_DEPTH`` deep, so crafted bytes cannot exhaust the decoder's C stack either.
 
-Equal keys give equal bytes: floats are canonical (``-0.0`` keys as ``0.0``, every NaN as one NaN), in arrays too;
-long double arrays are refused as keys because their padding bytes are undefined.
+Equal keys give equal bytes: floats are canonical (``-0.0`` keys as ``0.0``, every NaN as one NaN), in arrays and
+complex numbers too; long double arrays are refused as keys because their padding bytes are undefined.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ import msgpack
 import numpy as np
 import xxhash
 
-from . import tensors
+from . import stdtypes, tensors
 from .layout import KIND_PREFIX
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2
 _EXT_BIGINT = 3
 _EXT_TENSOR = 4  # its data: a ``T`` value without its tag byte
+# 5-10 and 13: the standard library's scalar types (stdtypes.py); 11 and 12: sets and frozensets, packed here.
+_EXT_SET = stdtypes.EXT_SET
+_EXT_FROZENSET = stdtypes.EXT_FROZENSET
 _ARRAY_KINDS = "biufc"  # bool, int, uint, float, complex: plain numbers, no object pointers
 TAG_BYTES = ord("B")
 TAG_ARRAY = ord("A")
@@ -156,9 +164,20 @@ def _key_part(k, depth: int = 0) -> bytes:
     if t is dict:
         pairs = sorted((_key_part(a, depth + 1), _key_part(b, depth + 1)) for a, b in k.items())
         return _container_header(len(pairs), 0x80, 0xDE, 0xDF) + b"".join(a + b for a, b in pairs)
+    found = stdtypes.encode(k, key=True)
+    if found is not None:
+        return _packb(msgpack.ExtType(*found))
+    if isinstance(k, (set, frozenset)):
+        # Canonical: the items' encodings sorted, so the key's bytes do not depend on the set's iteration order
+        # (which hash() randomises per process).
+        code = _EXT_FROZENSET if isinstance(k, frozenset) else _EXT_SET
+        items = sorted(_key_part(x, depth + 1) for x in k)
+        return _packb(msgpack.ExtType(code, _container_header(len(items), 0x90, 0xDC, 0xDD) + b"".join(items)))
     if isinstance(k, np.ndarray):
         return _packb(msgpack.ExtType(_EXT_NDARRAY, _array_key(k)))
-    if isinstance(k, np.generic):
+    if isinstance(k, np.generic) and k.dtype.kind in _ARRAY_KINDS:
+        # Why plain numbers only: a datetime64's item() is a datetime, or an int for units below a microsecond,
+        # which would key as that int.
         return _key_part(k.item(), depth)
     if t is EncodedKey:
         raise TypeError("an EncodedKey is taken by SharedCache.get only")
@@ -169,8 +188,18 @@ def _key_part(k, depth: int = 0) -> bytes:
             return _key_part(base(k), depth)
     if isinstance(k, str):  # str(k) of a str enum would be its name; str.__str__ is its text
         return _key_part(str.__str__(k), depth)
-    raise TypeError(f"unsupported key type {t.__name__}: use str, bytes, int, float, bool, None, numpy arrays, "
-                    "or tuples, lists and dicts of these")
+    raise TypeError(f"unsupported key type {t.__name__}: use {_KEY_TYPES}, or tuples, lists, dicts, sets and "
+                    "frozensets of these; convert the key to one of them (str(obj), or a tuple of its fields); "
+                    "keys are never pickled")
+
+
+_SCALAR_TYPES = "None, bool, int, float, complex, str, bytes, datetime, date, time, timedelta, Decimal, UUID"
+_KEY_TYPES = _SCALAR_TYPES + ", numpy arrays"
+_VALUE_TYPES = _SCALAR_TYPES + ", numpy arrays, torch tensors"
+_VALUE_HINT = (f"store {_VALUE_TYPES}, or lists, tuples, dicts, sets and frozensets of these; convert the value to "
+               "one of them (e.g. dataclasses.asdict(obj)), or create the cache with serializer='pickle' to store "
+               "any picklable value (only if you trust every process that can write the cache: unpickling a "
+               "value can run its code)")
 
 
 def _array_key(k: np.ndarray) -> bytes:
@@ -254,16 +283,7 @@ def _default(obj):
         if t is not tuple and isinstance(obj, msgpack.ExtType):  # a subclass (ExtType itself never gets here)
             raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would "
                             "come back as something else)")
-        depth = _depth.n
-        try:
-            # Why set, not incremented, and restored in finally: an exception raised by a signal handler at any
-            # bytecode must not leave the count off for the rest of the thread's life.
-            _depth.n = depth + 1
-            if depth >= _MAX_DEPTH:
-                raise TypeError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
-            return msgpack.ExtType(_EXT_TUPLE, _packb_nested(list(obj)))
-        finally:
-            _depth.n = depth
+        return msgpack.ExtType(_EXT_TUPLE, _nested(obj))
     if t is int:
         return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
     if isinstance(obj, np.ndarray):
@@ -272,6 +292,11 @@ def _default(obj):
         return msgpack.ExtType(_EXT_NDARRAY, _EXT_ARRAY_PREFIX.pack(len(header)) + header + raw)
     if isinstance(obj, np.generic) and obj.dtype.kind in _ARRAY_KINDS:
         return obj.item()
+    found = stdtypes.encode(obj)
+    if found is not None:
+        return msgpack.ExtType(*found)
+    if isinstance(obj, (set, frozenset)):
+        return msgpack.ExtType(_EXT_FROZENSET if isinstance(obj, frozenset) else _EXT_SET, _nested(obj))
     for base in (bool, int, float, str, bytes, list, dict):
         if isinstance(obj, base):
             return base(obj)
@@ -279,8 +304,21 @@ def _default(obj):
         return bytes(obj)
     if tensors.is_tensor(obj):
         return msgpack.ExtType(_EXT_TENSOR, _tensor_body(obj))
-    raise TypeError(f"cannot encode a value of type {t.__name__}: use None, bool, int, float, str, bytes, "
-                    "numpy arrays, torch tensors, or lists, tuples and dicts of these")
+    raise TypeError(f"cannot encode a value of type {t.__name__}: {_VALUE_HINT}")
+
+
+def _nested(items) -> bytes:
+    """The items of a tuple or set as a msgpack array, one level deeper."""
+    depth = _depth.n
+    try:
+        # Why set, not incremented, and restored in finally: an exception raised by a signal handler at any
+        # bytecode must not leave the count off for the rest of the thread's life.
+        _depth.n = depth + 1
+        if depth >= _MAX_DEPTH:
+            raise TypeError(f"value nests tuples and sets more than {_MAX_DEPTH} levels deep")
+        return _packb_nested(list(items))
+    finally:
+        _depth.n = depth
 
 
 _packers = _Packers()
@@ -321,8 +359,7 @@ def encode_parts(value) -> tuple[int, bytes]:
     if (body.translate(_EXT_MARKERS_CHANGED) is not body if len(body) <= _SCAN_NBYTES else _ext_marker(body)) \
             and _holds_ext(value):
         raise TypeError("cannot encode a msgpack.ExtType value: extension types are not stored (they would come "
-                        "back as something else); use None, bool, int, float, str, bytes, numpy arrays, or "
-                        "lists, tuples and dicts of these")
+                        f"back as something else); {_VALUE_HINT}")
     return TAG_MSGPACK, body
 
 
@@ -350,7 +387,7 @@ def _holds_ext(value) -> bool:
         parts: tuple[Iterable[Any], ...]
         if isinstance(x, dict):
             parts = (x.keys(), x.values())
-        elif isinstance(x, (list, tuple)):
+        elif isinstance(x, (list, tuple, set, frozenset)):
             if isinstance(x, msgpack.ExtType):
                 return True
             parts = (x,)
@@ -365,19 +402,18 @@ def _holds_ext(value) -> bool:
     return False
 
 
-_CONTAINERS = (dict, list, tuple)
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def _ext_hook(code: int, data: bytes):
     if code == _EXT_TUPLE:
-        depth = _depth.n
-        try:
-            _depth.n = depth + 1  # set and restored, as in _default
-            if depth >= _MAX_DEPTH:
-                raise ValueError(f"value nests tuples more than {_MAX_DEPTH} levels deep")
-            return tuple(_unpackb(data))
-        finally:
-            _depth.n = depth
+        return tuple(_items(data))
+    if code in stdtypes.CODES:
+        return stdtypes.decode(code, data)
+    if code == _EXT_SET:
+        return set(_items(data))  # an unhashable item: TypeError, so malformed
+    if code == _EXT_FROZENSET:
+        return frozenset(_items(data))
     if code == _EXT_NDARRAY:
         (hlen,) = _EXT_ARRAY_PREFIX.unpack_from(data)
         dtype, shape = _array_header(data[4 : 4 + hlen])
@@ -387,6 +423,21 @@ def _ext_hook(code: int, data: bytes):
     if code == _EXT_TENSOR:
         return _decode_tensor(memoryview(data))
     raise ValueError(f"unknown msgpack ext type {code}")
+
+
+def _items(data: bytes) -> list:
+    """The items of a tuple or set: a msgpack array, one level deeper."""
+    depth = _depth.n
+    try:
+        _depth.n = depth + 1  # set and restored, as in _nested
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"value nests tuples and sets more than {_MAX_DEPTH} levels deep")
+        items = _unpackb(data)
+    finally:
+        _depth.n = depth
+    if type(items) is not list:  # a str body would otherwise come back as a tuple of its characters
+        raise ValueError(f"a tuple's or set's body is a {type(items).__name__}, not an array")
+    return items
 
 
 def _unpackb(data):

@@ -2,11 +2,13 @@
 ``popitem()``), which hands back the keys that were put.
 
 What round-trips is what the canonical encoding keeps (codec.py): ``str``, ``bytes``, ``int``, ``bool``, ``float``,
-``None``, ``list``, ``tuple`` and ``dict`` come back as themselves (tuple as tuple, list as list, ``1``, ``1.0`` and
-``True`` apart); subclasses come back as their base (a namedtuple as a plain tuple, an IntEnum as an int, a str enum
-as its text), numpy scalars as Python scalars, ``-0.0`` as ``0.0`` and every NaN as one NaN, and numpy arrays as new
-writable little-endian C-order arrays of the same dtype and shape. A dict's items come back in the order of their
-encoded keys. The bytes come from shared memory, so nothing is trusted: every length is checked, nesting is bounded,
+``complex``, ``None``, ``datetime``, ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID``, ``list``, ``tuple``,
+``dict``, ``set`` and ``frozenset`` come back as themselves (tuple as tuple, list as list, ``1``, ``1.0`` and
+``True`` apart; an aware datetime's or time's zone as its fixed offset, stdtypes.py); subclasses come back as their
+base (a namedtuple as a plain tuple, an IntEnum as an int, a str enum as its text), numpy scalars as Python scalars,
+``-0.0`` as ``0.0`` and every NaN as one NaN (in a complex's parts too), and numpy arrays as new writable
+little-endian C-order arrays of the same dtype and shape. A dict's items come back in the order of their encoded
+keys. The bytes come from shared memory, so nothing is trusted: every length is checked, nesting is bounded,
 and only plain data is built; malformed bytes raise ValueError.
 """
 
@@ -18,10 +20,12 @@ import threading
 import msgpack
 import numpy as np
 
+from . import stdtypes
 from .codec import MALFORMED, NON_STR_KEY
 
 # The ext codes and bounds of codec.py's key encoding (part of the segment format: they never change).
 _EXT_TUPLE, _EXT_NDARRAY, _EXT_BIGINT = 1, 2, 3
+_SETS = {stdtypes.EXT_SET: set, stdtypes.EXT_FROZENSET: frozenset}  # 5-10 and 13: stdtypes.CODES
 _ARRAY_KINDS = "biufc"
 _MAX_NDIM = 64
 _MAX_DEPTH = 32
@@ -53,6 +57,8 @@ def _unpack(data: bytes):
 def _ext_hook(code: int, data: bytes):
     if code == _EXT_BIGINT:
         return int.from_bytes(data, "little", signed=True)
+    if code in stdtypes.CODES:
+        return stdtypes.decode(code, data)
     _depth.n += 1
     try:
         if _depth.n > _MAX_DEPTH:
@@ -64,6 +70,11 @@ def _ext_hook(code: int, data: bytes):
             return tuple(items)
         if code == _EXT_NDARRAY:
             return _array(data)
+        if code in _SETS:
+            items = _unpack(data)
+            if type(items) is not list:
+                raise ValueError("a set key's body is not an array")
+            return _SETS[code](items)  # an unhashable item: TypeError, so malformed
     finally:
         _depth.n -= 1
     raise ValueError(f"unknown key ext type {code}")

@@ -7,9 +7,12 @@ damaged, truncated or trailing bytes, deep nesting, unhashable map keys.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import random
+import uuid
+from decimal import Decimal
 
 import msgpack
 import pytest
@@ -17,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmcache import core
+from shmcache.codec import decode_value, encode_value
 
 if core.Core is None:
     if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
@@ -116,6 +120,17 @@ def test_unpack_random_bytes_never_read_past_the_end():
 def test_unpack_declines_what_codec_decodes_or_refuses(data):
     assert _core.unpack(data) is DECLINED
     check(data)
+
+
+@pytest.mark.parametrize("value", [
+    dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc), dt.date(2024, 1, 2), dt.time(1), dt.timedelta(-1),
+    Decimal("-0"), uuid.UUID(int=1), {1}, frozenset({"a"}), 1j, [1, {"k": dt.date.max}],
+], ids=repr)
+def test_unpack_declines_standard_types_and_codec_decodes_them(value):
+    """The standard types are ext types: the compiled get hands them to codec.py, which returns them exactly."""
+    body = encode_value(value)[1:]
+    assert _core.unpack(body) is DECLINED
+    assert decode_value(b"M" + body) == value
 
 
 def test_unpack_map_keys_cached_are_the_right_keys():

@@ -128,11 +128,24 @@ other segment refuses as damage, never unpickling it.
              a dtype the code does not allow, is malformed. E.g. ``torch.tensor([1.5])`` (float32) is
              ``54 00 07 00 00 00 00 00 | 92 a3 3c 66 34 91 01 00 | 00 00 c0 3f``.
     ``M`` -- msgpack, with ext types 1 (a tuple: its items as a msgpack array), 2 (an array: uint32 header
-             length, the ``A`` header, the data), 3 (an int beyond 64 bits: little-endian two's complement) and 4
-             (a tensor: a ``T`` value without its tag byte).
+             length, the ``A`` header, the data), 3 (an int beyond 64 bits: little-endian two's complement), 4
+             (a tensor: a ``T`` value without its tag byte), 11 and 12 (a set and a frozenset: their items as a
+             msgpack array; in a key, sorted by their encoded bytes), and the standard library's scalars, each
+             little-endian and fixed-width or canonical text (``shmcache/stdtypes.py``): 5 ``datetime``
+             (``<HBBBBBBI`` year, month, day, hour, minute, second, fold, microsecond; then nothing when naive, or
+             ``<q`` the UTC offset in microseconds, strictly within a day, then the zone's name in UTF-8 when it is
+             not ``datetime.timezone``'s default name for that offset), 6 ``date`` (``<HBB``), 7 ``time``
+             (``<BBBBI`` hour, minute, second, fold, microsecond; then the zone as for 5), 8 ``timedelta``
+             (``<iII`` days, seconds below 86400, microseconds below 10**6), 9 ``Decimal`` (the ASCII of
+             ``str(d)``, and only that), 10 ``UUID`` (its 16 bytes) and 13 ``complex`` (``<dd`` real, imaginary).
+             Every field out of its type's range is malformed. E.g. ``datetime.date(2024, 3, 9)`` is
+             ``4d d6 06 e8 07 03 09``.
 
 The value tags and ext types are not covered by ``LAYOUT_VERSION``: a reader meets a tag or ext type it does not know
-(``T`` and ext 4 before they were added) as a value that does not decode, which it reports and drops.
+(``T`` and ext 4 before they were added, ext 5-13 likewise) as a value that does not decode, which it reports and
+drops. Keys of ext 5-13 are looked up by their bytes alone, in any version; only iteration decodes a key, and an
+older version iterating a cache that holds one meets it as a key that does not decode (``CorruptionError``), so
+every process that iterates a cache should run a version that knows the keys stored in it.
 
 Layout versions.
     1 -- str keys as msgpack strings; the value checksum over tag and body together.
