@@ -105,7 +105,7 @@ def test_cache_tuple_values_stay_tuples(cache):
     assert cache.get("t") == (1, (2, 3), [4])
 
 
-@pytest.mark.parametrize("bad", [object(), {1, 2}, lambda: 0, np.array(["a"]), np.array([object()])])
+@pytest.mark.parametrize("bad", [object(), {1, object()}, lambda: 0, np.array(["a"]), np.array([object()])])
 def test_cache_unencodable_value_raises_type_error_and_changes_nothing(cache, bad):
     cache.put("k", 1)
     before = cache.stats()
@@ -115,7 +115,7 @@ def test_cache_unencodable_value_raises_type_error_and_changes_nothing(cache, ba
     assert cache.stats().puts == before.puts
 
 
-@pytest.mark.parametrize("bad", [object(), {1, 2}, 1j])
+@pytest.mark.parametrize("bad", [object(), {1, object()}, bytearray(b"k")])
 def test_cache_unencodable_key_raises_type_error(cache, bad):
     with pytest.raises(TypeError):
         cache.put(bad, 1)

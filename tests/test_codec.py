@@ -46,12 +46,21 @@ def same_value(a, b) -> bool:
         return False
     if isinstance(a, float):
         return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, complex):
+        return same_value(a.real, b.real) and same_value(a.imag, b.imag)
+    if isinstance(a, decimal.Decimal):
+        return str(a) == str(b)  # exact: 1.0 is not 1.00, -0 is not 0, NaN payloads kept
+    if isinstance(a, (datetime.datetime, datetime.time)):  # the wall clock, fold, offset and zone name
+        return (a.replace(tzinfo=None) == b.replace(tzinfo=None) and a.fold == b.fold
+                and a.utcoffset() == b.utcoffset() and a.tzname() == b.tzname())
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):  # decoding keeps the encoder's pair order, so compare pairs in order
         return len(a) == len(b) and all(
             same_value(ka, kb) and same_value(va, vb) for (ka, va), (kb, vb) in zip(a.items(), b.items())
         )
+    if isinstance(a, (set, frozenset)):  # NaN items are equal to nothing: matched by same_value instead
+        return len(a) == len(b) and all(any(same_value(x, y) for y in b) for x in a)
     return a == b
 
 

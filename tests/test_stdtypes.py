@@ -24,33 +24,11 @@ from hypothesis import strategies as st
 from shmcache import SharedCache, core
 from shmcache.codec import decode_value, encode_key, encode_value
 from shmcache.keys import decode_key
+from tests.test_codec import same_value
 
 UTC = dt.timezone.utc
 PLUS_0530 = dt.timezone(dt.timedelta(hours=5, minutes=30))
 ODD = dt.timezone(-dt.timedelta(hours=23, minutes=59, seconds=59, microseconds=999_999), "odd")  # the extremes
-
-
-def same(a, b) -> bool:
-    """``b`` is ``a`` after a round trip: the same types all the way down (tzinfo's offset and name included)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
-    if isinstance(a, complex):
-        return same(a.real, b.real) and same(a.imag, b.imag)
-    if isinstance(a, Decimal):
-        return str(a) == str(b)  # exact: 1.0 is not 1.00, -0 is not 0, NaN payloads kept
-    if isinstance(a, (dt.datetime, dt.time)):
-        return (a.replace(tzinfo=None) == b.replace(tzinfo=None) and a.fold == b.fold
-                and a.utcoffset() == b.utcoffset() and a.tzname() == b.tzname())
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return len(a) == len(b) and all(same(ka, kb) and same(va, vb)
-                                        for (ka, va), (kb, vb) in zip(a.items(), b.items()))
-    if isinstance(a, (set, frozenset)):  # NaN items are equal to nothing: matched by same() instead
-        return len(a) == len(b) and all(any(same(x, y) for y in b) for x in a)
-    return a == b
 
 
 EDGES = [
@@ -76,20 +54,20 @@ EDGES = [
 @pytest.mark.parametrize("value", EDGES, ids=repr)
 def test_stdtypes_value_round_trip(value):
     got = decode_value(encode_value(value))
-    assert same(value, got), (value, got)
+    assert same_value(value, got), (value, got)
 
 
 @pytest.mark.parametrize("value", EDGES, ids=repr)
 def test_stdtypes_value_round_trip_nested(value):
     nested = {"v": [value, (value,)], "d": {"k": value}}
     got = decode_value(encode_value(nested))
-    assert same(nested, got)
+    assert same_value(nested, got)
 
 
 def test_stdtypes_as_dict_keys_of_a_value():
     value = {dt.date(2024, 1, 1): 1, frozenset({"x"}): [2], uuid.UUID(int=7): {3}, Decimal("1.5"): 4j,
              (dt.time(1), dt.timedelta(2)): None}
-    assert same(value, decode_value(encode_value(value)))
+    assert same_value(value, decode_value(encode_value(value)))
 
 
 def test_stdtypes_named_zone_comes_back_as_its_fixed_offset():
@@ -107,7 +85,7 @@ def test_stdtypes_subclasses_are_stored_as_their_base():
         pass
 
     got = decode_value(encode_value([Stamp(2020, 1, 2), Id(int=5), type("S", (set,), {})({1})]))
-    assert same([dt.datetime(2020, 1, 2), uuid.UUID(int=5), {1}], got)
+    assert same_value([dt.datetime(2020, 1, 2), uuid.UUID(int=5), {1}], got)
 
 
 class _NoOffset(dt.tzinfo):
@@ -148,7 +126,7 @@ def test_stdtypes_key_round_trip_and_canonical(key):
     back = decode_key(kb)
     assert encode_key(back) == kb
     if not isinstance(key, complex):  # complex keys canonicalise -0.0 and NaN, as float keys do
-        assert same(key, back)
+        assert same_value(key, back)
 
 
 def test_stdtypes_keys_typed_and_distinct():
@@ -276,7 +254,7 @@ def test_stdtypes_decimal_under_a_context_that_traps_nothing():
         ctx.traps = dict.fromkeys(ctx.traps, False)
         with pytest.raises(ValueError):
             decode_value(ext(9, b"abc"))
-        assert same(Decimal("1.000"), decode_value(encode_value(Decimal("1.000"))))
+        assert same_value(Decimal("1.000"), decode_value(encode_value(Decimal("1.000"))))
 
 
 def test_stdtypes_mutated_bytes_decode_or_raise_value_error():
@@ -328,7 +306,7 @@ SETTINGS = settings(max_examples=200, deadline=None)
 @SETTINGS
 @given(_values)
 def test_stdtypes_property_value_round_trip(value):
-    assert same(value, decode_value(encode_value(value)))
+    assert same_value(value, decode_value(encode_value(value)))
 
 
 @SETTINGS
@@ -366,9 +344,9 @@ def test_stdtypes_through_put_get_and_get_many(cache):
     for i, k in enumerate(keys):
         cache.put(k, [i, VALUE])
     for i, k in enumerate(keys):
-        assert same([i, VALUE], cache.get(k))
-    assert all(same([i, VALUE], got) for i, got in enumerate(cache.get_many(keys)))
-    assert same(VALUE, cache.get_many([dt.date(2024, 1, 1)])[0][1])
+        assert same_value([i, VALUE], cache.get(k))
+    assert all(same_value([i, VALUE], got) for i, got in enumerate(cache.get_many(keys)))
+    assert same_value(VALUE, cache.get_many([dt.date(2024, 1, 1)])[0][1])
     assert cache.get(dt.datetime(2024, 1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1)))) is None  # other zone
     assert cache.get(Decimal("2.5")) is None and cache.get(set()) is None
     assert sorted(map(repr, cache.keys())) == sorted(map(repr, keys))
@@ -427,4 +405,4 @@ def test_stdtypes_read_by_another_process(name):
         assert proc.returncode == 0, proc.stderr
         seen = json.loads(proc.stdout)
         assert seen == {"value": encode_key(VALUE).hex(), "day": encode_key([dt.datetime.max, Decimal("-0")]).hex()}
-        assert same({uuid.UUID(int=9): dt.timedelta(days=1, microseconds=-1)}, c.get({"from", "child", "set"}))
+        assert same_value({uuid.UUID(int=9): dt.timedelta(days=1, microseconds=-1)}, c.get({"from", "child", "set"}))
