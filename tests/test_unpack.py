@@ -8,11 +8,10 @@ damaged, truncated or trailing bytes, deep nesting, unhashable map keys.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import os
 import random
-import uuid
-from decimal import Decimal
+import struct
+import zoneinfo
 
 import msgpack
 import pytest
@@ -21,6 +20,10 @@ from hypothesis import strategies as st
 
 from shmcache import core
 from shmcache.codec import decode_value, encode_value
+from tests.test_codec import same_value
+from tests.test_stdtypes import MALFORMED_EXT as MALFORMED
+from tests.test_stdtypes import EDGES
+from tests.test_stdtypes import std_values
 
 if core.Core is None:
     if os.environ.get("SHMCACHE_PURE_PYTHON") == "1":
@@ -35,35 +38,35 @@ from tests.profiles import examples
 DECLINED = core.HANDOVER
 
 
-def _msgpack(data: bytes):
-    """What codec.py's decoder gives for plain data (its ext hook is never reached by what _unpack.c decodes)."""
-    return msgpack.unpackb(data, strict_map_key=False)
-
-
-def same(a, b) -> bool:
-    """Equal, and of the same types all the way down (dict pairs in the same order; NaN equals NaN, -0.0 not 0.0)."""
-    if type(a) is not type(b):
-        return False
-    if type(a) is float:
-        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
-    if type(a) is list:
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if type(a) is dict:
-        return len(a) == len(b) and all(same(ka, kb) and same(va, vb)
-                                        for (ka, va), (kb, vb) in zip(a.items(), b.items()))
-    return a == b
+def _codec(data: bytes):
+    """What codec.py's decoder gives for the body of an ``M`` value: msgpack's value, with codec.py's ext types."""
+    return decode_value(b"M" + data)
 
 
 def check(data: bytes) -> object:
-    """The compiled decoder's answer for ``data``, checked against msgpack's: equal, or declined."""
+    """The compiled decoder's answer for ``data``, checked against codec.py's: the same value of the same types all
+    the way down (dict pairs and set items in the same order; NaN equals NaN, -0.0 not 0.0), or declined."""
     got = _core.unpack(data)
     try:
-        want = _msgpack(data)
-    except Exception:  # msgpack refuses it: so must the compiled decoder (codec.py then raises)
+        want = _codec(data)
+    except ValueError:  # codec.py refuses it: so must the compiled decoder
         assert got is DECLINED, (data, got)
         return got
-    assert got is DECLINED or same(got, want), (data, got, want)
+    assert got is DECLINED or (same_value(got, want) and _order(got) == _order(want)), (data, got, want)
     return got
+
+
+def _order(v) -> list:
+    """The iteration order of every set and dict in ``v``, which both decoders must build alike: items inserted in
+    the same order give the same order, except where a NaN is hashed (by its identity, since Python 3.10)."""
+    if isinstance(v, (set, frozenset)):
+        items = [_order(x) for x in v]
+        return [type(v).__name__, *(sorted(items) if "nan" in repr(v).lower() else items)]
+    if isinstance(v, (list, tuple)):
+        return [type(v).__name__, *(_order(x) for x in v)]
+    if isinstance(v, dict):
+        return ["dict", *(_order(x) for x in v.items())]
+    return [repr(v)]
 
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=True)
@@ -105,8 +108,9 @@ def test_unpack_random_bytes_never_read_past_the_end():
 
 
 @pytest.mark.parametrize("data", [
-    msgpack.packb(msgpack.ExtType(1, b"\x90")),  # a tuple, as codec.py stores one
-    msgpack.packb([1, msgpack.ExtType(2, b"")]),  # an ext inside a list
+    msgpack.packb([1, msgpack.ExtType(2, b"")]),  # an array ext inside a list
+    msgpack.packb(msgpack.ExtType(3, b"\x01")),  # a big int
+    msgpack.packb(msgpack.ExtType(14, b"")),  # a code no version has used
     msgpack.packb(msgpack.Timestamp(1, 2)),
     b"\xc1",  # never used by msgpack
     b"\x91" * 40 + b"\xc0",  # nested deeper than codec._MAX_DEPTH
@@ -122,15 +126,53 @@ def test_unpack_declines_what_codec_decodes_or_refuses(data):
     check(data)
 
 
-@pytest.mark.parametrize("value", [
-    dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc), dt.date(2024, 1, 2), dt.time(1), dt.timedelta(-1),
-    Decimal("-0"), uuid.UUID(int=1), {1}, frozenset({"a"}), 1j, [1, {"k": dt.date.max}],
+@pytest.mark.parametrize("value", EDGES + [
+    (), (1, (2, [3])), [1, {"k": dt.date.max, (1, "t"): {frozenset({2})}}],
+    dt.datetime(2024, 7, 1, tzinfo=zoneinfo.ZoneInfo("Europe/Paris")), dt.time(1, tzinfo=dt.timezone.utc),
 ], ids=repr)
-def test_unpack_declines_standard_types_and_codec_decodes_them(value):
-    """The standard types are ext types: the compiled get hands them to codec.py, which returns them exactly."""
+def test_unpack_decodes_tuples_sets_and_standard_types_as_codec_does(value):
     body = encode_value(value)[1:]
-    assert _core.unpack(body) is DECLINED
-    assert decode_value(b"M" + body) == value
+    got = check(body)
+    assert got is not DECLINED and same_value(value, got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(std_values, st.data())
+def test_unpack_standard_types_valid_and_damaged_as_codec(value, data):
+    raw = bytearray(encode_value(value)[1:])
+    assert check(bytes(raw)) is not DECLINED or _has_big_int(value)  # a big int's ext (3) is codec.py's
+    for _ in range(data.draw(st.integers(1, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    check(bytes(raw))
+    check(bytes(raw[: data.draw(st.integers(0, len(raw)))]))
+    check(bytes(raw) + b"\x00")
+
+
+def _has_big_int(v) -> bool:
+    if type(v) is int:
+        return not -(2**63) <= v < 2**64
+    if isinstance(v, dict):
+        return any(_has_big_int(x) for x in (*v.keys(), *v.values()))
+    return isinstance(v, (list, tuple, set, frozenset)) and any(_has_big_int(x) for x in v)
+
+
+@pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
+def test_unpack_declines_malformed_standard_types(body):
+    assert _core.unpack(body[1:]) is DECLINED
+    check(body[1:])
+
+
+def test_unpack_random_ext_bytes_never_read_past_the_end():
+    """Random bytes behind each ext header and code this file decodes: decoded as codec.py does, or declined."""
+    rng = random.Random(3)
+    for _ in range(20_000):
+        code = rng.choice([1, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+        n = rng.choice([0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 15, 16, 17, 20, 23, rng.randrange(0, 40)])
+        head = bytes((0xD4 + (1, 2, 4, 8, 16).index(n), code)) if n in (1, 2, 4, 8, 16) else bytes((0xC7, n, code))
+        body = bytearray(rng.randbytes(n))
+        if code in (5, 6) and n >= 4 and rng.random() < 0.7:  # a plausible date, so the deeper fields are reached
+            body[0:4] = struct.pack("<HBB", rng.randrange(1, 10000), rng.randrange(1, 13), rng.randrange(1, 29))
+        check(head + bytes(body))
 
 
 def test_unpack_map_keys_cached_are_the_right_keys():
@@ -140,7 +182,7 @@ def test_unpack_map_keys_cached_are_the_right_keys():
     for i in range(0, len(names), 3):
         record = {names[i]: 1, names[i + 1]: [names[i + 2]], "x" * 33: 2, "é": 3}
         got = check(msgpack.packb(record))
-        assert got is not DECLINED and same(got, record)
+        assert got is not DECLINED and same_value(got, record)
 
 
 def test_unpack_takes_bytes_only():
