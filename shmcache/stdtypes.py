@@ -1,11 +1,14 @@
 """The standard library's scalar value types as msgpack ext types: their codes, byte formats, encoders and decoders.
 
 ``codec.py`` stores values (and keys) of these types through this module; ``keys.py`` decodes stored keys through
-it. Every format is fixed-width little-endian, or text that is checked to be the one canonical form, so the bytes
-of a value are the same in every process (what a key needs), and a decoder builds only the type its code names
-(``datetime``'s, ``decimal``'s and ``uuid``'s own constructors, with numbers read from the bytes): whoever can
-write the segment cannot make a reader run code. Every field is bounded by its constructor or checked here; damaged
-bytes raise ValueError (an OverflowError for a timedelta's days, which codec.py's callers turn into one).
+it. Its twin in C is ``shmcache/_unpack.c`` (the compiled get's decoder), which decodes the same formats and
+declines whatever this module would call malformed (``tests/test_unpack.py`` holds the two together).
+
+Every format is fixed-width little-endian, or text that is checked to be the one canonical form, so the bytes of a
+value are the same in every process (what a key needs), and a decoder builds only the type its code names
+(``datetime``'s, ``decimal``'s and ``uuid``'s own constructors, with numbers read from the bytes): whoever can write
+the segment cannot make a reader run code. Every field is bounded by its constructor or checked here; damaged bytes
+raise ValueError (an OverflowError for a timedelta's days, which codec.py's callers turn into one).
 
     ext 5, ``datetime``: ``<HBBBBBBI`` year, month, day, hour, minute, second, fold, microsecond (12 bytes), then
            the zone: nothing (naive), or ``<q`` the UTC offset in microseconds (strictly within a day), then,

@@ -3,7 +3,9 @@
 Every value names its key and carries a checksum, or is derived from its key and sequence number alone, so a get of
 key K that returns anything but an intact value put under K -- another key's value, a torn copy, a block moved or
 freed underneath -- is counted as wrong. Four shapes take the codec's four paths: a msgpack dict padded with random
-bytes, a dict holding a numpy array, a bare numpy array (the ``A`` path, decoded under the lock) and raw bytes.
+bytes (with a tuple of a datetime, a UUID and a frozenset derived from key and sequence number, for the standard
+types' ext path), a dict holding a numpy array, a bare numpy array (the ``A`` path, decoded under the lock) and raw
+bytes.
 
 Workers count into one shared array of int64 words, one row of ``FIELDS`` per worker slot, written only by the
 process in that slot: the parent reads progress at any time, and a worker that is SIGKILLed leaves its counts behind.
@@ -17,6 +19,7 @@ and a lie under the others); no check assumes an eviction order.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import faulthandler
 import itertools
 import json
@@ -28,6 +31,7 @@ import signal
 import sys
 import time
 import traceback
+import uuid
 
 import numpy as np
 import xxhash
@@ -67,12 +71,22 @@ def _words(key: str, seq: int, n: int) -> np.ndarray:
     return (np.arange(n, dtype=np.uint64) + np.uint64(_sum(key, seq, b""))) * _MUL
 
 
+def _stamp(key: str, seq: int) -> tuple:
+    """Standard types (stdtypes.py's ext path) that depend on ``key`` and ``seq`` alone."""
+    h = _sum(key, seq, b"")
+    when = _EPOCH + dt.timedelta(microseconds=h % 2**50)
+    return when, uuid.UUID(int=h), frozenset((key, seq))
+
+
+_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+
+
 def make_value(key: str, seq: int, rng: random.Random, nbytes: int):
     """A value of about ``nbytes`` bytes that ``check_value(key, ...)`` accepts and no other key's check does."""
     r = rng.random()
     if r < 0.55:
         pad = rng.randbytes(nbytes)
-        return {"k": key, "n": seq, "pad": pad, "sum": _sum(key, seq, pad)}
+        return {"k": key, "n": seq, "pad": pad, "sum": _sum(key, seq, pad), "t": _stamp(key, seq)}
     if r < 0.75:
         return {"k": key, "n": seq, "a": _words(key, seq, nbytes // 8)}
     if r < 0.9:
@@ -88,7 +102,7 @@ def check_value(key: str, v) -> str | None:
             if v.get("k") != key:
                 return f"value carries key {v.get('k')!r}"
             if "pad" in v:
-                ok = v["sum"] == _sum(key, v["n"], v["pad"])
+                ok = v["sum"] == _sum(key, v["n"], v["pad"]) and v["t"] == _stamp(key, v["n"])
             else:
                 a = v["a"]
                 ok = a.dtype == np.uint64 and a.ndim == 1 and np.array_equal(a, _words(key, v["n"], len(a)))
