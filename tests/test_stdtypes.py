@@ -95,6 +95,19 @@ def test_stdtypes_subclasses_are_stored_as_their_base():
     assert same_value([dt.datetime(2020, 1, 2), uuid.UUID(int=5), {1}], got)
 
 
+class _Stamp(dt.datetime):
+    """A datetime with nanoseconds, as pandas' Timestamp is."""
+
+    nanosecond = 1
+
+
+def test_stdtypes_nanoseconds_are_refused_not_dropped():
+    with pytest.raises(TypeError, match="nanoseconds"):
+        encode_value({"t": _Stamp(2024, 1, 1)})
+    with pytest.raises(TypeError, match="nanoseconds"):
+        encode_key(_Stamp(2024, 1, 1))
+
+
 class _NoOffset(dt.tzinfo):
     def utcoffset(self, d):
         return None
