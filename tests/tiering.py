@@ -27,6 +27,7 @@ LOCKED = frozenset({
 UNIT = frozenset({
     "test_aiocache", "test_benchmarks", "test_cli", "test_codec", "test_dataset_fit", "test_django", "test_flask",
     "test_hitratio", "test_layout", "test_primitives", "test_readme", "test_sdist", "test_seams", "test_serializers",
+    "test_stdtypes",
 })
 SUITES = frozenset({
     "test_aiocache_suite", "test_cachetools_suite", "test_celery_prefork", "test_django_gunicorn",
