@@ -128,13 +128,17 @@ class Guard:
         ``waited``: as for ``wait``."""
         holds = me.holds
         ident = self.ident
-        if ident in holds:
-            if self.lock32[self.fw] & FUTEX_TID_MASK == me.tid:
-                raise Reentered()
-            holds.discard(ident)  # left by a call whose finally an interrupt cut short after the word was cleared
+        # A record without the word naming this thread belongs to a call this one interrupted before its try or
+        # after its release (or was left by a finally an interrupt cut short): this call runs whole in between, and
+        # leaves the record to its owner. Dropping it would let the interrupted call hold the lock unrecorded, and a
+        # call from a signal handler then would take the word naming this thread for damage.
+        outer = ident in holds
+        if outer and self.lock32[self.fw] & FUTEX_TID_MASK == me.tid:
+            raise Reentered()
         entered = False
         try:
-            holds.add(ident)
+            if not outer:
+                holds.add(ident)
             self.enter(waited)
             entered = True
             if self.closed or self.h[H_DIRTY]:
@@ -148,8 +152,8 @@ class Guard:
         finally:
             # Written inline, with no Python call before the word is cleared: a signal handler runs only at a call
             # or a loop's jump, so none comes between the look at the word and its release (``_clear`` is a C
-            # call). Anything after may be cut short: a record left in ``holds`` is dropped by the next call, a
-            # wake not made costs a sleeper one slice.
+            # call). Anything after may be cut short: a record left in ``holds`` refuses nothing while the word
+            # does not name this thread, a wake not made costs a sleeper one slice.
             w = self.lock32[self.fw]
             if w & FUTEX_TID_MASK == me.tid:
                 self.lock32[self.fw + 1] = 0
@@ -162,7 +166,8 @@ class Guard:
                 # holder repairs. The lock page outlives close(), unlike the header's mapping.
                 self.lock32[self.fw + 1] = 0
                 self.lockw[H_DIRTY] = 1
-            holds.discard(ident)
+            if not outer:
+                holds.discard(ident)
 
     def bump(self, word: int) -> None:
         """Add one to header counter ``word`` for something refused before the lock was taken (a value too large

@@ -816,7 +816,8 @@ for key, seq in sorted(last.items()):
         check_varied_value(key, c.get(key), seq)
     except Exception as exc:
         bad.append(f"{key}: {exc!r:.300}")
-print(json.dumps({"puts": i, "nested": nested, "refused": refused, "bad": len(bad), "first": bad[:5],
+print(json.dumps({"recoveries": c.stats().recoveries, "puts": i, "nested": nested, "refused": refused,
+                  "bad": len(bad), "first": bad[:5],
                   "verify": list(c.verify(deep=True).problems)[:5]}))
 c.close()
 """
@@ -840,6 +841,7 @@ def test_codec_put_from_signal_handler_never_corrupts_a_value(name):
 
             SharedCache.unlink_name(name)
     assert r["bad"] == 0 and r["verify"] == [], r
+    assert r["recoveries"] == 0, r  # a call from a handler never shares the lock with the call it interrupted
     assert r["nested"] > 0, r  # handlers did put in the middle of the main thread's puts (their count: no criterion)
 
 
