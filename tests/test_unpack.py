@@ -21,7 +21,7 @@ from shmcache import core
 from shmcache.codec import decode_value, encode_value
 from tests.test_codec import same_value
 from tests.test_stdtypes import MALFORMED_EXT as MALFORMED
-from tests.test_stdtypes import EDGES
+from tests.test_stdtypes import EDGES, stable_id
 from tests.test_stdtypes import std_values
 
 if core.Core is None:
@@ -128,7 +128,7 @@ def test_unpack_declines_what_codec_decodes_or_refuses(data):
 @pytest.mark.parametrize("value", EDGES + [
     (), (1, (2, [3])), [1, {"k": dt.date.max, (1, "t"): {frozenset({2})}}],
     dt.time(1, tzinfo=dt.timezone.utc), dt.datetime(2024, 7, 1, tzinfo=dt.timezone(dt.timedelta(hours=2), "CEST")),
-], ids=repr)
+], ids=stable_id)
 def test_unpack_decodes_tuples_sets_and_standard_types_as_codec_does(value):
     body = encode_value(value)[1:]
     got = check(body)
