@@ -92,7 +92,8 @@ def _tzinfo(zone: memoryview | bytes) -> _dt.timezone | None:
 
 
 def _enc_datetime(d: _dt.datetime) -> bytes:
-    if type(d) is not _dt.datetime and getattr(d, "nanosecond", 0):  # a pandas Timestamp: not silently truncated
+    nanosecond: Any = getattr(d, "nanosecond", None)  # a pandas Timestamp's: not silently truncated
+    if type(d) is not _dt.datetime and nanosecond:
         raise TypeError(f"cannot encode {d!r} exactly: a datetime holds microseconds, and it has nanoseconds; round "
                         "it (ts.floor('us')) or store its integer nanoseconds (ts.value)")
     return _DATETIME.pack(d.year, d.month, d.day, d.hour, d.minute, d.second, d.fold, d.microsecond) \
