@@ -12,6 +12,8 @@ Environment:
                                  PYTHONPATH=$PWD python -m pytest -p no:cacheprovider tests/test_core.py
                              (python is not built with ASan, so its runtime must be preloaded; Python's own
                              allocations are reported as leaks at exit, hence detect_leaks=0)
+    SHMCACHE_COVERAGE=1      build for gcov's line and branch counts (.ci/coverage): each process that exits
+                             normally writes its counts beside the object files in build/
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ if os.environ.get("SHMCACHE_WERROR") == "1":
 if os.environ.get("SHMCACHE_SANITIZE") == "1":
     _flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
     _link += ["-fsanitize=address,undefined"]
+if os.environ.get("SHMCACHE_COVERAGE") == "1":
+    _flags += ["--coverage", "-O0", "-g"]
+    _link += ["--coverage"]
 
 
 class OptionalBuildExt(build_ext):

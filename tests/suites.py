@@ -1,7 +1,7 @@
 """Other projects' test suites, loaded from their published sources at test time (never copied into this
-repository): CPython's ``test.mapping_tests`` from Debian's ``libpython3.X-testsuite`` package, and cachetools',
-Django's and Flask-Caching's tests from their sdists on PyPI (``pip download``, unpacked into a temporary directory
-removed at exit).
+repository): CPython's ``test.mapping_tests`` from the running Python's test package (its own, or Debian's
+``libpython3.X-testsuite``), and cachetools', Django's and Flask-Caching's tests from their sdists on PyPI (``pip
+download``, unpacked into a temporary directory removed at exit).
 
 The downloads happen while pytest collects the test modules, and take a while (pip prepares each sdist's metadata):
 each is announced on the terminal before it starts, and its sdist is kept in SUITES_CACHE (``shmcache/test-suites``
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 
@@ -60,11 +61,15 @@ def unavailable(reason: str):
 
 
 def cpython_mapping_tests():
-    """CPython's ``test.mapping_tests`` module for the running Python, from the system's test package."""
+    """CPython's ``test.mapping_tests`` module for the running Python: from its own standard library where that
+    includes the test package (a CPython built from source, as pyenv's), else from the system's (Debian's
+    ``libpython3.X-testsuite``, which its ``python3`` lacks)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    path = f"/usr/lib/python{version}/test/mapping_tests.py"
-    if not os.path.exists(path):
-        unavailable(f"{path} is missing (Debian: apt-get install libpython{version}-testsuite)")
+    candidates = (os.path.join(sysconfig.get_path("stdlib"), "test", "mapping_tests.py"),
+                  f"/usr/lib/python{version}/test/mapping_tests.py")
+    path = next((p for p in candidates if os.path.exists(p)), None)
+    if path is None:
+        unavailable(f"{' and '.join(candidates)} are missing (Debian: apt-get install libpython{version}-testsuite)")
     spec = importlib.util.spec_from_file_location("cpython_mapping_tests", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -149,15 +149,14 @@ def test_lifecycle_half_initialised_segment_is_initialised_by_next_creator(name)
         assert c.get("k") == 1 and c.verify().ok
 
 
-def test_lifecycle_attach_only_to_uninitialised_segment_gives_up(name, monkeypatch):
-    monkeypatch.setattr(segment, "_INIT_WAIT_S", 0.2)
+def test_lifecycle_attach_only_to_uninitialised_segment_gives_up(name):
     fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(fd)
     with pytest.raises(segment.LayoutError, match="never initialised"):
-        SharedCache(name, create=False)
+        SharedCache(name, create=False, attach_timeout=0.2)
 
 
-def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name, monkeypatch):
+def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name):
     """Every refusal of an existing cache says how to remove it (``shmcache rm NAME``, the name given) and what that
     loses, besides how to use it as it is."""
     from shmcache import SerializerMismatch
@@ -178,11 +177,10 @@ def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name
         assert "omit capacity_bytes" in refusals[0] and "create=None" in refusals[3]
         assert "serializer='msgpack'" in refusals[4] and "serializer='pickle'" in refusals[4]
     SharedCache.unlink_name(name)
-    monkeypatch.setattr(segment, "_INIT_WAIT_S", 0.2)
     fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(fd)
     with pytest.raises(segment.LayoutError, match="never initialised") as raised:
-        SharedCache(name, create=False)
+        SharedCache(name, create=False, attach_timeout=0.2)
     assert removal in str(raised.value) and "holds nothing" in str(raised.value)
 
 
