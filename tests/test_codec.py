@@ -276,7 +276,7 @@ def test_key_numpy_bool_is_not_int():
 
 
 @pytest.mark.parametrize("key", [
-    object(), bytearray(b"x"), len, np.datetime64(1, "s"), np.datetime64(1, "ns"), np.timedelta64(1),
+    object(), bytearray(b"x"), len, np.datetime64(1, "s"), np.datetime64(1, "ns"), np.timedelta64(1, "s"),
     np.array(["a"]), np.array([object()]), np.zeros(2, dtype=[("a", "i4")]), np.array([1], dtype="M8[s]"),
     (1, object()), [{1: object()}], {"a": object()}, {frozenset({object()}): 1}, {1, object()},
 ], ids=lambda k: type(k).__name__)
