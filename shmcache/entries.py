@@ -18,8 +18,8 @@ from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
-    H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, POLICY_LRU, POLICY_S3FIFO,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY,
+    H_HITS, H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, MARK_FREQ, MARK_SMALL, POLICY_LRU, POLICY_S3FIFO,
 )
 
 _W = ENTRY_WORDS
@@ -64,6 +64,68 @@ def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
                 out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
         e = ent[b + E_NEXT]
     return out, damaged
+
+
+def order_locked(store) -> tuple[list, list]:
+    """Every live entry of every space, hottest first as the policy keeps them: (their slots, their fingerprints),
+    which name them for ``copy_locked`` in later holds. lru: the list's order, most recently used first; keep: the
+    list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest first),
+    then newest first, which is the order the queues' evictions spare them in. Nothing is copied or changed."""
+    ent, exp, marks = store.ent, store.exp, store.table.marks
+    now = store.clock()
+    s3fifo = store.table.policy == POLICY_S3FIFO
+    # s3fifo's eight groups: (small, counter) -> slots, walked in the list's order within each.
+    groups: list[list] = [[] for _ in range(8)] if s3fifo else [[]]
+    e = ent[SENTINEL * _W + E_NEXT]
+    for _ in range(store.table.slots):
+        if e == SENTINEL:
+            break
+        x = exp[e]
+        if not (x and x <= now):
+            if s3fifo:
+                m = marks[e]
+                groups[(4 if m & MARK_SMALL else 0) + MARK_FREQ - (m & MARK_FREQ)].append(e)
+            else:
+                groups[0].append(e)
+        e = ent[e * _W + E_NEXT]
+    slots = [e for group in groups for e in group]
+    return slots, [ent[e * _W + E_FP] for e in slots]
+
+
+def copy_locked(store, slots: list, fps: list, start: int, budget: int) -> tuple[list, int, int, int]:
+    """Copy the entries ``slots[start:]`` (named with their fingerprints ``fps`` by ``order_locked``) until
+    ``budget`` bytes are copied: for each still live and still the same key, (stored key bytes, tag, body,
+    checksum, expiry: the clock's ns or 0, fingerprint). Returns (the copies, where the next hold starts, the
+    clock's reading, how many were passed over as damaged: an offset or length out of the arena). An entry gone or
+    replaced by another key since is passed over; its key stored again elsewhere was not in ``slots``. The caller
+    checks each copy's key against its fingerprint and its body against its checksum, after the unlock."""
+    ix, ent, mm, base, exp, mask = store.ix, store.ent, store.mm, store.base, store.exp, store.mask
+    arena_nbytes = len(store.arena)
+    now = store.clock()
+    out = []
+    damaged = copied = 0
+    i, n = start, len(slots)
+    while i < n and copied < budget:
+        e, fp = slots[i], fps[i]
+        i += 1
+        b = e * _W
+        s = ent[b + E_SLOT]
+        # Invariant: an entry is live while the index slot it names names it back with its fingerprint.
+        if ent[b + E_FP] != fp or not 0 <= s <= mask or ix[(s << INDEX_SHIFT) + I_ENTRY] != e \
+                or ix[(s << INDEX_SHIFT) + I_FP] != fp:
+            continue
+        x = exp[e]
+        if x and x <= now:
+            continue
+        off, vlen, klen = ent[b + E_OFF], ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
+        if off < 0 or vlen < 1 or klen < 0 or off + BLOCK_HEADER_NBYTES + vlen + klen > arena_nbytes:
+            damaged += 1
+            continue
+        v0 = base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
+        k0 = v0 + vlen
+        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], x, fp))
+        copied += vlen + klen
+    return out, i, now, damaged
 
 
 def popitem_locked(store, space: int):
