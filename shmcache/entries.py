@@ -66,19 +66,28 @@ def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
     return out, damaged
 
 
-def order_locked(store) -> tuple[list, list]:
-    """Every live entry of every space, hottest first as the policy keeps them: (their slots, their fingerprints),
-    which name them for ``copy_locked`` in later holds. lru: the list's order, most recently used first; keep: the
-    list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest first),
-    then newest first, which is the order the queues' evictions spare them in. Nothing is copied or changed."""
-    ent, exp, marks = store.ent, store.exp, store.table.marks
-    now = store.clock()
-    s3fifo = store.table.policy == POLICY_S3FIFO
-    # s3fifo's eight groups: (small, counter) -> slots, walked in the list's order within each.
+def order_locked(store) -> tuple:
+    """The list's links and what orders it, copied whole in one short hold (numpy copies of four columns: no walk,
+    so the hold lasts a copy of a few bytes an entry, whatever the entries): (next, fp, expires, marks, the clock's
+    reading). ``hottest_first`` walks them after the unlock."""
+    _, _, ents = store.seg.arrays()
+    expires, _, _, _, marks = store.seg.columns()
+    return ents["next"].copy(), ents["fp"].copy(), expires.copy(), marks.copy(), store.clock()
+
+
+def hottest_first(copied: tuple, s3fifo: bool) -> tuple[list, list]:
+    """The live entries of ``order_locked``'s copy, hottest first as the policy keeps them: (their slots, their
+    fingerprints), which name them for ``copy_locked``. lru: the list's order, most recently used first; keep: the
+    list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest
+    first), then newest first: the order the queues' evictions spare them in. No lock: the copy is this call's."""
+    nxt, fps, exp, marks, now = copied
+    nxt, fps, exp, marks = nxt.tolist(), fps.tolist(), exp.tolist(), marks.tolist()
+    slots = len(nxt)
+    # s3fifo's eight groups: (small, counter) -> slots, in the list's order within each.
     groups: list[list] = [[] for _ in range(8)] if s3fifo else [[]]
-    e = ent[SENTINEL * _W + E_NEXT]
-    for _ in range(store.table.slots):
-        if e == SENTINEL:
+    e = nxt[SENTINEL]
+    for _ in range(slots):  # Invariant: bounded, so a damaged list cannot make the walk loop
+        if not 0 < e < slots:
             break
         x = exp[e]
         if not (x and x <= now):
@@ -87,13 +96,13 @@ def order_locked(store) -> tuple[list, list]:
                 groups[(4 if m & MARK_SMALL else 0) + MARK_FREQ - (m & MARK_FREQ)].append(e)
             else:
                 groups[0].append(e)
-        e = ent[e * _W + E_NEXT]
-    slots = [e for group in groups for e in group]
-    return slots, [ent[e * _W + E_FP] for e in slots]
+        e = nxt[e]
+    order = [e for group in groups for e in group]
+    return order, [fps[e] for e in order]
 
 
-def copy_locked(store, slots: list, fps: list, start: int, budget: int) -> tuple[list, int, int, int]:
-    """Copy the entries ``slots[start:]`` (named with their fingerprints ``fps`` by ``order_locked``) until
+def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int) -> tuple[list, int, int, int]:
+    """Copy the entries ``slots[start:end]`` (named with their fingerprints ``fps`` by ``hottest_first``) until
     ``budget`` bytes are copied: for each still live and still the same key, (stored key bytes, tag, body,
     checksum, expiry: the clock's ns or 0, fingerprint). Returns (the copies, where the next hold starts, the
     clock's reading, how many were passed over as damaged: an offset or length out of the arena). An entry gone or
@@ -104,7 +113,7 @@ def copy_locked(store, slots: list, fps: list, start: int, budget: int) -> tuple
     now = store.clock()
     out = []
     damaged = copied = 0
-    i, n = start, len(slots)
+    i, n = start, min(end, len(slots))
     while i < n and copied < budget:
         e, fp = slots[i], fps[i]
         i += 1

@@ -1,10 +1,11 @@
 """Snapshot files: every live entry of a cache written to a file while every process keeps serving, and read back,
 hottest first, into a cache of any size. The byte format is docs/internals.md's "Snapshot files".
 
-Writing never holds the cache lock for the whole snapshot: one hold lists the live entries in the policy's order
-(``entries.order_locked``: slots and fingerprints, nothing copied), then holds of about ``COPY_NBYTES`` each copy
-the next of them (``entries.copy_locked``), and every copy is checked against its key's fingerprint and its value's
-checksum after the unlock. An entry that changed between the two holds is written as the later hold found it, or
+Writing never holds the cache lock for the whole snapshot: one hold copies the list's links and the columns that
+order it (``entries.order_locked``: numpy copies, a few bytes an entry), walked after the unlock into the policy's
+order (``entries.hottest_first``); then holds of at most ``COPY_ENTRIES`` entries and ``COPY_NBYTES`` bytes each
+copy the next of them (``entries.copy_locked``), and every copy is checked against its key's fingerprint and its
+value's checksum after the unlock. An entry that changed between the two holds is written as the later hold found it, or
 left out if it went. Records hold the encoded key and value bytes as the cache holds them, never decoded: a pickle
 cache's values are never unpickled here. The file is written beside its destination under a temporary name
 (``.NAME.snapshot-PID-RANDOM.tmp``), synced, renamed over it and the directory synced: a process killed at any
@@ -35,7 +36,7 @@ from . import block, entries, kinds
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, fingerprint
 from .errors import PinnedError, SnapshotError, SnapshotMismatch, SnapshotVersionError, TooLargeError
 from .layout import KIND_PREFIX, MAX_BLOCK_NBYTES, MAX_TTL_NS
-from .layout.dtypes import POLICY_KEEP, POLICY_NAMES
+from .layout.dtypes import POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
 from .serializers import TAG_PICKLE
 from .store import Encoded
 
@@ -51,7 +52,8 @@ _TRAILER = struct.Struct("<4sIQQ")  # end, reserved, records, records_nbytes
 RECORD_HEAD_NBYTES = _RECORD.size + _CHECK.size  # 32: the fields, then their check
 TRAILER_NBYTES = _TRAILER.size + _CHECK.size  # 32
 MAX_META_NBYTES = 1 << 20  # a header's msgpack part: a few names; anything larger is damage
-COPY_NBYTES = 1 << 20  # the bytes one hold of the cache lock copies while a snapshot is written
+COPY_NBYTES = 1 << 20  # the bytes one hold of the cache lock copies at most while a snapshot is written
+COPY_ENTRIES = 1024  # and the entries: about a millisecond's hold on the Python path
 READ_NBYTES = 8 << 20  # the file's bytes read at once
 _SERIALIZERS = ("msgpack", "pickle")
 _TAGS = {"msgpack": frozenset((TAG_MSGPACK, TAG_BYTES, TAG_ARRAY, TAG_TENSOR)),
@@ -133,12 +135,14 @@ def write(parts, path, name: str) -> SnapshotInfo:
 def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
     """Copy the entries out in batches and write each as a record; (records, their bytes)."""
     _, guard, store = parts
-    slots, fps = guard.run(entries.order_locked, store)
+    slots, fps = entries.hottest_first(guard.run(entries.order_locked, store),
+                                       parts.seg.geometry.policy == POLICY_S3FIFO)
     write = f.write
     count = nbytes = damaged = 0
     i = 0
     while i < len(slots):
-        copies, i, now, bad = guard.run(entries.copy_locked, store, slots, fps, i, COPY_NBYTES)
+        copies, i, now, bad = guard.run(entries.copy_locked, store, slots, fps, i, i + COPY_ENTRIES,
+                                               COPY_NBYTES)
         real = time.time_ns()  # Why here: the wall clock read next to the monotonic one copy_locked read
         damaged += bad
         for kb, tag, body, check, expires, fp in copies:

@@ -107,6 +107,19 @@ def test_snapshot_round_trip_pickle_values(name, other, tmp_path):
         assert d.get("v") == value and _same(d.get("arr"), np.arange(5))
 
 
+def test_snapshot_holds_the_lock_in_short_batches(name, tmp_path, monkeypatch):
+    from tests.workers import count_lock_holds
+
+    monkeypatch.setattr(snapfile, "COPY_ENTRIES", 100)
+    with SharedCache(name, capacity_bytes=MIB, max_entries=1024, create=True) as c:
+        _filled(c, 950)
+        holds = count_lock_holds(monkeypatch, c)
+        assert c.snapshot(tmp_path / "b.snap").entries == 950
+    copies = [fn for fn in holds if getattr(fn, "__name__", "") == "copy_locked"]
+    orders = [fn for fn in holds if getattr(fn, "__name__", "") == "order_locked"]
+    assert len(copies) == 10 and len(orders) == 1
+
+
 def test_snapshot_ttl_expired_skipped_live_keeps_its_remaining_lifetime(name, other, tmp_path):
     path = tmp_path / "t.snap"
     with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
