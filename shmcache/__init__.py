@@ -14,11 +14,13 @@ from .cache import SharedCache
 from .errors import (
     AttachTimeout, CapacityWarning, ClosedError, CompiledSectionMissing, ComputeTimeout, CorruptionError,
     KindsFullError, LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError,
-    RemoteError, SerializerMismatch, ShmCacheError, TooLargeError, TooLargeWarning,
+    RemoteError, SerializerMismatch, ShmCacheError, SnapshotError, SnapshotMismatch, SnapshotVersionError,
+    SnapshotWarning, TooLargeError, TooLargeWarning,
 )
 from .kinds import KindStats, KindView
 from .layout.dtypes import POLICY_NAMES as POLICIES
 from .segment import sweep
+from .snapshot import RestoreResult, SnapshotInfo
 from .stats import CacheLimits, CacheStats, prometheus_text
 from .verify import VerifyReport
 from .view import View
@@ -31,8 +33,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachTimeout", "CacheLimits", "CacheStats", "CapacityWarning", "ClosedError", "CompiledSectionMissing",
     "ComputeTimeout", "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
-    "LockTimeout", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError",
-    "SerializerMismatch", "SharedCache", "ShmCacheError", "TieredCache", "TierStats", "TooLargeError",
+    "LockTimeout", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError", "RestoreResult",
+    "SerializerMismatch", "SharedCache", "ShmCacheError", "SnapshotError", "SnapshotInfo", "SnapshotMismatch",
+    "SnapshotVersionError", "SnapshotWarning", "TieredCache", "TierStats", "TooLargeError",
     "TooLargeWarning", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]
 

@@ -14,8 +14,11 @@ through a private attribute.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import time
+import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
@@ -23,10 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import core, flight, memo, serializers
 from . import policy as policies
+from . import snapshot as snapshots
 from .durations import seconds, ttl_ns
 from .codec import encode_key, fingerprint
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: put's two hash calls
-from .errors import CorruptionError, KindsFullError, TooLargeError, remove_hint
+from .errors import CorruptionError, KindsFullError, SnapshotError, SnapshotWarning, TooLargeError, remove_hint
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
@@ -40,6 +44,7 @@ from .keylock import KeyLock
 from .mapping import MISSING, LocalMapping, memo_family
 from .oversize import Told
 from .segment import Segment, unlink_name
+from .snapshot import RestoreResult, SnapshotInfo
 from .stats import CacheLimits, CacheStats
 from .block import PAD
 from .store import UNVIEWABLE, Store
@@ -115,6 +120,12 @@ class SharedCache(LocalMapping, AsyncMethods):
     keep their raw encodings), and every handle must then ask for it: whoever can write the segment can run code in
     each process that reads it (shmcache/serializers.py). Keys are never pickled.
 
+    ``restore_from`` (a path) fills the cache from a snapshot file (``snapshot()``, ``restore()``) when, and only
+    when, this call creates it: however many processes open the cache at once, one restores, once; ``restored``
+    then holds its RestoreResult (None in every other handle). The others see the entries arrive as it stores
+    them. No file at the path restores nothing, silently (a first run); a file that cannot be restored (its header
+    damaged or foreign, its serializer the other one, unreadable) warns SnapshotWarning and leaves the cache empty.
+
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
     :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
@@ -127,6 +138,7 @@ class SharedCache(LocalMapping, AsyncMethods):
     """
 
     _seg: Segment  # set by _bind, as _guard is
+    restored: RestoreResult | None = None  # what restore_from restored, in the handle that created the cache
     _guard: Guard  # set by _bind; absent from an object whose construction failed (then it is closed)
 
     def __init__(
@@ -145,6 +157,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         serializer: str = "msgpack",
         policy: str | None = None,
+        restore_from: str | os.PathLike[str] | None = None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
@@ -181,6 +194,18 @@ class SharedCache(LocalMapping, AsyncMethods):
             if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
                 unlink_name(name)
             raise
+        if restore_from is not None and seg.initialised_here:
+            self._restore_created(restore_from)
+
+    def _restore_created(self, path: str | os.PathLike[str]) -> None:
+        """``restore_from``'s restore, into the cache this handle has just created."""
+        try:
+            self.restored = self.restore(path)
+        except FileNotFoundError:
+            pass  # no snapshot yet: a first run
+        except (SnapshotError, OSError) as exc:
+            warnings.warn(f"cache {self.name!r} starts empty: its snapshot could not be restored: {exc}",
+                          SnapshotWarning, stacklevel=3)
 
     def _bind(self, seg: Segment, lock_timeout: float, clock, ser: serializers.Serializer) -> None:
         g = seg.geometry
@@ -538,6 +563,43 @@ class SharedCache(LocalMapping, AsyncMethods):
     def stats(self) -> CacheStats:
         """A consistent snapshot of the global counters, with each key kind's counts."""
         return self._guard.run(self._store.stats)
+
+    # ------------------------------------------------------------------------------------------- snapshot files
+
+    def snapshot(self, path: str | os.PathLike[str]) -> SnapshotInfo:
+        """Write every live entry, of every kind, to the file ``path``, hottest first (lru: most recently used
+        first; s3fifo: main's entries, then small's; keep: newest first), while every process keeps using the
+        cache: the lock is held for a list of the entries, then for a megabyte's copy at a time. Keys and values are
+        written as the cache holds them, encoded (a pickle cache's are never unpickled), each with a checksum, and
+        each expiry as a wall-clock time. ``path`` is replaced atomically: the file is written to a temporary file
+        beside it (``.NAME.snapshot-PID-RANDOM.tmp``, removed unless the process is killed) and renamed over it.
+
+        :raises OSError: if the file cannot be written (the previous one at ``path`` is left as it was).
+        """
+        return snapshots.write(self._parts, path, self.name)
+
+    def restore(self, path: str | os.PathLike[str]) -> RestoreResult:
+        """Store the entries of the snapshot file ``path`` in this cache, whatever its size: those expired are
+        skipped, and of the rest the hottest that fit the limits are stored, coldest first, so that the policy's
+        order ends as it was when the snapshot was taken. A damaged record (a failed checksum) costs that entry
+        alone. Stored as ``put_many`` stores (a key present is replaced; under keep, a full cache admits nothing);
+        each entry keeps what was left of its time to live.
+
+        :raises FileNotFoundError: if there is no file at ``path``.
+        :raises SnapshotError: if the file's header is damaged or not a snapshot's (SnapshotVersionError: written by
+            a newer shmcache); nothing was stored.
+        :raises SnapshotMismatch: (a SnapshotError and a ValueError) if the snapshot was taken of a cache of the
+            other ``serializer``; nothing was stored.
+        """
+        return snapshots.restore(self._parts, self._path, self._now, path)
+
+    async def asnapshot(self, path: str | os.PathLike[str]) -> SnapshotInfo:
+        """``snapshot``, awaitable: run in a worker thread (it writes a file and takes the lock many times)."""
+        return await asyncio.to_thread(self.snapshot, path)
+
+    async def arestore(self, path: str | os.PathLike[str]) -> RestoreResult:
+        """``restore``, awaitable: run in a worker thread (it reads a file and takes the lock many times)."""
+        return await asyncio.to_thread(self.restore, path)
 
     # ------------------------------------------------------------------------------------------- kinds and views
 

@@ -922,6 +922,43 @@ def cmd_set_limits(args) -> int:
     return 0
 
 
+def _open_to_use(args, name: str) -> SharedCache:
+    """Attach to an existing cache to use it for a while (snapshot, restore): ``_open``'s trust and its patience for
+    a creation under way, and a lock timeout of a program's rather than a look's."""
+    kwargs = dict(create=False, mode=args.mode, trust_owner=args.trust_owner, lock_timeout=args.lock_timeout,
+                  attach_timeout=INSPECT_TIMEOUT_S)
+    try:
+        return SharedCache(name, **kwargs)
+    except SerializerMismatch as exc:  # values are copied as they are stored, never decoded
+        return SharedCache(name, serializer=exc.found, **kwargs)
+
+
+def cmd_snapshot(args) -> int:
+    with _open_to_use(args, args.name) as c:
+        done = c.snapshot(args.path)
+    if args.json:
+        _print_json({"name": args.name, "path": done.path, "entries": done.entries, "nbytes": done.nbytes,
+                     "seconds": round(done.seconds, 6)})
+    else:
+        print(f"snapshot of {_shown(args.name)} written to {done.path}: {_count(done.entries, 'entry', 'entries')}, "
+              f"{_human(done.nbytes)} in {done.seconds:.3f} s")
+    return 0
+
+
+def cmd_restore(args) -> int:
+    with _open_to_use(args, args.name) as c:
+        r = c.restore(args.path)
+    if args.json:
+        _print_json({"name": args.name, "path": args.path, "restored": r.restored, "damaged": r.damaged,
+                     "expired": r.expired, "no_room": r.no_room, "complete": r.complete, "nbytes": r.nbytes,
+                     "seconds": round(r.seconds, 6)})
+    else:
+        print(f"restored {_count(r.restored, 'entry', 'entries')} into {_shown(args.name)} from {args.path} "
+              f"({_human(r.nbytes)} in {r.seconds:.3f} s): {r.expired} expired, {r.no_room} beyond the limits, "
+              f"{r.damaged} damaged{'' if r.complete else '; the file is incomplete (cut short or damaged)'}")
+    return 0
+
+
 def _namespace_state(args, cache: str, namespace: str, cache_exists: bool) -> dict[str, Any] | None:
     """One row of ``tier``'s listing: ``state`` is ``in use`` (``handles``: the TieredCache handles of the host that
     count in it now), ``idle`` (none has it open: the counts are those of processes gone) or ``skipped`` (not opened:
@@ -1103,6 +1140,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")
     sp.add_argument("--max-retained-bytes", type=parse_size, metavar="SIZE", help="e.g. 134217728, 128MiB, 1e8")
+    sp = add("snapshot", cmd_snapshot, "write every live entry of a cache to a file, hottest first, while it "
+                                       "serves (the file is replaced atomically)")
+    sp.add_argument("name")
+    sp.add_argument("path")
+    sp.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="how long to wait for the cache's lock each time (default 10)")
+    sp = add("restore", cmd_restore, "store the entries of a snapshot file in an existing cache: the hottest that "
+                                     "fit its limits, expired ones skipped")
+    sp.add_argument("name")
+    sp.add_argument("path")
+    sp.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="how long to wait for the cache's lock each time (default 10)")
     sp = add("tier", cmd_tier, "a TieredCache namespace's counts on this host: local and remote hits, misses, "
                                "errors, remote latency percentiles (no NAME: list the namespaces)", prometheus=True)
     sp.add_argument("name", nargs="?", help="the local cache")

@@ -18,8 +18,8 @@ from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY, H_HITS,
-    H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, POLICY_LRU, POLICY_S3FIFO,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY,
+    H_HITS, H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, MARK_FREQ, MARK_SMALL, POLICY_LRU, POLICY_S3FIFO,
 )
 
 _W = ENTRY_WORDS
@@ -64,6 +64,77 @@ def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
                 out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
         e = ent[b + E_NEXT]
     return out, damaged
+
+
+def order_locked(store) -> tuple:
+    """The list's links and what orders it, copied whole in one short hold (numpy copies of four columns: no walk,
+    so the hold lasts a copy of a few bytes an entry, whatever the entries): (next, fp, expires, marks, the clock's
+    reading). ``hottest_first`` walks them after the unlock."""
+    _, _, ents = store.seg.arrays()
+    expires, _, _, _, marks = store.seg.columns()
+    return ents["next"].copy(), ents["fp"].copy(), expires.copy(), marks.copy(), store.clock()
+
+
+def hottest_first(copied: tuple, s3fifo: bool) -> tuple[list, list]:
+    """The live entries of ``order_locked``'s copy, hottest first as the policy keeps them: (their slots, their
+    fingerprints), which name them for ``copy_locked``. lru: the list's order, most recently used first; keep: the
+    list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest
+    first), then newest first: the order the queues' evictions spare them in. No lock: the copy is this call's."""
+    nxt, fps, exp, marks, now = copied
+    nxt, fps, exp, marks = nxt.tolist(), fps.tolist(), exp.tolist(), marks.tolist()
+    slots = len(nxt)
+    # s3fifo's eight groups: (small, counter) -> slots, in the list's order within each.
+    groups: list[list] = [[] for _ in range(8)] if s3fifo else [[]]
+    e = nxt[SENTINEL]
+    for _ in range(slots):  # Invariant: bounded, so a damaged list cannot make the walk loop
+        if not 0 < e < slots:
+            break
+        x = exp[e]
+        if not (x and x <= now):
+            if s3fifo:
+                m = marks[e]
+                groups[(4 if m & MARK_SMALL else 0) + MARK_FREQ - (m & MARK_FREQ)].append(e)
+            else:
+                groups[0].append(e)
+        e = nxt[e]
+    order = [e for group in groups for e in group]
+    return order, [fps[e] for e in order]
+
+
+def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int) -> tuple[list, int, int, int]:
+    """Copy the entries ``slots[start:end]`` (named with their fingerprints ``fps`` by ``hottest_first``) until
+    ``budget`` bytes are copied: for each still live and still the same key, (stored key bytes, tag, body,
+    checksum, expiry: the clock's ns or 0, fingerprint). Returns (the copies, where the next hold starts, the
+    clock's reading, how many were passed over as damaged: an offset or length out of the arena). An entry gone or
+    replaced by another key since is passed over; its key stored again elsewhere was not in ``slots``. The caller
+    checks each copy's key against its fingerprint and its body against its checksum, after the unlock."""
+    ix, ent, mm, base, exp, mask = store.ix, store.ent, store.mm, store.base, store.exp, store.mask
+    arena_nbytes = len(store.arena)
+    now = store.clock()
+    out = []
+    damaged = copied = 0
+    i, n = start, min(end, len(slots))
+    while i < n and copied < budget:
+        e, fp = slots[i], fps[i]
+        i += 1
+        b = e * _W
+        s = ent[b + E_SLOT]
+        # Invariant: an entry is live while the index slot it names names it back with its fingerprint.
+        if ent[b + E_FP] != fp or not 0 <= s <= mask or ix[(s << INDEX_SHIFT) + I_ENTRY] != e \
+                or ix[(s << INDEX_SHIFT) + I_FP] != fp:
+            continue
+        x = exp[e]
+        if x and x <= now:
+            continue
+        off, vlen, klen = ent[b + E_OFF], ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
+        if off < 0 or vlen < 1 or klen < 0 or off + BLOCK_HEADER_NBYTES + vlen + klen > arena_nbytes:
+            damaged += 1
+            continue
+        v0 = base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
+        k0 = v0 + vlen
+        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], x, fp))
+        copied += vlen + klen
+    return out, i, now, damaged
 
 
 def popitem_locked(store, space: int):

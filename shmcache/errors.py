@@ -96,6 +96,25 @@ class SerializerMismatch(ShmCacheError, ValueError):
         self.found = found
 
 
+class SnapshotError(ShmCacheError):
+    """A snapshot file (``SharedCache.snapshot``) cannot be restored: its header is damaged, truncated, or not a
+    shmcache snapshot's. A damaged record is not this error: ``restore`` skips it and counts it."""
+
+
+class SnapshotVersionError(SnapshotError):
+    """A snapshot file of a newer major format version than this package reads: says both versions."""
+
+
+class SnapshotMismatch(SnapshotError, ValueError):
+    """A snapshot was taken of a cache whose values another serializer encoded (``serializer=``): its values would
+    not read back, so none is restored. ``snapshot`` and ``cache`` name the two serializers."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "", snapshot: str = "", cache: str = "") -> None:
+        super().__init__(message, what=what, hint=hint)
+        self.snapshot = snapshot
+        self.cache = cache
+
+
 class ClosedError(ShmCacheError, ValueError):
     """The cache handle was used after ``close()``."""
 
@@ -123,6 +142,12 @@ class TooLargeWarning(CapacityWarning):
     every call computes it again. Said once per process for each family of keys (a memoized function, a dataset,
     a kind, or the function that calls ``get_or_compute``), with the value's size and the limit; ``stats()
     .too_large`` counts every refusal."""
+
+
+class SnapshotWarning(UserWarning):
+    """``SharedCache(restore_from=...)`` created the cache and could not restore the file (its header is damaged or
+    foreign, its serializer is the other one, or it could not be read): the cache starts empty. ``restore()``
+    called directly raises the error instead."""
 
 
 class CompiledSectionMissing(RuntimeWarning):

@@ -98,6 +98,11 @@ def register_locked(seg, name: bytes) -> int:
     return k
 
 
+def names_locked(seg) -> dict[int, bytes]:
+    """Every kind's name (its UTF-8 bytes), by number."""
+    return {k: _name(seg, k) for k in range(1, _used(seg) + 1)}
+
+
 def stats_locked(seg) -> dict[str, KindStats]:
     """Every kind's counts, by name."""
     kw = seg.kind_words

@@ -1,0 +1,541 @@
+"""Snapshot files: SharedCache.snapshot, restore, restore_from, the command line; a hostile file, kills mid-write,
+writers and readers meanwhile. Run on both paths (the compiled section and SHMCACHE_PURE_PYTHON=1)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import glob
+import json
+import multiprocessing as mp
+import os
+import pickle
+import random
+import signal
+import struct
+import time
+import tracemalloc
+import uuid
+import warnings
+
+import numpy as np
+import pytest
+import xxhash
+
+from shmcache import (
+    SharedCache, SnapshotError, SnapshotMismatch, SnapshotVersionError, SnapshotWarning,
+)
+from shmcache import snapshot as snapfile
+from shmcache.cli import main
+from shmcache.layout.dtypes import MARK_SMALL
+from tests.conftest import unique_name
+from tests.workers import check_value, make_value, reap
+
+CTX = mp.get_context("fork")
+MIB = 1 << 20
+
+
+def _values() -> dict:
+    """One value of every kind the cache stores."""
+    return {
+        "str": "héllo", "bytes": b"\x00raw\xff", "int": -(2**62), "bigint": 2**100, "float": 1.5, "none": None,
+        "true": True, "list": [1, "a", [2.5, None]], "dict": {"a": 1, "b": [b"x", {"c": ()}]}, "tuple": (1, (2, "x")),
+        "set": {1, 2, 3}, "frozenset": frozenset({"a"}), "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "u8": np.frombuffer(b"abc", dtype=np.uint8).copy(), "cplx": np.array([1 + 2j], dtype=np.complex128),
+        "datetime": datetime.datetime(2024, 5, 6, 7, 8, 9, 10, tzinfo=datetime.timezone.utc),
+        "date": datetime.date(2020, 1, 2), "time": datetime.time(3, 4, 5), "delta": datetime.timedelta(days=2),
+        "decimal": decimal.Decimal("1.25"), "uuid": uuid.UUID(int=7), "complex": 3 - 4j,
+        ("tuple", "key", 1): "a key that is not a str", 42: "an int key", b"bk": "a bytes key",
+    }
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.fixture
+def other():
+    """A second cache name, unlinked after the test."""
+    n = unique_name("snap")
+    yield n
+    try:
+        SharedCache.unlink_name(n)
+    except FileNotFoundError:
+        pass
+
+
+def _items(c: SharedCache) -> dict:
+    return dict(c.items())
+
+
+def test_snapshot_round_trip_every_value_kind(name, other, tmp_path):
+    path = tmp_path / "c.snap"
+    values = _values()
+    with SharedCache(name, capacity_bytes=MIB, max_entries=256, create=True) as c:
+        c.put_many(values)
+        c.kind("images").put("img", np.ones((2, 2), dtype=np.int16))
+        done = c.snapshot(path)
+    assert done.entries == len(values) + 1 and done.nbytes == os.path.getsize(path)
+    assert not glob.glob(str(tmp_path / ".*.tmp"))
+    with SharedCache(other, capacity_bytes=MIB, max_entries=256, create=True) as d:
+        d.kind("first")  # the kind's number here is another one: the file's kind is found by its name
+        r = d.restore(path)
+        assert (r.restored, r.damaged, r.expired, r.no_room, r.complete) == (len(values) + 1, 0, 0, 0, True)
+        got = _items(d)
+        assert got.keys() == values.keys()
+        for k, v in values.items():
+            assert _same(v, got[k]), k
+        assert _same(d.kind("images").get("img"), np.ones((2, 2), dtype=np.int16))
+
+
+def test_snapshot_round_trip_pickle_values(name, other, tmp_path):
+    path = tmp_path / "p.snap"
+    value = {"obj": datetime.timezone(datetime.timedelta(hours=2)), "n": [1, 2]}
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True, serializer="pickle") as c:
+        c.put("v", value)
+        c.put("arr", np.arange(5))
+        c.snapshot(path)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True, serializer="pickle") as d:
+        assert d.restore(path).restored == 2
+        assert d.get("v") == value and _same(d.get("arr"), np.arange(5))
+
+
+def test_snapshot_holds_the_lock_in_short_batches(name, tmp_path, monkeypatch):
+    from tests.workers import count_lock_holds
+
+    monkeypatch.setattr(snapfile, "COPY_ENTRIES", 100)
+    with SharedCache(name, capacity_bytes=MIB, max_entries=1024, create=True) as c:
+        _filled(c, 950)
+        holds = count_lock_holds(monkeypatch, c)
+        assert c.snapshot(tmp_path / "b.snap").entries == 950
+    copies = [fn for fn in holds if getattr(fn, "__name__", "") == "copy_locked"]
+    orders = [fn for fn in holds if getattr(fn, "__name__", "") == "order_locked"]
+    assert len(copies) == 10 and len(orders) == 1
+
+
+def test_snapshot_ttl_expired_skipped_live_keeps_its_remaining_lifetime(name, other, tmp_path):
+    path = tmp_path / "t.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        c.put("gone", 1, ttl=0.05)
+        c.put("soon", 2, ttl=0.6)
+        c.put("long", 3, ttl=100)
+        c.put("never", 4)
+        time.sleep(0.1)
+        assert c.snapshot(path).entries == 3  # "gone" expired before the snapshot
+    time.sleep(0.7)  # "soon" expires between the snapshot and the restore
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        r = d.restore(path)
+        assert (r.restored, r.expired) == (2, 1)
+        assert 98 < d.ttl("long") <= 99.3 and d.ttl("never") is None
+        assert "soon" not in d and d["long"] == 3
+
+
+def _filled(c: SharedCache, n: int) -> None:
+    for i in range(n):
+        c.put(i, f"value {i}".encode() * 3)
+
+
+def test_restore_into_half_the_capacity_keeps_the_most_recently_read_lru(name, other, tmp_path):
+    path = tmp_path / "h.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        _filled(c, 40)
+        read = [3, 17, 5, 30, 11, 0, 22, 8, 36, 14]
+        for k in read:
+            assert c.get(k) is not None
+        order = list(c)  # most recently used first
+        c.snapshot(path)
+    assert order[:10] == read[::-1]
+    with SharedCache(other, capacity_bytes=MIB, max_entries=20, create=True) as d:
+        r = d.restore(path)
+        assert (r.restored, r.no_room) == (20, 20)
+        assert list(d) == order[:20]  # the same order: the hottest restored last
+        assert all(d.get(k) == f"value {k}".encode() * 3 for k in read)
+
+
+def test_restore_into_half_the_bytes_keeps_the_hottest(name, other, tmp_path):
+    path = tmp_path / "b.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        for i in range(40):
+            c.put(i, b"x" * 1000)
+        order = list(c)
+        c.snapshot(path)
+    with SharedCache(other, capacity_bytes=64 * 1024, max_entries=64, create=True) as d:
+        d.set_limits(max_retained_bytes=20 * 1010)
+        r = d.restore(path)
+        assert r.restored == 20 and r.no_room == 20 and list(d) == order[:20]
+
+
+def test_restore_s3fifo_keeps_main_then_the_most_hit(name, other, tmp_path):
+    """s3fifo: the file holds main's entries, then small's, each queue by its hit counter, then newest first."""
+    path = tmp_path / "s.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=20, create=True, policy="s3fifo") as c:
+        _filled(c, 20)
+        for _ in range(2):
+            for k in range(10):
+                c.get(k)
+        for k in range(20, 30):  # evictions: small's oldest that were hit twice move to main
+            c.put(k, b"new")
+        c.get(25)
+        marks = c._seg.marks_bytes
+        main = {k for k in c if not marks[_slot(c, k)] & MARK_SMALL}
+        assert main and len(main) < len(c)
+        c.snapshot(path)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=len(main), create=True, policy="s3fifo") as d:
+        assert d.restore(path).restored == len(main)
+        assert set(d) == main
+    with SharedCache(unique_name("snap"), capacity_bytes=MIB, max_entries=len(main) + 1, create=True,
+                     policy="s3fifo") as e:
+        try:
+            e.restore(path)
+            assert set(e) == main | {25}  # then small's most hit
+        finally:
+            e.unlink()
+
+
+def _slot(c: SharedCache, key) -> int:
+    from shmcache import index
+    from shmcache.codec import encode_key, fingerprint
+
+    kb = encode_key(key)
+    return index.find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
+
+
+def test_restore_keep_keeps_the_newest(name, other, tmp_path):
+    """keep: nothing moves on a hit, so the file's order is the newest first, and so is what a smaller cache
+    keeps."""
+    path = tmp_path / "k.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True, policy="keep") as c:
+        _filled(c, 40)
+        for k in range(10):
+            c.get(k)
+        c.snapshot(path)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=20, create=True, policy="keep") as d:
+        r = d.restore(path)
+        assert (r.restored, r.no_room) == (20, 20) and set(d) == set(range(20, 40))
+        _filled(d, 0)
+        assert d.restore(path).restored == 20  # into a full keep cache: the keys present are replaced
+
+
+# ------------------------------------------------------------------------------------------- a hostile file
+
+
+def _records(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """(where the records start, each record's (offset, length)), parsed as docs/internals.md describes."""
+    _, _, _, meta_nbytes, _ = struct.unpack_from("<8sHHIQ", data)
+    p = 24 + meta_nbytes + 8
+    out = []
+    while data[p : p + 4] == snapfile.SYNC:
+        _, klen, blen = struct.unpack_from("<4sII", data, p)
+        out.append((p, 32 + klen + blen + 8))
+        p += 32 + klen + blen + 8
+    assert data[p : p + 4] == snapfile.END and len(data) == p + 32
+    return out[0][0], out
+
+
+@pytest.fixture
+def small_snapshot(name, tmp_path):
+    values = {f"k{i}": (i, "v" * (i % 13), bytes(range(i % 40))) for i in range(24)}
+    values["arr"] = np.arange(20, dtype=np.int64)
+    path = tmp_path / "small.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        c.put_many(values)
+        c.put("ttl", "t", ttl=300)
+        values["ttl"] = "t"
+        c.snapshot(path)
+    return path, values
+
+
+def test_restore_every_single_byte_flip_costs_at_most_its_record(other, tmp_path, small_snapshot):
+    path, values = small_snapshot
+    data = path.read_bytes()
+    start, records = _records(data)
+    rng = random.Random(5)
+    offsets = sorted(set(rng.randrange(len(data)) for _ in range(400)) | set(range(0, start, 7)))
+    bad = tmp_path / "bad.snap"
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        for off in offsets:
+            flipped = bytearray(data)
+            flipped[off] ^= rng.randrange(1, 256)
+            bad.write_bytes(flipped)
+            d.clear()
+            if off < start:
+                with pytest.raises(SnapshotError):  # the header: its checksum covers every byte
+                    d.restore(bad)
+                continue
+            r = d.restore(bad)
+            got = _items(d)
+            for k, v in got.items():
+                assert _same(values[k], v), (off, k)  # never a wrong value
+            lost = len(values) - len(got)
+            touched = sum(p <= off < p + n for p, n in records)
+            assert lost == touched <= 1, off
+            in_trailer = off >= records[-1][0] + records[-1][1]
+            assert r.damaged == lost and r.restored == len(got) and r.complete == (not touched and not in_trailer)
+
+
+def test_restore_truncated_keeps_the_whole_records_before_the_cut(other, tmp_path, small_snapshot):
+    path, values = small_snapshot
+    data = path.read_bytes()
+    start, records = _records(data)
+    cut_file = tmp_path / "cut.snap"
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        for cut in sorted(set(random.Random(7).sample(range(start, len(data)), 60)) | {start, len(data) - 1}):
+            cut_file.write_bytes(data[:cut])
+            d.clear()
+            r = d.restore(cut_file)
+            whole = sum(p + n <= cut for p, n in records)
+            got = _items(d)
+            assert len(got) == r.restored == whole and not r.complete
+            assert all(_same(values[k], v) for k, v in got.items())
+
+
+def _forged(records: list[tuple[bytes, int, int, int]], seed: int = 1, major: int = 1,
+            meta: dict | None = None) -> bytes:
+    """A file with a valid header and the given record headers (key_nbytes, body_nbytes, tag, expires), each with a
+    valid header check, and no bodies."""
+    import msgpack
+
+    m = msgpack.packb(meta or {"serializer": "msgpack", "kinds": {}})
+    head = struct.pack("<8sHHIQ", snapfile.MAGIC, major, 0, len(m), seed) + m
+    out = head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+    for sync, klen, blen, tag in records:
+        h = struct.pack("<4sIIBBHq", sync, klen, blen, tag, 0, 0, 0)
+        out += h + struct.pack("<Q", xxhash.xxh3_64_intdigest(h, seed))
+    return out
+
+
+def test_restore_absurd_lengths_do_not_allocate(other, tmp_path):
+    bad = tmp_path / "absurd.snap"
+    bad.write_bytes(_forged([(snapfile.SYNC, 2**32 - 1, 2**32 - 1, ord("M")), (snapfile.SYNC, 3, 2**31, ord("B"))])
+                    + b"\0" * 100)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        tracemalloc.start()
+        try:
+            r = d.restore(bad)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert r.restored == 0 and r.damaged >= 1 and not r.complete and peak < 16 * MIB
+        bad.write_bytes(struct.pack("<8sHHIQ", snapfile.MAGIC, 1, 0, 2**32 - 1, 0) + b"\0" * 64)
+        with pytest.raises(SnapshotError, match="out of range"):
+            d.restore(bad)
+        bad.write_bytes(_forged([], major=2))
+        with pytest.raises(SnapshotVersionError, match="2.0"):
+            d.restore(bad)
+        bad.write_bytes(_forged([], meta={"serializer": "marshal", "kinds": {}}))
+        with pytest.raises(SnapshotError, match="fields"):
+            d.restore(bad)
+        bad.write_bytes(b"")
+        with pytest.raises(SnapshotError, match="no magic"):
+            d.restore(bad)
+        with pytest.raises(FileNotFoundError):
+            d.restore(tmp_path / "none.snap")
+        assert len(d) == 0
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+def _snapshot_forever(name: str, path: str) -> None:
+    with SharedCache(name, create=False) as c:
+        while True:
+            c.snapshot(path)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_snapshot_killed_at_random_points_leaves_a_whole_file(name, other, tmp_path):
+    path = tmp_path / "killed.snap"
+    n = 3000
+    with SharedCache(name, capacity_bytes=4 * MIB, max_entries=4096, create=True) as c:
+        for i in range(0, n, 500):
+            c.put_many({i + j: f"{i + j}".encode() * 10 for j in range(500)})
+        t = time.perf_counter()
+        c.snapshot(path)
+        one = time.perf_counter() - t
+    rng = random.Random(11)
+    with SharedCache(other, capacity_bytes=4 * MIB, max_entries=4096, create=True) as d:
+        for _ in range(20):
+            p = CTX.Process(target=_snapshot_forever, args=(name, str(path)))
+            p.start()
+            try:
+                time.sleep(0.05 + rng.random() * 3 * one)
+                os.kill(p.pid, signal.SIGKILL)
+            finally:
+                reap([p], 10)
+            d.clear()
+            r = d.restore(path)
+            assert r.complete and r.restored == n and r.damaged == 0
+            assert d.get(1234) == b"1234" * 10
+    for leftover in glob.glob(str(tmp_path / ".*")):
+        assert os.path.basename(leftover).startswith(".killed.snap.snapshot-") and leftover.endswith(".tmp")
+
+
+def _serve(name: str, keys: int, seconds: float, seed: int, q) -> None:
+    rng = random.Random(seed)
+    wrong = done = 0
+    try:
+        with SharedCache(name, create=False) as c:
+            end = time.monotonic() + seconds
+            seq = seed * 1_000_000
+            while time.monotonic() < end:
+                key = f"k{rng.randrange(keys)}"
+                if rng.random() < 0.3:
+                    seq += 1
+                    c.put(key, make_value(key, seq, rng.randrange(10, 600)))
+                else:
+                    v = c.get(key)
+                    if v is not None:
+                        try:
+                            check_value(key, v)
+                        except AssertionError:
+                            wrong += 1
+                done += 1
+        q.put((wrong, done, None))
+    except BaseException as exc:  # reported, so that the parent fails with it
+        q.put((wrong, done, repr(exc)))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_snapshot_while_others_read_and_write(name, other, tmp_path):
+    keys, seconds = 400, 3.0
+    path = tmp_path / "busy.snap"
+    with SharedCache(name, capacity_bytes=2 * MIB, max_entries=1024, create=True) as c, \
+            SharedCache(other, capacity_bytes=2 * MIB, max_entries=1024, create=True) as d:
+        for i in range(keys):
+            c.put(f"k{i}", make_value(f"k{i}", i, 100))
+        q = CTX.Queue()
+        procs = [CTX.Process(target=_serve, args=(name, keys, seconds, s + 1, q)) for s in range(3)]
+        for p in procs:
+            p.start()
+        try:
+            snaps = 0
+            end = time.monotonic() + seconds
+            while time.monotonic() < end or snaps < 3:
+                written = c.snapshot(path)
+                d.clear()
+                r = d.restore(path)
+                assert r.complete and r.restored == written.entries > 0
+                for k, v in d.items():
+                    check_value(k, v)  # each a value some writer wrote for that key
+                snaps += 1
+            results = [q.get(timeout=60) for _ in procs]
+        finally:
+            reap(procs, 60)
+        assert [err for _, _, err in results] == [None] * 3
+        assert sum(w for w, _, _ in results) == 0 and all(n > 0 for _, n, _ in results)
+        assert c.verify().ok
+
+
+def _open_restoring(name: str, path: str, barrier, q) -> None:
+    try:
+        barrier.wait(30)
+        with SharedCache(name, capacity_bytes=MIB, max_entries=256, restore_from=path) as c:
+            q.put(None if c.restored is None else c.restored.restored)
+    except BaseException as exc:
+        q.put(repr(exc))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_restore_from_with_several_processes_opening_at_once_restores_once(name, other, tmp_path):
+    path = tmp_path / "once.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=256, create=True) as c:
+        _filled(c, 200)
+        c.snapshot(path)
+    barrier, q = CTX.Barrier(4), CTX.Queue()
+    procs = [CTX.Process(target=_open_restoring, args=(other, str(path), barrier, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        got = [q.get(timeout=30) for _ in procs]
+    finally:
+        reap(procs, 30)
+    assert sorted(got, key=str) == [200, None, None, None]
+    with SharedCache(other, create=False) as d:
+        s = d.stats()
+        assert s.puts == 200 and s.entries == 200 and d.get(7) == b"value 7" * 3
+
+
+def test_restore_from_missing_file_is_silent_and_damaged_warns(other, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with SharedCache(other, capacity_bytes=MIB, max_entries=64, restore_from=tmp_path / "none.snap") as c:
+            assert c.restored is None and len(c) == 0
+            c.unlink()
+    bad = tmp_path / "bad.snap"
+    bad.write_bytes(b"\x89SHMSNAP" + b"\xff" * 40)
+    with pytest.warns(SnapshotWarning, match="starts empty"):
+        with SharedCache(other, capacity_bytes=MIB, max_entries=64, restore_from=bad) as c:
+            assert c.restored is None and len(c) == 0
+            with pytest.raises(SnapshotError):
+                c.restore(bad)
+            c.unlink()
+
+
+def test_restore_from_only_when_created(name, tmp_path):
+    path = tmp_path / "c.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        c.put("a", 1)
+        c.snapshot(path)
+        c.clear()
+        with SharedCache(name, restore_from=path) as again:  # attaches: restores nothing
+            assert again.restored is None and len(c) == 0
+
+
+@pytest.mark.parametrize("serializers", [("pickle", "msgpack"), ("msgpack", "pickle")])
+def test_restore_refuses_another_serializer_without_unpickling(name, other, tmp_path, monkeypatch, serializers):
+    taken, into = serializers
+    path = tmp_path / "ser.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True, serializer=taken) as c:
+        c.put("a", {"x": 1})
+        c.put("b", b"raw")
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("unpickled")
+
+        monkeypatch.setattr(pickle, "loads", refuse)
+        c.snapshot(path)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True, serializer=into) as d:
+        with pytest.raises(SnapshotMismatch, match=f"serializer={taken!r}.*serializer={into!r}") as err:
+            d.restore(path)
+        assert (err.value.snapshot, err.value.cache) == (taken, into) and isinstance(err.value, ValueError)
+        assert len(d) == 0
+
+
+def test_cli_snapshot_and_restore(capsys, name, other, tmp_path):
+    path = str(tmp_path / "cli.snap")
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c, \
+            SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        _filled(c, 30)
+        assert main(["snapshot", name, path, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["entries"] == 30 and out["nbytes"] == os.path.getsize(path)
+        assert main(["restore", other, path, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["restored"], out["damaged"], out["complete"]) == (30, 0, True)
+        assert dict(d.items()) == dict(c.items())
+        assert main(["restore", other, path]) == 0
+        assert "restored 30 entries" in capsys.readouterr().out
+        assert main(["restore", other, str(tmp_path / "none")]) == 1
+
+
+def test_asnapshot_and_arestore(name, other, tmp_path):
+    path = tmp_path / "a.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c, \
+            SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        _filled(c, 5)
+
+        async def both():
+            await c.asnapshot(path)
+            return await d.arestore(path)
+
+        assert asyncio.run(both()).restored == 5 and d[4] == b"value 4" * 3
