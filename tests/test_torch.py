@@ -668,3 +668,66 @@ def test_torch_dataloader_workers_but_the_first_leave_the_judgement_to_it(name, 
                 for i in range(16):
                     check_sample(ds[i], i)
             assert len([w for w in caught if issubclass(w.category, CapacityWarning)]) == says
+
+
+# A trainer, run twice by the test below: it opens the cache restoring from the snapshot, reads every sample through
+# DataLoader workers (checking each), snapshots the cache, says so, and then, when told to, trains on until killed.
+TRAINER = textwrap.dedent("""
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader
+    from shmcache import SharedCache
+    from shmcache.contrib.torch import CachedDataset
+    from tests.test_torch import CountingDataset, check_sample
+
+    name, log, snap, n, then = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    cache = SharedCache(name, capacity_bytes=4 * 2**20, max_entries=256, policy="keep", restore_from=snap)
+    restored = cache.restored.restored if cache.restored is not None else 0
+    ds = CachedDataset(CountingDataset(n, log), cache, timeout=60)
+    loader = DataLoader(ds, batch_size=None, shuffle=True, num_workers=2, multiprocessing_context="fork",
+                        timeout=120, generator=torch.Generator().manual_seed(len(then)))
+    seen = []
+    for sample in loader:
+        check_sample(sample, sample[1])
+        seen.append(sample[1])
+    assert sorted(seen) == list(range(n)), seen
+    cache.snapshot(snap)
+    print("restored", restored, "computed", cache.stats().computations, flush=True)
+    if then == "train-on":
+        while True:  # the next epochs, until the job is killed
+            for sample in loader:
+                check_sample(sample, sample[1])
+    cache.close()
+""")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_torch_a_trainer_killed_and_restarted_on_an_empty_shm_restores_without_computing(name, log, tmp_path):
+    """The recipe of docs/usage.md, "Snapshot and restore": a trainer snapshots its cache each epoch and is SIGKILLed
+    (its DataLoader workers too) while it trains on; /dev/shm is emptied, as on a fresh node; the restarted trainer,
+    opening the cache with restore_from, reads every sample again without computing one."""
+    n, snap = 32, str(tmp_path / "samples.snap")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    first = subprocess.Popen([sys.executable, "-c", TRAINER, name, log, snap, str(n), "train-on"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    try:
+        line = first.stdout.readline()  # once the first epoch is read and snapshotted
+        assert line.split() == ["restored", "0", "computed", str(n)], line + first.stderr.read()
+        os.killpg(first.pid, signal.SIGKILL)  # the trainer and its workers, mid-epoch
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=30)
+        first.stdout.close()
+        first.stderr.close()
+    assert computations(log) == list(range(n))
+    SharedCache.unlink_name(name)  # the fresh node's empty /dev/shm
+    assert not os.path.exists(f"/dev/shm/shmcache.{name}")
+    again = subprocess.run([sys.executable, "-c", TRAINER, name, log, snap, str(n), "stop"], capture_output=True,
+                           text=True, timeout=180, env=env)  # the name fixture removes the cache it made
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split() == ["restored", str(n), "computed", "0"], again.stdout + again.stderr
+    assert computations(log) == list(range(n))  # not one sample computed again
