@@ -42,12 +42,14 @@ from shmcache import readers
 from shmcache.layout.dtypes import H_LOCK_OFF
 from shmcache.lock import FUTEX_TID_MASK
 
-FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused", "not_admitted")
-OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED, NOT_ADMITTED = range(len(FIELDS))
+FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused", "not_admitted", "snapshots",
+          "restores")
+OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED, NOT_ADMITTED, SNAPSHOTS, RESTORES = range(len(FIELDS))
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
        "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
-       "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3}
+       "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3, "snapshot": 0.05, "restore": 0.05}
+SNAPSHOT_OPS = ("snapshot", "restore")  # in a mix only where the workload is given a directory for its files
 KIND = "stress"  # the key kind the kind_* operations use; its keys hold values checked like the others
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
 MAX_REPORTS = 5  # each process prints this many wrong values or unexpected errors, then only counts them
@@ -127,10 +129,16 @@ class Workload:
     """Random operations on one cache by one process, each result checked, counted in row ``row`` of ``counts``.
 
     ``big_share`` of puts carry values of up to ``max_nbytes``; the rest stay under 4 KiB. ``strict``: verify()
-    must be ok whenever a worker calls it (no corruption is being injected)."""
+    must be ok whenever a worker calls it (no corruption is being injected). ``snapshot_dir``: where the snapshot
+    and restore operations keep the worker slot's snapshot file (without one, the mix leaves them out)."""
 
-    def __init__(self, cache, rng, counts, row, *, nkeys, max_nbytes, mix=None, big_share=0.05, strict=True):
+    def __init__(self, cache, rng, counts, row, *, nkeys, max_nbytes, mix=None, big_share=0.05, strict=True,
+                 snapshot_dir=None):
         mix = mix or MIX
+        if snapshot_dir is None:
+            mix = {op: w for op, w in mix.items() if op not in SNAPSHOT_OPS}
+        # The slot's file: a worker killed while writing it leaves the last whole one, which its replacement restores.
+        self.snapshot_path = None if snapshot_dir is None else os.path.join(snapshot_dir, f"slot{row}.snap")
         self.cache, self.rng, self.c, self.base = cache, rng, counts, row * NF
         self.nkeys, self.max_nbytes, self.big_share, self.strict = nkeys, max_nbytes, big_share, strict
         self.ops, self.cum = list(mix), list(itertools.accumulate(mix.values()))
@@ -305,6 +313,23 @@ class Workload:
         else:
             lowered = CacheLimits(self.rng.randint(max(1, n // 8), n), self.rng.randint(nbytes // 8, nbytes))
             self.cache.set_limits(lowered)
+
+    def _snapshot(self) -> None:
+        """Write the cache to the slot's snapshot file while the other workers go on (and may be killed meanwhile)."""
+        self.cache.snapshot(self.snapshot_path)
+        self.c[self.base + SNAPSHOTS] += 1
+
+    def _restore(self) -> None:
+        """Store back what the slot's last snapshot held: values the workers wrote earlier, each still its key's
+        (the reads check them). The file is always a whole one, however its writer ended: anything but a complete
+        restore with no damaged record is an error."""
+        try:
+            r = self.cache.restore(self.snapshot_path)
+        except FileNotFoundError:
+            return
+        self.c[self.base + RESTORES] += 1
+        if not r.complete or r.damaged:
+            self.report(ERRORS, f"restore of {self.snapshot_path}: {r}")
 
     def _verify(self) -> None:
         report = self.cache.verify(deep=self.rng.random() < 0.3, repair_damage=not self.strict)

@@ -27,8 +27,8 @@ first, then are SIGKILLed), die, or return a wrong value (a put that returns Fal
 Reading the summary line:
 
     fuzz: policy=P ops=N corruptions=C lock_corruptions=L lock_holder_damages=H errors=E refused=R wrong=0
-          foreign=0 hangs=0 crashes=0 unverified=0 repairs=P not_admitted=A unlocked_reads=U read_retries=T
-          read_fallbacks=F verify=ok seconds=S workers=W
+          foreign=0 hangs=0 crashes=0 unverified=0 repairs=P not_admitted=A snapshots=N restores=M unlocked_reads=U
+          read_retries=T read_fallbacks=F verify=ok seconds=S workers=W
 
 policy       the cache's eviction policy (lru, s3fifo or keep)
 ops          operations run by the children; corruptions: spots damaged (lock_corruptions of them in the lock's words)
@@ -42,6 +42,9 @@ crashes      children that died (segfault, abort, uncaught error); must be 0
 unverified   repair phases after which verify() or the read-back failed; must be 0
 repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
 not_admitted puts that returned False under keep (a new key, the cache full)
+snapshots    snapshots of the damaged cache the workers wrote (each entry copied is checked against its checksum: a
+             damaged one is left out, never written); restores: restores of them into it, whose values the reads
+             check like any other
 unlocked_reads  lookups answered without the lock over the whole run (s3fifo and keep, compiled; summed from the
              reader slots as stats() sums them, but not from the workload's last clear(); the damage reaches the
              slots too); read_retries, read_fallbacks: reads begun again, and those that took the lock
@@ -57,8 +60,10 @@ import faulthandler
 import multiprocessing as mp
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -72,8 +77,9 @@ from shmcache.layout.dtypes import (
 )
 
 from .common import (
-    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, REFUSED, REPAIRS, UNVERIFIED, WRONG, Workload, exit_on_sigterm,
-    final_check, lifetime_reads, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly,
+    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, REFUSED, REPAIRS, RESTORES, SNAPSHOTS, UNVERIFIED, WRONG, Workload,
+    exit_on_sigterm, final_check, lifetime_reads, make_parser, raw_map, reap, run_policies, start, total,
+    unlink_quietly,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -314,8 +320,10 @@ def _watchdog() -> None:
     faulthandler.dump_traceback_later(ROUND_SECONDS - 1.0)  # so does a hang, just before the parent kills us
 
 
-def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max_nbytes: int) -> None:
-    """Attach and run ``nops`` random operations, counting into row ``row``."""
+def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max_nbytes: int,
+              snapshot_dir: str | None = None) -> None:
+    """Attach and run ``nops`` random operations, counting into row ``row`` (snapshots of the damaged cache and
+    restores of them among them, given ``snapshot_dir``)."""
     _watchdog()
     base = row * NF
     try:
@@ -329,7 +337,7 @@ def ops_child(name: str, row: int, seed: int, counts, nops: int, nkeys: int, max
     with cache:
         try:  # it opens a key kind: damage met there raises like any operation's
             w = Workload(cache, random.Random(seed), counts, row, nkeys=nkeys, max_nbytes=max_nbytes,
-                         mix=FUZZ_MIX, strict=False)
+                         mix=FUZZ_MIX, strict=False, snapshot_dir=snapshot_dir)
         except ShmCacheError:
             counts[base + ERRORS] += 1
             return
@@ -408,13 +416,14 @@ def _run(args) -> tuple[dict, bool]:
     stranger = subprocess.Popen(["sleep", "86400"])  # a live process that maps nothing of the cache
     foreigner = _foreigner()  # one of another user, which could never open the segment
     foreign_pid = foreigner.pid if foreigner else None
+    snapshots = tempfile.mkdtemp(prefix="shmcache-fuzz-")  # the workers' snapshot files
     try:
         mm = raw_map(name, writable=True)
         while time.monotonic() - t0 < args.seconds:
             rounds += 1
             before = failures()
             jobs = [(ops_child, (name, row, rng.randrange(2**63), counts, OPS_PER_ROUND, args.keys,
-                                 args.max_value_bytes)) for row in range(args.workers)]
+                                 args.max_value_bytes, snapshots)) for row in range(args.workers)]
             if rng.random() < LOCK_HOLDER_SHARE:
                 jobs.append((lock_damage_child, (name, solo, rng.randrange(2**63), counts, stranger.pid)))
                 lock_rounds += 1
@@ -467,12 +476,14 @@ def _run(args) -> tuple[dict, bool]:
                 p.wait()
         cache.close()
         unlink_quietly(name)
+        shutil.rmtree(snapshots, ignore_errors=True)
     fields = {"ops": total(counts, OPS), "corruptions": corruptions, "lock_corruptions": lock_corruptions,
               "lock_holder_damages": lock_rounds}
     fields.update({k: total(counts, f) for k, f in (("errors", ERRORS), ("refused", REFUSED), ("wrong", WRONG),
                                                    ("foreign", FOREIGN))})
     fields.update(hangs=hangs, crashes=crashes, unverified=total(counts, UNVERIFIED), repairs=total(counts, REPAIRS),
-                  not_admitted=total(counts, NOT_ADMITTED), unlocked_reads=unlocked[0], read_retries=unlocked[1],
+                  not_admitted=total(counts, NOT_ADMITTED), snapshots=total(counts, SNAPSHOTS),
+                  restores=total(counts, RESTORES), unlocked_reads=unlocked[0], read_retries=unlocked[1],
                   read_fallbacks=unlocked[2], verify="ok" if ok else "FAILED",
                   seconds=round(elapsed, 1), workers=args.workers)
     failed = bool(fields["wrong"] or fields["foreign"] or hangs or crashes or fields["unverified"] or not ok

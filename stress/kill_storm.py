@@ -15,7 +15,8 @@ stack and stops.
 Reading the summary line:
 
     kill_storm: policy=P ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=K locked_kills=L recoveries=R
-                not_admitted=A unlocked_reads=U read_retries=T read_fallbacks=F verify=ok seconds=S workers=W
+                not_admitted=A snapshots=N restores=M unlocked_reads=U read_retries=T read_fallbacks=F verify=ok
+                seconds=S workers=W
 
 policy        the cache's eviction policy (lru, s3fifo or keep)
 ops           operations completed by all workers, killed ones included
@@ -27,6 +28,9 @@ kills         workers SIGKILLed; locked_kills: of those, killed while the lock n
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
 not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
+snapshots     snapshots the light workers wrote of the cache (each worker slot to its own file) while the others
+              worked and were killed, themselves among them; restores: restores of a slot's file into the cache,
+              each of which must find the file whole (a writer killed mid-write leaves the last one), else an error
 unlocked_reads  lookups answered without the lock over the whole run (s3fifo and keep, compiled: summed from the
               reader slots, as stats().unlocked_reads is, but not from the workload's last clear()); read_retries,
               read_fallbacks: of the reads, those begun again under a writer and those that took the lock after all
@@ -41,15 +45,18 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 from shmcache import SharedCache
 
 from .common import (
-    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, WRONG, Progress, dump_stalled, exit_on_sigterm, final_check,
-    lifetime_reads, lock_owner, make_parser, raw_map, reap, run_policies, start, total, unlink_quietly, worker,
+    ERRORS, FOREIGN, MIX, NF, NOT_ADMITTED, OPS, RESTORES, SNAPSHOTS, WRONG, Progress, dump_stalled,
+    exit_on_sigterm, final_check, lifetime_reads, lock_owner, make_parser, raw_map, reap, run_policies, start, total,
+    unlink_quietly, worker,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -101,7 +108,8 @@ def _run(args) -> tuple[dict, bool]:
     name = f"stress-kill_storm-{args.policy}-{os.getpid()}"
     counts = ctx.RawArray("q", args.workers * NF)
     stop = ctx.RawValue("b", 0)
-    light = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes, mix=MIX)
+    snapshots = tempfile.mkdtemp(prefix="shmcache-kill_storm-")  # the light workers' snapshot files
+    light = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes, mix=MIX, snapshot_dir=snapshots)
     heavy_opts = dict(nkeys=args.keys, max_nbytes=args.capacity_bytes // 4, mix=HEAVY_MIX, big_share=HEAVY_BIG_SHARE)
     cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
                         policy=args.policy)
@@ -166,12 +174,14 @@ def _run(args) -> tuple[dict, bool]:
         reap(procs + dead, 5.0)
         cache.close()
         unlink_quietly(name)
+        shutil.rmtree(snapshots, ignore_errors=True)
     wrong += total(counts, WRONG)
     errors = total(counts, ERRORS) + total(counts, FOREIGN)
     return {
         "ops": total(counts, OPS), "wrong": wrong, "errors": errors, "hangs": hangs, "crashes": crashes,
         "kills": kills, "locked_kills": locked_kills, "recoveries": recoveries,
-        "not_admitted": total(counts, NOT_ADMITTED), "unlocked_reads": unlocked[0], "read_retries": unlocked[1],
+        "not_admitted": total(counts, NOT_ADMITTED), "snapshots": total(counts, SNAPSHOTS),
+        "restores": total(counts, RESTORES), "unlocked_reads": unlocked[0], "read_retries": unlocked[1],
         "read_fallbacks": unlocked[2], "verify": "ok" if ok else "FAILED",
         "seconds": round(elapsed, 1), "workers": args.workers,
     }, bool(wrong or errors or hangs or crashes or not ok)

@@ -141,7 +141,14 @@ class SharedMemoryCache(BaseCache):
         return min(float(seconds), MAX_TTL)  # 73 years: longer is forever in all but name
 
     def get(self, key: str) -> Any:
-        """The value of ``key``, or None."""
+        """The value of ``key``, or None. The first lookup of a call that ``Cache``'s decorators made claims the key
+        on a miss (here, where every Flask-Caching release looks it up: 2.4 calls the backend, 2.5 the extension)."""
+        flight = _flight.get()
+        if flight is not None and flight.armed:
+            flight.armed = False  # the decorator's own lookup; any other the function makes is plain
+            value, flight.lock = self._get_or_claim(key)
+            flight.key = key
+            return None if value is _MISSING else value  # None: Flask-Caching's miss
         return self._cache.get(self.key_prefix + key)
 
     def get_many(self, *keys: str) -> list[Any]:
@@ -155,9 +162,16 @@ class SharedMemoryCache(BaseCache):
     def set(self, key: str, value: Any, timeout: int | dt.timedelta | None = None) -> bool:
         """Store ``value``; False if it is too large for the cache (then the key's old value goes too).
 
+        Storing the result of a decorated call gives up the claim its lookup took.
+
         :raises pickle.PickleError, TypeError: if ``value`` cannot be pickled; nothing changes.
         """
-        return backends.put(self._cache, self.key_prefix + key, value, self._ttl(timeout))
+        try:
+            return backends.put(self._cache, self.key_prefix + key, value, self._ttl(timeout))
+        finally:
+            flight = _flight.get()
+            if flight is not None and flight.lock is not None and key == flight.key:
+                flight.release()
 
     def set_many(self, mapping: dict[str, Any], timeout: int | dt.timedelta | None = None) -> list[Any]:
         """Store every pair under one hold of the lock; the keys stored (not those too large: their old values go)."""
@@ -264,28 +278,6 @@ class Cache(flask_caching.Cache):
 
         def memoize(self, *args: Any, **kwargs: Any) -> Any:
             return _single_flight(super().memoize(*args, **kwargs))
-
-    def get(self, *args: Any, **kwargs: Any) -> Any:
-        """``flask_caching.Cache.get``; the first lookup of a decorated call claims the key on a miss."""
-        flight = _flight.get()
-        if flight is None or not flight.armed or kwargs or len(args) != 1:
-            return super().get(*args, **kwargs)
-        flight.armed = False  # the decorator's own lookup; any other the function makes is plain
-        backend = self.cache
-        if not isinstance(backend, SharedMemoryCache):
-            return super().get(*args, **kwargs)
-        value, flight.lock = backend._get_or_claim(args[0])
-        flight.key = args[0]
-        return None if value is _MISSING else value  # None: Flask-Caching's miss
-
-    def set(self, *args: Any, **kwargs: Any) -> Any:
-        """``flask_caching.Cache.set``; storing a decorated call's result gives up its claim."""
-        try:
-            return super().set(*args, **kwargs)
-        finally:
-            flight = _flight.get()
-            if flight is not None and flight.lock is not None and (args[:1] or [kwargs.get("key")])[0] == flight.key:
-                flight.release()
 
     def _memoize_version(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Flask-Caching's; version keys made for a call are added, not set, so that workers making them at once
