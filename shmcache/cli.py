@@ -1140,18 +1140,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")
     sp.add_argument("--max-retained-bytes", type=parse_size, metavar="SIZE", help="e.g. 134217728, 128MiB, 1e8")
-    sp = add("snapshot", cmd_snapshot, "write every live entry of a cache to a file, hottest first, while it "
-                                       "serves (the file is replaced atomically)")
-    sp.add_argument("name")
-    sp.add_argument("path")
-    sp.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
-                    help="how long to wait for the cache's lock each time (default 10)")
-    sp = add("restore", cmd_restore, "store the entries of a snapshot file in an existing cache: the hottest that "
-                                     "fit its limits, expired ones skipped")
-    sp.add_argument("name")
-    sp.add_argument("path")
-    sp.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
-                    help="how long to wait for the cache's lock each time (default 10)")
+    for command, run, what in (
+            ("snapshot", cmd_snapshot, "write every live entry of a cache to a file, hottest first, while it serves "
+                                       "(the file is replaced atomically)"),
+            ("restore", cmd_restore, "store the entries of a snapshot file in an existing cache: the hottest that "
+                                     "fit its limits, expired ones skipped")):
+        sp = add(command, run, what)
+        sp.add_argument("name")
+        sp.add_argument("path")
+        sp.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long to wait for the cache's lock each time (default 10)")
     sp = add("tier", cmd_tier, "a TieredCache namespace's counts on this host: local and remote hits, misses, "
                                "errors, remote latency percentiles (no NAME: list the namespaces)", prometheus=True)
     sp.add_argument("name", nargs="?", help="the local cache")
