@@ -572,7 +572,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         cache: the lock is held for a list of the entries, then for a megabyte's copy at a time. Keys and values are
         written as the cache holds them, encoded (a pickle cache's are never unpickled), each with a checksum, and
         each expiry as a wall-clock time. ``path`` is replaced atomically: the file is written to a temporary file
-        beside it (``.NAME.snapshot-PID-RANDOM.tmp``, removed unless the process is killed) and renamed over it.
+        beside it (``.NAME.snapshot-PID-RANDOM.tmp``; one a killed writer left is removed by the next snapshot to
+        ``path``) and renamed over it.
 
         :raises OSError: if the file cannot be written (the previous one at ``path`` is left as it was).
         """

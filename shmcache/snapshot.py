@@ -9,7 +9,8 @@ value's checksum after the unlock. An entry that changed between the two holds i
 left out if it went. Records hold the encoded key and value bytes as the cache holds them, never decoded: a pickle
 cache's values are never unpickled here. The file is written beside its destination under a temporary name
 (``.NAME.snapshot-PID-RANDOM.tmp``), synced, renamed over it and the directory synced: a process killed at any
-point leaves the previous file whole (and perhaps its temporary file, which nothing reads).
+point leaves the previous file whole (and perhaps its temporary file, which nothing reads and the next snapshot to
+the same path removes: ``sweep``).
 
 Reading treats every byte of the file as hostile: a length is trusted only after its record header's checksum,
 never beyond what the file holds, and steers nothing but a bounded read; a record that fails a checksum costs that
@@ -22,6 +23,7 @@ policy's order ends as the file's and the hottest survive.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import stat
@@ -55,6 +57,7 @@ MAX_META_NBYTES = 1 << 20  # a header's msgpack part: a few names; anything larg
 COPY_NBYTES = 1 << 20  # the bytes one hold of the cache lock copies at most while a snapshot is written
 COPY_ENTRIES = 1024  # and the entries: about a millisecond's hold on the Python path
 READ_NBYTES = 8 << 20  # the file's bytes read at once
+STALE_TMP_S = 60.0  # a temporary file unwritten this long, its writer's flock free, was left by a killed writer
 _SERIALIZERS = ("msgpack", "pickle")
 _TAGS = {"msgpack": frozenset((TAG_MSGPACK, TAG_BYTES, TAG_ARRAY, TAG_TENSOR)),
          "pickle": frozenset((TAG_MSGPACK, TAG_BYTES, TAG_ARRAY, TAG_TENSOR, TAG_PICKLE))}
@@ -101,11 +104,52 @@ def temporary_name(path: str) -> str:
     return os.path.join(directory, f".{base}.snapshot-{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
+def sweep(path: str) -> int:
+    """Remove the temporary files that writers of ``path`` killed mid-write left beside it; how many went.
+
+    A writer holds an flock on its temporary file from its creation to its close (the kernel drops it when the
+    process dies, whatever its PID namespace), and writes it without a pause of STALE_TMP_S; a file of our name
+    pattern, ours (this user's regular file: a link is not followed), unwritten for that long and whose flock is
+    free is an orphan. The age also covers the instants between a writer's open and its flock, and between its
+    close and its rename."""
+    directory, base = os.path.split(os.path.abspath(path))
+    prefix = f".{base}.snapshot-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return 0
+    removed, now = 0, time.time()
+    for n in names:
+        p = os.path.join(directory, n)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, a symbolic link (never ours), or not ours to read
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < STALE_TMP_S:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its writer lives
+            now_named = os.lstat(p)
+            if (now_named.st_dev, now_named.st_ino) == (st.st_dev, st.st_ino):  # still the file judged
+                os.unlink(p)
+                removed += 1
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
 def write(parts, path, name: str) -> SnapshotInfo:
     """Write every live entry of the cache whose ``parts`` (``cache.Parts``) are given to ``path``, replacing it
-    atomically; see the module docstring."""
+    atomically, after sweeping what killed writers of ``path`` left; see the module docstring."""
     started = time.perf_counter()
     path = os.fspath(path)
+    sweep(path)
     seg, guard, store = parts
     seed = int.from_bytes(os.urandom(8), "little")
     named = guard.run(kinds.names_locked, seg)
@@ -116,6 +160,7 @@ def write(parts, path, name: str) -> SnapshotInfo:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with open(fd, "wb", buffering=READ_NBYTES) as f:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the close: another writer's sweep leaves this file alone
             f.write(head + _CHECK.pack(_xxh(head)))
             count, nbytes = _write_records(f, parts, seed, named)
             trailer = _TRAILER.pack(END, 0, count, nbytes)

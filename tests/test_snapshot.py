@@ -378,6 +378,61 @@ def test_snapshot_killed_at_random_points_leaves_a_whole_file(name, other, tmp_p
         assert os.path.basename(leftover).startswith(".killed.snap.snapshot-") and leftover.endswith(".tmp")
 
 
+def _hold_flock(path: str, ready, done) -> None:
+    """A writer still at work: holds the flock of its temporary file until told to stop."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    done.wait(30)
+    os.close(fd)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_snapshot_sweeps_what_killed_writers_left_and_nothing_else(name, tmp_path):
+    """A snapshot removes the temporary files of its path that killed writers left (old, their flock free), and
+    keeps a young one, one whose writer still holds its flock, another path's, and a link (not followed)."""
+    path = tmp_path / "s.snap"
+    old = time.time() - 2 * snapfile.STALE_TMP_S
+
+    def made(n: str, age: float | None = old) -> str:
+        p = tmp_path / n
+        p.write_bytes(b"half a snapshot")
+        if age is not None:
+            os.utime(p, (age, age))
+        return str(p)
+
+    orphans = [made(".s.snap.snapshot-123-00aa11bb.tmp"), made(".s.snap.snapshot-9-deadbeef.tmp")]
+    young = made(".s.snap.snapshot-77-0badf00d.tmp", None)
+    held = made(".s.snap.snapshot-78-c0ffee00.tmp")
+    other_path = made(".t.snap.snapshot-5-12345678.tmp")
+    target = made("precious")
+    link = tmp_path / ".s.snap.snapshot-6-87654321.tmp"
+    os.symlink(target, link)
+    os.utime(link, (old, old), follow_symlinks=False)
+    ready, done = CTX.Event(), CTX.Event()
+    writer = CTX.Process(target=_hold_flock, args=(held, ready, done))
+    writer.start()
+    try:
+        assert ready.wait(20)
+        with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+            c.put("k", b"v")
+            c.snapshot(path)
+            assert not any(os.path.exists(p) for p in orphans)
+            assert all(os.path.exists(p) for p in (young, held, other_path, target)) and os.path.islink(link)
+            done.set()
+            reap([writer], 20)
+            c.snapshot(path)  # its writer gone now
+            assert not os.path.exists(held) and os.path.exists(young) and os.path.islink(link)
+            assert c.restore(path).restored == 1  # and the snapshots themselves whole
+            assert open(target, "rb").read() == b"half a snapshot"
+    finally:
+        done.set()
+        reap([writer], 20)
+
+
 def _serve(name: str, keys: int, seconds: float, seed: int, q) -> None:
     rng = random.Random(seed)
     wrong = done = 0
