@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from .cache import SharedCache
 from .errors import (
     AttachTimeout, CapacityWarning, ClosedError, CompiledSectionMissing, ComputeTimeout, CorruptionError,
-    KindsFullError, LayoutError, LayoutVersionError, LockTimeout, OwnershipError, PinnedError, ReentrantCallError,
-    RemoteError, SerializerMismatch, ShmCacheError, SnapshotError, SnapshotMismatch, SnapshotVersionError,
-    SnapshotWarning, TooLargeError, TooLargeWarning,
+    KindsFullError, LayoutError, LayoutVersionError, LockTimeout, NoSpaceError, OwnershipError, PinnedError,
+    ReentrantCallError, RemoteError, SerializerMismatch, ShmCacheError, SnapshotError, SnapshotMismatch,
+    SnapshotVersionError, SnapshotWarning, TooLargeError, TooLargeWarning,
 )
 from .kinds import KindStats, KindView
 from .layout.dtypes import POLICY_NAMES as POLICIES
@@ -33,9 +33,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachTimeout", "CacheLimits", "CacheStats", "CapacityWarning", "ClosedError", "CompiledSectionMissing",
     "ComputeTimeout", "CorruptionError", "KindStats", "KindView", "KindsFullError", "LayoutError", "LayoutVersionError",
-    "LockTimeout", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError", "RestoreResult",
-    "SerializerMismatch", "SharedCache", "ShmCacheError", "SnapshotError", "SnapshotInfo", "SnapshotMismatch",
-    "SnapshotVersionError", "SnapshotWarning", "TieredCache", "TierStats", "TooLargeError",
+    "LockTimeout", "NoSpaceError", "OwnershipError", "POLICIES", "PinnedError", "ReentrantCallError", "RemoteError",
+    "RestoreResult", "SerializerMismatch", "SharedCache", "ShmCacheError", "SnapshotError", "SnapshotInfo",
+    "SnapshotMismatch", "SnapshotVersionError", "SnapshotWarning", "TieredCache", "TierStats", "TooLargeError",
     "TooLargeWarning", "VerifyReport", "View", "__version__", "prometheus_text", "sweep",
 ]
 

@@ -37,6 +37,8 @@ enum {
     ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
     ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
     ST_REFUSED = 3,  /* the policy did not admit a new entry (keep, full): nothing stored, every structure consistent */
+    ST_NOSPACE = 4,  /* the arena's extent could not be backed (/dev/shm full): every structure consistent; the
+                      * store is handed over (WHY_SPACE), and the Python path raises NoSpaceError */
 };
 
 /* The eviction policies and an entry's marks (layout/dtypes.py's POLICY_*, MARK_*, GHOST_*: bind checks that the
@@ -49,10 +51,10 @@ enum { MARK_FREQ = 3, MARK_SMALL = 4, GHOST_WAYS = 16, GHOST_STAMP_BITS = 32, PR
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
     WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
-    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_COUNT
+    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_SPACE, WHY_COUNT
 };
 static const char *const why_names[WHY_COUNT] = {
-    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned",
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned", "space",
 };
 
 
@@ -94,6 +96,9 @@ typedef struct {
     int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
     /* geometry */
     int64_t slots, mask, arena_nbytes;
+    /* the arena's extent (arena.py): how much of it this handle has backed itself (posix_fallocate on live_fd) or
+     * found backed by backing it again, the arena's offset in the file, and the growth's step */
+    int64_t arena_known, arena_file_off, extent_step;
     /* word numbers */
     Py_ssize_t ew, iw, kww;
     Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;
@@ -101,7 +106,7 @@ typedef struct {
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
-        h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq;
+        h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq, h_arena_extent;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;

@@ -80,11 +80,69 @@ static int clean_one(Core *c, int64_t *head, int64_t *tail, int64_t *fill, int64
     return ST_OK;
 }
 
+/* The header's extent as a number the ring can trust: 0 or out of range is the whole arena.
+ * (twin: arena.py Arena.extent) */
+static inline int64_t extent(Core *c)
+{
+    int64_t ext = HW(arena_extent);
+    return ext > 0 && ext <= c->arena_nbytes ? ext : c->arena_nbytes;
+}
+
+/* Make sure [0, stop) of the arena is backed before this handle writes there. ST_NOSPACE: /dev/shm is full (nothing
+ * changed). (twin: arena.py Arena.reach) */
+static int reach(Core *c, int64_t stop)
+{
+    if (stop <= c->arena_known)
+        return ST_OK;
+    if (posix_fallocate(c->live_fd, (off_t)(c->arena_file_off + c->arena_known), (off_t)(stop - c->arena_known)))
+        return ST_NOSPACE; /* ENOSPC, or anything else: the Python path backs it again, and says which */
+    c->arena_known = stop;
+    return ST_OK;
+}
+
+/* The extent after a growth that must reach ``need``. (twin: layout/geometry.py grown_extent) */
+static int64_t grown_extent(Core *c, int64_t ext, int64_t need)
+{
+    int64_t step = ext >> 2 > c->extent_step ? ext >> 2 : c->extent_step;
+    int64_t target = need + c->block_align > ext + step ? need + c->block_align : ext + step;
+    target = (target + 4095) & ~(int64_t)4095;
+    return target < c->arena_nbytes ? target : c->arena_nbytes;
+}
+
+/* The least extent that reaches ``need`` with a word to spare. (twin: layout/geometry.py least_extent) */
+static int64_t least_extent(Core *c, int64_t need)
+{
+    int64_t target = (need + c->block_align + 4095) & ~(int64_t)4095;
+    return target < c->arena_nbytes ? target : c->arena_nbytes;
+}
+
+/* The extent grown to reach ``need``, backed and published, into *ext; on a nearly full /dev/shm, the least growth
+ * that serves. ST_NOSPACE: the ring head, tail, fill (as cleaned so far: consistent) is recorded first.
+ * (twin: arena.py Arena._grow) */
+static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
+{
+    int64_t next = grown_extent(c, *ext, need), least = least_extent(c, need);
+    if (reach(c, next) && (least >= next || reach(c, (next = least)))) {
+        HW(head) = head;
+        HW(tail) = tail;
+        HW(fill) = fill;
+        return ST_NOSPACE;
+    }
+    HW(arena_extent) = next;
+    *ext = next;
+    return ST_OK;
+}
+
 /* The offset of a new block of ``nb`` bytes owned by entry ``e`` into *out. ST_PINNED: pinned blocks split the free
- * space into pieces all smaller than nb. (twin: arena.py Arena.alloc) */
+ * space into pieces all smaller than nb. ST_NOSPACE: the extent could not grow (every structure consistent). The
+ * ring keeps below the extent, wrapping early or growing it as arena.py says. (twin: arena.py Arena.alloc) */
 static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
 {
-    int64_t size = c->arena_nbytes, head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
+    int64_t size = c->arena_nbytes, ext = extent(c);
+    int r;
+    if ((r = reach(c, ext))) /* what other processes backed, backed here too: writes below ext never fault */
+        return r;
+    int64_t head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
     if (!(head >= 0 && head < size && tail >= 0 && tail < size && fill >= 0 && fill <= size && !((head | tail) & 7)
           && (((head - tail) % size) + size) % size == fill % size && used >= 0 && used <= size - nb))
         return bounds(c);
@@ -94,11 +152,17 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
             head = tail = 0;
         if (head >= tail && fill < size) { /* free space is [head, size) then [0, tail) */
             int64_t room = size - head;
-            if (room >= nb)
+            if (head + nb < ext || (ext == size && room >= nb))
                 break;
+            if (room >= nb && (cleaned >= size || used + nb > ext - (ext >> 3) || head >= ext || room > c->max_block)) {
+                if ((r = grow(c, &ext, head + nb, head, tail, fill)))
+                    return r;
+                break;
+            }
             if (room) {
-                int r = write_dead(c, head, room);
-                if (r)
+                if (head >= ext && (r = grow(c, &ext, head, head, tail, fill)))
+                    return r;
+                if ((r = write_dead(c, head, room)))
                     return r;
                 fill += room;
             }
@@ -108,7 +172,7 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
         if (fill < size && tail - head >= nb) /* free space is the gap [head, tail) */
             break;
         int64_t before = tail;
-        int r = clean_one(c, &head, &tail, &fill, &stuck);
+        r = clean_one(c, &head, &tail, &fill, &stuck);
         if (r)
             return r;
         int64_t passed = (((tail - before) % size) + size) % size;
@@ -137,4 +201,3 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
     ADD(HW(arena_used), nb);
     return ST_OK;
 }
-

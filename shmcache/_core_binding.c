@@ -200,8 +200,15 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_NOT_ADMITTED", &c->h_not_admitted, hw_limit)
         || take_word(d, "H_PROMOTED", &c->h_promoted, hw_limit)
         || take_word(d, "H_GHOST_HITS", &c->h_ghost_hits, hw_limit)
-        || take_word(d, "H_SEQ", &c->h_seq, hw_limit))
+        || take_word(d, "H_SEQ", &c->h_seq, hw_limit)
+        || take_word(d, "H_ARENA_EXTENT", &c->h_arena_extent, hw_limit) || take(d, "EXTENT_STEP", &c->extent_step))
         return -1;
+    if (c->extent_step <= 0 || c->extent_step % 4096) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the arena's extent step is not whole pages");
+        return -1;
+    }
+    c->arena_file_off = (int64_t)(c->arena - c->mem);
+    c->arena_known = 0; /* nothing backed by this handle yet: its first store backs the extent (a no-op if done) */
     int64_t rw;
     int64_t pin_mask;
     if (take(d, "READER_SLOTS", &c->reader_slots) || take(d, "READER_WORDS", &rw)

@@ -193,9 +193,14 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
     }
     if (old == c->empty) {
         r = insert(c, st, now);
-        if (r == ST_PINNED || r == ST_REFUSED) { /* refused with every structure consistent: no repair needed */
+        if (r == ST_PINNED || r == ST_REFUSED || r == ST_NOSPACE) { /* refused with every structure consistent: no
+                                                                         * repair needed */
             HW(writing) = 0;
             HW(dirty) = 0;
+            if (r == ST_NOSPACE) { /* the Python path backs the extent again, and raises NoSpaceError */
+                c->reason = WHY_SPACE;
+                r = ST_HANDOVER;
+            }
             return r;
         }
         if (r)

@@ -6,6 +6,13 @@ the gap travels forward and grows by every dead byte it passes. One full lap coa
 allocation always succeeds when ``arena_used + nbytes <= arena_nbytes`` -- the caller guarantees that by evicting,
 and the geometry guarantees it for any put within the limits.
 
+The ring lives below the header's ``arena_extent``: the part of the arena backed with memory. A new segment backs
+its first ``Geometry.extent_step`` bytes (256 KiB, or a sixteenth of a smaller arena); when the free space at
+``head`` reaches the extent, the ring wraps early (one dead block over the rest of the arena, of which only its
+first word is written) while the live blocks would fit in seven eighths of the extent, and the extent grows
+otherwise (``posix_fallocate`` first: a full /dev/shm is a
+``NoSpaceError``, never a SIGBUS). So a cache occupies what its entries need plus an eighth, not its capacity.
+
 Invariants: every block of the ring lies in ``[tail, tail + fill)`` taken circularly, blocks tile that span exactly,
 and each live entry's block is one of them. A block is live iff its header names an entry whose ``off`` points back
 at it and whose ``check`` is non-zero. All methods assume the cache lock is held.
@@ -14,9 +21,12 @@ at it and whose ``check`` is non-zero. All methods assume the cache lock is held
 from __future__ import annotations
 
 from . import block
-from .errors import CorruptionError, PinnedError
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES
-from .layout.dtypes import BLOCK_OWNER_SHIFT, E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL
+from .errors import CorruptionError, NoSpaceError, PinnedError
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES, PAGE
+from .layout.dtypes import (
+    BLOCK_OWNER_SHIFT, E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL,
+)
+from .layout.geometry import grown_extent, least_extent
 
 block_nbytes = block.nbytes  # the allocator's unit, named where the ring's callers look for it
 
@@ -31,9 +41,14 @@ def write_dead(words, off: int, nbytes: int) -> None:
 
 
 class Arena:
-    """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base."""
+    """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base.
 
-    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None) -> None:
+    ``back(start, stop)`` backs ``[start, stop)`` of the arena with memory (segment.py ``Segment.back``:
+    ``posix_fallocate``, ``NoSpaceError`` when /dev/shm is full); None: the arena is memory already (a test's).
+    """
+
+    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
+                 back=None, step: int = PAGE) -> None:
         self.h = h
         self.ent = ent
         # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
@@ -44,14 +59,41 @@ class Arena:
         self.base = base
         self.nbytes = nbytes
         self.entry_slots = entry_slots
+        self.back = back
+        self.step = step  # Geometry.extent_step
+        # How much of the arena this process has backed itself (or found backed by backing it again): it writes
+        # nothing at or past it without a back() first, whatever the header's extent says. (twin: Core.arena_known)
+        self.known = 0 if back is not None else nbytes
 
     def close(self) -> None:
         self.words.release()
 
+    def extent(self) -> int:
+        """The header's extent as a number the ring can trust: 0 or out of range is the whole arena."""
+        ext = self.h[H_ARENA_EXTENT]
+        return ext if 0 < ext <= self.nbytes else self.nbytes
+
+    def reach(self, stop: int) -> None:
+        """Make sure ``[0, stop)`` is backed before this process writes there (NoSpaceError: nothing changed)."""
+        if stop > self.known:
+            self.back(self.known, stop)
+            self.known = stop
+
     def alloc(self, nb: int, e: int) -> int:
-        """Offset of a new block of ``nb`` bytes owned by entry ``e`` (the caller made room for it)."""
+        """Offset of a new block of ``nb`` bytes owned by entry ``e`` (the caller made room for it).
+
+        The ring keeps below the header's extent, the part of the arena backed with memory: when the free space
+        at ``head`` ends there, the ring wraps early (a dead block over the rest of the arena, one word written)
+        while the live blocks would fit in seven eighths of the extent, and grows the extent otherwise, or once
+        the cleaner has passed the whole ring. So a cache occupies what its entries need, not its capacity.
+
+        :raises NoSpaceError: the extent had to grow and /dev/shm is full (the ring as cleaned so far is recorded:
+            every structure is consistent).
+        """
         h = self.h
         size = self.nbytes
+        ext = self.extent()
+        self.reach(ext)  # what other processes backed, backed here too: writes below ext never fault
         head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
         # Every write below lands at head or tail: damaged ring words must never aim it outside the arena.
         if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and not (head | tail) & 7
@@ -65,10 +107,16 @@ class Arena:
                 head = tail = 0
             if head >= tail and fill < size:  # free space is [head, size) then [0, tail)
                 room = size - head
-                if room >= nb:
+                if head + nb < ext or (ext == size and room >= nb):
+                    break
+                if room >= nb and (cleaned >= size or h[H_ARENA_USED] + nb > ext - (ext >> 3) or head >= ext
+                                   or room > MAX_BLOCK_NBYTES):
+                    ext = self._grow(ext, head + nb, head, tail, fill)
                     break
                 if room:
-                    self._dead(head, room)  # pad up to the end of the arena
+                    if head >= ext:  # (a repaired ring may end at the extent: the dead block's word is past it)
+                        ext = self._grow(ext, head, head, tail, fill)
+                    self._dead(head, room)  # pad up to the end of the arena (its first word: the rest unwritten)
                     fill += room
                 head = 0
                 continue
@@ -95,6 +143,27 @@ class Arena:
         h[H_FILL] = fill + nb
         h[H_ARENA_USED] += nb
         return off
+
+    def _grow(self, ext: int, need: int, head: int, tail: int, fill: int) -> int:
+        """The extent grown to reach ``need``, backed here and published in the header. On NoSpaceError the ring
+        ``head, tail, fill`` (consistent, as cleaned so far) is recorded first."""
+        new = grown_extent(ext, need, self.nbytes, self.step)
+        try:
+            try:
+                self.reach(new)
+            except NoSpaceError:
+                # /dev/shm is nearly full: the least growth that serves this store, before giving up.
+                least = least_extent(need, self.nbytes)
+                if least >= new:
+                    raise
+                self.reach(least)
+                new = least
+        except NoSpaceError:
+            h = self.h
+            h[H_HEAD], h[H_TAIL], h[H_FILL] = head, tail, fill
+            raise
+        self.h[H_ARENA_EXTENT] = new
+        return new
 
     def _clean_one(self, head: int, tail: int, fill: int) -> tuple[int, int, int]:
         nb, e = block.split_header(self.words[tail >> 3])

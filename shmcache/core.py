@@ -88,7 +88,7 @@ _WORDS = (
     "H_PROGRESS", "H_LAST_PUT", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK",
     "H_NOT_ADMITTED", "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ",
     "MARK_SMALL", "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
-    "R_PINS",
+    "R_PINS", "H_ARENA_EXTENT",
 )
 
 
@@ -121,7 +121,8 @@ def offsets(geometry) -> dict[str, int]:
         marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
         readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
-        arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, entry_slots=g.entry_slots, index_slots=g.index_slots,
+        arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=g.extent_step, entry_slots=g.entry_slots,
+        index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,

@@ -3,6 +3,7 @@ FileExistsError) are raised as they are wherever Python users expect them; these
 
 from __future__ import annotations
 
+import errno
 import shlex
 
 
@@ -124,6 +125,18 @@ class PinnedError(ShmCacheError):
     (it then changed nothing), or a store found no room: the entries it could still evict, or the pieces of free
     arena between pinned blocks, were too few or too small. A store refused for room keeps the evictions it made,
     and the key's old value is gone if the new one was of another size."""
+
+
+class NoSpaceError(ShmCacheError, OSError):
+    """A store needed more of the cache's arena backed by memory, and /dev/shm had no more to give (ENOSPC: the
+    host's or container's shared memory is full). Nothing was stored (as with PinnedError, the evictions made and an
+    old value of another size are gone); every structure is consistent, and reads, deletes and stores that fit in
+    what is already backed go on."""
+
+    def __init__(self, message: str, *, what: str = "", hint: str = "") -> None:
+        super().__init__(message, what=what, hint=hint)
+        self.errno = errno.ENOSPC
+        self.strerror = str(self)
 
 
 class RemoteError(ShmCacheError, ConnectionError):

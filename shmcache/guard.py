@@ -20,7 +20,7 @@ import os
 from typing import NoReturn
 
 from .codec import MALFORMED
-from .errors import ClosedError, CorruptionError, PinnedError, ShmCacheError, TooLargeError
+from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
@@ -34,7 +34,7 @@ FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the futex word (low
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED
 _REPAIRING = 2  # the dirty word's value while a repair runs (1: an ordinary update is under way)
 # Refusals: raised by an update before its first write, or once every structure is consistent again.
-REFUSALS = (PinnedError, TooLargeError)
+REFUSALS = (PinnedError, TooLargeError, NoSpaceError)
 
 
 def closed_error() -> ClosedError:
@@ -43,9 +43,9 @@ def closed_error() -> ClosedError:
 
 def updating(fn):
     """Decorator for a method of an object with header words ``h`` that writes the cache's structures: ``dirty`` is
-    raised before its first write and put back after its last; a refusal (PinnedError, TooLargeError, raised with
-    every structure consistent) puts it back too; any other exception leaves it raised, for the repair. Put back,
-    not cleared: an update made inside another's bracket leaves the outer bracket raised."""
+    raised before its first write and put back after its last; a refusal (PinnedError, TooLargeError, NoSpaceError,
+    raised with every structure consistent) puts it back too; any other exception leaves it raised, for the repair.
+    Put back, not cleared: an update made inside another's bracket leaves the outer bracket raised."""
 
     @functools.wraps(fn)
     def bracketed(self, *args):

@@ -33,7 +33,7 @@ import numpy as np
 import posix_ipc
 
 from . import config, layout, ofd, space
-from .errors import AttachTimeout, LayoutError, LayoutVersionError, remove_hint
+from .errors import AttachTimeout, LayoutError, LayoutVersionError, NoSpaceError, remove_hint
 from .layout import Geometry
 from .layout import dtypes as d
 from .trust import Trust
@@ -99,7 +99,8 @@ class Segment:
         self.trust = trust
         path = _SHM_DIR + self.shm_name
         if geometry is not None and create is not False and not os.path.lexists(path):
-            space.check(geometry.total_nbytes, *_space_args(name))  # before anything is created
+            # before anything is created: what creation backs (the rest is backed as the arena grows)
+            space.check(geometry.arena_off + geometry.initial_extent, *_space_args(name))
         deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, trust)
@@ -219,10 +220,12 @@ class Segment:
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
-        # Every page reserved now: a tmpfs that cannot back the segment fails here, not with SIGBUS later.
-        space.reserve(fd, total, *_space_args(self.name))
+        # The tables reserved now, and the arena's first pages: a tmpfs that cannot back them fails here, not with
+        # SIGBUS later; the rest of the arena is backed as the ring reaches it (arena.py, Segment.back).
+        space.reserve(fd, total, *_space_args(self.name), backed=geometry.arena_off + geometry.initial_extent)
         self._map(fd, geometry)
         h = self.header_words
+        h[d.H_ARENA_EXTENT] = geometry.initial_extent
         h[d.H_TOTAL_NBYTES] = total
         h[d.H_ENTRY_SLOTS] = geometry.entry_slots
         h[d.H_INDEX_SLOTS] = geometry.index_slots
@@ -283,6 +286,19 @@ class Segment:
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         self._mv = mv
+
+    def back(self, start: int, stop: int) -> None:
+        """Back bytes ``[start, stop)`` of the arena with memory before anything is written there.
+
+        :raises NoSpaceError: /dev/shm is full (nothing was written).
+        """
+        off = self.geometry.arena_off
+        problem = space.back(self.fd, off + start, off + stop)
+        if problem is not None:
+            raise NoSpaceError(f"cache {self.name!r} could not grow its arena to {stop / 2**20:.2f} MiB: {problem}",
+                               what="put", hint="delete entries, remove unused caches (`shmcache ls`, `shmcache "
+                               "sweep`), or give the host or container more shared memory (docker run --shm-size, "
+                               "a Kubernetes emptyDir with medium: Memory)")
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Structured numpy views (header, index, entries) for vectorised walks; drop them before close()."""

@@ -27,21 +27,41 @@ def check(nbytes: int, what: str, smaller: str | None) -> None:
         raise OSError(errno.ENOSPC, message(nbytes, free, what, smaller))
 
 
-def reserve(fd: int, nbytes: int, what: str, smaller: str | None) -> None:
-    """Size the file open as ``fd`` to ``nbytes`` and allocate every page of it now.
+def reserve(fd: int, nbytes: int, what: str, smaller: str | None, backed: int | None = None) -> None:
+    """Size the file open as ``fd`` to ``nbytes`` and allocate its first ``backed`` bytes now (all of it: None).
+    The rest stays a hole that its user backs (``back``) before it writes there.
 
     :param what: what needs the memory, for the message (``"cache 'x'"``).
     :param smaller: how the caller can ask for less, for the message (``"pass a smaller capacity_bytes"``), or None.
     :raises OSError: ENOSPC (or ENOMEM, EFBIG) with a message saying what was asked, what is free and what to do.
     """
-    check(nbytes, what, smaller)
+    backed = nbytes if backed is None else backed
+    check(backed, what, smaller)
     try:
         os.ftruncate(fd, nbytes)
-        os.posix_fallocate(fd, 0, nbytes)
+        os.posix_fallocate(fd, 0, backed)
     except OSError as exc:
         if exc.errno in _NO_ROOM:
-            raise OSError(exc.errno, message(nbytes, None, what, smaller)) from None
+            raise OSError(exc.errno, message(backed, None, what, smaller)) from None
         raise
+
+
+def back(fd: int, start: int, stop: int) -> str | None:
+    """Allocate bytes ``[start, stop)`` of the file open as ``fd``; None, or the message of a full /dev/shm."""
+    try:
+        os.posix_fallocate(fd, start, stop - start)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        try:
+            st = os.statvfs(SHM_DIR)
+            free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB are free"
+        except OSError:
+            free = "none could be had"
+        more = stop - start
+        more_text = f"{more / 2**20:.1f} MiB" if more >= 2**20 else f"{-(-more // 1024)} KiB"
+        return f"{more_text} more shared memory were needed and {free} in {SHM_DIR}"
+    return None
 
 
 def map_message(nbytes: int, what: str, smaller: str | None) -> str:

@@ -16,7 +16,7 @@ from . import block, config, index, kinds, lru, ofd
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
-from .errors import CorruptionError, PinnedError, ShmCacheError, TooLargeError
+from .errors import CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
 from .guard import updating
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
@@ -217,7 +217,7 @@ class Store:
         if old == EMPTY:
             try:
                 stored = table.insert(encoded, expires, version)
-            except PinnedError:
+            except (PinnedError, NoSpaceError):
                 h[H_WRITING] = 0
                 raise
             if not stored:

@@ -19,10 +19,11 @@ from .arena import write_dead
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
-    MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
+    MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SENTINEL,
 )
 from .layout.dtypes import (
-    field_off, E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_NBYTES,
+    field_off, E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT,
+    H_ARENA_NBYTES,
     H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_DELETES,
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -165,6 +166,7 @@ def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
         H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
         H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
         H_SMALL_FIRST: (SENTINEL, slots - 1), H_SMALL: (0, slots - 1), H_GHOST_CLOCK: (0, GHOST_STAMP_MASK),
+        H_ARENA_EXTENT: (0, arena),
     })
     return ranges
 
@@ -552,6 +554,12 @@ def _rebuild_ring(seg, kept: list[int]) -> None:
     """Lay the ring over the kept blocks in address order, with dead blocks filling the gaps between them."""
     h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.geometry.arena_nbytes
     blocks = sorted((ent[e * _W + E_OFF], block.entry_nbytes(ent, e)) for e in kept)
+    # The extent (a hint, arena.py) past the last kept block by a word at least, where the next dead block may go;
+    # one out of range, or short of that, becomes just that (pages backed beyond it are backed again, at no cost).
+    end = blocks[-1][0] + blocks[-1][1] if blocks else 0
+    need = min(size, max(seg.geometry.initial_extent, -(-(end + BLOCK_ALIGN) // PAGE) * PAGE))
+    if not need <= h[H_ARENA_EXTENT] <= size and h[H_ARENA_EXTENT] != 0:
+        h[H_ARENA_EXTENT] = need
     if not blocks:
         h[H_HEAD] = h[H_TAIL] = h[H_FILL] = h[H_ARENA_USED] = 0
         return

@@ -1,7 +1,8 @@
-"""Shared memory that runs out: every file the package sizes and maps fails with a clear ENOSPC, never SIGBUS.
+"""Shared memory that runs out: every file the package sizes and maps fails with a clear ENOSPC, never SIGBUS; and a
+cache occupies what it holds, not its capacity (its arena is backed as it fills: shmcache/arena.py).
 
-The test runs in a private mount namespace with a tiny tmpfs on /dev/shm (root and ``unshare`` needed; skipped
-otherwise), so filling it up touches nothing of the host's."""
+The tests of a full /dev/shm run in a private mount namespace with a small tmpfs on /dev/shm (root and ``unshare``
+needed; skipped otherwise), so filling it up touches nothing of the host's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import sys
 import textwrap
 
 import pytest
+
+from shmcache import SharedCache
+
+from .workers import python_path
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,3 +104,122 @@ def test_space_no_address_space_is_a_clear_enomem_naming_the_cache(name):
                          timeout=60, cwd=ROOT)
     assert run.returncode == 0 and "done" in run.stdout, run.stdout + run.stderr
     assert f"cache {name!r} needs" in run.stdout and "MiB of address space" in run.stdout, run.stdout
+
+
+# Run inside the namespace, on a 64 MiB /dev/shm (a container's default): a default cache is made, occupies little
+# empty, holds 20 MiB of values (each carrying its key and a checksum); then /dev/shm is filled, and the stores that
+# need more of the arena fail with NoSpaceError while every value stays readable and the cache usable.
+CONTAINER = textwrap.dedent("""
+    import errno, hashlib, os, sys
+    from shmcache import NoSpaceError, SharedCache
+
+    def value(i, n=2000):
+        key = f"k{i}"
+        body = (hashlib.blake2b(key.encode()).digest() * (n // 64 + 1))[:n]
+        return key, body, hashlib.blake2b(body).hexdigest()
+
+    def sound(cache, i):
+        key, body, check = cache[f"k{i}"]
+        assert key == f"k{i}" and hashlib.blake2b(body).hexdigest() == check, i
+
+    path = "/dev/shm/shmcache.default"
+    cache = SharedCache("default")
+    if sys.argv[1] == "python":
+        sys.path.insert(0, os.environ["TESTS"])
+        from workers import python_path
+        python_path(cache)
+    print("empty", os.stat(path).st_blocks * 512)
+    n = 20 * 2**20 // 2000
+    for i in range(n):
+        cache[f"k{i}"] = value(i)
+    assert len(cache) == n, len(cache)
+    for i in range(n):
+        sound(cache, i)
+    print("held", os.stat(path).st_blocks * 512)
+    with open("/dev/shm/filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    i = n
+    try:
+        while True:  # the rest of the backed arena, then a growth that cannot be backed
+            cache[f"k{i}"] = value(i)
+            i += 1
+    except NoSpaceError as exc:
+        assert exc.errno == errno.ENOSPC and "shm-size" in str(exc), exc
+        print("refused", i - n, exc)
+    assert f"k{i}" not in cache and len(cache) == i
+    for j in range(i):
+        sound(cache, j)
+    assert cache.verify().ok, cache.verify().problems
+    for j in range(0, n, 2):  # half deleted: their room is reused without growing
+        del cache[f"k{j}"]
+    for j in range(0, n // 2, 2):
+        cache[f"k{j}"] = value(j, 1500)
+    for j in range(1, i, 2):
+        sound(cache, j)
+    for j in range(0, n // 2, 2):
+        sound(cache, j)
+    assert cache.verify().ok, cache.verify().problems
+    cache.close()
+    SharedCache.unlink_name("default")
+    print("done", i)
+""")
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_space_default_cache_fits_a_container_shm_and_a_full_one_refuses_stores(path):
+    """A default SharedCache in a 64 MiB /dev/shm: made, at most 8 MiB empty (st_blocks), holds 20 MiB of values;
+    on a full /dev/shm a store that needs more of the arena raises NoSpaceError (never SIGBUS), and every value
+    stays readable, room freed by deletes is stored into again, verify() passes."""
+    _namespace_or_skip()
+    shell = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -c \"$SCRIPT\" {path}"
+    env = {**os.environ, "PYTHONPATH": ROOT, "SCRIPT": CONTAINER, "TESTS": os.path.join(ROOT, "tests")}
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], env=env,
+                         capture_output=True, text=True, timeout=90)
+    assert run.returncode != -signal.SIGBUS and run.returncode != 128 + signal.SIGBUS, "died of SIGBUS"
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert int(lines["empty"]) <= 8 * 2**20, lines
+    # 20 MiB of values, their keys, block headers, the tables, and at most a growth's quarter more
+    assert int(lines["held"]) <= 32 * 2**20, lines
+    assert "done" in lines, run.stdout
+
+
+def _footprint(cache: SharedCache) -> int:
+    return os.fstat(cache._seg.fd).st_blocks * 512
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_space_cache_occupies_what_it_holds_not_its_capacity(name, path):
+    """A 64 MiB cache whose 1,000 keys are rewritten 20 times at other sizes (dead blocks everywhere): its arena is
+    backed a little past what it holds, never towards its capacity; every value read back is the one last stored."""
+    from shmcache.layout import Geometry
+
+    with SharedCache(name, capacity_bytes=64 * 2**20, max_entries=4096, create=True) as cache:
+        if path == "python":
+            python_path(cache)
+        g = cache._seg.geometry
+        assert isinstance(g, Geometry)
+        tables = g.arena_off
+        empty = _footprint(cache) - tables
+        assert empty <= g.extent_step, empty
+        last = {}
+        for r in range(20):
+            for i in range(1000):
+                n = 500 + (i * 7 + r * 131) % 1500  # 500 to 2,000 bytes: about 1.2 MiB held
+                last[i] = (f"k{i}", r, bytes([r]) * n)
+                cache[f"k{i}"] = last[i]
+        for i in range(1000):
+            assert cache[f"k{i}"] == last[i]
+        held = sum(len(v[2]) for v in last.values())
+        arena = _footprint(cache) - tables
+        assert arena <= 2 * held + g.extent_step, (arena, held)
+        assert cache.verify().ok

@@ -1,7 +1,9 @@
 """The binary layout of a shmcache segment: the one place that says where every byte lives.
 
-A segment is one POSIX shared-memory object, ``/dev/shm/shmcache.<name>`` on Linux, sized once at creation. It holds
-these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a cache line::
+A segment is one POSIX shared-memory object, ``/dev/shm/shmcache.<name>`` on Linux, sized once at creation; its
+tables are backed with memory (``posix_fallocate``) at creation, its arena as blocks reach it (``arena_extent``,
+below). It holds these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a
+cache line::
 
     offset 0                  header        HEADER_NBYTES bytes, dtype HEADER
     geometry.index_off        index table   index_slots records of dtype INDEX_SLOT (16 bytes)
@@ -32,7 +34,8 @@ and the rarely written counters (``clears``; ``get_or_compute``'s computations, 
 version clock, the expiry bound and counter, the default time to live, the number of kinds, the entry a store is
 writing, the configuration's checksum and the count of new entries stored, line 6 the configuration's checked copy
 (``shmcache/config.py``), the long walks' ``progress``, the time of the last store (``last_put_ns``) and the count
-of stores refused as too large (``too_large``), line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1
+of stores refused as too large (``too_large``) and how much of the arena is backed with memory (``arena_extent``),
+line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1
 s3fifo, 2 keep) and ``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``,
 ``small``), its ghost clock and the policy's counters, line 8 what readers without the lock validate against
 (``seq``), the number of reader slots (written once at creation) and the slots' sums ``clear()`` last set aside
@@ -93,7 +96,13 @@ When there is no room at ``head``, the allocator walks from ``tail``: dead block
 ones slid down to close it, an incremental compaction that never needs a second buffer; a pinned block is never
 moved: the gap before it turns into a dead block and the ring goes on after it. The arena is sized from the
 creation parameters with room for one block header and its padding per entry, plus 1/16 slack for the compaction,
-so a put that fits the retained-bytes and entry limits always finds room.
+so a put that fits the retained-bytes and entry limits always finds room. Only the arena's first ``arena_extent``
+bytes are backed with memory: a new segment backs ``Geometry.initial_extent`` of them; the ring keeps below the
+extent (wrapping early, a dead block over the rest of the arena of which only the first word is written, while its
+live blocks would fit in seven eighths of it), and a store that needs more grows it (``grown_extent``) after
+backing the new part. The word is a hint: each process backs what it writes to itself first (``posix_fallocate``
+of what is already backed costs nothing), so any value is valid (out of range: the whole arena; 0: the whole arena,
+as in a segment made before the word, whose pages were all reserved at creation).
 
 Kernel locks on the segment's file (open-file-description locks, ``shmcache/ofd.py``; they live in the kernel, not
 in the segment's bytes): ``get_or_compute`` claims a key with an exclusive lock on one byte below 2**62, at an
@@ -159,7 +168,10 @@ Layout versions.
     6 -- reads without the lock: header line 8 (``seq``, ``reader_slots``, ``base_*``) and the reader slots.
     7 -- the lock's line holds shmcache's own futex words (``word``, ``holder``, ``wakes``), no pthread mutex;
          line 6: ``last_put_ns``, when the cache was last stored to (for ``shmcache ls``), and ``too_large``, the
-         stores refused as too large.
+         stores refused as too large. ``arena_extent`` (line 6) was added to version 7 without a new version: it is
+         0 in a segment made before it, which reads as the whole arena (all of it was reserved at creation then),
+         and a process that predates it writes a block past the extent without backing it first, which costs
+         nothing but the SIGBUS protection of that one write on a full /dev/shm.
 """
 
 from .dtypes import (

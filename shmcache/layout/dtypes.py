@@ -19,6 +19,9 @@ FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any ot
 ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
 BLOCK_ALIGN = 8  # arena blocks start on 8-byte boundaries so their headers are whole words
+# The arena is reserved (fallocated) as it fills, not at creation: a new segment backs EXTENT_STEP bytes of it (or
+# all of a smaller arena), and each growth adds a quarter of what is backed, EXTENT_STEP at least (arena.py).
+EXTENT_STEP = 256 * 1024
 BLOCK_HEADER_NBYTES = 8  # packed (entry << 32) | block length
 BLOCK_OVERHEAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN  # per-entry room reserved beyond the payload (header + padding)
 MAX_BLOCK_NBYTES = 2**32 - BLOCK_ALIGN  # a block length must fit the 32 low bits of its header
@@ -142,6 +145,10 @@ HEADER = _record(
             ("too_large", _W),           # stores refused with TooLargeError (an entry over the byte limit in force
             #                              or the capacity): under the lock where refused, or in one short hold
             #                              after a refusal before it (rarely written: a refusal is never hot)
+            ("arena_extent", _W),        # bytes from the arena's start backed by memory (fallocated): blocks are
+            #                              written below it, and it grows as they need (arena.py); 0 (a segment
+            #                              made before the word): the whole arena. A hint: any value is valid,
+            #                              since each process reserves what it writes to itself
         ]),
         # Line 7: the eviction policy: its identity (written once at creation) and its state (under the lock).
         (448, [
@@ -282,6 +289,7 @@ H_SAVED_CHECK = _word(HEADER, "saved_check")
 H_PROGRESS = _word(HEADER, "progress")
 H_LAST_PUT = _word(HEADER, "last_put_ns")
 H_TOO_LARGE = _word(HEADER, "too_large")
+H_ARENA_EXTENT = _word(HEADER, "arena_extent")
 H_ADMITTED = _word(HEADER, "admitted")
 H_POLICY = _word(HEADER, "policy")
 H_GHOST_SLOTS = _word(HEADER, "ghost_slots")

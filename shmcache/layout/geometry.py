@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dtypes import (
-    ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT, KIND, KINDS, MARKS,
-    MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, VERSIONS,
+    ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT,
+    KIND, KINDS, MARKS, MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -14,6 +14,20 @@ MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def grown_extent(extent: int, need: int, arena_nbytes: int, step: int) -> int:
+    """The arena's extent after a growth that must reach ``need`` (the end of the block to write): a quarter more
+    than ``extent``, ``step`` at least (``Geometry.extent_step``), a word past ``need`` at least (where the ring's
+    next dead block may begin), page aligned, and at most the whole arena. (twin: _core_arena.c grown_extent)"""
+    target = max(need + BLOCK_ALIGN, extent + max(extent >> 2, step))
+    return min(arena_nbytes, _round_up(target, PAGE))
+
+
+def least_extent(need: int, arena_nbytes: int) -> int:
+    """The least extent that reaches ``need`` with a word to spare, page aligned (a growth on a nearly full
+    /dev/shm). (twin: _core_arena.c least_extent)"""
+    return min(arena_nbytes, _round_up(need + BLOCK_ALIGN, PAGE))
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,17 @@ class Geometry:
         # limits always fits physically (see layout/__init__.py, "Arena").
         arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
         return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy)
+
+    @property
+    def extent_step(self) -> int:
+        """The least growth of the arena's extent, and what a new segment backs of it: ``EXTENT_STEP``, or a
+        sixteenth of a smaller arena (a page at least)."""
+        return max(PAGE, min(EXTENT_STEP, _round_up(self.arena_nbytes // 16, PAGE)))
+
+    @property
+    def initial_extent(self) -> int:
+        """Bytes of the arena a new segment backs with memory: the rest is backed as blocks need it."""
+        return min(self.arena_nbytes, self.extent_step)
 
     @property
     def ghost_slots(self) -> int:
