@@ -56,8 +56,11 @@ from .view import View
 if TYPE_CHECKING:
     from .memo import Memoized
 
-DEFAULT_CAPACITY_BYTES = 64 * 2**20
-DEFAULT_MAX_ENTRIES = 65536
+# The default limits fit a container's default /dev/shm (64 MiB under Docker and Kubernetes) with half of it to
+# spare: the whole segment is 40 MiB at most, and an empty one occupies under 6 MiB (the arena is backed as it
+# fills: arena.py).
+DEFAULT_CAPACITY_BYTES = 32 * 2**20
+DEFAULT_MAX_ENTRIES = 32768
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
@@ -84,9 +87,11 @@ class SharedCache(LocalMapping, AsyncMethods):
     """A bounded cache in POSIX shared memory that every process on the host can open by name.
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
-    FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 64 MiB) bounds the
-    encoded keys and values held, ``max_entries`` (default 65536) the number of entries; both are fixed at creation
-    and are the highest limits ``set_limits`` accepts. When attaching, they may be omitted; if given, they must match.
+    FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 32 MiB) bounds the
+    encoded keys and values held, ``max_entries`` (default 32768) the number of entries; both are fixed at creation
+    and are the highest limits ``set_limits`` accepts. The segment's tables are reserved at creation (about 150
+    bytes per entry of ``max_entries``), its arena as entries fill it: a cache occupies what it holds and about
+    a fifth more, up to its capacity. When attaching, they may be omitted; if given, they must match.
     ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
     must make the others fail, not hang them); a dead holder is detected at once.
     ``attach_timeout`` bounds the wait for a segment that another process is still creating (then AttachTimeout,

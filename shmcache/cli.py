@@ -77,8 +77,11 @@ def _describe(args, name: str, attachment: tuple[int | None, list[int]]) -> dict
         last_put = h[H_LAST_PUT]  # the writers' CLOCK_MONOTONIC, to the second; 0: never stored to
         # (clamped to the age: a writer with a clock of its own, SharedCache(clock=...), stamps in its own time)
         since = None if not last_put else min(age, max(0.0, (time.monotonic_ns() - last_put) / 1e9))
-        row = {"name": name, "state": "ok", "size_bytes": seg.geometry.total_nbytes, "creator_pid": h[H_CREATOR_PID],
-               "owner": _user(os.fstat(seg.fd).st_uid), "age_s": age, "last_write_s": since, **attached}
+        st = os.fstat(seg.fd)
+        # (st_blocks: the pages backed with memory, what the cache occupies; the size is what it may grow to)
+        row = {"name": name, "state": "ok", "size_bytes": seg.geometry.total_nbytes,
+               "occupied_bytes": st.st_blocks * 512, "creator_pid": h[H_CREATOR_PID], "owner": _user(st.st_uid),
+               "age_s": age, "last_write_s": since, **attached}
         try:
             s = c.stats()
         except ShmCacheError as exc:
@@ -308,10 +311,11 @@ def cmd_ls(args) -> int:
         last = "never" if c["last_write_s"] is None else _ago(c["last_write_s"]) + " ago"
         age = [c["owner"], str(c["creator_pid"]), _ago(c["age_s"]), last,
                _shown_attached(c["attached_handles"], c["attached_pids"])]
+        size = f"{_human(c['occupied_bytes'])}/{_human(c['size_bytes'])}"
         if c["state"] != "ok":
-            rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), "-", "-", "-", *age])
+            rows.append([_shown(c["name"]), c["state"], size, "-", "-", "-", *age])
             continue
-        rows.append([_shown(c["name"]), c["state"], _human(c["size_bytes"]), f"{c['entries']}/{c['max_entries']}",
+        rows.append([_shown(c["name"]), c["state"], size, f"{c['entries']}/{c['max_entries']}",
                      f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
     print(hot_path())
