@@ -90,8 +90,9 @@ class SharedCache(LocalMapping, AsyncMethods):
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 32 MiB) bounds the
     encoded keys and values held, ``max_entries`` (default 32768) the number of entries; both are fixed at creation
     and are the highest limits ``set_limits`` accepts. The segment's tables are reserved at creation (about 150
-    bytes per entry of ``max_entries``), its arena as entries fill it: a cache occupies what it holds and about
-    a fifth more, up to its capacity. When attaching, they may be omitted; if given, they must match.
+    bytes per entry of ``max_entries``), its arena as entries fill it: a cache occupies what it holds and a
+    little more (block headers, slack for compaction), up to its capacity. When attaching, they may be omitted; if
+    given, they must match.
     ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
     must make the others fail, not hang them); a dead holder is detected at once.
     ``attach_timeout`` bounds the wait for a segment that another process is still creating (then AttachTimeout,

@@ -107,3 +107,17 @@ def test_benchmarks_django_site_runs_briefly_and_cleans_up(tmp_path):
     assert shm["lost_sessions"] == 0  # sessions live in the one shared cache: every worker finds them
     assert shm["segment_bytes"] >= 16 * 2**20
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"shmcache.djbench-{proc.pid}-")]
+
+
+def test_benchmarks_footprint_measures_what_it_made():
+    """benchmarks/footprint.py's figures on a small run: every entry resident, the arena backed a little past the
+    live blocks and no further than its bound, the default cache within a container's /dev/shm; its caches gone."""
+    from benchmarks import footprint
+
+    out = footprint.measure(2000, 100, 2, "lru")
+    fill = out["fill"]
+    assert fill["resident"] == 2000
+    assert 1.0 < fill["arena_over_retained"] < 1.5, fill
+    assert 1.0 < out["churn"]["arena_over_retained"] < 1.6, out["churn"]
+    assert out["empty_default_mib"] <= 8 and out["default_full"]["occupied_mib"] < 64, out
+    assert not [n for n in os.listdir("/dev/shm") if "bench-footprint-" in n and f"-{os.getpid()}" in n]
