@@ -37,8 +37,9 @@ enum {
     ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
     ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
     ST_REFUSED = 3,  /* the policy did not admit a new entry (keep, full): nothing stored, every structure consistent */
-    ST_NOSPACE = 4,  /* the arena's extent could not be backed (/dev/shm full): every structure consistent; the
-                      * store is handed over (WHY_SPACE), and the Python path raises NoSpaceError */
+    ST_GROW = 4,     /* the arena's extent must grow past what this mapping shows: every structure consistent; the
+                      * store is handed over (WHY_GROW), and the Python path backs and shows it (or raises
+                      * NoSpaceError) */
 };
 
 /* The eviction policies and an entry's marks (layout/dtypes.py's POLICY_*, MARK_*, GHOST_*: bind checks that the
@@ -51,10 +52,10 @@ enum { MARK_FREQ = 3, MARK_SMALL = 4, GHOST_WAYS = 16, GHOST_STAMP_BITS = 32, PR
 /* Why a call was handed over (Core.reason, and the REASONS dict of the module). */
 enum {
     WHY_NONE, WHY_DIRTY, WHY_KIND, WHY_REENTERED, WHY_OWNERDEAD, WHY_TIMEOUT, WHY_BOUNDS, WHY_RELEASED,
-    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_SPACE, WHY_COUNT
+    WHY_LIMIT, WHY_LOCK, WHY_PINNED, WHY_GROW, WHY_COUNT
 };
 static const char *const why_names[WHY_COUNT] = {
-    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned", "space",
+    "none", "dirty", "kind", "reentered", "ownerdead", "timeout", "bounds", "released", "limit", "lock", "pinned", "grow",
 };
 
 
@@ -96,9 +97,14 @@ typedef struct {
     int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
     /* geometry */
     int64_t slots, mask, arena_nbytes;
-    /* the arena's extent (arena.py): how much of it this handle has backed itself (posix_fallocate on live_fd) or
-     * found backed by backing it again, the arena's offset in the file, and the growth's step */
-    int64_t arena_known, arena_file_off, extent_step;
+    /* the arena's extent (arena.py): how far this handle's mapping shows the file's arena, backed (the segment's
+     * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. The compiled section
+     * never backs or shows more itself: a store that needs it, and a call that finds the header's extent past
+     * what is shown, is handed over (WHY_GROW), and the Python path does it (Segment.back, Segment.refresh). */
+    int64_t *shown;
+    Py_buffer shown_buf;
+    int have_shown;
+    int64_t extent_step;
     /* word numbers */
     Py_ssize_t ew, iw, kww;
     Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;

@@ -88,16 +88,24 @@ static inline int64_t extent(Core *c)
     return ext > 0 && ext <= c->arena_nbytes ? ext : c->arena_nbytes;
 }
 
-/* Make sure [0, stop) of the arena is backed before this handle writes there. ST_NOSPACE: /dev/shm is full (nothing
- * changed). (twin: arena.py Arena.reach) */
-static int reach(Core *c, int64_t stop)
+/* How far this handle's mapping shows the arena, backed (Segment.shown): what may be written. */
+static inline int64_t shown(Core *c)
 {
-    if (stop <= c->arena_known)
-        return ST_OK;
-    if (posix_fallocate(c->live_fd, (off_t)(c->arena_file_off + c->arena_known), (off_t)(stop - c->arena_known)))
-        return ST_NOSPACE; /* ENOSPC, or anything else: the Python path backs it again, and says which */
-    c->arena_known = stop;
-    return ST_OK;
+    return c->shown ? *c->shown : c->arena_nbytes;
+}
+
+/* Whether the header's extent is past what this mapping shows: another process grew the arena, and the Python path
+ * shows the new part (Segment.refresh) before anything is read. (twin: guard.py Guard.admit) */
+static inline int hidden(Core *c)
+{
+    return c->shown && extent(c) > *c->shown;
+}
+
+/* A locked section's refusal to start: the dirty word set (a repair first), or part of the arena hidden. */
+static int unready(Core *c)
+{
+    c->reason = HW(dirty) ? WHY_DIRTY : WHY_GROW;
+    return ST_HANDOVER;
 }
 
 /* The extent after a growth that must reach ``need``. (twin: layout/geometry.py grown_extent) */
@@ -109,24 +117,18 @@ static int64_t grown_extent(Core *c, int64_t ext, int64_t need)
     return target < c->arena_nbytes ? target : c->arena_nbytes;
 }
 
-/* The least extent that reaches ``need`` with a word to spare. (twin: layout/geometry.py least_extent) */
-static int64_t least_extent(Core *c, int64_t need)
-{
-    int64_t target = (need + c->block_align + 4095) & ~(int64_t)4095;
-    return target < c->arena_nbytes ? target : c->arena_nbytes;
-}
-
-/* The extent grown to reach ``need``, backed and published, into *ext; on a nearly full /dev/shm, the least growth
- * that serves. ST_NOSPACE: the ring head, tail, fill (as cleaned so far: consistent) is recorded first.
- * (twin: arena.py Arena._grow) */
+/* The extent grown to reach ``need``, published, into *ext, when this mapping shows that much already (it grew
+ * it before, and the word was lowered since); else ST_GROW, the ring head, tail, fill (as cleaned so far:
+ * consistent) recorded first: the Python path backs and shows more (and falls back to the least growth, on a nearly
+ * full /dev/shm). (twin: arena.py Arena._grow) */
 static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
 {
-    int64_t next = grown_extent(c, *ext, need), least = least_extent(c, need);
-    if (reach(c, next) && (least >= next || reach(c, (next = least)))) {
+    int64_t next = grown_extent(c, *ext, need);
+    if (next > shown(c)) {
         HW(head) = head;
         HW(tail) = tail;
         HW(fill) = fill;
-        return ST_NOSPACE;
+        return ST_GROW;
     }
     HW(arena_extent) = next;
     *ext = next;
@@ -134,14 +136,15 @@ static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail,
 }
 
 /* The offset of a new block of ``nb`` bytes owned by entry ``e`` into *out. ST_PINNED: pinned blocks split the free
- * space into pieces all smaller than nb. ST_NOSPACE: the extent could not grow (every structure consistent). The
+ * space into pieces all smaller than nb. ST_GROW: the extent must grow past what is shown (every structure
+ * consistent). The
  * ring keeps below the extent, wrapping early or growing it as arena.py says. (twin: arena.py Arena.alloc) */
 static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
 {
     int64_t size = c->arena_nbytes, ext = extent(c);
     int r;
-    if ((r = reach(c, ext))) /* what other processes backed, backed here too: writes below ext never fault */
-        return r;
+    if (ext > shown(c)) /* (the section's start handed this over already; a word changed since is refused here) */
+        return ST_GROW;
     int64_t head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
     if (!(head >= 0 && head < size && tail >= 0 && tail < size && fill >= 0 && fill <= size && !((head | tail) & 7)
           && (((head - tail) % size) + size) % size == fill % size && used >= 0 && used <= size - nb))

@@ -48,6 +48,11 @@ static int region(Core *c, PyObject *d, const char *key, int64_t nbytes, int64_t
 
 static void drop_buffer(Core *c)
 {
+    if (c->have_shown) {
+        c->have_shown = 0;
+        c->shown = NULL;
+        PyBuffer_Release(&c->shown_buf);
+    }
     if (c->have_buf) {
         c->have_buf = 0;
         PyBuffer_Release(&c->buf);
@@ -207,8 +212,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the arena's extent step is not whole pages");
         return -1;
     }
-    c->arena_file_off = (int64_t)(c->arena - c->mem);
-    c->arena_known = 0; /* nothing backed by this handle yet: its first store backs the extent (a no-op if done) */
+    c->shown = NULL; /* all of the arena, until watch_extent binds the mapping's cell */
     int64_t rw;
     int64_t pin_mask;
     if (take(d, "READER_SLOTS", &c->reader_slots) || take(d, "READER_WORDS", &rw)

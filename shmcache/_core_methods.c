@@ -818,6 +818,26 @@ static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* Bind the mapping's cell saying how far it shows the arena (segment.py Segment.shown: one int64, written by the
+ * Python path as it shows more); the export is held until release. */
+static PyObject *Core_watch_extent(Core *c, PyObject *cell)
+{
+    if (c->have_shown || c->released || !c->bound) {
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: already bound, released, or not bound yet");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(cell, &c->shown_buf, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (c->shown_buf.len != (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))) {
+        PyBuffer_Release(&c->shown_buf);
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be one aligned 8-byte word");
+        return NULL;
+    }
+    c->have_shown = 1;
+    c->shown = (int64_t *)c->shown_buf.buf;
+    Py_RETURN_NONE;
+}
+
 /* (twin: readers.py Reader.bind) */
 static PyObject *Core_use_reader(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -935,6 +955,10 @@ static PyMethodDef Core_methods[] = {
     {"use_reader", (PyCFunction)(void (*)(void))Core_use_reader, METH_FASTCALL,
      "use_reader(owner, slot)\n\nCount reads without the lock in reader slot ``slot`` (held by ``owner``, a "
      "readers.Reader, kept while it is used); -1: read under the lock. Under lru every read takes the lock."},
+    {"watch_extent", (PyCFunction)Core_watch_extent, METH_O,
+     "watch_extent(cell)\n\nWrite blocks and read the arena only as far as the mapping's cell (an 8-byte writable "
+     "buffer: segment.Segment.shown) says it shows the file; a store past it, or an extent in the header past it, "
+     "is handed over (reason \"grow\")."},
     {"release", (PyCFunction)Core_release, METH_NOARGS,
      "Drop the buffer export (at once, or when the last call inside returns); every call after it hands over."},
     {NULL, NULL, 0, NULL},

@@ -105,10 +105,8 @@ STEP int get_one(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now
 static int get_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, Found *f)
 {
     f->hit = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     return get_one(c, kb, klen, fp, &now, f);
 }
 
@@ -193,12 +191,12 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
     }
     if (old == c->empty) {
         r = insert(c, st, now);
-        if (r == ST_PINNED || r == ST_REFUSED || r == ST_NOSPACE) { /* refused with every structure consistent: no
-                                                                         * repair needed */
+        if (r == ST_PINNED || r == ST_REFUSED || r == ST_GROW) { /* refused with every structure consistent: no
+                                                                      * repair needed */
             HW(writing) = 0;
             HW(dirty) = 0;
-            if (r == ST_NOSPACE) { /* the Python path backs the extent again, and raises NoSpaceError */
-                c->reason = WHY_SPACE;
+            if (r == ST_GROW) { /* the Python path grows the arena (or raises NoSpaceError) and stores */
+                c->reason = WHY_GROW;
                 r = ST_HANDOVER;
             }
             return r;
@@ -221,10 +219,8 @@ static int put_locked(Core *c, Encoded *st, int64_t now, int64_t ttl)
 {
     int64_t old;
     int r;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     if (now < 0)
         now = mono_ns();
     if ((r = ttl_of(c, &ttl)))
@@ -241,10 +237,8 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
     int64_t e;
     int r;
     *deleted = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     if ((r = find(c, kb, klen, fp, &e)))
         return r;
     if (e == c->empty)
@@ -276,10 +270,8 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     int64_t e;
     int r;
     f->hit = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     if ((r = find_live(c, kb, klen, fp, &now, &e)))
         return r;
     if (e == c->empty) {
@@ -319,10 +311,8 @@ static int get_many_locked(Core *c, Lookup *keys, Py_ssize_t n, int64_t now, Py_
 {
     int r;
     *done = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     for (Py_ssize_t i = 0; i < n; i++) {
         Lookup *k = &keys[i];
         if ((r = get_one(c, k->kb, k->klen, k->fp, &now, &k->f)))
@@ -345,10 +335,8 @@ static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int6
     int64_t old;
     int r;
     *done = 0;
-    if (HW(dirty)) {
-        c->reason = WHY_DIRTY;
-        return ST_HANDOVER;
-    }
+    if (HW(dirty) || hidden(c))
+        return unready(c);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (st[i].size > HW(max_retained)) { /* TooLargeError, raised by the Python path before anything is stored */
             c->reason = WHY_LIMIT;

@@ -97,6 +97,16 @@ enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take 
 
 /* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);
  * U_LOCK: take the lock instead; -1: a Python exception (no memory). Nothing is counted here. *now as find_live's. */
+/* Whether the header's extent is past what this mapping shows (hidden, read as a reader reads every word): the
+ * locked path shows the new part first (Segment.refresh), else a key stored there would read as zeros, a miss. */
+static inline int hidden_unlocked(Core *c)
+{
+    if (c->shown == NULL)
+        return 0;
+    int64_t ext = RD(HW(arena_extent));
+    return (ext > 0 && ext <= c->arena_nbytes ? ext : c->arena_nbytes) > *c->shown;
+}
+
 static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,
                         PyObject **body)
 {
@@ -106,6 +116,8 @@ static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
         int64_t s = seq_begin(c), e;
         if (s & 1)
             continue;
+        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+            return U_LOCK;
         f->hit = 0;
         int r = find_unlocked(c, kb, klen, fp, &e, f);
         if (r <= 0) {
@@ -165,6 +177,8 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
         int64_t s = seq_begin(c), e;
         if (s & 1)
             continue;
+        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+            return U_LOCK;
         f->hit = 0;
         int r = find_unlocked(c, kb, klen, fp, &e, f);
         if (r <= 0) {
@@ -235,6 +249,8 @@ static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, i
         int64_t s = seq_begin(c), e;
         if (s & 1)
             continue;
+        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+            return U_LOCK;
         int u = U_DONE;
         Py_ssize_t i = 0;
         for (; i < n && u == U_DONE; i++) {

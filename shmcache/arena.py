@@ -43,12 +43,13 @@ def write_dead(words, off: int, nbytes: int) -> None:
 class Arena:
     """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base.
 
-    ``back(start, stop)`` backs ``[start, stop)`` of the arena with memory (segment.py ``Segment.back``:
-    ``posix_fallocate``, ``NoSpaceError`` when /dev/shm is full); None: the arena is memory already (a test's).
+    ``back(stop)`` backs the arena up to ``stop`` with memory and shows it in this mapping (segment.py
+    ``Segment.back``: ``posix_fallocate``, ``NoSpaceError`` when /dev/shm is full); ``shown`` is the mapping's cell
+    saying how far it shows the file (``Segment.shown``). None: the arena is memory already (a test's).
     """
 
     def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
-                 back=None, step: int = PAGE) -> None:
+                 back=None, step: int = PAGE, shown=None) -> None:
         self.h = h
         self.ent = ent
         # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
@@ -61,9 +62,9 @@ class Arena:
         self.entry_slots = entry_slots
         self.back = back
         self.step = step  # Geometry.extent_step
-        # How much of the arena this process has backed itself (or found backed by backing it again): it writes
-        # nothing at or past it without a back() first, whatever the header's extent says. (twin: Core.arena_known)
-        self.known = 0 if back is not None else nbytes
+        # How much of the arena this mapping shows of the file, backed: nothing is written at or past it without a
+        # back() first, whatever the header's extent says. (twin: _core_arena.c's c->shown)
+        self.shown = [nbytes] if shown is None else shown
 
     def close(self) -> None:
         self.words.release()
@@ -74,10 +75,10 @@ class Arena:
         return ext if 0 < ext <= self.nbytes else self.nbytes
 
     def reach(self, stop: int) -> None:
-        """Make sure ``[0, stop)`` is backed before this process writes there (NoSpaceError: nothing changed)."""
-        if stop > self.known:
-            self.back(self.known, stop)
-            self.known = stop
+        """Make sure ``[0, stop)`` is backed and shown before this process writes there (NoSpaceError: nothing
+        changed)."""
+        if stop > self.shown[0]:
+            self.back(stop)
 
     def alloc(self, nb: int, e: int) -> int:
         """Offset of a new block of ``nb`` bytes owned by entry ``e`` (the caller made room for it).

@@ -142,7 +142,9 @@ def bind(seg, lock_timeout: float, fallback: HandOver | None = None):
     (or SHMCACHE_PURE_PYTHON=1)."""
     if _core is None:
         return None
-    return Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3, fallback)
+    c = Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3, fallback)
+    c.watch_extent(seg.shown)
+    return c
 
 
 # ----------------------------------------------------------------------------------------------- the one dispatch

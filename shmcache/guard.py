@@ -21,7 +21,9 @@ from typing import NoReturn
 
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
-from .layout.dtypes import H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU
+from .layout.dtypes import (
+    H_ARENA_EXTENT, H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU,
+)
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
 from .core import last_wait, word_try
@@ -75,6 +77,7 @@ class Guard:
 
     def __init__(self, seg, table, lock_timeout: float) -> None:
         self.seg = seg
+        self.shown = seg.shown  # how far this mapping shows the arena (Segment.refresh)
         self.table = table  # the repair's last resort empties it
         self.h = seg.header_words
         self.lockw = seg.lock_words
@@ -141,7 +144,7 @@ class Guard:
                 holds.add(ident)
             self.enter(waited)
             entered = True
-            if self.closed or self.h[H_DIRTY]:
+            if self.closed or self.h[H_DIRTY] or not 0 < self.h[H_ARENA_EXTENT] <= self.shown[0]:
                 self.admit()
             result = fn(*args)
             close_seq(self.h)
@@ -191,10 +194,13 @@ class Guard:
         me.holds.discard(self.ident)
 
     def admit(self) -> None:
-        """After the lock is taken: refuse a closed handle, repair what an update left half-done. The hot paths call
-        it only when one of the two applies."""
+        """After the lock is taken: refuse a closed handle, show what another process grew of the arena (before
+        anything is read there: Segment.refresh), repair what an update left half-done. The hot paths call it only
+        when one of the three applies."""
         if self.closed:
             raise closed_error()
+        if not 0 < self.h[H_ARENA_EXTENT] <= self.shown[0]:
+            self.seg.refresh()
         if self.h[H_DIRTY]:
             self.repair()
 

@@ -75,6 +75,28 @@ def _still_creating(name: str) -> AttachTimeout:
                                              "pass a larger attach_timeout")
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_MAP_FIXED = 0x10  # Linux's value (the mmap module does not export it)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _remap(address: int, nbytes: int, fd: int, offset: int) -> None:
+    """Replace ``nbytes`` of this process's mapping at ``address`` (page aligned, inside a mapping of the segment)
+    in place: with the file's bytes at ``offset`` (``fd``), or with private zero pages (``fd`` -1). MAP_FIXED swaps
+    the pages under the process's memory-map lock, so another thread sees the old pages or the new, never a hole;
+    nothing that points into the mapping moves."""
+    if fd < 0:
+        flags, fd, offset = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0
+    else:
+        flags = mmap.MAP_SHARED | _MAP_FIXED
+    got = _libc.mmap(address, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
+    if got == _MAP_FAILED or got != address:
+        err = ctypes.get_errno()
+        raise OSError(err, f"remapping {nbytes} bytes of a segment's arena: {os.strerror(err)}")
+
+
 def _space_args(name: str) -> tuple[str, str]:
     """What a cache segment is called, and how to ask for a smaller one, in ``space``'s messages."""
     return f"cache {name!r}", "pass a smaller capacity_bytes / max_entries"
@@ -89,6 +111,7 @@ class Segment:
     fd = -1  # the segment's descriptor while open; -1 before and after (never a number another file may reuse)
     initialised_here = False  # this process wrote the segment's header (it may have been created by another)
     features = 0  # the segment's ``features`` word, as attached to (or written)
+    version = layout.LAYOUT_VERSION  # the segment's layout version, as attached to (or written)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
                  default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0) -> None:
@@ -99,8 +122,10 @@ class Segment:
         self.trust = trust
         path = _SHM_DIR + self.shm_name
         if geometry is not None and create is not False and not os.path.lexists(path):
-            # before anything is created: what creation backs (the rest is backed as the arena grows)
+            # before anything is created: what creation backs (the rest is backed as the arena grows), and the
+            # whole, which /dev/shm must be able to hold when it is full
             space.check(geometry.arena_off + geometry.initial_extent, *_space_args(name))
+            space.check_whole(geometry.total_nbytes, *_space_args(name))
         deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, trust)
@@ -191,12 +216,14 @@ class Segment:
         if words[d.H_MAGIC] != layout.MAGIC:
             raise LayoutError(f"{self.shm_name} is not a shmcache segment (bad magic)", what="attach",
                               hint="another program owns this name; choose another cache name")
-        if words[d.H_VERSION] != layout.LAYOUT_VERSION or words[d.H_FEATURES] & ~layout.FEATURES:
+        if words[d.H_VERSION] not in d.READ_VERSIONS or words[d.H_FEATURES] & ~layout.FEATURES:
             raise LayoutVersionError(
                 f"cache {self.name!r} has layout version {words[d.H_VERSION]} (features {words[d.H_FEATURES]:#x}); "
-                f"this shmcache reads version {layout.LAYOUT_VERSION} (features within {layout.FEATURES:#x})",
+                f"this shmcache reads versions {', '.join(map(str, d.READ_VERSIONS))} (features within "
+                f"{layout.FEATURES:#x})",
                 what="attach", hint=f"use the same shmcache version in every process, or {remove_hint(self.name)}",
             )
+        self.version = words[d.H_VERSION]
         try:
             geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1,
                                              words[d.H_POLICY])
@@ -223,7 +250,7 @@ class Segment:
         # The tables reserved now, and the arena's first pages: a tmpfs that cannot back them fails here, not with
         # SIGBUS later; the rest of the arena is backed as the ring reaches it (arena.py, Segment.back).
         space.reserve(fd, total, *_space_args(self.name), backed=geometry.arena_off + geometry.initial_extent)
-        self._map(fd, geometry)
+        self._map(fd, geometry, geometry.initial_extent)
         h = self.header_words
         h[d.H_ARENA_EXTENT] = geometry.initial_extent
         h[d.H_TOTAL_NBYTES] = total
@@ -245,7 +272,8 @@ class Segment:
         # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
         h[d.H_MAGIC] = layout.MAGIC
 
-    def _map(self, fd: int, g: Geometry) -> None:
+    def _map(self, fd: int, g: Geometry, extent: int | None = None) -> None:
+        """Map the segment; ``extent``: how much of the arena the creator backed (None: attaching, the header says)."""
         self.geometry = g
         # The lock lives in a mapping of its own that outlives close(): a thread still on its way into a cache call
         # when another thread closes the handle must find the lock (and then the closed flag), never unmapped memory.
@@ -286,15 +314,65 @@ class Segment:
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         self._mv = mv
+        # How much of the arena this mapping shows of the file: the rest is private zero pages (_veil), so that a
+        # read there, which only damage can aim, finds zeros and never a page of the file that is not backed (on a
+        # full /dev/shm, a fault there would be SIGBUS). One cell per mapping, read and moved by the Python path
+        # and the compiled section alike (Core.watch_extent). A version-7 segment is all backed: all shown.
+        self.shown = (ctypes.c_int64 * 1)(g.arena_nbytes)
+        self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
+        if self.version >= 8:
+            self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
+            if extent is None:
+                extent = self.extent()
+                if space.back(fd, g.arena_off, g.arena_off + extent) is not None:
+                    self._refused, extent = extent, 0  # not backed: shown as zeros, a repair drops what it held
+            self._veil(extent)
 
-    def back(self, start: int, stop: int) -> None:
-        """Back bytes ``[start, stop)`` of the arena with memory before anything is written there.
+    def extent(self) -> int:
+        """The header's arena extent as a number to trust (arena.py): 0 or out of range is the whole arena."""
+        ext = self.header_words[d.H_ARENA_EXTENT]
+        return ext if 0 < ext <= self.geometry.arena_nbytes else self.geometry.arena_nbytes
+
+    def _veil(self, extent: int) -> None:
+        """Show the file's arena up to ``extent`` and private zero pages after it."""
+        g = self.geometry
+        start = -(-(g.arena_off + extent) // layout.PAGE) * layout.PAGE
+        if start < g.total_nbytes:
+            _remap(self._base + start, g.total_nbytes - start, -1, 0)
+        self.shown[0] = min(extent, g.arena_nbytes)
+
+    def _show(self, stop: int) -> None:
+        """Show the file's arena up to ``stop`` (backed already), where private zero pages were."""
+        g = self.geometry
+        start = (g.arena_off + self.shown[0]) // layout.PAGE * layout.PAGE
+        end = min(g.total_nbytes, -(-(g.arena_off + stop) // layout.PAGE) * layout.PAGE)
+        if end > start:
+            _remap(self._base + start, end - start, self.fd, start)
+        self.shown[0] = stop
+
+    def refresh(self) -> None:
+        """Show what other processes backed of the arena since this mapping last looked (the header's extent),
+        after backing it here too: a page of it not backed yet (damage, or a writer of another version) is not
+        shown, and the extent is not asked again. Under the lock (Guard.admit), before anything is read."""
+        ext = self.extent()
+        if ext <= self.shown[0] or ext == self._refused:
+            return
+        off = self.geometry.arena_off
+        if space.back(self.fd, off + self.shown[0], off + ext) is not None:
+            self._refused = ext
+            return
+        self._show(ext)
+
+    def back(self, stop: int) -> None:
+        """Back the arena up to ``stop`` with memory, and show it in this mapping, before anything is written there.
 
         :raises NoSpaceError: /dev/shm is full (nothing was written).
         """
         off = self.geometry.arena_off
-        problem = space.back(self.fd, off + start, off + stop)
-        if problem is not None:
+        problem = space.back(self.fd, off + self.shown[0], off + stop)
+        if problem is None:
+            self._show(stop)
+        else:
             raise NoSpaceError(f"cache {self.name!r} could not grow its arena to {stop / 2**20:.2f} MiB: {problem}",
                                what="put", hint="delete entries, remove unused caches (`shmcache ls`, `shmcache "
                                "sweep`), or give the host or container more shared memory (docker run --shm-size, "

@@ -27,6 +27,21 @@ def check(nbytes: int, what: str, smaller: str | None) -> None:
         raise OSError(errno.ENOSPC, message(nbytes, free, what, smaller))
 
 
+def check_whole(nbytes: int, what: str, smaller: str | None) -> None:
+    """Raise ``OSError(ENOSPC)`` if /dev/shm is smaller than ``nbytes`` in all: a segment that could never be held
+    whole, though it is backed only as it fills, is refused when it is made rather than when it fills."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return
+    whole = st.f_blocks * st.f_frsize
+    if nbytes > whole:
+        raise OSError(errno.ENOSPC, (
+            f"{what} may grow to {nbytes / 2**20:.1f} MiB of shared memory but {SHM_DIR} holds "
+            f"{whole / 2**20:.1f} MiB in all; " + (f"{smaller}, " if smaller else "")
+            + "or give the host or container more shared memory (e.g. docker run --shm-size=1g)"))
+
+
 def reserve(fd: int, nbytes: int, what: str, smaller: str | None, backed: int | None = None) -> None:
     """Size the file open as ``fd`` to ``nbytes`` and allocate its first ``backed`` bytes now (all of it: None).
     The rest stays a hole that its user backs (``back``) before it writes there.

@@ -61,7 +61,7 @@ class Table:
         self.mask = g.index_slots - 1
         self.slots = g.entry_slots
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
-                          self.pins, self.pinned, seg.back, g.extent_step)
+                          self.pins, self.pinned, seg.back, g.extent_step, seg.shown)
 
     def close(self) -> None:
         self.entb.release()

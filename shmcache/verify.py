@@ -149,13 +149,13 @@ _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
 
 
-def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
+def header_ranges(g, features: int = 0, version: int = LAYOUT_VERSION) -> dict[int, tuple[int, int]]:
     """The valid range ``(lowest, highest)`` of every header word but the lock, for a segment of geometry ``g``
     created with ``features``.
     Words that describe the structures (occupancy, ring, free list, expiry bound, version clock) are also checked
     against them by ``check``; a word in range can still be wrong, but one out of range always is."""
     slots, cap, arena = g.entry_slots, g.capacity_bytes, g.arena_nbytes
-    ranges = {w: (v, v) for w, v in _identity(g, features).items()}
+    ranges = {w: (v, v) for w, v in _identity(g, features, version).items()}
     ranges.update({w: (0, MAX_COUNTER) for w in _COUNTERS})
     ranges.update({
         H_DIRTY: (0, _DIRTY_MAX),
@@ -171,9 +171,9 @@ def header_ranges(g, features: int = 0) -> dict[int, tuple[int, int]]:
     return ranges
 
 
-def _identity(g, features: int) -> dict[int, int]:
+def _identity(g, features: int, version: int = LAYOUT_VERSION) -> dict[int, int]:
     """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
-    return {H_MAGIC: MAGIC, H_VERSION: LAYOUT_VERSION, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
+    return {H_MAGIC: MAGIC, H_VERSION: version, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
             H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
             H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots,
             H_READER_SLOTS: READER_SLOTS}
@@ -187,7 +187,7 @@ def header_problems(seg) -> list[str]:
     its checksum (``config.problems``): O(1), for stats() and len()."""
     h = seg.header_words
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
-            for w, (lo, hi) in header_ranges(seg.geometry, seg.features).items()
+            for w, (lo, hi) in header_ranges(seg.geometry, seg.features, seg.version).items()
             if not lo <= h[w] <= hi] + config.problems(h, seg.geometry)
 
 
@@ -457,10 +457,10 @@ def _repair_words(seg) -> None:
     (``config.restore``: else no default expiry, and the capacity as the limits), a counter to 0, and the display
     words to 0."""
     h = seg.header_words
-    for w, v in _identity(seg.geometry, seg.features).items():
+    for w, v in _identity(seg.geometry, seg.features, seg.version).items():
         h[w] = v
     config.restore(h, seg.geometry)  # the default time to live and the limits: from whichever copy checks
-    ranges = header_ranges(seg.geometry, seg.features)
+    ranges = header_ranges(seg.geometry, seg.features, seg.version)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.

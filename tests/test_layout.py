@@ -105,7 +105,7 @@ def test_layout_golden_version_7_lock_words(name):
 
     from shmcache import lock
 
-    assert d.LAYOUT_VERSION == 7 and d.H_LOCK_OFF == 64 and d.LOCK_NBYTES == 64
+    assert d.LAYOUT_VERSION >= 7 and d.H_LOCK_OFF == 64 and d.LOCK_NBYTES == 64
     assert (lock.HOLDER_OFF, lock.WAKES_OFF) == (4, 8)
     assert lock.HOLDER_BASE == 2**62 + 2**40 + 2**21 and lock.HOLDER_SLOTS == 2**20
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
@@ -255,3 +255,44 @@ def test_layout_not_a_shmcache_segment(name):
     finally:
         mm.close()
         os.close(fd)
+
+
+def test_layout_golden_version_8_arena_extent(name):
+    """Version 8: line 6's last word (byte 440) is ``arena_extent``, what the creator backed of the arena
+    (``Geometry.initial_extent``), and the file beyond it is not backed (st_blocks); a store past it raises it."""
+    assert d.LAYOUT_VERSION == 8 and d.H_ARENA_EXTENT * 8 == 440 and 7 in d.READ_VERSIONS
+    g = Geometry.for_capacity(8 * 2**20, 64, 0)
+    assert g.initial_extent == g.extent_step == 256 * 1024
+    with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=64, create=True) as c:
+        with open(f"/dev/shm/shmcache.{name}", "rb") as f:
+            assert int.from_bytes(f.read(448)[440:448], "little") == g.initial_extent
+        assert os.stat(f"/dev/shm/shmcache.{name}").st_blocks * 512 <= g.arena_off + g.initial_extent
+        for i in range(8):
+            c[f"k{i}"] = bytes(100_000)
+        assert c._seg.header_words[d.H_ARENA_EXTENT] >= 800_000
+
+
+def test_layout_version_7_segment_is_used_as_it_is(name):
+    """A segment of layout version 7 (its arena all reserved at creation, ``arena_extent`` 0) is attached and used
+    on both paths, its whole arena shown, and never rewritten to version 8, not even by a repair."""
+    from .workers import python_path
+
+    with SharedCache(name, capacity_bytes=2 * 2**20, max_entries=256, create=True) as c:
+        g = c._seg.geometry
+        c["old"] = b"kept"
+        os.posix_fallocate(c._seg.fd, 0, g.total_nbytes)  # as version 7 made it
+        c._seg.header_words[d.H_VERSION] = 7
+        c._seg.header_words[d.H_ARENA_EXTENT] = 0
+    for path in ("compiled", "python"):
+        with SharedCache(name, create=False) as c:
+            if path == "python":
+                python_path(c)
+            assert c._seg.version == 7 and c._seg.shown[0] == g.arena_nbytes
+            assert c["old"] == b"kept"
+            for i in range(200):
+                c[f"{path}{i}"] = bytes([i]) * 8000  # past any extent: a version-7 arena never grows
+            for i in range(200):
+                assert c.get(f"{path}{i}") in (None, bytes([i]) * 8000)
+            c._seg.header_words[d.H_DIRTY] = 1  # a repair too
+            assert c.verify(repair_damage=True) is not None
+            assert c._seg.header_words[d.H_VERSION] == 7 and c._seg.header_words[d.H_ARENA_EXTENT] == 0

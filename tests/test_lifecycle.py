@@ -91,9 +91,10 @@ def test_lifecycle_invalid_parameters_create_nothing(name, param):
 
 
 def test_lifecycle_size_beyond_shared_memory_fails_at_once(name):
-    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    """A capacity /dev/shm could never hold is refused at creation, though the arena is backed only as it fills."""
+    st = os.statvfs("/dev/shm")
     with pytest.raises(OSError) as info:
-        SharedCache(name, capacity_bytes=free * 2, max_entries=8)
+        SharedCache(name, capacity_bytes=st.f_blocks * st.f_frsize * 2, max_entries=8)
     assert info.value.errno == errno.ENOSPC
     assert "MiB" in str(info.value) and "shm-size" in str(info.value)
     assert not os.path.exists(f"/dev/shm/shmcache.{name}")

@@ -124,11 +124,15 @@ CONTAINER = textwrap.dedent("""
 
     path = "/dev/shm/shmcache.default"
     cache = SharedCache("default")
+    reads = SharedCache("reads", capacity_bytes=2**20, max_entries=64, policy="s3fifo")  # gets without the lock
     if sys.argv[1] == "python":
         sys.path.insert(0, os.environ["TESTS"])
         from workers import python_path
         python_path(cache)
+        python_path(reads)
     print("empty", os.stat(path).st_blocks * 512)
+    for i in range(32):
+        reads[f"k{i}"] = value(i, 100)
     n = 20 * 2**20 // 2000
     for i in range(n):
         cache[f"k{i}"] = value(i)
@@ -168,8 +172,28 @@ CONTAINER = textwrap.dedent("""
     for j in range(0, n // 2, 2):
         sound(cache, j)
     assert cache.verify().ok, cache.verify().problems
+    # Damage aimed past what the arena has backed, /dev/shm full: every entry's offset moved there. A read finds
+    # zeros (its checksum fails: a miss, or CorruptionError, and a repair), never a page that faults with SIGBUS.
+    from shmcache import CorruptionError
+    from shmcache.layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS
+    for c, n in ((cache, i), (reads, 32)):
+        seg = c._seg
+        hidden = (seg.shown[0] + 65536) & ~7
+        assert hidden < seg.geometry.arena_nbytes - 65536
+        for e in range(1, seg.geometry.entry_slots):
+            if seg.entry_words[e * ENTRY_WORDS + E_CHECK]:
+                seg.entry_words[e * ENTRY_WORDS + E_OFF] = hidden
+        for j in range(0, n, 7):
+            try:
+                assert c.get(f"k{j}") is None
+            except CorruptionError:
+                pass
+        c.verify(repair_damage=True)
+        assert c.verify().ok, c.verify().problems
     cache.close()
+    reads.close()
     SharedCache.unlink_name("default")
+    SharedCache.unlink_name("reads")
     print("done", i)
 """)
 
@@ -178,7 +202,8 @@ CONTAINER = textwrap.dedent("""
 def test_space_default_cache_fits_a_container_shm_and_a_full_one_refuses_stores(path):
     """A default SharedCache in a 64 MiB /dev/shm: made, at most 8 MiB empty (st_blocks), holds 20 MiB of values;
     on a full /dev/shm a store that needs more of the arena raises NoSpaceError (never SIGBUS), and every value
-    stays readable, room freed by deletes is stored into again, verify() passes."""
+    stays readable, room freed by deletes is stored into again, verify() passes; then every entry's offset damaged
+    to point past what the arena backed is read as damage, never SIGBUS (with the lock, and without: s3fifo)."""
     _namespace_or_skip()
     shell = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -c \"$SCRIPT\" {path}"
     env = {**os.environ, "PYTHONPATH": ROOT, "SCRIPT": CONTAINER, "TESTS": os.path.join(ROOT, "tests")}
@@ -223,3 +248,41 @@ def test_space_cache_occupies_what_it_holds_not_its_capacity(name, path):
         arena = _footprint(cache) - tables
         assert arena <= 2 * held + g.extent_step, (arena, held)
         assert cache.verify().ok
+
+
+def _grower(name: str, start: int, n: int) -> None:
+    from .workers import make_value
+
+    with SharedCache(name, create=False) as c:
+        for i in range(start, start + n):
+            c[f"k{i}"] = make_value(f"k{i}", i, 3000)
+
+
+@pytest.mark.parametrize("path,policy", [("compiled", "lru"), ("compiled", "s3fifo"), ("python", "s3fifo")])
+def test_space_what_another_process_grew_is_read_by_every_handle(name, path, policy):
+    """Another process grows the arena far past what this handle's mapping showed when it opened: every value it
+    stored is read back here, checked, on each path (s3fifo: without the lock too), with no repair made; and this
+    handle's own stores go on past it."""
+    import multiprocessing as mp
+
+    from .workers import check_value, make_value, reap
+
+    with SharedCache(name, capacity_bytes=16 * 2**20, max_entries=8192, policy=policy, create=True) as c:
+        if path == "python":
+            python_path(c)
+        c["k0"] = make_value("k0", 0, 3000)
+        shown = c._seg.shown[0]
+        ctx = mp.get_context("fork")
+        for start in (1, 1001):
+            p = ctx.Process(target=_grower, args=(name, start, 1000))
+            p.start()
+            reap([p], 60)
+            assert p.exitcode == 0
+            for i in range(start + 1000):
+                check_value(f"k{i}", c[f"k{i}"])
+        assert c._seg.shown[0] > shown + 4 * 2**20  # shown as it was found grown
+        for i in range(2001, 2500):
+            c[f"k{i}"] = make_value(f"k{i}", i, 3000)
+        for i in range(2500):
+            check_value(f"k{i}", c[f"k{i}"])
+        assert c.stats().recoveries == 0 and c.verify().ok

@@ -100,9 +100,12 @@ so a put that fits the retained-bytes and entry limits always finds room. Only t
 bytes are backed with memory: a new segment backs ``Geometry.initial_extent`` of them; the ring keeps below the
 extent (wrapping early, a dead block over the rest of the arena of which only the first word is written, while its
 live blocks would fit in seven eighths of it), and a store that needs more grows it (``grown_extent``) after
-backing the new part. The word is a hint: each process backs what it writes to itself first (``posix_fallocate``
-of what is already backed costs nothing), so any value is valid (out of range: the whole arena; 0: the whole arena,
-as in a segment made before the word, whose pages were all reserved at creation).
+backing the new part. Each process maps the file's arena only as far as it has backed it itself (``posix_fallocate``
+of what is already backed costs nothing) and private zero pages after it (``Segment.shown``): a read there, which
+only damage can aim, finds zeros, never a page of the file that is not backed, which on a full /dev/shm would be
+SIGBUS. A process that finds the extent past what it shows backs and shows the rest before it reads (under the lock,
+``Segment.refresh``; the compiled section hands that over). So any value of the word is valid (out of range: the
+whole arena); a repair raises it to the end of the last block it keeps.
 
 Kernel locks on the segment's file (open-file-description locks, ``shmcache/ofd.py``; they live in the kernel, not
 in the segment's bytes): ``get_or_compute`` claims a key with an exclusive lock on one byte below 2**62, at an
@@ -168,10 +171,12 @@ Layout versions.
     6 -- reads without the lock: header line 8 (``seq``, ``reader_slots``, ``base_*``) and the reader slots.
     7 -- the lock's line holds shmcache's own futex words (``word``, ``holder``, ``wakes``), no pthread mutex;
          line 6: ``last_put_ns``, when the cache was last stored to (for ``shmcache ls``), and ``too_large``, the
-         stores refused as too large. ``arena_extent`` (line 6) was added to version 7 without a new version: it is
-         0 in a segment made before it, which reads as the whole arena (all of it was reserved at creation then),
-         and a process that predates it writes a block past the extent without backing it first, which costs
-         nothing but the SIGBUS protection of that one write on a full /dev/shm.
+         stores refused as too large.
+    8 -- the arena backed as it fills: ``arena_extent`` (line 6). A version-7 segment is version 8 with every page
+         reserved at creation and the word 0: this version attaches to it and uses it as it is (its whole arena
+         shown, never grown, its version word never rewritten, not even by a repair), so an upgrade keeps the
+         entries; a version-7 process refuses a version-8 segment, whose blocks past its extent it would write
+         without backing them.
 """
 
 from .dtypes import (

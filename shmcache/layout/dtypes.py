@@ -13,7 +13,10 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8
+# The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
+# ``arena_extent`` (its word is 0, read as the whole arena), so a version-7 segment is used as it is, never rewritten.
+READ_VERSIONS = (7, 8)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
