@@ -74,3 +74,14 @@ def test_stress_signals_short(policy):
     assert s["leaked_fds"] == 0 and s["closed_fds"] == 0 and s["held"] == 0 and s["refused"] == 0
 
 
+
+
+def test_stress_snapshot_kills_short():
+    """stress/snapshot_kills.py (100 kills in the nightly): each killed snapshot writer leaves the previous file or
+    the new one, whole."""
+    proc = subprocess.run([sys.executable, "-m", "stress.snapshot_kills", "--json", "--kills", "3", "--entries",
+                           "3000", "--seed", "3"], cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert s["kills"] == 3 == s["previous"] + s["new"] and s["verify"] == "ok", s
+    assert s["damaged"] == s["mixed"] == s["wrong"] == s["incomplete"] == 0, s
