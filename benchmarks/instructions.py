@@ -209,8 +209,8 @@ def _child(case: str, n: int) -> None:
                 for k in keys[:RESIDENT]:
                     kb = k.encode()
                     size = len(kb) + len(body) + 1
-                    prepared[k] = (kb, tag, body, ops.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
-                                   (ops.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, ops.nb(size), now, -1)
+                    prepared[k] = ((kb, tag, body, ops.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
+                                    (ops.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, ops.nb(size)), now, -1)
             t0 = time.perf_counter_ns()
             for k in drawn:
                 if call(*prepared[k]) is handover:

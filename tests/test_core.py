@@ -1088,7 +1088,8 @@ def test_core_reentered_call_hands_over(name):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["core-get", "core-put-new", "core-put-update", "core-put-evict"])
+@pytest.mark.parametrize("case", ["core-get", "core-put-new", "core-put-update", "core-put-evict", "core-get-raw",
+                                  "core-put-raw"])
 def test_core_benchmark_child_runs_each_case(case):
     # What `python -m benchmarks.instructions --cases core-get,...` measures must run, and clean up, without valgrind.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
