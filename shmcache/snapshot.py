@@ -196,7 +196,13 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
                 continue
             if kb[:1] == _KIND_MARK and (len(kb) < 2 or kb[1] not in named):
                 continue  # a kind made after the names were read (none is ever removed): not in this file's table
-            head, hcheck = _record_head(kb, tag, body, expires and max(1, expires - now + real), seed)
+            if expires:
+                left = expires - now  # (copy_locked skipped the expired: left is positive)
+                if left > MAX_TTL_NS:  # a damaged expiry: no entry lives that long, and its wall time would overflow
+                    damaged += 1
+                    continue
+                expires = max(1, left + real)
+            head, hcheck = _record_head(kb, tag, body, expires, seed)
             write(head)
             write(kb)
             write(body)

@@ -137,6 +137,24 @@ def test_snapshot_ttl_expired_skipped_live_keeps_its_remaining_lifetime(name, ot
         assert "soon" not in d and d["long"] == 3
 
 
+def test_snapshot_skips_an_entry_whose_expiry_is_damaged(name, other, tmp_path):
+    """An expiry word damaged to a time no entry can live to (its wall time would overflow the record) costs that
+    entry, as a damaged record does; the snapshot is written, and the others restore."""
+    path = tmp_path / "x.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        for i in range(10):
+            c.put(i, i, ttl=100)
+        e = c._seg.geometry.entry_slots - 1
+        e = next(s for s in range(1, e) if c._seg.expires_words[s])
+        c._seg.expires_words[e] = 2**63 - 1
+        info = c.snapshot(path)
+        assert info.entries == 9
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        r = d.restore(path)
+        assert r.complete and r.restored == 9 and r.damaged == 0
+        assert all(d.get(i) in (None, i) for i in range(10)) and len(d) == 9
+
+
 def _filled(c: SharedCache, n: int) -> None:
     for i in range(n):
         c.put(i, f"value {i}".encode() * 3)
