@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import NoReturn
 
 from .codec import MALFORMED
@@ -98,6 +99,7 @@ class Guard:
             self._clear = self.lock.clear_call
         self._bump = self.lock.bump_call
         self.closed = False
+        self.inside: set[int] = set()  # the threads inside run (waiting for the lock or holding it), by thread id
         self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
 
     # The pattern of every call, written once in ``run`` (``close`` too, marking the handle closed even when the lock
@@ -142,6 +144,7 @@ class Guard:
         try:
             if not outer:
                 holds.add(ident)
+                self.inside.add(me.tid)
             self.enter(waited)
             entered = True
             if self.closed or self.h[H_DIRTY] or not 0 < self.h[H_ARENA_EXTENT] <= self.shown[0]:
@@ -171,6 +174,7 @@ class Guard:
                 self.lockw[H_DIRTY] = 1
             if not outer:
                 holds.discard(ident)
+                self.inside.discard(me.tid)
 
     def bump(self, word: int) -> None:
         """Add one to header counter ``word`` for something refused before the lock was taken (a value too large
@@ -263,6 +267,15 @@ class Guard:
         except (ShmCacheError, RuntimeError):  # (``run`` made the fault's repair already)
             self.closed = True
             return False
+        # Calls of other threads that were waiting for the lock meanwhile find the flag once they have it, and leave:
+        # they are waited for too, since a wait judges the holder through the segment's descriptors, which the
+        # caller closes next (one closed under a waiter raised EBADF; one reused by another file would mislead it).
+        deadline = time.monotonic() + self.lock.timeout
+        mine = me.tid
+        while any(t != mine for t in tuple(self.inside)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
         return True
 
     def _mark_closed(self) -> None:
