@@ -18,6 +18,7 @@
 #include <stddef.h> /* offsetof (the weak reference list of Core) */
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,9 +38,8 @@ enum {
     ST_HANDOVER = 1, /* hand over to the Python path; the reason says why */
     ST_PINNED = 2,   /* a view pins what the call must change; the segment is consistent: raise PinnedError */
     ST_REFUSED = 3,  /* the policy did not admit a new entry (keep, full): nothing stored, every structure consistent */
-    ST_GROW = 4,     /* the arena's extent must grow past what this mapping shows: every structure consistent; the
-                      * store is handed over (WHY_GROW), and the Python path backs and shows it (or raises
-                      * NoSpaceError) */
+    ST_GROW = 4,     /* the arena's extent could not grow (/dev/shm full): every structure consistent; the store is
+                      * handed over (WHY_GROW), and the Python path raises NoSpaceError */
 };
 
 /* The eviction policies and an entry's marks (layout/dtypes.py's POLICY_*, MARK_*, GHOST_*: bind checks that the
@@ -98,9 +98,10 @@ typedef struct {
     /* geometry */
     int64_t slots, mask, arena_nbytes;
     /* the arena's extent (arena.py): how far this handle's mapping shows the file's arena, backed (the segment's
-     * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. The compiled section
-     * never backs or shows more itself: a store that needs it, and a call that finds the header's extent past
-     * what is shown, is handed over (WHY_GROW), and the Python path does it (Segment.back, Segment.refresh). */
+     * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. A store that grows the
+     * arena backs and shows the new part itself (reach); a call that finds the header's extent past what is shown
+     * (another process grew it) is handed over before anything is done (WHY_GROW), and the Python path shows it
+     * (Segment.refresh), as is a growth /dev/shm cannot back (NoSpaceError). */
     int64_t *shown;
     Py_buffer shown_buf;
     int have_shown;

@@ -108,6 +108,13 @@ static int unready(Core *c)
     return ST_HANDOVER;
 }
 
+/* The least extent that reaches ``need`` with a word to spare. (twin: layout/geometry.py least_extent) */
+static int64_t least_extent(Core *c, int64_t need)
+{
+    int64_t target = (need + c->block_align + 4095) & ~(int64_t)4095;
+    return target < c->arena_nbytes ? target : c->arena_nbytes;
+}
+
 /* The extent after a growth that must reach ``need``. (twin: layout/geometry.py grown_extent) */
 static int64_t grown_extent(Core *c, int64_t ext, int64_t need)
 {
@@ -117,14 +124,38 @@ static int64_t grown_extent(Core *c, int64_t ext, int64_t need)
     return target < c->arena_nbytes ? target : c->arena_nbytes;
 }
 
-/* The extent grown to reach ``need``, published, into *ext, when this mapping shows that much already (it grew
- * it before, and the word was lowered since); else ST_GROW, the ring head, tail, fill (as cleaned so far:
- * consistent) recorded first: the Python path backs and shows more (and falls back to the least growth, on a nearly
- * full /dev/shm). (twin: arena.py Arena._grow) */
+/* Back the arena up to ``stop`` with memory (posix_fallocate through the handle's description) and show it in this
+ * mapping, where private zero pages were (MAP_FIXED of the file's pages, in place). 0, or -1: /dev/shm is full (or
+ * the mapping could not be made), nothing changed but what fallocate backed. (twin: segment.py Segment.back) */
+static int reach(Core *c, int64_t stop)
+{
+    int64_t have = shown(c);
+    if (stop <= have)
+        return 0;
+    int64_t base = (int64_t)(c->arena - c->mem), total = (int64_t)c->buf.len;
+    if (posix_fallocate(c->live_fd, (off_t)(base + have), (off_t)(stop - have)))
+        return -1;
+    int64_t start = (base + have) / 4096 * 4096, end = (base + stop + 4095) / 4096 * 4096;
+    if (end > total)
+        end = total;
+    if (end > start) {
+        void *p = mmap(c->mem + start, (size_t)(end - start), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                       c->live_fd, (off_t)start);
+        if (p == MAP_FAILED)
+            return -1;
+    }
+    *c->shown = stop;
+    return 0;
+}
+
+/* The extent grown to reach ``need``, backed, shown and published, into *ext: a quarter more, else (on a nearly full
+ * /dev/shm) the least that serves, as the Python path does. ST_GROW: neither could be backed; the ring head, tail,
+ * fill (as cleaned so far: consistent) are recorded first, and the store is handed over, where NoSpaceError is
+ * raised. (twin: arena.py Arena._grow) */
 static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
 {
-    int64_t next = grown_extent(c, *ext, need);
-    if (next > shown(c)) {
+    int64_t next = grown_extent(c, *ext, need), least = least_extent(c, need);
+    if (reach(c, next) && (least >= next || reach(c, (next = least)))) {
         HW(head) = head;
         HW(tail) = tail;
         HW(fill) = fill;
@@ -143,7 +174,7 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
 {
     int64_t size = c->arena_nbytes, ext = extent(c);
     int r;
-    if (ext > shown(c)) /* (the section's start handed this over already; a word changed since is refused here) */
+    if (reach(c, ext)) /* (the section's start showed it already, unless the word changed since: damage) */
         return ST_GROW;
     int64_t head = HW(head), tail = HW(tail), fill = HW(fill), used = HW(arena_used);
     if (!(head >= 0 && head < size && tail >= 0 && tail < size && fill >= 0 && fill <= size && !((head | tail) & 7)

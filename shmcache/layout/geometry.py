@@ -26,7 +26,7 @@ def grown_extent(extent: int, need: int, arena_nbytes: int, step: int) -> int:
 
 def least_extent(need: int, arena_nbytes: int) -> int:
     """The least extent that reaches ``need`` with a word to spare, page aligned (a growth on a nearly full
-    /dev/shm: the Python path's alone, to which the compiled section hands every growth)."""
+    /dev/shm). (twin: _core_arena.c least_extent)"""
     return min(arena_nbytes, _round_up(need + BLOCK_ALIGN, PAGE))
 
 
