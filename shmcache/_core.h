@@ -97,6 +97,9 @@ typedef struct {
     int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
     /* geometry */
     int64_t slots, mask, arena_nbytes;
+    /* the ring (arena.py): its size follows the header's capacity word (ring_nbytes), at most capacity_most (the
+     * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes */
+    int64_t capacity_most, ring_entries, block_overhead;
     /* the arena's extent (arena.py): how far this handle's mapping shows the file's arena, backed (the segment's
      * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. A store that grows the
      * arena backs and shows the new part itself (reach); a call that finds the header's extent past what is shown
@@ -113,7 +116,8 @@ typedef struct {
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
-        h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq, h_arena_extent;
+        h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq, h_arena_extent,
+        h_capacity;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;

@@ -31,10 +31,11 @@ static int write_dead(Core *c, int64_t off, int64_t nbytes)
     return ST_OK;
 }
 
-/* Pass the block at tail, absorbing it (dead) or sliding it down to head (live). (twin: arena.py Arena._clean_one) */
-static int clean_one(Core *c, int64_t *head, int64_t *tail, int64_t *fill, int64_t *stuck)
+/* Pass the block at tail, absorbing it (dead) or sliding it down to head (live), in a ring of ``size`` bytes.
+ * (twin: arena.py Arena._clean_one) */
+static int clean_one(Core *c, int64_t size, int64_t *head, int64_t *tail, int64_t *fill, int64_t *stuck)
 {
-    int64_t size = c->arena_nbytes, hd = *head, tl = *tail, fl = *fill;
+    int64_t hd = *head, tl = *tail, fl = *fill;
     if (tl < 0 || tl >= size || tl % 8 || hd < 0 || hd > tl)
         return bounds(c);
     int64_t hdr = AW(tl), nb = hdr & c->len_mask;
@@ -80,12 +81,33 @@ static int clean_one(Core *c, int64_t *head, int64_t *tail, int64_t *fill, int64
     return ST_OK;
 }
 
-/* The header's extent as a number the ring can trust: 0 or out of range is the whole arena.
+/* Bytes of the arena the ring uses under capacity word ``cap`` (0 or out of range: the arena's whole capacity): room
+ * for the bytes, every entry's block header and padding, and 1/16 slack. (twin: layout/geometry.py
+ * Geometry.ring_nbytes) */
+static inline int64_t ring_for(Core *c, int64_t cap)
+{
+    if (!(cap > 0 && cap <= c->capacity_most))
+        cap = c->capacity_most;
+    int64_t n = (cap + cap / 16 + c->block_overhead * c->ring_entries + 63) & ~(int64_t)63;
+    return n < c->arena_nbytes ? n : c->arena_nbytes;
+}
+
+/* The ring's bytes under the capacity in force (the lock held: a resize changes it). */
+static inline int64_t ring_nbytes(Core *c)
+{
+    return ring_for(c, HW(capacity));
+}
+
+/* The header's extent word ``ext`` as a number the ring of ``size`` bytes can trust: 0 or past it is all of it.
  * (twin: arena.py Arena.extent) */
+static inline int64_t extent_in(int64_t ext, int64_t size)
+{
+    return ext > 0 && ext <= size ? ext : size;
+}
+
 static inline int64_t extent(Core *c)
 {
-    int64_t ext = HW(arena_extent);
-    return ext > 0 && ext <= c->arena_nbytes ? ext : c->arena_nbytes;
+    return extent_in(HW(arena_extent), ring_nbytes(c));
 }
 
 /* How far this handle's mapping shows the arena, backed (Segment.shown): what may be written. */
@@ -94,11 +116,12 @@ static inline int64_t shown(Core *c)
     return c->shown ? *c->shown : c->arena_nbytes;
 }
 
-/* Whether the header's extent is past what this mapping shows: another process grew the arena, and the Python path
- * shows the new part (Segment.refresh) before anything is read. (twin: guard.py Guard.admit) */
+/* Whether the header's extent differs from what this mapping shows: another process grew the arena, or a resize
+ * shrank it and gave its pages back, and the Python path shows or hides the difference (Segment.refresh) before
+ * anything is read or written. (twin: guard.py Guard.admit) */
 static inline int hidden(Core *c)
 {
-    return c->shown && extent(c) > *c->shown;
+    return c->shown && HW(arena_extent) != *c->shown && extent(c) != *c->shown;
 }
 
 /* A locked section's refusal to start: the dirty word set (a repair first), or part of the arena hidden. */
@@ -108,20 +131,30 @@ static int unready(Core *c)
     return ST_HANDOVER;
 }
 
-/* The least extent that reaches ``need`` with a word to spare. (twin: layout/geometry.py least_extent) */
-static int64_t least_extent(Core *c, int64_t need)
+/* The least extent that reaches ``need`` with a word to spare, in a ring of ``size`` bytes. (twin:
+ * layout/geometry.py least_extent) */
+static int64_t least_extent(Core *c, int64_t need, int64_t size)
 {
     int64_t target = (need + c->block_align + 4095) & ~(int64_t)4095;
-    return target < c->arena_nbytes ? target : c->arena_nbytes;
+    return target < size ? target : size;
+}
+
+/* The least growth of the extent in a ring of ``size`` bytes: EXTENT_STEP, or a sixteenth of a smaller ring, a page
+ * at least. (twin: layout/geometry.py extent_step) */
+static inline int64_t extent_step(Core *c, int64_t size)
+{
+    int64_t step = ((size / 16) + 4095) & ~(int64_t)4095;
+    step = step < c->extent_step ? step : c->extent_step;
+    return step > 4096 ? step : 4096;
 }
 
 /* The extent after a growth that must reach ``need``. (twin: layout/geometry.py grown_extent) */
-static int64_t grown_extent(Core *c, int64_t ext, int64_t need)
+static int64_t grown_extent(Core *c, int64_t ext, int64_t need, int64_t size)
 {
-    int64_t step = ext >> 2 > c->extent_step ? ext >> 2 : c->extent_step;
+    int64_t least = extent_step(c, size), step = ext >> 2 > least ? ext >> 2 : least;
     int64_t target = need + c->block_align > ext + step ? need + c->block_align : ext + step;
     target = (target + 4095) & ~(int64_t)4095;
-    return target < c->arena_nbytes ? target : c->arena_nbytes;
+    return target < size ? target : size;
 }
 
 /* Back the arena up to ``stop`` with memory (posix_fallocate through the handle's description) and show it in this
@@ -152,9 +185,9 @@ static int reach(Core *c, int64_t stop)
  * /dev/shm) the least that serves, as the Python path does. ST_GROW: neither could be backed; the ring head, tail,
  * fill (as cleaned so far: consistent) are recorded first, and the store is handed over, where NoSpaceError is
  * raised. (twin: arena.py Arena._grow) */
-static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
+static int grow(Core *c, int64_t size, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
 {
-    int64_t next = grown_extent(c, *ext, need), least = least_extent(c, need);
+    int64_t next = grown_extent(c, *ext, need, size), least = least_extent(c, need, size);
     if (reach(c, next) && (least >= next || reach(c, (next = least)))) {
         HW(head) = head;
         HW(tail) = tail;
@@ -172,7 +205,7 @@ static int grow(Core *c, int64_t *ext, int64_t need, int64_t head, int64_t tail,
  * ring keeps below the extent, wrapping early or growing it as arena.py says. (twin: arena.py Arena.alloc) */
 static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
 {
-    int64_t size = c->arena_nbytes, ext = extent(c);
+    int64_t size = ring_nbytes(c), ext = extent_in(HW(arena_extent), size);
     int r;
     if (reach(c, ext)) /* (the section's start showed it already, unless the word changed since: damage) */
         return ST_GROW;
@@ -189,12 +222,12 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
             if (head + nb < ext || (ext == size && room >= nb))
                 break;
             if (room >= nb && (cleaned >= size || used + nb > ext - (ext >> 3) || head >= ext || room > c->max_block)) {
-                if ((r = grow(c, &ext, head + nb, head, tail, fill)))
+                if ((r = grow(c, size, &ext, head + nb, head, tail, fill)))
                     return r;
                 break;
             }
             if (room) {
-                if (head >= ext && (r = grow(c, &ext, head, head, tail, fill)))
+                if (head >= ext && (r = grow(c, size, &ext, head, head, tail, fill)))
                     return r;
                 if ((r = write_dead(c, head, room)))
                     return r;
@@ -206,7 +239,7 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
         if (fill < size && tail - head >= nb) /* free space is the gap [head, tail) */
             break;
         int64_t before = tail;
-        r = clean_one(c, &head, &tail, &fill, &stuck);
+        r = clean_one(c, size, &head, &tail, &fill, &stuck);
         if (r)
             return r;
         int64_t passed = (((tail - before) % size) + size) % size;

@@ -206,10 +206,18 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_PROMOTED", &c->h_promoted, hw_limit)
         || take_word(d, "H_GHOST_HITS", &c->h_ghost_hits, hw_limit)
         || take_word(d, "H_SEQ", &c->h_seq, hw_limit)
-        || take_word(d, "H_ARENA_EXTENT", &c->h_arena_extent, hw_limit) || take(d, "EXTENT_STEP", &c->extent_step))
+        || take_word(d, "H_ARENA_EXTENT", &c->h_arena_extent, hw_limit) || take(d, "EXTENT_STEP", &c->extent_step)
+        || take_word(d, "H_CAPACITY", &c->h_capacity, hw_limit) || take(d, "capacity_bytes", &c->capacity_most)
+        || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead))
         return -1;
     if (c->extent_step <= 0 || c->extent_step % 4096) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the arena's extent step is not whole pages");
+        return -1;
+    }
+    /* (bounds that keep ring_for's arithmetic far from overflow: the arena is at most what it is sized for) */
+    if (c->capacity_most <= 0 || c->capacity_most > c->arena_nbytes || c->ring_entries <= 0
+        || c->ring_entries >= entry_slots + 1 || c->block_overhead <= 0 || c->block_overhead > 64) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the ring's capacity does not fit its arena");
         return -1;
     }
     c->shown = NULL; /* all of the arena, until watch_extent binds the mapping's cell */

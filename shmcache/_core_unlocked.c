@@ -97,14 +97,15 @@ enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take 
 
 /* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);
  * U_LOCK: take the lock instead; -1: a Python exception (no memory). Nothing is counted here. *now as find_live's. */
-/* Whether the header's extent is past what this mapping shows (hidden, read as a reader reads every word): the
- * locked path shows the new part first (Segment.refresh), else a key stored there would read as zeros, a miss. */
+/* Whether the header's extent differs from what this mapping shows (hidden, read as a reader reads every word): the
+ * locked path shows the new part first (Segment.refresh), else a key stored there would read as zeros, a miss; or
+ * hides what a resize gave back, which this reader must not touch (it would be backed again). */
 static inline int hidden_unlocked(Core *c)
 {
     if (c->shown == NULL)
         return 0;
     int64_t ext = RD(HW(arena_extent));
-    return (ext > 0 && ext <= c->arena_nbytes ? ext : c->arena_nbytes) > *c->shown;
+    return ext != *c->shown && extent_in(ext, ring_for(c, RD(HW(capacity)))) != *c->shown;
 }
 
 static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,

@@ -7,7 +7,7 @@ allocation always succeeds when ``arena_used + nbytes <= arena_nbytes`` -- the c
 and the geometry guarantees it for any put within the limits.
 
 The ring lives below the header's ``arena_extent``: the part of the arena backed with memory. A new segment backs
-its first ``Geometry.extent_step`` bytes (256 KiB, or a sixteenth of a smaller arena); when the free space at
+its first ``extent_step`` bytes (256 KiB, or a sixteenth of a smaller ring); when the free space at
 ``head`` reaches the extent, the ring wraps early (one dead block over the rest of the arena, of which only its
 first word is written) while the live blocks would fit in seven eighths of the extent, and the extent grows
 otherwise (``posix_fallocate`` first: a full /dev/shm is a
@@ -20,11 +20,14 @@ at it and whose ``check`` is non-zero. All methods assume the cache lock is held
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import block
 from .errors import CorruptionError, NoSpaceError, PinnedError
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES, PAGE
 from .layout.dtypes import (
-    BLOCK_OWNER_SHIFT, E_CHECK, E_OFF, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED, H_FILL, H_HEAD, H_TAIL,
+    BLOCK_OWNER_SHIFT, E_CHECK, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED, H_FILL,
+    H_HEAD, H_TAIL,
 )
 from .layout.geometry import grown_extent, least_extent
 
@@ -49,7 +52,7 @@ class Arena:
     """
 
     def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
-                 back=None, step: int = PAGE, shown=None) -> None:
+                 back=None, step: int = PAGE, shown=None, ring=None) -> None:
         self.h = h
         self.ent = ent
         # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
@@ -61,18 +64,21 @@ class Arena:
         self.nbytes = nbytes
         self.entry_slots = entry_slots
         self.back = back
-        self.step = step  # Geometry.extent_step
+        self.step = step  # the most of a growth's least step (EXTENT_STEP; layout/geometry.py extent_step)
         # How much of the arena this mapping shows of the file, backed: nothing is written at or past it without a
         # back() first, whatever the header's extent says. (twin: _core_arena.c's c->shown)
         self.shown = [nbytes] if shown is None else shown
+        # The bytes the ring uses under the capacity in force (Segment.ring; None: the whole arena). Read at each
+        # allocation: a resize by another process changes it. (twin: _core_arena.c ring_nbytes)
+        self.ring_nbytes = (lambda: nbytes) if ring is None else ring
 
     def close(self) -> None:
         self.words.release()
 
-    def extent(self) -> int:
-        """The header's extent as a number the ring can trust: 0 or out of range is the whole arena."""
+    def extent(self, size: int) -> int:
+        """The header's extent as a number the ring can trust: 0 or past the ring (``size`` bytes) is all of it."""
         ext = self.h[H_ARENA_EXTENT]
-        return ext if 0 < ext <= self.nbytes else self.nbytes
+        return ext if 0 < ext <= size else size
 
     def reach(self, stop: int) -> None:
         """Make sure ``[0, stop)`` is backed and shown before this process writes there (NoSpaceError: nothing
@@ -92,8 +98,8 @@ class Arena:
             every structure is consistent).
         """
         h = self.h
-        size = self.nbytes
-        ext = self.extent()
+        size = self.ring_nbytes()
+        ext = self.extent(size)
         self.reach(ext)  # what other processes backed, backed here too: writes below ext never fault
         head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
         # Every write below lands at head or tail: damaged ring words must never aim it outside the arena.
@@ -112,11 +118,11 @@ class Arena:
                     break
                 if room >= nb and (cleaned >= size or h[H_ARENA_USED] + nb > ext - (ext >> 3) or head >= ext
                                    or room > MAX_BLOCK_NBYTES):
-                    ext = self._grow(ext, head + nb, head, tail, fill)
+                    ext = self._grow(ext, head + nb, head, tail, fill, size)
                     break
                 if room:
                     if head >= ext:  # (a repaired ring may end at the extent: the dead block's word is past it)
-                        ext = self._grow(ext, head, head, tail, fill)
+                        ext = self._grow(ext, head, head, tail, fill, size)
                     self._dead(head, room)  # pad up to the end of the arena (its first word: the rest unwritten)
                     fill += room
                 head = 0
@@ -124,7 +130,7 @@ class Arena:
             if fill < size and tail - head >= nb:  # free space is the gap [head, tail)
                 break
             before = tail
-            head, tail, fill = self._clean_one(head, tail, fill)
+            head, tail, fill = self._clean_one(head, tail, fill, size)
             cleaned += (tail - before) % size or size
             if cleaned > 2 * size:
                 if self.stuck:
@@ -145,16 +151,16 @@ class Arena:
         h[H_ARENA_USED] += nb
         return off
 
-    def _grow(self, ext: int, need: int, head: int, tail: int, fill: int) -> int:
+    def _grow(self, ext: int, need: int, head: int, tail: int, fill: int, size: int) -> int:
         """The extent grown to reach ``need``, backed here and published in the header. On NoSpaceError the ring
         ``head, tail, fill`` (consistent, as cleaned so far) is recorded first."""
-        new = grown_extent(ext, need, self.nbytes, self.step)
+        new = grown_extent(ext, need, size, self.step)  # (a sixteenth of the ring at most)
         try:
             try:
                 self.reach(new)
             except NoSpaceError:
                 # /dev/shm is nearly full: the least growth that serves this store, before giving up.
-                least = least_extent(need, self.nbytes)
+                least = least_extent(need, size)
                 if least >= new:
                     raise
                 self.reach(least)
@@ -166,9 +172,9 @@ class Arena:
         self.h[H_ARENA_EXTENT] = new
         return new
 
-    def _clean_one(self, head: int, tail: int, fill: int) -> tuple[int, int, int]:
+    def _clean_one(self, head: int, tail: int, fill: int, size: int) -> tuple[int, int, int]:
         nb, e = block.split_header(self.words[tail >> 3])
-        if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > self.nbytes - tail or nb > fill:
+        if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > size - tail or nb > fill:
             raise CorruptionError(f"arena block at {tail} has an impossible length {nb}", what="arena alloc")
         if 0 < e < self.entry_slots:
             b = e * ENTRY_WORDS
@@ -180,9 +186,9 @@ class Arena:
                         self._dead(head, tail - head)
                     self.stuck += 1
                     tail += nb
-                    if tail == self.nbytes:
+                    if tail == size:
                         tail = 0
-                    return tail, tail, self.nbytes
+                    return tail, tail, size
                 if head != tail:
                     self.move(self.base + head, self.base + tail, nb)  # memmove: the ranges may overlap
                     self.ent[b + E_OFF] = head
@@ -190,11 +196,66 @@ class Arena:
                 fill += nb  # the block stays in the ring; the fill loses it below
         fill -= nb
         tail += nb
-        if tail == self.nbytes:
+        if tail == size:
             tail = 0
-        if head == self.nbytes:
+        if head == size:
             head = 0
         return head, tail, fill
+
+    def compact(self, size: int, unused: int) -> int:
+        """Slide every live block down to the arena's start in address order, so that the ring becomes ``[0, L)``,
+        unwrapped, and nothing lies at or past ``L`` (returned): a resize's, before the ring takes another size
+        (``size``, at most the arena). A pinned block stays where it is, the gap before it a dead block.
+        ``unused``: the first entry slot never handed out (``header.unused_next``).
+
+        Moving down in address order never overwrites a block not yet moved (each lands at or below where it was).
+        A fault part-way leaves entries pointing at moved blocks or at bytes another block now covers: the repair
+        keeps those whose checksums hold (the dirty bracket is the caller's).
+
+        :raises PinnedError: a pinned block ends past ``size`` (nothing was moved).
+        :raises CorruptionError: a live entry's block is out of the arena, not its own, or overlaps another.
+        """
+        top = max(1, min(unused, self.entry_slots))
+        rows = np.frombuffer(self.ent, dtype=np.int64).reshape(-1, ENTRY_WORDS)[1:top]
+        live = np.flatnonzero(rows[:, E_CHECK] != 0)
+        e = live + 1
+        off = rows[live, E_OFF]
+        payload = rows[live, E_KEY_NBYTES] + rows[live, E_VAL_NBYTES]
+        nb = (BLOCK_HEADER_NBYTES + payload + BLOCK_ALIGN - 1) & -BLOCK_ALIGN  # block.nbytes, vectorised
+        order = np.argsort(off, kind="stable")
+        e, off, nb = e[order], off[order], nb[order]
+        words = np.frombuffer(self.words, dtype=np.int64)
+        ok = (off >= 0) & (off % BLOCK_ALIGN == 0) & (nb >= BLOCK_HEADER_NBYTES) & (off <= self.nbytes - nb)
+        if len(off) and (not ok.all() or (off[1:] < off[:-1] + nb[:-1]).any()
+                         or (words[off >> 3] != nb | (e << BLOCK_OWNER_SHIFT)).any()):
+            raise CorruptionError("a live entry's block is out of the arena, not its own, or overlaps another",
+                                  what="arena compact")
+        stays = [bool(self.pins[x] and self.pinned(x)) for x in e.tolist()]
+        pos = 0  # where the blocks will end: pinned ones stay put, and what follows one is packed after it
+        for o, n, pinned in zip(off.tolist(), nb.tolist(), stays):
+            pos = o + n if pinned else pos + n
+        if pos > size:
+            raise PinnedError(f"blocks pinned by open views keep the arena's live blocks from fitting in {size} "
+                              "bytes", what="resize", hint="close the views first, then resize")
+        ent = self.ent
+        pos = 0
+        for x, o, n, pinned in zip(e.tolist(), off.tolist(), nb.tolist(), stays):
+            if pinned:
+                if o > pos:
+                    self._dead(pos, o - pos)
+                pos = o + n
+                continue
+            if o != pos:
+                self.move(self.base + pos, self.base + o, n)  # memmove: the ranges may overlap
+                ent[x * ENTRY_WORDS + E_OFF] = pos
+            pos += n
+        h = self.h
+        # Ordering: the ring's words after every block is in place (see alloc).
+        h[H_TAIL] = 0
+        h[H_HEAD] = 0 if pos == size else pos
+        h[H_FILL] = pos
+        h[H_ARENA_USED] = int(nb.sum())
+        return pos
 
     def free(self, off: int, nb: int, e: int) -> None:
         """Mark entry ``e``'s block of ``nb`` bytes at ``off`` dead; its bytes are reclaimed when the cleaner passes."""

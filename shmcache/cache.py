@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
-from . import core, flight, memo, serializers
+from . import config, core, flight, memo, serializers, space
 from . import policy as policies
 from . import snapshot as snapshots
 from .durations import seconds, ttl_ns
@@ -36,8 +36,9 @@ from .guard import Guard
 from .kinds import KindView
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
 from .layout.dtypes import (
-    ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
+    ENTRY_WORDS, H_CAPACITY, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
+from .layout.geometry import RESERVE_FACTOR
 from . import aio
 from .aio import AsyncMethods
 from .keylock import KeyLock
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
 # fills: arena.py).
 DEFAULT_CAPACITY_BYTES = 32 * 2**20
 DEFAULT_MAX_ENTRIES = 32768
+# The most address space a cache reserves for resizes when not told (max_capacity_bytes): 1 TiB.
+_DEFAULT_RESERVE_MOST = 2**40
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
@@ -88,11 +91,14 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 32 MiB) bounds the
-    encoded keys and values held, ``max_entries`` (default 32768) the number of entries; both are fixed at creation
-    and are the highest limits ``set_limits`` accepts. The segment's tables are reserved at creation (about 150
-    bytes per entry of ``max_entries``), its arena as entries fill it: a cache occupies what it holds and a
-    little more (block headers, slack for compaction), up to its capacity. When attaching, they may be omitted; if
-    given, they must match.
+    encoded keys and values held, ``max_entries`` (default 32768) the number of entries; they are the highest
+    limits ``set_limits`` accepts. The segment's tables are reserved at creation (about 150 bytes per entry of
+    ``max_entries``), its arena as entries fill it: a cache occupies what it holds and a little more (block
+    headers, slack for compaction), up to its capacity. ``resize`` changes both while every process serves: the
+    capacity up to ``max_capacity_bytes`` (creation only; default 16 times ``capacity_bytes``, address space and a
+    sparse file that cost no memory until used), the entry limit up to the ``max_entries`` of creation. When
+    attaching, they may be omitted (the cache as it is); a ``capacity_bytes`` or ``max_entries`` given that differs
+    from the cache's resizes it to them (the newest opener's values win).
     ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
     must make the others fail, not hang them); a dead holder is detected at once.
     ``attach_timeout`` bounds the wait for a segment that another process is still creating (then AttachTimeout,
@@ -133,7 +139,8 @@ class SharedCache(LocalMapping, AsyncMethods):
     damaged or foreign, its serializer the other one, unreadable) warns SnapshotWarning and leaves the cache empty.
 
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
-    :raises ValueError: for invalid names, sizes or a mismatch with the existing cache's parameters.
+    :raises ValueError: for invalid names or sizes, a size the existing cache cannot be resized to, or another
+        ``policy``, ``default_ttl`` or ``max_capacity_bytes`` than the existing cache's.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
     :raises SerializerMismatch: (a ValueError) when the cache was created with the other ``serializer``.
@@ -164,6 +171,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         serializer: str = "msgpack",
         policy: str | None = None,
         restore_from: str | os.PathLike[str] | None = None,
+        max_capacity_bytes: int | None = None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
@@ -172,20 +180,27 @@ class SharedCache(LocalMapping, AsyncMethods):
         trust = Trust.of(mode, trust_owner, group)
         seconds("lock_timeout", lock_timeout)
         seconds("attach_timeout", attach_timeout)
-        wanted = Geometry.for_capacity(
-            DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes,
-            DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
-            policy_number,
-        )
+        capacity = DEFAULT_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes
+        if capacity_bytes is None and max_capacity_bytes is not None:
+            capacity = min(capacity, max_capacity_bytes)
+        wanted = Geometry.for_capacity(capacity, DEFAULT_MAX_ENTRIES if max_entries is None else max_entries,
+                                       policy_number)  # (validates both)
+        if max_capacity_bytes is None:
+            reserve = max(capacity, min(RESERVE_FACTOR * capacity, _DEFAULT_RESERVE_MOST))
+        else:
+            reserve = max_capacity_bytes
+            Geometry.for_capacity(reserve, 1)  # (validates it)
+            if reserve < capacity:
+                raise ValueError(f"max_capacity_bytes ({reserve}) must be at least capacity_bytes ({capacity})")
+        wanted = Geometry.for_capacity(reserve, wanted.max_entries, policy_number)
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
         seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
-                      ser.feature)
+                      ser.feature, capacity)
         try:
             serializers.check(name, seg.features, ser)
             found = seg.geometry
             for what, asked, have in (
-                ("capacity_bytes", capacity_bytes, found.capacity_bytes),
-                ("max_entries", max_entries, found.max_entries),
+                ("max_capacity_bytes", max_capacity_bytes, found.capacity_bytes),
                 ("policy", policy, POLICY_NAMES[found.policy]),
                 ("default_ttl", None if default_ttl is None else default_ttl_ns / 1e9,
                  seg.header_words[H_DEFAULT_TTL] / 1e9),
@@ -195,6 +210,8 @@ class SharedCache(LocalMapping, AsyncMethods):
                                      f"omit {what} to attach to it as it is, use another name, or "
                                      f"{remove_hint(name)}")
             self._bind(seg, lock_timeout, clock or time.monotonic_ns, ser)
+            if not seg.initialised_here and (capacity_bytes is not None or max_entries is not None):
+                self._apply(capacity_bytes, max_entries)
         except BaseException:
             seg.close()
             if seg.initialised_here:  # made with our parameters; a segment another process set up is theirs
@@ -202,6 +219,17 @@ class SharedCache(LocalMapping, AsyncMethods):
             raise
         if restore_from is not None and seg.initialised_here:
             self._restore_created(restore_from)
+
+    def _apply(self, capacity_bytes: int | None, max_entries: int | None) -> None:
+        """An attacher's ``capacity_bytes`` / ``max_entries``: the cache resized to them where they differ."""
+        g = self._seg.geometry
+        if max_entries is not None and max_entries > g.max_entries:
+            raise ValueError(f"cache {self.name!r} exists with room for {g.max_entries} entries, not {max_entries}; "
+                             "omit max_entries to attach to it as it is, use another name, or "
+                             f"{remove_hint(self.name)} (the entry table does not grow past its creation size)")
+        if (capacity_bytes not in (None, self.capacity_bytes)
+                or max_entries not in (None, self._h[H_MAX_ENTRIES])):
+            self.resize(capacity_bytes=capacity_bytes, max_entries=max_entries)
 
     def _restore_created(self, path: str | os.PathLike[str]) -> None:
         """``restore_from``'s restore, into the cache this handle has just created."""
@@ -229,7 +257,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._arena = seg.arena
         self._base = g.arena_off
         self._mask = g.index_slots - 1
-        self._capacity_bytes = g.capacity_bytes
+        self._capacity_bytes = g.capacity_bytes  # the most a resize reaches: a store above it can never fit
+        self._closed_capacity = config.capacity(seg.header_words, g)  # (what put refuses by once closed)
         self._table = table
         self._addr = guard.addr
         self._lockw = guard.lockw  # the lock page's words: the asyncio methods look at the lock through them
@@ -291,7 +320,11 @@ class SharedCache(LocalMapping, AsyncMethods):
         tag, body = self._encode_value(value)
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
-        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
+        try:
+            cap = self._h[H_CAPACITY]  # (the capacity in force: a resize may change it, config.capacity)
+        except ValueError:  # a closed handle's released view: the capacity as it was when it was open
+            cap = self._closed_capacity
+        if size > (cap if 0 < cap <= self._capacity_bytes else self._capacity_bytes) or nb > MAX_BLOCK_NBYTES:
             raise self._store.refuse(size)
         check = (_xxh(body, tag) & _MASK63) | 1
         encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
@@ -645,6 +678,50 @@ class SharedCache(LocalMapping, AsyncMethods):
                             "others")
         return got
 
+    @property
+    def capacity_bytes(self) -> int:
+        """The capacity in force: the most encoded key and value bytes the cache holds (``resize`` changes it)."""
+        return config.capacity(self._h, self._seg.geometry)
+
+    @property
+    def max_capacity_bytes(self) -> int:
+        """The most ``capacity_bytes`` a resize reaches, fixed at creation."""
+        return self._seg.geometry.capacity_bytes
+
+    def resize(self, *, capacity_bytes: int | None = None, max_entries: int | None = None) -> None:
+        """Change the capacity and the entry limit for every process while they serve (None: as it is). The
+        byte limit becomes the new capacity, as at creation; a smaller cache evicts at once as its policy chooses,
+        slides what it keeps to the arena's start, and gives back the memory past it (docs/usage.md, "Resizing a
+        cache"). ``stats().resizes`` counts resizes.
+
+        :raises ValueError: a capacity above ``max_capacity_bytes``, an entry limit above the ``max_entries`` the
+            cache was created with, or a cache made by an older release (layout version 8 or 7), which is not
+            resized.
+        :raises PinnedError: entries pinned by open views exceed the new limits or lie past the smaller arena (the
+            cache stays as it was, less what was evicted).
+        :raises OSError: ENOSPC when /dev/shm could never hold the new capacity.
+        """
+        g, name = self._seg.geometry, self.name
+        cap = self.capacity_bytes if capacity_bytes is None else capacity_bytes
+        entries = None if max_entries is None else max_entries
+        for what, n in (("capacity_bytes", cap), ("max_entries", 1 if entries is None else entries)):
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"{what} must be an int, got {type(n).__name__}")
+            if n <= 0:
+                raise ValueError(f"{what} must be positive, got {n}")
+        if cap > g.capacity_bytes:
+            raise ValueError(f"cache {name!r} can grow to max_capacity_bytes={g.capacity_bytes}, not {cap}: a "
+                             "larger one is a new cache (snapshot it, `shmcache rm` it, create it with a larger "
+                             "max_capacity_bytes, restore)")
+        if entries is not None and entries > g.max_entries:
+            raise ValueError(f"cache {name!r} was created with room for {g.max_entries} entries, not {entries}: the "
+                             "entry table does not grow past its creation size (a larger one is a new cache)")
+        if self._seg.version < 9:
+            raise ValueError(f"cache {name!r} was made by an older release (layout version {self._seg.version}), "
+                             "whose segments are not resized: snapshot it, remove it and restore into a new one")
+        space.check_whole(g.occupied_at_most(cap), f"cache {name!r}", "pass a smaller capacity_bytes")
+        self._guard.run(self._store.resize, cap, entries)
+
     def limits(self) -> CacheLimits:
         """The limits in force."""
         s = self.stats()
@@ -655,7 +732,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         """Change the limits for every process and evict at once to meet them: a CacheLimits, or either limit by
         keyword alone (the other stays as it is, read under the same hold of the lock).
 
-        :raises ValueError: if a limit exceeds the capacity the cache was created with.
+        A ``max_retained_bytes`` above the capacity grows the capacity to it (``resize``).
+
+        :raises ValueError: if ``max_entries`` exceeds the entry slots the cache was created with, or
+            ``max_retained_bytes`` its ``max_capacity_bytes``.
         :raises PinnedError: if entries pinned by open views alone exceed the new limits (the old ones stay).
         """
         g = self._seg.geometry
@@ -664,7 +744,7 @@ class SharedCache(LocalMapping, AsyncMethods):
                 raise TypeError("set_limits needs a CacheLimits, max_entries= or max_retained_bytes=")
             # Validates the limits given (types, positive); a limit left out is kept, as None.
             limits = CacheLimits(g.max_entries if max_entries is None else max_entries,
-                                 g.capacity_bytes if max_retained_bytes is None else max_retained_bytes)
+                                 1 if max_retained_bytes is None else max_retained_bytes)
         elif max_entries is not None or max_retained_bytes is not None:
             raise TypeError("set_limits takes a CacheLimits or keywords, not both")
         elif not isinstance(limits, CacheLimits):
@@ -673,9 +753,12 @@ class SharedCache(LocalMapping, AsyncMethods):
             max_entries, max_retained_bytes = limits.max_entries, limits.max_retained_bytes
         if limits.max_entries > g.max_entries or limits.max_retained_bytes > g.capacity_bytes:
             raise ValueError(
-                f"limits {limits} exceed the capacity of cache {self.name!r} (max_entries={g.max_entries}, "
-                f"capacity_bytes={g.capacity_bytes}); capacity is fixed at creation: recreate the cache to raise it"
+                f"limits {limits} exceed what cache {self.name!r} can hold (max_entries={g.max_entries}, "
+                f"max_capacity_bytes={g.capacity_bytes}); both are fixed at creation: a larger cache is a new one"
             )
+        if max_retained_bytes is not None and max_retained_bytes > self.capacity_bytes:
+            self.resize(capacity_bytes=max_retained_bytes, max_entries=max_entries)
+            return
         self._guard.run(self._store.set_limits, max_entries, max_retained_bytes)
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
@@ -696,6 +779,8 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         Waits for calls other threads have in progress on this handle; calls made after it raise ClosedError.
         """
+        if not self.closed:
+            self._closed_capacity = self.capacity_bytes
         if self.closed or not self._guard.close():
             return
         self._finalizer()  # (once: the finaliser is spent, and the collection of the handle does nothing more)
@@ -726,7 +811,7 @@ class SharedCache(LocalMapping, AsyncMethods):
             return f"{name}, closed)"
         # Why without the lock: a repr (in a traceback, a debugger) must never wait; a racy count is fine to show.
         entries = kinds.plain_entries_locked(self._seg)
-        return f"{name}, entries={entries}, capacity_bytes={self._capacity_bytes})"
+        return f"{name}, entries={entries}, capacity_bytes={self.capacity_bytes})"
 
     def _space(self) -> tuple[Parts, int]:
         return self._parts, 0  # the mapping API's keys: those of no kind (mapping.LocalMapping)

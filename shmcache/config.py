@@ -1,10 +1,15 @@
-"""The header words that configure behaviour: ``default_ttl_ns``, ``max_entries`` and ``max_retained_bytes``.
+"""The header words that configure behaviour: ``default_ttl_ns``, ``max_entries``, ``max_retained_bytes`` and
+``capacity``.
 
 A stray write to one of them changes what every process does without breaking any structure (a small positive
 default time to live makes every put expire at once, a max_entries of 1 empties the cache), so no structural check
-can see it. Each is therefore written with a checksum (``config_check``), after a checked copy of all three (line 6
-of the header, ``saved_*``): a word that fails its checksum is damage, and the repair restores it from whichever
-copy still checks, or, if neither does, to the values that can do no harm (no default expiry, the capacity).
+can see it. Each is therefore written with a checksum (``config_check``), after a checked copy of the first three
+(line 6 of the header, ``saved_*``, with its own checksum, ``saved_check``): a word that fails its checksum is
+damage, and the repair restores it from whichever copy still checks, or, if neither does, to the values that can do
+no harm (no default expiry, the capacity as the limits). The capacity word (line 8) has no copy of its own: both
+checksums cover it, so a damaged capacity fails both, and the repair takes the one that makes a copy check again
+among the values a capacity has in practice (the byte limit it set, or the arena's whole), else the arena's whole.
+A capacity of 0 is a segment of layout version 8 or 7, whose checksums cover the first three words alone.
 
 Crash window: ``write`` updates the copy first, then the words. A writer killed within the copy leaves the words
 whole (the old values: the copy is rewritten from them); killed within the words, the copy whole (the new values:
@@ -18,45 +23,61 @@ import struct
 from .codec import MASK63, xxh3
 from .layout import MAX_TTL_NS
 from .layout.dtypes import (
-    H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES,
+    H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES,
     H_SAVED_MAX_RETAINED, H_SAVED_TTL,
 )
 
 _WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED)
 _SAVED = (H_SAVED_TTL, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED)
-_PACK = struct.Struct("<3q").pack
+_PACK3 = struct.Struct("<3q").pack
+_PACK4 = struct.Struct("<4q").pack
 
 
-def checksum(ttl_ns: int, max_entries: int, max_retained: int) -> int:
-    """Never 0, so that a word never written does not check."""
-    return (xxh3(_PACK(ttl_ns, max_entries, max_retained)) & MASK63) | 1
+def checksum(ttl_ns: int, max_entries: int, max_retained: int, capacity: int = 0) -> int:
+    """Never 0, so that a word never written does not check. A capacity of 0 (versions 8 and 7) is not covered."""
+    packed = _PACK3(ttl_ns, max_entries, max_retained) if capacity == 0 else _PACK4(
+        ttl_ns, max_entries, max_retained, capacity)
+    return (xxh3(packed) & MASK63) | 1
 
 
-def write(h, ttl_ns: int, max_entries: int, max_retained: int) -> None:
-    """Set the configuration (header words ``h``, the lock held): the copy first, then the words."""
+def capacity(h, g) -> int:
+    """The capacity in force as a number to trust: the word, or the arena's whole where it is 0 or out of range
+    (a damaged word also fails the checksums, and the repair restores it)."""
+    cap = h[H_CAPACITY]
+    return cap if 0 < cap <= g.capacity_bytes else g.capacity_bytes
+
+
+def write(h, ttl_ns: int, max_entries: int, max_retained: int, cap: int | None = None) -> None:
+    """Set the configuration (header words ``h``, the lock held): the copy first, then the words. ``cap`` None:
+    the capacity word as it is.
+
+    Crash window: the capacity word is written between the two checksums, so a writer killed around it leaves one
+    of them checking (the copy's, written for the new capacity first; or the words', for the old)."""
+    cap = h[H_CAPACITY] if cap is None else cap
     h[H_SAVED_TTL], h[H_SAVED_MAX_ENTRIES], h[H_SAVED_MAX_RETAINED] = ttl_ns, max_entries, max_retained
-    h[H_SAVED_CHECK] = checksum(ttl_ns, max_entries, max_retained)
+    h[H_SAVED_CHECK] = checksum(ttl_ns, max_entries, max_retained, cap)
+    h[H_CAPACITY] = cap
     h[H_DEFAULT_TTL], h[H_MAX_ENTRIES], h[H_MAX_RETAINED] = ttl_ns, max_entries, max_retained
-    h[H_CONFIG_CHECK] = checksum(ttl_ns, max_entries, max_retained)
+    h[H_CONFIG_CHECK] = checksum(ttl_ns, max_entries, max_retained, cap)
 
 
-def set_limits(h, max_entries: int, max_retained: int) -> None:
-    write(h, h[H_DEFAULT_TTL], max_entries, max_retained)
+def set_limits(h, max_entries: int, max_retained: int, cap: int | None = None) -> None:
+    write(h, h[H_DEFAULT_TTL], max_entries, max_retained, cap)
 
 
-def _valid(g, values: tuple[int, int, int], check: int) -> bool:
+def _valid(g, values: tuple[int, int, int], check: int, cap: int) -> bool:
     ttl, max_entries, max_retained = values
-    return (check == checksum(*values) and 0 <= ttl <= MAX_TTL_NS and 0 < max_entries <= g.max_entries
-            and 0 < max_retained <= g.capacity_bytes)
+    return (check == checksum(*values, cap) and 0 <= ttl <= MAX_TTL_NS and 0 < max_entries <= g.max_entries
+            and 0 <= cap <= g.capacity_bytes and 0 < max_retained <= (cap or g.capacity_bytes))
 
 
 def problems(h, g) -> list[str]:
     """What is wrong with the configuration of a segment of geometry ``g``: O(1)."""
-    words, saved = tuple(h[w] for w in _WORDS), tuple(h[w] for w in _SAVED)
-    if not _valid(g, words, h[H_CONFIG_CHECK]):
-        return [f"the configuration words (default_ttl_ns, max_entries, max_retained_bytes = {words}) fail "
-                "their checksum"]
-    if not _valid(g, saved, h[H_SAVED_CHECK]) or saved != words:
+    words, saved, cap = tuple(h[w] for w in _WORDS), tuple(h[w] for w in _SAVED), h[H_CAPACITY]
+    if not _valid(g, words, h[H_CONFIG_CHECK], cap):
+        return [f"the configuration words (default_ttl_ns, max_entries, max_retained_bytes = {words}; capacity "
+                f"{cap}) fail their checksum"]
+    if not _valid(g, saved, h[H_SAVED_CHECK], cap) or saved != words:
         return ["the configuration's saved copy fails its checksum or differs from the words"]
     return []
 
@@ -64,9 +85,19 @@ def problems(h, g) -> list[str]:
 def restore(h, g) -> bool:
     """Put the configuration right (the lock held): from the words if they check, else from the copy, else no
     default expiry and the capacity as the limits. Whether anything was wrong."""
-    words, saved = tuple(h[w] for w in _WORDS), tuple(h[w] for w in _SAVED)
-    words_ok, saved_ok = _valid(g, words, h[H_CONFIG_CHECK]), _valid(g, saved, h[H_SAVED_CHECK])
+    words, saved, cap = tuple(h[w] for w in _WORDS), tuple(h[w] for w in _SAVED), h[H_CAPACITY]
+    words_ok, saved_ok = _valid(g, words, h[H_CONFIG_CHECK], cap), _valid(g, saved, h[H_SAVED_CHECK], cap)
     if words_ok and saved_ok and words == saved:
         return False
-    write(h, *(words if words_ok else saved if saved_ok else (0, g.max_entries, g.capacity_bytes)))
+    if not (words_ok or saved_ok):
+        # Both fail: perhaps the capacity word alone was hit. The values a capacity takes in practice, tried.
+        for guess in (saved[2], words[2], g.capacity_bytes):
+            w_ok, s_ok = _valid(g, words, h[H_CONFIG_CHECK], guess), _valid(g, saved, h[H_SAVED_CHECK], guess)
+            if w_ok or s_ok:
+                cap, words_ok, saved_ok = guess, w_ok, s_ok
+                break
+    if words_ok or saved_ok:
+        write(h, *(words if words_ok else saved), cap)
+    else:
+        write(h, 0, g.max_entries, g.capacity_bytes, g.capacity_bytes if cap else 0)
     return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import weakref
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
@@ -88,7 +89,7 @@ _WORDS = (
     "H_PROGRESS", "H_LAST_PUT", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK",
     "H_NOT_ADMITTED", "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ",
     "MARK_SMALL", "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
-    "R_PINS", "H_ARENA_EXTENT",
+    "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD",
 )
 
 
@@ -121,7 +122,8 @@ def offsets(geometry) -> dict[str, int]:
         marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
         readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
-        arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=g.extent_step, entry_slots=g.entry_slots,
+        arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
+        capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
         index_slots=g.index_slots,
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
@@ -357,7 +359,9 @@ def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
     bound.holder_slot = guard.slot.number  # void in a forked child, whose holds then name no slot (_core_lock.c)
     if seg.geometry.policy != d.POLICY_LRU:  # gets and views without the lock, counted in a reader slot
         try:
-            Reader(seg).bind(bound)
+            reader = Reader(seg)  # (the Core keeps it: the store only asks it, while it lives)
+            reader.bind(bound)
+            store.reader = weakref.ref(reader)
         except OSError:
             pass  # no /proc, or no descriptor left: every read takes the lock
     return bound, bound, pins

@@ -147,7 +147,7 @@ class Guard:
                 self.inside.add(me.tid)
             self.enter(waited)
             entered = True
-            if self.closed or self.h[H_DIRTY] or not 0 < self.h[H_ARENA_EXTENT] <= self.shown[0]:
+            if self.closed or self.h[H_DIRTY] or self.h[H_ARENA_EXTENT] != self.shown[0]:
                 self.admit()
             result = fn(*args)
             close_seq(self.h)
@@ -198,12 +198,12 @@ class Guard:
         me.holds.discard(self.ident)
 
     def admit(self) -> None:
-        """After the lock is taken: refuse a closed handle, show what another process grew of the arena (before
-        anything is read there: Segment.refresh), repair what an update left half-done. The hot paths call it only
-        when one of the three applies."""
+        """After the lock is taken: refuse a closed handle, show what another process grew of the arena or hide
+        what a resize released (before anything is read there: Segment.refresh), repair what an update left
+        half-done. The hot paths call it only when one of the three applies."""
         if self.closed:
             raise closed_error()
-        if not 0 < self.h[H_ARENA_EXTENT] <= self.shown[0]:
+        if self.h[H_ARENA_EXTENT] != self.shown[0]:
             self.seg.refresh()
         if self.h[H_DIRTY]:
             self.repair()

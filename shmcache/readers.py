@@ -103,6 +103,13 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def others_reading(seg, reader: Reader | None) -> bool:
+    """Whether a handle other than ``reader``'s (this handle's slot, or None) holds a reader slot of ``seg``: it
+    may be reading without the lock right now (what a resize that gives pages back must know)."""
+    fd = reader.fd if reader is not None and reader.fd >= 0 else seg.live_fd
+    return ofd.held_in(fd, READER_BASE, READER_SLOTS)
+
+
 def slot_pinned(words, fd: int, e: int) -> bool:
     """Whether a view of a live reader slot's holder pins entry ``e`` (a pin word naming it, in a slot whose kernel
     lock some description holds: not a dead process's). ``fd``: a description of the segment that holds no slot."""

@@ -114,9 +114,12 @@ class Segment:
     version = layout.LAYOUT_VERSION  # the segment's layout version, as attached to (or written)
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
-                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0) -> None:
+                 default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0,
+                 capacity: int | None = None) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self._features = features  # likewise
+        # The capacity a new segment starts with (None: the geometry's whole, which is then not resizable upwards).
+        self._capacity = capacity
         self.name = name
         self.shm_name = shm_name(name)
         self.trust = trust
@@ -124,8 +127,9 @@ class Segment:
         if geometry is not None and create is not False and not os.path.lexists(path):
             # before anything is created: what creation backs (the rest is backed as the arena grows), and the
             # whole, which /dev/shm must be able to hold when it is full
-            space.check(geometry.arena_off + geometry.initial_extent, *_space_args(name))
-            space.check_whole(geometry.total_nbytes, *_space_args(name))
+            cap = geometry.capacity_bytes if capacity is None else capacity
+            space.check(geometry.arena_off + geometry.initial_extent(cap), *_space_args(name))
+            space.check_whole(geometry.occupied_at_most(cap), *_space_args(name))
         deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, trust)
@@ -247,12 +251,15 @@ class Segment:
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
+        cap = geometry.capacity_bytes if self._capacity is None else self._capacity
+        initial = geometry.initial_extent(cap)
         # The tables reserved now, and the arena's first pages: a tmpfs that cannot back them fails here, not with
-        # SIGBUS later; the rest of the arena is backed as the ring reaches it (arena.py, Segment.back).
-        space.reserve(fd, total, *_space_args(self.name), backed=geometry.arena_off + geometry.initial_extent)
-        self._map(fd, geometry, geometry.initial_extent)
+        # SIGBUS later; the rest of the arena is backed as the ring reaches it (arena.py, Segment.back). The file
+        # is sized for the largest capacity a resize may reach: a hole, backed by nothing until the ring gets there.
+        space.reserve(fd, total, *_space_args(self.name), backed=geometry.arena_off + initial)
+        self._map(fd, geometry, initial)
         h = self.header_words
-        h[d.H_ARENA_EXTENT] = geometry.initial_extent
+        h[d.H_ARENA_EXTENT] = initial
         h[d.H_TOTAL_NBYTES] = total
         h[d.H_ENTRY_SLOTS] = geometry.entry_slots
         h[d.H_INDEX_SLOTS] = geometry.index_slots
@@ -261,7 +268,7 @@ class Segment:
         h[d.H_POLICY] = geometry.policy
         h[d.H_GHOST_SLOTS] = geometry.ghost_slots
         h[d.H_READER_SLOTS] = d.READER_SLOTS
-        config.write(h, self._default_ttl_ns, geometry.max_entries, geometry.capacity_bytes)
+        config.write(h, self._default_ttl_ns, geometry.max_entries, cap, cap)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
@@ -328,10 +335,15 @@ class Segment:
                     self._refused, extent = extent, 0  # not backed: shown as zeros, a repair drops what it held
             self._veil(extent)
 
+    def ring(self) -> int:
+        """Bytes of the arena the ring uses under the capacity in force (``Geometry.ring_nbytes``)."""
+        return self.geometry.ring_nbytes(self.header_words[d.H_CAPACITY])
+
     def extent(self) -> int:
-        """The header's arena extent as a number to trust (arena.py): 0 or out of range is the whole arena."""
+        """The header's arena extent as a number to trust (arena.py): 0 or past the ring is the whole ring."""
         ext = self.header_words[d.H_ARENA_EXTENT]
-        return ext if 0 < ext <= self.geometry.arena_nbytes else self.geometry.arena_nbytes
+        ring = self.ring()
+        return ext if 0 < ext <= ring else ring
 
     def _veil(self, extent: int) -> None:
         """Show the file's arena up to ``extent`` and private zero pages after it."""
@@ -353,15 +365,33 @@ class Segment:
     def refresh(self) -> None:
         """Show what other processes backed of the arena since this mapping last looked (the header's extent),
         after backing it here too: a page of it not backed yet (damage, or a writer of another version) is not
-        shown, and the extent is not asked again. Under the lock (Guard.admit), before anything is read."""
+        shown, and the extent is not asked again. An extent below what is shown (a resize shrank the arena and
+        released its pages) hides the rest again, so that a later growth backs it before it is written. Under
+        the lock (Guard.admit), before anything is read."""
         ext = self.extent()
-        if ext <= self.shown[0] or ext == self._refused:
+        if ext < self.shown[0]:
+            self._veil(ext)
+            return
+        if ext == self.shown[0] or ext == self._refused:
             return
         off = self.geometry.arena_off
         if space.back(self.fd, off + self.shown[0], off + ext) is not None:
             self._refused = ext
             return
         self._show(ext)
+
+    def release(self, start: int, give_back: bool) -> bool:
+        """Show private zero pages in this mapping from ``start`` of the arena on and, if ``give_back``, give back
+        the memory of the file's pages there (``fallocate(PUNCH_HOLE)``): a resize that shrank the ring, the
+        header's extent lowered to ``start`` first, under the lock. Whether the memory was given back. (The caller
+        says whether that is safe: a page given back is backed again by the next touch, and a process that reads
+        without the lock may touch one it found before the extent was lowered: on a full /dev/shm, SIGBUS.)"""
+        g = self.geometry
+        self._veil(min(start, g.arena_nbytes))
+        first = -(-start // layout.PAGE) * layout.PAGE
+        if not give_back or first >= g.arena_nbytes:
+            return False
+        return space.release(self.fd, g.arena_off + first, g.arena_off + g.arena_nbytes)
 
     def back(self, stop: int) -> None:
         """Back the arena up to ``stop`` with memory, and show it in this mapping, before anything is written there.

@@ -8,6 +8,8 @@ asked, what is free and what to do.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
 
@@ -77,6 +79,22 @@ def back(fd: int, start: int, stop: int) -> str | None:
         more_text = f"{more / 2**20:.1f} MiB" if more >= 2**20 else f"{-(-more // 1024)} KiB"
         return f"{more_text} more shared memory were needed and {free} in {SHM_DIR}"
     return None
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_fallocate = getattr(_libc, "fallocate", None)
+if _fallocate is not None:
+    _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    _fallocate.restype = ctypes.c_int
+
+
+def release(fd: int, start: int, stop: int) -> bool:
+    """Give back the memory of bytes ``[start, stop)`` of the file open as ``fd`` (``fallocate(PUNCH_HOLE)``: the
+    file keeps its size, the range reads as zeros). False where the system cannot (the memory stays in use)."""
+    if _fallocate is None or stop <= start:
+        return False
+    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, start, stop - start) == 0
 
 
 def map_message(nbytes: int, what: str, smaller: str | None) -> str:

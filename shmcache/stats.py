@@ -9,7 +9,7 @@ from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
-    H_TOO_LARGE, POLICY_NAMES,
+    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES,
 )
 
 from .readers import set_aside, totals as reader_totals
@@ -69,6 +69,9 @@ class CacheStats:
     counts those lookups (``hits`` and ``misses`` include them), ``read_retries`` the reads begun again because a
     writer changed what they were reading, ``read_fallbacks`` those that took the lock after all (a writer kept at
     it, an expired entry to drop).
+
+    ``capacity_bytes`` is the capacity in force and ``max_capacity_bytes`` the most a resize reaches (fixed at
+    creation); ``resizes`` counts the resizes made (``SharedCache.resize``, an attacher's other size).
     """
 
     hits: int
@@ -101,6 +104,8 @@ class CacheStats:
     read_retries: int = 0
     read_fallbacks: int = 0
     too_large: int = 0
+    max_capacity_bytes: int = 0
+    resizes: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -127,7 +132,9 @@ def read_stats(h, kinds: dict | None = None, readers=None) -> CacheStats:
         computations=h[H_COMPUTATIONS],
         waits=h[H_WAITS], takeovers=h[H_TAKEOVERS], entries=h[H_ENTRIES],
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
-        capacity_entries=h[H_ENTRY_SLOTS] - 1, capacity_bytes=h[H_CAPACITY_BYTES], arena_bytes=h[H_ARENA_NBYTES],
+        capacity_entries=h[H_ENTRY_SLOTS] - 1,
+        capacity_bytes=h[H_CAPACITY] if 0 < h[H_CAPACITY] <= h[H_CAPACITY_BYTES] else h[H_CAPACITY_BYTES],
+        max_capacity_bytes=h[H_CAPACITY_BYTES], resizes=h[H_RESIZES], arena_bytes=h[H_ARENA_NBYTES],
         arena_used_bytes=h[H_ARENA_USED], admitted=h[H_ADMITTED],
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
@@ -171,7 +178,9 @@ _PROMETHEUS = (
     ("max_entries", "max_entries", "gauge", "current entry limit"),
     ("max_retained_bytes", "max_retained_bytes", "gauge", "current byte limit"),
     ("capacity_entries", "capacity_entries", "gauge", "highest entry limit possible"),
-    ("capacity_bytes", "capacity_bytes", "gauge", "highest byte limit possible"),
+    ("capacity_bytes", "capacity_bytes", "gauge", "the capacity in force: the highest byte limit without a resize"),
+    ("max_capacity_bytes", "max_capacity_bytes", "gauge", "the most capacity a resize reaches"),
+    ("resizes", "resizes_total", "counter", "resizes of the capacity or the entry limit"),
     ("arena_bytes", "arena_bytes", "gauge", "bytes of the arena"),
     ("arena_used_bytes", "arena_used_bytes", "gauge", "bytes of the arena in live blocks"),
     ("hit_ratio", "hit_ratio", "gauge", "hits / (hits + misses) since the last clear"),

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import block, config, index, kinds, lru, ofd
+from . import block, config, index, kinds, lru, ofd, readers
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
@@ -23,7 +23,8 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
-    H_TOO_LARGE, H_UPDATES, H_WRITING, POLICY_LRU,
+    H_TOO_LARGE, H_UPDATES, H_WRITING, POLICY_LRU, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
+    H_TAIL, H_UNUSED_NEXT,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -58,8 +59,8 @@ Fields = tuple[bytes, int, bytes, int, int, int, int]
 def too_large(size: int, limit: int, name: str) -> TooLargeError:
     """The refusal of an entry of ``size`` bytes over ``limit``, the limit named ``name``; uncounted (see
     ``Store.refuse`` and ``Store.refuse_locked``)."""
-    if name == "capacity_bytes":  # fixed at creation
-        hint = "store a smaller value, or recreate the cache with a larger capacity_bytes"
+    if name == "capacity_bytes":  # the capacity in force
+        hint = "store a smaller value, or resize the cache (SharedCache.resize, up to max_capacity_bytes)"
     else:
         hint = "store a smaller value, or raise max_retained_bytes with set_limits (up to capacity_bytes)"
     return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
@@ -69,6 +70,8 @@ def too_large(size: int, limit: int, name: str) -> TooLargeError:
 class Store:
     """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held); ``serializer``
     the handle's (serializers.py)."""
+
+    reader = None  # a weak reference to the handle's reader slot (readers.Reader) under s3fifo and keep (core.path)
 
     def __init__(self, seg, table, clock, repair, serializer, bump) -> None:
         g = seg.geometry
@@ -82,7 +85,7 @@ class Store:
         self.arena = seg.arena
         self.base = g.arena_off
         self.mask = g.index_slots - 1
-        self.capacity_bytes = g.capacity_bytes
+        self.most_bytes = g.capacity_bytes  # the most a resize reaches
         self.hit = self._hit_relinking if table.policy == POLICY_LRU else self._hit_touching  # type: ignore[method-assign]
         self.seqlocked = table.seqlocked  # guard.updating opens the readers' seq (not under lru)
 
@@ -101,7 +104,7 @@ class Store:
         tag, body = self._encode_value(value) if parts is None else parts
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
-        if size > self.capacity_bytes or nb > MAX_BLOCK_NBYTES:
+        if size > self.capacity() or nb > MAX_BLOCK_NBYTES:
             raise self.refuse(size)
         return _new_encoded(Encoded, (kb, tag, body, xxh3(kb) & MASK63, (xxh3(body, tag) & MASK63) | 1, size, nb))
 
@@ -114,7 +117,15 @@ class Store:
             # Why: the refusal is the answer; a count that cannot be made (the lock timed out, the handle is
             # closed) is lost rather than turned into another error, which the put would not have raised.
             pass
-        return too_large(size, self.capacity_bytes, "capacity_bytes")
+        return too_large(size, self.capacity(), "capacity_bytes")
+
+    def capacity(self) -> int:
+        """The capacity in force (read without the lock: a resize may change it at any time)."""
+        try:
+            cap = self.h[H_CAPACITY]
+        except ValueError:  # a closed handle's released view (the refusal stands: it needs no segment)
+            return self.most_bytes
+        return cap if 0 < cap <= self.most_bytes else self.most_bytes
 
     def refuse_locked(self, size: int) -> TooLargeError:
         """The refusal of an entry of ``size`` bytes over ``max_retained_bytes``, counted; lock held."""
@@ -432,6 +443,53 @@ class Store:
         ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
         self.hit(e)
         return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.table.ver[e]
+
+    @updating
+    def resize(self, capacity: int, max_entries: int | None) -> bool:
+        """Give the cache ``capacity`` bytes (at most the geometry's ``capacity_bytes``) and the entry limit
+        ``max_entries`` (None: as it is), while every process serves: the byte limit becomes the capacity, as at
+        creation, and is met at once by evicting as the policy does. The ring takes the arena the capacity needs
+        (``Geometry.ring_nbytes``): where it wraps, its live blocks are first slid down to the arena's start
+        (``Arena.compact``). A smaller ring lowers the extent, and the memory past it is given back where no other
+        process reads without the lock (``release``). Whether anything changed (then ``resizes`` counts it).
+
+        Crash windows: everything is written inside the dirty bracket, so a holder killed part-way leaves a repair
+        that keeps the entries whose checksums hold, under whichever capacity the configuration's checksums name
+        (the old before its words are written, the new after: config.py).
+
+        :raises PinnedError: entries pinned by open views exceed the new limits, or lie past the smaller arena
+            (the old capacity and limits stay; the evictions made stay made).
+        """
+        seg, h, g = self.seg, self.h, self.seg.geometry
+        old = config.capacity(h, g)
+        entries = h[H_MAX_ENTRIES] if max_entries is None else max_entries
+        if (capacity, entries) == (old, h[H_MAX_ENTRIES]) and h[H_MAX_RETAINED] == capacity:
+            return False
+        before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED], h[H_CAPACITY]
+        size, was = g.ring_nbytes(capacity), seg.ring()
+        try:
+            # First the limits, under the capacity in force: what no longer fits goes, as the policy chooses.
+            config.set_limits(h, entries, min(capacity, old))
+            self.table.evict_until(0, 0)
+            tail, fill = h[H_TAIL], h[H_FILL]
+            if fill == 0:
+                h[H_HEAD] = h[H_TAIL] = 0
+            elif tail + fill <= min(size, was):  # unwrapped and within both rings: the blocks stay where they are
+                h[H_HEAD] = 0 if tail + fill == size else tail + fill
+            else:
+                self.table.ring.compact(min(size, was), h[H_UNUSED_NEXT])
+        except PinnedError:
+            config.set_limits(h, *before)
+            raise
+        config.set_limits(h, entries, capacity, capacity)
+        h[H_RESIZES] += 1
+        ext = seg.extent()
+        if size < was and h[H_ARENA_EXTENT] != ext:  # the extent past the smaller ring: lowered to it
+            h[H_ARENA_EXTENT] = ext
+            # Given back only where no other handle reads without the lock (Segment.release says why).
+            reader = self.reader() if self.reader is not None else None
+            seg.release(ext, g.policy == POLICY_LRU or not readers.others_reading(seg, reader))
+        return True
 
     @updating
     def set_limits(self, max_entries: int | None, max_retained_bytes: int | None) -> None:

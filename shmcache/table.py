@@ -20,6 +20,7 @@ from .readers import slot_pinned
 from .seqlock import open_seq
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
+    EXTENT_STEP,
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
     H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
@@ -61,7 +62,7 @@ class Table:
         self.mask = g.index_slots - 1
         self.slots = g.entry_slots
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
-                          self.pins, self.pinned, seg.back, g.extent_step, seg.shown)
+                          self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring)
 
     def close(self) -> None:
         self.entb.release()

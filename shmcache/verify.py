@@ -16,6 +16,7 @@ import numpy as np
 
 from . import block, config, index, lru, ofd
 from .arena import write_dead
+from .layout.geometry import extent_step
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
@@ -32,7 +33,7 @@ from .layout.dtypes import (
     H_GHOST_CLOCK,
     H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
     MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
-    H_READER_SLOTS, H_TOO_LARGE, READER_SLOTS,
+    H_READER_SLOTS, H_TOO_LARGE, READER_SLOTS, H_CAPACITY, H_RESIZES,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -89,7 +90,7 @@ def _block_ok(seg, e: int, deep: bool) -> bool:
 def _block_problem(seg, e: int, deep: bool) -> str | None:
     """What is wrong with entry ``e``'s block (see ``_block_ok``), or None."""
     _tick(seg.header_words)  # one an entry: the deep walk hashes every value
-    ent, size = seg.entry_words, seg.geometry.arena_nbytes
+    ent, size = seg.entry_words, seg.ring()
     b = e * _W
     off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
     if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
@@ -143,7 +144,7 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
 
 _COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
              H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS, H_BASE_HITS,
-             H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS, H_TOO_LARGE)
+             H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS, H_TOO_LARGE, H_RESIZES)
 # (``seq`` has no range: any value is a generation, and an odd one is evened by the next hold to end.)
 _INT64_MAX = 2**63 - 1
 _DIRTY_MAX = 2  # 1: an update under way, 2: a repair (cache.py)
@@ -166,7 +167,7 @@ def header_ranges(g, features: int = 0, version: int = LAYOUT_VERSION) -> dict[i
         H_CREATOR_PID: (0, MAX_PID), H_VERSION_CLOCK: (0, MAX_VERSION), H_NEXT_EXPIRY: (0, NEVER),
         H_DEFAULT_TTL: (0, MAX_TTL_NS), H_KINDS_USED: (0, MAX_KINDS), H_WRITING: (0, slots - 1),
         H_SMALL_FIRST: (SENTINEL, slots - 1), H_SMALL: (0, slots - 1), H_GHOST_CLOCK: (0, GHOST_STAMP_MASK),
-        H_ARENA_EXTENT: (0, arena),
+        H_ARENA_EXTENT: (0, arena), H_CAPACITY: (0, cap),
     })
     return ranges
 
@@ -306,7 +307,7 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
 
 
 def _check_ring(seg, live: set[int], problems: _Problems) -> None:
-    h, aw, ent, size = seg.header_words, seg.arena_words, seg.entry_words, seg.geometry.arena_nbytes
+    h, aw, ent, size = seg.header_words, seg.arena_words, seg.entry_words, seg.ring()
     head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
     if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and head % 8 == 0 and tail % 8 == 0) or (
         (head - tail) % size != fill % size
@@ -546,18 +547,19 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
 def _sane_limits(h, g) -> tuple[int, int]:
     """The limits in the header, or the capacity for any that garbage pushed out of range."""
     max_entries = h[H_MAX_ENTRIES] if 0 < h[H_MAX_ENTRIES] <= g.max_entries else g.max_entries
-    max_retained = h[H_MAX_RETAINED] if 0 < h[H_MAX_RETAINED] <= g.capacity_bytes else g.capacity_bytes
+    cap = config.capacity(h, g)
+    max_retained = h[H_MAX_RETAINED] if 0 < h[H_MAX_RETAINED] <= cap else cap
     return max_entries, max_retained
 
 
 def _rebuild_ring(seg, kept: list[int]) -> None:
     """Lay the ring over the kept blocks in address order, with dead blocks filling the gaps between them."""
-    h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.geometry.arena_nbytes
+    h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.ring()
     blocks = sorted((ent[e * _W + E_OFF], block.entry_nbytes(ent, e)) for e in kept)
     # The extent (a hint, arena.py) past the last kept block by a word at least, where the next dead block may go;
     # one out of range, or short of that, becomes just that (pages backed beyond it are backed again, at no cost).
     end = blocks[-1][0] + blocks[-1][1] if blocks else 0
-    need = min(size, max(seg.geometry.initial_extent, -(-(end + BLOCK_ALIGN) // PAGE) * PAGE))
+    need = min(size, max(extent_step(size), -(-(end + BLOCK_ALIGN) // PAGE) * PAGE))
     if not need <= h[H_ARENA_EXTENT] <= size and h[H_ARENA_EXTENT] != 0:
         h[H_ARENA_EXTENT] = need
     if not blocks:

@@ -81,8 +81,10 @@ def _differs(a: SharedCache, b: SharedCache) -> list[int]:
     slot's holder word: the pid of the process that last opened a handle on the segment (``readers.Reader``), which
     any process of the host may be doing to one twin and not yet the other (``shmcache ls`` opens every cache),
     and which no operation of either path writes."""
-    x = np.frombuffer(a._seg.mm, dtype=np.uint8).copy()
-    y = np.frombuffer(b._seg.mm, dtype=np.uint8).copy()
+    # (up to the farther of the two mappings' shown arenas: past them each reads private zero pages)
+    end = a._seg.geometry.arena_off + max(a._seg.shown[0], b._seg.shown[0])
+    x = np.frombuffer(a._seg.mm, dtype=np.uint8, count=end).copy()
+    y = np.frombuffer(b._seg.mm, dtype=np.uint8, count=end).copy()
     for lo, hi in _EXCLUDED:
         x[lo:hi] = y[lo:hi] = 0
     for r in range(READER_SLOTS):
@@ -108,6 +110,7 @@ class Twins:
         self.names = [unique_name("core"), unique_name("core")]
         kw = dict(capacity_bytes=capacity, max_entries=max_entries, create=True, default_ttl=default_ttl,
                   clock=self.clock, policy=policy)
+        self.capacity = capacity
         self.a = SharedCache(self.names[0], **kw)
         self.b = SharedCache(self.names[1], **kw)
         # a: the reference; b: the Python path as the fallback after a hand-over, its views through self.core
@@ -153,7 +156,13 @@ class Twins:
             want = self.a.put(key, value, ttl)
         except (PinnedError, TooLargeError) as exc:
             want = type(exc)
-        r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl))
+        encoded = _encode(key, value)
+        if encoded[5] > self.b.capacity_bytes:  # refused before the lock, as SharedCache.put does: no Core call
+            try:
+                return want, self.b.put(key, value, ttl)
+            except TooLargeError as exc:
+                return want, type(exc)
+        r = self.core.put(encoded, self.clock(), -1 if ttl is None else ttl_ns(ttl))
         if r is core.PINNED:
             got = PinnedError
         elif self._handover(r):
@@ -204,7 +213,19 @@ class Twins:
         out = []
         for c in (self.a, self.b):
             try:
-                c.set_limits(max_retained_bytes=max(1, int(c._seg.geometry.capacity_bytes * fraction)))
+                c.set_limits(max_retained_bytes=max(1, min(c.capacity_bytes, int(self.capacity * fraction))))
+                out.append(None)
+            except PinnedError:
+                out.append(PinnedError)
+        return tuple(out)
+
+    def resize(self, fraction: float) -> tuple:
+        """Resize both to ``fraction`` of the capacity they were made with, through the Python path: the ring the
+        compiled section then uses (its size, its extent) follows."""
+        out = []
+        for c in (self.a, self.b):
+            try:
+                c.resize(capacity_bytes=max(1, int(self.capacity * fraction)))
                 out.append(None)
             except PinnedError:
                 out.append(PinnedError)
@@ -242,8 +263,8 @@ class Twins:
             return
         if what == "view":
             self.view(op[1])
-        elif what == "limits":
-            want, got = self.limits(op[1])
+        elif what in ("limits", "resize"):
+            want, got = getattr(self, what)(op[1])
             assert want == got, (op, want, got)
         elif what == "unview":
             self.unview()
@@ -338,8 +359,10 @@ def _ops(rng: random.Random, n: int, keys: int, max_value: int, with_views: bool
             ops.append(("delete", k))
         elif r < 0.95:
             ops.append(("tick", rng.choice([1, 10**8, 10**9, 3 * 10**9])))
-        elif r < 0.96:
+        elif r < 0.955:
             ops.append(("limits", rng.choice([0.3, 0.6, 1.0, 1.0])))
+        elif r < 0.96:
+            ops.append(("resize", rng.choice([0.25, 0.5, 1.0, 2.0, 6.0])))
         elif not with_views:
             ops.append(("tick", 1))
         elif r < 0.98:
@@ -379,6 +402,7 @@ _op = st.one_of(
     st.tuples(st.just("delete"), st.integers(0, 11)),
     st.tuples(st.just("tick"), st.sampled_from([1, 10**9, 3 * 10**9])),
     st.tuples(st.just("limits"), st.sampled_from([0.3, 0.6, 1.0])),
+    st.tuples(st.just("resize"), st.sampled_from([0.25, 0.5, 1.0, 3.0])),
     st.tuples(st.just("view"), st.integers(0, 11)),
     st.tuples(st.just("unview")),
 )
@@ -393,7 +417,7 @@ def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl, p
     handovers = _run(ops, capacity, max_entries, default_ttl, policy)
     # Core hands over only a put above a lowered byte limit (the Python path raises TooLargeError), and a store that
     # grows the arena past what the mapping shows ("grow": the Python path backs and shows it).
-    allowed = ({"limit"} if any(op[0] == "limits" for op in ops) else set()) | {"grow"}
+    allowed = ({"limit"} if any(op[0] in ("limits", "resize") for op in ops) else set()) | {"grow"}
     assert set(handovers) <= allowed, f"Core handed over {handovers} without a limit to justify it"
 
 
@@ -410,7 +434,7 @@ def _allowed_batch_handovers(ops) -> set:
     """What a batch may hand over: a put above a lowered byte limit ("limit", the Python path raises TooLargeError),
     a batch put meeting a key a view pins ("pinned", the Python path raises PinnedError), and a store that grows the
     arena ("grow")."""
-    return ({"limit"} if any(op[0] == "limits" for op in ops) else set()) | \
+    return ({"limit"} if any(op[0] in ("limits", "resize") for op in ops) else set()) | \
         ({"pinned"} if any(op[0] == "view" for op in ops) else set()) | {"grow"}
 
 
@@ -460,9 +484,11 @@ def test_core_differential_long_sequences(seed):
     capacity = rng.choice([2048, 8192, 32768])
     ops = _ops(rng, 3000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
     handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]), POLICIES[seed % 3])
-    # A put above a lowered byte limit is the Python path's to refuse (TooLargeError): "limit"; a growth of the arena
+    # A put above a lowered byte limit (set_limits, or a smaller capacity) is the Python path's to refuse
+    # (TooLargeError): "limit"; a growth of the arena
     # its to back and show: "grow". Pins (in the odd seeds' runs) are asked of the kernel by Core itself.
     assert set(handovers) <= {"limit", "grow"}, handovers
+    assert any(op[0] == "resize" for op in ops)
 
 
 @pytest.mark.parametrize("policy", ["s3fifo", "keep"])

@@ -40,7 +40,8 @@ class Clock:
 
 
 def _image(c: SharedCache) -> bytes:
-    raw = bytearray(c._seg.mm)
+    # (up to what the mapping shows of the arena: past it, private zero pages)
+    raw = bytearray(memoryview(c._seg.mm)[: c._seg.geometry.arena_off + c._seg.shown[0]])
     for off, n in _IGNORED:
         raw[off : off + n] = bytes(n)
     return bytes(raw)

@@ -260,16 +260,64 @@ def test_layout_not_a_shmcache_segment(name):
 def test_layout_golden_version_8_arena_extent(name):
     """Version 8: line 6's last word (byte 440) is ``arena_extent``, what the creator backed of the arena
     (``Geometry.initial_extent``), and the file beyond it is not backed (st_blocks); a store past it raises it."""
-    assert d.LAYOUT_VERSION == 8 and d.H_ARENA_EXTENT * 8 == 440 and 7 in d.READ_VERSIONS
-    g = Geometry.for_capacity(8 * 2**20, 64, 0)
-    assert g.initial_extent == g.extent_step == 256 * 1024
+    assert d.LAYOUT_VERSION >= 8 and d.H_ARENA_EXTENT * 8 == 440 and 7 in d.READ_VERSIONS
+    g = Geometry.for_capacity(16 * 8 * 2**20, 64, 0)
+    assert g.initial_extent(8 * 2**20) == 256 * 1024
     with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=64, create=True) as c:
         with open(f"/dev/shm/shmcache.{name}", "rb") as f:
-            assert int.from_bytes(f.read(448)[440:448], "little") == g.initial_extent
-        assert os.stat(f"/dev/shm/shmcache.{name}").st_blocks * 512 <= g.arena_off + g.initial_extent
+            assert int.from_bytes(f.read(448)[440:448], "little") == 256 * 1024
+        assert os.stat(f"/dev/shm/shmcache.{name}").st_blocks * 512 <= g.arena_off + 256 * 1024
         for i in range(8):
             c[f"k{i}"] = bytes(100_000)
         assert c._seg.header_words[d.H_ARENA_EXTENT] >= 800_000
+
+
+def test_layout_golden_version_9_capacity(name):
+    """Version 9: line 0's ``capacity_bytes`` is what the arena is sized for (``max_capacity_bytes``), the file is
+    that long but sparse; line 8's words 6 and 7 (bytes 560, 568) are the capacity in force and the resizes, and
+    both configuration checksums cover the capacity."""
+    from shmcache import config
+
+    assert d.LAYOUT_VERSION == 9 and d.READ_VERSIONS == (7, 8, 9)
+    assert (d.H_CAPACITY * 8, d.H_RESIZES * 8) == (560, 568)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        h = c._seg.header_words
+        assert (h[d.H_CAPACITY_BYTES], h[d.H_CAPACITY], h[d.H_RESIZES]) == (16 * 2**20, 2**20, 0)
+        assert os.fstat(c._seg.fd).st_size == c._seg.geometry.total_nbytes > 16 * 2**20
+        assert h[d.H_CONFIG_CHECK] == h[d.H_SAVED_CHECK] == config.checksum(0, 64, 2**20, 2**20)
+        assert config.checksum(0, 64, 2**20, 2**20) != config.checksum(0, 64, 2**20)
+        c.resize(capacity_bytes=3 * 2**20)
+        assert (h[d.H_CAPACITY], h[d.H_RESIZES], h[d.H_MAX_RETAINED]) == (3 * 2**20, 1, 3 * 2**20)
+
+
+def _as_made_by(c, version: int) -> None:
+    """Rewrite ``c``'s segment (made with max_capacity_bytes equal to its capacity) as layout ``version`` (8 or 7)
+    made it: no capacity word, configuration checksums of three words; 7 also with every page backed."""
+    from shmcache import config
+
+    h = c._seg.header_words
+    config.write(h, h[d.H_DEFAULT_TTL], h[d.H_MAX_ENTRIES], h[d.H_MAX_RETAINED], 0)
+    if version == 7:
+        os.posix_fallocate(c._seg.fd, 0, c._seg.geometry.total_nbytes)
+        h[d.H_ARENA_EXTENT] = 0
+    h[d.H_VERSION] = version
+
+
+def test_layout_version_8_segment_is_used_as_it_is_and_not_resized(name):
+    with SharedCache(name, capacity_bytes=2**20, max_capacity_bytes=2**20, max_entries=256, create=True) as c:
+        c["old"] = b"kept"
+        _as_made_by(c, 8)
+    with SharedCache(name, create=False) as c:
+        assert c._seg.version == 8 and c.capacity_bytes == 2**20 and c["old"] == b"kept"
+        for i in range(300):
+            c[f"k{i}"] = bytes([i % 256]) * 5000  # the arena grows as version 8 grows it
+        assert c.verify().ok and c._seg.header_words[d.H_CAPACITY] == 0
+        with pytest.raises(ValueError, match="older release"):
+            c.resize(capacity_bytes=2**19)
+        c._seg.header_words[d.H_DIRTY] = 1
+        assert c.verify(repair_damage=True) is not None
+        h = c._seg.header_words
+        assert (h[d.H_VERSION], h[d.H_CAPACITY]) == (8, 0) and c.verify().ok
 
 
 def test_layout_version_7_segment_is_used_as_it_is(name):
@@ -277,12 +325,11 @@ def test_layout_version_7_segment_is_used_as_it_is(name):
     on both paths, its whole arena shown, and never rewritten to version 8, not even by a repair."""
     from .workers import python_path
 
-    with SharedCache(name, capacity_bytes=2 * 2**20, max_entries=256, create=True) as c:
+    with SharedCache(name, capacity_bytes=2 * 2**20, max_capacity_bytes=2 * 2**20, max_entries=256,
+                     create=True) as c:
         g = c._seg.geometry
         c["old"] = b"kept"
-        os.posix_fallocate(c._seg.fd, 0, g.total_nbytes)  # as version 7 made it
-        c._seg.header_words[d.H_VERSION] = 7
-        c._seg.header_words[d.H_ARENA_EXTENT] = 0
+        _as_made_by(c, 7)
     for path in ("compiled", "python"):
         with SharedCache(name, create=False) as c:
             if path == "python":

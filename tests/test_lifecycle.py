@@ -62,8 +62,9 @@ def test_lifecycle_attach_with_matching_parameters(name):
         assert b.limits().max_entries == 8
 
 
-@pytest.mark.parametrize("param", [{"capacity_bytes": 8192}, {"max_entries": 9}])
+@pytest.mark.parametrize("param", [{"max_capacity_bytes": 8192}, {"max_entries": 9}, {"policy": "keep"}])
 def test_lifecycle_attach_with_other_parameters_raises(name, param):
+    """(Another capacity_bytes, or a max_entries within the entry table, resizes the cache: tests/test_resize.py.)"""
     with SharedCache(name, create=True, **SMALL):
         with pytest.raises(ValueError, match="exists with"):
             SharedCache(name, **param)
@@ -165,7 +166,7 @@ def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name
     removal = f"`shmcache rm {name}`"
     with SharedCache(name, **SMALL):
         refusals = []
-        for make, error in ((lambda: SharedCache(name, capacity_bytes=2 * SMALL["capacity_bytes"]), ValueError),
+        for make, error in ((lambda: SharedCache(name, max_capacity_bytes=2 * SMALL["capacity_bytes"]), ValueError),
                             (lambda: SharedCache(name, max_entries=2 * SMALL["max_entries"]), ValueError),
                             (lambda: SharedCache(name, policy="keep"), ValueError),
                             (lambda: SharedCache(name, create=True), FileExistsError),
@@ -175,7 +176,7 @@ def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name
             refusals.append(str(raised.value))
         for message in refusals:
             assert removal in message and "every entry it holds is lost, for every process" in message, message
-        assert "omit capacity_bytes" in refusals[0] and "create=None" in refusals[3]
+        assert "omit max_capacity_bytes" in refusals[0] and "create=None" in refusals[3]
         assert "serializer='msgpack'" in refusals[4] and "serializer='pickle'" in refusals[4]
     SharedCache.unlink_name(name)
     fd = os.open(f"/dev/shm/shmcache.{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

@@ -272,8 +272,10 @@ class SharedCacheMachine(RuleBasedStateMachine):
     def open_cache(self, max_entries, max_bytes, default_ttl) -> None:
         # Starting below capacity makes both limits bite within a few steps.
         self.model = ReferenceLRU(MAX_ENTRIES, CAPACITY, default_ttl=default_ttl, clock=self.clock)
-        self.handles.append(SharedCache(self.name, capacity_bytes=CAPACITY, max_entries=MAX_ENTRIES, create=True,
-                                        default_ttl=default_ttl, clock=self.clock))
+        # (max_capacity_bytes: the capacity fixed, as the model's; tests/test_resize.py resizes)
+        self.handles.append(SharedCache(self.name, capacity_bytes=CAPACITY, max_capacity_bytes=CAPACITY,
+                                        max_entries=MAX_ENTRIES, create=True, default_ttl=default_ttl,
+                                        clock=self.clock))
         self.handles.append(SharedCache(self.name, create=False, clock=self.clock))
         self.set_limits(max_entries, max_bytes, other=False)
 

@@ -529,7 +529,7 @@ def test_verify_configuration_crash_windows_restore_old_or_new_values():
     from shmcache.layout import Geometry
 
     g = Geometry.for_capacity(16_000, 32)
-    old, new = (5, 30, 9_000), (7, 20, 12_000)
+    old, new = (5, 30, 9_000, 10_000), (7, 20, 12_000, 14_000)
     writes = []
 
     class Recording(list):
@@ -537,17 +537,17 @@ def test_verify_configuration_crash_windows_restore_old_or_new_values():
             writes.append((w, v))
             super().__setitem__(w, v)
 
-    h = Recording([0] * 64)
+    h = Recording([0] * d.HEADER_WORDS)
     config.write(h, *old)
     writes.clear()
     config.write(h, *new)
     done = list(writes)
     for cut in range(len(done) + 1):
-        h2 = [0] * 64
+        h2 = [0] * d.HEADER_WORDS
         config.write(h2, *old)
         for w, v in done[:cut]:
             h2[w] = v
         config.restore(h2, g)
-        got = (h2[d.H_DEFAULT_TTL], h2[d.H_MAX_ENTRIES], h2[d.H_MAX_RETAINED])
+        got = (h2[d.H_DEFAULT_TTL], h2[d.H_MAX_ENTRIES], h2[d.H_MAX_RETAINED], h2[d.H_CAPACITY])
         assert got in (old, new), (cut, got)
         assert not config.problems(h2, g)

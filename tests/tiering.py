@@ -21,8 +21,8 @@ LOCKED = frozenset({
     "test_aio", "test_atomic", "test_cache", "test_codec", "test_core", "test_hot_paths", "test_interrupts",
     "test_keylock", "test_kinds", "test_lifecycle", "test_lock", "test_lock_damage", "test_mapping", "test_memoize",
     "test_multiprocess", "test_policies", "test_properties", "test_security", "test_single_flight", "test_snapshot",
-    "test_space", "test_stress", "test_sweep", "test_too_large", "test_ttl", "test_unlocked", "test_unpack",
-    "test_verify", "test_view",
+    "test_resize", "test_space", "test_stress", "test_sweep", "test_too_large", "test_ttl", "test_unlocked",
+    "test_unpack", "test_verify", "test_view",
 })
 UNIT = frozenset({
     "test_aiocache", "test_benchmarks", "test_cli", "test_dataset_fit", "test_django", "test_flask", "test_hitratio",

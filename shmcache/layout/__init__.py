@@ -39,7 +39,19 @@ line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1
 s3fifo, 2 keep) and ``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``,
 ``small``), its ghost clock and the policy's counters, line 8 what readers without the lock validate against
 (``seq``), the number of reader slots (written once at creation) and the slots' sums ``clear()`` last set aside
-(``base_*``). See ``dtypes.HEADER`` for each field.
+(``base_*``), then the capacity in force (``capacity``) and the count of resizes (``resizes``). See
+``dtypes.HEADER`` for each field.
+
+Capacity. The arena is sized at creation for the most a resize reaches (``capacity_bytes`` of line 0): address
+space, and a file that long, sparse. The ring uses its first ``Geometry.ring_nbytes(capacity)`` bytes, what the
+capacity in force needs (its bytes, a block header and padding per entry slot, 1/16 slack), and keeps its extent
+within them. A resize (``Store.resize``, under the lock) sets the limits and the capacity word together
+(``config.write``); where the ring wraps or reaches past the new size, it first slides every live block down to
+the arena's start in address order (``Arena.compact``: a pinned block stays, the gap before it dead). A smaller
+ring lowers the extent; each process hides its pages past it before its next locked call (``Segment.refresh``;
+the compiled section hands that over), and their memory is given back (``fallocate(PUNCH_HOLE)``) where no
+other handle reads without the lock, since a reader that found an offset there before the resize would back a
+page again by touching it.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -177,6 +189,11 @@ Layout versions.
          shown, never grown, its version word never rewritten, not even by a repair), so an upgrade keeps the
          entries; a version-7 process refuses a version-8 segment, whose blocks past its extent it would write
          without backing them.
+    9 -- resizes: line 0's ``capacity_bytes`` is what the arena is sized for (``max_capacity_bytes``, the file
+         that long but sparse), and line 8's ``capacity`` the capacity in force, under both configuration
+         checksums, which now cover four words; ``resizes`` counts the resizes. A segment of version 8 or 7 is
+         version 9 with ``capacity`` 0 (its arena's whole, checksums of three words): attached and used as it is,
+         never resized.
 """
 
 from .dtypes import (

@@ -13,10 +13,12 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 8
+LAYOUT_VERSION = 9
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
-# ``arena_extent`` (its word is 0, read as the whole arena), so a version-7 segment is used as it is, never rewritten.
-READ_VERSIONS = (7, 8)
+# ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
+# 0: the arena's whole, under a configuration checksum of three words). Segments of 7 and 8 are used as they are,
+# never rewritten, and never resized.
+READ_VERSIONS = (7, 8, 9)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -88,7 +90,8 @@ HEADER = _record(
             ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel
             ("index_slots", _W),     # records in the index table, a power of two
             ("arena_nbytes", _W),    # bytes in the arena
-            ("capacity_bytes", _W),  # the retained-bytes capacity asked for at creation
+            ("capacity_bytes", _W),  # the largest capacity the arena is sized for (max_capacity_bytes): the most
+            #                          a resize reaches (before version 9: the capacity, fixed)
         ]),
         # Line 1: the lock's words (shmcache/lock.py), alone on their line.
         (64, [("lock", f"V{LOCK_NBYTES}")]),
@@ -174,6 +177,10 @@ HEADER = _record(
             ("base_misses", _W),    # last reset the counters: stats() reports the sums less these
             ("base_retries", _W),
             ("base_fallbacks", _W),
+            ("capacity", _W),       # the capacity in force (resize), at most capacity_bytes: the ring keeps within
+            #                         the arena it needs (Geometry.ring_nbytes); under the configuration's checksums
+            #                         (config.py); 0 (a segment of version 8 or 7): capacity_bytes
+            ("resizes", _W),        # resizes that changed the capacity or the entry limit (a counter)
         ]),
     ],
     HEADER_NBYTES,
@@ -308,6 +315,8 @@ H_BASE_HITS = _word(HEADER, "base_hits")
 H_BASE_MISSES = _word(HEADER, "base_misses")
 H_BASE_RETRIES = _word(HEADER, "base_retries")
 H_BASE_FALLBACKS = _word(HEADER, "base_fallbacks")
+H_CAPACITY = _word(HEADER, "capacity")
+H_RESIZES = _word(HEADER, "resizes")
 R_HITS = _word(READER, "hits")
 R_MISSES = _word(READER, "misses")
 R_RETRIES = _word(READER, "retries")

@@ -10,18 +10,28 @@ from .dtypes import (
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
+# What a cache made without max_capacity_bytes may be resized to: this many times its capacity. The arena is sized
+# for it in address space and in a sparse file, and costs memory only where the ring backs it (arena.py).
+RESERVE_FACTOR = 16
 
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def grown_extent(extent: int, need: int, arena_nbytes: int, step: int) -> int:
+def extent_step(ring_nbytes: int, most: int = EXTENT_STEP) -> int:
+    """The least growth of the arena's extent in a ring of ``ring_nbytes``, and what a new segment backs of it:
+    ``most`` (``EXTENT_STEP``), or a sixteenth of a smaller ring, a page at least. (twin: _core_arena.c
+    extent_step)"""
+    return max(PAGE, min(most, _round_up(ring_nbytes // 16, PAGE)))
+
+
+def grown_extent(extent: int, need: int, ring_nbytes: int, step: int = EXTENT_STEP) -> int:
     """The arena's extent after a growth that must reach ``need`` (the end of the block to write): a quarter more
-    than ``extent``, ``step`` at least (``Geometry.extent_step``), a word past ``need`` at least (where the ring's
-    next dead block may begin), page aligned, and at most the whole arena. (twin: _core_arena.c grown_extent)"""
-    target = max(need + BLOCK_ALIGN, extent + max(extent >> 2, step))
-    return min(arena_nbytes, _round_up(target, PAGE))
+    than ``extent``, the step at least (``extent_step``), a word past ``need`` at least (where the ring's next dead
+    block may begin), page aligned, and at most the whole ring. (twin: _core_arena.c grown_extent)"""
+    target = max(need + BLOCK_ALIGN, extent + max(extent >> 2, extent_step(ring_nbytes, step)))
+    return min(ring_nbytes, _round_up(target, PAGE))
 
 
 def least_extent(need: int, arena_nbytes: int) -> int:
@@ -60,16 +70,24 @@ class Geometry:
         arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
         return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy)
 
-    @property
-    def extent_step(self) -> int:
-        """The least growth of the arena's extent, and what a new segment backs of it: ``EXTENT_STEP``, or a
-        sixteenth of a smaller arena (a page at least)."""
-        return max(PAGE, min(EXTENT_STEP, _round_up(self.arena_nbytes // 16, PAGE)))
+    def ring_nbytes(self, capacity: int) -> int:
+        """Bytes of the arena the ring uses under ``capacity`` (at most ``capacity_bytes``; 0: that): room for its
+        bytes, every entry's block header and padding, and 1/16 slack for compaction, as at creation. (twin:
+        _core_arena.c ring_nbytes)"""
+        if not 0 < capacity <= self.capacity_bytes:
+            capacity = self.capacity_bytes
+        arena = capacity + capacity // 16 + BLOCK_OVERHEAD * self.max_entries
+        return min(self.arena_nbytes, _round_up(arena, ALIGN))
 
-    @property
-    def initial_extent(self) -> int:
-        """Bytes of the arena a new segment backs with memory: the rest is backed as blocks need it."""
-        return min(self.arena_nbytes, self.extent_step)
+    def occupied_at_most(self, capacity: int) -> int:
+        """The most memory a segment holds under ``capacity``: its tables and the ring's arena."""
+        return self.arena_off + _round_up(self.ring_nbytes(capacity), PAGE)
+
+    def initial_extent(self, capacity: int = 0) -> int:
+        """Bytes of the arena a new segment of ``capacity`` (0: the whole) backs with memory: the rest is backed as
+        blocks need it."""
+        ring = self.ring_nbytes(capacity)
+        return min(ring, extent_step(ring))
 
     @property
     def ghost_slots(self) -> int:

@@ -1,0 +1,274 @@
+"""A cache resized while it serves (``SharedCache.resize``): its capacity grows and shrinks within the
+``max_capacity_bytes`` it was made for, its entry limit within its entry table; what it keeps reads back whole, what
+a shrink gives back leaves /dev/shm, and a resize cut short at any point leaves a cache the next call repairs."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from shmcache import PinnedError, SharedCache
+from shmcache.layout.dtypes import H_CAPACITY, H_DIRTY
+
+from .conftest import unique_name
+from .workers import check_value, make_value, reap
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+KIB, MIB = 2**10, 2**20
+
+
+def _occupied(c: SharedCache) -> int:
+    return os.fstat(c._seg.fd).st_blocks * 512
+
+
+def _fill(c: SharedCache, keys, seq: int = 0, nbytes: int = 900) -> None:
+    for k in keys:
+        c.put(k, make_value(k, seq, nbytes))
+
+
+def _read_back(c: SharedCache, keys) -> int:
+    """How many of ``keys`` the cache holds, each checked to be the value made for it."""
+    found = 0
+    for k in keys:
+        v = c.get(k)
+        if v is not None:
+            check_value(k, v)
+            found += 1
+    return found
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "keep"])
+def test_resize_grows_keeping_every_entry_and_shrinks_by_the_policy(name, policy):
+    c = SharedCache(name, capacity_bytes=256 * KIB, max_entries=4096, create=True, policy=policy)
+    try:
+        assert c.capacity_bytes == 256 * KIB and c.max_capacity_bytes == 16 * 256 * KIB
+        keys = [f"k{i}" for i in range(2000)]
+        _fill(c, keys[:400])
+        held = len(c)
+        assert 0 < held < 400
+        c.resize(capacity_bytes=3 * MIB)
+        assert c.capacity_bytes == 3 * MIB and c.limits().max_retained_bytes == 3 * MIB
+        assert _read_back(c, keys[:400]) == held  # no entry lost on the way up
+        _fill(c, keys[400:2000])
+        s = c.stats()
+        assert s.capacity_bytes == 3 * MIB and s.resizes == 1 and s.retained_bytes <= 3 * MIB
+        grown = _occupied(c)
+        if policy == "lru":  # the most recently read survive a shrink
+            recent = keys[1900:2000]
+            assert _read_back(c, recent) == len(recent)
+        c.resize(capacity_bytes=256 * KIB)
+        assert c.stats().resizes == 2 and c.stats().retained_bytes <= 256 * KIB
+        assert c.verify().ok
+        if policy == "lru":
+            assert _read_back(c, recent) == len(recent)
+        kept = _read_back(c, keys)
+        assert kept == len(c) > 0
+        # Its memory given back (one process, so nobody reads without the lock elsewhere): the arena past the
+        # smaller ring is a hole again.
+        assert _occupied(c) < grown / 2, (_occupied(c), grown)
+        _fill(c, keys[:500], seq=1)  # and it serves on, within the smaller ring
+        assert c.verify().ok and c.stats().retained_bytes <= 256 * KIB
+        _read_back(c, keys)
+    finally:
+        c.close()
+
+
+def test_resize_refuses_what_the_cache_was_not_made_for(name):
+    with SharedCache(name, capacity_bytes=64 * KIB, max_entries=64, max_capacity_bytes=1 * MIB, create=True) as c:
+        with pytest.raises(ValueError, match="max_capacity_bytes"):
+            c.resize(capacity_bytes=2 * MIB)
+        with pytest.raises(ValueError, match="64 entries"):
+            c.resize(max_entries=65)
+        with pytest.raises(ValueError, match="positive"):
+            c.resize(capacity_bytes=0)
+        with pytest.raises(TypeError):
+            c.resize(capacity_bytes=1.5)
+        c.resize(capacity_bytes=1 * MIB, max_entries=10)
+        assert (c.capacity_bytes, c.limits().max_entries) == (1 * MIB, 10)
+    with pytest.raises(ValueError, match="at least capacity_bytes"):
+        SharedCache(unique_name(), capacity_bytes=2 * MIB, max_capacity_bytes=1 * MIB, create=True)
+
+
+def test_an_opener_with_another_size_resizes_the_cache(name):
+    with SharedCache(name, capacity_bytes=64 * KIB, max_entries=64, create=True) as first:
+        _fill(first, [f"k{i}" for i in range(40)], nbytes=100)
+        with SharedCache(name) as plain:  # sizes omitted: the cache as it is
+            assert plain.capacity_bytes == 64 * KIB
+        with SharedCache(name, capacity_bytes=512 * KIB, max_entries=32) as newest:
+            assert newest.capacity_bytes == 512 * KIB and newest.limits().max_entries == 32
+        s = first.stats()  # seen identically by every process
+        assert (s.capacity_bytes, s.max_entries, s.resizes, s.entries) == (512 * KIB, 32, 1, 32)
+        with pytest.raises(ValueError, match="shmcache rm"):
+            SharedCache(name, max_entries=65)
+        with pytest.raises(ValueError, match="shmcache rm"):
+            SharedCache(name, policy="s3fifo")
+        with pytest.raises(ValueError, match="max_capacity_bytes"):
+            SharedCache(name, max_capacity_bytes=first.max_capacity_bytes * 2)
+        assert _read_back(first, [f"k{i}" for i in range(40)]) == 32
+
+
+def test_set_limits_above_the_capacity_grows_it(name):
+    with SharedCache(name, capacity_bytes=64 * KIB, max_entries=64, create=True) as c:
+        c.set_limits(max_retained_bytes=32 * KIB)
+        assert c.capacity_bytes == 64 * KIB and c.stats().resizes == 0
+        c.set_limits(max_retained_bytes=256 * KIB)
+        assert c.capacity_bytes == 256 * KIB and c.limits().max_retained_bytes == 256 * KIB
+        assert c.stats().resizes == 1
+        with pytest.raises(ValueError, match="max_capacity_bytes"):
+            c.set_limits(max_retained_bytes=c.max_capacity_bytes + 1)
+
+
+def test_a_shrink_keeps_pinned_blocks_or_refuses(name):
+    c = SharedCache(name, capacity_bytes=256 * KIB, max_entries=1024, create=True)
+    try:
+        c.resize(capacity_bytes=2 * MIB)
+        keys = [f"k{i}" for i in range(1500)]
+        for k in keys:
+            c.put(k, os.urandom(1200))
+        last = keys[-1]  # written last: near the end of the ring, far past a small arena
+        with c.view(last):
+            with pytest.raises(PinnedError):
+                c.resize(capacity_bytes=64 * KIB)
+            assert c.capacity_bytes == 2 * MIB and c.verify().ok
+        c.resize(capacity_bytes=64 * KIB)
+        assert c.capacity_bytes == 64 * KIB and c.verify().ok
+    finally:
+        c.close()
+
+
+def test_a_damaged_capacity_word_is_repaired_from_the_checksums(name):
+    with SharedCache(name, capacity_bytes=64 * KIB, max_entries=64, create=True) as c:
+        c.resize(capacity_bytes=200 * KIB)
+        _fill(c, [f"k{i}" for i in range(30)], nbytes=100)
+        for garbage in (0, 7, 150 * KIB, c.max_capacity_bytes, -1, 2**62):
+            c._h[H_CAPACITY] = garbage
+            report = c.verify(repair_damage=True)
+            assert not report.ok or garbage == 200 * KIB
+            assert c.capacity_bytes == 200 * KIB and c.limits().max_retained_bytes == 200 * KIB
+            assert c.verify().ok and _read_back(c, [f"k{i}" for i in range(30)]) == 30
+
+
+def test_a_resize_cut_short_part_way_is_repaired(name):
+    """An exception at each point of a shrink's compaction (as a SIGKILL would leave it, with dirty set): the next
+    call repairs, and every entry kept reads back as it was stored."""
+    keys = [f"k{i}" for i in range(600)]
+    for cut in (0, 1, 5, 40, 200):
+        c = SharedCache(name, capacity_bytes=128 * KIB, max_entries=1024, create=True)
+        try:
+            c.resize(capacity_bytes=1 * MIB)
+            _fill(c, keys)
+            for k in keys[::3]:
+                c.delete(k)
+            ring = c._table.ring
+            real, moves = ring.move, [0]
+
+            def move(*args):
+                if moves[0] == cut:
+                    raise RuntimeError("cut short")
+                moves[0] += 1
+                return real(*args)
+
+            ring.move = move
+            try:
+                c.resize(capacity_bytes=128 * KIB)
+            except RuntimeError:
+                assert not c._h[H_DIRTY]  # the holder repaired before it let go (Guard.fault)
+            else:
+                assert cut >= moves[0]  # fewer moves than the cut: it ran whole
+            finally:
+                ring.move = real
+            assert c.capacity_bytes in (128 * KIB, 1 * MIB)
+            _read_back(c, keys)  # (the first call repairs)
+            assert c.verify().ok
+            _fill(c, keys[:100], seq=2)
+            assert _read_back(c, keys[:100]) > 0 and c.verify().ok
+        finally:
+            c.close()
+            SharedCache.unlink_name(name)
+
+
+def _resizer(name: str, seed: int) -> None:
+    """Resize for ever between sizes, as fast as it can: SIGKILLed at a random instant by the test."""
+    rng = random.Random(seed)
+    with SharedCache(name, create=False) as c:
+        while True:
+            c.resize(capacity_bytes=rng.choice([128 * KIB, 512 * KIB, 2 * MIB]))
+
+
+def test_a_resizer_killed_at_random_instants_leaves_a_cache_that_serves(name):
+    keys = [f"k{i}" for i in range(400)]
+    ctx = mp.get_context("fork")
+    with SharedCache(name, capacity_bytes=512 * KIB, max_entries=1024, create=True) as c:
+        rng = random.Random(7)
+        for round_ in range(12):
+            _fill(c, rng.sample(keys, 200), seq=round_)
+            p = ctx.Process(target=_resizer, args=(name, round_))
+            p.start()
+            try:
+                time.sleep(rng.uniform(0.01, 0.15))
+                os.kill(p.pid, signal.SIGKILL)
+            finally:
+                reap([p], 10)
+            _read_back(c, keys)  # every value found is the one stored for its key
+            assert c.verify().ok
+            assert c.capacity_bytes in (128 * KIB, 512 * KIB, 2 * MIB)
+
+
+def _serve(name: str, worker: int, seconds: float, queue) -> None:
+    rng = random.Random(worker)
+    counts = dict(hits=0, misses=0, wrong=0, errors=0, puts=0)
+    with SharedCache(name, create=False) as c:
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            k = f"k{rng.randrange(3000)}"
+            i += 1
+            try:
+                if rng.random() < 0.6:
+                    v = c.get(k)
+                    if v is None:
+                        counts["misses"] += 1
+                    else:
+                        counts["hits"] += 1
+                        try:
+                            check_value(k, v)
+                        except AssertionError:
+                            counts["wrong"] += 1
+                else:
+                    c.put(k, make_value(k, worker * 10**7 + i, rng.randrange(64, 4000)))
+                    counts["puts"] += 1
+            except PinnedError:
+                pass
+            except Exception:  # counted: the test fails on any
+                counts["errors"] += 1
+    queue.put(counts)
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_resizes_while_processes_read_and_write(name, policy):
+    """4 processes get and put values that carry their key and checksum while this one resizes up and down."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with SharedCache(name, capacity_bytes=1 * MIB, max_entries=8192, create=True, policy=policy) as c:
+        procs = [ctx.Process(target=_serve, args=(name, w, 3.0, queue)) for w in range(4)]
+        for p in procs:
+            p.start()
+        try:
+            sizes = [1 * MIB, 8 * MIB, 2 * MIB, 16 * MIB, 512 * KIB]
+            end, n = time.monotonic() + 2.5, 0
+            while time.monotonic() < end:
+                c.resize(capacity_bytes=sizes[n % len(sizes)])
+                n += 1
+                time.sleep(0.05)
+            results = [queue.get(timeout=60) for _ in procs]
+        finally:
+            reap(procs, 30)
+        assert n >= 5 and c.stats().resizes >= n - 1
+        assert sum(r["wrong"] for r in results) == 0 and sum(r["errors"] for r in results) == 0, results
+        assert sum(r["hits"] for r in results) > 0 and sum(r["puts"] for r in results) > 0
+        assert c.verify().ok
