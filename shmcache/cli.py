@@ -78,8 +78,9 @@ def _describe(args, name: str, attachment: tuple[int | None, list[int]]) -> dict
         # (clamped to the age: a writer with a clock of its own, SharedCache(clock=...), stamps in its own time)
         since = None if not last_put else min(age, max(0.0, (time.monotonic_ns() - last_put) / 1e9))
         st = os.fstat(seg.fd)
-        # (st_blocks: the pages backed with memory, what the cache occupies; the size is what it may grow to)
-        row = {"name": name, "state": "ok", "size_bytes": seg.geometry.total_nbytes,
+        # (st_blocks: the pages backed with memory, what the cache occupies; the size is what it may grow to under
+        # its capacity in force, not the file's length, which is sized for max_capacity_bytes and sparse)
+        row = {"name": name, "state": "ok", "size_bytes": seg.geometry.occupied_at_most(c.capacity_bytes),
                "occupied_bytes": st.st_blocks * 512, "creator_pid": h[H_CREATOR_PID], "owner": _user(st.st_uid),
                "age_s": age, "last_write_s": since, **attached}
         try:
@@ -909,6 +910,22 @@ def cmd_del(args) -> int:
     return 0 if all(deleted) else 1
 
 
+def cmd_resize(args) -> int:
+    with _open(args, args.name) as c:
+        before = c.capacity_bytes
+        c.resize(capacity_bytes=args.capacity_bytes, max_entries=args.max_entries)
+        s = c.stats()
+    if args.json:
+        _print_json({"capacity_bytes": s.capacity_bytes, "max_capacity_bytes": s.max_capacity_bytes,
+                     "max_entries": s.max_entries, "entries": s.entries, "retained_bytes": s.retained_bytes,
+                     "resizes": s.resizes})
+    else:
+        print(f"{args.name}: capacity {_human(before)} -> {_human(s.capacity_bytes)} (at most "
+              f"{_human(s.max_capacity_bytes)}), max_entries={s.max_entries} ({s.entries} entries, "
+              f"{_human(s.retained_bytes)} retained)")
+    return 0
+
+
 def cmd_set_limits(args) -> int:
     with _open(args, args.name) as c:
         old = c.limits()
@@ -1140,6 +1157,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="give the size of bytes, array, tensor and pickled values instead of their data")
     sp.add_argument("--unpickle", action="store_true",
                     help="load pickled values (pickle caches: runs code their writers chose; trust every writer)")
+    sp = add("resize", cmd_resize, "change a cache's capacity (and entry limit) while every process serves: a "
+                                   "smaller one evicts as its policy chooses and gives the memory back")
+    sp.add_argument("name")
+    sp.add_argument("capacity_bytes", type=parse_size, metavar="SIZE", help="e.g. 1GiB, 268435456")
+    sp.add_argument("--max-entries", type=parse_size, metavar="N", help="the entry limit (default: as it is)")
     sp = add("set-limits", cmd_set_limits, "change a cache's limits (evicts at once to meet them)")
     sp.add_argument("name")
     sp.add_argument("--max-entries", type=parse_size, metavar="N", help="e.g. 100000, 1e5")

@@ -170,6 +170,17 @@ def test_cli_set_limits_above_capacity_is_a_clear_error(capsys, filled, name):
     assert rc == 1 and "capacity" in err
 
 
+def test_cli_resize(capsys, filled, name):
+    cap = filled.capacity_bytes
+    rc, out, _ = run(capsys, "resize", name, str(4 * cap), "--json")
+    got = json.loads(out)
+    assert rc == 0 and got["capacity_bytes"] == 4 * cap == filled.capacity_bytes and got["resizes"] == 1
+    rc, out, _ = run(capsys, "resize", name, "1KiB", "--max-entries", "4")
+    assert rc == 0 and f"{name}: capacity" in out and filled.capacity_bytes == 1024 and len(filled) <= 4
+    rc, _, err = run(capsys, "resize", name, str(filled.max_capacity_bytes + 1))
+    assert rc == 1 and "max_capacity_bytes" in err
+
+
 def test_cli_clear_and_rm(capsys, filled, name):
     filled.kind("jvp").put("k", 1)  # a kind's entries go too: 11 in all
     rc, out, _ = run(capsys, "clear", name)
