@@ -495,9 +495,15 @@ class Store:
     def set_limits(self, max_entries: int | None, max_retained_bytes: int | None) -> None:
         """New limits (None: keep that one), met at once by evicting.
 
+        A byte limit above the capacity in force (read here, under the lock: another process may have resized
+        since the caller looked) grows the capacity to it (``resize``).
+
         :raises PinnedError: if entries pinned by open views alone exceed them (the old limits stay).
         """
         h = self.h
+        if max_retained_bytes is not None and max_retained_bytes > config.capacity(h, self.seg.geometry):
+            self.resize(max_retained_bytes, max_entries)
+            return
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
         config.set_limits(h, before[0] if max_entries is None else max_entries,
                           before[1] if max_retained_bytes is None else max_retained_bytes)

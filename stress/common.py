@@ -40,6 +40,7 @@ from shmcache import POLICIES, CacheLimits, PinnedError, SharedCache, ShmCacheEr
 from shmcache.layout import SEGMENT_PREFIX
 from shmcache import readers
 from shmcache.layout.dtypes import H_LOCK_OFF
+from shmcache.layout.geometry import RESERVE_FACTOR
 from shmcache.lock import FUTEX_TID_MASK
 
 FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused", "not_admitted", "snapshots",
@@ -48,7 +49,7 @@ OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED, NOT_ADMITTED, SNAPSHO
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
        "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
-       "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3, "snapshot": 0.05, "restore": 0.05}
+       "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3, "snapshot": 0.05, "restore": 0.05, "resize": 0.05}
 SNAPSHOT_OPS = ("snapshot", "restore")  # in a mix only where the workload is given a directory for its files
 KIND = "stress"  # the key kind the kind_* operations use; its keys hold values checked like the others
 HOT_SHARE = 0.8  # share of key draws from the heavy-tailed (Zipf-like) distribution; the rest are uniform
@@ -313,6 +314,13 @@ class Workload:
         else:
             lowered = CacheLimits(self.rng.randint(max(1, n // 8), n), self.rng.randint(nbytes // 8, nbytes))
             self.cache.set_limits(lowered)
+
+    def _resize(self) -> None:
+        """A new capacity for every process, from a quarter to four times the one the cache was made with (its
+        max_capacity_bytes is 16 times that): a shrink evicts, compacts and gives pages back under the others."""
+        most = self.cache.max_capacity_bytes
+        made = max(4096, most // RESERVE_FACTOR)
+        self.cache.resize(capacity_bytes=min(most, int(made * self.rng.choice([0.25, 0.5, 1, 1, 2, 4]))))
 
     def _snapshot(self) -> None:
         """Write the cache to the slot's snapshot file while the other workers go on (and may be killed meanwhile)."""

@@ -1,7 +1,8 @@
 """SIGKILL cache users at random instants, most of them while they hold the cache lock, and check nothing breaks.
 
 The workload is stress.hammer's, plus --heavy workers that make the lock's hold times long: puts of values up to a
-quarter of the capacity (each evicting and compacting a lot) and frequent set_limits to low limits. Every KILL_GAP
+quarter of the capacity (each evicting and compacting a lot), frequent set_limits to low limits and resizes (a
+quarter to four times the capacity: a kill mid-resize leaves the old or the new one, repaired). Every KILL_GAP
 seconds the parent SIGKILLs one worker that has started working and starts a replacement in its slot. LOCKED_SHARE
 of the kills are aimed: the parent watches the holder recorded in the cache lock's word (a raw read of the segment)
 for up to HOLDER_WAIT seconds and kills the holder the moment it is one of the workers. The holder's slot dies with
@@ -15,7 +16,8 @@ stack and stops.
 Reading the summary line:
 
     kill_storm: policy=P ops=N wrong=0 errors=0 hangs=0 crashes=0 kills=K locked_kills=L recoveries=R
-                not_admitted=A snapshots=N restores=M unlocked_reads=U read_retries=T read_fallbacks=F verify=ok
+                not_admitted=A snapshots=N restores=M resizes=Z unlocked_reads=U read_retries=T read_fallbacks=F
+                verify=ok
                 seconds=S workers=W
 
 policy        the cache's eviction policy (lru, s3fifo or keep)
@@ -31,6 +33,7 @@ not_admitted  puts that returned False, not admitted by keep's full cache (under
 snapshots     snapshots the light workers wrote of the cache (each worker slot to its own file) while the others
               worked and were killed, themselves among them; restores: restores of a slot's file into the cache,
               each of which must find the file whole (a writer killed mid-write leaves the last one), else an error
+resizes       resizes of the cache's capacity the workers made (stats().resizes), a kill mid-resize included
 unlocked_reads  lookups answered without the lock over the whole run (s3fifo and keep, compiled: summed from the
               reader slots, as stats().unlocked_reads is, but not from the workload's last clear()); read_retries,
               read_fallbacks: of the reads, those begun again under a writer and those that took the lock after all
@@ -67,7 +70,7 @@ DEFAULT_CAPACITY_BYTES = 1 << 20
 DEFAULT_MAX_ENTRIES = 1024
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 DEFAULT_HEAVY = 0  # 0: a quarter of the workers, at least one
-HEAVY_MIX = {"put": 50, "get": 35, "delete": 5, "set_limits": 8, "verify": 1, "clear": 0.2}
+HEAVY_MIX = {"put": 50, "get": 35, "delete": 5, "set_limits": 8, "verify": 1, "clear": 0.2, "resize": 1}
 HEAVY_BIG_SHARE = 0.5  # share of a heavy worker's puts that carry a value of up to a quarter of the capacity
 KILL_GAP = (0.01, 0.06)  # seconds between kills, drawn uniformly
 LOCKED_SHARE = 0.7  # share of kills aimed at the current lock holder
@@ -122,7 +125,7 @@ def _run(args) -> tuple[dict, bool]:
             dead.append(p)
         else:
             p.close()
-    hangs = crashes = kills = locked_kills = recoveries = wrong = 0
+    hangs = crashes = kills = locked_kills = recoveries = resizes = wrong = 0
     unlocked = (0, 0, 0)
     ok, elapsed = False, 0.0
 
@@ -168,7 +171,7 @@ def _run(args) -> tuple[dict, bool]:
         if not hangs:
             ok, wrong = final_check(cache, args.keys)
             s = cache.stats()
-            recoveries, unlocked = s.recoveries, lifetime_reads(cache)
+            recoveries, unlocked, resizes = s.recoveries, lifetime_reads(cache), s.resizes
     finally:
         stop.value = 1
         reap(procs + dead, 5.0)
@@ -181,7 +184,8 @@ def _run(args) -> tuple[dict, bool]:
         "ops": total(counts, OPS), "wrong": wrong, "errors": errors, "hangs": hangs, "crashes": crashes,
         "kills": kills, "locked_kills": locked_kills, "recoveries": recoveries,
         "not_admitted": total(counts, NOT_ADMITTED), "snapshots": total(counts, SNAPSHOTS),
-        "restores": total(counts, RESTORES), "unlocked_reads": unlocked[0], "read_retries": unlocked[1],
+        "restores": total(counts, RESTORES), "resizes": resizes, "unlocked_reads": unlocked[0],
+        "read_retries": unlocked[1],
         "read_fallbacks": unlocked[2], "verify": "ok" if ok else "FAILED",
         "seconds": round(elapsed, 1), "workers": args.workers,
     }, bool(wrong or errors or hangs or crashes or not ok)
