@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -107,6 +108,21 @@ def test_benchmarks_django_site_runs_briefly_and_cleans_up(tmp_path):
     assert shm["lost_sessions"] == 0  # sessions live in the one shared cache: every worker finds them
     assert shm["segment_bytes"] >= 16 * 2**20
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"shmcache.djbench-{proc.pid}-")]
+
+
+def test_benchmarks_resize_measures_what_it_made():
+    """benchmarks/resize.py on a small run: nothing lost on the way up, no wrong value or error in either phase, the
+    resizes timed; its cache gone."""
+    from benchmarks import resize
+
+    args = argparse.Namespace(capacity=1 << 20, grown=8 << 20, workers=2, seconds=1.0, pause=0.1, keys=4000,
+                              value_bytes=1000, policy="lru")
+    out = resize.measure(args)
+    assert out["up"]["lost"] == 0 and out["up"]["wrong"] == 0 and out["up"]["entries"] > 500, out
+    for phase in ("steady", "resizing"):
+        assert out[phase]["gets"] > 0 and out[phase]["wrong"] == 0 and out[phase]["errors"] == 0, out
+    assert out["resizing"]["resizes"] >= 2 and out["verify_ok"], out
+    assert not [n for n in os.listdir("/dev/shm") if f"bench-resize-{os.getpid()}" in n]
 
 
 def test_benchmarks_footprint_measures_what_it_made():

@@ -54,7 +54,7 @@ def reads_without_the_lock(name: str, policy: str) -> bool:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stress_kill_storm_short(policy, name):
     s = run_stress("kill_storm", policy, "--seconds", "3", "--workers", "4", "--seed", "12")
-    assert s["kills"] > 10 and s["errors"] == 0 and s["crashes"] == 0
+    assert s["kills"] > 10 and s["errors"] == 0 and s["crashes"] == 0 and s["resizes"] > 0
     if reads_without_the_lock(name, policy):
         assert s["unlocked_reads"] > 0, s
 
