@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from typing import NoReturn
 
@@ -270,13 +271,20 @@ class Guard:
         # Calls of other threads that were waiting for the lock meanwhile find the flag once they have it, and leave:
         # they are waited for too, since a wait judges the holder through the segment's descriptors, which the
         # caller closes next (one closed under a waiter raised EBADF; one reused by another file would mislead it).
+        # Only threads that live: a forked child inherits the set with the parent's other threads in it (they do
+        # not exist in the child), and a signal handler's exception may cut a call's finally before its discard.
         deadline = time.monotonic() + self.lock.timeout
         mine = me.tid
-        while any(t != mine for t in tuple(self.inside)):
+        while True:
+            waiting = [t for t in tuple(self.inside) if t != mine]
+            if waiting:
+                alive = {t.native_id for t in threading.enumerate()}
+                waiting = [t for t in waiting if t in alive]
+            if not waiting:
+                return True
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
-        return True
 
     def _mark_closed(self) -> None:
         self.closed = True

@@ -315,6 +315,40 @@ def test_lock_close_while_other_threads_call_is_safe(name):
         assert owner.verify().ok
 
 
+def test_lock_close_in_a_child_forked_while_a_thread_was_inside_a_call(name):
+    """A child forked while another thread of the parent was inside a call inherits the record of it (the threads
+    close() waits for): that thread does not exist in the child, and the child's close() must not wait for it."""
+    with SharedCache(name, lock_timeout=5.0, **SMALL) as c:
+        inside, leave = threading.Event(), threading.Event()
+
+        def call() -> None:
+            c._guard.run(lambda: (inside.set(), leave.wait(10)))
+
+        t = threading.Thread(target=call)
+        t.start()
+        assert inside.wait(10)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: waits until the parent's call is over (the lock free), then closes its handle
+            code = 1
+            try:
+                os.close(w)
+                os.read(r, 1)
+                t0 = time.monotonic()
+                closed = c._guard.close()
+                code = 0 if closed and time.monotonic() - t0 < 2.0 else 3
+            finally:
+                os._exit(code)
+        os.close(r)
+        leave.set()
+        t.join(10)
+        os.write(w, b"x")
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # closed at once, not after the 5 s lock timeout
+        assert c.get("k") is None and c.verify().ok
+
+
 def test_lock_waiters_are_patient_with_a_long_repair(name):
     """A repair of a large segment takes time under the lock: waiters extend their timeout while its walk moves the
     progress word, instead of failing."""
