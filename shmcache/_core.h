@@ -109,6 +109,7 @@ typedef struct {
     Py_buffer shown_buf;
     int have_shown;
     int64_t extent_step;
+    int64_t page; /* the system's page size (sysconf): what MAP_FIXED swaps */
     /* word numbers */
     Py_ssize_t ew, iw, kww;
     Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;

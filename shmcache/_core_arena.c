@@ -158,19 +158,22 @@ static int64_t grown_extent(Core *c, int64_t ext, int64_t need, int64_t size)
 }
 
 /* Back the arena up to ``stop`` with memory (posix_fallocate through the handle's description) and show it in this
- * mapping, where private zero pages were (MAP_FIXED of the file's pages, in place). 0, or -1: /dev/shm is full (or
- * the mapping could not be made), nothing changed but what fallocate backed. (twin: segment.py Segment.back) */
+ * mapping, where private zero pages were (MAP_FIXED of the file's pages, in place). Both reach the end of stop's
+ * system page (c->page, which MAP_FIXED swaps whole: 4 KiB, or 16 or 64 KiB on some arm64 kernels), so that no page
+ * of the file is shown that is not backed. 0, or -1: /dev/shm is full (or the mapping could not be made), nothing
+ * changed but what fallocate backed. (twin: segment.py Segment.back, _backed_to, _show) */
 static int reach(Core *c, int64_t stop)
 {
     int64_t have = shown(c);
     if (stop <= have)
         return 0;
-    int64_t base = (int64_t)(c->arena - c->mem), total = (int64_t)c->buf.len;
-    if (posix_fallocate(c->live_fd, (off_t)(base + have), (off_t)(stop - have)))
+    int64_t base = (int64_t)(c->arena - c->mem), total = (int64_t)c->buf.len, pg = c->page;
+    int64_t backed = (base + stop + pg - 1) / pg * pg;
+    if (backed > total)
+        backed = total;
+    if (posix_fallocate(c->live_fd, (off_t)(base + have), (off_t)(backed - base - have)))
         return -1;
-    int64_t start = (base + have) / 4096 * 4096, end = (base + stop + 4095) / 4096 * 4096;
-    if (end > total)
-        end = total;
+    int64_t start = (base + have) / pg * pg, end = (backed + pg - 1) / pg * pg;
     if (end > start) {
         void *p = mmap(c->mem + start, (size_t)(end - start), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                        c->live_fd, (off_t)start);

@@ -210,6 +210,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_CAPACITY", &c->h_capacity, hw_limit) || take(d, "capacity_bytes", &c->capacity_most)
         || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead))
         return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    c->page = page > 0 ? (int64_t)page : 4096;
     if (c->extent_step <= 0 || c->extent_step % 4096) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the arena's extent step is not whole pages");
         return -1;

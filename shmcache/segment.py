@@ -40,6 +40,8 @@ from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
 _SHM_DIR = space.SHM_DIR
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # (Linux's value)
+_PAGE = mmap.PAGESIZE  # the system's page: what MAP_FIXED swaps (see Segment._veil)
 _INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
 
 
@@ -88,7 +90,10 @@ def _remap(address: int, nbytes: int, fd: int, offset: int) -> None:
     the pages under the process's memory-map lock, so another thread sees the old pages or the new, never a hole;
     nothing that points into the mapping moves."""
     if fd < 0:
-        flags, fd, offset = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0
+        # MAP_NORESERVE: zero pages that are only read (a write there is a bug, and lands in a private page) must not
+        # be charged as memory the process may write: the arena is sized for max_capacity_bytes, often more than the
+        # machine's memory, which the kernel's overcommit heuristic would refuse (ENOMEM).
+        flags, fd, offset = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED, -1, 0
     else:
         flags = mmap.MAP_SHARED | _MAP_FIXED
     got = _libc.mmap(address, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
@@ -345,19 +350,29 @@ class Segment:
         ring = self.ring()
         return ext if 0 < ext <= ring else ring
 
+    # Pages are the system's (mmap.PAGESIZE: 4 KiB here, 16 or 64 KiB on some arm64 kernels), which MAP_FIXED swaps
+    # whole; the layout's own 4 KiB alignment (layout.PAGE) need not be a multiple of them. So what is shown of the
+    # file ends on a system page, and backing (``_backed_to``) reaches that far: no page of the file is shown that
+    # is not backed.
+
+    def _backed_to(self, stop: int) -> int:
+        """The file offset that backing the arena up to ``stop`` reaches: the end of its system page."""
+        return min(self.geometry.total_nbytes, -(-(self.geometry.arena_off + stop) // _PAGE) * _PAGE)
+
     def _veil(self, extent: int) -> None:
         """Show the file's arena up to ``extent`` and private zero pages after it."""
         g = self.geometry
-        start = -(-(g.arena_off + extent) // layout.PAGE) * layout.PAGE
-        if start < g.total_nbytes:
-            _remap(self._base + start, g.total_nbytes - start, -1, 0)
+        start = -(-(g.arena_off + extent) // _PAGE) * _PAGE
+        end = -(-g.total_nbytes // _PAGE) * _PAGE  # (the mapping's end: the system rounds its length up)
+        if start < end:
+            _remap(self._base + start, end - start, -1, 0)
         self.shown[0] = min(extent, g.arena_nbytes)
 
     def _show(self, stop: int) -> None:
-        """Show the file's arena up to ``stop`` (backed already), where private zero pages were."""
+        """Show the file's arena up to ``stop`` (backed already, to ``_backed_to``), where private zero pages were."""
         g = self.geometry
-        start = (g.arena_off + self.shown[0]) // layout.PAGE * layout.PAGE
-        end = min(g.total_nbytes, -(-(g.arena_off + stop) // layout.PAGE) * layout.PAGE)
+        start = (g.arena_off + self.shown[0]) // _PAGE * _PAGE
+        end = -(-self._backed_to(stop) // _PAGE) * _PAGE
         if end > start:
             _remap(self._base + start, end - start, self.fd, start)
         self.shown[0] = stop
@@ -375,7 +390,7 @@ class Segment:
         if ext == self.shown[0] or ext == self._refused:
             return
         off = self.geometry.arena_off
-        if space.back(self.fd, off + self.shown[0], off + ext) is not None:
+        if space.back(self.fd, off + self.shown[0], self._backed_to(ext)) is not None:
             self._refused = ext
             return
         self._show(ext)
@@ -388,10 +403,10 @@ class Segment:
         without the lock may touch one it found before the extent was lowered: on a full /dev/shm, SIGBUS.)"""
         g = self.geometry
         self._veil(min(start, g.arena_nbytes))
-        first = -(-start // layout.PAGE) * layout.PAGE
-        if not give_back or first >= g.arena_nbytes:
+        first = -(-(g.arena_off + start) // _PAGE) * _PAGE  # (the page holding ``start`` stays shown and backed)
+        if not give_back or first >= g.arena_off + g.arena_nbytes:
             return False
-        return space.release(self.fd, g.arena_off + first, g.arena_off + g.arena_nbytes)
+        return space.release(self.fd, first, g.arena_off + g.arena_nbytes)
 
     def back(self, stop: int) -> None:
         """Back the arena up to ``stop`` with memory, and show it in this mapping, before anything is written there.
@@ -399,7 +414,7 @@ class Segment:
         :raises NoSpaceError: /dev/shm is full (nothing was written).
         """
         off = self.geometry.arena_off
-        problem = space.back(self.fd, off + self.shown[0], off + stop)
+        problem = space.back(self.fd, off + self.shown[0], self._backed_to(stop))
         if problem is None:
             self._show(stop)
         else:
