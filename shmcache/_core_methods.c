@@ -964,9 +964,16 @@ static PyMethodDef Core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Core_get_users(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(c->users);
+}
+
 static PyGetSetDef Core_getset[] = {
     {"reason", (getter)Core_get_reason, NULL, "why this thread's last call was handed over (a key of REASONS)", NULL},
     {"released", (getter)Core_get_released, NULL, "whether release() was called", NULL},
+    {"users", (getter)Core_get_users, NULL, "calls inside a method now (some waiting for the lock, the GIL released)",
+     NULL},
     {"unlocked", (getter)Core_get_unlocked, NULL, "whether gets and views of this handle read without the lock", NULL},
     {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
     {"holder_slot", (getter)Core_get_holder_slot, (setter)Core_set_holder_slot,

@@ -783,6 +783,14 @@ class SharedCache(LocalMapping, AsyncMethods):
             self._closed_capacity = self.capacity_bytes
         if self.closed or not self._guard.close():
             return
+        # And the compiled section's calls still inside (waiting for the lock with the GIL released: they judge its
+        # holder through the segment's descriptors, which the finaliser closes), as Guard.close waits for the Python
+        # path's. They find the handle closed (released) once the lock is theirs, and leave.
+        compiled = self._core
+        if compiled is not None:
+            deadline = time.monotonic() + self._lock_timeout
+            while compiled.users and time.monotonic() < deadline:
+                time.sleep(0.001)
         self._finalizer()  # (once: the finaliser is spent, and the collection of the handle does nothing more)
 
     def unlink(self) -> None:

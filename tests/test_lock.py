@@ -349,6 +349,41 @@ def test_lock_close_in_a_child_forked_while_a_thread_was_inside_a_call(name):
         assert c.get("k") is None and c.verify().ok
 
 
+def test_lock_close_waits_for_compiled_calls_waiting_for_the_lock(name):
+    """A call of the compiled section waiting for the lock (the GIL released) when another thread closes the handle:
+    close() returns once it has left, as it waits for the Python path's (the waiter judges the lock's holder
+    through the segment's descriptors, which the close then closes)."""
+    c = SharedCache(name, lock_timeout=5.0, **SMALL)
+    compiled = c._core
+    if compiled is None:
+        c.close()
+        pytest.skip("the compiled section is not built")
+    c.put("k", 1)
+    got, after_close = [], []
+
+    def get() -> None:
+        try:
+            got.append(c.get("k"))
+        except ClosedError as exc:
+            got.append(exc)
+
+    def close() -> None:
+        c.close()
+        after_close.append(compiled.users)
+
+    c._guard.hold()
+    waiter = threading.Thread(target=get)
+    waiter.start()
+    time.sleep(0.2)  # waiting in C for the lock
+    closer = threading.Thread(target=close)
+    closer.start()
+    time.sleep(0.2)
+    c._guard.let_go()
+    for t in (waiter, closer):
+        t.join(30)
+    assert after_close == [0] and got and (got[0] == 1 or isinstance(got[0], ClosedError)), (after_close, got)
+
+
 def test_lock_waiters_are_patient_with_a_long_repair(name):
     """A repair of a large segment takes time under the lock: waiters extend their timeout while its walk moves the
     progress word, instead of failing."""

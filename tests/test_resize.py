@@ -272,3 +272,15 @@ def test_resizes_while_processes_read_and_write(name, policy):
         assert sum(r["wrong"] for r in results) == 0 and sum(r["errors"] for r in results) == 0, results
         assert sum(r["hits"] for r in results) > 0 and sum(r["puts"] for r in results) > 0
         assert c.verify().ok
+
+
+def test_a_reservation_larger_than_the_machine_costs_nothing_until_used(name):
+    """max_capacity_bytes is address space and a sparse file: 256 GiB reserved, a few MiB occupied."""
+    with SharedCache(name, capacity_bytes=1 * MIB, max_entries=1024, max_capacity_bytes=256 * 2**30,
+                     create=True) as c:
+        assert c.max_capacity_bytes == 256 * 2**30 and c.capacity_bytes == 1 * MIB
+        _fill(c, [f"k{i}" for i in range(500)])
+        c.resize(capacity_bytes=4 * MIB)
+        _fill(c, [f"k{i}" for i in range(2000)], seq=1)
+        assert _read_back(c, [f"k{i}" for i in range(2000)]) == len(c) > 1000
+        assert _occupied(c) < 16 * MIB
