@@ -22,18 +22,28 @@ from .workers import python_path
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The scripts' common part: /dev/shm filled to its last page by a file of its own (in the namespace's tmpfs).
+FILL_SHM = textwrap.dedent("""
+    import errno
+
+
+    def fill_shm() -> None:
+        with open("/dev/shm/filler", "wb", buffering=0) as f:
+            for chunk in (65536, 4096):  # large writes first, then the last pages
+                try:
+                    while True:
+                        f.write(b"x" * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+""")
+
 # Run inside the namespace: a cache that fits, then /dev/shm filled to the last byte, then each file made after.
-FULL_SHM = textwrap.dedent("""
+FULL_SHM = FILL_SHM + textwrap.dedent("""
     import errno, os
     from shmcache import SharedCache, TieredCache
 
     local = SharedCache("local", capacity_bytes=64 * 1024, max_entries=64, create=True)
-    with open("/dev/shm/filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"x" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
+    fill_shm()
     for what, make in (
         ("tier", lambda: TieredCache(local, "redis://127.0.0.1:1", namespace="ns")),  # Redis is reached lazily
         ("cache", lambda: SharedCache("more", capacity_bytes=64 * 1024, max_entries=64, create=True)),
@@ -109,7 +119,7 @@ def test_space_no_address_space_is_a_clear_enomem_naming_the_cache(name):
 # Run inside the namespace, on a 64 MiB /dev/shm (a container's default): a default cache is made, occupies little
 # empty, holds 20 MiB of values (each carrying its key and a checksum); then /dev/shm is filled, and the stores that
 # need more of the arena fail with NoSpaceError while every value stays readable and the cache usable.
-CONTAINER = textwrap.dedent("""
+CONTAINER = FILL_SHM + textwrap.dedent("""
     import errno, hashlib, os, sys
     from shmcache import NoSpaceError, SharedCache
 
@@ -140,17 +150,7 @@ CONTAINER = textwrap.dedent("""
     for i in range(n):
         sound(cache, i)
     print("held", os.stat(path).st_blocks * 512)
-    with open("/dev/shm/filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"x" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-        try:
-            while True:
-                f.write(b"x" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
+    fill_shm()
     i = n
     try:
         while True:  # the rest of the backed arena, then a growth that cannot be backed
