@@ -87,7 +87,7 @@ typedef struct {
     int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
     unsigned long rd_fork; /* fork_count when rd was claimed: a forked child never counts in its parent's slot */
     PyObject *reader;   /* what holds the slot (readers.Reader), kept while rd points into it */
-    Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks, r_pins;
+    Py_ssize_t r_hits, r_misses, r_retries, r_fallbacks, r_pins, r_reading;
     int64_t reader_pins, reader_base; /* pin words per slot; the kernel lock byte of slot 0 (readers.READER_BASE) */
     uint32_t *lockword;   /* the lock's futex word: holder's thread id | WAITERS (lock.py), atomics only */
     uint32_t *holderword; /* the holder's holder slot + 1, stored after the word is taken, cleared before release */

@@ -271,3 +271,23 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
     ADD(HW(arena_used), nb);
     return ST_OK;
 }
+
+/* Bind the mapping's cell saying how far it shows the arena (segment.py Segment.shown: one int64, written by the
+ * Python path as it shows more); the export is held until release. */
+static PyObject *Core_watch_extent(Core *c, PyObject *cell)
+{
+    if (c->have_shown || c->released || !c->bound) {
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: already bound, released, or not bound yet");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(cell, &c->shown_buf, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (c->shown_buf.len != (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))) {
+        PyBuffer_Release(&c->shown_buf);
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be one aligned 8-byte word");
+        return NULL;
+    }
+    c->have_shown = 1;
+    c->shown = (int64_t *)c->shown_buf.buf;
+    Py_RETURN_NONE;
+}

@@ -238,6 +238,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     if (region(c, d, "readers_off", c->reader_slots * rw * 8, 8, (void **)&c->readers)
         || take_word(d, "R_HITS", &c->r_hits, rw) || take_word(d, "R_MISSES", &c->r_misses, rw)
         || take_word(d, "R_RETRIES", &c->r_retries, rw) || take_word(d, "R_FALLBACKS", &c->r_fallbacks, rw)
+        || take_word(d, "R_READING", &c->r_reading, rw)
         || take_word(d, "R_PINS", &c->r_pins, rw - c->reader_pins + 1))
         return -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {

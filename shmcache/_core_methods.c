@@ -356,7 +356,9 @@ static PyObject *get_key_found(Core *c, const KeyCall *k, PyObject *dflt)
         /* Without the lock (_core_unlocked.c): counted in this handle's reader slot once the answer is sure. A
          * copy failing its checksum under a steady seq is damage: the locked path reads it again and judges. */
         c->users++; /* rd and the arena stay mapped until leave() */
+        reading(c, rd, 1);
         int u = get_unlocked(c, rd, kb, klen, fp, &now, &f, &body);
+        reading(c, rd, 0);
         int ok = u == U_DONE && f.hit ? copy_ok(c, &f, body) : 1;
         int done = u == U_DONE && ok == 1;
         if (done && f.hit) {
@@ -460,7 +462,9 @@ static PyObject *view_key_found(Core *c, const KeyCall *k, Pins *p)
     if (rd != NULL && !c->released && c->bound) {
         c->users++; /* rd and the arena stay mapped until leave() */
         int64_t *word;
+        reading(c, rd, 1);
         int u = pin_unlocked(c, rd, kb, klen, fp, &now, fd, p->forking, &f, &viewable, &version, &word);
+        reading(c, rd, 0);
         if (u == U_DONE && f.hit && viewable) {
             /* Counted once the view is built: a first look that fails its checksum (HandOver.first_look, which
              * then corrects no counter of the header) is a miss. */
@@ -719,7 +723,9 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
         /* Without the lock (_core_unlocked.c): answered only if every copy passes its checksum (one that fails under
          * a steady seq is damage, which the locked path reads again and judges); counted in the reader slot. */
         c->users++; /* rd and the arena stay mapped until leave() */
+        reading(c, rd, 1);
         int u = get_many_unlocked(c, rd, keys, n, &now), ok = 1;
+        reading(c, rd, 0);
         for (Py_ssize_t i = 0; u == U_DONE && ok == 1 && i < n; i++)
             if (keys[i].f.hit)
                 ok = copy_ok(c, &keys[i].f, keys[i].body);
@@ -815,26 +821,6 @@ static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
     Py_CLEAR(c->reader);
     if (c->users == 0)
         drop_buffer(c);
-    Py_RETURN_NONE;
-}
-
-/* Bind the mapping's cell saying how far it shows the arena (segment.py Segment.shown: one int64, written by the
- * Python path as it shows more); the export is held until release. */
-static PyObject *Core_watch_extent(Core *c, PyObject *cell)
-{
-    if (c->have_shown || c->released || !c->bound) {
-        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: already bound, released, or not bound yet");
-        return NULL;
-    }
-    if (PyObject_GetBuffer(cell, &c->shown_buf, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (c->shown_buf.len != (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))) {
-        PyBuffer_Release(&c->shown_buf);
-        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be one aligned 8-byte word");
-        return NULL;
-    }
-    c->have_shown = 1;
-    c->shown = (int64_t *)c->shown_buf.buf;
     Py_RETURN_NONE;
 }
 

@@ -93,6 +93,24 @@ static inline void backoff(Core *c, int64_t *rd, int t)
         cpu_pause();
 }
 
+/* Count in this handle's reader slot the reads of the arena without the lock under way (``on``: one begins; else
+ * one ends): a resize that gives pages back waits until no live slot counts one (readers.quiesce). The store is relaxed and only a compiler barrier
+ * orders it before the read's loads: the resize makes the processor-level barrier for every thread at once
+ * (membarrier(MEMBARRIER_CMD_GLOBAL)) before it looks, so the read path pays no fence. The clear is a release: the
+ * arena's loads are done before it shows. */
+static inline void reading(Core *c, int64_t *rd, int on)
+{
+    /* A count, not a flag: the handle's threads share its slot, and a read may run inside another's (a finaliser the
+     * copy's allocation ran). Only this handle writes it, under the GIL: no atomic read-modify-write is needed. */
+    int64_t *w = &rd[c->r_reading], n = __atomic_load_n(w, __ATOMIC_RELAXED);
+    if (on) {
+        __atomic_store_n(w, n + 1, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    } else {
+        __atomic_store_n(w, n > 0 ? n - 1 : 0, __ATOMIC_RELEASE);
+    }
+}
+
 enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take another */ };
 
 /* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-import weakref
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
@@ -89,7 +88,7 @@ _WORDS = (
     "H_PROGRESS", "H_LAST_PUT", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK",
     "H_NOT_ADMITTED", "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ",
     "MARK_SMALL", "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
-    "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD",
+    "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD", "R_READING",
 )
 
 
@@ -359,9 +358,7 @@ def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
     bound.holder_slot = guard.slot.number  # void in a forked child, whose holds then name no slot (_core_lock.c)
     if seg.geometry.policy != d.POLICY_LRU:  # gets and views without the lock, counted in a reader slot
         try:
-            reader = Reader(seg)  # (the Core keeps it: the store only asks it, while it lives)
-            reader.bind(bound)
-            store.reader = weakref.ref(reader)
+            Reader(seg).bind(bound)
         except OSError:
             pass  # no /proc, or no descriptor left: every read takes the lock
     return bound, bound, pins

@@ -13,7 +13,10 @@ forked child holds its parent's description too, so it claims a slot of its own 
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import time
 import weakref
 
 import numpy as np
@@ -21,7 +24,7 @@ import numpy as np
 from . import ofd
 from .layout.dtypes import (
     H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, MAX_COUNTER, PIN_SLOT_MASK, R_FALLBACKS, R_HITS,
-    R_HOLDER, R_MISSES, R_PINS, R_RETRIES, READER_PINS, READER_SLOTS, READER_WORDS,
+    R_HOLDER, R_MISSES, R_PINS, R_READING, R_RETRIES, READER_PINS, READER_SLOTS, READER_WORDS,
 )
 
 # The OFD byte of reader slot r: READER_BASE + r, above the tier's listener bytes (LISTENER_BASE + kind, below
@@ -60,6 +63,7 @@ class Reader:
                             self._words[w + c] = 0
                     for i in range(READER_PINS):  # a dead holder's pins: they ended with it
                         self._words[w + R_PINS + i] = 0
+                    self._words[w + R_READING] = 0  # a dead holder's read under way: it ended with it
                     self._words[w + R_HOLDER] = os.getpid()
                     self.slot, self.fd, fd = r, fd, -1
                     return
@@ -103,11 +107,43 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def others_reading(seg, reader: Reader | None) -> bool:
-    """Whether a handle other than ``reader``'s (this handle's slot, or None) holds a reader slot of ``seg``: it
-    may be reading without the lock right now (what a resize that gives pages back must know)."""
-    fd = reader.fd if reader is not None and reader.fd >= 0 else seg.live_fd
-    return ofd.held_in(fd, READER_BASE, READER_SLOTS)
+_MEMBARRIER_CMD_GLOBAL = 1
+_NR_MEMBARRIER = {"x86_64": 324, "aarch64": 283}.get(platform.machine())
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _barrier_everywhere() -> bool:
+    """membarrier(MEMBARRIER_CMD_GLOBAL): every thread running on the machine passes a full memory barrier before it
+    returns (the costly side of an asymmetric fence, a few ms). False where the system refuses it."""
+    if _NR_MEMBARRIER is None:
+        return False
+    return _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_GLOBAL, 0) == 0
+
+
+def quiesce(seg, timeout: float = 0.05) -> bool:
+    """Whether no handle that holds a reader slot of ``seg`` is still in a read of the arena without the lock begun
+    before now, waiting up to ``timeout`` seconds for those that are (the lock held, ``seq`` odd: a read begun
+    after this looks finds the hold and does not touch the arena). What a resize must know before it gives pages
+    back: a reader that found an offset before the resize would back a page again by touching it, which on a full
+    /dev/shm is SIGBUS. False where it cannot tell (no membarrier, a reader stuck or stopped): then nothing is given
+    back.
+
+    The readers count their reads in their slot's ``reading`` word with a plain store and no fence (_core_methods.c
+    ``reading``); the barrier made here on every thread first makes each count visible before it is read."""
+    words = seg.reader_words
+    if not _barrier_everywhere():
+        return False
+    pending = [r for r in range(READER_SLOTS) if words[r * READER_WORDS + R_READING]]
+    deadline = time.monotonic() + timeout
+    while True:
+        # A slot nobody holds counts nothing: its holder died (mid-read, perhaps), and its next claimer zeroes it.
+        pending = [r for r in pending if words[r * READER_WORDS + R_READING]
+                   and ofd.held_elsewhere(seg.live_fd, READER_BASE + r)]
+        if not pending:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)
 
 
 def slot_pinned(words, fd: int, e: int) -> bool:

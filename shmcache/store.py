@@ -71,7 +71,6 @@ class Store:
     """The operations of one mapped segment under its lock. ``repair`` is the guard's (lock held); ``serializer``
     the handle's (serializers.py)."""
 
-    reader = None  # a weak reference to the handle's reader slot (readers.Reader) under s3fifo and keep (core.path)
 
     def __init__(self, seg, table, clock, repair, serializer, bump) -> None:
         g = seg.geometry
@@ -486,9 +485,9 @@ class Store:
         ext = seg.extent()
         if size < was and h[H_ARENA_EXTENT] != ext:  # the extent past the smaller ring: lowered to it
             h[H_ARENA_EXTENT] = ext
-            # Given back only where no other handle reads without the lock (Segment.release says why).
-            reader = self.reader() if self.reader is not None else None
-            seg.release(ext, g.policy == POLICY_LRU or not readers.others_reading(seg, reader))
+            # Given back only once no handle is still in a read without the lock begun before now (Segment.release
+            # says why; readers.quiesce how): under lru, reads take the lock.
+            seg.release(ext, g.policy == POLICY_LRU or readers.quiesce(seg))
         return True
 
     @updating

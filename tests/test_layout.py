@@ -61,7 +61,8 @@ def test_layout_golden_version_6_additions():
     assert [f[n][1] for n in ("seq", "reader_slots", "base_hits", "base_misses", "base_retries",
                               "base_fallbacks")] == list(range(512, 560, 8))
     assert d.LAYOUT_VERSION >= 6 and layout.HEADER.itemsize == 576 and d.READER_SLOTS == 256
-    assert d.READER.itemsize == 256 and [d.READER.fields[n][1] for n in d.READER.names] == [0, 8, 16, 24, 32, 64]
+    # (version 9 added ``reading``, word 5, in what was the first line's padding)
+    assert d.READER.itemsize == 256 and [d.READER.fields[n][1] for n in d.READER.names] == [0, 8, 16, 24, 32, 40, 64]
     assert (d.READER_PINS, d.R_PINS, d.PIN_SLOT_MASK) == (24, 8, 2**32 - 1)
     for policy in (0, 1):
         g = layout.Geometry.for_capacity(1 << 20, 1000, policy)

@@ -49,9 +49,9 @@ within them. A resize (``Store.resize``, under the lock) sets the limits and the
 (``config.write``); where the ring wraps or reaches past the new size, it first slides every live block down to
 the arena's start in address order (``Arena.compact``: a pinned block stays, the gap before it dead). A smaller
 ring lowers the extent; each process hides its pages past it before its next locked call (``Segment.refresh``;
-the compiled section hands that over), and their memory is given back (``fallocate(PUNCH_HOLE)``) where no
-other handle reads without the lock, since a reader that found an offset there before the resize would back a
-page again by touching it.
+the compiled section hands that over), and their memory is given back (``fallocate(PUNCH_HOLE)``) once the reads
+without the lock under way have ended (each counted in its reader slot's ``reading`` word; ``readers.quiesce``),
+since a reader that found an offset there before the resize would back a page again by touching it.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -90,10 +90,11 @@ read (docs/design.md, "Reads without the lock"). Any value is valid: an odd word
 the next hold to end. Each reader slot is written by the one handle that holds it (an exclusive kernel lock on byte
 ``READER_BASE`` + slot, below): plain counts of the lookups it answered without the lock (``hits``, ``misses``),
 of the reads it began again (``retries``) and of those it handed to the locked path (``fallbacks``), and the pid
-of its last holder; and 24 pin words, one per entry its holder's open views pin without a system call, ``(count <<
-32) | entry slot`` (0: free), which count only while the slot's kernel lock is held. A slot keeps its counts when its
-holder dies; ``stats()`` adds every slot's to the header's,
-less ``base_*``. Any value of a slot is valid (out of range, it counts as 0, and its next claimer zeroes it).
+of its last holder; ``reading``, the reads of the arena without the lock its holder has under way (what a resize
+waits out before it gives pages back); and 24 pin words, one per entry its holder's open views pin without a
+system call, ``(count << 32) | entry slot`` (0: free), which count only while the slot's kernel lock is held. A
+slot keeps its counts when its holder dies; ``stats()`` adds every slot's to the header's, less ``base_*``. Any
+value of a slot is valid (out of range, it counts as 0, and its next claimer zeroes it).
 
 Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of
 ``GHOST_WAYS``: a fingerprint's group is its low bits' slot rounded down to a group. A word is 0 (empty) or

@@ -230,6 +230,8 @@ READER = _record([(0, [
     ("retries", _W),    # reads begun again because a writer changed the segment under them (torn reads)
     ("fallbacks", _W),  # reads handed to the locked path after all (a writer kept at it, an expired entry...)
     ("holder", _W),     # pid of the handle that last claimed the slot (for display only)
+    ("reading", _W),    # non-zero while its holder reads the arena without the lock: what a resize that gives
+    #                     pages back waits out (readers.quiesce); any value is valid (a stale one delays it)
 ]), (64, [("pins", f"({READER_PINS},){_W}")])], 256)
 PIN_SLOT_MASK = 2**32 - 1  # a pin word's entry slot; the count of views of it is above
 
@@ -322,6 +324,7 @@ R_MISSES = _word(READER, "misses")
 R_RETRIES = _word(READER, "retries")
 R_FALLBACKS = _word(READER, "fallbacks")
 R_HOLDER = _word(READER, "holder")
+R_READING = _word(READER, "reading")
 R_PINS = _word(READER, "pins")
 READER_WORDS = READER.itemsize // 8
 KIND_WORDS = KIND.itemsize // 8
