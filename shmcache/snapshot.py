@@ -40,7 +40,8 @@ from .errors import PinnedError, SnapshotError, SnapshotMismatch, SnapshotVersio
 from .layout import KIND_PREFIX, MAX_BLOCK_NBYTES, MAX_TTL_NS
 from .layout.dtypes import POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
 from .serializers import TAG_PICKLE
-from .store import Encoded
+from .block import PAD
+from .codec import MASK63
 
 MAGIC = b"\x89SHMSNAP"  # the first byte's high bit catches a transfer that strips it (as PNG's does)
 MAJOR = 1  # a reader refuses a file of a higher major version: its records may mean something else
@@ -320,7 +321,9 @@ class _Plan:
     """The first pass's findings."""
 
     def __init__(self) -> None:
-        self.taken: list[tuple[int, int]] = []  # (offset, length) of each record to restore, hottest first
+        # Each record to restore, hottest first: (offset, length, its head's bytes as the first pass checked them,
+        # key length, body length, tag, expiry, the kind number its key names or -1)
+        self.taken: list[tuple] = []
         self.valid = 0  # records whose header passed its check
         self.gaps = 0  # damaged stretches skipped by a scan for the next sync word
         self.unusable = 0  # records with a whole header whose fields no writer makes
@@ -335,7 +338,10 @@ def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns:
     entries_taken = bytes_taken = 0
     gap = False
     while p < size:
-        h = src.read(p, RECORD_HEAD_NBYTES)
+        # The head and the key's first two bytes (its kind) in one read where the file holds them (it does but at
+        # its very end, where the trailer is): a read fewer a record.
+        hk = src.read(p, RECORD_HEAD_NBYTES + 2)
+        h = src.read(p, RECORD_HEAD_NBYTES) if hk is None else hk[:RECORD_HEAD_NBYTES]
         if h is not None and h[:4] == SYNC and _xxh(h[: _RECORD.size], seed) == _CHECK.unpack_from(h, _RECORD.size)[0]:
             gap = False
             _, klen, blen, tag, _flags, _, expires = _RECORD.unpack_from(h)
@@ -344,8 +350,10 @@ def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns:
                 plan.gaps += 1
                 break
             plan.valid += 1
-            prefix = src.read(p + RECORD_HEAD_NBYTES, min(klen, 2))
+            prefix = hk[RECORD_HEAD_NBYTES : RECORD_HEAD_NBYTES + klen] if hk is not None else src.read(
+                p + RECORD_HEAD_NBYTES, min(klen, 2))
             size_ = klen + blen + 1
+            kind = prefix[1] if prefix is not None and prefix[:1] == _KIND_MARK and klen >= 2 else -1
             if tag not in tags or block.nbytes(size_) > MAX_BLOCK_NBYTES or prefix is None \
                     or (prefix[:1] == _KIND_MARK and (klen < 2 or prefix[1] not in head.kinds)):
                 plan.unusable += 1
@@ -354,7 +362,7 @@ def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns:
             elif entries_taken < max_entries and bytes_taken + size_ <= max_bytes:
                 entries_taken += 1
                 bytes_taken += size_
-                plan.taken.append((p, n))
+                plan.taken.append((p, n, h, klen, blen, tag, expires, kind))
             else:
                 plan.no_room += 1
             p += n
@@ -418,11 +426,7 @@ def restore(parts, hot, now, path) -> RestoreResult:
 def _kinds_of(parts, head: _Header, plan: _Plan, src: _Source) -> dict[int, int]:
     """The file's kind numbers as this cache numbers the same names (made here if new; 0: its table is full)."""
     seg, guard, _ = parts
-    used = set()
-    for p, _ in plan.taken:
-        prefix = src.read(p + RECORD_HEAD_NBYTES, 2)
-        if prefix is not None and prefix[:1] == _KIND_MARK:
-            used.add(prefix[1])
+    used = {t[7] for t in plan.taken} - {-1}
     return {k: guard.run(kinds.register_locked, seg, head.kinds[k]) for k in sorted(used) if k in head.kinds}
 
 
@@ -431,7 +435,7 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
     """Read the chosen records again, coldest first, and store them in batches; (stored, damaged, expired,
     refused)."""
     stored = damaged = expired = refused = 0
-    taken, seed, tags = plan.taken, head.seed, _TAGS[head.serializer]
+    taken = plan.taken
     j = len(taken)
     while j > 0:
         # The records [i, j) in one read of at most READ_NBYTES (or one record, however large).
@@ -441,14 +445,27 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
             i -= 1
         first = taken[i][0]
         chunk = src.read(first, end - first)
-        batch: list[tuple[Encoded, int]] = []
+        batch: list[tuple[tuple, int]] = []
         real = time.time_ns()
-        for p, n in reversed(taken[i:j]):
-            got = None if chunk is None else _checked(chunk, p - first, n, seed, tags, kind_numbers)
-            if got is None:
+        for p, _n, h, klen, blen, tag, expires, _ in reversed(taken[i:j]):
+            # Read again and checked whole: its head as the first pass checked it (the file may have changed
+            # since), then its key and body against the record's own checksum, seeded with the head's.
+            at = p - first
+            k0 = at + RECORD_HEAD_NBYTES
+            if chunk is None or chunk[at:k0] != h:
                 damaged += 1
                 continue
-            kb, tag, body, expires = got
+            kb, body = chunk[k0 : k0 + klen], chunk[k0 + klen : k0 + klen + blen]
+            if _xxh(body, _xxh(kb, _CHECK.unpack_from(h, _RECORD.size)[0])) != _CHECK.unpack_from(
+                    chunk, k0 + klen + blen)[0]:
+                damaged += 1
+                continue
+            if klen and kb[0] == KIND_PREFIX:  # the file's kind number, as this cache numbers the same name
+                k = kind_numbers.get(kb[1], 0) if klen >= 2 else 0
+                if not k:
+                    damaged += 1
+                    continue
+                kb = bytes((KIND_PREFIX, k)) + kb[2:]
             if not expires:
                 ttl = 0
             elif expires <= real:
@@ -456,38 +473,16 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
                 continue
             else:
                 ttl = min(expires - real, MAX_TTL_NS)
-            size = len(kb) + len(body) + 1
-            batch.append((Encoded(kb, tag, body, fingerprint(kb), body_checksum(tag, body), size, block.nbytes(size)),
+            size = klen + blen + 1
+            # (store.Encoded's seven fields as a tuple, which the batch put takes: fingerprint, checksum and block
+            # size as codec.fingerprint, codec.body_checksum and block.nbytes compute them, inlined)
+            batch.append(((kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size, (size + PAD) & -8),
                           ttl))
         j = i
         done, no = _store(batch, hot, now, keep)
         stored += done
         refused += no
     return stored, damaged, expired, refused
-
-
-def _checked(chunk: bytes, at: int, n: int, seed: int, tags, kind_numbers: dict) -> tuple | None:
-    """The record of ``n`` bytes at ``chunk[at:]``, read again and checked whole: (key bytes as this cache numbers
-    its kind, tag, body, expiry), or None if it fails (the file changed since the first pass, or is damaged)."""
-    h = chunk[at : at + RECORD_HEAD_NBYTES]
-    if len(h) != RECORD_HEAD_NBYTES or h[:4] != SYNC:
-        return None
-    (hcheck,) = _CHECK.unpack_from(h, _RECORD.size)
-    _, klen, blen, tag, _, _, expires = _RECORD.unpack_from(h)
-    if _xxh(h[: _RECORD.size], seed) != hcheck or RECORD_HEAD_NBYTES + klen + blen + _CHECK.size != n \
-            or tag not in tags:
-        return None
-    k0 = at + RECORD_HEAD_NBYTES
-    kb, body = chunk[k0 : k0 + klen], chunk[k0 + klen : k0 + klen + blen]
-    (dcheck,) = _CHECK.unpack_from(chunk, k0 + klen + blen)
-    if _xxh(body, _xxh(kb, hcheck)) != dcheck:
-        return None
-    if klen and kb[0] == KIND_PREFIX:
-        k = kind_numbers.get(kb[1], 0) if klen >= 2 else 0
-        if not k:
-            return None
-        kb = bytes((KIND_PREFIX, k)) + kb[2:]
-    return kb, tag, body, expires
 
 
 def _store(batch: list, hot, now, keep: bool) -> tuple[int, int]:
