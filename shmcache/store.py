@@ -477,6 +477,9 @@ class Store:
                 h[H_HEAD] = 0 if tail + fill == size else tail + fill
             else:
                 self.table.ring.compact(min(size, was), h[H_UNUSED_NEXT])
+                # The ring is [0, fill) now; its head as the new size places it (a ring that ends at the old, smaller
+                # size's very end does not end at the new one's).
+                h[H_HEAD] = 0 if h[H_FILL] == size else h[H_FILL]
         except PinnedError:
             config.set_limits(h, *before)
             raise
