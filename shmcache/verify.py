@@ -526,11 +526,14 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     # Versions: the clock above every kept one; a damaged version (out of range) is replaced by a fresh one (a cas
     # holding the old one then fails, as it should: the entry cannot be shown unchanged). A clock out of range
     # restarts from the highest kept version. Why not keep it: a clock near 2**63 makes every later store overflow.
-    valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= MAX_VERSION]
-    clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= MAX_VERSION else 0] + valid)
+    # "In range" leaves room below MAX_VERSION for a fresh version for every entry slot and 2**32 stores after it:
+    # a clock (or a version) damaged to just below the top would otherwise take the fresh ones past it.
+    top = MAX_VERSION - 2**33
+    valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= top]
+    clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= top else 0] + valid)
     for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
-        if not 0 < seg.versions_words[e] <= MAX_VERSION:
+        if not 0 < seg.versions_words[e] <= top:
             clock += 1
             seg.versions_words[e] = clock
     h[H_VERSION_CLOCK] = clock

@@ -129,7 +129,9 @@ def test_verify_garbage_everywhere_never_hangs_or_lies(name, seed):
     with _filled(name) as c:
         raw = Raw(name, c)
         try:
-            lo, hi = 128, raw.g.total_nbytes  # keep line 0 (identity) and the mutex (line 1) intact
+            # (line 0, identity, and line 1, the lock, kept intact; to the end of the ring the capacity uses: the
+            # file past it is sized for max_capacity_bytes, which most garbage would land in and nothing reads)
+            lo, hi = 128, raw.g.arena_off + c._seg.ring()
             for _ in range(rng.choice([5, 50, 500])):
                 off = rng.randrange(lo, hi - 8) & ~7
                 if 64 <= off < 128:
@@ -372,6 +374,27 @@ def test_verify_version_clock_near_the_top_never_stops_puts(name):
                 failures += 1
         assert failures <= 1 and c.verify().ok
         assert all(c.get(f"v{i}") == i for i in range(30, 60))
+
+
+@pytest.mark.parametrize("clock", [d.MAX_VERSION, d.MAX_VERSION - 3])
+def test_verify_repair_keeps_the_clock_in_range_with_fresh_versions(name, clock):
+    """A clock damaged to just below the top, in range, and entries whose versions the repair must replace: the
+    fresh versions never take the clock past the range (the fuzzer's garbage met it), and every version stays
+    unique, below the clock."""
+    with _filled(name) as c:
+        h, ver = c._seg.header_words, c._seg.versions_words
+        h[d.H_VERSION_CLOCK] = clock
+        live = [e for e in range(1, c._seg.geometry.entry_slots) if c._seg.entry_words[e * d.ENTRY_WORDS + d.E_CHECK]]
+        for e in live[:5]:
+            ver[e] = -1  # damaged
+        c.verify(repair_damage=True)
+        assert c.verify().ok
+        for i in range(20):
+            c.put(f"after{i}", i)
+        assert c.verify().ok
+        versions = [ver[e] for e in range(1, c._seg.geometry.entry_slots)
+                    if c._seg.entry_words[e * d.ENTRY_WORDS + d.E_CHECK]]
+        assert len(set(versions)) == len(versions) and max(versions) <= h[d.H_VERSION_CLOCK] <= d.MAX_VERSION
 
 
 @pytest.mark.parametrize("bad", [255, 7, -1, 2**63 - 1])
