@@ -102,7 +102,8 @@ def judge(path: str, name: str, byte: int, length: int, remove: bool, trust) -> 
             return {"name": name, "state": "skipped", "reason": reason}
         if not lock(fd, byte, WRITE, wait=False, length=length):
             return {"name": name, "state": "in use"}
-        entry = {"name": name, "state": "orphan", "size_bytes": st.st_size, "removed": False}
+        # (what it holds of /dev/shm: its pages backed, not its file's length, sized for resizes and sparse)
+        entry = {"name": name, "state": "orphan", "size_bytes": st.st_blocks * 512, "removed": False}
         if remove:
             try:
                 if os.lstat(path).st_ino == st.st_ino:  # still the file judged: not one created since
