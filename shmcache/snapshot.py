@@ -42,6 +42,7 @@ from .layout.dtypes import POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
 from .serializers import TAG_PICKLE
 from .block import PAD
 from .codec import MASK63
+from .store import Encoded
 
 MAGIC = b"\x89SHMSNAP"  # the first byte's high bit catches a transfer that strips it (as PNG's does)
 MAJOR = 1  # a reader refuses a file of a higher major version: its records may mean something else
@@ -445,7 +446,7 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
             i -= 1
         first = taken[i][0]
         chunk = src.read(first, end - first)
-        batch: list[tuple[tuple, int]] = []
+        batch: list[tuple[Encoded, int]] = []
         real = time.time_ns()
         for p, _n, h, klen, blen, tag, expires, _ in reversed(taken[i:j]):
             # Read again and checked whole: its head as the first pass checked it (the file may have changed
@@ -474,10 +475,11 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
             else:
                 ttl = min(expires - real, MAX_TTL_NS)
             size = klen + blen + 1
-            # (store.Encoded's seven fields as a tuple, which the batch put takes: fingerprint, checksum and block
-            # size as codec.fingerprint, codec.body_checksum and block.nbytes compute them, inlined)
-            batch.append(((kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size, (size + PAD) & -8),
-                          ttl))
+            # (fingerprint, checksum and block size as codec.fingerprint, codec.body_checksum and block.nbytes
+            # compute them, inlined; an Encoded, not its fields as a tuple: a batch handed over to the Python path,
+            # and the Python path itself, read them by name)
+            batch.append((Encoded(kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size,
+                                  (size + PAD) & -8), ttl))
         j = i
         done, no = _store(batch, hot, now, keep)
         stored += done
