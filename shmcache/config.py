@@ -97,7 +97,8 @@ def restore(h, g) -> bool:
                 cap, words_ok, saved_ok = guess, w_ok, s_ok
                 break
     if words_ok or saved_ok:
-        write(h, *(words if words_ok else saved), cap)
+        ttl, max_entries, max_retained = words if words_ok else saved
+        write(h, ttl, max_entries, max_retained, cap)
     else:
         write(h, 0, g.max_entries, g.capacity_bytes, g.capacity_bytes if cap else 0)
     return True
