@@ -95,6 +95,29 @@ def test_snapshot_round_trip_every_value_kind(name, other, tmp_path):
         assert _same(d.kind("images").get("img"), np.ones((2, 2), dtype=np.int16))
 
 
+@pytest.mark.parametrize("path", ["handed over", "python"])
+def test_snapshot_restore_through_the_python_paths_batch(name, other, tmp_path, path):
+    """The restore's batches when the compiled section hands them over (the dirty word set: the Python path repairs,
+    then stores the batch), and on the Python path alone: both read the entries' fields by name."""
+    from shmcache.layout.dtypes import H_DIRTY
+    from tests.workers import python_path
+
+    snap = tmp_path / "c.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=256, create=True) as c:
+        c.put_many({f"k{i}": make_value(f"k{i}", i, 100) for i in range(50)})
+        c.snapshot(snap)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=256, create=True) as d:
+        if path == "python":
+            python_path(d)
+        else:
+            d._seg.header_words[H_DIRTY] = 1
+        r = d.restore(snap)
+        assert (r.restored, r.damaged, r.complete) == (50, 0, True)
+        for i in range(50):
+            check_value(f"k{i}", d.get(f"k{i}"))
+        assert d.verify().ok
+
+
 def test_snapshot_round_trip_pickle_values(name, other, tmp_path):
     path = tmp_path / "p.snap"
     value = {"obj": datetime.timezone(datetime.timedelta(hours=2)), "n": [1, 2]}
