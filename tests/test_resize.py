@@ -205,7 +205,7 @@ def test_a_resizer_killed_at_random_instants_leaves_a_cache_that_serves(name):
     ctx = mp.get_context("fork")
     with SharedCache(name, capacity_bytes=512 * KIB, max_entries=1024, create=True) as c:
         rng = random.Random(7)
-        for round_ in range(12):
+        for round_ in range(8):
             _fill(c, rng.sample(keys, 200), seq=round_)
             p = ctx.Process(target=_resizer, args=(name, round_))
             p.start()
@@ -255,12 +255,12 @@ def test_resizes_while_processes_read_and_write(name, policy):
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with SharedCache(name, capacity_bytes=1 * MIB, max_entries=8192, create=True, policy=policy) as c:
-        procs = [ctx.Process(target=_serve, args=(name, w, 3.0, queue)) for w in range(4)]
+        procs = [ctx.Process(target=_serve, args=(name, w, 1.6, queue)) for w in range(4)]
         for p in procs:
             p.start()
         try:
             sizes = [1 * MIB, 8 * MIB, 2 * MIB, 16 * MIB, 512 * KIB]
-            end, n = time.monotonic() + 2.5, 0
+            end, n = time.monotonic() + 1.2, 0
             while time.monotonic() < end:
                 c.resize(capacity_bytes=sizes[n % len(sizes)])
                 n += 1
@@ -311,13 +311,13 @@ def test_a_shrink_gives_memory_back_while_other_processes_read_without_the_lock(
     ctx = mp.get_context("fork")
     queue, ready = ctx.Queue(), ctx.Event()
     with SharedCache(name, capacity_bytes=512 * KIB, max_entries=8192, create=True, policy="s3fifo") as c:
-        procs = [ctx.Process(target=_read_on, args=(name, 3.0, ready, queue)) for _ in range(2)]
+        procs = [ctx.Process(target=_read_on, args=(name, 1.5, ready, queue)) for _ in range(2)]
         for p in procs:
             p.start()
         try:
             assert ready.wait(30)
             released = 0
-            for round_ in range(4):
+            for round_ in range(3):
                 c.resize(capacity_bytes=8 * MIB)
                 _fill(c, [f"k{i}" for i in range(3000)], seq=round_, nbytes=2000)
                 grown = _occupied(c)
@@ -326,7 +326,7 @@ def test_a_shrink_gives_memory_back_while_other_processes_read_without_the_lock(
             results = [queue.get(timeout=60) for _ in procs]
         finally:
             reap(procs, 30)
-        assert released >= 3, released  # (one may find a reader stopped by the scheduler: nothing given back)
+        assert released >= 2, released  # (one may find a reader stopped by the scheduler: nothing given back)
         if c._core is not None and c._core.unlocked:
             assert all(r[2] > 0 for r in results), results
         assert all(r[1] == 0 and r[0] > 0 for r in results), results
