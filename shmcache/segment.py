@@ -104,7 +104,7 @@ def _remap(address: int, nbytes: int, fd: int, offset: int) -> None:
 
 def _space_args(name: str) -> tuple[str, str]:
     """What a cache segment is called, and how to ask for a smaller one, in ``space``'s messages."""
-    return f"cache {name!r}", "pass a smaller capacity_bytes / max_entries"
+    return f"cache {name!r}", "pass a smaller capacity_bytes / max_entries / max_capacity_bytes"
 
 
 class Segment:

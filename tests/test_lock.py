@@ -318,7 +318,7 @@ def test_lock_close_while_other_threads_call_is_safe(name):
 def test_lock_close_in_a_child_forked_while_a_thread_was_inside_a_call(name):
     """A child forked while another thread of the parent was inside a call inherits the record of it (the threads
     close() waits for): that thread does not exist in the child, and the child's close() must not wait for it."""
-    with SharedCache(name, lock_timeout=5.0, **SMALL) as c:
+    with SharedCache(name, lock_timeout=3.0, **SMALL) as c:
         inside, leave = threading.Event(), threading.Event()
 
         def call() -> None:
@@ -334,9 +334,8 @@ def test_lock_close_in_a_child_forked_while_a_thread_was_inside_a_call(name):
             try:
                 os.close(w)
                 os.read(r, 1)
-                t0 = time.monotonic()
-                closed = c._guard.close()
-                code = 0 if closed and time.monotonic() - t0 < 2.0 else 3
+                # Guard.close returns False when a thread it waits for is still inside after the lock timeout.
+                code = 0 if c._guard.close() else 3
             finally:
                 os._exit(code)
         os.close(r)
@@ -345,7 +344,7 @@ def test_lock_close_in_a_child_forked_while_a_thread_was_inside_a_call(name):
         os.write(w, b"x")
         os.close(w)
         _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0  # closed at once, not after the 5 s lock timeout
+        assert os.waitstatus_to_exitcode(status) == 0  # closed, not given up after the lock timeout
         assert c.get("k") is None and c.verify().ok
 
 

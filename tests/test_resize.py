@@ -360,8 +360,7 @@ def test_a_read_under_way_in_another_process_keeps_the_pages_until_it_ends(name)
             assert held
             slot = held[-1] * READER_WORDS + R_READING
             words[slot] = 1
-            t0 = time.monotonic()
-            assert not readers.quiesce(c._seg, timeout=0.2) and time.monotonic() - t0 >= 0.2
+            assert not readers.quiesce(c._seg, timeout=0.2)
             c.resize(capacity_bytes=4 * MIB)
             _fill(c, [f"k{i}" for i in range(2000)], nbytes=1500)
             grown = _occupied(c)
