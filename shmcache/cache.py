@@ -36,7 +36,7 @@ from .guard import Guard
 from .kinds import KindView
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
 from .layout.dtypes import (
-    ENTRY_WORDS, H_CAPACITY, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
+    ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
 from .layout.geometry import RESERVE_FACTOR
 from . import aio
@@ -258,7 +258,6 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._base = g.arena_off
         self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes  # the most a resize reaches: a store above it can never fit
-        self._closed_capacity = config.capacity(seg.header_words, g)  # (what put refuses by once closed)
         self._table = table
         self._addr = guard.addr
         self._lockw = guard.lockw  # the lock page's words: the asyncio methods look at the lock through them
@@ -320,11 +319,9 @@ class SharedCache(LocalMapping, AsyncMethods):
         tag, body = self._encode_value(value)
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined
-        try:
-            cap = self._h[H_CAPACITY]  # (the capacity in force: a resize may change it, config.capacity)
-        except ValueError:  # a closed handle's released view: the capacity as it was when it was open
-            cap = self._closed_capacity
-        if size > (cap if 0 < cap <= self._capacity_bytes else self._capacity_bytes) or nb > MAX_BLOCK_NBYTES:
+        # (the bound no resize reaches, a constant: one above the capacity in force is refused under the lock, by
+        # the byte limit, which is the capacity unless set_limits lowered it; Store.refuse_locked)
+        if size > self._capacity_bytes or nb > MAX_BLOCK_NBYTES:
             raise self._store.refuse(size)
         check = (_xxh(body, tag) & _MASK63) | 1
         encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
@@ -779,8 +776,6 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         Waits for calls other threads have in progress on this handle; calls made after it raise ClosedError.
         """
-        if not self.closed:
-            self._closed_capacity = self.capacity_bytes
         if self.closed or not self._guard.close():
             return
         # And the compiled section's calls still inside (waiting for the lock with the GIL released: they judge its

@@ -61,6 +61,8 @@ def too_large(size: int, limit: int, name: str) -> TooLargeError:
     ``Store.refuse`` and ``Store.refuse_locked``)."""
     if name == "capacity_bytes":  # the capacity in force
         hint = "store a smaller value, or resize the cache (SharedCache.resize, up to max_capacity_bytes)"
+    elif name == "max_capacity_bytes":  # what the cache was made for: no resize reaches it
+        hint = "store a smaller value, or make the cache with a larger max_capacity_bytes"
     else:
         hint = "store a smaller value, or raise max_retained_bytes with set_limits (up to capacity_bytes)"
     return TooLargeError(f"entry of {size} bytes (encoded key + value) can never fit: {name} is {limit}",
@@ -103,7 +105,7 @@ class Store:
         tag, body = self._encode_value(value) if parts is None else parts
         size = len(kb) + len(body) + 1
         nb = (size + PAD) & -BLOCK_ALIGN  # block.nbytes, inlined: the put path
-        if size > self.capacity() or nb > MAX_BLOCK_NBYTES:
+        if size > self.most_bytes or nb > MAX_BLOCK_NBYTES:
             raise self.refuse(size)
         return _new_encoded(Encoded, (kb, tag, body, xxh3(kb) & MASK63, (xxh3(body, tag) & MASK63) | 1, size, nb))
 
@@ -116,21 +118,17 @@ class Store:
             # Why: the refusal is the answer; a count that cannot be made (the lock timed out, the handle is
             # closed) is lost rather than turned into another error, which the put would not have raised.
             pass
-        return too_large(size, self.capacity(), "capacity_bytes")
-
-    def capacity(self) -> int:
-        """The capacity in force (read without the lock: a resize may change it at any time)."""
-        try:
-            cap = self.h[H_CAPACITY]
-        except ValueError:  # a closed handle's released view (the refusal stands: it needs no segment)
-            return self.most_bytes
-        return cap if 0 < cap <= self.most_bytes else self.most_bytes
+        return too_large(size, self.most_bytes, "max_capacity_bytes")
 
     def refuse_locked(self, size: int) -> TooLargeError:
-        """The refusal of an entry of ``size`` bytes over ``max_retained_bytes``, counted; lock held."""
+        """The refusal of an entry of ``size`` bytes over ``max_retained_bytes``, counted; lock held. Named the
+        capacity where the byte limit is the capacity in force (as a resize and creation set it), which only a
+        resize raises."""
         h = self.h
         h[H_TOO_LARGE] += 1
-        return too_large(size, h[H_MAX_RETAINED], "max_retained_bytes")
+        limit = h[H_MAX_RETAINED]
+        return too_large(size, limit, "capacity_bytes" if limit == config.capacity(h, self.seg.geometry)
+                         else "max_retained_bytes")
 
     # ------------------------------------------------------------------------------------------- reading one entry
 

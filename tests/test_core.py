@@ -156,13 +156,7 @@ class Twins:
             want = self.a.put(key, value, ttl)
         except (PinnedError, TooLargeError) as exc:
             want = type(exc)
-        encoded = _encode(key, value)
-        if encoded[5] > self.b.capacity_bytes:  # refused before the lock, as SharedCache.put does: no Core call
-            try:
-                return want, self.b.put(key, value, ttl)
-            except TooLargeError as exc:
-                return want, type(exc)
-        r = self.core.put(encoded, self.clock(), -1 if ttl is None else ttl_ns(ttl))
+        r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl))
         if r is core.PINNED:
             got = PinnedError
         elif self._handover(r):

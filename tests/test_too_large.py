@@ -201,8 +201,9 @@ def test_too_large_refused_before_the_lock_inside_a_hold_counts_without_waiting(
 
 
 def test_too_large_refusal_stands_when_the_count_cannot_be_made(name):
-    """Refused before the lock on a closed handle: still the TooLargeError it always was, the count lost."""
-    c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True)
+    """Refused before the lock on a closed handle (a value above max_capacity_bytes, which no resize reaches):
+    still the TooLargeError it always was, the count lost."""
+    c = SharedCache(name, capacity_bytes=64 * 1024, max_capacity_bytes=64 * 1024, max_entries=64, create=True)
     c.close()
     with pytest.raises(TooLargeError):
         c.put("a", BIG)
