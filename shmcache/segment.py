@@ -340,9 +340,16 @@ class Segment:
                     self._refused, extent = extent, 0  # not backed: shown as zeros, a repair drops what it held
             self._veil(extent)
 
+    _ring_of = (-1, 0)  # (capacity word, ring bytes) last computed: every allocation asks, a resize changes it
+
     def ring(self) -> int:
         """Bytes of the arena the ring uses under the capacity in force (``Geometry.ring_nbytes``)."""
-        return self.geometry.ring_nbytes(self.header_words[d.H_CAPACITY])
+        cap = self.header_words[d.H_CAPACITY]
+        seen, ring = self._ring_of
+        if cap != seen:
+            ring = self.geometry.ring_nbytes(cap)
+            self._ring_of = (cap, ring)
+        return ring
 
     def extent(self) -> int:
         """The header's arena extent as a number to trust (arena.py): 0 or past the ring is the whole ring."""
