@@ -340,7 +340,9 @@ class Segment:
                     self._refused, extent = extent, 0  # not backed: shown as zeros, a repair drops what it held
             self._veil(extent)
 
-    _ring_of = (-1, 0)  # (capacity word, ring bytes) last computed: every allocation asks, a resize changes it
+    # (capacity word, ring bytes) last computed: every allocation asks, a resize changes it. None: none yet (any
+    # int is a value the word may hold, damaged: -1 would pass for one computed)
+    _ring_of: tuple[int | None, int] = (None, 0)
 
     def ring(self) -> int:
         """Bytes of the arena the ring uses under the capacity in force (``Geometry.ring_nbytes``)."""

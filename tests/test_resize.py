@@ -147,6 +147,8 @@ def test_a_damaged_capacity_word_is_repaired_from_the_checksums(name):
         _fill(c, [f"k{i}" for i in range(30)], nbytes=100)
         for garbage in (0, 7, 150 * KIB, c.max_capacity_bytes, -1, 2**62):
             c._h[H_CAPACITY] = garbage
+            with SharedCache(name, create=False) as attacher:  # a handle that first reads the word damaged
+                assert attacher._seg.ring() == attacher._seg.geometry.ring_nbytes(garbage) > 0
             report = c.verify(repair_damage=True)
             assert not report.ok or garbage == 200 * KIB
             assert c.capacity_bytes == 200 * KIB and c.limits().max_retained_bytes == 200 * KIB
