@@ -135,9 +135,10 @@ static PyMethodDef module_methods[] = {
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
      "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
      "(view.py calls it once)."},
-    {"xxh3_short", (PyCFunction)(void (*)(void))mod_xxh3_short, METH_FASTCALL,
-     "xxh3_short(data, seed=0) -> int\n\nXXH3-64 of at most 240 bytes, computed by the compiled section as "
-     "xxhash.xxh3_64_intdigest(data, seed) does (the fingerprints and checksums of short keys and values)."},
+    {"xxh3", (PyCFunction)(void (*)(void))mod_xxh3, METH_FASTCALL,
+     "xxh3(data, seed=0, portable=0) -> int\n\nXXH3-64 of any length, computed by the compiled section as "
+     "xxhash.xxh3_64_intdigest(data, seed) does (the fingerprints and checksums of keys, values and snapshot "
+     "records); ``portable``: 1, no loop wider than AVX2; 2, none wider than SSE2."},
     {"unpack", module_unpack, METH_O,
      "unpack(data) -> value | HANDOVER\n\nThe plain msgpack value in ``data`` as get_value decodes it, or HANDOVER "
      "where it declines (codec.py then decodes, or raises)."},

@@ -70,7 +70,6 @@ typedef struct {
     long long waits; /* calls that found the lock busy and waited for it in C */
     int live_fd;    /* the handle's description for pin queries (segment.live_fd) */
     int64_t timeout_ns;
-    PyObject *hasher; /* codec.xxh3: a get checks its copy's checksum with it, after the unlock */
     PyObject *fallback;   /* the handle's core.HandOver, which takes what C hands over (NULL: answer HANDOVER) */
     PyObject *unviewable; /* the fallback's UNVIEWABLE: view's answer for a value it does not serve */
     PyObject *weakreflist; /* a handle's finaliser holds the Core weakly (cache.py _release) */

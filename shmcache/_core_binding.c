@@ -59,21 +59,17 @@ static void drop_buffer(Core *c)
     }
 }
 
-/* Core(buffer, offsets, live_fd, timeout_ns, hasher, fallback=None): every region and word from ``offsets``, each
+/* Core(buffer, offsets, live_fd, timeout_ns, fallback=None): every region and word from ``offsets``, each
  * checked against the buffer. (twin: core.py offsets) */
 static int bind(Core *c, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "hasher", "fallback", NULL};
-    PyObject *obj, *d, *hasher, *fallback = Py_None;
+    static char *kwlist[] = {"buffer", "offsets", "live_fd", "timeout_ns", "fallback", NULL};
+    PyObject *obj, *d, *fallback = Py_None;
     int live_fd;
     long long timeout_ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iLO|O", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
-                                     &hasher, &fallback))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!iL|O", kwlist, &obj, &PyDict_Type, &d, &live_fd, &timeout_ns,
+                                     &fallback))
         return -1;
-    if (!PyCallable_Check(hasher)) {
-        PyErr_SetString(PyExc_TypeError, "hasher must be callable (codec.xxh3)");
-        return -1;
-    }
     PyObject *unviewable = NULL;
     if (fallback != Py_None && !(unviewable = PyObject_GetAttrString(fallback, "UNVIEWABLE")))
         return -1; /* a fallback is a core.HandOver */
@@ -95,8 +91,6 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->mem = c->buf.buf;
     c->live_fd = live_fd;
     c->timeout_ns = timeout_ns;
-    Py_INCREF(hasher);
-    c->hasher = hasher;
     if (unviewable != NULL) {
         Py_INCREF(fallback);
         c->fallback = fallback;
@@ -266,7 +260,6 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds)
  * the caller's among them), so a cycle through it must be collectable. */
 static int Core_traverse(Core *c, visitproc visit, void *arg)
 {
-    Py_VISIT(c->hasher);
     Py_VISIT(c->fallback);
     Py_VISIT(c->unviewable);
     Py_VISIT(c->reader);
@@ -276,7 +269,6 @@ static int Core_traverse(Core *c, visitproc visit, void *arg)
 /* An unreachable cycle broken: no call can come any more (a call holds a reference to its Core). */
 static int Core_clear(Core *c)
 {
-    Py_CLEAR(c->hasher);
     Py_CLEAR(c->fallback);
     Py_CLEAR(c->unviewable);
     c->rd = NULL;

@@ -169,42 +169,11 @@ static PyObject *raw_of(int64_t tag, PyObject *body, int64_t slot, int ok)
     return out;
 }
 
-/* XXH3-64 of the ``n`` bytes at ``p`` with ``seed`` into *out (codec.xxh3): computed here (_core_hash.c) up to 240
- * bytes, else by c->hasher (xxhash's C function) over ``owner`` where it is a bytes object of exactly those bytes, or
- * a memoryview of them (the caller keeps the memory alive for the call; the hasher keeps no reference to its
- * argument). 0, or -1 with an exception set. */
-static int hash64(Core *c, const char *p, Py_ssize_t n, PyObject *owner, uint64_t seed, uint64_t *out)
-{
-    if (n <= XXH3_SHORT_MAX) {
-        *out = xxh3_short((const uint8_t *)p, (size_t)n, seed);
-        return 0;
-    }
-    PyObject *view = owner != NULL && PyBytes_CheckExact(owner) ? (Py_INCREF(owner), owner)
-                                                                 : PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
-    PyObject *s = PyLong_FromUnsignedLongLong(seed), *h = NULL;
-    if (view != NULL && s != NULL) {
-        PyObject *hargs[2] = {view, s};
-        h = PyObject_Vectorcall(c->hasher, hargs, 2, NULL);
-    }
-    Py_XDECREF(view);
-    Py_XDECREF(s);
-    if (h == NULL)
-        return -1;
-    unsigned long long x = PyLong_AsUnsignedLongLong(h);
-    Py_DECREF(h);
-    if (x == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = x;
-    return 0;
-}
-
 /* 1 if the copy's checksum is right, 0 if not, -1 with an exception set. ``bytes``/``n``: the value after its tag;
  * ``owner``: the copy (bytes of exactly the value, or a bytearray holding the tag too). */
-static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner, int64_t tag, int64_t check)
+static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, int64_t tag, int64_t check)
 {
-    uint64_t h;
-    if (hash64(c, bytes, n, owner, (uint64_t)tag, &h))
-        return -1;
+    uint64_t h = xxh3_64((const uint8_t *)bytes, (size_t)n, (uint64_t)tag);
     return (int64_t)((h & (uint64_t)c->check_mask) | 1) == check;
 }
 
@@ -214,7 +183,7 @@ static int checksum_ok(Core *c, const char *bytes, Py_ssize_t n, PyObject *owner
 static int copy_ok(Core *c, const Found *f, PyObject *body)
 {
     const char *after_tag = PyByteArray_CheckExact(body) ? PyByteArray_AS_STRING(body) + 1 : PyBytes_AS_STRING(body);
-    return checksum_ok(c, after_tag, (Py_ssize_t)(f->vlen - 1), body, f->tag, f->check);
+    return checksum_ok(c, after_tag, (Py_ssize_t)(f->vlen - 1), f->tag, f->check);
 }
 
 /* finish's part after the checksum (``ok``: whether it was right). */
@@ -283,9 +252,9 @@ static PyTypeObject *encoded_key_type;
 /* Key ``key`` as SharedCache.get and view are given it, encoded and hashed into *k as their Python did it before
  * calling: a str's UTF-8 (the bytes CPython keeps with the str) and XXH3 (_core_hash.c); an EncodedKey as it is
  * (where ``encoded`` allows one); any other key (or a str without UTF-8: a lone surrogate) through codec.encode_key,
- * which raises the TypeError; then its fingerprint (hash64). 0, or -1 with an exception set; the new reference in
+ * which raises the TypeError; then its fingerprint (xxh3_64). 0, or -1 with an exception set; the new reference in
  * k->kbo, if any, is the caller's to drop. (twin: core.py Reference.view_key) */
-static int key_of(Core *c, PyObject *key, int encoded, KeyCall *k)
+static int key_of(PyObject *key, int encoded, KeyCall *k)
 {
     Py_ssize_t n = 0;
     k->kbo = NULL;
@@ -312,12 +281,7 @@ static int key_of(Core *c, PyObject *key, int encoded, KeyCall *k)
         k->klen = PyBytes_GET_SIZE(kbo);
         k->kbo = kbo;
     }
-    uint64_t h;
-    if (hash64(c, k->kb, (Py_ssize_t)k->klen, k->kbo, 0, &h)) {
-        Py_CLEAR(k->kbo);
-        return -1;
-    }
-    k->fp = (int64_t)(h & (uint64_t)INT64_MAX);
+    k->fp = (int64_t)(xxh3_64((const uint8_t *)k->kb, (size_t)k->klen, 0) & (uint64_t)INT64_MAX);
     return 0;
 }
 
@@ -337,7 +301,7 @@ static PyObject *Core_get_value(Core *c, PyObject *const *args, Py_ssize_t nargs
 static PyObject *Core_get_key(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     KeyCall k = {NULL, 0, 0, 0, NULL, NULL};
-    if (nargs_ok(nargs, 3, "get_key") || arg_int(args[1], "now_ns", &k.now) || key_of(c, args[0], 1, &k))
+    if (nargs_ok(nargs, 3, "get_key") || arg_int(args[1], "now_ns", &k.now) || key_of(args[0], 1, &k))
         return NULL;
     PyObject *out = get_key_found(c, &k, args[2]);
     Py_XDECREF(k.kbo);
@@ -435,7 +399,7 @@ static PyObject *Core_view_key(Core *c, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "Core.view_key: pins must be a shmcache._core.Pins");
         return NULL;
     }
-    if (key_of(c, args[0], 0, &k))
+    if (key_of(args[0], 0, &k))
         return NULL;
     PyObject *out = view_key_found(c, &k, (Pins *)args[2]);
     Py_XDECREF(k.kbo);
@@ -972,7 +936,7 @@ static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmcache._core.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, hasher, fallback=None): the compiled get, put, delete, "
+    .tp_doc = "Core(buffer, offsets, live_fd, timeout_ns, fallback=None): the compiled get, put, delete, "
               "view and batches of a segment; fallback: the core.HandOver it hands over to.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Core_init,

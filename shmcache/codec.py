@@ -66,7 +66,7 @@ NON_STR_KEY = b"\xc1"  # first byte of every key that is not a str: msgpack's on
 _NAN = float("nan")
 
 # The hash of fingerprints and checksums (a value's is seeded with its tag). shmcache/_core_hash.c computes the same
-# for up to 240 bytes, in the compiled section (tests/test_core.py holds it to this one at every length).
+# in the compiled section (tests/test_core.py holds it to this one at every length).
 xxh3 = xxhash.xxh3_64_intdigest
 _xxh = xxh3
 # What damaged bytes make struct, msgpack, numpy and indexing raise (ValueError aside, which passes as it is).

@@ -143,7 +143,7 @@ def bind(seg, lock_timeout: float, fallback: HandOver | None = None):
     (or SHMCACHE_PURE_PYTHON=1)."""
     if _core is None:
         return None
-    c = Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), xxh3, fallback)
+    c = Core(seg.mm, offsets(seg.geometry), seg.live_fd, max(1, int(lock_timeout * 1e9)), fallback)
     c.watch_extent(seg.shown)
     return c
 

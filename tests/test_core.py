@@ -27,7 +27,7 @@ from shmcache import POLICIES, PinnedError, SharedCache, TooLargeError, core, in
 from shmcache.arena import block_nbytes
 from shmcache.cache import ttl_ns
 from shmcache.codec import (
-    TAG_ARRAY, TAG_TENSOR, KindKey, array_over, body_checksum, decode_body, encode_key, encode_parts, fingerprint, xxh3,
+    TAG_ARRAY, TAG_TENSOR, KindKey, array_over, body_checksum, decode_body, encode_key, encode_parts, fingerprint,
 )
 from shmcache.layout import LOCK_NBYTES
 from shmcache.layout.dtypes import (
@@ -697,10 +697,10 @@ def test_core_bind_refuses_a_missing_offset(name):
         offsets = core.offsets(c._seg.geometry)
         del offsets["E_CHECK"]
         with pytest.raises(KeyError, match="E_CHECK"):
-            core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9, xxh3)
+            core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9)
         half = core.Core.__new__(core.Core)
         with pytest.raises(KeyError, match="E_CHECK"):
-            half.__init__(c._seg.mm, offsets, c._seg.live_fd, 10**9, xxh3)
+            half.__init__(c._seg.mm, offsets, c._seg.live_fd, 10**9)
         unbound = core.Core.__new__(core.Core)  # never initialised: no table to read, no mutex to take
         for k in (half, unbound):
             assert core_get(k, encode_key("a"), 0) is core.HANDOVER and k.reason == "released"
@@ -713,12 +713,14 @@ def test_core_bind_refuses_a_missing_offset(name):
         c.unlink()
 
 
-def test_core_get_many_reports_its_own_hand_over_reason(name):
-    """A batch's hand-over reason is read right after its unlock: the checksum calls that follow run Python code (a
-    value of more than 240 bytes is hashed by xxhash, the hasher), and a call there on the same handle (here, in the
-    same thread) must not change what the batch reports."""
+def test_core_get_many_reports_its_own_hand_over_reason(name, monkeypatch):
+    """A batch's hand-over reason is read right after its unlock: building the results that follow may run Python
+    code (here a UUID value's constructor, which the decoder calls), and a call there on the same handle (here, in
+    the same thread) must not change what the batch reports."""
+    import uuid
+
     with SharedCache(name, capacity_bytes=65536, max_entries=16, create=True) as c:
-        c.put("a", "x" * 300)
+        c.put("a", uuid.UUID(int=7))
         c.put("b", "y" * 300)
         kbs = [encode_key("a"), encode_key("b")]
         seg = c._seg
@@ -726,19 +728,21 @@ def test_core_get_many_reports_its_own_hand_over_reason(name):
                        seg.geometry.index_slots - 1, fingerprint(kbs[1]), kbs[1])
         seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1  # b's lookup hands over ("bounds"), after a's hit
         meddled = []
+        made = uuid.UUID.__init__
 
-        def hasher(*args):
-            if not meddled:  # a's checksum, after the unlock: another call on k hands over, for its own reason
+        def init(self, *args, **kwargs):
+            if not meddled:  # a's value, built after the unlock: another call on k hands over, for its own reason
                 c._h[H_DIRTY] = 1
                 meddled.append(core_get(k, kbs[0], 0) is core.HANDOVER and k.reason == "dirty")
                 c._h[H_DIRTY] = 0
-            return xxh3(*args)
+            made(self, *args, **kwargs)
 
-        k = core.Core(seg.mm, core.offsets(seg.geometry), seg.live_fd, 10**9, hasher)
+        monkeypatch.setattr(uuid.UUID, "__init__", init)
+        k = core.Core(seg.mm, core.offsets(seg.geometry), seg.live_fd, 10**9)
         try:
             found, stop = k.get_many(kbs, [fingerprint(kb) for kb in kbs], 0, None)
             assert meddled == [True]
-            assert found == ["x" * 300] and stop is core.HANDOVER and k.reason == "bounds"
+            assert found == [uuid.UUID(int=7)] and stop is core.HANDOVER and k.reason == "bounds"
         finally:
             k.release()
             seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
@@ -765,21 +769,28 @@ def test_core_path_names_what_runs():
     assert out.stdout.strip() == "pure Python"
 
 
-def test_core_xxh3_short_equals_xxhash_at_every_length():
-    """The compiled section's XXH3 (keys it encodes, values' checksums up to 240 bytes) is xxhash's, at each length
-    the algorithm treats apart (0, 1-3, 4-8, 9-16, 17-128, 129-240) and every one between, with seeds that flip the
-    sign-sensitive arithmetic: a process on the compiled path must find the entries a pure one stored."""
+def test_core_xxh3_equals_xxhash_at_every_length():
+    """The compiled section's XXH3 (keys it encodes, values' checksums, snapshot records) is xxhash's, at each length
+    the algorithm treats apart (0, 1-3, 4-8, 9-16, 17-128, 129-240, then the striped one: within one 1024-byte block,
+    across blocks, a last stripe that overlaps the one before) and every one up to three blocks, with seeds that flip
+    the sign-sensitive arithmetic and derive a secret of their own: a process on the compiled path must find the
+    entries a pure one stored. Each of its loops: AVX-512's and AVX2's where the processor has them, and SSE2's."""
     import xxhash
 
     rng = random.Random(27)
-    for n in range(241):
-        for seed in (0, 1, 255, 2**32 - 1, 2**63, 2**64 - 1, rng.getrandbits(64)):
+    lengths = [*range(3 * 1024 + 130), 4096, 65536 - 1, 65536, 65536 + 1, 1 << 20, 3_000_017]
+    for n in lengths:
+        seeds = (0, 1, 2**63, 2**64 - 1, rng.getrandbits(64)) if n < 1200 or n % 61 == 0 or n > 3200 else (0, 9)
+        for seed in seeds:
             data = rng.randbytes(n)
-            assert core._core.xxh3_short(data, seed) == xxhash.xxh3_64_intdigest(data, seed), (n, seed)
-        assert core._core.xxh3_short(bytes(n)) == xxhash.xxh3_64_intdigest(bytes(n))
-        assert core._core.xxh3_short(b"\xff" * n) == xxhash.xxh3_64_intdigest(b"\xff" * n)
-    with pytest.raises(ValueError, match="at most 240"):
-        core._core.xxh3_short(bytes(241))
+            want = xxhash.xxh3_64_intdigest(data, seed)
+            assert core._core.xxh3(data, seed) == want, (n, seed)
+            for portable in (1, 2):  # the loops without AVX-512, and without AVX2 either
+                assert core._core.xxh3(data, seed, portable) == want, (n, seed, portable)
+        if n < 1200 or n > 3200:
+            assert core._core.xxh3(bytes(n)) == xxhash.xxh3_64_intdigest(bytes(n))
+            assert core._core.xxh3(b"\xff" * n, 255) == xxhash.xxh3_64_intdigest(b"\xff" * n, 255)
+    assert core._core.xxh3(memoryview(b"abc" * 100)[7:]) == xxhash.xxh3_64_intdigest((b"abc" * 100)[7:])
 
 
 def test_core_view_key_encodes_and_hashes_as_the_python_path(name):
