@@ -56,6 +56,7 @@
 #include "_core_sections.c"
 #include "_core_unlocked.c"
 #include "_core_methods.c"
+#include "_core_snapshot.c"
 
 /* ------------------------------------------------------------------------------------------------ the module */
 

@@ -855,6 +855,9 @@ static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
 }
 
 /* Each method's answers "with a fallback" are a handle's (core.path); "without" are a bare Core's (tests). */
+static PyObject *Core_snapshot_plan(Core *c, PyObject *const *args, Py_ssize_t nargs);    /* _core_snapshot.c */
+static PyObject *Core_snapshot_restore(Core *c, PyObject *const *args, Py_ssize_t nargs); /* _core_snapshot.c */
+
 static PyMethodDef Core_methods[] = {
     {"get_value", (PyCFunction)(void (*)(void))Core_get_value, METH_FASTCALL,
      "get_value(kb, fp, now_ns, default) -> value | default (without a fallback: also Raw | HANDOVER)\n\nA lookup "
@@ -894,6 +897,14 @@ static PyMethodDef Core_methods[] = {
      "key, what get_value answers. A batch stopped by a hand-over at kbs[len(found)] (nothing of it counted or "
      "moved) is finished by the fallback's get_many(kbs, fps, now_ns, default, found, waited); without one, stop is "
      "None (every key looked up) or HANDOVER, and found holds Raws unfinished."},
+    {"snapshot_plan", (PyCFunction)(void (*)(void))Core_snapshot_plan, METH_FASTCALL,
+     "snapshot_plan(window, at, size, p, seed, tags, kinds, now_ns, state, out) -> (p, rows)\n\nA snapshot's "
+     "first pass over the records whose headers are whole and right in ``window``, as snapshot._plan walks them "
+     "(_core_snapshot.c says how)."},
+    {"snapshot_restore", (PyCFunction)(void (*)(void))Core_snapshot_restore, METH_FASTCALL,
+     "snapshot_restore(chunk, first, rows, count, seed, kinds, real_ns) -> (stored, damaged, expired, refused, "
+     "left)\n\nA snapshot's second pass over the plan's rows[0..count), as snapshot._insert makes it, under one "
+     "hold of the lock (_core_snapshot.c says how)."},
     {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
      "put_many(items, now_ns, ttl_ns) -> None (without a fallback: (done, stop))\n\nStore each item (a "
      "store.Encoded) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns "

@@ -28,17 +28,19 @@ import os
 import secrets
 import stat
 import struct
+import threading
 import time
 from typing import NamedTuple
 
 import msgpack
+import numpy as np
 import xxhash
 
 from . import block, entries, kinds
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, fingerprint
 from .errors import PinnedError, SnapshotError, SnapshotMismatch, SnapshotVersionError, TooLargeError
 from .layout import KIND_PREFIX, MAX_BLOCK_NBYTES, MAX_TTL_NS
-from .layout.dtypes import POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
+from .layout.dtypes import H_FILL, POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
 from .serializers import TAG_PICKLE
 from .block import PAD
 from .codec import MASK63
@@ -59,6 +61,8 @@ MAX_META_NBYTES = 1 << 20  # a header's msgpack part: a few names; anything larg
 COPY_NBYTES = 1 << 20  # the bytes one hold of the cache lock copies at most while a snapshot is written
 COPY_ENTRIES = 1024  # and the entries: about a millisecond's hold on the Python path
 READ_NBYTES = 8 << 20  # the file's bytes read at once
+PLAN_ROWS = 8192  # the rows one call of the compiled first pass writes at most
+BACK_AHEAD_NBYTES = 32 << 20  # what one call of the restore's backing thread allocates
 STALE_TMP_S = 60.0  # a temporary file unwritten this long, its writer's flock free, was left by a killed writer
 _SERIALIZERS = ("msgpack", "pickle")
 _TAGS = {"msgpack": frozenset((TAG_MSGPACK, TAG_BYTES, TAG_ARRAY, TAG_TENSOR)),
@@ -228,33 +232,44 @@ def _sync_directory(directory: str) -> None:
 
 
 class _Source:
-    """Bounded reads of a file of ``size`` bytes through a window of at least ``READ_NBYTES``."""
+    """Bounded reads of a file of ``size`` bytes through a window of at least ``READ_NBYTES``, read into the same
+    buffer each time (a new one of 8 MiB a read would cost the kernel's zeroing of its pages, a tenth of a large
+    restore's time)."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd, self.size = fd, size
-        self.buf, self.at = b"", 0
+        self.mem = bytearray(0)
+        self.buf, self.at = memoryview(self.mem)[:0], 0
 
     def read(self, off: int, n: int) -> bytes | None:
         """The file's bytes ``[off, off + n)``, or None where the file does not hold them all."""
+        win = self.window(off, n)
+        return None if win is None else bytes(win[0][off - win[1] : off - win[1] + n])
+
+    def window(self, off: int, n: int) -> tuple[memoryview, int] | None:
+        """The window (its bytes, valid until the next read, and their offset in the file) holding at least
+        ``[off, off + n)``, loaded if it does not; None where the file does not hold them all."""
         if n < 0 or off < 0 or off + n > self.size:
             return None
         rel = off - self.at
-        if 0 <= rel and rel + n <= len(self.buf):
-            return self.buf[rel : rel + n]
-        self._load(off, max(n, READ_NBYTES))
-        return self.buf[:n] if len(self.buf) >= n else None
+        if not (0 <= rel and rel + n <= len(self.buf)):
+            self._load(off, max(n, READ_NBYTES))
+            if len(self.buf) < n:
+                return None
+        return self.buf, self.at
 
     def _load(self, off: int, n: int) -> None:
         # Invariant: never more than the file holds past ``off``, whatever a field asked for.
         want = min(n, self.size - off)
-        chunks, got = [], 0
+        if len(self.mem) < want:
+            self.mem = bytearray(want)
+        view, got = memoryview(self.mem), 0
         while got < want:
-            chunk = os.pread(self.fd, want - got, off + got)
-            if not chunk:  # the file shrank meanwhile
+            k = os.preadv(self.fd, [view[got:want]], off + got)
+            if not k:  # the file shrank meanwhile
                 break
-            chunks.append(chunk)
-            got += len(chunk)
-        self.buf, self.at = b"".join(chunks), off
+            got += k
+        self.buf, self.at = view[:got], off
 
     def find(self, off: int, word: bytes) -> int:
         """Where ``word`` next occurs at or after ``off``; the file's size if nowhere."""
@@ -263,7 +278,7 @@ class _Source:
                 self._load(off, READ_NBYTES)
                 if len(self.buf) < len(word):
                     break
-            j = self.buf.find(word, off - self.at)
+            j = self.mem.find(word, off - self.at, len(self.buf))
             if j >= 0:
                 return self.at + j
             off = self.at + len(self.buf) - len(word) + 1
@@ -318,13 +333,25 @@ def _header(src: _Source, path: str) -> _Header:
     return _Header(serializer, names, seed, len(whole))
 
 
+# A row of the plan: a record to restore, as its header was when the first pass checked it.
+ROW_P, ROW_N, ROW_CHECK, ROW_KLEN, ROW_BLEN, ROW_TAG, ROW_EXPIRES, ROW_KIND, ROW_FLAGS = range(9)
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(word: int) -> int:
+    """A 64-bit word as the int64 the compiled section takes."""
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
 class _Plan:
     """The first pass's findings."""
 
     def __init__(self) -> None:
-        # Each record to restore, hottest first: (offset, length, its head's bytes as the first pass checked them,
-        # key length, body length, tag, expiry, the kind number its key names or -1)
+        # Each record to restore, hottest first, a row of int64 words (``ROW_*``): its offset and length in the file,
+        # its header's check, key length, body length, tag, expiry, the kind number its key names (-1: none), and
+        # flags | reserved << 8. Made an array once the walk ends (``rows``).
         self.taken: list[tuple] = []
+        self.rows = np.zeros((0, 9), np.int64)
         self.valid = 0  # records whose header passed its check
         self.gaps = 0  # damaged stretches skipped by a scan for the next sync word
         self.unusable = 0  # records with a whole header whose fields no writer makes
@@ -332,20 +359,40 @@ class _Plan:
         self.trailer: tuple[int, int] | None = None
 
 
-def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns: int) -> _Plan:
-    """Walk the record headers, hottest first, choosing those that fit the limits."""
+def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns: int, fast=None) -> _Plan:
+    """Walk the record headers, hottest first, choosing those that fit the limits. ``fast``: the compiled section's
+    walk (``Core.snapshot_plan``), which takes every run of whole, right records and leaves the rest to this one."""
     plan, p, seed, size = _Plan(), head.end, head.seed, src.size
     tags = _TAGS[head.serializer]
     entries_taken = bytes_taken = 0
     gap = False
+    if fast is not None:
+        tag_flags = bytes(int(t in tags) for t in range(256))
+        kind_flags = bytes(int(k in head.kinds) for k in range(256))
+        chunks: list[np.ndarray] = []
+        out = np.empty((PLAN_ROWS, 9), np.int64)
+        state = np.zeros(8, np.int64)
     while p < size:
+        if fast is not None:
+            win = src.window(p, RECORD_HEAD_NBYTES + 2)
+            if win is not None:
+                state[:4] = entries_taken, bytes_taken, max_entries, max_bytes
+                state[4:] = plan.valid, plan.unusable, plan.expired, plan.no_room
+                q, m = fast(win[0], win[1], size, p, _signed(seed), tag_flags, kind_flags, now_ns, state, out)
+                if m:
+                    chunks.append(out[:m].copy())
+                entries_taken, bytes_taken = int(state[0]), int(state[1])
+                plan.valid, plan.unusable, plan.expired, plan.no_room = (int(x) for x in state[4:])
+                if q != p:
+                    p, gap = q, False
+                    continue
         # The head and the key's first two bytes (its kind) in one read where the file holds them (it does but at
         # its very end, where the trailer is): a read fewer a record.
         hk = src.read(p, RECORD_HEAD_NBYTES + 2)
         h = src.read(p, RECORD_HEAD_NBYTES) if hk is None else hk[:RECORD_HEAD_NBYTES]
         if h is not None and h[:4] == SYNC and _xxh(h[: _RECORD.size], seed) == _CHECK.unpack_from(h, _RECORD.size)[0]:
             gap = False
-            _, klen, blen, tag, _flags, _, expires = _RECORD.unpack_from(h)
+            _, klen, blen, tag, flags, reserved, expires = _RECORD.unpack_from(h)
             n = RECORD_HEAD_NBYTES + klen + blen + _CHECK.size
             if p + n > size:  # cut short: the file ends inside it
                 plan.gaps += 1
@@ -363,7 +410,12 @@ def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns:
             elif entries_taken < max_entries and bytes_taken + size_ <= max_bytes:
                 entries_taken += 1
                 bytes_taken += size_
-                plan.taken.append((p, n, h, klen, blen, tag, expires, kind))
+                check = _CHECK.unpack_from(h, _RECORD.size)[0]
+                row = (p, n, _signed(check), klen, blen, tag, expires, kind, flags | reserved << 8)
+                if fast is not None:
+                    chunks.append(np.array([row], np.int64))
+                else:
+                    plan.taken.append(row)
             else:
                 plan.no_room += 1
             p += n
@@ -380,6 +432,12 @@ def _plan(src: _Source, head: _Header, max_entries: int, max_bytes: int, now_ns:
             plan.gaps += 1
             gap = True
         p = src.find(p + 1, SYNC) if h is not None else size
+    if fast is not None:
+        if chunks:
+            plan.rows = np.concatenate(chunks)
+    elif plan.taken:
+        plan.rows = np.array(plan.taken, np.int64)
+    plan.taken = []
     return plan
 
 
@@ -408,10 +466,17 @@ def restore(parts, hot, now, path) -> RestoreResult:
                 f"serializer={mine!r}", what="restore", snapshot=head.serializer, cache=mine,
                 hint=f"restore it into a cache created with serializer={head.serializer!r}")
         limits = guard.run(store.stats)
-        plan = _plan(src, head, limits.max_entries, limits.max_retained_bytes, time.time_ns())
-        kind_numbers = _kinds_of(parts, head, plan, src)
-        stored, failed, expired, refused = _insert(src, head, plan, kind_numbers, hot, now,
-                                                   seg.geometry.policy == POLICY_KEEP)
+        fast = hasattr(hot, "snapshot_restore")  # the compiled section's passes, where it runs
+        plan = _plan(src, head, limits.max_entries, limits.max_retained_bytes, time.time_ns(),
+                     hot.snapshot_plan if fast else None)
+        kind_numbers = _kinds_of(parts, head, plan)
+        payloads = plan.rows[:, ROW_KLEN] + plan.rows[:, ROW_BLEN] + 1
+        stop_backing = _back_ahead(seg, int(((payloads + PAD) & -8).sum()))  # their blocks (block.nbytes)
+        try:
+            stored, failed, expired, refused = _insert(src, head, plan, kind_numbers, hot, now,
+                                                       seg.geometry.policy == POLICY_KEEP, fast)
+        finally:
+            stop_backing()
     finally:
         os.close(fd)
     damaged = failed + plan.unusable
@@ -424,66 +489,133 @@ def restore(parts, hot, now, path) -> RestoreResult:
                          time.perf_counter() - started)
 
 
-def _kinds_of(parts, head: _Header, plan: _Plan, src: _Source) -> dict[int, int]:
+def _back_ahead(seg, nbytes: int):
+    """Back with memory, in a thread, the pages past the arena's extent that ``nbytes`` of blocks will reach, ahead
+    of the stores that will grow the extent over them (``Segment.back``, which then finds them backed): the kernel's
+    zeroing of each new page, a third of a large restore's time, runs on another core meanwhile. Only backs, under
+    no lock: the extent and every mapping stay as they are, and pages a shrink released meanwhile may be backed
+    again (``shmcache sweep`` counts what a file holds; the next shrink gives them back). Returns what stops it
+    and waits for it; /dev/shm full ends it silently (the stores report it)."""
+    ext, ring = seg.extent(), seg.ring()
+    free = max(ext - int(seg.header_words[H_FILL]), 0)  # a hint, read without the lock
+    start, stop = seg.geometry.arena_off + ext, seg.geometry.arena_off + min(ring, ext + max(nbytes - free, 0))
+    if stop - start < BACK_AHEAD_NBYTES:
+        return lambda: None
+    fd = os.dup(seg.fd)  # its own: the handle may be closed by another thread meanwhile
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            at = start
+            while at < stop and not done.is_set():
+                n = min(BACK_AHEAD_NBYTES, stop - at)
+                os.posix_fallocate(fd, at, n)
+                at += n
+        except OSError:
+            pass  # /dev/shm full: the stores that need the pages report it
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=run, name="shmcache-restore-back", daemon=True)
+    t.start()
+
+    def stop_backing() -> None:
+        done.set()
+        t.join()
+
+    return stop_backing
+
+
+def _kinds_of(parts, head: _Header, plan: _Plan) -> dict[int, int]:
     """The file's kind numbers as this cache numbers the same names (made here if new; 0: its table is full)."""
     seg, guard, _ = parts
-    used = {t[7] for t in plan.taken} - {-1}
+    used = set(np.unique(plan.rows[:, ROW_KIND]).tolist()) - {-1}
     return {k: guard.run(kinds.register_locked, seg, head.kinds[k]) for k in sorted(used) if k in head.kinds}
 
 
-def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, now,
-            keep: bool) -> tuple[int, int, int, int]:
+def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, now, keep: bool,
+            fast: bool = False) -> tuple[int, int, int, int]:
     """Read the chosen records again, coldest first, and store them in batches; (stored, damaged, expired,
-    refused)."""
-    stored = damaged = expired = refused = 0
-    taken = plan.taken
-    j = len(taken)
+    refused). ``fast``: through the compiled section's pass (``Core.snapshot_restore``), which leaves to this one
+    only a record a hand-over stopped it at (an arena to grow, a repair to make, a store over the limits)."""
+    totals = [0, 0, 0, 0]  # stored, damaged, expired, refused
+    rows = plan.rows
+    starts, ends = rows[:, ROW_P], rows[:, ROW_P] + rows[:, ROW_N]
+    kind_map = bytes(kind_numbers.get(k, 0) for k in range(256))
+    j = len(rows)
     while j > 0:
         # The records [i, j) in one read of at most READ_NBYTES (or one record, however large).
-        end = taken[j - 1][0] + taken[j - 1][1]
-        i = j - 1
-        while i > 0 and end - taken[i - 1][0] <= READ_NBYTES:
-            i -= 1
-        first = taken[i][0]
-        chunk = src.read(first, end - first)
-        batch: list[tuple[Encoded, int]] = []
+        end = int(ends[j - 1])
+        i = max(int(np.searchsorted(starts[:j], end - READ_NBYTES, "left")), 0)
+        i = min(i, j - 1)
+        first = int(starts[i])
+        win = src.window(first, end - first)  # (no copy: nothing reads the file again until these are stored)
+        chunk = None if win is None else win[0][first - win[1] : end - win[1]]
         real = time.time_ns()
-        for p, _n, h, klen, blen, tag, expires, _ in reversed(taken[i:j]):
-            # Read again and checked whole: its head as the first pass checked it (the file may have changed
-            # since), then its key and body against the record's own checksum, seeded with the head's.
-            at = p - first
-            k0 = at + RECORD_HEAD_NBYTES
-            if chunk is None or chunk[at:k0] != h:
-                damaged += 1
-                continue
-            kb, body = chunk[k0 : k0 + klen], chunk[k0 + klen : k0 + klen + blen]
-            if _xxh(body, _xxh(kb, _CHECK.unpack_from(h, _RECORD.size)[0])) != _CHECK.unpack_from(
-                    chunk, k0 + klen + blen)[0]:
-                damaged += 1
-                continue
-            if klen and kb[0] == KIND_PREFIX:  # the file's kind number, as this cache numbers the same name
-                k = kind_numbers.get(kb[1], 0) if klen >= 2 else 0
-                if not k:
-                    damaged += 1
-                    continue
-                kb = bytes((KIND_PREFIX, k)) + kb[2:]
-            if not expires:
-                ttl = 0
-            elif expires <= real:
-                expired += 1
-                continue
-            else:
-                ttl = min(expires - real, MAX_TTL_NS)
-            size = klen + blen + 1
-            # (fingerprint, checksum and block size as codec.fingerprint, codec.body_checksum and block.nbytes
-            # compute them, inlined; an Encoded, not its fields as a tuple: a batch handed over to the Python path,
-            # and the Python path itself, read them by name)
-            batch.append((Encoded(kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size,
-                                  (size + PAD) & -8), ttl))
+        if fast and chunk is not None:
+            count = j - i
+            block_rows = np.ascontiguousarray(rows[i:j])
+            while count > 0:
+                *done, left = hot.snapshot_restore(chunk, first, block_rows, count, _signed(head.seed), kind_map,
+                                                   real)
+                for k in range(4):
+                    totals[k] += done[k]
+                if not left:
+                    break
+                # A hand-over stopped it at row left - 1: that row here, then the rest there again; or all of them
+                # here where it stopped before it stored anything (a hand-over that lasts: a released handle, a
+                # lock that times out), which would make every call check the rest again for one row's progress.
+                stalled = done[0] + done[3] == 0
+                take = block_rows[:left] if stalled else block_rows[left - 1 : left]
+                for k, x in enumerate(_insert_rows(chunk, first, take, head, kind_numbers, hot, now, keep, real)):
+                    totals[k] += x
+                count = 0 if stalled else left - 1
+        else:
+            for k, x in enumerate(_insert_rows(chunk, first, rows[i:j], head, kind_numbers, hot, now, keep, real)):
+                totals[k] += x
         j = i
-        done, no = _store(batch, hot, now, keep)
-        stored += done
-        refused += no
+    return totals[0], totals[1], totals[2], totals[3]
+
+
+def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind_numbers: dict, hot, now, keep: bool,
+                 real: int) -> tuple[int, int, int, int]:
+    """Check and store ``rows`` (the plan's, hottest first) whose records ``chunk`` holds from file offset ``first``,
+    coldest first; (stored, damaged, expired, refused). (twin: _core_snapshot.c Core_snapshot_restore)"""
+    damaged = expired = 0
+    batch: list[tuple[Encoded, int]] = []
+    for p, n, check, klen, blen, tag, expires, _, flags in reversed(rows.tolist()):
+        # Read again and checked whole: its head as the first pass checked it (the file may have changed since),
+        # then its key and body against the record's own checksum, seeded with the head's.
+        at = p - first
+        k0 = at + RECORD_HEAD_NBYTES
+        h = _RECORD.pack(SYNC, klen, blen, tag, flags & 0xFF, flags >> 8, expires) + _CHECK.pack(check & _MASK64)
+        if chunk is None or at < 0 or chunk[at:k0] != h or at + n > len(chunk):
+            damaged += 1
+            continue
+        kb, body = bytes(chunk[k0 : k0 + klen]), bytes(chunk[k0 + klen : k0 + klen + blen])
+        if _xxh(body, _xxh(kb, check & _MASK64)) != _CHECK.unpack_from(chunk, k0 + klen + blen)[0]:
+            damaged += 1
+            continue
+        if klen and kb[0] == KIND_PREFIX:  # the file's kind number, as this cache numbers the same name
+            k = kind_numbers.get(kb[1], 0) if klen >= 2 else 0
+            if not k:
+                damaged += 1
+                continue
+            kb = bytes((KIND_PREFIX, k)) + kb[2:]
+        if not expires:
+            ttl = 0
+        elif expires <= real:
+            expired += 1
+            continue
+        else:
+            ttl = min(expires - real, MAX_TTL_NS)
+        size = klen + blen + 1
+        # (fingerprint, checksum and block size as codec.fingerprint, codec.body_checksum and block.nbytes
+        # compute them, inlined; an Encoded, not its fields as a tuple: a batch handed over to the Python path,
+        # and the Python path itself, read them by name)
+        batch.append((Encoded(kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size,
+                              (size + PAD) & -8), ttl))
+    stored, refused = _store(batch, hot, now, keep)
     return stored, damaged, expired, refused
 
 
@@ -514,4 +646,3 @@ def _store(batch: list, hot, now, keep: bool) -> tuple[int, int]:
             stored += bool(ok)
             refused += not ok
     return stored, refused
-

@@ -200,6 +200,40 @@ def test_restore_into_half_the_capacity_keeps_the_most_recently_read_lru(name, o
         assert all(d.get(k) == f"value {k}".encode() * 3 for k in read)
 
 
+def test_restore_backs_the_pages_ahead_of_its_stores_and_stops(name, other, tmp_path, monkeypatch):
+    """A large restore backs the arena it will fill in a thread, ahead of the stores: the pages it needs are backed
+    once it ends, the thread is gone, and the cache holds no more memory than its entries' blocks reach (and
+    only the pages past the extent that they will need: a restore of nothing backs nothing)."""
+    import threading
+
+    snap = tmp_path / "big.snap"
+    with SharedCache(name, capacity_bytes=96 * MIB, max_entries=4096, create=True) as c:
+        c.put_many({f"k{i}": make_value(f"k{i}", i, 16_000) for i in range(4000)})
+        c.snapshot(snap)
+    with SharedCache(other, capacity_bytes=96 * MIB, max_entries=4096, create=True) as d:
+        held = os.fstat(d._seg.fd).st_blocks * 512
+        assert held < 16 * MIB
+        backed = []
+        real = snapfile._back_ahead
+
+        def watched(seg, nbytes):
+            stop = real(seg, nbytes)
+            backed.append(nbytes)
+            return stop
+
+        monkeypatch.setattr(snapfile, "_back_ahead", watched)
+        r = d.restore(snap)
+        assert (r.restored, r.damaged, r.complete) == (4000, 0, True)
+        assert backed and backed[0] >= 4000 * 16_000
+        assert not [t for t in threading.enumerate() if t.name == "shmcache-restore-back"]
+        ext = d._seg.extent()
+        held = os.fstat(d._seg.fd).st_blocks * 512
+        assert d._seg.geometry.arena_off + 4000 * 16_000 <= held <= d._seg.geometry.arena_off + ext + 32 * MIB
+        for i in range(0, 4000, 97):
+            check_value(f"k{i}", d.get(f"k{i}"))
+        assert d.verify().ok
+
+
 def test_restore_into_half_the_bytes_keeps_the_hottest(name, other, tmp_path):
     path = tmp_path / "b.snap"
     with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
@@ -319,6 +353,81 @@ def test_restore_every_single_byte_flip_costs_at_most_its_record(other, tmp_path
             assert lost == touched <= 1, off
             in_trailer = off >= records[-1][0] + records[-1][1]
             assert r.damaged == lost and r.restored == len(got) and r.complete == (not touched and not in_trailer)
+
+
+def _restored(name: str, path, python: bool, capacity: int, entries: int, policy: str, ttl_ms: int = 0):
+    """What a restore of ``path`` into a new cache did, on the Python path or the compiled one: its result (less the
+    time), every item, the counts that a store moves, and the policy's order (the keys from the next to go)."""
+    from tests.workers import python_path
+
+    with SharedCache(name, capacity_bytes=capacity, max_entries=entries, policy=policy, create=True) as d:
+        if python:
+            python_path(d)
+        try:
+            d.kind("later")  # another number here than in the file: the kinds are found by name
+            r = d.restore(path)
+            st = d.stats()
+            counts = (st.entries, st.retained_bytes, st.puts, st.evictions, st.too_large, st.kinds)
+            items = list(d.items())  # in the policy's order
+            return r._replace(seconds=0), dict(items), counts, [k for k, _ in items], d.verify().ok
+        finally:
+            d.unlink()
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "keep"])
+def test_restore_compiled_and_python_paths_agree_on_damaged_files(name, other, tmp_path, policy):
+    """The compiled section's two passes (Core.snapshot_plan, snapshot_restore) are held to the Python ones on the
+    same files: whole, with bytes flipped in heads, keys, bodies and checks, cut short, with garbage and copies of
+    records spliced in, restored into a cache that takes all or half of it: the same result, the same items, the
+    same counts and the same order, and a cache that verifies."""
+    from shmcache import core
+
+    if core.PATH != "compiled":
+        pytest.skip("the compiled section is not built")
+    rng = random.Random(31)
+    path = tmp_path / "d.snap"
+    with SharedCache(name, capacity_bytes=8 * MIB, max_entries=512, create=True, policy=policy) as c:
+        for i in range(120):
+            n = rng.choice([0, 1, 30, 239, 241, 1000, 1024, 3000, 70_000])
+            c.put(f"k{i}", make_value(f"k{i}", i, n), ttl=300 if i % 7 == 0 else None)
+        c.kind("images").put("img", np.ones((64, 64), dtype=np.int16))
+        c.kind("text").put_many({f"t{i}": "x" * i for i in range(30)})
+        c.put("gone", "soon", ttl=0.05)
+        for i in range(0, 120, 3):
+            c.get(f"k{i}")
+        c.snapshot(path)
+    time.sleep(0.06)  # "gone" expires: counted expired by the first pass
+    data = path.read_bytes()
+    start, records = _records(data)
+    variants = [data, data[: len(data) - 40], data[: records[len(records) // 2][0] + 50]]
+    for _ in range(12):  # flips
+        b = bytearray(data)
+        for _ in range(rng.randrange(1, 4)):
+            off = rng.randrange(start, len(b))
+            b[off] ^= rng.randrange(1, 256)
+        variants.append(bytes(b))
+    for p, n in rng.sample(records, 4):  # a head's length fields, a record copied, garbage spliced in
+        b = bytearray(data)
+        b[p + 4 : p + 8] = rng.randbytes(4)
+        variants.append(bytes(b))
+        variants.append(data[: p + n] + data[p : p + n] + data[p + n :])
+        variants.append(data[:p] + rng.randbytes(rng.randrange(1, 200)) + data[p:])
+    bad = tmp_path / "v.snap"
+    total = sum(n for _, n in records)
+    seen = set()
+    for i, v in enumerate(variants):
+        bad.write_bytes(v)
+        for capacity in (16 * MIB, total // 2):
+            a = _restored(unique_name("diffc"), bad, False, capacity, 512, policy)
+            b = _restored(unique_name("diffp"), bad, True, capacity, 512, policy)
+            assert a[0] == b[0], (i, capacity)
+            assert a[1].keys() == b[1].keys() and all(_same(a[1][k], b[1][k]) for k in a[1]), (i, capacity)
+            assert a[2:] == b[2:], (i, capacity)
+            assert a[4]
+            r = a[0]
+            seen |= {what for what, n in (("damaged", r.damaged), ("expired", r.expired), ("no_room", r.no_room),
+                                          ("incomplete", not r.complete)) if n}
+    assert seen == {"damaged", "expired", "no_room", "incomplete"}  # every judgement was made on both paths
 
 
 def test_restore_truncated_keeps_the_whole_records_before_the_cut(other, tmp_path, small_snapshot):
