@@ -902,9 +902,9 @@ static PyMethodDef Core_methods[] = {
      "first pass over the records whose headers are whole and right in ``window``, as snapshot._plan walks them "
      "(_core_snapshot.c says how)."},
     {"snapshot_restore", (PyCFunction)(void (*)(void))Core_snapshot_restore, METH_FASTCALL,
-     "snapshot_restore(chunk, first, rows, count, seed, kinds, real_ns) -> (stored, damaged, expired, refused, "
-     "left)\n\nA snapshot's second pass over the plan's rows[0..count), as snapshot._insert makes it, under one "
-     "hold of the lock (_core_snapshot.c says how)."},
+     "snapshot_restore(chunk, first, rows, count, seed, kinds, real_ns, now_ns) -> (stored, damaged, expired, "
+     "refused, left)\n\nA snapshot's second pass over the plan's rows[0..count), as snapshot._insert makes it, "
+     "under one hold of the lock (_core_snapshot.c says how)."},
     {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
      "put_many(items, now_ns, ttl_ns) -> None (without a fallback: (done, stop))\n\nStore each item (a "
      "store.Encoded) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns "

@@ -164,13 +164,15 @@ enum { RS_TODO, RS_PUT, RS_DAMAGED, RS_EXPIRED, RS_STORED, RS_REFUSED };
  * st[*done]: an arena to grow, a repair, or a store over the byte limit, which it refuses and counts in too_large).
  * (twin: snapshot.py _store) */
 static int restore_locked(Core *c, Encoded *st, const int64_t *ttls, uint8_t *outcome, const Py_ssize_t *from,
-                          Py_ssize_t n, Py_ssize_t *done)
+                          Py_ssize_t n, int64_t now, Py_ssize_t *done)
 {
-    int64_t old, now = mono_ns();
+    int64_t old;
     int r;
     *done = 0;
     if (HW(dirty) || hidden(c))
         return unready(c);
+    if (now < 0)
+        now = mono_ns();
     for (Py_ssize_t i = 0; i < n; i++) {
         Encoded *e = &st[i];
         e->expires = ttls[i] ? now + ttls[i] : 0;
@@ -196,24 +198,26 @@ static int restore_locked(Core *c, Encoded *st, const int64_t *ttls, uint8_t *ou
     return ST_OK;
 }
 
-/* Core.snapshot_restore(chunk, first, rows, count, seed, kinds, real_ns) -> (stored, damaged, expired, refused,
- * left): the second pass (snapshot.py _insert) over the plan's rows[0..count) (REC_ROW words each, hottest first),
- * whose records lie in ``chunk`` (the file's bytes from offset ``first``), coldest first: each checked whole against
- * its row (the header the first pass read) and its own check; a key's kind renumbered by ``kinds`` (256 bytes: this
- * cache's number for each of the file's, 0 for none: damaged); its time to live from its expiry and ``real_ns``
- * (time.time_ns); then stored. ``left``: the rows [0, left) not judged, where a hand-over stopped the stores at row
- * left - 1 (the Python path takes it, then calls again for the rest). */
+/* Core.snapshot_restore(chunk, first, rows, count, seed, kinds, real_ns, now_ns) -> (stored, damaged, expired,
+ * refused, left): the second pass (snapshot.py _insert) over the plan's rows[0..count) (REC_ROW words each, hottest
+ * first), whose records lie in ``chunk`` (the file's bytes from offset ``first``), coldest first: each checked whole
+ * against its row (the header the first pass read) and its own check; a key's kind renumbered by ``kinds`` (256
+ * bytes: this cache's number for each of the file's, 0 for none: damaged); its time to live from its expiry and
+ * ``real_ns`` (time.time_ns); then stored, expiring by the clock reading ``now_ns`` (-1: CLOCK_MONOTONIC's).
+ * ``left``: the rows [0, left) not judged, where a hand-over stopped the stores at row left - 1 (the Python path
+ * takes it, then calls again for the rest). */
 static PyObject *Core_snapshot_restore(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t first, count, seed, real;
+    int64_t first, count, seed, real, now;
     Py_buffer chunk, rowbuf, kinds;
     PyObject *out = NULL;
     Encoded *st = NULL;
     int64_t *ttls = NULL;
     Py_ssize_t *from = NULL;
     uint8_t *outcome = NULL, *keys = NULL;
-    if (nargs_ok(nargs, 7, "snapshot_restore") || arg_int(args[1], "first", &first)
-        || arg_int(args[3], "count", &count) || arg_int(args[4], "seed", &seed) || arg_int(args[6], "real_ns", &real))
+    if (nargs_ok(nargs, 8, "snapshot_restore") || arg_int(args[1], "first", &first)
+        || arg_int(args[3], "count", &count) || arg_int(args[4], "seed", &seed) || arg_int(args[6], "real_ns", &real)
+        || arg_int(args[7], "now_ns", &now))
         return NULL;
     if (bytes_arg(args[0], &chunk, -1, "chunk"))
         return NULL;
@@ -311,7 +315,7 @@ static PyObject *Core_snapshot_restore(Core *c, PyObject *const *args, Py_ssize_
         if ((r = enter(c)) < 0)
             goto end;
         if (r == ST_OK) {
-            r = restore_locked(c, st, ttls, outcome, from, m, &done);
+            r = restore_locked(c, st, ttls, outcome, from, m, now, &done);
             unlock(c);
             leave(c);
             if (r < 0)

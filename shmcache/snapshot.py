@@ -557,7 +557,7 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
             block_rows = np.ascontiguousarray(rows[i:j])
             while count > 0:
                 *done, left = hot.snapshot_restore(chunk, first, block_rows, count, _signed(head.seed), kind_map,
-                                                   real)
+                                                   real, now())
                 for k in range(4):
                     totals[k] += done[k]
                 if not left:

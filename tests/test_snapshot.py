@@ -160,6 +160,24 @@ def test_snapshot_ttl_expired_skipped_live_keeps_its_remaining_lifetime(name, ot
         assert "soon" not in d and d["long"] == 3
 
 
+def test_restore_expires_by_the_handles_own_clock(name, other, tmp_path):
+    """A restored entry's time to live runs on the clock of the handle that restores it (``clock=``), as a put's
+    does, on either path."""
+    path = tmp_path / "c.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+        c.put("long", 3, ttl=100)
+        c.put("never", 4)
+        c.snapshot(path)
+    now = [10**12]
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True, clock=lambda: now[0]) as d:
+        assert d.restore(path).restored == 2
+        assert 98 < d.ttl("long") <= 100
+        now[0] += 99 * 10**9
+        assert d.get("long") == 3
+        now[0] += 2 * 10**9
+        assert d.get("long") is None and d.get("never") == 4
+
+
 def test_snapshot_skips_an_entry_whose_expiry_is_damaged(name, other, tmp_path):
     """An expiry word damaged to a time no entry can live to (its wall time would overflow the record) costs that
     entry, as a damaged record does; the snapshot is written, and the others restore."""
