@@ -24,6 +24,7 @@ import numpy as np
 
 from . import block
 from .errors import CorruptionError, NoSpaceError, PinnedError
+from .lock import TICK_EVERY, progressed
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES, PAGE
 from .layout.dtypes import (
     BLOCK_OWNER_SHIFT, E_CHECK, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED, H_FILL,
@@ -237,9 +238,12 @@ class Arena:
         if pos > size:
             raise PinnedError(f"blocks pinned by open views keep the arena's live blocks from fitting in {size} "
                               "bytes", what="resize", hint="close the views first, then resize")
-        ent = self.ent
-        pos = 0
+        ent, h = self.ent, self.h
+        pos = moved = 0
         for x, o, n, pinned in zip(e.tolist(), off.tolist(), nb.tolist(), stays):
+            moved += 1
+            if not moved & TICK_EVERY:  # a walk over every live block: the lock's waiters wait on (lock.py)
+                progressed(h)
             if pinned:
                 if o > pos:
                     self._dead(pos, o - pos)
@@ -249,7 +253,6 @@ class Arena:
                 self.move(self.base + pos, self.base + o, n)  # memmove: the ranges may overlap
                 ent[x * ENTRY_WORDS + E_OFF] = pos
             pos += n
-        h = self.h
         # Ordering: the ring's words after every block is in place (see alloc).
         h[H_TAIL] = 0
         h[H_HEAD] = 0 if pos == size else pos

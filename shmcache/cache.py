@@ -62,6 +62,10 @@ if TYPE_CHECKING:
 # fills: arena.py).
 DEFAULT_CAPACITY_BYTES = 32 * 2**20
 DEFAULT_MAX_ENTRIES = 32768
+# What one hold of the lock evicts at most when limits are lowered, before the hold that lowers them
+# (SharedCache._evict_ahead): a few milliseconds' work on the Python path.
+EVICT_STEP = 2048
+EVICT_STEP_NBYTES = 64 << 20
 # The most address space a cache reserves for resizes when not told (max_capacity_bytes): 1 TiB.
 _DEFAULT_RESERVE_MOST = 2**40
 DEFAULT_LOCK_TIMEOUT = 10.0
@@ -717,6 +721,7 @@ class SharedCache(LocalMapping, AsyncMethods):
             raise ValueError(f"cache {name!r} was made by an older release (layout version {self._seg.version}), "
                              "whose segments are not resized: snapshot it, remove it and restore into a new one")
         space.check_whole(g.occupied_at_most(cap), f"cache {name!r}", "pass a smaller capacity_bytes")
+        self._evict_ahead(entries, cap)
         self._guard.run(self._store.resize, cap, entries)
 
     def limits(self) -> CacheLimits:
@@ -756,7 +761,23 @@ class SharedCache(LocalMapping, AsyncMethods):
         if max_retained_bytes is not None and max_retained_bytes > self.capacity_bytes:
             self.resize(capacity_bytes=max_retained_bytes, max_entries=max_entries)
             return
+        self._evict_ahead(max_entries, max_retained_bytes)
         self._guard.run(self._store.set_limits, max_entries, max_retained_bytes)
+
+    def _evict_ahead(self, max_entries: int | None, max_bytes: int | None) -> None:
+        """Before lower limits are set: evict what they will not hold in short holds of the lock (``EVICT_STEP``
+        entries or ``EVICT_STEP_NBYTES`` bytes each), every other process serving between them, instead of in the
+        one hold that sets them (a million evictions are seconds on the Python path). Puts meanwhile may refill
+        what was evicted; the hold that sets the limits evicts whatever is left. At most as many holds as the
+        evictions need, plus a few."""
+        s = self._guard.run(self._store.stats)
+        most_entries = s.entries if max_entries is None else max_entries
+        most_bytes = s.retained_bytes if max_bytes is None else max_bytes
+        over = (max(s.entries - most_entries, 0) // EVICT_STEP
+                + max(s.retained_bytes - most_bytes, 0) // EVICT_STEP_NBYTES)
+        for _ in range(over + 4 if over else 0):
+            if self._guard.run(self._store.evict_toward, most_entries, most_bytes, EVICT_STEP, EVICT_STEP_NBYTES):
+                break
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:
         """Check every invariant of the segment (``deep`` also re-hashes every stored key and value and decodes every

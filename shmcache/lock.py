@@ -65,6 +65,7 @@ import weakref
 
 from . import ofd
 from .errors import LockTimeout, ReentrantCallError
+from .layout.dtypes import H_PROGRESS, MAX_COUNTER
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
@@ -72,6 +73,8 @@ _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, 
 _SPIN_TRIES = 20  # trylock + sched_yield rounds before a contended waiter sleeps on the word
 _SLICE_S = 0.005  # a waiter sleeps at most this long before it looks at the holder again (and runs signal handlers)
 _PATIENCE = 1000  # a waiter gives a holder whose long walk makes progress (a repair) at most this many more timeouts
+PROGRESS_MASK = MAX_COUNTER - 1  # the progress word wraps below MAX_COUNTER (a power of two)
+TICK_EVERY = 4095  # steps of a cheap walk under the lock between moves of the progress word, less one (a mask)
 FUTEX_TID_MASK = 0x3FFFFFFF  # the word's holder thread id
 FUTEX_WAITERS = 0x80000000  # the word's bit for "a thread sleeps on it": the unlock then wakes one
 HOLDER_OFF = 4  # the holder-slot word, after the futex word
@@ -100,6 +103,12 @@ _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
+
+
+def progressed(h) -> None:
+    """Move the header's progress word (``h``: the header's words): a holder on a long walk under the lock tells
+    its waiters it is getting somewhere, and they wait on (``Lock.acquire_slow``)."""
+    h[H_PROGRESS] = (h[H_PROGRESS] + 1) & PROGRESS_MASK
 
 def futex_trylock(address: int) -> int:
     """``FUTEX_TRYLOCK_PI``: the kernel stores this thread's id into the word at ``address`` if it holds no thread

@@ -24,7 +24,7 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, POLICY_LRU, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
-    H_TAIL, H_UNUSED_NEXT,
+    H_RETAINED, H_TAIL, H_UNUSED_NEXT,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -490,6 +490,27 @@ class Store:
             # says why; readers.quiesce how): under lru, reads take the lock.
             seg.release(ext, g.policy == POLICY_LRU or readers.quiesce(seg))
         return True
+
+    @updating
+    def evict_toward(self, most_entries: int, most_bytes: int, entries_step: int, bytes_step: int) -> bool:
+        """One short hold's share of the evictions that lower limits will need: evict as the policy chooses until
+        at most ``most_entries`` entries of ``most_bytes`` bytes are resident, or ``entries_step`` entries or
+        ``bytes_step`` bytes fewer than now, whichever comes first. The limits stay as they are. Whether the cache
+        is within the two already (or nothing more can go: the rest is pinned, which the new limits will report).
+        ``SharedCache.resize`` and ``set_limits`` call it before they lower the limits, so that the hold that
+        lowers them has little left to evict."""
+        h = self.h
+        entries, nbytes = h[H_ENTRIES], h[H_RETAINED]
+        if entries <= most_entries and nbytes <= most_bytes:
+            return True
+        target_entries = max(most_entries, entries - entries_step, 0)
+        target_bytes = max(most_bytes, nbytes - bytes_step, 0)
+        try:
+            self.table.evict_until(max(h[H_MAX_ENTRIES] - target_entries, 0),
+                                   max(h[H_MAX_RETAINED] - target_bytes, 0))
+        except PinnedError:
+            return True
+        return h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes
 
     @updating
     def set_limits(self, max_entries: int | None, max_retained_bytes: int | None) -> None:

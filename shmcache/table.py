@@ -16,6 +16,7 @@ from . import block, index, lru, ofd, policy
 from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
+from .lock import TICK_EVERY, progressed
 from .readers import slot_pinned
 from .seqlock import open_seq
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
@@ -293,9 +294,11 @@ class Table:
         if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
             self.reclaim_expired()
         if self.policy == POLICY_S3FIFO:
-            for _ in range(self.slots):
+            for i in range(self.slots):
                 if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                     return
+                if i and not i & TICK_EVERY:  # a long walk (limits lowered a long way): the waiters wait on
+                    progressed(h)
                 if not policy.s3fifo_evict_one(self):
                     break
             else:
@@ -307,11 +310,13 @@ class Table:
         # lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over.
         e = ent[E_PREV]
         pinned = 0
-        for _ in range(self.slots):
+        for i in range(self.slots):
             if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                 return
             if e == SENTINEL:
                 break
+            if i and not i & TICK_EVERY:
+                progressed(h)
             p = ent[e * _W + E_PREV]
             if self.pins[e] and self.pinned(e):
                 pinned += 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import block, config, index, lru, ofd
 from .arena import write_dead
+from .lock import TICK_EVERY, progressed
 from .layout.geometry import extent_step
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
@@ -29,7 +30,7 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_LAST_PUT, H_PROGRESS, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
+    H_LAST_PUT, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
     H_GHOST_CLOCK,
     H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
     MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
@@ -64,19 +65,13 @@ class _Problems(list):
             self.append(msg)
 
 
-def _tick(h) -> None:
-    """Move the progress word: a long walk under the lock tells its waiters it is getting somewhere (lock.py)."""
-    h[H_PROGRESS] = (h[H_PROGRESS] + 1) & _PROGRESS_MASK
-
-
-_PROGRESS_MASK = MAX_COUNTER - 1  # (a power of two)
-_TICK_EVERY = 4095  # steps of a cheap walk between ticks, less one (a mask)
+_tick = progressed
 
 
 def _ticking(h, items):
-    """``items``, moving the progress word every ``_TICK_EVERY + 1`` of them (a walk over every entry)."""
+    """``items``, moving the progress word every ``TICK_EVERY + 1`` of them (a walk over every entry)."""
     for i, item in enumerate(items):
-        if not i & _TICK_EVERY:
+        if not i & TICK_EVERY:
             _tick(h)
         yield item
 

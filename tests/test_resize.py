@@ -376,3 +376,48 @@ def test_a_read_under_way_in_another_process_keeps_the_pages_until_it_ends(name)
         words[slot] = 1  # its holder gone: the count is stale, and ignored
         assert readers.quiesce(c._seg, timeout=0.2)
         assert c.verify().ok
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_lower_limits_evict_in_short_holds_and_long_walks_move_the_progress_word(name, policy, monkeypatch):
+    """A shrink that evicts many entries does it in holds of at most EVICT_STEP evictions, other calls served
+    between them, before the hold that lowers the limits; and a walk under one hold over more than TICK_EVERY
+    entries (an eviction, the resize's compaction) moves the progress word, so that the lock's waiters wait on
+    instead of timing out."""
+    from shmcache import cache as cache_mod
+    from shmcache.layout.dtypes import H_ENTRIES, H_PROGRESS
+    from shmcache.lock import TICK_EVERY
+
+    monkeypatch.setattr(cache_mod, "EVICT_STEP", 1000)
+    c = SharedCache(name, capacity_bytes=16 * MIB, max_entries=20_000, create=True, policy=policy)
+    try:
+        keys = [f"k{i}" for i in range(12_000)]
+        c.put_many({k: make_value(k, 0, 40) for k in keys})
+        assert len(c) == 12_000
+        steps, store, h = [], c._store, c._seg.header_words
+        real = store.evict_toward
+
+        def counted(*args):  # (called with the lock held, each in a hold of its own)
+            before = int(h[H_ENTRIES])
+            out = real(*args)
+            steps.append(before - int(h[H_ENTRIES]))
+            return out
+
+        monkeypatch.setattr(store, "evict_toward", counted)
+        c.set_limits(max_entries=2_000)
+        assert len(steps) >= 10 and max(steps) <= 1000 and sum(steps) >= 9_000
+        assert len(c) <= 2_000 and _read_back(c, keys) == len(c)
+        # The walks of one hold: a resize compacting more than TICK_EVERY live blocks, an eviction of as many.
+        monkeypatch.setattr(cache_mod, "EVICT_STEP", 10**9)  # no holds ahead: the resize's own walk
+        c.set_limits(max_entries=20_000)
+        c.put_many({k: make_value(k, 1, 40) for k in keys})
+        before = int(h[H_PROGRESS])
+        c.resize(capacity_bytes=8 * MIB, max_entries=20_000)  # the ring wraps or reaches past: every block moved
+        assert int(h[H_PROGRESS]) != before
+        before = int(h[H_PROGRESS])
+        c.set_limits(max_entries=TICK_EVERY // 2)
+        assert int(h[H_PROGRESS]) != before
+        assert _read_back(c, keys) == len(c) and c.verify().ok
+    finally:
+        c.close()
+        c.unlink()
