@@ -1,10 +1,12 @@
-/* Included by _core.c. A snapshot's restore in C (twin: snapshot.py _plan and _insert): the first pass's walk over
- * the record headers, and the second pass's checks and stores, without a Python object made per record. Both run
- * over a window of the file that snapshot.py read (bytes it owns: nothing here reads the file or past the window),
- * and stop at anything but the common case, a record whose header and bytes are whole and right, leaving it to the
- * Python code, which is the reference: tests/test_snapshot.py holds the two to the same answers on the same files,
- * damaged ones included. Every byte of the window is the file's, so hostile: a length steers nothing but a bounds
- * check against the window before any read. */
+/* shmcache._core, a snapshot's restore: the first pass's walk over the record headers, and the second pass's checks
+ * and stores, without a Python object made per record.
+ * Twin of snapshot.py (_plan), snapshot.py (_insert_rows) and snapshot.py (_store).
+ * A part of the one translation unit _core.c (see there). Both passes run over a window of the file that
+ * snapshot.py read (bytes it owns: nothing here reads the file or past the window), and stop at anything but the
+ * common case, a record whose header and bytes are whole and right, leaving it to the Python code, which is the
+ * reference: tests/test_snapshot.py holds the two to the same answers on the same files, damaged ones included.
+ * Every byte of the window is the file's, so hostile: a length steers nothing but a bounds check against the
+ * window before any read. */
 
 /* A record's fixed fields (snapshot.py _RECORD, then its check): sync, key_nbytes, body_nbytes, tag, flags,
  * reserved, expires_ns, check. */

@@ -145,11 +145,12 @@ def test_seams_every_cited_twin_exists(path):
 def test_seams_the_compiled_section_cites_its_twins():
     """Every part of _core.c names its Python module, and the locked operations name their functions."""
     parts = sorted(PACKAGE.glob("_core_*.c"))
-    assert len(parts) == 11 and all(_PART.search(p.read_text()) for p in parts)
+    assert len(parts) == 12 and all(_PART.search(p.read_text()) for p in parts)
     cited = {t for p in parts for t in _twins(p.read_text())}
     for twin in [("table.py", "Table.insert"), ("table.py", "Table.evict_until"), ("store.py", "Store.put"),
                  ("policy.py", "s3fifo_evict_one"), ("policy.py", "ghost_add"), ("table.py", "Table.touch"),
-                 ("store.py", "Store.read"), ("entries.py", "get_many_locked"), ("index.py", "find")]:
+                 ("store.py", "Store.read"), ("entries.py", "get_many_locked"), ("index.py", "find"),
+                 ("snapshot.py", "_store")]:
         assert twin in cited
     assert max(len(p.read_text().splitlines()) for p in [*parts, PACKAGE / "_core.c"]) < 1000
 
