@@ -19,9 +19,10 @@
 #define UNLOCKED_TRIES 64 /* attempts before the lock is taken instead: a writer's hold is ~1 us, a big put ~50 us */
 #endif
 
-/* Whether lock-free reads are built for this machine: the Python path's writers order their stores by x86-64's
- * total store order alone (seqlock.py), so other machines read under the lock. */
-#if defined(__x86_64__)
+/* Whether lock-free reads are built for this machine: where the Python path's writers can order their stores
+ * (seqlock.py): by x86-64's total store order, and on aarch64 with membarrier's full barriers. The reads themselves
+ * are C11 atomics and fences, right on any machine; elsewhere every read takes the lock. */
+#if defined(__x86_64__) || defined(__aarch64__)
 #define UNLOCKED_READS 1
 #else
 #define UNLOCKED_READS 0

@@ -13,15 +13,14 @@ forked child holds its parent's description too, so it claims a slot of its own 
 
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
 import time
 import weakref
 
 import numpy as np
 
 from . import ofd
+from .seqlock import barrier_everywhere
 from .layout.dtypes import (
     H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, MAX_COUNTER, PIN_SLOT_MASK, R_FALLBACKS, R_HITS,
     R_HOLDER, R_MISSES, R_PINS, R_READING, R_RETRIES, READER_PINS, READER_SLOTS, READER_WORDS,
@@ -107,19 +106,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-_MEMBARRIER_CMD_GLOBAL = 1
-_NR_MEMBARRIER = {"x86_64": 324, "aarch64": 283}.get(platform.machine())
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _barrier_everywhere() -> bool:
-    """membarrier(MEMBARRIER_CMD_GLOBAL): every thread running on the machine passes a full memory barrier before it
-    returns (the costly side of an asymmetric fence, a few ms). False where the system refuses it."""
-    if _NR_MEMBARRIER is None:
-        return False
-    return _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_GLOBAL, 0) == 0
-
-
 def quiesce(seg, timeout: float = 0.05) -> bool:
     """Whether no handle that holds a reader slot of ``seg`` is still in a read of the arena without the lock begun
     before now, waiting up to ``timeout`` seconds for those that are (the lock held, ``seq`` odd: a read begun
@@ -131,7 +117,7 @@ def quiesce(seg, timeout: float = 0.05) -> bool:
     The readers count their reads in their slot's ``reading`` word with a plain store and no fence (_core_methods.c
     ``reading``); the barrier made here on every thread first makes each count visible before it is read."""
     words = seg.reader_words
-    if not _barrier_everywhere():
+    if not barrier_everywhere():
         return False
     pending = [r for r in range(READER_SLOTS) if words[r * READER_WORDS + R_READING]]
     deadline = time.monotonic() + timeout

@@ -8,19 +8,68 @@ read. Under lru nobody reads without the lock and ``seq`` stays 0: callers skip 
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import platform
 import threading
 
 from .layout.dtypes import H_DIRTY, H_SEQ
 
 _INT64_MAX = 2**63 - 1
-# A full barrier from Python: the compare-and-swap of a lock's acquire is a locked instruction on x86-64 (mfence's
-# effect), taken or not. The only way to order a store before a later load without a compiled call.
+# Whether stores are seen by other processors in program order (a total store order): x86-64's, where a store then
+# a later store need no fence between them, and the fence before a load is the locked instruction of a lock's
+# compare-and-swap. Elsewhere (aarch64) both take a full barrier of the kernel's (below).
+TSO = platform.machine() in ("x86_64", "AMD64", "i686", "i386")
+# The lock-free reads (_core_unlocked.c UNLOCKED_READS) are built where this module can order its writers' stores:
+# x86-64 (its store order) and aarch64 (membarrier, whose syscall number is known here).
+_NR_MEMBARRIER = {"x86_64": 324, "aarch64": 283}.get(platform.machine())
+_MEMBARRIER_CMD_GLOBAL = 1
+_MEMBARRIER_CMD_PRIVATE_EXPEDITED = 8
+_MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED = 16
+_libc = ctypes.CDLL(None, use_errno=True)
+# A full barrier from Python on x86-64: the compare-and-swap of a lock's acquire is a locked instruction (mfence's
+# effect), taken or not.
 _BARRIER = threading.Lock()
 
 
-def _fence() -> None:
+def _lock_fence() -> None:
     if _BARRIER.acquire(False):
         _BARRIER.release()
+
+
+def membarrier_fence() -> bool:
+    """A full memory barrier of the calling thread, from Python: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which
+    the kernel brackets with a full barrier on entry and on exit (and sends to this process's other threads that are
+    running, a few microseconds). Registered on first use in each process (a fork's child registers again). False
+    where the system has no membarrier (a kernel before 4.14, another machine)."""
+    if _NR_MEMBARRIER is None:
+        return False
+    if _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0:
+        return True
+    if ctypes.get_errno() != errno.EPERM:  # EPERM: not registered yet
+        return False
+    _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0)
+    return _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0
+
+
+def barrier_everywhere() -> bool:
+    """membarrier(MEMBARRIER_CMD_GLOBAL): every thread running on the machine passes a full memory barrier before it
+    returns (the costly side of an asymmetric fence, a few ms: readers.quiesce). False where the system refuses
+    it."""
+    if _NR_MEMBARRIER is None:
+        return False
+    return _libc.syscall(_NR_MEMBARRIER, _MEMBARRIER_CMD_GLOBAL, 0) == 0
+
+
+def _full_fence() -> None:
+    if not membarrier_fence():
+        # No membarrier (where the compiled section reads without the lock, it has one: _core_unlocked.c builds
+        # those reads for x86-64 and aarch64 alone, and a kernel without membarrier is older than any that
+        # supports aarch64 servers): the lock's instruction, which orders what this machine's lock orders.
+        _lock_fence()
+
+
+_fence = _lock_fence if TSO else _full_fence
 
 
 def open_seq(h) -> None:
@@ -34,7 +83,10 @@ def open_seq(h) -> None:
 
 def close_seq(h) -> None:
     """The hold ends: ``seq`` even again unless an update was cut short (``dirty`` set). On x86-64 stores are seen
-    in program order, so no fence is needed before this one. (twin: _core_lock.c seq_close)"""
+    in program order, so no fence is needed before this one; elsewhere a full one orders the hold's stores before
+    it (the C's release store). (twin: _core_lock.c seq_close)"""
     s = h[H_SEQ]
     if s & 1 and not h[H_DIRTY]:
+        if not TSO:
+            _fence()
         h[H_SEQ] = s + 1 if s < _INT64_MAX else -_INT64_MAX - 1

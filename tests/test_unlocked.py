@@ -578,3 +578,30 @@ def test_unlocked_forked_child_keeps_an_inherited_view_pinned(name):
     finally:
         c.close()
         c.unlink()
+
+
+def test_unlocked_python_writers_fence_as_a_weakly_ordered_machine_needs(name, monkeypatch):
+    """Where stores are not seen in program order (aarch64), the Python path's writer fences after making ``seq``
+    odd and before making it even again, with membarrier's full barrier, which this kernel gives (also in a fork's
+    child, which registers again); on x86-64 the even store needs none."""
+    from shmcache import seqlock
+    from shmcache.layout.dtypes import H_SEQ
+
+    assert seqlock.membarrier_fence()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if seqlock.membarrier_fence() else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, policy="s3fifo") as c:
+        python_path(c)
+        h = c._seg.header_words
+        seen = []
+        monkeypatch.setattr(seqlock, "TSO", False)
+        monkeypatch.setattr(seqlock, "_fence", lambda: seen.append(int(h[H_SEQ]) & 1))
+        c.put("a", b"x")
+        assert seen == [1, 1]  # after the odd store, and before the even one: both while seq is odd
+        assert int(h[H_SEQ]) % 2 == 0 and c.get("a") == b"x"
+        seen.clear()
+        monkeypatch.setattr(seqlock, "TSO", True)
+        c.put("b", b"y")
+        assert seen == [1]  # x86-64: the fence after the odd store alone
