@@ -69,7 +69,7 @@ The real cache is replayed with each policy it has (``shmcache.POLICIES``: lru, 
 name above and the spellings ``s3-fifo``, ``keep``, ``dataset`` on a small segment), or the ``--shm-policy`` names,
 and compared with its model: lru and keep must hit exactly where theirs do (a difference makes the exit status 1);
 s3fifo, whose ghost is a table of fingerprints aged by a clock rather than the published FIFO of keys
-(shmcache/policy.py), within S3FIFO_TOLERANCE points of the published one's hit ratio. Every segment made is
+(shmcache/policies/s3fifo.py), within S3FIFO_TOLERANCE points of the published one's hit ratio. Every segment made is
 unlinked, also on Ctrl-C or an error.
 """
 
@@ -140,7 +140,7 @@ class S3FIFO:
                  move_to_main: int = 2) -> None:
         self.size = size
         self.evicted = False  # whether the cache has evicted anything yet
-        # In integer arithmetic, as SharedCache's policy="s3fifo" computes them (shmcache/policy.py).
+        # In integer arithmetic, as SharedCache's policy="s3fifo" computes them (shmcache/policies/s3fifo.py).
         self.small_size = max(1, size * round(small_ratio * 100) // 100)
         self.main_size = size - self.small_size
         self.ghost_size = size * round(ghost_ratio * 100) // 100
@@ -363,7 +363,7 @@ SHM_POLICY_NAMES = {"lru": "lru", "s3fifo": "s3fifo", "s3-fifo": "s3fifo", "siev
                     "2q": "2q", "keep": "keep-first", "keep-first": "keep-first", "dataset": "keep-first"}
 # Models the real cache must match lookup for lookup under the policy compared with them (a mismatch is a failure).
 # SharedCache's s3fifo approximates the published ghost (a FIFO of keys) with a fixed table of fingerprints aged by a
-# clock (shmcache/policy.py): its hits are compared with the model's as a difference in points.
+# clock (shmcache/policies/s3fifo.py): its hits are compared with the model's as a difference in points.
 EXACT_MODELS = ("lru", "keep-first")
 S3FIFO_TOLERANCE = 1.0  # points of hit ratio the real s3fifo may differ from the published one's model
 

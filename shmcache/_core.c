@@ -6,7 +6,7 @@
  * mapping and a table of every offset, word number and constant it uses, handed over by Python from
  * shmcache/layout at bind time. This file holds no layout number of its own; a missing key fails the bind.
  *
- * Each method runs the whole locked section in C, as shmcache/table.py, policy.py, arena.py, index.py and lru.py do
+ * Each method runs the whole locked section in C, as shmcache/table.py, policies/, arena.py, index.py and lru.py do
  * it in Python (they stay the readable reference; tests/test_core.py pins the two to byte-identical segments). Anything
  * unusual is handed over to the Python path (the handle's core.HandOver, called from C with the call's own
  * arguments; a Core bound without one answers HANDOVER), which knows how to judge, repair and raise: the dirty word
@@ -33,7 +33,7 @@
  * The source is split by concern into parts named after the Python modules each mirrors, and included here as one
  * translation unit, so that the hot paths' static functions inline across parts with no link-time optimisation:
  * _core.h (the Core object and the outcomes), _core_binding.c (core.py), _core_lock.c (lock.py), _core_arena.c
- * (arena.py), _core_index.c (index.py), _core_lru.c (lru.py), _core_policy.c (policy.py), _core_table.c (table.py),
+ * (arena.py), _core_index.c (index.py), _core_lru.c (lru.py), _core_policy.c (policies/), _core_table.c (table.py),
  * _core_sections.c (store.py and entries.py), _core_methods.c (cache.py and mapping.py), _core_hash.c (codec.py's
  * xxh3, for short keys and values). A function with a Python
  * twin names it, as "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.

@@ -79,7 +79,7 @@ typedef struct {
     unsigned char *kinds, *pins, *marks, *arena;
     int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots of them (a power of two, at least GHOST_WAYS) */
     int64_t ghost_slots;
-    int policy;         /* POLICY_* of the segment, read at attach */
+    const struct PolicyOps *pol; /* the segment's policy (_core_policy.c), chosen at bind: asked, never its number */
     /* reads without the lock (_core_unlocked.c) */
     int64_t *readers;   /* the reader slots' words, reader_slots records of reader_words */
     int64_t reader_slots, reader_words;
@@ -168,6 +168,25 @@ typedef struct {
 
 static int64_t mono_ns(void);
 static inline void seq_open(Core *c); /* _core_lock.c: before a hold's first write or pin query */
+/* An eviction policy's steps, one table per policy (_core_policy.c policy_ops), chosen at bind as policies.of
+ * chooses in Python: what a hit does, where a new key goes and whether it is admitted, and which entry goes next.
+ * The flags are read on the hot paths, the functions elsewhere. (twin: policies/base.py Policy) */
+struct PolicyOps {
+    int reads_unlocked;   /* gets and views read without the lock (validated by seq) */
+    int relinks_on_hit;   /* a hit moves its entry: links written, in the dirty bracket (lru) */
+    int marks_on_hit;     /* a hit raises its entry's counter: a byte, no bracket (s3fifo) */
+    int evicts_to_admit;  /* a new key evicts for its room; 0: admitted only while it fits (keep) */
+    int evicts_from_tail; /* the next to go is the list's tail, pinned ones passed over; 0: evict_one chooses */
+    int (*on_hit)(Core *c, int64_t e);        /* a hit on resident entry e (lock held) */
+    int (*admit)(Core *c, int64_t fp);        /* asked before a new key evicts: 1, it enters on probation */
+    int (*link_new)(Core *c, int64_t e, int probation, int64_t *p, int64_t *n); /* its neighbours; marks set */
+    void (*unlinked)(Core *c, int64_t e, int64_t n); /* e (whose next was n) left the list */
+    void (*leaving)(Core *c, int64_t e);      /* e is about to be evicted */
+    int (*evict_one)(Core *c, int *done);     /* the entry no view pins that the policy chooses goes */
+};
+
+static const struct PolicyOps policy_ops[3]; /* _core_policy.c, by POLICY_* number (a tentative definition) */
+
 static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
 static int table_remove(Core *c, int64_t e);            /* _core_table.c: the policies' eviction calls them */
 static int evict_oldest(Core *c, int *done);

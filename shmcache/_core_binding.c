@@ -148,7 +148,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
                                           "this build knows");
         return -1;
     }
-    c->policy = (int)policy;
+    c->pol = &policy_ops[policy]; /* (the number was checked above) */
     c->ghost_slots = ghost_slots;
     if (take(d, "HEADER_WORDS", &hw_limit) || region(c, d, "header_off", hw_limit * 8, 8, (void **)&c->h)
         || region(c, d, "index_off", index_slots * index_bytes, 8, (void **)&c->ix)

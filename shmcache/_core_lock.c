@@ -211,7 +211,7 @@ static int wait_lock(Core *c, uint32_t tid)
  * (twin: seqlock.py open_seq) */
 static inline void seq_open(Core *c)
 {
-    if (c->policy == POLICY_LRU)
+    if (!c->pol->reads_unlocked)
         return;
     int64_t s = __atomic_load_n(&HW(seq), __ATOMIC_RELAXED);
     if (!(s & 1)) {

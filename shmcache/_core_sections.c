@@ -66,8 +66,8 @@ STEP void found(Core *c, int64_t e, Found *f)
 STEP int hit(Core *c, int64_t e)
 {
     int r;
-    if (c->policy != POLICY_LRU) {
-        if (c->policy == POLICY_S3FIFO)
+    if (!c->pol->relinks_on_hit) {
+        if (c->pol->marks_on_hit)
             bump(c, e);
     } else if (EN(e, prev) != c->sentinel) {
         int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);

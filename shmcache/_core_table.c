@@ -8,7 +8,7 @@
  * (twin: readers.py slot_pinned) */
 static int slot_pinned(Core *c, int64_t e)
 {
-    if (c->policy == POLICY_LRU)
+    if (!c->pol->reads_unlocked)
         return 0;
     for (int64_t r = 0; r < c->reader_slots; r++) {
         const int64_t *w = c->readers + r * c->reader_words + c->r_pins;
@@ -69,11 +69,7 @@ static int table_remove(Core *c, int64_t e)
         return r;
     EN(p, next) = n;
     EN(n, prev) = p;
-    if (c->policy == POLICY_S3FIFO && (c->marks[e] & MARK_SMALL)) {
-        ADD(HW(small), -1);
-        if (HW(small_first) == e)
-            HW(small_first) = n; /* the next of small, or the sentinel: small is empty */
-    }
+    c->pol->unlinked(c, e, n);
     c->marks[e] = 0;
     EN(e, check) = 0;
     EN(e, next) = HW(free_head);
@@ -134,11 +130,11 @@ static int evict_until(Core *c, int64_t size, int64_t now)
         if (r)
             return r;
     }
-    if (c->policy == POLICY_S3FIFO) {
+    if (!c->pol->evicts_from_tail) { /* the policy's own choice, one at a time */
         for (int64_t i = 0; i < c->slots; i++) {
             if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
                 return ST_OK;
-            int done, r = s3fifo_evict_one(c, &done);
+            int done, r = c->pol->evict_one(c, &done);
             if (r)
                 return r;
             if (!done)
@@ -188,8 +184,7 @@ static int evict_oldest(Core *c, int *done)
         if (pin < 0)
             return bounds(c);
         if (!pin) {
-            if (c->policy == POLICY_S3FIFO && (c->marks[e] & MARK_SMALL))
-                ghost_add(c, EN(e, fp));
+            c->pol->leaving(c, e);
             int r = table_remove(c, e);
             if (r)
                 return r;
@@ -205,7 +200,7 @@ static int evict_oldest(Core *c, int *done)
 /* Evict the entry no view pins that the policy chooses; *done 0 if there is none. (twin: table.py Table.evict_one) */
 static int evict_one(Core *c, int *done)
 {
-    return c->policy == POLICY_S3FIFO ? s3fifo_evict_one(c, done) : evict_oldest(c, done);
+    return c->pol->evict_one(c, done);
 }
 
 /* Whether one more entry of ``size`` bytes fits the limits once expired entries are dropped (keep), into *fits.
@@ -225,11 +220,7 @@ static int room_without_evicting(Core *c, int64_t size, int64_t now, int *fits)
  * word), s3fifo raises its counter, keep does nothing. (twin: table.py Table.touch) */
 static inline int touch(Core *c, int64_t e)
 {
-    if (c->policy == POLICY_LRU)
-        return move_to_front(c, e);
-    if (c->policy == POLICY_S3FIFO)
-        bump(c, e);
-    return ST_OK;
+    return c->pol->on_hit(c, e);
 }
 
 
@@ -253,10 +244,10 @@ static int insert(Core *c, const Encoded *st, int64_t now)
 {
     int64_t e, off = 0, vlen = st->blen + 1;
     int r, from_free, done;
-    /* s3fifo: the ghost is asked before evicting, whose keys may take this one's ghost slot. */
-    int to_small = c->policy == POLICY_S3FIFO && !admit_to_main(c, st->fp);
+    /* Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot). */
+    int probation = c->pol->admit(c, st->fp);
     if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained)) {
-        if (c->policy != POLICY_KEEP) {
+        if (c->pol->evicts_to_admit) {
             if ((r = evict_until(c, st->size, now)))
                 return r;
         } else {
@@ -286,7 +277,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         r = alloc(c, st->nb, e, &off);
         if (r != ST_PINNED)
             break;
-        if (c->policy == POLICY_KEEP) { /* no room but what evicting would make: not admitted */
+        if (!c->pol->evicts_to_admit) { /* no room but what evicting would make: not admitted */
             HW(writing) = 0;
             ADD(HW(not_admitted), 1);
             return ST_REFUSED;
@@ -312,15 +303,9 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     if (i > c->mask)
         return bounds(c);
     /* Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front. */
-    int64_t p = c->sentinel, n = EN(c->sentinel, next);
-    if (to_small) {
-        n = HW(small_first);
-        if (!LINK_OK(n))
-            return bounds(c);
-        p = EN(n, prev);
-    }
-    if (!LINK_OK(p) || !LINK_OK(n))
-        return bounds(c);
+    int64_t p, n;
+    if ((r = c->pol->link_new(c, e, probation, &p, &n)))
+        return r;
     EN(e, prev) = p;
     EN(e, next) = n;
     EN(e, fp) = st->fp;
@@ -333,13 +318,6 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     IXE(s) = e;
     EN(n, prev) = e;
     EN(p, next) = e;
-    if (to_small) {
-        HW(small_first) = e;
-        ADD(HW(small), 1);
-        c->marks[e] = MARK_SMALL;
-    } else {
-        c->marks[e] = 0;
-    }
     ADD(HW(entries), 1);
     ADD(HW(admitted), 1);
     ADD(HW(retained), st->klen + vlen);

@@ -34,7 +34,7 @@
  * readers.py's fork hook). */
 static inline int64_t *reader_slot(Core *c)
 {
-    return (UNLOCKED_READS && c->rd != NULL && c->rd_fork == fork_count && c->policy != POLICY_LRU) ? c->rd : NULL;
+    return (UNLOCKED_READS && c->rd != NULL && c->rd_fork == fork_count && c->pol->reads_unlocked) ? c->rd : NULL;
 }
 
 static inline int64_t seq_begin(Core *c) { return __atomic_load_n(&HW(seq), __ATOMIC_ACQUIRE); }
@@ -78,7 +78,7 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
 
 /* A hit's counter raised without the lock (s3fifo): a compare-and-swap on the marks byte, once, so that a writer's
  * MARK_SMALL bit is never overwritten (a writer's plain store may drop the raise instead: any counter is valid).
- * (twin: policy.py bump) */
+ * (twin: policies/s3fifo.py bump) */
 static inline void bump_unlocked(Core *c, int64_t e)
 {
     unsigned char m = RD(c->marks[e]);

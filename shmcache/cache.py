@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, overload
 
 from . import config, core, flight, memo, serializers, space
-from . import policy as policies
+from . import policies
 from . import snapshot as snapshots
 from .durations import seconds, ttl_ns
 from .codec import encode_key, fingerprint

@@ -16,7 +16,7 @@ import warnings
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
-from . import ofd
+from . import ofd, policies
 from .arena import block_nbytes
 from ._sources import sources_digest
 from .errors import CompiledSectionMissing
@@ -356,7 +356,7 @@ def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:
     pins = compiled_pins(seg)
     bound = bind(seg, lock_timeout, HandOver(guard, store, arena, base, pins))
     bound.holder_slot = guard.slot.number  # void in a forked child, whose holds then name no slot (_core_lock.c)
-    if seg.geometry.policy != d.POLICY_LRU:  # gets and views without the lock, counted in a reader slot
+    if policies.of(seg.geometry.policy).reads_unlocked:  # gets and views without the lock, in a reader slot
         try:
             Reader(seg).bind(bound)
         except OSError:

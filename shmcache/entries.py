@@ -13,13 +13,13 @@ their reference, and finish a batch the C section hands over part-way.
 
 from __future__ import annotations
 
-from . import block, index, lru, policy
+from . import block, index, lru
 from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY,
-    H_HITS, H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT, MARK_FREQ, MARK_SMALL, POLICY_LRU, POLICY_S3FIFO,
+    H_HITS, H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT,
 )
 
 _W = ENTRY_WORDS
@@ -75,27 +75,26 @@ def order_locked(store) -> tuple:
     return ents["next"].copy(), ents["fp"].copy(), expires.copy(), marks.copy(), store.clock()
 
 
-def hottest_first(copied: tuple, s3fifo: bool) -> tuple[list, list]:
-    """The live entries of ``order_locked``'s copy, hottest first as the policy keeps them: (their slots, their
-    fingerprints), which name them for ``copy_locked``. lru: the list's order, most recently used first; keep: the
-    list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest
-    first), then newest first: the order the queues' evictions spare them in. No lock: the copy is this call's."""
+def hottest_first(copied: tuple, pol) -> tuple[list, list]:
+    """The live entries of ``order_locked``'s copy, hottest first as the policy ``pol`` keeps them: (their slots,
+    their fingerprints), which name them for ``copy_locked``. lru: the list's order, most recently used first; keep:
+    the list's order, newest first; s3fifo: main's entries before small's, each queue by its hit counter (highest
+    first), then newest first: the order the queues' evictions spare them in (``Policy.snapshot_rank``). No lock:
+    the copy is this call's."""
     nxt, fps, exp, marks, now = copied
     nxt, fps, exp, marks = nxt.tolist(), fps.tolist(), exp.tolist(), marks.tolist()
     slots = len(nxt)
-    # s3fifo's eight groups: (small, counter) -> slots, in the list's order within each.
-    groups: list[list] = [[] for _ in range(8)] if s3fifo else [[]]
+    # The policy's groups (s3fifo's eight: (small, counter)) -> slots, in the list's order within each.
+    ranked = pol.snapshot_ranks > 1
+    rank = pol.snapshot_rank
+    groups: list[list] = [[] for _ in range(pol.snapshot_ranks)]
     e = nxt[SENTINEL]
     for _ in range(slots):  # Invariant: bounded, so a damaged list cannot make the walk loop
         if not 0 < e < slots:
             break
         x = exp[e]
         if not (x and x <= now):
-            if s3fifo:
-                m = marks[e]
-                groups[(4 if m & MARK_SMALL else 0) + MARK_FREQ - (m & MARK_FREQ)].append(e)
-            else:
-                groups[0].append(e)
+            groups[rank(marks[e]) if ranked else 0].append(e)
         e = nxt[e]
     order = [e for group in groups for e in group]
     return order, [fps[e] for e in order]
@@ -187,7 +186,8 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     # as in SharedCache.get (block.value_at, inlined), and everything the loop reads is bound once.
     ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
-    relinks, counts, marks = store.table.policy == POLICY_LRU, store.table.policy == POLICY_S3FIFO, store.table.marks
+    pol, table = store.table.pol, store.table
+    relinks, counts = pol.relinks_on_hit, pol.marks_on_hit
     out: list[tuple | None] = []
     append = out.append
     hits = misses = 0
@@ -221,7 +221,7 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
                 lru.move_to_front(ent, e)
                 h[H_DIRTY] = 0
         elif counts:
-            policy.bump(marks, e)
+            pol.on_hit(table, e)
         hits += 1
         append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
     h[H_HITS] += hits

@@ -24,7 +24,7 @@ from typing import NoReturn
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import (
-    H_ARENA_EXTENT, H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES, POLICY_LRU,
+    H_ARENA_EXTENT, H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES,
 )
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
@@ -101,7 +101,7 @@ class Guard:
         self._bump = self.lock.bump_call
         self.closed = False
         self.inside: set[int] = set()  # the threads inside run (waiting for the lock or holding it), by thread id
-        self.seqlocked = table.policy != POLICY_LRU  # readers without the lock validate against ``seq``
+        self.seqlocked = table.pol.reads_unlocked  # readers without the lock validate against ``seq``
 
     # The pattern of every call, written once in ``run`` (``close`` too, marking the handle closed even when the lock
     # cannot be had):

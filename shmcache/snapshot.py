@@ -40,7 +40,7 @@ from . import block, entries, kinds
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, fingerprint
 from .errors import PinnedError, SnapshotError, SnapshotMismatch, SnapshotVersionError, TooLargeError
 from .layout import KIND_PREFIX, MAX_BLOCK_NBYTES, MAX_TTL_NS
-from .layout.dtypes import H_FILL, POLICY_KEEP, POLICY_NAMES, POLICY_S3FIFO
+from .layout.dtypes import H_FILL, POLICY_NAMES
 from .serializers import TAG_PICKLE
 from .block import PAD
 from .codec import MASK63
@@ -186,8 +186,7 @@ def write(parts, path, name: str) -> SnapshotInfo:
 def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
     """Copy the entries out in batches and write each as a record; (records, their bytes)."""
     _, guard, store = parts
-    slots, fps = entries.hottest_first(guard.run(entries.order_locked, store),
-                                       parts.seg.geometry.policy == POLICY_S3FIFO)
+    slots, fps = entries.hottest_first(guard.run(entries.order_locked, store), store.table.pol)
     write = f.write
     count = nbytes = damaged = 0
     i = 0
@@ -474,7 +473,7 @@ def restore(parts, hot, now, path) -> RestoreResult:
         stop_backing = _back_ahead(seg, int(((payloads + PAD) & -8).sum()))  # their blocks (block.nbytes)
         try:
             stored, failed, expired, refused = _insert(src, head, plan, kind_numbers, hot, now,
-                                                       seg.geometry.policy == POLICY_KEEP, fast)
+                                                       not store.table.pol.evicts_to_admit, fast)
         finally:
             stop_backing()
     finally:

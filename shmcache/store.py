@@ -23,7 +23,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
-    H_TOO_LARGE, H_UPDATES, H_WRITING, POLICY_LRU, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
+    H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
     H_RETAINED, H_TAIL, H_UNUSED_NEXT,
 )
 from .serializers import TAG_PICKLE
@@ -87,7 +87,7 @@ class Store:
         self.base = g.arena_off
         self.mask = g.index_slots - 1
         self.most_bytes = g.capacity_bytes  # the most a resize reaches
-        self.hit = self._hit_relinking if table.policy == POLICY_LRU else self._hit_touching  # type: ignore[method-assign]
+        self.hit = self._hit_relinking if table.pol.relinks_on_hit else self._hit_touching  # type: ignore[method-assign]
         self.seqlocked = table.seqlocked  # guard.updating opens the readers' seq (not under lru)
 
     def close(self) -> None:
@@ -488,7 +488,7 @@ class Store:
             h[H_ARENA_EXTENT] = ext
             # Given back only once no handle is still in a read without the lock begun before now (Segment.release
             # says why; readers.quiesce how): under lru, reads take the lock.
-            seg.release(ext, g.policy == POLICY_LRU or readers.quiesce(seg))
+            seg.release(ext, not self.table.pol.reads_unlocked or readers.quiesce(seg))
         return True
 
     @updating

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import block, index, lru, ofd, policy
+from . import block, index, lru, ofd, policies
 from .block import PAD
 from .arena import Arena
 from .errors import CorruptionError, PinnedError
@@ -25,8 +25,7 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
     H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
     H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
-    BLOCK_OWNER_SHIFT, E_FP, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
-    POLICY_KEEP, POLICY_LRU, POLICY_S3FIFO,
+    BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST,
 )
 
 if TYPE_CHECKING:
@@ -56,8 +55,10 @@ class Table:
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
         self.marks, self.ghost = seg.marks_bytes, seg.ghost_words
-        self.policy = g.policy  # POLICY_* (policy.py): what a hit, an insert and an eviction do
-        self.seqlocked = g.policy != POLICY_LRU  # gets and views read without the lock: see seqlock.py
+        self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
+        self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
+        # The steps a policy adds to the list's (None: the base's, skipped): bound once, for the hot paths.
+        self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.mask = g.index_slots - 1
@@ -95,10 +96,8 @@ class Table:
     def touch(self, e: int) -> None:
         """A hit on resident entry ``e``, as the policy takes it: lru moves it to the front (the caller raised the
         dirty word), s3fifo raises its counter, keep does nothing."""
-        if self.policy == POLICY_LRU:
-            lru.move_to_front(self.ent, e)
-        elif self.policy == POLICY_S3FIFO:
-            policy.bump(self.marks, e)
+        if self._on_hit is not None:
+            self._on_hit(self, e)
 
     def insert(self, encoded: Fields, expires: int, version: int = 0) -> bool:
         """Store ``encoded`` (the key is absent) where the policy puts a new entry, evicting first as the limits
@@ -113,11 +112,12 @@ class Table:
         # first probe, lru.push_front (the entry's own links in the pack below) and block.value_at are inlined:
         # this is every new key's path.
         kb, tag, body, fp, check, size, nb = encoded
-        h, ent, ix, mm = self.h, self.ent, self.ix, self.mm
-        # s3fifo: the ghost is asked before evicting, whose keys may take this one's ghost slot.
-        to_small = self.policy == POLICY_S3FIFO and not policy.admit_to_main(h, self.ghost, fp)
+        h, ent, ix, mm, pol = self.h, self.ent, self.ix, self.mm, self.pol
+        # Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot).
+        admit = self._admit
+        probation = admit is not None and admit(self, fp)
         if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
-            if self.policy != POLICY_KEEP:
+            if pol.evicts_to_admit:
                 self.evict_until(1, size)
             elif not self.room_without_evicting(size):
                 h[H_NOT_ADMITTED] += 1
@@ -140,7 +140,7 @@ class Table:
                 off = self.ring.alloc(nb, e)
                 break
             except PinnedError:
-                if self.policy == POLICY_KEEP:  # no room but what evicting would make: not admitted
+                if not pol.evicts_to_admit:  # no room but what evicting would make: not admitted
                     h[H_WRITING] = 0
                     h[H_NOT_ADMITTED] += 1
                     return False
@@ -158,12 +158,10 @@ class Table:
         s = fp & self.mask
         if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
             s = index.free_slot(ix, self.mask, fp)
-        # Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front.
-        if to_small:
-            p, n = policy.small_end(h, ent, self.slots)
-            h[H_SMALL_FIRST] = e
-            h[H_SMALL] += 1
-            self.marks[e] = MARK_SMALL
+        # Where it is linked: at the front (lru, keep, and main under s3fifo: Policy.link_new, inlined), or where
+        # the policy puts a new key on probation (s3fifo: small's front).
+        if probation:
+            p, n = pol.link_new(self, e, probation)
         else:
             p, n = SENTINEL, ent[E_NEXT]  # after the sentinel, before the list's most recent entry
             self.marks[e] = 0
@@ -262,10 +260,8 @@ class Table:
         index.remove(self.ix, ent, self.mask, s)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
-        if self.policy == POLICY_S3FIFO and self.marks[e] & MARK_SMALL:
-            h[H_SMALL] -= 1
-            if h[H_SMALL_FIRST] == e:
-                h[H_SMALL_FIRST] = n  # the next of small, or the sentinel: small is empty
+        if self._unlinked is not None:
+            self._unlinked(self, e, n)
         self.marks[e] = 0
         b = e * _W
         ent[b + E_CHECK] = 0
@@ -281,8 +277,8 @@ class Table:
 
     def evict_until(self, extra_entries: int, extra_bytes: int) -> None:
         """Make room for ``extra_entries`` more entries of ``extra_bytes`` more bytes: expired entries go first,
-        then those the policy chooses (lru: the least recently used; keep: the oldest; s3fifo: policy.py), pinned
-        entries excepted. Bounded by the table size, so damaged counters raise instead of looping.
+        then those the policy chooses (lru: the least recently used; keep: the oldest; s3fifo: policies/s3fifo.py),
+        pinned entries excepted. Bounded by the table size, so damaged counters raise instead of looping.
 
         :raises PinnedError: if what is left to evict is all pinned (the limits still hold; room is short).
         """
@@ -293,13 +289,14 @@ class Table:
             return
         if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
             self.reclaim_expired()
-        if self.policy == POLICY_S3FIFO:
+        if not self.pol.evicts_from_tail:  # the policy's own choice, one at a time
+            evict_one = self.pol.evict_one
             for i in range(self.slots):
                 if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                     return
                 if i and not i & TICK_EVERY:  # a long walk (limits lowered a long way): the waiters wait on
                     progressed(h)
-                if not policy.s3fifo_evict_one(self):
+                if not evict_one(self):
                     break
             else:
                 raise CorruptionError("evicting never met the limits", what="evict")
@@ -331,9 +328,7 @@ class Table:
 
     def evict_one(self) -> bool:
         """Evict the entry no view pins that the policy chooses; False if there is none."""
-        if self.policy == POLICY_S3FIFO:
-            return policy.s3fifo_evict_one(self)
-        return self.evict_oldest()
+        return self.pol.evict_one(self)
 
     def evict_oldest(self) -> bool:
         """Evict the entry nearest the back of the list that no view pins (lru's least recently used, keep's oldest,
@@ -344,8 +339,7 @@ class Table:
             if e == SENTINEL:
                 return False
             if not (self.pins[e] and self.pinned(e)):
-                if self.policy == POLICY_S3FIFO and self.marks[e] & MARK_SMALL:
-                    policy.ghost_add(self.h, self.ghost, ent[e * _W + E_FP])
+                self.pol.leaving(self, e)
                 self.remove(e)
                 self.h[H_EVICTIONS] += 1
                 return True

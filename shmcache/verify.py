@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import block, config, index, lru, ofd
+from . import block, config, index, lru, ofd, policies
 from .arena import write_dead
 from .lock import TICK_EVERY, progressed
 from .layout.geometry import extent_step
@@ -31,10 +31,9 @@ from .layout.dtypes import (
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
     H_LAST_PUT, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
-    H_GHOST_CLOCK,
-    H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
-    MARKS_VALID, POLICY_S3FIFO, H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES,
-    H_READER_SLOTS, H_TOO_LARGE, READER_SLOTS, H_CAPACITY, H_RESIZES,
+    H_GHOST_CLOCK, H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST,
+    H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
+    READER_SLOTS, H_CAPACITY, H_RESIZES,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -242,27 +241,10 @@ def check(seg, deep: bool = True) -> VerifyReport:
 
 
 def _check_queues(seg, order: list[int], problems: _Problems) -> None:
-    """The policy's words and marks: under s3fifo, the list is main's entries then small's (from ``small_first``),
-    ``small`` counts the latter, and each entry's mark says which queue it is in; under the others all are 0."""
-    h, marks = seg.header_words, seg.marks_bytes
-    odd = [e for e in order if marks[e] & ~MARKS_VALID]
-    if seg.geometry.policy != POLICY_S3FIFO:
-        odd = [e for e in order if marks[e]]
-        if h[H_SMALL_FIRST] != SENTINEL or h[H_SMALL]:
-            problems.add(f"small queue words set (small_first={h[H_SMALL_FIRST]}, small={h[H_SMALL]}) under a "
-                         "policy without one")
-    else:
-        start = next((i for i, e in enumerate(order) if marks[e] & MARK_SMALL), len(order))
-        small = order[start:]
-        strays = [e for e in small if not marks[e] & MARK_SMALL]
-        if strays:
-            problems.add(f"entry {strays[0]} of main is linked among small's entries")
-        first = small[0] if small else SENTINEL
-        if (h[H_SMALL_FIRST], h[H_SMALL]) != (first, len(small)):
-            problems.add(f"small queue: the list has {len(small)} entries from slot {first}, the header says "
-                         f"{h[H_SMALL]} from slot {h[H_SMALL_FIRST]}")
-    if odd:
-        problems.add(f"entry {odd[0]} has marks {marks[odd[0]]:#x}, which its policy never sets")
+    """The policy's words and marks (``Policy.check``): under s3fifo, the list is main's entries then small's (from
+    ``small_first``), ``small`` counts the latter, and each entry's mark says which queue it is in; under the others
+    all are 0."""
+    policies.of(seg.geometry.policy).check(seg, order, problems)
 
 
 def _check_index(seg, live: set[int], problems: _Problems) -> None:
@@ -425,10 +407,8 @@ def repair(seg) -> int:
     # Entries of a kind whose record lost its name (or lies beyond a record that did) go: no kind() can reach them.
     named = _named_kinds(seg)
     kept_ids = sorted((e for _, _, e in kept if _key_kind(seg, e) <= named), key=lambda e: rank.get(e, slots))
-    if g.policy == POLICY_S3FIFO:  # main's entries, then small's, each queue in its order (a mark says which)
-        marks = seg.marks_bytes
-        kept_ids = ([e for e in kept_ids if not marks[e] & MARK_SMALL]
-                    + [e for e in kept_ids if marks[e] & MARK_SMALL])
+    # As the policy links them (s3fifo: main's entries, then small's, each queue in its order, a mark says which).
+    kept_ids = policies.of(g.policy).repair_order(seg, kept_ids)
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
@@ -496,17 +476,9 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
 
 
 def _rebuild_queues(seg, kept: list[int]) -> None:
-    """The policy's words from the marks of the kept entries, relinked main first (s3fifo); else all 0."""
-    h, marks = seg.header_words, seg.marks_bytes
-    if seg.geometry.policy != POLICY_S3FIFO:
-        for e in kept:
-            marks[e] = 0
-        h[H_SMALL_FIRST], h[H_SMALL] = SENTINEL, 0
-        return
-    for e in kept:
-        marks[e] &= MARKS_VALID
-    small = [e for e in kept if marks[e] & MARK_SMALL]
-    h[H_SMALL_FIRST], h[H_SMALL] = (small[0] if small else SENTINEL), len(small)
+    """The policy's words from the marks of the kept entries, relinked main first (s3fifo); else all 0
+    (``Policy.rebuild``)."""
+    policies.of(seg.geometry.policy).rebuild(seg, kept)
 
 
 def _rebuild_columns(seg, kept: list[int]) -> None:

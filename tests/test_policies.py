@@ -277,7 +277,7 @@ def test_policies_stats_show_in_prometheus(make):
 # ------------------------------------------------------------------------------------------------- crash windows
 
 ctx = mp.get_context("fork")
-_TRACED = ("shmcache/policy.py", "shmcache/table.py", "shmcache/store.py")
+_TRACED = ("shmcache/policies/s3fifo.py", "shmcache/policies/base.py", "shmcache/table.py", "shmcache/store.py")
 
 
 def _put_and_die_at_line(name: str, n: int, key: str, value) -> None:

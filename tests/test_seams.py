@@ -148,7 +148,9 @@ def test_seams_the_compiled_section_cites_its_twins():
     assert len(parts) == 12 and all(_PART.search(p.read_text()) for p in parts)
     cited = {t for p in parts for t in _twins(p.read_text())}
     for twin in [("table.py", "Table.insert"), ("table.py", "Table.evict_until"), ("store.py", "Store.put"),
-                 ("policy.py", "s3fifo_evict_one"), ("policy.py", "ghost_add"), ("table.py", "Table.touch"),
+                 ("policies/s3fifo.py", "s3fifo_evict_one"), ("policies/s3fifo.py", "ghost_add"),
+                 ("policies/s3fifo.py", "S3fifo.link_new"), ("policies/base.py", "Policy.link_new"),
+                 ("table.py", "Table.touch"),
                  ("store.py", "Store.read"), ("entries.py", "get_many_locked"), ("index.py", "find"),
                  ("snapshot.py", "_store")]:
         assert twin in cited
@@ -161,3 +163,24 @@ def test_seams_twin_check_catches_a_missing_twin(tmp_path):
     c.write_text("/* Twin of table.py (Table). */\n/* (twin: table.py Table.insert) */\n/* (twin: table.py\n"
                  " * Table.evict) (twin: gone.py f) */\n")
     assert _missing_twins(c, tmp_path) == ["_x.c: table.py has no Table.evict", "_x.c: gone.py does not exist"]
+
+
+def test_seams_a_policy_is_asked_never_tested_by_its_number():
+    """What a policy does is asked of its object (policies/, Policy; C: policy_ops, PolicyOps), never decided by
+    comparing the segment's policy number: outside the policies, the layout (the ghost region's size) and the
+    constants core.py hands the C at bind to check, no source names a POLICY_* number, and no C reads it."""
+    allowed = {"policies", "layout"}
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in allowed:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bPOLICY_(LRU|S3FIFO|KEEP)\b", line) and not (rel.name == "core.py" and '"POLICY_' in line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    for path in sorted(PACKAGE.glob("_core*.[ch]")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"->policy\b|policy\s*[!=]=\s*POLICY_|POLICY_\w+\s*[!=]=", line) \
+                    and path.name != "_core_binding.c":
+                offenders.append(f"{path.name}:{n}: {line.strip()}")
+    assert offenders == []

@@ -1,16 +1,11 @@
-"""The eviction policies' own steps over the one list of entries: what a hit does, where a new entry is linked,
-which entry goes next, and the ghost of S3-FIFO. ``table.py`` calls these; it alone decides when to evict.
+"""``s3fifo``: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023), and its ghost.
 
-* ``lru`` (the default): exact LRU. A hit moves its entry to the front; the entry at the back goes.
-* ``s3fifo``: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023). The list holds
-  two FIFO queues, main then small: ``sentinel -> main, newest first -> small, newest first (from small_first) ->
-  sentinel``. A new key enters small, or main if the ghost remembers it; a hit only raises its entry's 2-bit counter
-  (a byte written, nothing moved). Eviction takes small's oldest while small holds its tenth of the entries (main
-  otherwise): hit at least twice, it moves to main, else it goes and its fingerprint enters the ghost; main's oldest
-  with hits left is reinserted at main's front with one hit fewer, else it goes.
-* ``keep``: the dataset policy. Nothing moves on a hit and a new key is admitted only while it fits: once the
-  cache is full it keeps what it holds (expired entries still make room), which repeated shuffled passes over a
-  dataset larger than the cache hit as often as any policy can. ``set_limits`` and ``popitem`` take the oldest.
+The list holds two FIFO queues, main then small: ``sentinel -> main, newest first -> small, newest first (from
+small_first) -> sentinel``. A new key enters small, or main if the ghost remembers it; a hit only raises its
+entry's 2-bit counter (a byte written, nothing moved), so gets and views read without the lock. Eviction takes
+small's oldest while small holds its tenth of the entries (main otherwise): hit at least twice, it moves to main,
+else it goes and its fingerprint enters the ghost; main's oldest with hits left is reinserted at main's front with
+one hit fewer, else it goes.
 
 The ghost is a region of ``ghost_slots`` words, in groups of GHOST_WAYS (two cache lines): a key's group is chosen by
 its fingerprint's low bits, and a slot holds 31 other bits of it and the ghost clock when the key left small. A slot
@@ -22,26 +17,19 @@ raised, for those that move entries).
 
 from __future__ import annotations
 
-from . import lru
-from .errors import CorruptionError
-from .layout import SENTINEL
-from .layout.dtypes import (
+from .. import lru
+from ..errors import CorruptionError
+from ..layout import SENTINEL
+from ..layout.dtypes import (
     E_FP, E_NEXT, E_PREV, ENTRY_WORDS, GHOST_STAMP_BITS, GHOST_STAMP_MASK, GHOST_WAYS, H_ENTRIES, H_EVICTIONS,
-    H_GHOST_CLOCK, H_GHOST_HITS, H_MAX_ENTRIES, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ, MARK_SMALL,
-    POLICY_NAMES,
+    H_GHOST_CLOCK, H_GHOST_HITS, H_MAX_ENTRIES, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ, MARK_SMALL, MARKS_VALID,
+    POLICY_S3FIFO,
 )
+from .base import Policy
 
 _W = ENTRY_WORDS
 _TAG_BIT = 1 << 30  # set in every tag, so that a used ghost slot is never 0
 PROMOTE_AT = 2  # hits in small that earn an entry its place in main (S3-FIFO's threshold)
-
-
-def number(name: str) -> int:
-    """The POLICY_* number of policy ``name``; ValueError for a name that is none."""
-    try:
-        return POLICY_NAMES.index(name)
-    except ValueError:
-        raise ValueError(f"policy must be one of {', '.join(map(repr, POLICY_NAMES))}, got {name!r}") from None
 
 
 def small_share(max_entries: int) -> int:
@@ -195,3 +183,72 @@ def s3fifo_evict_one(table) -> bool:
         h[H_EVICTIONS] += 1
         return True
     raise CorruptionError("the queues do not hold the entries the header counts", what="evict")
+
+
+class S3fifo(Policy):
+    number = POLICY_S3FIFO
+    name = "s3fifo"
+    marks_on_hit = True
+    evicts_from_tail = False
+    snapshot_ranks = 8  # (small, counter): main's before small's, each by its counter, highest first
+
+    def on_hit(self, table, e: int) -> None:
+        bump(table.marks, e)
+
+    def admit(self, table, fp: int) -> bool:
+        return not admit_to_main(table.h, table.ghost, fp)
+
+    def link_new(self, table, e: int, probation: bool) -> tuple[int, int]:
+        if not probation:
+            return super().link_new(table, e, probation)
+        h = table.h
+        p, n = small_end(h, table.ent, table.slots)
+        h[H_SMALL_FIRST] = e
+        h[H_SMALL] += 1
+        table.marks[e] = MARK_SMALL
+        return p, n
+
+    def unlinked(self, table, e: int, n: int) -> None:
+        if table.marks[e] & MARK_SMALL:
+            h = table.h
+            h[H_SMALL] -= 1
+            if h[H_SMALL_FIRST] == e:
+                h[H_SMALL_FIRST] = n  # the next of small, or the sentinel: small is empty
+
+    def leaving(self, table, e: int) -> None:
+        if table.marks[e] & MARK_SMALL:  # it leaves small unhit: the ghost remembers it
+            ghost_add(table.h, table.ghost, table.ent[e * _W + E_FP])
+
+    evict_one = staticmethod(s3fifo_evict_one)  # (the function itself: one call fewer an eviction)
+
+    def check(self, seg, order: list[int], problems) -> None:
+        """The list is main's entries then small's (from ``small_first``), ``small`` counts the latter, and each
+        entry's mark says which queue it is in."""
+        h, marks = seg.header_words, seg.marks_bytes
+        odd = [e for e in order if marks[e] & ~MARKS_VALID]
+        start = next((i for i, e in enumerate(order) if marks[e] & MARK_SMALL), len(order))
+        small = order[start:]
+        strays = [e for e in small if not marks[e] & MARK_SMALL]
+        if strays:
+            problems.add(f"entry {strays[0]} of main is linked among small's entries")
+        first = small[0] if small else SENTINEL
+        if (h[H_SMALL_FIRST], h[H_SMALL]) != (first, len(small)):
+            problems.add(f"small queue: the list has {len(small)} entries from slot {first}, the header says "
+                         f"{h[H_SMALL]} from slot {h[H_SMALL_FIRST]}")
+        if odd:
+            problems.add(f"entry {odd[0]} has marks {marks[odd[0]]:#x}, which its policy never sets")
+
+    def repair_order(self, seg, kept: list[int]) -> list[int]:
+        """Main's entries, then small's, each queue in its order (a mark says which)."""
+        marks = seg.marks_bytes
+        return [e for e in kept if not marks[e] & MARK_SMALL] + [e for e in kept if marks[e] & MARK_SMALL]
+
+    def rebuild(self, seg, kept: list[int]) -> None:
+        h, marks = seg.header_words, seg.marks_bytes
+        for e in kept:
+            marks[e] &= MARKS_VALID
+        small = [e for e in kept if marks[e] & MARK_SMALL]
+        h[H_SMALL_FIRST], h[H_SMALL] = (small[0] if small else SENTINEL), len(small)
+
+    def snapshot_rank(self, mark: int) -> int:
+        return (4 if mark & MARK_SMALL else 0) + MARK_FREQ - (mark & MARK_FREQ)
