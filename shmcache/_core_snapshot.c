@@ -79,34 +79,19 @@ static int bytes_arg(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what)
 static PyObject *Core_snapshot_plan(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t at, size, p, seed, now;
-    Py_buffer win, tags, kinds, state, out;
+    Py_buffer b[5]; /* the window, tags, kinds, state and out, taken in order; those taken are released at the end */
+    int taken = 0;
     if (nargs_ok(nargs, 10, "snapshot_plan") || arg_int(args[1], "at", &at) || arg_int(args[2], "size", &size)
         || arg_int(args[3], "p", &p) || arg_int(args[4], "seed", &seed) || arg_int(args[7], "now_ns", &now))
         return NULL;
-    if (bytes_arg(args[0], &win, -1, "window"))
-        return NULL;
-    if (bytes_arg(args[5], &tags, 256, "tags")) {
-        PyBuffer_Release(&win);
-        return NULL;
-    }
-    if (bytes_arg(args[6], &kinds, 256, "kinds")) {
-        PyBuffer_Release(&win);
-        PyBuffer_Release(&tags);
+    if (bytes_arg(args[0], &b[0], -1, "window") || (taken++, bytes_arg(args[5], &b[1], 256, "tags"))
+        || (taken++, bytes_arg(args[6], &b[2], 256, "kinds")) || (taken++, words_arg(args[8], &b[3], 8, "state"))
+        || (taken++, words_arg(args[9], &b[4], REC_ROW, "out"))) {
+        while (taken > 0)
+            PyBuffer_Release(&b[--taken]);
         return NULL;
     }
-    if (words_arg(args[8], &state, 8, "state")) {
-        PyBuffer_Release(&win);
-        PyBuffer_Release(&tags);
-        PyBuffer_Release(&kinds);
-        return NULL;
-    }
-    if (words_arg(args[9], &out, REC_ROW, "out")) {
-        PyBuffer_Release(&win);
-        PyBuffer_Release(&tags);
-        PyBuffer_Release(&kinds);
-        PyBuffer_Release(&state);
-        return NULL;
-    }
+    Py_buffer win = b[0], tags = b[1], kinds = b[2], state = b[3], out = b[4];
     const uint8_t *w = win.buf, *tag_ok = tags.buf, *kind_ok = kinds.buf;
     int64_t *s = state.buf, *row = out.buf;
     Py_ssize_t rows = 0, cap = out.len / (8 * REC_ROW);
@@ -149,11 +134,8 @@ static PyObject *Core_snapshot_plan(Core *c, PyObject *const *args, Py_ssize_t n
         p += n;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&win);
-    PyBuffer_Release(&tags);
-    PyBuffer_Release(&kinds);
-    PyBuffer_Release(&state);
-    PyBuffer_Release(&out);
+    for (int i = 0; i < 5; i++)
+        PyBuffer_Release(&b[i]);
     return Py_BuildValue("(Ln)", (long long)p, rows);
 }
 
