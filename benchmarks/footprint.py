@@ -5,10 +5,11 @@ The segment's pages backed with memory are read from ``st_blocks`` (what /dev/sh
 cases, each in a cache of its own, on the path this process runs:
 
 - ``empty``: a cache of the default limits, as made.
-- ``fill``: ``--entries`` entries of ``--value-bytes`` bytes (bytes values, keys ``k<i>``) stored once into a
-  cache with room for them (``max_entries`` = ``--entries``, a capacity of twice their bytes): the bytes per entry
-  beyond its key and value, split into the tables' share (the index, the entry records and their columns: fixed
-  by ``max_entries``) and the arena's (block headers, padding, and the slack the ring keeps for compaction).
+- ``fill``: ``--entries`` entries of ``--value-bytes`` bytes (bytes values, keys ``k<i>``) stored once into a cache
+  with room for them (``max_entries`` = ``--entries``, a capacity of twice their bytes): the bytes per entry beyond
+  its key and value, split into the tables' share (the index, the entry records and their columns: backed for the
+  entry limit in force, ``max_entries``) and the arena's (block headers, padding, and the slack the ring keeps for
+  compaction).
 - ``churn``: the same keys rewritten ``--rounds`` times at sizes from half to one and a half ``--value-bytes``
   (dead blocks all through the ring): the arena's bytes over the live ones.
 - ``default``: the default cache filled to its byte limit with 2 KiB values: the whole segment, against the 64 MiB
@@ -40,9 +41,11 @@ def _occupied(cache: SharedCache) -> int:
     return os.stat(f"/dev/shm/shmcache.{cache.name}").st_blocks * 512
 
 
-def _arena_off(cache: SharedCache) -> int:
-    """The bytes before the arena: header, index, entry records, columns, kind table, ghost, reader slots."""
-    return parts(cache).seg.geometry.arena_off
+def _tables(cache: SharedCache) -> int:
+    """The bytes the tables back: header, the index in force, the entry records and columns the limit shows, kind
+    table, ghost, reader slots (layout Geometry.backed, the arena left out)."""
+    seg = parts(cache).seg
+    return sum(stop - start for start, stop in seg.geometry.backed(seg.mask + 1, seg.shown[2], 0))
 
 
 def _case(tag: str, **kwargs) -> SharedCache:
@@ -57,7 +60,8 @@ def measure(entries: int, value_bytes: int, rounds: int, policy: str) -> dict:
         caches.append(c)
         out["empty_default_mib"] = _occupied(c) / MIB
         # (the most it occupies under its capacity: the file itself is sized for max_capacity_bytes, sparse)
-        out["default_most_mib"] = parts(c).seg.geometry.occupied_at_most(c.capacity_bytes) / MIB
+        out["default_most_mib"] = parts(c).seg.geometry.occupied_at_most(c.capacity_bytes,
+                                                                          c.limits().max_entries) / MIB
 
         c = _case("fill", capacity_bytes=2 * entries * (value_bytes + 16), max_entries=entries, policy=policy)
         caches.append(c)
@@ -66,7 +70,7 @@ def measure(entries: int, value_bytes: int, rounds: int, policy: str) -> dict:
         for i in range(0, entries, batch):
             c.put_many({f"k{j}": value for j in range(i, min(entries, i + batch))})
         s = c.stats()
-        occupied, tables = _occupied(c), _arena_off(c)
+        occupied, tables = _occupied(c), _tables(c)
         out["fill"] = {
             "resident": s.entries, "retained_mib": s.retained_bytes / MIB, "occupied_mib": occupied / MIB,
             "beyond_key_value_per_entry": (occupied - s.retained_bytes) / s.entries,
@@ -82,7 +86,7 @@ def measure(entries: int, value_bytes: int, rounds: int, policy: str) -> dict:
                 c.put_many({f"k{j}": b"c" * (value_bytes // 2 + (j * 7 + r * 131) % (value_bytes + 1))
                             for j in range(i, min(entries, i + batch))})
         s = c.stats()
-        occupied, tables = _occupied(c), _arena_off(c)
+        occupied, tables = _occupied(c), _tables(c)
         out["churn"] = {"rounds": rounds, "retained_mib": s.retained_bytes / MIB, "occupied_mib": occupied / MIB,
                         "arena_over_retained": (occupied - tables) / s.retained_bytes}
 

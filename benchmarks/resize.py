@@ -1,6 +1,8 @@
 """``python -m benchmarks.resize``: a cache resized from 64 MiB to 1 GiB and back while 8 processes serve it.
 
-Three phases on one cache (``--capacity`` made, ``--grown`` reached; ``max_capacity_bytes`` the default, 16 times):
+Three phases on one cache (``--capacity`` made, ``--grown`` reached; ``max_capacity_bytes`` the default, 16 times).
+The entry limit follows the capacity: made for twice the values ``--capacity`` holds, grown in proportion (at most
+the 16 times its tables reach), so a resize also rebuilds the index at its new size:
 
 - ``up``: the cache filled to its capacity with nobody else on it, then grown: how many entries the growth lost
   (must be 0) and how long the resize held the lock.
@@ -14,8 +16,12 @@ worker's percentile), and for ``resizing`` the resizes made and their median and
 on the same machine one after the other, so their ratio is the figure to quote. Wrong values or errors make the
 exit status 1.
 
+``--reindex``, instead: how long one process holds the lock for a resize that rebuilds the index (the entry limit
+times 4 and back, 10,000 to 1,000,000 small entries resident, nobody else on the cache; medians of 5).
+
     python -m benchmarks.resize
     python -m benchmarks.resize --capacity 64MiB --grown 1GiB --workers 8 --seconds 10 --json
+    python -m benchmarks.resize --reindex
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def _serve(name: str, worker: int, keys: int, nbytes: int, seconds: float, start
                "p99_us": float(np.percentile(t, 99)) / 1e3 if len(t) else 0.0})
 
 
-def _phase(name: str, args, resize_between: tuple[int, int] | None) -> dict:
+def _phase(name: str, args, resize_between: tuple[tuple[int, int], tuple[int, int]] | None) -> dict:
     ctx = mp.get_context("fork")
     queue, start = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_serve, args=(name, w, args.keys, args.value_bytes, args.seconds, start, queue))
@@ -95,7 +101,8 @@ def _phase(name: str, args, resize_between: tuple[int, int] | None) -> dict:
                 end, n = time.monotonic() + args.seconds, 0
                 while time.monotonic() < end:
                     t0 = time.perf_counter()
-                    c.resize(capacity_bytes=resize_between[(n + 1) % 2])
+                    capacity, entries = resize_between[(n + 1) % 2]
+                    c.resize(capacity_bytes=capacity, max_entries=entries)
                     took.append(time.perf_counter() - t0)
                     n += 1
                     time.sleep(args.pause)
@@ -119,7 +126,9 @@ def measure(args) -> dict:
     name = f"bench-resize-{os.getpid()}"
     out: dict = {"path": core.PATH, "policy": args.policy, "capacity_mib": args.capacity / MIB,
                  "grown_mib": args.grown / MIB, "workers": args.workers, "seconds": args.seconds}
-    entries = max(1024, 2 * args.grown // max(64, args.value_bytes))
+    entries = max(1024, 2 * args.capacity // max(64, args.value_bytes))
+    grown_entries = min(16 * entries, entries * args.grown // args.capacity)
+    out.update(entries=entries, grown_entries=grown_entries)
     try:
         with SharedCache(name, capacity_bytes=args.capacity, max_entries=entries, create=True,
                          policy=args.policy) as c:
@@ -127,15 +136,15 @@ def measure(args) -> dict:
                 c.put(f"k{i}", _value(f"k{i}", i, args.value_bytes))
             before = set(c.keys())
             t0 = time.perf_counter()
-            c.resize(capacity_bytes=args.grown)
+            c.resize(capacity_bytes=args.grown, max_entries=grown_entries)
             grew = time.perf_counter() - t0
             after = set(c.keys())
             wrong = sum(1 for k in after if _wrong(k, c.get(k)))
             out["up"] = {"entries": len(before), "lost": len(before - after), "wrong": wrong,
                          "resize_ms": grew * 1e3}
-            c.resize(capacity_bytes=args.capacity)
+            c.resize(capacity_bytes=args.capacity, max_entries=entries)
         out["steady"] = _phase(name, args, None)
-        out["resizing"] = _phase(name, args, (args.capacity, args.grown))
+        out["resizing"] = _phase(name, args, ((args.capacity, entries), (args.grown, grown_entries)))
         with SharedCache(name, create=False) as c:
             out["verify_ok"] = c.verify().ok
     finally:
@@ -143,6 +152,31 @@ def measure(args) -> dict:
             SharedCache.unlink_name(name)
         except FileNotFoundError:
             pass
+    return out
+
+
+def reindex_times(sizes=(10_000, 100_000, 1_000_000), rounds: int = 5) -> list[dict]:
+    """For each size: the median time of a resize to 4 times the entry limit and of one back, that many entries
+    resident (8-byte values), each rebuilding the index at its new size (Table.reindex)."""
+    out = []
+    for n in sizes:
+        name = f"bench-resize-{os.getpid()}-{n}"
+        c = SharedCache(name, capacity_bytes=max(MIB, n * 64), max_entries=n, create=True, policy="s3fifo")
+        try:
+            c.put_many({f"k{i}": b"v" * 8 for i in range(n)})
+            up, down = [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                c.resize(max_entries=4 * n)
+                up.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                c.resize(max_entries=n)
+                down.append(time.perf_counter() - t0)
+            out.append({"entries": len(c), "up_ms": statistics.median(up) * 1e3,
+                        "down_ms": statistics.median(down) * 1e3, "verify_ok": c.verify(deep=False).ok})
+        finally:
+            c.close()
+            SharedCache.unlink_name(name)
     return out
 
 
@@ -157,14 +191,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--value-bytes", type=int, default=4000)
     p.add_argument("--policy", default="lru")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reindex", action="store_true", help="time the index's rebuild alone (see above)")
     args = p.parse_args(argv)
+    if args.reindex:
+        rows = reindex_times()
+        if args.json:
+            print(json.dumps({"path": core.PATH, "reindex": rows}, indent=2))
+        for r in [] if args.json else rows:
+            print(f"{r['entries']:>9} entries: limit x4 {r['up_ms']:7.1f} ms, back {r['down_ms']:7.1f} ms "
+                  f"(medians of 5; verify {'ok' if r['verify_ok'] else 'FAILED'})")
+        return 0 if all(r["verify_ok"] for r in rows) else 1
     out = measure(args)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         up, st, rz = out["up"], out["steady"], out["resizing"]
         print(f"resize ({out['path']}, {out['policy']}, {out['workers']} workers, {out['seconds']:g} s a phase): "
-              f"{out['capacity_mib']:g} MiB <-> {out['grown_mib']:g} MiB")
+              f"{out['capacity_mib']:g} MiB <-> {out['grown_mib']:g} MiB, max_entries {out['entries']} <-> "
+              f"{out['grown_entries']}")
         print(f"  up, alone: {up['entries']} entries, {up['lost']} lost, {up['wrong']} wrong, "
               f"{up['resize_ms']:.1f} ms")
         for label, ph in (("steady", st), ("resizing", rz)):

@@ -77,7 +77,8 @@ typedef struct {
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
     unsigned char *kinds, *pins, *marks, *arena;
-    int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots of them (a power of two, at least GHOST_WAYS) */
+    int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots reserved (a power of two, at least GHOST_WAYS); in
+                         * force: as many as the index's, GHOST_WAYS at least (GHOST_LIVE) */
     int64_t ghost_slots;
     const struct PolicyOps *pol; /* the segment's policy (_core_policy.c), chosen at bind: asked, never its number */
     /* reads without the lock (_core_unlocked.c) */
@@ -94,11 +95,21 @@ typedef struct {
     uint32_t holder_slot; /* this handle's holder slot + 1 (0: none), set from lock.HolderSlot */
     unsigned long holder_slot_fork; /* fork_count when it was set: a forked child's holds name no slot */
     int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
-    /* geometry */
-    int64_t slots, mask, arena_nbytes;
+    /* geometry: slots and index_slots are what the tables are reserved for */
+    int64_t slots, index_slots, arena_nbytes;
+    /* the tables in force (layout version 10 moves them: Segment.show_tables), words 1-4 of the mapping's cell
+     * (watch_extent; own_tables until it is bound): the index's slots in force (IXMASK), the entry slots this mapping
+     * shows (a slot past them is private zero pages: never handed out), the header's ``resizes`` when the Python
+     * path last took them from the header, and the entry limit then. A call that finds ``resizes`` moved is handed
+     * over (WHY_GROW) before anything is read or written, and the Python path takes the new tables
+     * (Segment.refresh_tables). */
+    int64_t *tables;
+    int64_t own_tables[4];
     /* the ring (arena.py): its size follows the header's capacity word (ring_nbytes), at most capacity_most (the
-     * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes */
+     * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes (ring_follows,
+     * version 10: the entry limit taken with the tables instead) */
     int64_t capacity_most, ring_entries, block_overhead;
+    int ring_follows;
     /* the arena's extent (arena.py): how far this handle's mapping shows the file's arena, backed (the segment's
      * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. A store that grows the
      * arena backs and shows the new part itself (reach); a call that finds the header's extent past what is shown
@@ -117,7 +128,7 @@ typedef struct {
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
         h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq, h_arena_extent,
-        h_capacity;
+        h_capacity, h_resizes;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;
@@ -128,6 +139,9 @@ typedef struct {
 #define IXF(s) (c->ix[(s) * c->iw + c->i_fp])
 #define IXE(s) (c->ix[(s) * c->iw + c->i_entry])
 #define AW(off) (c->aw[(off) >> 3])
+/* The index in force's slots less one, and the ghost's words in force (s3fifo), from the tables this mapping took. */
+#define IXMASK(c) ((c)->tables[0] - 1)
+#define GHOST_LIVE(c) ((c)->tables[0] < GHOST_WAYS ? GHOST_WAYS : (c)->tables[0])
 #define SLOT_OK(e) ((e) > 0 && (e) < c->slots)       /* a real entry slot (not the sentinel) */
 #define LINK_OK(e) ((e) >= 0 && (e) < c->slots)      /* an entry slot or the sentinel */
 #define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)

@@ -82,13 +82,15 @@ static int clean_one(Core *c, int64_t size, int64_t *head, int64_t *tail, int64_
 }
 
 /* Bytes of the arena the ring uses under capacity word ``cap`` (0 or out of range: the arena's whole capacity): room
- * for the bytes, every entry's block header and padding, and 1/16 slack. (twin: layout/geometry.py
- * Geometry.ring_nbytes) */
+ * for the bytes, a block header and padding for each entry the limit may hold, and 1/16 slack. (twin:
+ * layout/geometry.py Geometry.ring_nbytes) */
 static inline int64_t ring_for(Core *c, int64_t cap)
 {
     if (!(cap > 0 && cap <= c->capacity_most))
         cap = c->capacity_most;
-    int64_t n = (cap + cap / 16 + c->block_overhead * c->ring_entries + 63) & ~(int64_t)63;
+    /* (the limit is this mapping's, taken and checked by the Python path: at most the reserved entry slots) */
+    int64_t entries = c->ring_follows ? c->tables[3] : c->ring_entries;
+    int64_t n = (cap + cap / 16 + c->block_overhead * entries + 63) & ~(int64_t)63;
     return n < c->arena_nbytes ? n : c->arena_nbytes;
 }
 
@@ -118,10 +120,13 @@ static inline int64_t shown(Core *c)
 
 /* Whether the header's extent differs from what this mapping shows: another process grew the arena, or a resize
  * shrank it and gave its pages back, and the Python path shows or hides the difference (Segment.refresh) before
- * anything is read or written. (twin: guard.py Guard.admit) */
+ * anything is read or written; or a resize moved the tables since this mapping took them (Segment.refresh_tables).
+ * (twin: guard.py Guard.run's test) */
 static inline int hidden(Core *c)
 {
-    return c->shown && HW(arena_extent) != *c->shown && extent(c) != *c->shown;
+    if (c->shown == NULL) /* (version 10: no tables taken; core.bind always gives the mapping's cell) */
+        return c->ring_follows;
+    return (HW(arena_extent) != *c->shown && extent(c) != *c->shown) || HW(resizes) != c->tables[2];
 }
 
 /* A locked section's refusal to start: the dirty word set (a repair first), or part of the arena hidden. */
@@ -272,8 +277,8 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
     return ST_OK;
 }
 
-/* Bind the mapping's cell saying how far it shows the arena (segment.py Segment.shown: one int64, written by the
- * Python path as it shows more); the export is held until release. */
+/* Bind the mapping's cell saying how far it shows the arena and which tables it took (segment.py Segment.shown: five
+ * int64, written by the Python path as it shows more); the export is held until release. */
 static PyObject *Core_watch_extent(Core *c, PyObject *cell)
 {
     if (c->have_shown || c->released || !c->bound) {
@@ -282,12 +287,17 @@ static PyObject *Core_watch_extent(Core *c, PyObject *cell)
     }
     if (PyObject_GetBuffer(cell, &c->shown_buf, PyBUF_WRITABLE) < 0)
         return NULL;
-    if (c->shown_buf.len != (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))) {
+    int64_t *w = (int64_t *)c->shown_buf.buf;
+    if (c->shown_buf.len != 5 * (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))
+        || w[1] < 8 || w[1] > c->index_slots || (w[1] & (w[1] - 1)) || w[2] < 1 || w[2] > c->slots || w[4] < 1
+        || w[4] >= c->slots) {
         PyBuffer_Release(&c->shown_buf);
-        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be one aligned 8-byte word");
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be five aligned 8-byte words, the index, "
+                                          "entry slots and limit in force within the tables");
         return NULL;
     }
     c->have_shown = 1;
-    c->shown = (int64_t *)c->shown_buf.buf;
+    c->shown = w;
+    c->tables = w + 1;
     Py_RETURN_NONE;
 }

@@ -51,6 +51,7 @@ static void drop_buffer(Core *c)
     if (c->have_shown) {
         c->have_shown = 0;
         c->shown = NULL;
+        c->tables = c->own_tables;
         PyBuffer_Release(&c->shown_buf);
     }
     if (c->have_buf) {
@@ -128,11 +129,16 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         return -1;
     }
     c->slots = entry_slots;
-    c->mask = index_slots - 1;
+    c->index_slots = index_slots;
+    c->own_tables[0] = index_slots; /* (until watch_extent binds the mapping's cell: the whole, as before version 10) */
+    c->own_tables[1] = entry_slots;
+    c->own_tables[2] = 0;
+    c->own_tables[3] = entry_slots - 1;
+    c->tables = c->own_tables;
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->kww = (Py_ssize_t)(kind_bytes / 8);
-    int64_t hw_limit, ghost_slots, policy, l_policies[3], l_marks[2], l_ghost[2];
+    int64_t ring_follows, hw_limit, ghost_slots, policy, l_policies[3], l_marks[2], l_ghost[2];
     if (take(d, "ghost_slots", &ghost_slots) || take(d, "policy", &policy)
         || take(d, "POLICY_LRU", &l_policies[0]) || take(d, "POLICY_S3FIFO", &l_policies[1])
         || take(d, "POLICY_KEEP", &l_policies[2]) || take(d, "MARK_FREQ", &l_marks[0])
@@ -202,8 +208,11 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_SEQ", &c->h_seq, hw_limit)
         || take_word(d, "H_ARENA_EXTENT", &c->h_arena_extent, hw_limit) || take(d, "EXTENT_STEP", &c->extent_step)
         || take_word(d, "H_CAPACITY", &c->h_capacity, hw_limit) || take(d, "capacity_bytes", &c->capacity_most)
-        || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead))
+        || take_word(d, "H_RESIZES", &c->h_resizes, hw_limit)
+        || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead)
+        || take(d, "ring_follows", &ring_follows))
         return -1;
+    c->ring_follows = ring_follows != 0;
     long page = sysconf(_SC_PAGESIZE);
     c->page = page > 0 ? (int64_t)page : 4096;
     if (c->extent_step <= 0 || c->extent_step % 4096) {

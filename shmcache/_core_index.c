@@ -6,8 +6,9 @@
 /* The entry holding key ``kb`` (fingerprint ``fp``), or EMPTY, into *out. (twin: index.py find) */
 static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
 {
-    int64_t s = fp & c->mask;
-    for (int64_t i = 0; i <= c->mask; i++) {
+    const int64_t mask = IXMASK(c); /* (read once: the index's stores below may alias the cell, for the compiler) */
+    int64_t s = fp & mask;
+    for (int64_t i = 0; i <= mask; i++) {
         int64_t e = IXE(s);
         if (e == c->empty) {
             *out = c->empty;
@@ -24,7 +25,7 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
                 return ST_OK;
             }
         }
-        s = (s + 1) & c->mask;
+        s = (s + 1) & mask;
     }
     return bounds(c); /* no empty slot anywhere */
 }
@@ -32,15 +33,16 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
 /* Empty slot ``s`` and shift back what follows it in its cluster. (twin: index.py remove) */
 static int index_remove(Core *c, int64_t s)
 {
+    const int64_t mask = IXMASK(c);
     IXE(s) = c->empty;
     int64_t j = s;
-    for (int64_t i = 0; i <= c->mask; i++) {
-        j = (j + 1) & c->mask;
+    for (int64_t i = 0; i <= mask; i++) {
+        j = (j + 1) & mask;
         int64_t e = IXE(j);
         if (e == c->empty)
             return ST_OK;
         /* The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j]. */
-        if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)c->mask) >= ((uint64_t)(j - s) & (uint64_t)c->mask)) {
+        if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)mask) >= ((uint64_t)(j - s) & (uint64_t)mask)) {
             if (!SLOT_OK(e))
                 return bounds(c);
             IXF(s) = IXF(j);

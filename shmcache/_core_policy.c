@@ -40,7 +40,7 @@ static void ghost_add(Core *c, int64_t fp)
         return;
     uint64_t clock = ((uint64_t)HW(ghost_clock) + 1) & GHOST_STAMP_MASK, oldest = 0;
     HW(ghost_clock) = (int64_t)clock;
-    int64_t base = fp & (c->ghost_slots - 1) & -(int64_t)GHOST_WAYS, victim = base;
+    int64_t base = fp & (GHOST_LIVE(c) - 1) & -(int64_t)GHOST_WAYS, victim = base;
     int any = 0;
     for (int64_t i = base; i < base + GHOST_WAYS; i++) {
         uint64_t w = (uint64_t)c->ghost[i], age = (clock - w) & GHOST_STAMP_MASK;
@@ -65,7 +65,7 @@ static int admit_to_main(Core *c, int64_t fp)
     if (!size)
         return 0;
     uint64_t clock = (uint64_t)HW(ghost_clock), tag = ghost_tag(fp);
-    int64_t base = fp & (c->ghost_slots - 1) & -(int64_t)GHOST_WAYS;
+    int64_t base = fp & (GHOST_LIVE(c) - 1) & -(int64_t)GHOST_WAYS;
     for (int64_t i = base; i < base + GHOST_WAYS; i++) {
         uint64_t w = (uint64_t)c->ghost[i];
         if (w >> GHOST_STAMP_BITS == tag && ((clock - w) & GHOST_STAMP_MASK) < size) {

@@ -56,7 +56,7 @@ static int table_remove(Core *c, int64_t e)
         return bounds(c);
     int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
             s = EN(e, slot);
-    if (!(s >= 0 && s <= c->mask && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+    if (!(s >= 0 && s <= IXMASK(c) && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
         return bounds(c);
     int64_t nb = block_nbytes(c, klen + vlen);
     /* arena free: the block must be this entry's own */
@@ -268,7 +268,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         from_free = e != c->nil;
         if (!from_free) {
             e = HW(unused_next);
-            if (!SLOT_OK(e))
+            if (!SLOT_OK(e) || e >= c->tables[1]) /* (past the slots shown: only damage puts it there) */
                 return bounds(c);
         } else if (!SLOT_OK(e) || EN(e, check)) {
             return bounds(c);
@@ -297,10 +297,11 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     v0[0] = (unsigned char)st->tag;
     memcpy(v0 + 1, st->body, (size_t)st->blen);
     memcpy(v0 + vlen, st->kb, (size_t)st->klen);
-    int64_t s = st->fp & c->mask, i;
-    for (i = 0; i <= c->mask && IXE(s) != c->empty; i++)
-        s = (s + 1) & c->mask;
-    if (i > c->mask)
+    const int64_t mask = IXMASK(c);
+    int64_t s = st->fp & mask, i;
+    for (i = 0; i <= mask && IXE(s) != c->empty; i++)
+        s = (s + 1) & mask;
+    if (i > mask)
         return bounds(c);
     /* Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front. */
     int64_t p, n;

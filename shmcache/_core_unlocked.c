@@ -50,8 +50,9 @@ static inline int seq_same(Core *c, int64_t s)
  * bound (torn, or damage: the caller tells them apart by seq). (index.py find's probe, each word read once) */
 static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out, Found *f)
 {
-    int64_t s = fp & c->mask;
-    for (int64_t i = 0; i <= c->mask; i++) {
+    const int64_t mask = IXMASK(c);
+    int64_t s = fp & mask;
+    for (int64_t i = 0; i <= mask; i++) {
         int64_t e = RD(IXE(s));
         if (e == c->empty)
             return 0;
@@ -71,7 +72,7 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
                 return 1;
             }
         }
-        s = (s + 1) & c->mask;
+        s = (s + 1) & mask;
     }
     return -1;
 }
@@ -122,7 +123,9 @@ enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take 
 static inline int hidden_unlocked(Core *c)
 {
     if (c->shown == NULL)
-        return 0;
+        return c->ring_follows; /* (version 10 without the tables taken: the locked path, which hands over) */
+    if (RD(HW(resizes)) != c->tables[2]) /* the tables moved: a key may be past what this mapping shows */
+        return 1;
     int64_t ext = RD(HW(arena_extent));
     return ext != *c->shown && extent_in(ext, ring_for(c, RD(HW(capacity)))) != *c->shown;
 }

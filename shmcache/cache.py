@@ -38,7 +38,7 @@ from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
 from .layout.dtypes import (
     ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
 )
-from .layout.geometry import RESERVE_FACTOR
+from .layout.geometry import MAX_ENTRIES_LIMIT, RESERVE_FACTOR
 from . import aio
 from .aio import AsyncMethods
 from .keylock import KeyLock
@@ -95,12 +95,13 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 32 MiB) bounds the
-    encoded keys and values held, ``max_entries`` (default 32768) the number of entries; they are the highest
-    limits ``set_limits`` accepts. The segment's tables are reserved at creation (about 150 bytes per entry of
-    ``max_entries``), its arena as entries fill it: a cache occupies what it holds and a little more (block
-    headers, slack for compaction), up to its capacity. ``resize`` changes both while every process serves: the
-    capacity up to ``max_capacity_bytes`` (creation only; default 16 times ``capacity_bytes``, address space and a
-    sparse file that cost no memory until used), the entry limit up to the ``max_entries`` of creation. When
+    encoded keys and values held, ``max_entries`` (default 32768) the number of entries. The segment's tables are
+    backed for the entry limit in force (about 150 bytes per entry of ``max_entries``), its arena as entries fill
+    it: a cache occupies what it holds and a little more (block headers, slack for compaction), up to its capacity.
+    ``resize`` (and ``set_limits``) change both while every process serves: the capacity up to
+    ``max_capacity_bytes`` (creation only; default 16 times ``capacity_bytes``, address space and a sparse file
+    that cost no memory until used), the entry limit up to 16 times the ``max_entries`` of creation (tables
+    reserved likewise, backed only as a resize needs them). When
     attaching, they may be omitted (the cache as it is); a ``capacity_bytes`` or ``max_entries`` given that differs
     from the cache's resizes it to them (the newest opener's values win).
     ``lock_timeout`` bounds the wait for a lock held by a live process (a finite number of seconds: a stuck holder
@@ -196,10 +197,11 @@ class SharedCache(LocalMapping, AsyncMethods):
             Geometry.for_capacity(reserve, 1)  # (validates it)
             if reserve < capacity:
                 raise ValueError(f"max_capacity_bytes ({reserve}) must be at least capacity_bytes ({capacity})")
-        wanted = Geometry.for_capacity(reserve, wanted.max_entries, policy_number)
+        limit = wanted.max_entries
+        wanted = Geometry.for_capacity(reserve, min(RESERVE_FACTOR * limit, MAX_ENTRIES_LIMIT), policy_number)
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
         seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
-                      ser.feature, capacity)
+                      ser.feature, capacity, limit)
         try:
             serializers.check(name, seg.features, ser)
             found = seg.geometry
@@ -228,9 +230,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         """An attacher's ``capacity_bytes`` / ``max_entries``: the cache resized to them where they differ."""
         g = self._seg.geometry
         if max_entries is not None and max_entries > g.max_entries:
-            raise ValueError(f"cache {self.name!r} exists with room for {g.max_entries} entries, not {max_entries}; "
-                             "omit max_entries to attach to it as it is, use another name, or "
-                             f"{remove_hint(self.name)} (the entry table does not grow past its creation size)")
+            raise ValueError(f"cache {self.name!r} exists with room for at most {g.max_entries} entries, not "
+                             f"{max_entries}; omit max_entries to attach to it as it is, use another name, or "
+                             f"{remove_hint(self.name)} (its tables grow to {RESERVE_FACTOR} times the max_entries "
+                             "it was created with)")
         if (capacity_bytes not in (None, self.capacity_bytes)
                 or max_entries not in (None, self._h[H_MAX_ENTRIES])):
             self.resize(capacity_bytes=capacity_bytes, max_entries=max_entries)
@@ -260,7 +263,6 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._encode_value = ser.encode  # and every value stored
         self._arena = seg.arena
         self._base = g.arena_off
-        self._mask = g.index_slots - 1
         self._capacity_bytes = g.capacity_bytes  # the most a resize reaches: a store above it can never fit
         self._table = table
         self._addr = guard.addr
@@ -280,6 +282,11 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._finalizer = weakref.finalize(self, _release, seg, self._pins, guard.slot,
                                            *map(weakref.ref, (guard, table, store, self._core or store)))
         self._finalizer.atexit = False  # at exit the process's end closes all; daemon threads may still be inside
+
+    @property
+    def _mask(self) -> int:
+        """The index in force's slots less one, in this handle's mapping (Segment.show_tables)."""
+        return self._seg.mask
 
     @property
     def policy(self) -> str:
@@ -695,12 +702,14 @@ class SharedCache(LocalMapping, AsyncMethods):
         slides what it keeps to the arena's start, and gives back the memory past it (docs/usage.md, "Resizing a
         cache"). ``stats().resizes`` counts resizes.
 
-        :raises ValueError: a capacity above ``max_capacity_bytes``, an entry limit above the ``max_entries`` the
-            cache was created with, or a cache made by an older release (layout version 8 or 7), which is not
-            resized.
+        :raises ValueError: a capacity above ``max_capacity_bytes``, an entry limit above the most the cache's
+            tables reach (16 times the ``max_entries`` it was created with; a cache made by the release before,
+            layout version 9, reaches the ``max_entries`` of its creation), or a cache made by an older release
+            (layout version 8 or 7), which is not resized.
         :raises PinnedError: entries pinned by open views exceed the new limits or lie past the smaller arena (the
             cache stays as it was, less what was evicted).
-        :raises OSError: ENOSPC when /dev/shm could never hold the new capacity.
+        :raises OSError: ENOSPC when /dev/shm could never hold the new capacity; NoSpaceError when it cannot
+            back the larger tables now (the cache stays as it was).
         """
         g, name = self._seg.geometry, self.name
         cap = self.capacity_bytes if capacity_bytes is None else capacity_bytes
@@ -715,12 +724,14 @@ class SharedCache(LocalMapping, AsyncMethods):
                              "larger one is a new cache (snapshot it, `shmcache rm` it, create it with a larger "
                              "max_capacity_bytes, restore)")
         if entries is not None and entries > g.max_entries:
-            raise ValueError(f"cache {name!r} was created with room for {g.max_entries} entries, not {entries}: the "
-                             "entry table does not grow past its creation size (a larger one is a new cache)")
+            raise ValueError(f"cache {name!r} can grow to {g.max_entries} entries, not {entries}: its tables are "
+                             f"reserved for {RESERVE_FACTOR} times the max_entries it was created with (a larger "
+                             "one is a new cache: snapshot it, `shmcache rm` it, create it larger, restore)")
         if self._seg.version < 9:
             raise ValueError(f"cache {name!r} was made by an older release (layout version {self._seg.version}), "
                              "whose segments are not resized: snapshot it, remove it and restore into a new one")
-        space.check_whole(g.occupied_at_most(cap), f"cache {name!r}", "pass a smaller capacity_bytes")
+        space.check_whole(g.occupied_at_most(cap, self._h[H_MAX_ENTRIES] if entries is None else entries),
+                          f"cache {name!r}", "pass a smaller capacity_bytes")
         self._evict_ahead(entries, cap)
         self._guard.run(self._store.resize, cap, entries)
 
@@ -736,7 +747,7 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         A ``max_retained_bytes`` above the capacity grows the capacity to it (``resize``).
 
-        :raises ValueError: if ``max_entries`` exceeds the entry slots the cache was created with, or
+        :raises ValueError: if ``max_entries`` exceeds the most the cache's tables reach (see ``resize``), or
             ``max_retained_bytes`` its ``max_capacity_bytes``.
         :raises PinnedError: if entries pinned by open views alone exceed the new limits (the old ones stay).
         """
@@ -755,7 +766,7 @@ class SharedCache(LocalMapping, AsyncMethods):
             max_entries, max_retained_bytes = limits.max_entries, limits.max_retained_bytes
         if limits.max_entries > g.max_entries or limits.max_retained_bytes > g.capacity_bytes:
             raise ValueError(
-                f"limits {limits} exceed what cache {self.name!r} can hold (max_entries={g.max_entries}, "
+                f"limits {limits} exceed what cache {self.name!r} can grow to (max_entries={g.max_entries}, "
                 f"max_capacity_bytes={g.capacity_bytes}); both are fixed at creation: a larger cache is a new one"
             )
         if max_retained_bytes is not None and max_retained_bytes > self.capacity_bytes:

@@ -370,8 +370,10 @@ def cmd_inspect(args) -> int:
         default_ttl_ns = parts(c).seg.header_words[H_DEFAULT_TTL]  # written once, at creation
     data = {
         "name": args.name,
-        "layout": {"total_nbytes": g.total_nbytes, "index_off": g.index_off, "index_slots": g.index_slots,
-                   "entries_off": g.entries_off, "entry_slots": g.entry_slots, "arena_off": g.arena_off,
+        "layout": {"version": parts(c).seg.version, "total_nbytes": g.total_nbytes, "index_off": g.index_off,
+                   "index_slots": g.index_slots, "index_in_force": parts(c).seg.mask + 1,
+                   "entries_off": g.entries_off, "entry_slots": g.entry_slots,
+                   "entry_slots_shown": parts(c).seg.shown[2], "arena_off": g.arena_off,
                    "arena_nbytes": g.arena_nbytes},
         "limits": {"max_entries": s.max_entries, "max_retained_bytes": s.max_retained_bytes,
                    "capacity_entries": s.capacity_entries, "capacity_bytes": s.capacity_bytes,

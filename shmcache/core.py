@@ -88,7 +88,7 @@ _WORDS = (
     "H_PROGRESS", "H_LAST_PUT", "H_LOCK_OFF", "H_ADMITTED", "H_SMALL_FIRST", "H_SMALL", "H_GHOST_CLOCK",
     "H_NOT_ADMITTED", "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ",
     "MARK_SMALL", "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
-    "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD", "R_READING",
+    "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD", "R_READING", "H_RESIZES",
 )
 
 
@@ -114,6 +114,7 @@ def lock_takeovers() -> int:
 def offsets(geometry) -> dict[str, int]:
     """Every number ``_core.Core`` needs, for a segment of ``geometry`` (a ``layout.Geometry``)."""
     g = geometry
+    # (version 10: the ring's room for block headers follows the index in force, Geometry.ring_entries)
     out = {name: getattr(d, name) for name in _WORDS}
     out.update(
         header_off=0, index_off=g.index_off, entries_off=g.entries_off, expires_off=g.expires_off,
@@ -123,7 +124,7 @@ def offsets(geometry) -> dict[str, int]:
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
-        index_slots=g.index_slots,
+        index_slots=g.index_slots, ring_follows=int(g.version >= 10),
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,

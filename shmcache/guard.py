@@ -24,13 +24,13 @@ from typing import NoReturn
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import (
-    H_ARENA_EXTENT, H_DIRTY, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES,
+    H_ARENA_EXTENT, H_DIRTY, H_RESIZES, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES,
 )
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
 from .core import last_wait, word_try
 from .seqlock import close_seq, open_seq
-from .verify import check, repair
+from .verify import check, repair, settle_tables
 
 FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the futex word (low 32 bits: the holder's tid)
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
@@ -148,7 +148,8 @@ class Guard:
                 self.inside.add(me.tid)
             self.enter(waited)
             entered = True
-            if self.closed or self.h[H_DIRTY] or self.h[H_ARENA_EXTENT] != self.shown[0]:
+            h, shown = self.h, self.shown
+            if self.closed or h[H_DIRTY] or h[H_ARENA_EXTENT] != shown[0] or h[H_RESIZES] != shown[3]:
                 self.admit()
             result = fn(*args)
             close_seq(self.h)
@@ -200,13 +201,15 @@ class Guard:
 
     def admit(self) -> None:
         """After the lock is taken: refuse a closed handle, show what another process grew of the arena or hide
-        what a resize released (before anything is read there: Segment.refresh), repair what an update left
-        half-done. The hot paths call it only when one of the three applies."""
+        what a resize released (before anything is read there: Segment.refresh), take the tables a resize changed
+        (Segment.refresh_tables), repair what an update left half-done or the tables' words that are not ones to
+        take. The hot paths call it only when one of these applies."""
         if self.closed:
             raise closed_error()
+        taken = self.seg.refresh_tables()  # (first: the ring follows the entry limit it takes)
         if self.h[H_ARENA_EXTENT] != self.shown[0]:
             self.seg.refresh()
-        if self.h[H_DIRTY]:
+        if not taken or self.h[H_DIRTY]:
             self.repair()
 
     def wait(self, rc: int, waited: bool = False) -> None:
@@ -234,8 +237,12 @@ class Guard:
                     h[H_RECOVERIES] += 1
             except Exception:  # repair itself failed on garbage: start over with an empty cache
                 self.table.reset()
+                settle_tables(self.seg)
                 h[H_RECOVERIES] += 1
             h[H_DIRTY] = 0
+            if not self.seg.refresh_tables():  # (what the repair wrote is what it showed: taken, unless damaged anew)
+                self.table.reset()
+                settle_tables(self.seg)
 
     def progress(self) -> int | None:
         """The header's progress word, which a holder on a long walk moves (read without the lock: one word, for

@@ -120,11 +120,13 @@ class Segment:
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
                  default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0,
-                 capacity: int | None = None) -> None:
+                 capacity: int | None = None, max_entries: int | None = None) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
         self._features = features  # likewise
         # The capacity a new segment starts with (None: the geometry's whole, which is then not resizable upwards).
         self._capacity = capacity
+        # And its entry limit (None: the geometry's most, which is then not resizable upwards).
+        self._max_entries = max_entries
         self.name = name
         self.shm_name = shm_name(name)
         self.trust = trust
@@ -133,8 +135,11 @@ class Segment:
             # before anything is created: what creation backs (the rest is backed as the arena grows), and the
             # whole, which /dev/shm must be able to hold when it is full
             cap = geometry.capacity_bytes if capacity is None else capacity
-            space.check(geometry.arena_off + geometry.initial_extent(cap), *_space_args(name))
-            space.check_whole(geometry.occupied_at_most(cap), *_space_args(name))
+            limit = self._limit(geometry)
+            backed = geometry.backed(self._index_live(geometry), geometry.slots_for(limit, 0),
+                                     geometry.initial_extent(cap, limit))
+            space.check(sum(stop - start for start, stop in backed), *_space_args(name))
+            space.check_whole(geometry.occupied_at_most(cap, self._max_entries), *_space_args(name))
         deadline = time.monotonic() + init_wait
         while True:
             shm = self._open(create, trust)
@@ -235,14 +240,16 @@ class Segment:
         self.version = words[d.H_VERSION]
         try:
             geometry = Geometry.for_capacity(words[d.H_CAPACITY_BYTES], words[d.H_ENTRY_SLOTS] - 1,
-                                             words[d.H_POLICY])
+                                             words[d.H_POLICY], self.version)
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"cache {self.name!r} has an impossible geometry: {exc}", what="attach",
                               hint=f"the segment is damaged; {remove_hint(self.name)}") from None
         self.features = words[d.H_FEATURES]
         # (reader_slots is not compared: the layout version fixes it, and verify() restores a damaged one)
+        # (version 10's index_slots is the index in force: checked, and repaired, under the lock: Segment.refresh)
+        index_slots = geometry.index_slots if self.version >= 10 else words[d.H_INDEX_SLOTS]
         if (geometry.index_slots, geometry.arena_nbytes, geometry.total_nbytes, geometry.ghost_slots) != (
-            words[d.H_INDEX_SLOTS], words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
+            index_slots, words[d.H_ARENA_NBYTES], words[d.H_TOTAL_NBYTES], words[d.H_GHOST_SLOTS]
         ):
             raise LayoutError(f"cache {self.name!r} has a header that disagrees with its own geometry", what="attach",
                               hint=f"the segment is damaged; {remove_hint(self.name)}")
@@ -253,39 +260,56 @@ class Segment:
             )
         self._map(fd, geometry)
 
+    def _limit(self, geometry: Geometry) -> int:
+        """The entry limit a new segment starts with (the geometry's most where none was given)."""
+        return geometry.max_entries if self._max_entries is None else min(self._max_entries, geometry.max_entries)
+
+    def _index_live(self, geometry: Geometry) -> int:
+        """The index a new segment starts with: the one its entry limit needs (version 10), else the whole."""
+        if geometry.version < 10:
+            return geometry.index_slots
+        return min(geometry.index_slots, layout.index_for(self._limit(geometry)))
+
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
         cap = geometry.capacity_bytes if self._capacity is None else self._capacity
-        initial = geometry.initial_extent(cap)
-        # The tables reserved now, and the arena's first pages: a tmpfs that cannot back them fails here, not with
-        # SIGBUS later; the rest of the arena is backed as the ring reaches it (arena.py, Segment.back). The file
-        # is sized for the largest capacity a resize may reach: a hole, backed by nothing until the ring gets there.
-        space.reserve(fd, total, *_space_args(self.name), backed=geometry.arena_off + initial)
-        self._map(fd, geometry, initial)
+        live, limit = self._index_live(geometry), self._limit(geometry)
+        initial = geometry.initial_extent(cap, limit)
+        # The header, the tables the entry limit uses and the arena's first pages backed now: a tmpfs that cannot
+        # back them fails here, not with SIGBUS later; the rest of the arena is backed as the ring reaches it
+        # (arena.py, Segment.back), the rest of the tables by a resize that raises the limit (show_tables). The file
+        # is sized for the most a resize may reach: holes, backed by nothing until used.
+        space.reserve(fd, total, *_space_args(self.name), backed=0)
+        for start, stop in geometry.backed(live, geometry.slots_for(limit, 0), initial):
+            problem = space.back(fd, start, stop)
+            if problem is not None:
+                raise OSError(errno.ENOSPC, f"cache {self.name!r} could not be created: {problem}")
+        self._map(fd, geometry, initial, (live, limit))
         h = self.header_words
         h[d.H_ARENA_EXTENT] = initial
         h[d.H_TOTAL_NBYTES] = total
         h[d.H_ENTRY_SLOTS] = geometry.entry_slots
-        h[d.H_INDEX_SLOTS] = geometry.index_slots
+        h[d.H_INDEX_SLOTS] = live
         h[d.H_ARENA_NBYTES] = geometry.arena_nbytes
         h[d.H_CAPACITY_BYTES] = geometry.capacity_bytes
         h[d.H_POLICY] = geometry.policy
         h[d.H_GHOST_SLOTS] = geometry.ghost_slots
         h[d.H_READER_SLOTS] = d.READER_SLOTS
-        config.write(h, self._default_ttl_ns, geometry.max_entries, cap, cap)
+        config.write(h, self._default_ttl_ns, limit, cap, cap)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
         h[d.H_CREATOR_PID] = os.getpid()
         # The lock's words are zero, as the file was made: a free lock (lock.py).
-        h[d.H_VERSION] = layout.LAYOUT_VERSION
+        h[d.H_VERSION] = self.version = geometry.version
         h[d.H_FEATURES] = self.features = self._features
         # Ordering: the magic goes last; attachers treat a segment without it as not yet initialised.
         h[d.H_MAGIC] = layout.MAGIC
 
-    def _map(self, fd: int, g: Geometry, extent: int | None = None) -> None:
-        """Map the segment; ``extent``: how much of the arena the creator backed (None: attaching, the header says)."""
+    def _map(self, fd: int, g: Geometry, extent: int | None = None, tables: tuple[int, int] | None = None) -> None:
+        """Map the segment; ``extent``: how much of the arena the creator backed, ``tables``: its index in force and
+        entry limit (None: attaching, the header says)."""
         self.geometry = g
         # The lock lives in a mapping of its own that outlives close(): a thread still on its way into a cache call
         # when another thread closes the handle must find the lock (and then the closed flag), never unmapped memory.
@@ -322,7 +346,9 @@ class Segment:
         self.kinds_bytes = mv[g.kinds_off : g.kinds_off + g.entry_slots]
         self.pins_bytes = mv[g.pins_off : g.pins_off + g.entry_slots]
         self.marks_bytes = mv[g.marks_off : g.marks_off + g.entry_slots]
-        self.ghost_words = mv[g.ghost_off : g.ghost_off + g.ghost_slots * d.GHOST.itemsize].cast("q")
+        # (the ghost in force: its first slots, as many as the index's in force; show_tables moves it)
+        self._ghost_all = mv[g.ghost_off : g.ghost_off + g.ghost_slots * d.GHOST.itemsize].cast("q")
+        self.ghost_words = self._ghost_all
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         self._mv = mv
@@ -330,26 +356,124 @@ class Segment:
         # read there, which only damage can aim, finds zeros and never a page of the file that is not backed (on a
         # full /dev/shm, a fault there would be SIGBUS). One cell per mapping, read and moved by the Python path
         # and the compiled section alike (Core.watch_extent). A version-7 segment is all backed: all shown.
-        self.shown = (ctypes.c_int64 * 1)(g.arena_nbytes)
+        # The cell's other words say the same of the tables (version 10: show_tables): the index in force, the
+        # entry slots shown, the header's ``resizes`` when they were last taken from the header (-1: not taken, so
+        # that the first call takes the lock, where refresh_tables takes and checks them), and the entry limit then
+        # (the ring's).
+        # (read first: a resize counts itself before its first write, and holds dirty until its last, which
+        # attaching checks below: one begun after this read is seen as one, one under way as unsettled words)
+        resizes = self.header_words[d.H_RESIZES]
+        self.shown = (ctypes.c_int64 * 5)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries)
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
+        self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
+        self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
+        self.mask, self.limit = g.index_slots - 1, g.max_entries
+        if self.version >= 10:
+            self._tables_shown = (0, 0)
+            for off, shown, reserved in g.tables(0, 0):
+                self._veil_range(off + shown, off + reserved)
+            if tables is None:  # attaching (without the lock): the header's limit and the index it needs
+                h = self.header_words
+                limit = h[d.H_MAX_ENTRIES]
+                if not 0 < limit <= g.max_entries:
+                    limit = 1
+                live = min(layout.index_for(limit), g.index_slots)
+                # Words that do not agree (damage, a resize under way, a holder that died in one) are taken and
+                # checked again by the first call, under the lock (refresh_tables): damage is repaired there.
+                if h[d.H_INDEX_SLOTS] != live or h[d.H_DIRTY] or config.problems(h, g):
+                    self.shown[3] = -1
+                try:
+                    self.show_tables(live, limit, h[d.H_UNUSED_NEXT])
+                except NoSpaceError:  # not backed (damage): the least, which creation backed; refresh tries again
+                    self.show_tables(8, 1, 0)
+                    self.shown[3] = -1
+            else:
+                self.show_tables(*tables, 0, backed=True)
         if self.version >= 8:
-            self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
             if extent is None:
                 extent = self.extent()
                 if space.back(fd, g.arena_off, g.arena_off + extent) is not None:
                     self._refused, extent = extent, 0  # not backed: shown as zeros, a repair drops what it held
             self._veil(extent)
 
-    # (capacity word, ring bytes) last computed: every allocation asks, a resize changes it. None: none yet (any
-    # int is a value the word may hold, damaged: -1 would pass for one computed)
-    _ring_of: tuple[int | None, int] = (None, 0)
+    def _veil_range(self, start: int, stop: int) -> None:
+        """Show private zero pages over the system pages wholly within bytes ``[start, stop)`` of the file."""
+        first, end = -(-start // _PAGE) * _PAGE, stop // _PAGE * _PAGE
+        if first < end:
+            _remap(self._base + first, end - first, -1, 0)
+
+    def show_tables(self, live: int, limit: int, unused_next: int, backed: bool = False, adopt: bool = True) -> None:
+        """Make the index of ``live`` slots and the entry limit ``limit`` the ones in force in this mapping, and show
+        the index's slots, the ghost's in force and the entry slots the limit and ``unused_next`` need (the entry
+        table and its columns: ``Geometry.slots_for``), backed with memory first (``backed``: they are already): a
+        resize raised the limit, or this mapping is new. What it showed past them stays shown (a smaller limit
+        leaves its pages backed). The rest of each region is private zero pages, so a read there, which only damage
+        can aim, finds zeros and never a hole of the file (SIGBUS on a full /dev/shm). Version 10. ``adopt`` False:
+        shown, the index and limit in force left as they are (a resize backs the tables before it writes).
+
+        :raises NoSpaceError: /dev/shm is full (nothing was shown or adopted).
+        """
+        g = self.geometry
+        was_index, was_slots = self._tables_shown
+        to_index, to_slots = max(live, was_index), max(g.slots_for(limit, unused_next), was_slots)
+        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots),
+                                                                        g.tables(to_index, to_slots)) if now > was]
+        if not backed:
+            for off, was, now in grown:
+                problem = space.back(self.fd, off + was, off + now)
+                if problem is not None:
+                    raise NoSpaceError(f"cache {self.name!r} could not grow its tables to {to_slots - 1} entries: "
+                                       f"{problem}", what="resize", hint="delete entries, remove unused caches "
+                                       "(`shmcache ls`, `shmcache sweep`), or give the host or container more "
+                                       "shared memory (docker run --shm-size, a Kubernetes emptyDir with medium: "
+                                       "Memory)")
+        for off, was, now in grown:
+            first, end = (off + was) // _PAGE * _PAGE, -(-(off + now) // _PAGE) * _PAGE
+            _remap(self._base + first, min(end, g.total_nbytes) - first, self.fd, first)
+        self._tables_shown = (to_index, to_slots)
+        self.shown[2] = to_slots
+        if not adopt:
+            return
+        self.shown[1], self.shown[4] = live, limit
+        self.mask, self.limit = live - 1, limit
+        ghost = min(max(live, d.GHOST_WAYS), g.ghost_slots) if g.ghost_slots else 0
+        self.ghost_words = self._ghost_all[:ghost]
+        self._ring_of = (None, 0)
+
+    def shown_index(self) -> int:
+        """The most index slots this mapping shows (and knows backed): the index in force's, or a larger one's."""
+        return self._tables_shown[0]
+
+    def refresh_tables(self) -> bool:
+        """Take the tables as the header has them now (another process resized, or this mapping is new), under the
+        lock: the index in force, whose size must be the one the checked entry limit needs, and the entry slots in
+        use shown. False: the words are not ones to take (damage, or a resize cut short): the caller repairs,
+        which rewrites them.
+
+        :raises NoSpaceError: /dev/shm cannot back what another process showed (damage)."""
+        h, g = self.header_words, self.geometry
+        resizes = h[d.H_RESIZES]
+        if self.version >= 10:
+            live, limit, unused = h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_UNUSED_NEXT]
+            if (live, limit) != (self.mask + 1, self.limit) or unused > self.shown[2]:
+                # (what this mapping has already is used as it is: verify judges it, as it judges any word)
+                if h[d.H_DIRTY] or config.problems(h, g) or live != layout.index_for(limit) or live > g.index_slots:
+                    return False
+                self.show_tables(live, limit, unused)
+        self.shown[3] = resizes
+        return True
+
+    # ((capacity word, entry limit in force), ring bytes) last computed: every allocation asks, a resize changes it.
+    # None: none yet (any int is a value the word may hold, damaged: -1 would pass for one computed)
+    _ring_of: tuple[tuple[int, int] | None, int] = (None, 0)
 
     def ring(self) -> int:
-        """Bytes of the arena the ring uses under the capacity in force (``Geometry.ring_nbytes``)."""
-        cap = self.header_words[d.H_CAPACITY]
+        """Bytes of the arena the ring uses under the capacity and the entry limit in force
+        (``Geometry.ring_nbytes``)."""
+        cap = (self.header_words[d.H_CAPACITY], self.limit)
         seen, ring = self._ring_of
         if cap != seen:
-            ring = self.geometry.ring_nbytes(cap)
+            ring = self.geometry.ring_nbytes(*cap)
             self._ring_of = (cap, ring)
         return ring
 
@@ -436,15 +560,16 @@ class Segment:
         """Structured numpy views (header, index, entries) for vectorised walks; drop them before close()."""
         g = self.geometry
         header = np.ndarray((), layout.HEADER, buffer=self.mm, offset=0)
-        index = np.ndarray((g.index_slots,), layout.INDEX_SLOT, buffer=self.mm, offset=g.index_off)
-        entries = np.ndarray((g.entry_slots,), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
+        # (the index in force, and the entry slots shown: past them are zero pages of this process's own)
+        index = np.ndarray((self.mask + 1,), layout.INDEX_SLOT, buffer=self.mm, offset=g.index_off)
+        entries = np.ndarray((self.shown[2],), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
         return header, index, entries
 
     def columns(self) -> tuple[np.ndarray, ...]:
         """numpy views of the per-entry columns (expires, versions, kinds, pins, marks); drop them before
         close()."""
         g, mm = self.geometry, self.mm
-        n = g.entry_slots
+        n = self.shown[2]  # (the entry slots shown)
         return (np.ndarray((n,), d.EXPIRES, buffer=mm, offset=g.expires_off),
                 np.ndarray((n,), d.VERSIONS, buffer=mm, offset=g.versions_off),
                 np.ndarray((n,), d.KINDS, buffer=mm, offset=g.kinds_off),
@@ -466,7 +591,8 @@ class Segment:
         if self.mm is None:
             return
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
-                     "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "kind_words",
+                     "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "_ghost_all",
+                     "kind_words",
                      "reader_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:

@@ -56,7 +56,8 @@ def reserve(fd: int, nbytes: int, what: str, smaller: str | None, backed: int | 
     check(backed, what, smaller)
     try:
         os.ftruncate(fd, nbytes)
-        os.posix_fallocate(fd, 0, backed)
+        if backed:
+            os.posix_fallocate(fd, 0, backed)
     except OSError as exc:
         if exc.errno in _NO_ROOM:
             raise OSError(exc.errno, message(backed, None, what, smaller)) from None

@@ -19,7 +19,7 @@ from .codec import (
 from .errors import CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
 from .guard import updating
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_COUNTER, MAX_TTL_NS, SENTINEL, index_for
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -85,10 +85,14 @@ class Store:
                                                         seg.expires_words, seg.mm)
         self.arena = seg.arena
         self.base = g.arena_off
-        self.mask = g.index_slots - 1
         self.most_bytes = g.capacity_bytes  # the most a resize reaches
         self.hit = self._hit_relinking if table.pol.relinks_on_hit else self._hit_touching  # type: ignore[method-assign]
         self.seqlocked = table.seqlocked  # guard.updating opens the readers' seq (not under lru)
+
+    @property
+    def mask(self) -> int:
+        """The index in force's slots less one (a resize changes it: Segment.show_tables)."""
+        return self.seg.mask
 
     def close(self) -> None:
         """Drop ``hit``, a method of this object: the cycle would keep the segment until the cycle collector."""
@@ -442,13 +446,16 @@ class Store:
         return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.table.ver[e]
 
     @updating
-    def resize(self, capacity: int, max_entries: int | None) -> bool:
+    def resize(self, capacity: int, max_entries: int | None, max_retained: int | None = None) -> bool:
         """Give the cache ``capacity`` bytes (at most the geometry's ``capacity_bytes``) and the entry limit
         ``max_entries`` (None: as it is), while every process serves: the byte limit becomes the capacity, as at
-        creation, and is met at once by evicting as the policy does. The ring takes the arena the capacity needs
-        (``Geometry.ring_nbytes``): where it wraps, its live blocks are first slid down to the arena's start
-        (``Arena.compact``). A smaller ring lowers the extent, and the memory past it is given back where no other
-        process reads without the lock (``release``). Whether anything changed (then ``resizes`` counts it).
+        creation (``max_retained``: that one instead, at most the capacity), and is met at once by evicting as the
+        policy does. The ring takes the arena the capacity and the index need (``Geometry.ring_nbytes``): where it
+        wraps, its live blocks are first slid down to the arena's start (``Arena.compact``). A smaller ring lowers
+        the extent, and the memory past it is given back where no other process reads without the lock
+        (``release``). Under version 10 an entry limit that needs another index gets it (``Table.reindex``, the
+        tables backed first). Whether anything changed (then ``resizes`` counts it: every process takes the new
+        tables before its next call, Segment.refresh_tables).
 
         Crash windows: everything is written inside the dirty bracket, so a holder killed part-way leaves a repair
         that keeps the entries whose checksums hold, under whichever capacity the configuration's checksums name
@@ -460,14 +467,24 @@ class Store:
         seg, h, g = self.seg, self.h, self.seg.geometry
         old = config.capacity(h, g)
         entries = h[H_MAX_ENTRIES] if max_entries is None else max_entries
-        if (capacity, entries) == (old, h[H_MAX_ENTRIES]) and h[H_MAX_RETAINED] == capacity:
+        retained = capacity if max_retained is None else min(max_retained, capacity)
+        if (capacity, entries) == (old, h[H_MAX_ENTRIES]) and h[H_MAX_RETAINED] == retained:
             return False
+        live = index_for(entries) if seg.version >= 10 else self.mask + 1
+        if seg.version >= 10:  # the larger tables backed before anything is written (NoSpaceError)
+            seg.show_tables(max(live, self.mask + 1), entries, h[H_UNUSED_NEXT], adopt=False)
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED], h[H_CAPACITY]
-        size, was = g.ring_nbytes(capacity), seg.ring()
+        size, was = g.ring_nbytes(capacity, entries), seg.ring()
+        # Counted first: a holder killed from here on leaves ``resizes`` moved, so that every process takes the
+        # tables again (Segment.refresh_tables) once the repair has settled them, whichever limit that keeps.
+        counted = h[H_RESIZES]
+        h[H_RESIZES] = counted + 1 if 0 <= counted < MAX_COUNTER - 1 else 1
         try:
-            # First the limits, under the capacity in force: what no longer fits goes, as the policy chooses.
-            config.set_limits(h, entries, min(capacity, old))
-            self.table.evict_until(0, 0)
+            # First the byte limit, under the capacity in force, and evictions to the new entry limit (written last:
+            # the ring's size follows it, so it moves only once the blocks are where the new ring has them): what no
+            # longer fits goes, as the policy chooses.
+            config.set_limits(h, h[H_MAX_ENTRIES], min(retained, old))
+            self.table.evict_until(max(h[H_MAX_ENTRIES] - entries, 0), 0)
             tail, fill = h[H_TAIL], h[H_FILL]
             if fill == 0:
                 h[H_HEAD] = h[H_TAIL] = 0
@@ -480,9 +497,14 @@ class Store:
                 h[H_HEAD] = 0 if h[H_FILL] == size else h[H_FILL]
         except PinnedError:
             config.set_limits(h, *before)
+            h[H_RESIZES] = counted  # (nothing changed: the tables as every process has them)
             raise
-        config.set_limits(h, entries, capacity, capacity)
-        h[H_RESIZES] += 1
+        config.set_limits(h, entries, retained, capacity)
+        if live != self.mask + 1:
+            self.table.reindex(live)
+        elif seg.version >= 10:
+            seg.show_tables(live, entries, h[H_UNUSED_NEXT], backed=True)  # (the limit in force: the ring's)
+        seg.shown[3] = h[H_RESIZES]  # (this mapping has the new tables)
         ext = seg.extent()
         if size < was and h[H_ARENA_EXTENT] != ext:  # the extent past the smaller ring: lowered to it
             h[H_ARENA_EXTENT] = ext
@@ -524,6 +546,11 @@ class Store:
         h = self.h
         if max_retained_bytes is not None and max_retained_bytes > config.capacity(h, self.seg.geometry):
             self.resize(max_retained_bytes, max_entries)
+            return
+        if (self.seg.version >= 10 and max_entries is not None
+                and max_entries != h[H_MAX_ENTRIES]):  # other tables and ring: a resize of the entries
+            self.resize(config.capacity(h, self.seg.geometry), max_entries,
+                        h[H_MAX_RETAINED] if max_retained_bytes is None else max_retained_bytes)
             return
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED]
         config.set_limits(h, before[0] if max_entries is None else max_entries,

@@ -22,8 +22,8 @@ from .seqlock import open_seq
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     EXTENT_STEP,
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
-    H_EXPIRED, H_FREE_HEAD, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
+    H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
     H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
     BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST,
 )
@@ -54,17 +54,26 @@ class Table:
         self.exp, self.ver, self.kinds, self.pins = (seg.expires_words, seg.versions_words, seg.kinds_bytes,
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
-        self.marks, self.ghost = seg.marks_bytes, seg.ghost_words
+        self.marks = seg.marks_bytes
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
         self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
         # The steps a policy adds to the list's (None: the base's, skipped): bound once, for the hot paths.
         self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
-        self.mask = g.index_slots - 1
         self.slots = g.entry_slots
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
                           self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring)
+
+    @property
+    def mask(self) -> int:
+        """The index in force's slots less one (a resize changes it: Segment.show_tables)."""
+        return self.seg.mask
+
+    @property
+    def ghost(self) -> memoryview:
+        """The ghost's words in force (s3fifo; as many as the index's slots, GHOST_WAYS at least)."""
+        return self.seg.ghost_words
 
     def close(self) -> None:
         self.entb.release()
@@ -131,7 +140,8 @@ class Table:
             e = h[H_FREE_HEAD]
             if e == NIL:
                 e = h[H_UNUSED_NEXT]
-                if not 0 < e < self.slots:
+                # (past the slots this mapping shows: only damage puts it there; twin: _core_table.c)
+                if not 0 < e < min(self.slots, self.seg.shown[2]):
                     raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
             elif not 0 < e < self.slots or ent[e * _W + E_CHECK]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
@@ -385,6 +395,52 @@ class Table:
         h[H_NEXT_EXPIRY] = int(left.min()) if len(left) else NEVER
         h[H_EXPIRED] += removed
         return removed
+
+    def reindex(self, live: int) -> None:
+        """Make the index of ``live`` slots (a power of two) the one in force, every resident entry in it, and empty
+        the ghost (version 10: a resize changed the entry limit, already written, to one that needs another index).
+        Backed and shown first (NoSpaceError before any write); the rest under the caller's dirty bracket and the
+        readers' odd seq.
+
+        Crash window: a holder killed part-way leaves the index half filled and its size word either one; the
+        repair rebuilds the index the checked limit needs (verify._settle_index), from the entries.
+
+        The entries are placed as linear probing places them, in one vectorised pass: sorted by home slot, each
+        goes to its home or just past the one before it, whichever is later (a running maximum); the few that run
+        past the end wrap round, inserted one by one."""
+        seg, h, g = self.seg, self.h, self.seg.geometry
+        old = self.mask + 1
+        handed_out = block.handed_out(h, self.slots)
+        seg.show_tables(live, h[H_MAX_ENTRIES], handed_out)
+        h[H_INDEX_SLOTS] = live
+        top = max(old, live)
+        words = np.ndarray((top * INDEX_WORDS,), np.int64, buffer=seg.mm, offset=g.index_off)
+        words[:] = EMPTY
+        if len(self.ghost):
+            np.frombuffer(self.ghost, dtype=np.int64)[:] = 0  # (advisory: forgetting costs hit ratio, never values)
+        progressed(h)
+        _, _, entries = seg.arrays()
+        resident = np.flatnonzero(entries["check"][:handed_out])
+        resident = resident[resident > 0]
+        if len(resident) >= live:
+            raise CorruptionError(f"{len(resident)} resident entries do not fit an index of {live} slots",
+                                  what="resize")
+        fps = entries["fp"][resident]
+        homes = fps & (live - 1)
+        order = np.argsort(homes, kind="stable")
+        resident, fps, homes = resident[order], fps[order], homes[order]
+        steps = np.arange(len(resident), dtype=np.int64)
+        place = np.maximum.accumulate(homes - steps) + steps if len(resident) else steps
+        fits = place < live
+        at = place[fits]
+        words[at * INDEX_WORDS + I_FP] = fps[fits]
+        words[at * INDEX_WORDS + I_ENTRY] = resident[fits]
+        entries["slot"][resident[fits]] = at
+        del words, entries
+        progressed(h)
+        ix, ent, mask = self.ix, self.ent, live - 1
+        for e in resident[~fits].tolist():  # (past the end: round to the start, as a probe goes)
+            index.insert(ix, ent, mask, ent[e * _W + E_FP], e)
 
     def reset(self) -> None:
         """Drop every entry (counters other than occupancy are the caller's)."""

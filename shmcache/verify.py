@@ -17,7 +17,8 @@ import numpy as np
 from . import block, config, index, lru, ofd, policies
 from .arena import write_dead
 from .lock import TICK_EVERY, progressed
-from .layout.geometry import extent_step
+from .errors import NoSpaceError
+from .layout.geometry import extent_step, index_for
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
@@ -163,15 +164,20 @@ def header_ranges(g, features: int = 0, version: int = LAYOUT_VERSION) -> dict[i
         H_SMALL_FIRST: (SENTINEL, slots - 1), H_SMALL: (0, slots - 1), H_GHOST_CLOCK: (0, GHOST_STAMP_MASK),
         H_ARENA_EXTENT: (0, arena), H_CAPACITY: (0, cap),
     })
+    if version >= 10:  # the index in force (its size is checked against the limit by check)
+        ranges[H_INDEX_SLOTS] = (8, g.index_slots)
     return ranges
 
 
 def _identity(g, features: int, version: int = LAYOUT_VERSION) -> dict[int, int]:
     """Line 0 as the creator wrote it: what this handle attached to (attach checked it then)."""
-    return {H_MAGIC: MAGIC, H_VERSION: version, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
-            H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
-            H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots,
-            H_READER_SLOTS: READER_SLOTS}
+    words = {H_MAGIC: MAGIC, H_VERSION: version, H_FEATURES: features, H_TOTAL_NBYTES: g.total_nbytes,
+             H_ENTRY_SLOTS: g.entry_slots, H_INDEX_SLOTS: g.index_slots, H_ARENA_NBYTES: g.arena_nbytes,
+             H_CAPACITY_BYTES: g.capacity_bytes, H_POLICY: g.policy, H_GHOST_SLOTS: g.ghost_slots,
+             H_READER_SLOTS: READER_SLOTS}
+    if version >= 10:
+        del words[H_INDEX_SLOTS]  # the index in force, which a resize moves (_settle_index)
+    return words
 
 
 _WORD_NAMES = {field_off(HEADER, n) // 8: n for n in HEADER.names or () if n != "lock"}
@@ -192,9 +198,12 @@ def check(seg, deep: bool = True) -> VerifyReport:
     blocks)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
-    slots, mask = g.entry_slots, g.index_slots - 1
+    slots, mask = g.entry_slots, seg.mask
     for msg in header_problems(seg):
         problems.add(msg)
+    if seg.version >= 10 and not h[H_INDEX_SLOTS] == mask + 1 == index_for(h[H_MAX_ENTRIES]):
+        problems.add(f"the index in force has {h[H_INDEX_SLOTS]} slots (this mapping's: {mask + 1}); the limit of "
+                     f"{h[H_MAX_ENTRIES]} entries needs {index_for(h[H_MAX_ENTRIES])}")
     if h[H_WRITING]:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
@@ -275,7 +284,8 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
     back = np.zeros(len(occupied), dtype=bool)
     back[in_range] = entries["slot"][e[in_range]] == occupied[in_range]
     is_live = np.zeros(len(entries), dtype=bool)
-    is_live[np.fromiter(live, dtype=np.int64, count=len(live))] = True
+    shown = [e for e in live if e < len(entries)]  # (one past the slots shown: damage, reported by its own check)
+    is_live[np.fromiter(shown, dtype=np.int64, count=len(shown))] = True
     resident = np.zeros(len(occupied), dtype=bool)
     resident[in_range] = is_live[e[in_range]]
     _tick(h)
@@ -357,8 +367,9 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
         if (counts[k], nbytes[k]) != (kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED]):
             problems.add(f"kind {k}: entries hold {counts[k]} entries of {nbytes[k]} bytes, its record says "
                          f"{kw[k * KIND_WORDS + K_ENTRIES]} of {kw[k * KIND_WORDS + K_RETAINED]}")
-    stale = np.frombuffer(exp, dtype=np.int64) != 0
-    stale[order] = False
+    shown = seg.shown[2]  # (the entry slots this mapping shows: past them, zeros of its own)
+    stale = np.frombuffer(exp, dtype=np.int64, count=shown) != 0
+    stale[[e for e in order if e < shown]] = False
     if stale.any():
         problems.add(f"{int(stale.sum())} free entry slots keep an expiry time (first: {int(np.argmax(stale))})")
 
@@ -385,7 +396,9 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
 def repair(seg) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    tables = h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]  # (as the other processes may have taken them)
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
+    _settle_index(seg, tables)  # then the index the restored limit needs: the rebuild fills it
     slots = g.entry_slots
     unused = block.handed_out(h, slots)
     listed = _walk_lru(h, ent, slots, _Problems())
@@ -444,6 +457,42 @@ def _repair_words(seg) -> None:
             h[w] = 0
 
 
+def _settle_index(seg, tables: tuple[int, int] | None = None) -> None:
+    """Version 10: make the index in force the one the entry limit needs (``index_for``), shown in this mapping with
+    the entry slots handed out. Where /dev/shm cannot back it (a resize that raised the limit died before it backed
+    the tables), the largest index this mapping shows is kept and the limit lowered to what it holds. The words
+    only: the caller rebuilds the index (or empties it). ``tables``: the index and limit words before the repair
+    touched them (None: as they are); where they end otherwise, ``resizes`` moves, so every process takes them."""
+    h, g = seg.header_words, seg.geometry
+    if seg.version < 10:
+        return
+    before = (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) if tables is None else tables
+    resizes = h[H_RESIZES]
+    limit = h[H_MAX_ENTRIES]  # (config.restore made it one to trust)
+    live = min(index_for(limit), g.index_slots)
+    unused = block.handed_out(h, g.entry_slots)
+    try:
+        seg.show_tables(live, limit, unused)
+    except NoSpaceError:
+        live = seg.shown_index()
+        limit = min(limit, live // 2 - 1, seg.shown[2] - 1)
+        config.set_limits(h, limit, h[H_MAX_RETAINED])
+        seg.show_tables(live, limit, unused, backed=True)
+    h[H_INDEX_SLOTS] = live
+    if (live, limit) != before:
+        # Every process takes the tables again before its next call (the ring follows the limit): as a resize.
+        h[H_RESIZES] = resizes + 1 if 0 <= resizes < MAX_COUNTER - 1 else 1
+    seg.refresh()  # (the ring follows the limit: what this mapping shows of the arena, judged again)
+
+
+def settle_tables(seg) -> None:
+    """After an emptying (``Table.reset``, when a repair failed part-way): the index in force the limit needs
+    (``_settle_index``), counted as a resize whatever it was (the repair may have moved the limit before it failed),
+    and this mapping's record of the tables taken from the header as they now are."""
+    _settle_index(seg, (-1, -1))
+    seg.shown[3] = seg.header_words[H_RESIZES]
+
+
 def _pinned(seg, e: int) -> bool:
     """Whether a view still pins entry ``e`` (see ``Table.pinned``)."""
     return bool(seg.pins_bytes[e]) and (ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
@@ -452,7 +501,7 @@ def _pinned(seg, e: int) -> bool:
 
 def _rebuild(seg, kept: list[int], unused: int) -> None:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
-    mask = g.index_slots - 1
+    mask = seg.mask
     seg.arrays()[1]["entry"] = EMPTY
     keep = set(kept)
     free = NIL
@@ -485,9 +534,10 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     """Kinds from the kept keys themselves, per-kind counts from those, expiry only for kept entries and the expiry
     bound from theirs. (Pin flags are left as they are: a stale one is cleared by whoever tests it.)"""
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
-    x = np.frombuffer(exp, dtype=np.int64)
+    shown = seg.shown[2]  # (the entry slots this mapping shows: past them, zeros of its own, never written)
+    x = np.frombuffer(exp, dtype=np.int64, count=shown)
     dropped = np.ones(len(x), dtype=bool)
-    dropped[kept] = False
+    dropped[[e for e in kept if e < shown]] = False
     x[dropped | (x < 0)] = 0
     del x
     # Versions: the clock above every kept one; a damaged version (out of range) is replaced by a fresh one (a cas

@@ -308,7 +308,8 @@ class Workload:
 
     def _set_limits(self) -> None:
         s = self.cache.stats()
-        n, nbytes = s.capacity_entries, s.capacity_bytes
+        # (the entry limit the cache was made with: its tables reach RESERVE_FACTOR times that, which _resize uses)
+        n, nbytes = max(1, s.capacity_entries // RESERVE_FACTOR), s.capacity_bytes
         if self.rng.random() < 0.5:  # back to the full capacity, so lowered limits do not pile up
             self.cache.set_limits(CacheLimits(n, nbytes))
         else:
@@ -317,10 +318,17 @@ class Workload:
 
     def _resize(self) -> None:
         """A new capacity for every process, from a quarter to four times the one the cache was made with (its
-        max_capacity_bytes is 16 times that): a shrink evicts, compacts and gives pages back under the others."""
+        max_capacity_bytes is 16 times that): a shrink evicts, compacts and gives pages back under the others; and
+        half the time a new entry limit, from a quarter to four times the one of creation (the tables grow, the
+        index is rebuilt at its new size)."""
         most = self.cache.max_capacity_bytes
         made = max(4096, most // RESERVE_FACTOR)
-        self.cache.resize(capacity_bytes=min(most, int(made * self.rng.choice([0.25, 0.5, 1, 1, 2, 4]))))
+        capacity = min(most, int(made * self.rng.choice([0.25, 0.5, 1, 1, 2, 4])))
+        entries = None
+        if self.rng.random() < 0.5:
+            made_entries = max(1, self.cache.stats().capacity_entries // RESERVE_FACTOR)
+            entries = max(1, int(made_entries * self.rng.choice([0.25, 0.5, 1, 1, 2, 4])))
+        self.cache.resize(capacity_bytes=capacity, max_entries=entries)
 
     def _snapshot(self) -> None:
         """Write the cache to the slot's snapshot file while the other workers go on (and may be killed meanwhile)."""

@@ -71,7 +71,7 @@ import traceback
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
 from shmcache.layout.dtypes import (
-    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_LOCK_OFF,
+    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS, H_LOCK_OFF,
     H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT,
     HEADER, KIND,
 )
@@ -106,8 +106,9 @@ REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "mar
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
 # and the small queue's words of line 7 (under lru and keep they must stay SENTINEL and 0).
 AIMED_HEADER_OFFS = [192 + 8 * i for i in range(10)] + [8 * H_SMALL_FIRST, 8 * H_SMALL]
-# The identity words --identity damages (one a round): line 0's and line 7's (policy, ghost_slots).
-IDENTITY_OFFS = [8 * w for w in range(8)] + [8 * H_POLICY, 8 * H_GHOST_SLOTS]
+# The identity words --identity damages (one a round): line 0's (but index_slots, the index in force since layout
+# version 10, which the repair restores) and line 7's (policy, ghost_slots).
+IDENTITY_OFFS = [8 * w for w in range(8) if w != H_INDEX_SLOTS] + [8 * H_POLICY, 8 * H_GHOST_SLOTS]
 FUZZ_MIX = {**MIX, "verify": 1.0}
 
 
@@ -263,7 +264,7 @@ def lock_damage_child(name: str, row: int, seed: int, counts, stranger: int) -> 
 # slot allocator, display words, version clock, expiry bound, default time to live, kinds, writing, the saved
 # configuration, the policy's state and counters) but line 7's identity words. Those and line 0 are the --identity
 # test's (attach checks them: damaged, a new handle is refused with LayoutError by design); line 1 is the lock's.
-HEADER_WORDS = [n for n in HEADER.names if n != "lock" and HEADER.fields[n][1] >= 128
+HEADER_WORDS = [n for n in HEADER.names if n != "lock" and (HEADER.fields[n][1] >= 128 or n == "index_slots")
                 and HEADER.fields[n][1] not in IDENTITY_OFFS]
 HEADER_WORDS_MAX = 2  # header words damaged after each round: 0 to this many
 

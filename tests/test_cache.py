@@ -205,9 +205,10 @@ def test_cache_set_limits_evicts_at_once(cache):
 
 
 def test_cache_set_limits_above_what_it_was_made_for_raises(cache):
-    """Above the capacity a byte limit grows it (a resize); above max_capacity_bytes or the entry table, a refusal."""
-    with pytest.raises(ValueError):
-        cache.set_limits(CacheLimits(max_entries=65, max_retained_bytes=1024))
+    """Above the capacity a byte limit grows it (a resize); above max_capacity_bytes or the most entries the tables
+    reach (16 times those of creation), a refusal."""
+    with pytest.raises(ValueError, match="1024"):
+        cache.set_limits(CacheLimits(max_entries=16 * 64 + 1, max_retained_bytes=1024))
     with pytest.raises(ValueError):
         cache.set_limits(CacheLimits(max_entries=10, max_retained_bytes=cache.max_capacity_bytes + 1))
     assert cache.limits() == CacheLimits(64, 64 * 1024) and cache.stats().resizes == 0

@@ -130,7 +130,8 @@ def test_cli_inspect_reports_layout_and_verify(capsys, filled, name):
     rc, out, _ = run(capsys, "inspect", name, "--json")
     data = json.loads(out)
     assert rc == 0 and data["verify"]["ok"] and data["verify"]["entries"] == 10
-    assert data["layout"]["arena_off"] % 4096 == 0 and data["limits"]["capacity_entries"] == 64
+    assert data["layout"]["arena_off"] % 4096 == 0 and data["limits"]["capacity_entries"] == 16 * 64
+    assert data["layout"]["index_in_force"] == 256 and data["layout"]["entry_slots_shown"] >= 65
     arena = data["arena"]
     assert arena["dead_bytes"] == 0 and arena["fragmentation"] == 0.0  # nothing deleted yet
     assert arena["used_bytes"] + arena["contiguous_free_bytes"] == arena["bytes"]
@@ -166,8 +167,8 @@ def test_cli_set_limits_evicts(capsys, filled, name):
 
 
 def test_cli_set_limits_above_capacity_is_a_clear_error(capsys, filled, name):
-    rc, _, err = run(capsys, "set-limits", name, "--max-entries", "1000")
-    assert rc == 1 and "capacity" in err
+    rc, _, err = run(capsys, "set-limits", name, "--max-entries", "2000")  # (the tables reach 16 x 64)
+    assert rc == 1 and "grow to" in err
 
 
 def test_cli_resize(capsys, filled, name):

@@ -128,7 +128,9 @@ def test_layout_policy_words_as_created(name, policy):
     with open(f"/dev/shm/shmcache.{name}", "rb") as f:
         head = f.read(512)
     assert int.from_bytes(head[448:456], "little") == policy
-    assert int.from_bytes(head[456:464], "little") == (32 if policy == 1 else 0)  # the index's 32 slots
+    # the ghost reserved as the index is: for 16 times the 8 entries (the index in force, word 5, for 8: 32 slots)
+    assert int.from_bytes(head[456:464], "little") == (512 if policy == 1 else 0)
+    assert int.from_bytes(head[40:48], "little") == 32
 
 
 def test_layout_an_unknown_policy_word_is_refused_on_attach(name):
@@ -262,12 +264,14 @@ def test_layout_golden_version_8_arena_extent(name):
     """Version 8: line 6's last word (byte 440) is ``arena_extent``, what the creator backed of the arena
     (``Geometry.initial_extent``), and the file beyond it is not backed (st_blocks); a store past it raises it."""
     assert d.LAYOUT_VERSION >= 8 and d.H_ARENA_EXTENT * 8 == 440 and 7 in d.READ_VERSIONS
-    g = Geometry.for_capacity(16 * 8 * 2**20, 64, 0)
-    assert g.initial_extent(8 * 2**20) == 256 * 1024
+    g = Geometry.for_capacity(16 * 8 * 2**20, 16 * 64, 0)
+    assert g.initial_extent(8 * 2**20, 64) == 256 * 1024
     with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=64, create=True) as c:
         with open(f"/dev/shm/shmcache.{name}", "rb") as f:
             assert int.from_bytes(f.read(448)[440:448], "little") == 256 * 1024
-        assert os.stat(f"/dev/shm/shmcache.{name}").st_blocks * 512 <= g.arena_off + 256 * 1024
+        # (the header, the tables for 64 entries, the kind table and reader slots, and the arena's first pages)
+        backed = sum(stop - start for start, stop in g.backed(256, 65, 256 * 1024))
+        assert os.stat(f"/dev/shm/shmcache.{name}").st_blocks * 512 <= backed
         for i in range(8):
             c[f"k{i}"] = bytes(100_000)
         assert c._seg.header_words[d.H_ARENA_EXTENT] >= 800_000
@@ -279,7 +283,7 @@ def test_layout_golden_version_9_capacity(name):
     both configuration checksums cover the capacity."""
     from shmcache import config
 
-    assert d.LAYOUT_VERSION == 9 and d.READ_VERSIONS == (7, 8, 9)
+    assert d.LAYOUT_VERSION >= 9 and 9 in d.READ_VERSIONS
     assert (d.H_CAPACITY * 8, d.H_RESIZES * 8) == (560, 568)
     with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
         h = c._seg.header_words
@@ -291,12 +295,84 @@ def test_layout_golden_version_9_capacity(name):
         assert (h[d.H_CAPACITY], h[d.H_RESIZES], h[d.H_MAX_RETAINED]) == (3 * 2**20, 1, 3 * 2**20)
 
 
+def test_layout_golden_version_10_tables(name):
+    """Version 10: line 0's ``entry_slots`` (byte 32) are the most entries a resize reaches (16 times the
+    ``max_entries`` of creation, and the sentinel) and ``index_slots`` (byte 40) the index in force, the one the
+    limit needs (``index_for``); the tables are backed for the limit alone (st_blocks), and a resize past it backs
+    more of them and moves ``index_slots``, every entry kept."""
+    assert d.LAYOUT_VERSION == 10 and d.READ_VERSIONS == (7, 8, 9, 10)
+    assert (d.H_ENTRY_SLOTS * 8, d.H_INDEX_SLOTS * 8) == (32, 40)
+    assert [layout.index_for(n) for n in (1, 3, 4, 1000, 10000)] == [8, 8, 16, 2048, 32768]
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
+        h, g = c._seg.header_words, c._seg.geometry
+        assert (h[d.H_ENTRY_SLOTS], h[d.H_INDEX_SLOTS], g.index_slots) == (16001, 2048, 32768)
+        for i in range(1000):
+            c[f"k{i}"] = i.to_bytes(4, "little")
+        before = os.fstat(c._seg.fd).st_blocks * 512
+        assert before < g.entries_off + 16001 * (d.ENTRY.itemsize + 19)  # (not the reserved tables)
+        c.resize(max_entries=10000)
+        assert (h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_RESIZES]) == (32768, 10000, 1)
+        grown = os.fstat(c._seg.fd).st_blocks * 512
+        # (page rounding aside: what the first 1000 slots' pages already held)
+        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 30720 * d.INDEX_SLOT.itemsize)
+        assert all(c[f"k{i}"] == i.to_bytes(4, "little") for i in range(1000)) and c.verify().ok
+        for i in range(1000, 10000):
+            c[f"k{i}"] = i.to_bytes(4, "little")
+        assert len(c) == 10000 and c.verify().ok
+        c.resize(max_entries=1000)
+        assert (h[d.H_INDEX_SLOTS], len(c)) == (2048, 1000) and c.verify().ok
+
+
+def _old_tables(monkeypatch) -> None:
+    """Segments made from here on reserve their tables for their own max_entries, all of them backed and the whole
+    index in force: as versions 9 and before made them (see ``_as_made_by``)."""
+    import shmcache.cache
+
+    monkeypatch.setattr(shmcache.cache, "RESERVE_FACTOR", 1)
+
+
+def test_layout_version_9_segment_is_used_and_resized_within_its_tables(name, monkeypatch):
+    """A segment of layout version 9 (tables fixed at creation, its whole index in force) is attached and used on
+    both paths, resized within its tables, refused past them, and never rewritten to version 10, not even by a
+    repair."""
+    from .workers import python_path
+
+    _old_tables(monkeypatch)
+    with SharedCache(name, capacity_bytes=2**20, max_capacity_bytes=2**22, max_entries=256, create=True) as c:
+        g = c._seg.geometry
+        c["old"] = b"kept"
+        _as_made_by(c, 9)
+    monkeypatch.undo()
+    for path in ("compiled", "python"):
+        with SharedCache(name, create=False) as c:
+            if path == "python":
+                python_path(c)
+            h = c._seg.header_words
+            assert c._seg.version == 9 and c._seg.mask + 1 == g.index_slots
+            assert path == "python" or c["old"] == b"kept"  # (the first handle: as the old release left it)
+            for i in range(300):
+                c[f"{path}{i}"] = bytes([i % 256]) * 1000
+            assert c.verify().ok and len(c) == 256
+            c.resize(capacity_bytes=2**21, max_entries=100)
+            assert len(c) == 100 and c.verify().ok and h[d.H_INDEX_SLOTS] == g.index_slots
+            c.set_limits(max_entries=256)
+            with pytest.raises(ValueError, match="256 entries"):
+                c.resize(max_entries=257)
+            h[d.H_DIRTY] = 1
+            assert c.verify(repair_damage=True) is not None
+            assert (h[d.H_VERSION], h[d.H_INDEX_SLOTS]) == (9, g.index_slots) and c.verify().ok
+
+
 def _as_made_by(c, version: int) -> None:
-    """Rewrite ``c``'s segment (made with max_capacity_bytes equal to its capacity) as layout ``version`` (8 or 7)
-    made it: no capacity word, configuration checksums of three words; 7 also with every page backed."""
+    """Rewrite ``c``'s segment (made with max_capacity_bytes equal to its capacity, and its tables as version 9
+    made them: ``_old_tables``) as layout ``version`` (9, 8 or 7) made it: 8 and 7 without a capacity word, their
+    configuration checksums of three words; 7 also with every page backed."""
     from shmcache import config
 
     h = c._seg.header_words
+    if version == 9:
+        h[d.H_VERSION] = version
+        return
     config.write(h, h[d.H_DEFAULT_TTL], h[d.H_MAX_ENTRIES], h[d.H_MAX_RETAINED], 0)
     if version == 7:
         os.posix_fallocate(c._seg.fd, 0, c._seg.geometry.total_nbytes)
@@ -304,10 +380,12 @@ def _as_made_by(c, version: int) -> None:
     h[d.H_VERSION] = version
 
 
-def test_layout_version_8_segment_is_used_as_it_is_and_not_resized(name):
+def test_layout_version_8_segment_is_used_as_it_is_and_not_resized(name, monkeypatch):
+    _old_tables(monkeypatch)
     with SharedCache(name, capacity_bytes=2**20, max_capacity_bytes=2**20, max_entries=256, create=True) as c:
         c["old"] = b"kept"
         _as_made_by(c, 8)
+    monkeypatch.undo()
     with SharedCache(name, create=False) as c:
         assert c._seg.version == 8 and c.capacity_bytes == 2**20 and c["old"] == b"kept"
         for i in range(300):
@@ -321,16 +399,18 @@ def test_layout_version_8_segment_is_used_as_it_is_and_not_resized(name):
         assert (h[d.H_VERSION], h[d.H_CAPACITY]) == (8, 0) and c.verify().ok
 
 
-def test_layout_version_7_segment_is_used_as_it_is(name):
+def test_layout_version_7_segment_is_used_as_it_is(name, monkeypatch):
     """A segment of layout version 7 (its arena all reserved at creation, ``arena_extent`` 0) is attached and used
     on both paths, its whole arena shown, and never rewritten to version 8, not even by a repair."""
     from .workers import python_path
 
+    _old_tables(monkeypatch)
     with SharedCache(name, capacity_bytes=2 * 2**20, max_capacity_bytes=2 * 2**20, max_entries=256,
                      create=True) as c:
         g = c._seg.geometry
         c["old"] = b"kept"
         _as_made_by(c, 7)
+    monkeypatch.undo()
     for path in ("compiled", "python"):
         with SharedCache(name, create=False) as c:
             if path == "python":

@@ -62,9 +62,10 @@ def test_lifecycle_attach_with_matching_parameters(name):
         assert b.limits().max_entries == 8
 
 
-@pytest.mark.parametrize("param", [{"max_capacity_bytes": 8192}, {"max_entries": 9}, {"policy": "keep"}])
+@pytest.mark.parametrize("param", [{"max_capacity_bytes": 8192}, {"max_entries": 16 * 8 + 1}, {"policy": "keep"}])
 def test_lifecycle_attach_with_other_parameters_raises(name, param):
-    """(Another capacity_bytes, or a max_entries within the entry table, resizes the cache: tests/test_resize.py.)"""
+    """(Another capacity_bytes, or a max_entries within the tables, 16 times those of creation, resizes the cache:
+    tests/test_resize.py.)"""
     with SharedCache(name, create=True, **SMALL):
         with pytest.raises(ValueError, match="exists with"):
             SharedCache(name, **param)
@@ -167,7 +168,7 @@ def test_lifecycle_errors_about_an_existing_cache_name_its_removal_and_loss(name
     with SharedCache(name, **SMALL):
         refusals = []
         for make, error in ((lambda: SharedCache(name, max_capacity_bytes=2 * SMALL["capacity_bytes"]), ValueError),
-                            (lambda: SharedCache(name, max_entries=2 * SMALL["max_entries"]), ValueError),
+                            (lambda: SharedCache(name, max_entries=17 * SMALL["max_entries"]), ValueError),
                             (lambda: SharedCache(name, policy="keep"), ValueError),
                             (lambda: SharedCache(name, create=True), FileExistsError),
                             (lambda: SharedCache(name, serializer="pickle"), SerializerMismatch)):

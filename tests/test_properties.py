@@ -540,7 +540,9 @@ class SharedCacheMachine(RuleBasedStateMachine):
 
     @rule(extra_entries=st.integers(0, 3), extra_bytes=st.integers(0, 64))
     def set_limits_beyond_capacity(self, extra_entries, extra_bytes):
-        limits = CacheLimits(max_entries=MAX_ENTRIES + extra_entries, max_retained_bytes=CAPACITY + extra_bytes)
+        # (the entry limit reaches 16 times that of creation, the tables' reserve: past it, a refusal)
+        entries = 16 * MAX_ENTRIES + extra_entries if extra_entries else MAX_ENTRIES
+        limits = CacheLimits(max_entries=entries, max_retained_bytes=CAPACITY + extra_bytes)
         if extra_entries or extra_bytes:
             with pytest.raises(ValueError):
                 self.handles[0].set_limits(limits)

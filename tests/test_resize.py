@@ -82,8 +82,8 @@ def test_resize_refuses_what_the_cache_was_not_made_for(name):
     with SharedCache(name, capacity_bytes=64 * KIB, max_entries=64, max_capacity_bytes=1 * MIB, create=True) as c:
         with pytest.raises(ValueError, match="max_capacity_bytes"):
             c.resize(capacity_bytes=2 * MIB)
-        with pytest.raises(ValueError, match="64 entries"):
-            c.resize(max_entries=65)
+        with pytest.raises(ValueError, match="1024 entries"):
+            c.resize(max_entries=16 * 64 + 1)  # the tables are reserved for 16 times the max_entries of creation
         with pytest.raises(ValueError, match="positive"):
             c.resize(capacity_bytes=0)
         with pytest.raises(TypeError):
@@ -103,13 +103,16 @@ def test_an_opener_with_another_size_resizes_the_cache(name):
             assert newest.capacity_bytes == 512 * KIB and newest.limits().max_entries == 32
         s = first.stats()  # seen identically by every process
         assert (s.capacity_bytes, s.max_entries, s.resizes, s.entries) == (512 * KIB, 32, 1, 32)
+        with SharedCache(name, max_entries=65) as more:  # past the creation's limit: the tables grow
+            assert more.limits().max_entries == 65 == first.limits().max_entries
+        assert first.stats().resizes == 2
         with pytest.raises(ValueError, match="shmcache rm"):
-            SharedCache(name, max_entries=65)
+            SharedCache(name, max_entries=16 * 64 + 1)
         with pytest.raises(ValueError, match="shmcache rm"):
             SharedCache(name, policy="s3fifo")
         with pytest.raises(ValueError, match="max_capacity_bytes"):
             SharedCache(name, max_capacity_bytes=first.max_capacity_bytes * 2)
-        assert _read_back(first, [f"k{i}" for i in range(40)]) == 32
+        assert _read_back(first, [f"k{i}" for i in range(40)]) == 32 and first.verify().ok
 
 
 def test_set_limits_above_the_capacity_grows_it(name):
@@ -148,7 +151,8 @@ def test_a_damaged_capacity_word_is_repaired_from_the_checksums(name):
         for garbage in (0, 7, 150 * KIB, c.max_capacity_bytes, -1, 2**62):
             c._h[H_CAPACITY] = garbage
             with SharedCache(name, create=False) as attacher:  # a handle that first reads the word damaged
-                assert attacher._seg.ring() == attacher._seg.geometry.ring_nbytes(garbage) > 0
+                seg = attacher._seg
+                assert seg.ring() == seg.geometry.ring_nbytes(garbage, seg.limit) > 0
             report = c.verify(repair_damage=True)
             assert not report.ok or garbage == 200 * KIB
             assert c.capacity_bytes == 200 * KIB and c.limits().max_retained_bytes == 200 * KIB
@@ -156,11 +160,13 @@ def test_a_damaged_capacity_word_is_repaired_from_the_checksums(name):
 
 
 def test_a_resize_cut_short_part_way_is_repaired(name):
-    """An exception at each point of a shrink's compaction (as a SIGKILL would leave it, with dirty set): the next
-    call repairs, and every entry kept reads back as it was stored."""
+    """An exception at each point of a shrink's compaction (as a SIGKILL would leave it, with dirty set), the entry
+    limit lowered too (the ring's size follows it): the next call repairs, every entry kept reads back as it was
+    stored, and another handle, which took the tables before, takes the ones the repair left."""
     keys = [f"k{i}" for i in range(600)]
     for cut in (0, 1, 5, 40, 200):
-        c = SharedCache(name, capacity_bytes=128 * KIB, max_entries=1024, create=True)
+        c = SharedCache(name, capacity_bytes=128 * KIB, max_entries=1000, create=True)
+        other = SharedCache(name)
         try:
             c.resize(capacity_bytes=1 * MIB)
             _fill(c, keys)
@@ -177,19 +183,21 @@ def test_a_resize_cut_short_part_way_is_repaired(name):
 
             ring.move = move
             try:
-                c.resize(capacity_bytes=128 * KIB)
+                c.resize(capacity_bytes=128 * KIB, max_entries=600)  # (the same index: only the ring moves)
             except RuntimeError:
                 assert not c._h[H_DIRTY]  # the holder repaired before it let go (Guard.fault)
             else:
                 assert cut >= moves[0]  # fewer moves than the cut: it ran whole
             finally:
                 ring.move = real
-            assert c.capacity_bytes in (128 * KIB, 1 * MIB)
+            assert c.capacity_bytes in (128 * KIB, 1 * MIB) and c.limits().max_entries in (600, 1000)
             _read_back(c, keys)  # (the first call repairs)
             assert c.verify().ok
-            _fill(c, keys[:100], seq=2)
-            assert _read_back(c, keys[:100]) > 0 and c.verify().ok
+            _fill(other, keys[:100], seq=2)
+            assert other.limits() == c.limits() and other._seg.limit == c._seg.limit
+            assert _read_back(c, keys[:100]) > 0 and c.verify().ok and other.verify().ok
         finally:
+            other.close()
             c.close()
             SharedCache.unlink_name(name)
 
@@ -199,10 +207,12 @@ def _resizer(name: str, seed: int) -> None:
     rng = random.Random(seed)
     with SharedCache(name, create=False) as c:
         while True:
-            c.resize(capacity_bytes=rng.choice([128 * KIB, 512 * KIB, 2 * MIB]))
+            c.resize(capacity_bytes=rng.choice([128 * KIB, 512 * KIB, 2 * MIB]),
+                     max_entries=rng.choice([256, 1024, 4096, 16000]))
 
 
 def test_a_resizer_killed_at_random_instants_leaves_a_cache_that_serves(name):
+    """Killed mid-compaction, mid-reindex or between: the next holder repairs to the old or the new size."""
     keys = [f"k{i}" for i in range(400)]
     ctx = mp.get_context("fork")
     with SharedCache(name, capacity_bytes=512 * KIB, max_entries=1024, create=True) as c:
@@ -219,6 +229,7 @@ def test_a_resizer_killed_at_random_instants_leaves_a_cache_that_serves(name):
             _read_back(c, keys)  # every value found is the one stored for its key
             assert c.verify().ok
             assert c.capacity_bytes in (128 * KIB, 512 * KIB, 2 * MIB)
+            assert c.limits().max_entries in (256, 1024, 4096, 16000)
 
 
 def _serve(name: str, worker: int, seconds: float, queue) -> None:
@@ -253,7 +264,8 @@ def _serve(name: str, worker: int, seconds: float, queue) -> None:
 
 @pytest.mark.parametrize("policy", ["lru", "s3fifo"])
 def test_resizes_while_processes_read_and_write(name, policy):
-    """4 processes get and put values that carry their key and checksum while this one resizes up and down."""
+    """4 processes get and put values that carry their key and checksum while this one resizes up and down, the
+    entry limit too: past the one of creation (the tables grow) and back."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with SharedCache(name, capacity_bytes=1 * MIB, max_entries=8192, create=True, policy=policy) as c:
@@ -262,9 +274,10 @@ def test_resizes_while_processes_read_and_write(name, policy):
             p.start()
         try:
             sizes = [1 * MIB, 8 * MIB, 2 * MIB, 16 * MIB, 512 * KIB]
+            limits = [8192, 40000, 1000, 131072, 2048, 9000]
             end, n = time.monotonic() + 1.2, 0
             while time.monotonic() < end:
-                c.resize(capacity_bytes=sizes[n % len(sizes)])
+                c.resize(capacity_bytes=sizes[n % len(sizes)], max_entries=limits[n % len(limits)])
                 n += 1
                 time.sleep(0.05)
             results = [queue.get(timeout=60) for _ in procs]
@@ -421,3 +434,73 @@ def test_lower_limits_evict_in_short_holds_and_long_walks_move_the_progress_word
     finally:
         c.close()
         c.unlink()
+
+
+def test_the_entry_limit_grows_past_creation_keeping_every_entry_on_both_paths(name):
+    """Version 10: max_entries up to 16 times its creation's, the index rebuilt and the tables backed as the limit
+    needs, every entry kept on the way up, the policy's choice on the way down; the other handle (the other path)
+    takes the new tables before its next call."""
+    from .workers import python_path
+
+    with SharedCache(name, capacity_bytes=4 * MIB, max_entries=500, create=True, policy="s3fifo") as c, \
+            SharedCache(name) as other:
+        python_path(other)
+        keys = [f"k{i}" for i in range(8000)]
+        _fill(c, keys[:500], nbytes=64)
+        assert len(c) == 500 and c.stats().max_entries == 500
+        c.resize(max_entries=8000)
+        assert _read_back(other, keys[:500]) == 500  # no entry lost on the way up, seen by the other path
+        _fill(other, keys[500:], nbytes=64)
+        assert len(c) == 8000 and _read_back(c, keys) == 8000 and c.verify().ok
+        other.set_limits(max_entries=300)
+        assert len(c) == 300 and _read_back(c, keys) == 300 and c.verify().ok and other.verify().ok
+        assert c.stats().resizes == 2 and c._seg.mask + 1 == other._seg.mask + 1 == 1024
+        with pytest.raises(ValueError, match="8000 entries"):
+            other.resize(max_entries=8001)
+
+
+def test_a_reindex_cut_short_is_repaired_to_the_limit_written(name, monkeypatch):
+    """An exception at each step of a reindex (as a SIGKILL would leave it, dirty set): the next call rebuilds the
+    index the checked limit needs, and every entry kept reads back as it was stored."""
+    import shmcache.table as table_module
+
+    keys = [f"k{i}" for i in range(600)]
+    for step in (1, 2):
+        calls = [0]
+        real = table_module.progressed
+
+        def cut(h, _step=step, _calls=calls):
+            _calls[0] += 1
+            if _calls[0] == _step:
+                raise RuntimeError("cut short")
+            real(h)
+
+        with SharedCache(unique_name(), capacity_bytes=1 * MIB, max_entries=400, create=True) as c:
+            _fill(c, keys[:400])
+            monkeypatch.setattr(table_module, "progressed", cut)
+            with pytest.raises(RuntimeError):
+                c.resize(max_entries=5000)
+            monkeypatch.setattr(table_module, "progressed", real)
+            assert _read_back(c, keys[:400]) == 400  # repaired first: the limit written, its index rebuilt
+            assert c.limits().max_entries == 5000 and c.verify().ok
+            _fill(c, keys)
+            assert len(c) == 600 and c.verify().ok
+            c.close()
+            SharedCache.unlink_name(c.name)
+
+
+def test_a_damaged_index_size_word_is_repaired(name):
+    """The index in force's size (header word index_slots, version 10) hit by a stray write: an attacher is not
+    misled, verify reports it, the repair restores the one the limit needs, and every value reads back."""
+    from shmcache.layout.dtypes import H_INDEX_SLOTS
+
+    keys = [f"k{i}" for i in range(300)]
+    with SharedCache(name, capacity_bytes=1 * MIB, max_entries=400, create=True) as c:
+        _fill(c, keys)
+        for garbage in (0, 3, 16, 4096, c._seg.geometry.index_slots, 2**40, -1):
+            c._h[H_INDEX_SLOTS] = garbage
+            with SharedCache(name, create=False) as attacher:
+                assert _read_back(attacher, keys) == 300
+            assert c.verify(repair_damage=True) is not None
+            assert c._h[H_INDEX_SLOTS] == 1024 and c.verify().ok
+            assert _read_back(c, keys) == 300

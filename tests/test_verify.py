@@ -199,31 +199,49 @@ def test_verify_damaged_ring_head_never_aims_a_write_outside_the_arena(name, hea
 @pytest.mark.multiprocess
 @pytest.mark.timeout(30)
 def test_verify_holder_dying_inside_set_limits_leaves_limits_enforced(name):
-    """A process killed after writing new limits but before evicting: the next locker's repair evicts."""
+    """A process killed after writing a new byte limit but before evicting: the next locker's repair evicts."""
     import multiprocessing as mp
 
     with _filled(name) as c:
+        most = c.stats().retained_bytes // 4
         ctx = mp.get_context("fork")
-        p = ctx.Process(target=_set_limits_then_die, args=(name,))
+        p = ctx.Process(target=_set_limits_then_die, args=(name, None, most))
         p.start()
         p.join(timeout=20)
         assert p.exitcode == 0
         check_value("k19", c.get("k19"))  # takes over the dead holder's lock and repairs
         s = c.stats()
-        assert s.entries == 3 and s.max_entries == 3 and s.recoveries == 1 and s.evictions == 17
-        assert c.verify().ok
-        assert all(c.get(f"k{i}") is None for i in range(16))  # the least recently used went first
+        assert s.max_retained_bytes == most and 0 < s.retained_bytes <= most and s.recoveries == 1
+        assert s.evictions == 20 - s.entries and c.verify().ok
+        assert all(c.get(f"k{i}") is None for i in range(10))  # the least recently used went first
         c.unlink()
 
 
-def _set_limits_then_die(name: str) -> None:
-    from shmcache import CacheLimits
+def test_verify_holder_dying_inside_an_entry_limit_leaves_the_old_one(name):
+    """A process killed at its first eviction for a lower entry limit (a resize of the tables, layout version 10):
+    the limit is written once the evictions are made, so the old one stays, met, and a retry sets the new one."""
+    import multiprocessing as mp
 
+    with _filled(name) as c:
+        ctx = mp.get_context("fork")
+        p = ctx.Process(target=_set_limits_then_die, args=(name, 3, None))
+        p.start()
+        p.join(timeout=20)
+        assert p.exitcode == 0
+        check_value("k19", c.get("k19"))  # takes over the dead holder's lock (and repairs, if anything is wrong)
+        s = c.stats()
+        assert (s.max_entries, s.entries) == (SMALL["max_entries"], 20) and c.verify().ok
+        c.set_limits(max_entries=3)
+        assert len(c) == 3 and all(c.get(f"k{i}") is None for i in range(16)) and c.verify().ok
+        c.unlink()
+
+
+def _set_limits_then_die(name: str, max_entries: int | None, max_retained_bytes: int | None) -> None:
     cache = SharedCache(name, create=False)
     from shmcache.table import Table
 
     Table.remove = lambda self, e: os._exit(0)  # dies at its first eviction, holding the lock
-    cache.set_limits(CacheLimits(max_entries=3, max_retained_bytes=SMALL["capacity_bytes"]))
+    cache.set_limits(max_entries=max_entries, max_retained_bytes=max_retained_bytes)
     os._exit(1)
 
 

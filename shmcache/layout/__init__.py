@@ -1,9 +1,9 @@
 """The binary layout of a shmcache segment: the one place that says where every byte lives.
 
 A segment is one POSIX shared-memory object, ``/dev/shm/shmcache.<name>`` on Linux, sized once at creation; its
-tables are backed with memory (``posix_fallocate``) at creation, its arena as blocks reach it (``arena_extent``,
-below). It holds these regions, each starting on a 64-byte boundary (``ALIGN``) so that no two regions share a
-cache line::
+tables are backed with memory (``posix_fallocate``) for the entry limit in force ("Tables", below), its arena as
+blocks reach it (``arena_extent``, below). It holds these regions, each starting on a 64-byte boundary (``ALIGN``)
+so that no two regions share a cache line::
 
     offset 0                  header        HEADER_NBYTES bytes, dtype HEADER
     geometry.index_off        index table   index_slots records of dtype INDEX_SLOT (16 bytes)
@@ -43,15 +43,32 @@ s3fifo, 2 keep) and ``ghost_slots``, both written once at creation, then s3fifo'
 ``dtypes.HEADER`` for each field.
 
 Capacity. The arena is sized at creation for the most a resize reaches (``capacity_bytes`` of line 0): address
-space, and a file that long, sparse. The ring uses its first ``Geometry.ring_nbytes(capacity)`` bytes, what the
-capacity in force needs (its bytes, a block header and padding per entry slot, 1/16 slack), and keeps its extent
-within them. A resize (``Store.resize``, under the lock) sets the limits and the capacity word together
+space, and a file that long, sparse. The ring uses its first ``Geometry.ring_nbytes(capacity, limit)`` bytes, what
+the capacity and the entry limit in force need (the bytes, a block header and padding per entry, 1/16 slack), and
+keeps its extent within them. A resize (``Store.resize``, under the lock) sets the limits and the capacity word together
 (``config.write``); where the ring wraps or reaches past the new size, it first slides every live block down to
 the arena's start in address order (``Arena.compact``: a pinned block stays, the gap before it dead). A smaller
 ring lowers the extent; each process hides its pages past it before its next locked call (``Segment.refresh``;
 the compiled section hands that over), and their memory is given back (``fallocate(PUNCH_HOLE)``) once the reads
 without the lock under way have ended (each counted in its reader slot's ``reading`` word; ``readers.quiesce``),
 since a reader that found an offset there before the resize would back a page again by touching it.
+
+Tables (version 10). The index, the entry table, its columns and the ghost are reserved for the most entries a
+resize reaches (``entry_slots``), as the arena is: address space and a sparse file. What the entry limit in force
+needs is backed with memory and shown: the index's first ``index_slots`` (line 0: ``index_for(max_entries)``), the
+ghost's as many, and of the entry table and each column the slots up to the limit, and any handed out before under a
+larger limit (``unused_next``; ``Geometry.slots_for``). Each process's mapping shows private zero pages past them
+(``Segment.show_tables``), so a slot number only damage can aim there reads zeros, never a hole of the file (which a
+full /dev/shm answers with SIGBUS). A resize that changes the limit (``Store.resize``; ``set_limits`` of another
+``max_entries`` is one) backs the larger tables first, evicts to the new limit and slides the ring where it must,
+then writes the limit and rebuilds the index at its new size from the resident entries (``Table.reindex``), under
+the dirty bracket and the readers' odd ``seq``. It counts itself in ``resizes`` before its first write, so a holder
+killed part-way leaves every process to take the tables again once the repair has settled them (a repair that
+changes them counts too). Each process keeps in its mapping's cell the index, limit and ``resizes`` it last took; a
+call that finds ``resizes`` moved takes the new tables first (``Segment.refresh_tables``; the compiled section and
+the reads without the lock hand that over), after checking them: an index that is not the one the checked limit
+needs is damage, or a resize cut short, and the repair rebuilds the index the limit needs
+(``verify._settle_index``). A smaller limit leaves the larger tables' pages backed.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
@@ -60,9 +77,9 @@ writing (``writing``) until it is done: a store cut short may have left that ent
 expiry out of step in ways no check can see (a new value with its old version, say), so the repair drops it.
 
 Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
-slots, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0) marks an empty
-slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of the encoded key.
-Deletion shifts the following cluster back, so there are no tombstones.
+limit and one, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0)
+marks an empty slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of
+the encoded key. Deletion shifts the following cluster back, so there are no tombstones.
 
 Entry table. Slot 0 is the sentinel of a circular doubly linked list (``SENTINEL``) of every resident entry. Under
 lru ``sentinel.next`` is the most recently used entry and ``sentinel.prev`` the least; under keep they are the newest
@@ -195,6 +212,12 @@ Layout versions.
          checksums, which now cover four words; ``resizes`` counts the resizes. A segment of version 8 or 7 is
          version 9 with ``capacity`` 0 (its arena's whole, checksums of three words): attached and used as it is,
          never resized.
+    10 -- tables that grow: line 0's ``entry_slots`` are what the tables are reserved for (16 times the
+         ``max_entries`` of creation: address space and a sparse file), and ``index_slots`` the index in force,
+         the one the entry limit needs (``index_for``), which a resize rewrites; the tables are backed for the
+         limit in force alone ("Tables" above), and the ring's room for block headers follows the limit. A segment
+         of version 9 is version 10 with its tables reserved for its limit of creation, all backed, its whole index
+         in force: attached and used as it is (resized within its tables), never rewritten to version 10.
 """
 
 from .dtypes import (
@@ -202,11 +225,11 @@ from .dtypes import (
     HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_COUNTER,
     MAX_KINDS, MAX_PID, MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
 )
-from .geometry import Geometry
+from .geometry import Geometry, index_for
 
 __all__ = [
     "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURE_PICKLE", "FEATURES",
-    "Geometry", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION", "LOCK_NBYTES",
-    "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION", "MAX_TTL_NS",
-    "MAX_VERSION", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
+    "Geometry", "index_for", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION",
+    "LOCK_NBYTES", "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION",
+    "MAX_TTL_NS", "MAX_VERSION", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -13,12 +13,15 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
-# 0: the arena's whole, under a configuration checksum of three words). Segments of 7 and 8 are used as they are,
-# never rewritten, and never resized.
-READ_VERSIONS = (7, 8, 9)
+# 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
+# ``entry_slots`` are the most entries it ever holds, all backed, and ``index_slots`` is the whole index (10 reserves
+# tables for the most a resize reaches, backs and uses them for the limit in force, and ``index_slots`` is the index
+# in force). Segments of 7 and 8 are used as they are, never rewritten, and never resized; 9 is resized within its
+# tables.
+READ_VERSIONS = (7, 8, 9, 10)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -81,14 +84,16 @@ def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np
 
 HEADER = _record(
     [
-        # Line 0: identity, written once at creation (magic last) and never again.
+        # Line 0: identity, written once at creation (magic last) and never again (but index_slots: a resize).
         (0, [
             ("magic", _W),           # MAGIC; written last at creation, so a half-built segment never validates
             ("version", _W),         # LAYOUT_VERSION of the creator
             ("features", _W),        # the creator's bits of FEATURES (FEATURE_PICKLE: the pickle serializer)
             ("total_nbytes", _W),    # size of the whole segment in bytes; checked against the object's real size
-            ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel
-            ("index_slots", _W),     # records in the index table, a power of two
+            ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel: the most a resize
+            #                          reaches, of which the limit's are backed (version 10)
+            ("index_slots", _W),     # records of the index table in force, a power of two: index_for(max_entries),
+            #                          rewritten by a resize that changes it (version 10; before: the whole index)
             ("arena_nbytes", _W),    # bytes in the arena
             ("capacity_bytes", _W),  # the largest capacity the arena is sized for (max_capacity_bytes): the most
             #                          a resize reaches (before version 9: the capacity, fixed)

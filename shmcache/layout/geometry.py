@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT,
-    KIND, KINDS, MARKS, MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, VERSIONS,
+    KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS,
+    VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -17,6 +18,16 @@ RESERVE_FACTOR = 16
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def index_for(max_entries: int) -> int:
+    """The index slots for an entry limit of ``max_entries``: the least power of two, 8 at least, that keeps the load
+    at or below one half with every entry slot of the limit and the sentinel counted. (The compiled section takes the
+    index in force from the mapping's cell: Segment.show_tables.)"""
+    n = 8
+    while n < 2 * (max_entries + 1):
+        n *= 2
+    return n
 
 
 def extent_step(ring_nbytes: int, most: int = EXTENT_STEP) -> int:
@@ -45,14 +56,17 @@ class Geometry:
     """Region offsets and sizes of a segment created for ``capacity_bytes``, ``max_entries`` and ``policy``."""
 
     capacity_bytes: int
-    entry_slots: int
-    index_slots: int
+    entry_slots: int  # (version 10: reserved for the most entries a resize reaches; in use up to the limit's)
+    index_slots: int  # (version 10: reserved likewise; the index in force is the header's index_slots word)
     arena_nbytes: int
     policy: int = 0  # POLICY_* (dtypes.py)
+    version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not
 
     @classmethod
-    def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0) -> Geometry:
-        """The geometry a new cache gets; raises ValueError for sizes that cannot be built."""
+    def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
+                     version: int = LAYOUT_VERSION) -> Geometry:
+        """The geometry of a segment whose arena is sized for ``capacity_bytes`` and whose tables for
+        ``max_entries`` (the most a resize reaches); raises ValueError for sizes that cannot be built."""
         for what, n in (("capacity_bytes", capacity_bytes), ("max_entries", max_entries)):
             if isinstance(n, bool) or not isinstance(n, int):
                 raise TypeError(f"{what} must be an int, got {type(n).__name__}")
@@ -62,31 +76,83 @@ class Geometry:
             raise ValueError(f"policy must be a number below {len(POLICY_NAMES)}, got {policy!r}")
         if max_entries > MAX_ENTRIES_LIMIT:
             raise ValueError(f"max_entries must be at most {MAX_ENTRIES_LIMIT}, got {max_entries}")
-        index_slots = 8
-        while index_slots < 2 * (max_entries + 1):
-            index_slots *= 2
+        index_slots = index_for(max_entries)
         # Room for every entry's block header and padding plus 1/16 slack for compaction, so that a put within the
         # limits always fits physically (see layout/__init__.py, "Arena").
         arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
-        return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy)
+        return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy, version)
 
-    def ring_nbytes(self, capacity: int) -> int:
-        """Bytes of the arena the ring uses under ``capacity`` (at most ``capacity_bytes``; 0: that): room for its
-        bytes, every entry's block header and padding, and 1/16 slack for compaction, as at creation. (twin:
-        _core_arena.c ring_nbytes)"""
+    def ring_entries(self, limit: int) -> int:
+        """The entries the ring has room for beside its bytes: the entry limit in force (``limit``) under version
+        10, whose tables a resize moves; every entry slot before it (and for a limit out of range)."""
+        if self.version >= 10 and 0 < limit <= self.max_entries:
+            return limit
+        return self.max_entries
+
+    def ring_nbytes(self, capacity: int, limit: int = 0) -> int:
+        """Bytes of the arena the ring uses under ``capacity`` (at most ``capacity_bytes``; 0: that) and the entry
+        limit ``limit`` (0: the most): room for its bytes, a block header and padding for each entry
+        (``ring_entries``), and 1/16 slack for compaction, as at creation. (twin: _core_arena.c ring_for)"""
         if not 0 < capacity <= self.capacity_bytes:
             capacity = self.capacity_bytes
-        arena = capacity + capacity // 16 + BLOCK_OVERHEAD * self.max_entries
+        arena = capacity + capacity // 16 + BLOCK_OVERHEAD * self.ring_entries(limit)
         return min(self.arena_nbytes, _round_up(arena, ALIGN))
 
-    def occupied_at_most(self, capacity: int) -> int:
-        """The most memory a segment holds under ``capacity``: its tables and the ring's arena."""
-        return self.arena_off + _round_up(self.ring_nbytes(capacity), PAGE)
+    def tables(self, index_live: int, slots: int) -> list[tuple[int, int, int]]:
+        """The regions that grow with the entry limit, as ``(offset, shown bytes, reserved bytes)``: the index's
+        first ``index_live`` slots, the ghost's in force, and the first ``slots`` of the entry table and each
+        column. The rest of each region is neither backed nor shown until a resize needs it (segment.py,
+        ``Segment.show_tables``). Before version 10 every region is shown whole."""
+        if self.version < 10:
+            index_live, slots = self.index_slots, self.entry_slots
+        ghost = max(index_live, GHOST_WAYS) if self.ghost_slots else 0
+        return [
+            (self.index_off, index_live * INDEX_SLOT.itemsize, self.index_slots * INDEX_SLOT.itemsize),
+            (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
+            (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
+            (self.versions_off, slots * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
+            (self.kinds_off, slots * KINDS.itemsize, self.entry_slots * KINDS.itemsize),
+            (self.pins_off, slots * PINS.itemsize, self.entry_slots * PINS.itemsize),
+            (self.marks_off, slots * MARKS.itemsize, self.entry_slots * MARKS.itemsize),
+            (self.ghost_off, min(ghost, self.ghost_slots) * GHOST.itemsize, self.ghost_slots * GHOST.itemsize),
+        ]
 
-    def initial_extent(self, capacity: int = 0) -> int:
-        """Bytes of the arena a new segment of ``capacity`` (0: the whole) backs with memory: the rest is backed as
-        blocks need it."""
-        ring = self.ring_nbytes(capacity)
+    def backed(self, index_live: int, slots: int, extent: int) -> list[tuple[int, int]]:
+        """The byte ranges of the file a segment backs with memory when its index in force has ``index_live`` slots,
+        ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table and the
+        reader slots whole, the tables' shown parts (``tables``), the arena's first ``extent`` bytes. Ranges are
+        page aligned outwards (a page holding any of a range is backed whole) and merged."""
+        parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.arena_off)]
+        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots) if shown]
+        parts.append((self.arena_off, self.arena_off + extent))
+        out: list[tuple[int, int]] = []
+        for start, stop in sorted((start // PAGE * PAGE, _round_up(stop, PAGE)) for start, stop in parts):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], stop))
+            else:
+                out.append((start, stop))
+        return [(start, min(stop, self.total_nbytes)) for start, stop in out]
+
+    def slots_for(self, limit: int, unused_next: int) -> int:
+        """The entry slots a segment shows under an entry limit of ``limit``: every slot the limit may hand out
+        (and the sentinel), and every slot handed out before (``unused_next``, under a larger limit), within the
+        table. Before version 10: all."""
+        if self.version < 10:
+            return self.entry_slots
+        return max(1, min(self.entry_slots, max(limit + 1, unused_next)))
+
+    def occupied_at_most(self, capacity: int, limit: int | None = None) -> int:
+        """The most memory a segment holds under ``capacity`` and an entry limit of ``limit`` (None: the most):
+        its tables' shown parts and the ring's arena."""
+        limit = self.max_entries if limit is None or self.version < 10 else min(limit, self.max_entries)
+        live = min(index_for(limit), self.index_slots)
+        ring = _round_up(self.ring_nbytes(capacity, limit), PAGE)
+        return sum(stop - start for start, stop in self.backed(live, self.slots_for(limit, 0), ring))
+
+    def initial_extent(self, capacity: int = 0, limit: int = 0) -> int:
+        """Bytes of the arena a new segment of ``capacity`` (0: the whole) and entry limit ``limit`` (0: the most)
+        backs with memory: the rest is backed as blocks need it."""
+        ring = self.ring_nbytes(capacity, limit)
         return min(ring, extent_step(ring))
 
     @property
