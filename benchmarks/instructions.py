@@ -356,7 +356,9 @@ def main(argv=None) -> int:
                 cells.append(f"{net:16,.0f}" + (f" {ns:8,.0f}" if args.wall else ""))
             except (subprocess.CalledProcessError, RuntimeError) as exc:
                 cells.append(f"{'error':>16s}" + (f" {'':8s}" if args.wall else ""))
-                print(f"{case} ({policy}): {exc}", file=sys.stderr)
+                # (the child's own error, its traceback's end: what failed, not only that it did)
+                said = getattr(exc, "stderr", None) or ""
+                print(f"{case} ({policy}): {exc}" + (f"\n{said[-2000:]}" if said else ""), file=sys.stderr)
         print(f"{case:16s} " + " ".join(cells) + f"  {CASES[case]}", flush=True)
     return 0
 
