@@ -504,3 +504,26 @@ def test_a_damaged_index_size_word_is_repaired(name):
             assert c.verify(repair_damage=True) is not None
             assert c._h[H_INDEX_SLOTS] == 1024 and c.verify().ok
             assert _read_back(c, keys) == 300
+
+
+def test_tables_that_cannot_be_backed_refuse_the_resize_and_change_nothing(name, monkeypatch):
+    """A larger entry limit on a full /dev/shm: NoSpaceError before anything is written (the tables are backed
+    first), the cache as it was and still usable; once there is room, the same resize goes through."""
+    from shmcache import NoSpaceError, space
+
+    keys = [f"k{i}" for i in range(200)]
+    with SharedCache(name, capacity_bytes=1 * MIB, max_entries=200, create=True) as c:
+        _fill(c, keys)
+        before = c.stats()
+        real = space.back
+        monkeypatch.setattr(space, "back", lambda fd, start, stop: "1.0 MiB more shared memory were needed")
+        with pytest.raises(NoSpaceError, match="tables"):
+            c.resize(max_entries=3000)
+        monkeypatch.setattr(space, "back", real)
+        s = c.stats()
+        assert (s.max_entries, s.entries, s.resizes) == (200, before.entries, before.resizes)
+        assert _read_back(c, keys) == before.entries and c.verify().ok
+        c.resize(max_entries=3000)
+        c.resize(capacity_bytes=4 * MIB)
+        _fill(c, [f"more{i}" for i in range(2000)], nbytes=64)
+        assert len(c) == 2000 + before.entries and c.verify().ok
