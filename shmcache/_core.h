@@ -128,7 +128,7 @@ typedef struct {
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
         h_small_first, h_small, h_ghost_clock, h_not_admitted, h_promoted, h_ghost_hits, h_seq, h_arena_extent,
-        h_capacity, h_resizes;
+        h_capacity, h_resizes, h_index_slots;
     /* constants */
     int64_t block_header, block_align, max_block, len_mask, owner_shift, empty, nil, sentinel, never, max_ttl,
         max_version, kind_prefix, pin_base, check_mask, tag_bytes, tag_msgpack, tag_array, tag_tensor, tag_pickle;
@@ -142,8 +142,10 @@ typedef struct {
 /* The index in force's slots less one, and the ghost's words in force (s3fifo), from the tables this mapping took. */
 #define IXMASK(c) ((c)->tables[0] - 1)
 #define GHOST_LIVE(c) ((c)->tables[0] < GHOST_WAYS ? GHOST_WAYS : (c)->tables[0])
-#define SLOT_OK(e) ((e) > 0 && (e) < c->slots)       /* a real entry slot (not the sentinel) */
-#define LINK_OK(e) ((e) >= 0 && (e) < c->slots)      /* an entry slot or the sentinel */
+/* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
+ * it) would be read as this process's own zero pages, and written there unseen by the others. */
+#define SLOT_OK(e) ((e) > 0 && (e) < c->tables[1])       /* a real entry slot (not the sentinel) */
+#define LINK_OK(e) ((e) >= 0 && (e) < c->tables[1])      /* an entry slot or the sentinel */
 #define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)
 /* Counters: added in unsigned arithmetic, so that damaged words wrap instead of overflowing (undefined in C). */
 #define ADD(p, d) ((p) = (int64_t)((uint64_t)(p) + (uint64_t)(int64_t)(d)))

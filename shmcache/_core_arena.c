@@ -126,7 +126,9 @@ static inline int hidden(Core *c)
 {
     if (c->shown == NULL) /* (version 10: no tables taken; core.bind always gives the mapping's cell) */
         return c->ring_follows;
-    return (HW(arena_extent) != *c->shown && extent(c) != *c->shown) || HW(resizes) != c->tables[2];
+    /* (the index and the limit as well as the count: a damaged count may come back to the one taken) */
+    return (HW(arena_extent) != *c->shown && extent(c) != *c->shown) || HW(resizes) != c->tables[2]
+           || HW(index_slots) != c->tables[0] || HW(max_entries) != c->tables[3];
 }
 
 /* A locked section's refusal to start: the dirty word set (a repair first), or part of the arena hidden. */

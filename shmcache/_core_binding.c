@@ -209,6 +209,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_ARENA_EXTENT", &c->h_arena_extent, hw_limit) || take(d, "EXTENT_STEP", &c->extent_step)
         || take_word(d, "H_CAPACITY", &c->h_capacity, hw_limit) || take(d, "capacity_bytes", &c->capacity_most)
         || take_word(d, "H_RESIZES", &c->h_resizes, hw_limit)
+        || take_word(d, "H_INDEX_SLOTS", &c->h_index_slots, hw_limit)
         || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead)
         || take(d, "ring_follows", &ring_follows))
         return -1;

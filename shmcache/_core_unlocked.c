@@ -124,7 +124,10 @@ static inline int hidden_unlocked(Core *c)
 {
     if (c->shown == NULL)
         return c->ring_follows; /* (version 10 without the tables taken: the locked path, which hands over) */
-    if (RD(HW(resizes)) != c->tables[2]) /* the tables moved: a key may be past what this mapping shows */
+    /* The tables moved: a key may be past what this mapping shows. (The index's size too, on a line no put writes: a
+     * damaged count may come back to the one taken. The limit is on the occupancy's line, which every put writes:
+     * not read here; a slot past those shown fails SLOT_OK, and the locked path takes the tables.) */
+    if (RD(HW(resizes)) != c->tables[2] || RD(HW(index_slots)) != c->tables[0])
         return 1;
     int64_t ext = RD(HW(arena_extent));
     return ext != *c->shown && extent_in(ext, ring_for(c, RD(HW(capacity)))) != *c->shown;

@@ -82,9 +82,10 @@ def problems(h, g) -> list[str]:
     return []
 
 
-def restore(h, g) -> bool:
+def restore(h, g, entries: int | None = None) -> bool:
     """Put the configuration right (the lock held): from the words if they check, else from the copy, else no
-    default expiry and the capacity as the limits. Whether anything was wrong."""
+    default expiry, the capacity as the byte limit and ``entries`` (None: the geometry's most) as the entry limit.
+    Whether anything was wrong."""
     words, saved, cap = tuple(h[w] for w in _WORDS), tuple(h[w] for w in _SAVED), h[H_CAPACITY]
     words_ok, saved_ok = _valid(g, words, h[H_CONFIG_CHECK], cap), _valid(g, saved, h[H_SAVED_CHECK], cap)
     if words_ok and saved_ok and words == saved:
@@ -100,5 +101,6 @@ def restore(h, g) -> bool:
         ttl, max_entries, max_retained = words if words_ok else saved
         write(h, ttl, max_entries, max_retained, cap)
     else:
-        write(h, 0, g.max_entries, g.capacity_bytes, g.capacity_bytes if cap else 0)
+        most = g.max_entries if entries is None or not 0 < entries <= g.max_entries else entries
+        write(h, 0, most, g.capacity_bytes, g.capacity_bytes if cap else 0)
     return True

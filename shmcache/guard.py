@@ -24,7 +24,8 @@ from typing import NoReturn
 from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import (
-    H_ARENA_EXTENT, H_DIRTY, H_RESIZES, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_RECOVERIES,
+    H_ARENA_EXTENT, H_DIRTY, H_INDEX_SLOTS, H_MAX_ENTRIES, H_RESIZES, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS,
+    H_RECOVERIES,
 )
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
@@ -149,7 +150,8 @@ class Guard:
             self.enter(waited)
             entered = True
             h, shown = self.h, self.shown
-            if self.closed or h[H_DIRTY] or h[H_ARENA_EXTENT] != shown[0] or h[H_RESIZES] != shown[3]:
+            if (self.closed or h[H_DIRTY] or h[H_ARENA_EXTENT] != shown[0] or h[H_RESIZES] != shown[3]
+                    or h[H_INDEX_SLOTS] != shown[1] or h[H_MAX_ENTRIES] != shown[4]):  # (twin: _core_arena.c hidden)
                 self.admit()
             result = fn(*args)
             close_seq(self.h)

@@ -367,24 +367,26 @@ class Segment:
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
         self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
-        self.mask, self.limit = g.index_slots - 1, g.max_entries
+        # The cell's words as plain ints, for the Python path: the index's mask and the limit in force, and the entry
+        # slots shown (a slot number at or past them is damage: Table.slots).
+        self.mask, self.limit, self.slots_shown = g.index_slots - 1, g.max_entries, g.entry_slots
         if self.version >= 10:
-            self._tables_shown = (0, 0)
+            self._tables_shown, self.slots_shown = (0, 0), 1  # (nothing shown yet: show_tables below)
             for off, shown, reserved in g.tables(0, 0):
                 self._veil_range(off + shown, off + reserved)
             if tables is None:  # attaching (without the lock): the header's limit and the index it needs
                 h = self.header_words
                 limit = h[d.H_MAX_ENTRIES]
-                if not 0 < limit <= g.max_entries:
-                    limit = 1
-                live = min(layout.index_for(limit), g.index_slots)
-                # Words that do not agree (damage, a resize under way, a holder that died in one) are taken and
-                # checked again by the first call, under the lock (refresh_tables): damage is repaired there.
+                live = min(layout.index_for(limit), g.index_slots) if 0 < limit <= g.max_entries else 8
+                # Words that do not agree (damage, a resize under way, a holder that died in one) are not backed
+                # for: the least, which creation backed, taken again and checked by the first call, under the lock
+                # (refresh_tables; damage is repaired there).
                 if h[d.H_INDEX_SLOTS] != live or h[d.H_DIRTY] or config.problems(h, g):
                     self.shown[3] = -1
+                    live, limit = 8, 1
                 try:
-                    self.show_tables(live, limit, h[d.H_UNUSED_NEXT])
-                except NoSpaceError:  # not backed (damage): the least, which creation backed; refresh tries again
+                    self.show_tables(live, limit, self.slots_in_use())
+                except NoSpaceError:  # not backed (damage): the least; refresh_tables tries again
                     self.show_tables(8, 1, 0)
                     self.shown[3] = -1
             else:
@@ -431,7 +433,7 @@ class Segment:
             first, end = (off + was) // _PAGE * _PAGE, -(-(off + now) // _PAGE) * _PAGE
             _remap(self._base + first, min(end, g.total_nbytes) - first, self.fd, first)
         self._tables_shown = (to_index, to_slots)
-        self.shown[2] = to_slots
+        self.shown[2] = self.slots_shown = to_slots
         if not adopt:
             return
         self.shown[1], self.shown[4] = live, limit
@@ -459,9 +461,31 @@ class Segment:
                 # (what this mapping has already is used as it is: verify judges it, as it judges any word)
                 if h[d.H_DIRTY] or config.problems(h, g) or live != layout.index_for(limit) or live > g.index_slots:
                     return False
-                self.show_tables(live, limit, unused)
+                if self.slots_in_use() < unused:
+                    return False  # slots handed out that nobody wrote: a damaged word, which the repair puts back
+                try:
+                    self.show_tables(live, limit, unused)
+                except NoSpaceError:
+                    return False  # (what another process backed is backed: only damage asks for more)
+        else:  # (the tables never move: the words the test of every call compares, as they are)
+            self.shown[4] = self.limit = h[d.H_MAX_ENTRIES]
         self.shown[3] = resizes
         return True
+
+    def slots_in_use(self) -> int:
+        """The header's ``unused_next`` as a number to trust: within the table, and past the slots this mapping
+        shows only as far as the entry table's pages hold data in the file (a slot is handed out only to be written,
+        so every page of slots handed out was; asked of the file itself, ``space.first_hole``). A damaged word must
+        not make a process back pages nobody used, nor show one never backed."""
+        h, g = self.header_words, self.geometry
+        unused = h[d.H_UNUSED_NEXT]
+        if not 1 <= unused <= g.entry_slots:
+            return self.slots_shown
+        if unused <= self.slots_shown:
+            return unused
+        stop = g.entries_off + unused * d.ENTRY.itemsize
+        hole = space.first_hole(self.fd, g.entries_off, stop)
+        return unused if hole >= stop else max(self.slots_shown, (hole - g.entries_off) // d.ENTRY.itemsize)
 
     # ((capacity word, entry limit in force), ring bytes) last computed: every allocation asks, a resize changes it.
     # None: none yet (any int is a value the word may hold, damaged: -1 would pass for one computed)

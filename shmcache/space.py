@@ -82,6 +82,18 @@ def back(fd: int, start: int, stop: int) -> str | None:
     return None
 
 
+def first_hole(fd: int, start: int, stop: int) -> int:
+    """The offset of the first hole of the file open as ``fd`` in ``[start, stop)``, or ``stop`` where there is none
+    (``lseek(SEEK_HOLE)``; a system that cannot tell: ``stop``). On tmpfs a hole is a page never written: one
+    allocated (``posix_fallocate``) but never written reads as a hole too."""
+    if stop <= start:
+        return stop
+    try:
+        return min(os.lseek(fd, start, os.SEEK_HOLE), stop)
+    except (OSError, AttributeError):
+        return stop
+
+
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _fallocate = getattr(_libc, "fallocate", None)

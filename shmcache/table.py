@@ -61,7 +61,6 @@ class Table:
         self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
-        self.slots = g.entry_slots
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
                           self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring)
 
@@ -69,6 +68,13 @@ class Table:
     def mask(self) -> int:
         """The index in force's slots less one (a resize changes it: Segment.show_tables)."""
         return self.seg.mask
+
+    @property
+    def slots(self) -> int:
+        """The entry slots this mapping shows: every slot handed out is below it, and one at or past it (only damage
+        names it) is refused as out of range, never read or written as this process's own zero pages. (twin:
+        _core.h SLOT_OK)"""
+        return self.seg.slots_shown
 
     @property
     def ghost(self) -> memoryview:
@@ -140,8 +146,7 @@ class Table:
             e = h[H_FREE_HEAD]
             if e == NIL:
                 e = h[H_UNUSED_NEXT]
-                # (past the slots this mapping shows: only damage puts it there; twin: _core_table.c)
-                if not 0 < e < min(self.slots, self.seg.shown[2]):
+                if not 0 < e < self.slots:
                     raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
             elif not 0 < e < self.slots or ent[e * _W + E_CHECK]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")

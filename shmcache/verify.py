@@ -396,11 +396,15 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
 def repair(seg) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
-    tables = h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]  # (as the other processes may have taken them)
+    if seg.version >= 10 and (config.problems(h, g) or h[H_INDEX_SLOTS] != index_for(h[H_MAX_ENTRIES])
+                              or (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) != (seg.mask + 1, seg.limit)):
+        # The limit or the index may move: counted first, so that a holder killed from here on leaves every process
+        # to take the tables again once a repair has settled them.
+        _count_resize(h)
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
-    _settle_index(seg, tables)  # then the index the restored limit needs: the rebuild fills it
+    _settle_index(seg)  # then the index the restored limit needs: the rebuild fills it
     slots = g.entry_slots
-    unused = block.handed_out(h, slots)
+    unused = min(block.handed_out(h, slots), seg.slots_shown)  # (past the slots shown: none handed out)
     listed = _walk_lru(h, ent, slots, _Problems())
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
@@ -448,7 +452,9 @@ def _repair_words(seg) -> None:
     h = seg.header_words
     for w, v in _identity(seg.geometry, seg.features, seg.version).items():
         h[w] = v
-    config.restore(h, seg.geometry)  # the default time to live and the limits: from whichever copy checks
+    # The default time to live and the limits: from whichever copy checks; else the capacity as the byte limit and
+    # the entry limit this mapping holds (version 10: not the most its tables reach, which would back all of them).
+    config.restore(h, seg.geometry, seg.limit if seg.version >= 10 else None)
     ranges = header_ranges(seg.geometry, seg.features, seg.version)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
@@ -457,31 +463,34 @@ def _repair_words(seg) -> None:
             h[w] = 0
 
 
-def _settle_index(seg, tables: tuple[int, int] | None = None) -> None:
+def _count_resize(h) -> None:
+    """One more in ``resizes`` (1 after a value out of range): every process takes the tables again."""
+    r = h[H_RESIZES]
+    h[H_RESIZES] = r + 1 if 0 <= r < MAX_COUNTER - 1 else 1
+
+
+def _settle_index(seg) -> None:
     """Version 10: make the index in force the one the entry limit needs (``index_for``), shown in this mapping with
     the entry slots handed out. Where /dev/shm cannot back it (a resize that raised the limit died before it backed
     the tables), the largest index this mapping shows is kept and the limit lowered to what it holds. The words
-    only: the caller rebuilds the index (or empties it). ``tables``: the index and limit words before the repair
-    touched them (None: as they are); where they end otherwise, ``resizes`` moves, so every process takes them."""
+    only: the caller rebuilds the index (or empties it), and has counted a resize where the words may move (a
+    lowered limit here counts itself)."""
     h, g = seg.header_words, seg.geometry
     if seg.version < 10:
         return
-    before = (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) if tables is None else tables
-    resizes = h[H_RESIZES]
     limit = h[H_MAX_ENTRIES]  # (config.restore made it one to trust)
     live = min(index_for(limit), g.index_slots)
-    unused = block.handed_out(h, g.entry_slots)
+    unused = seg.slots_in_use()  # (a damaged unused_next backs nothing: the repair puts it back from the entries)
     try:
         seg.show_tables(live, limit, unused)
     except NoSpaceError:
+        # What this mapping shows is backed: the index and the limit it holds, nothing more shown.
         live = seg.shown_index()
-        limit = min(limit, live // 2 - 1, seg.shown[2] - 1)
+        limit = min(limit, live // 2 - 1, seg.slots_shown - 1)
+        _count_resize(h)  # (first: the limit moves)
         config.set_limits(h, limit, h[H_MAX_RETAINED])
-        seg.show_tables(live, limit, unused, backed=True)
+        seg.show_tables(live, limit, min(unused, seg.slots_shown), backed=True)
     h[H_INDEX_SLOTS] = live
-    if (live, limit) != before:
-        # Every process takes the tables again before its next call (the ring follows the limit): as a resize.
-        h[H_RESIZES] = resizes + 1 if 0 <= resizes < MAX_COUNTER - 1 else 1
     seg.refresh()  # (the ring follows the limit: what this mapping shows of the arena, judged again)
 
 
@@ -489,7 +498,8 @@ def settle_tables(seg) -> None:
     """After an emptying (``Table.reset``, when a repair failed part-way): the index in force the limit needs
     (``_settle_index``), counted as a resize whatever it was (the repair may have moved the limit before it failed),
     and this mapping's record of the tables taken from the header as they now are."""
-    _settle_index(seg, (-1, -1))
+    _count_resize(seg.header_words)
+    _settle_index(seg)
     seg.shown[3] = seg.header_words[H_RESIZES]
 
 

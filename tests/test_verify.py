@@ -549,7 +549,10 @@ def test_verify_a_damaged_configuration_word_is_found_and_restored(name, what, u
         word, bad = CONFIG_DAMAGE[what]
         c._seg.header_words[word] = bad
         report = c.verify()
-        assert not report.ok and any("configuration" in p for p in report.problems), report.problems
+        if word == d.H_MAX_ENTRIES:  # the tables follow the limit: the next call (verify's) takes them, and repairs
+            assert report.ok and c.stats().recoveries == 1, report.problems
+        else:
+            assert not report.ok and any("configuration" in p for p in report.problems), report.problems
         if undo == "verify":
             c.verify(repair_damage=True)
         elif undo == "clear":

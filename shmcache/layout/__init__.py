@@ -65,10 +65,14 @@ then writes the limit and rebuilds the index at its new size from the resident e
 the dirty bracket and the readers' odd ``seq``. It counts itself in ``resizes`` before its first write, so a holder
 killed part-way leaves every process to take the tables again once the repair has settled them (a repair that
 changes them counts too). Each process keeps in its mapping's cell the index, limit and ``resizes`` it last took; a
-call that finds ``resizes`` moved takes the new tables first (``Segment.refresh_tables``; the compiled section and
-the reads without the lock hand that over), after checking them: an index that is not the one the checked limit
-needs is damage, or a resize cut short, and the repair rebuilds the index the limit needs
-(``verify._settle_index``). A smaller limit leaves the larger tables' pages backed.
+call that finds any of the three words moved (the count alone could come back, damaged, to the one taken) takes the
+new tables first (``Segment.refresh_tables``; the compiled section hands that over, and its reads without the lock
+check the count and the index, on lines no put writes), after checking them: an index that is not the one the
+checked limit needs is damage, or a resize cut short, and the repair rebuilds the index the limit needs
+(``verify._settle_index``). A slot number at or past the slots a mapping shows is out of range there, as one past the
+table is, and ``unused_next`` is trusted past them only as far as the entry table's pages hold data in the file
+(``Segment.slots_in_use``): a damaged word never backs or shows a page nobody wrote. A smaller limit leaves the
+larger tables' pages backed.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
