@@ -19,7 +19,7 @@ from .codec import (
 from .errors import CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
 from .guard import updating
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_COUNTER, MAX_TTL_NS, SENTINEL, index_for
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, index_for
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -29,7 +29,7 @@ from .layout.dtypes import (
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
 from .table import pinned_error
-from .verify import header_problems
+from .verify import count_resize, header_problems
 
 _W = ENTRY_WORDS
 _SECOND_NS = 10**9  # the resolution of the time of the last store (H_LAST_PUT)
@@ -478,7 +478,7 @@ class Store:
         # Counted first: a holder killed from here on leaves ``resizes`` moved, so that every process takes the
         # tables again (Segment.refresh_tables) once the repair has settled them, whichever limit that keeps.
         counted = h[H_RESIZES]
-        h[H_RESIZES] = counted + 1 if 0 <= counted < MAX_COUNTER - 1 else 1
+        count_resize(h)
         try:
             # First the byte limit, under the capacity in force, and evictions to the new entry limit (written last:
             # the ring's size follows it, so it moves only once the blocks are where the new ring has them): what no

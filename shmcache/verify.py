@@ -400,7 +400,7 @@ def repair(seg) -> int:
                               or (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) != (seg.mask + 1, seg.limit)):
         # The limit or the index may move: counted first, so that a holder killed from here on leaves every process
         # to take the tables again once a repair has settled them.
-        _count_resize(h)
+        count_resize(h)
     _repair_words(seg)  # first: the counters it puts back in range are counted in below
     _settle_index(seg)  # then the index the restored limit needs: the rebuild fills it
     slots = g.entry_slots
@@ -463,7 +463,7 @@ def _repair_words(seg) -> None:
             h[w] = 0
 
 
-def _count_resize(h) -> None:
+def count_resize(h) -> None:
     """One more in ``resizes`` (1 after a value out of range): every process takes the tables again."""
     r = h[H_RESIZES]
     h[H_RESIZES] = r + 1 if 0 <= r < MAX_COUNTER - 1 else 1
@@ -487,7 +487,7 @@ def _settle_index(seg) -> None:
         # What this mapping shows is backed: the index and the limit it holds, nothing more shown.
         live = seg.shown_index()
         limit = min(limit, live // 2 - 1, seg.slots_shown - 1)
-        _count_resize(h)  # (first: the limit moves)
+        count_resize(h)  # (first: the limit moves)
         config.set_limits(h, limit, h[H_MAX_RETAINED])
         seg.show_tables(live, limit, min(unused, seg.slots_shown), backed=True)
     h[H_INDEX_SLOTS] = live
@@ -498,7 +498,7 @@ def settle_tables(seg) -> None:
     """After an emptying (``Table.reset``, when a repair failed part-way): the index in force the limit needs
     (``_settle_index``), counted as a resize whatever it was (the repair may have moved the limit before it failed),
     and this mapping's record of the tables taken from the header as they now are."""
-    _count_resize(seg.header_words)
+    count_resize(seg.header_words)
     _settle_index(seg)
     seg.shown[3] = seg.header_words[H_RESIZES]
 

@@ -337,12 +337,7 @@ def test_layout_version_9_segment_is_used_and_resized_within_its_tables(name, mo
     repair."""
     from .workers import python_path
 
-    _old_tables(monkeypatch)
-    with SharedCache(name, capacity_bytes=2**20, max_capacity_bytes=2**22, max_entries=256, create=True) as c:
-        g = c._seg.geometry
-        c["old"] = b"kept"
-        _as_made_by(c, 9)
-    monkeypatch.undo()
+    g = _old_segment(name, monkeypatch, 9, capacity_bytes=2**20, max_capacity_bytes=2**22)
     for path in ("compiled", "python"):
         with SharedCache(name, create=False) as c:
             if path == "python":
@@ -363,6 +358,18 @@ def test_layout_version_9_segment_is_used_and_resized_within_its_tables(name, mo
             assert (h[d.H_VERSION], h[d.H_INDEX_SLOTS]) == (9, g.index_slots) and c.verify().ok
 
 
+def _old_segment(name: str, monkeypatch, version: int, **sizes):
+    """A segment of 256 entries holding ``old``, made as layout ``version`` made it (``_old_tables``,
+    ``_as_made_by``); its geometry."""
+    _old_tables(monkeypatch)
+    with SharedCache(name, max_entries=256, create=True, **sizes) as c:
+        g = c._seg.geometry
+        c["old"] = b"kept"
+        _as_made_by(c, version)
+    monkeypatch.undo()
+    return g
+
+
 def _as_made_by(c, version: int) -> None:
     """Rewrite ``c``'s segment (made with max_capacity_bytes equal to its capacity, and its tables as version 9
     made them: ``_old_tables``) as layout ``version`` (9, 8 or 7) made it: 8 and 7 without a capacity word, their
@@ -381,11 +388,7 @@ def _as_made_by(c, version: int) -> None:
 
 
 def test_layout_version_8_segment_is_used_as_it_is_and_not_resized(name, monkeypatch):
-    _old_tables(monkeypatch)
-    with SharedCache(name, capacity_bytes=2**20, max_capacity_bytes=2**20, max_entries=256, create=True) as c:
-        c["old"] = b"kept"
-        _as_made_by(c, 8)
-    monkeypatch.undo()
+    _old_segment(name, monkeypatch, 8, capacity_bytes=2**20, max_capacity_bytes=2**20)
     with SharedCache(name, create=False) as c:
         assert c._seg.version == 8 and c.capacity_bytes == 2**20 and c["old"] == b"kept"
         for i in range(300):
@@ -404,13 +407,7 @@ def test_layout_version_7_segment_is_used_as_it_is(name, monkeypatch):
     on both paths, its whole arena shown, and never rewritten to version 8, not even by a repair."""
     from .workers import python_path
 
-    _old_tables(monkeypatch)
-    with SharedCache(name, capacity_bytes=2 * 2**20, max_capacity_bytes=2 * 2**20, max_entries=256,
-                     create=True) as c:
-        g = c._seg.geometry
-        c["old"] = b"kept"
-        _as_made_by(c, 7)
-    monkeypatch.undo()
+    g = _old_segment(name, monkeypatch, 7, capacity_bytes=2 * 2**20, max_capacity_bytes=2 * 2**20)
     for path in ("compiled", "python"):
         with SharedCache(name, create=False) as c:
             if path == "python":
