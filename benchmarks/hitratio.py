@@ -208,6 +208,166 @@ class S3FIFOLibCacheSim(S3FIFO):
     fill_main = True
 
 
+class Auto:
+    """The adaptive policy (SharedCache's ``policy="auto"``), as its integer rules run in the segment: a small
+    window FIFO that every new key enters, a main CLOCK queue (2-bit counters, as S3-FIFO's main), and a frequency
+    filter between them, with the window's share climbed to the hit ratio. This is Caffeine's adaptive W-TinyLFU
+    (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS 2017; the climber
+    of Caffeine's BoundedLocalCache) on FIFO queues, so that a hit only raises a counter and a sketch: nothing moves.
+
+    - Every lookup of a key, hit or miss, adds to a count-min sketch of 4-bit counters (4 of them per key, in one
+      64-byte block chosen by the key's fingerprint; the first block of the sketch holds the policy's state words,
+      and a key whose block is 0 uses block 1). Every PERIOD_PER_ENTRY x entries lookups every counter is halved.
+    - A hit raises the entry's 2-bit counter. A miss puts the key at the window's front.
+    - Room is made from the window while it holds its target or more (or main is empty): its oldest entry goes to
+      main if it was hit there (or is pinned), or if the window is over its target (the climber lowered it, and
+      Caffeine's window gives main what it no longer holds); else the frequency of its key is compared with that of
+      main's next victim (main's oldest with its counter at 0, the others reinserted with one less, as S3-FIFO's
+      main does): the candidate replaces the victim only if its frequency is more than ADMIT_MARGIN above the
+      victim's (a loop or a scan, where every key is as frequent as the next, keeps main as it is: "keep"'s
+      behaviour), and goes otherwise. With the window below its target, main's victim goes.
+    - A new key that finds the window at its target and no eviction to make (the cache is filling) pushes the
+      window's oldest into main.
+    - The climber, checked every CHECK_EVERY admissions once a period of lookups has passed: the hit ratio of the
+      period against the last one's (the first period only measures: from a cold start any change looks like a
+      gain); better, the window's target moves on by the step, worse, it moves back; the
+      step shrinks by 2 % a period, and restarts at 6.25 % of the entries when the ratio moves by 5 points.
+    """
+
+    name = "auto"
+    WINDOW_PERCENT = 1  # the window's first target: 1 % of the entries (at least one)
+    ADMIT_MARGIN = 1
+    PERIOD_PER_ENTRY = 10
+    CHECK_EVERY = 64
+    STEP_PER_10000 = 625  # the climber's restarting step: 6.25 % of the entries
+    RESTART_PPM = 50_000  # a change of hit ratio that restarts the step: 5 points
+    DECAY_PERCENT = 98
+    UNIT = 1024  # the step is kept in 1/1024 entries
+
+    def __init__(self, size: int) -> None:
+        from shmcache.codec import encode_key, fingerprint
+        from shmcache.layout.geometry import index_for
+
+        self.size = size
+        self._fp = lambda key: fingerprint(encode_key(str(key)))
+        self.fps: dict = {}
+        self.blocks = max(index_for(size), 16) // 8
+        self.sketch = [0] * (self.blocks * 8)
+        self.window: OrderedDict = OrderedDict()  # key -> counter, oldest first
+        self.main: OrderedDict = OrderedDict()
+        self.target = 0  # the window's target as stored: 0 is the first one (WINDOW_PERCENT)
+        self.step = 0  # 0: the restarting step, towards a larger window
+        self.last_ppm = 0
+        self.requests = self.hits = self.requests0 = self.hits0 = 0
+        self.admitted = 0
+        self.periods = self.preferred = self.refused = 0  # as the cache counts them (stats().filter_*)
+
+    def fingerprint(self, key) -> int:
+        fp = self.fps.get(key)
+        if fp is None:
+            fp = self.fps[key] = self._fp(key)
+        return fp
+
+    def counters(self, fp: int) -> Iterator[tuple[int, int]]:
+        """The (word, shift) of each of the key's 4 counters."""
+        b = fp & (self.blocks - 1) or 1
+        for i in range(4):
+            yield b * 8 + 2 * i + ((fp >> (32 + i)) & 1), ((fp >> (36 + 4 * i)) & 15) * 4
+
+    def add(self, fp: int) -> None:
+        sketch = self.sketch
+        for w, shift in self.counters(fp):
+            if (sketch[w] >> shift) & 15 < 15:
+                sketch[w] += 1 << shift
+
+    def frequency(self, fp: int) -> int:
+        sketch = self.sketch
+        return min((sketch[w] >> shift) & 15 for w, shift in self.counters(fp))
+
+    def window_target(self) -> int:
+        c = self.size
+        t = self.target or c * self.WINDOW_PERCENT // 100
+        return min(max(1, t), max(1, c - 1))
+
+    def access(self, key) -> bool:
+        fp = self.fingerprint(key)
+        self.requests += 1
+        for queue in (self.window, self.main):
+            m = queue.get(key)
+            if m is not None:
+                queue[key] = min(m + 1, 3)
+                self.add(fp)
+                self.hits += 1
+                return True
+        self.add(fp)
+        if self.admitted % self.CHECK_EVERY == 0:
+            self.climb()
+        self.admitted += 1
+        if len(self.window) + len(self.main) >= self.size:
+            self.evict_one()
+        if len(self.window) >= self.window_target():
+            k, _ = self.window.popitem(last=False)  # the cache is filling: the window's oldest to main
+            self.main[k] = 0
+        self.window[key] = 0
+        return False
+
+    def climb(self) -> None:
+        dr, dh = self.requests - self.requests0, self.hits - self.hits0
+        if dr < self.PERIOD_PER_ENTRY * self.size:
+            return
+        ppm = dh * 1_000_000 // dr
+        change = ppm - self.last_ppm
+        if not self.periods:  # the first period has nothing to be compared with: it is the baseline
+            self.last_ppm = ppm
+            self.requests0, self.hits0 = self.requests, self.hits
+            self.periods += 1
+            self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
+            return
+        restart = max(self.UNIT, self.size * self.STEP_PER_10000 // 10000 * self.UNIT)
+        amount = self.step or restart
+        if change < 0:
+            amount = -amount
+        if abs(change) >= self.RESTART_PPM:
+            step = restart if amount >= 0 else -restart
+        else:
+            step = abs(amount) * self.DECAY_PERCENT // 100
+            step = step if amount >= 0 else -step
+        self.step = step  # decayed to 0 (hundreds of periods): the next period restarts
+        moved = abs(amount) // self.UNIT
+        self.target = min(max(1, self.window_target() + (moved if amount >= 0 else -moved)), max(1, self.size - 1))
+        self.last_ppm = ppm
+        self.requests0, self.hits0 = self.requests, self.hits
+        self.periods += 1
+        self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
+
+    def victim(self):
+        main = self.main
+        while True:
+            k, m = next(iter(main.items()))
+            if not m:
+                return k
+            main.move_to_end(k)
+            main[k] = m - 1
+
+    def evict_one(self) -> None:
+        window, main = self.window, self.main
+        while window and (len(window) >= self.window_target() or not main):
+            k, m = window.popitem(last=False)
+            if m or len(window) >= self.window_target():
+                main[k] = 0  # hit in the window, or the window over its target: to main, and look again
+                continue
+            if main:
+                v = self.victim()
+                if self.frequency(self.fingerprint(k)) > self.frequency(self.fingerprint(v)) + self.ADMIT_MARGIN:
+                    del main[v]
+                    main[k] = 0
+                    self.preferred += 1
+                else:
+                    self.refused += 1
+            return
+        del main[self.victim()]
+
+
 class Sieve:
     """SIEVE (NSDI 2024): a queue as a doubly linked list over dicts (head: newest), a visited bit per key, and the
     hand. Keys must not be None (None ends the list)."""
@@ -356,15 +516,16 @@ class KeepFirst:
 
 
 MODELS: dict[str, Callable[[int], object]] = {
-    m.name: m for m in (LRU, S3FIFO, S3FIFOLibCacheSim, Sieve, Clock, TwoQ, KeepFirst)
+    m.name: m for m in (LRU, S3FIFO, S3FIFOLibCacheSim, Auto, Sieve, Clock, TwoQ, KeepFirst)
 }
 # Names the real cache may give its policies -> the model each is compared with.
 SHM_POLICY_NAMES = {"lru": "lru", "s3fifo": "s3fifo", "s3-fifo": "s3fifo", "sieve": "sieve", "clock": "clock",
-                    "2q": "2q", "keep": "keep-first", "keep-first": "keep-first", "dataset": "keep-first"}
+                    "2q": "2q", "keep": "keep-first", "keep-first": "keep-first", "dataset": "keep-first",
+                    "auto": "auto"}
 # Models the real cache must match lookup for lookup under the policy compared with them (a mismatch is a failure).
 # SharedCache's s3fifo approximates the published ghost (a FIFO of keys) with a fixed table of fingerprints aged by a
 # clock (shmcache/policies/s3fifo.py): its hits are compared with the model's as a difference in points.
-EXACT_MODELS = ("lru", "keep-first")
+EXACT_MODELS = ("lru", "keep-first", "auto")
 S3FIFO_TOLERANCE = 1.0  # points of hit ratio the real s3fifo may differ from the published one's model
 
 
@@ -641,6 +802,48 @@ def trace_workload(path: str, fmt: str, cache_sizes: str) -> Workload:
                     keys, parse_cache_sizes(cache_sizes, distinct), distinct)
 
 
+# The traces of Caffeine's simulator this benchmark knows, by name: (its folder under Caffeine's
+# simulator/src/main/resources/com/github/benmanes/caffeine/cache/simulator/parser/, the format). The files are
+# Caffeine's to distribute, not this repository's: --traces DIR looks for "<name>.trace*" anywhere under DIR (a clone
+# of https://github.com/ben-manes/caffeine, or a folder the files were copied to).
+CAFFEINE_TRACES = {
+    **{name: ("lirs", "text") for name in ("2_pools", "backf", "cpp", "cs", "gli", "loop", "multi1", "multi2",
+                                           "multi3", "ps", "scan", "sprite", "zigzag")},
+    **{name: ("cache2k", "u32be") for name in ("orm-busy", "orm-night", "web07", "web12")},
+    "scarab-recs": ("scarab", "u64be"),
+}
+
+
+def find_traces(folder: str) -> list[tuple[str, str, str]]:
+    """(name, path, format) of each trace of CAFFEINE_TRACES found under ``folder``, in the table's order."""
+    found: dict[str, str] = {}
+    for root, _, files in os.walk(folder):
+        for f in sorted(files):
+            name = f.split(".trace")[0] if ".trace" in f else None
+            if name in CAFFEINE_TRACES and name not in found:
+                found[name] = os.path.join(root, f)
+    return [(n, found[n], CAFFEINE_TRACES[n][1]) for n in CAFFEINE_TRACES if n in found]
+
+
+def adaptive_lines(results: Sequence[Result], fixed: Sequence[str], column: str, within: float = 2.0) -> list[str]:
+    """How ``column`` (the adaptive policy) compares, row by row, with the best of the ``fixed`` columns: the mean
+    and the worst difference in points, and the rows more than ``within`` points below the best."""
+    gaps = []
+    for r in results:
+        for row, (phase, _, _) in enumerate(r.workload.rows()):
+            best = max(100 * r.ratio(c, row) for c in fixed)
+            label = f"{r.workload.name}{'' if phase == 'all' else ', ' + phase} at {r.size:,}"
+            gaps.append((100 * r.ratio(column, row) - best, label))
+    if not gaps:
+        return []
+    worst = min(gaps)
+    below = [f"{label} ({g:+.1f})" for g, label in gaps if g < -within]
+    mean = sum(g for g, _ in gaps) / len(gaps)
+    return [f"{column} against the best of {', '.join(fixed)} on each row: mean {mean:+.2f} points, worst "
+            f"{worst[0]:+.1f} ({worst[1]}); {len(gaps) - len(below)} of {len(gaps)} rows within {within:g} points"
+            + (f"; below: {', '.join(below)}" if below else "")]
+
+
 # -------------------------------------------------------------------------------------------------- running
 
 
@@ -818,6 +1021,9 @@ def parse_args(argv):
                                         "known names that it accepts)")
     p.add_argument("--trace", metavar="FILE", help="replay a trace file too (then only it, unless --only)")
     p.add_argument("--format", choices=TRACE_FORMATS, default="text", help="the trace's format (default text)")
+    p.add_argument("--traces", metavar="DIR",
+                   help="replay every trace of Caffeine's simulator found under DIR (a clone of its repository: "
+                        "see CAFFEINE_TRACES), each at --cache-size")
     p.add_argument("--cache-size", default="0.01,0.1,0.25",
                    help="the trace's cache sizes: entries or fractions of its distinct keys (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON")
@@ -843,9 +1049,13 @@ def selector(only: str | None, names: Sequence[str], default: bool) -> Callable[
 def main(argv=None) -> int:
     args = parse_args(argv)
     scale = QUICK if args.quick else FULL
-    names = synthetic_names(scale) + (["trace"] if args.trace else [])
+    traces = find_traces(args.traces) if args.traces else []
+    if args.traces and not traces:
+        print(f"--traces {args.traces}: none of {', '.join(CAFFEINE_TRACES)} is there", file=sys.stderr)
+        return 2
+    names = synthetic_names(scale) + (["trace"] if args.trace else []) + [f"trace-{n}" for n, _, _ in traces]
     try:
-        selected = selector(args.only, names, default=not args.trace)
+        selected = selector(args.only, names, default=not (args.trace or traces))
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -861,6 +1071,9 @@ def main(argv=None) -> int:
     workloads = synthetic_workloads(scale, args.seed, selected)
     if args.trace:  # a trace given is always replayed
         workloads = itertools.chain(workloads, [trace_workload(args.trace, args.format, args.cache_size)])
+    if traces:  # (read one at a time: the largest holds millions of keys)
+        workloads = itertools.chain(workloads, (replace(trace_workload(path, fmt, args.cache_size), name=f"trace-{n}")
+                                                for n, path, fmt in traces if selected(f"trace-{n}") or not args.only))
     results: list[Result] = []
     for w in workloads:
         t0 = time.monotonic()
@@ -870,6 +1083,10 @@ def main(argv=None) -> int:
 
     print()
     print("\n".join(table(results, columns)))
+    fixed = [c for c in (shm_label(p) for p in ("lru", "s3fifo", "keep")) if c in columns]
+    if shm_label("auto") in columns and fixed:
+        print()
+        print("\n".join(adaptive_lines(results, fixed, shm_label("auto"))))
     print()
     lines = check_lines(results)
     print("\n".join(lines))

@@ -44,8 +44,16 @@ enum {
 
 /* The eviction policies and an entry's marks (layout/dtypes.py's POLICY_*, MARK_*, GHOST_*: bind checks that the
  * layout says the same). */
-enum { POLICY_LRU = 0, POLICY_S3FIFO = 1, POLICY_KEEP = 2 };
+enum { POLICY_LRU = 0, POLICY_S3FIFO = 1, POLICY_KEEP = 2, POLICY_AUTO = 3, POLICY_COUNT = 4 };
 enum { MARK_FREQ = 3, MARK_SMALL = 4, GHOST_WAYS = 16, GHOST_STAMP_BITS = 32, PROMOTE_AT = 2 };
+/* auto's state words (the sketch's first block), its sketch's blocks and its tuning (layout/dtypes.py A_*,
+ * policies/auto.py: bind checks that they say the same). */
+enum { A_TARGET, A_STEP, A_LAST_PPM, A_REQUESTS, A_HITS, A_PERIODS, A_PREFERRED, A_REFUSED, SKETCH_BLOCK_WORDS = 8 };
+enum {
+    WINDOW_PERCENT = 1, ADMIT_MARGIN = 1, PERIOD_PER_ENTRY = 10, CHECK_EVERY = 64, STEP_PER_10000 = 625,
+    RESTART_PPM = 50000, DECAY_PERCENT = 98, STEP_UNIT = 1024, PPM = 1000000
+};
+#define MAX_COUNTER ((int64_t)1 << 62) /* layout/dtypes.py: a counter's bound */
 #define GHOST_STAMP_MASK ((uint64_t)0xFFFFFFFFu)
 #define PIN_SLOT_MASK 0xFFFFFFFFLL /* a reader slot's pin word: (count << 32) | entry slot (layout/dtypes.py) */
 
@@ -190,7 +198,8 @@ static inline void seq_open(Core *c); /* _core_lock.c: before a hold's first wri
 struct PolicyOps {
     int reads_unlocked;   /* gets and views read without the lock (validated by seq) */
     int relinks_on_hit;   /* a hit moves its entry: links written, in the dirty bracket (lru) */
-    int marks_on_hit;     /* a hit raises its entry's counter: a byte, no bracket (s3fifo) */
+    int marks_on_hit;     /* a hit raises its entry's counter: a byte, no bracket (s3fifo, auto) */
+    int sketches;         /* every lookup adds to the frequency sketch, hits too (auto): see sketch_add */
     int evicts_to_admit;  /* a new key evicts for its room; 0: admitted only while it fits (keep) */
     int evicts_from_tail; /* the next to go is the list's tail, pinned ones passed over; 0: evict_one chooses */
     int (*on_hit)(Core *c, int64_t e);        /* a hit on resident entry e (lock held) */
@@ -201,7 +210,7 @@ struct PolicyOps {
     int (*evict_one)(Core *c, int *done);     /* the entry no view pins that the policy chooses goes */
 };
 
-static const struct PolicyOps policy_ops[3]; /* _core_policy.c, by POLICY_* number (a tentative definition) */
+static const struct PolicyOps policy_ops[POLICY_COUNT]; /* _core_policy.c, by POLICY_* number (a tentative definition) */
 
 static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
 static int table_remove(Core *c, int64_t e);            /* _core_table.c: the policies' eviction calls them */

@@ -138,18 +138,36 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->kww = (Py_ssize_t)(kind_bytes / 8);
-    int64_t ring_follows, hw_limit, ghost_slots, policy, l_policies[3], l_marks[2], l_ghost[2];
+    int64_t ring_follows, hw_limit, ghost_slots, policy, l_policies[4], l_marks[2], l_ghost[2];
+    /* auto's state words and tuning, as layout/dtypes.py and policies/auto.py have them (_core.h's enums) */
+    static const char *const auto_names[] = {
+        "A_TARGET", "A_STEP", "A_LAST_PPM", "A_REQUESTS", "A_HITS", "A_PERIODS", "A_PREFERRED", "A_REFUSED",
+        "SKETCH_BLOCK_WORDS", "WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVERY",
+        "STEP_PER_10000", "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM", "MAX_COUNTER",
+    };
+    static const int64_t auto_values[] = {
+        A_TARGET, A_STEP, A_LAST_PPM, A_REQUESTS, A_HITS, A_PERIODS, A_PREFERRED, A_REFUSED, SKETCH_BLOCK_WORDS,
+        WINDOW_PERCENT, ADMIT_MARGIN, PERIOD_PER_ENTRY, CHECK_EVERY, STEP_PER_10000, RESTART_PPM, DECAY_PERCENT,
+        STEP_UNIT, PPM, MAX_COUNTER,
+    };
+    int auto_same = 1;
+    for (size_t i = 0; i < sizeof auto_values / sizeof auto_values[0]; i++) {
+        int64_t v;
+        if (take(d, auto_names[i], &v))
+            return -1;
+        auto_same &= v == auto_values[i];
+    }
     if (take(d, "ghost_slots", &ghost_slots) || take(d, "policy", &policy)
         || take(d, "POLICY_LRU", &l_policies[0]) || take(d, "POLICY_S3FIFO", &l_policies[1])
-        || take(d, "POLICY_KEEP", &l_policies[2]) || take(d, "MARK_FREQ", &l_marks[0])
-        || take(d, "MARK_SMALL", &l_marks[1]) || take(d, "GHOST_WAYS", &l_ghost[0])
-        || take(d, "GHOST_STAMP_BITS", &l_ghost[1]))
+        || take(d, "POLICY_KEEP", &l_policies[2]) || take(d, "POLICY_AUTO", &l_policies[3])
+        || take(d, "MARK_FREQ", &l_marks[0]) || take(d, "MARK_SMALL", &l_marks[1])
+        || take(d, "GHOST_WAYS", &l_ghost[0]) || take(d, "GHOST_STAMP_BITS", &l_ghost[1]))
         return -1;
-    if (l_policies[0] != POLICY_LRU || l_policies[1] != POLICY_S3FIFO || l_policies[2] != POLICY_KEEP
-        || l_marks[0] != MARK_FREQ || l_marks[1] != MARK_SMALL || l_ghost[0] != GHOST_WAYS
-        || l_ghost[1] != GHOST_STAMP_BITS || policy < POLICY_LRU || policy > POLICY_KEEP
-        || (policy == POLICY_S3FIFO ? ghost_slots < GHOST_WAYS || (ghost_slots & (ghost_slots - 1))
-                                    : ghost_slots != 0)) {
+    int ghostly = policy == POLICY_S3FIFO || policy == POLICY_AUTO; /* the ghost region: s3fifo's, auto's sketch */
+    if (!auto_same || l_policies[0] != POLICY_LRU || l_policies[1] != POLICY_S3FIFO || l_policies[2] != POLICY_KEEP
+        || l_policies[3] != POLICY_AUTO || l_marks[0] != MARK_FREQ || l_marks[1] != MARK_SMALL
+        || l_ghost[0] != GHOST_WAYS || l_ghost[1] != GHOST_STAMP_BITS || policy < 0 || policy >= POLICY_COUNT
+        || (ghostly ? ghost_slots < GHOST_WAYS || (ghost_slots & (ghost_slots - 1)) : ghost_slots != 0)) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the layout's policies, marks or ghost are not the ones "
                                           "this build knows");
         return -1;

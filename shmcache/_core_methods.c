@@ -326,8 +326,7 @@ static PyObject *get_key_found(Core *c, const KeyCall *k, PyObject *dflt)
         int ok = u == U_DONE && f.hit ? copy_ok(c, &f, body) : 1;
         int done = u == U_DONE && ok == 1;
         if (done && f.hit) {
-            if (c->pol->marks_on_hit)
-                bump_unlocked(c, f.slot);
+            hit_unlocked(c, f.slot, fp);
             ADD(rd[c->r_hits], 1);
         } else if (done) {
             ADD(rd[c->r_misses], 1);
@@ -446,8 +445,8 @@ static PyObject *view_key_found(Core *c, const KeyCall *k, Pins *p)
                 v = view_out(c, p, fd, t, &f, viewable, version);
             }
             thread_unlocked_view = 0;
-            if (c->pol->marks_on_hit && v != NULL)
-                bump_unlocked(c, f.slot);
+            if (v != NULL)
+                hit_unlocked(c, f.slot, fp);
             ADD(rd[v != NULL ? c->r_hits : c->r_misses], 1);
             leave(c);
             return v;
@@ -695,8 +694,8 @@ static PyObject *Core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
                 ok = copy_ok(c, &keys[i].f, keys[i].body);
         if (u == U_DONE && ok == 1) {
             for (Py_ssize_t i = 0; i < n; i++) {
-                if (keys[i].f.hit && c->pol->marks_on_hit)
-                    bump_unlocked(c, keys[i].f.slot);
+                if (keys[i].f.hit)
+                    hit_unlocked(c, keys[i].f.slot, keys[i].fp);
                 ADD(rd[keys[i].f.hit ? c->r_hits : c->r_misses], 1);
             }
         } else if (u >= 0 && ok >= 0) {

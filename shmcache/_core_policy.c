@@ -90,7 +90,7 @@ static int push_front(Core *c, int64_t e)
     return ST_OK;
 }
 
-/* Small's oldest entry ``t`` moved to main's front, its counter reset. (twin: policies/s3fifo.py _to_main) */
+/* Small's oldest entry ``t`` moved to main's front, its counter reset. (twin: policies/s3fifo.py to_main) */
 static int to_main(Core *c, int64_t t)
 {
     int64_t p = EN(t, prev), n = EN(t, next);
@@ -108,21 +108,71 @@ static int to_main(Core *c, int64_t t)
     return ST_OK;
 }
 
+/* Small's oldest entry (the sentinel's prev), checked to be one of small; 0 and bounds() if it is not.
+ * (twin: policies/s3fifo.py small_oldest) */
+static int64_t small_oldest(Core *c)
+{
+    int64_t t = EN(c->sentinel, prev);
+    if (!SLOT_OK(t) || !(c->marks[t] & MARK_SMALL)) {
+        bounds(c);
+        return 0;
+    }
+    return t;
+}
+
+/* Main's next victim as its CLOCK chooses it, in *v: its oldest entry no view pins with its counter at 0, those
+ * before it reinserted at main's front with one hit fewer; the sentinel if every one of its ``main`` entries is
+ * pinned. Nothing is removed. (twin: policies/s3fifo.py main_victim) */
+static int main_victim(Core *c, int64_t main, int64_t *v)
+{
+    int64_t passed = 0; /* pinned entries passed over since the last change: past main's size, none is left */
+    int r;
+    for (int64_t step = 0; step < 4 * c->slots + 4; step++) {
+        int64_t first = HW(small_first);
+        if (!LINK_OK(first))
+            return bounds(c);
+        int64_t t = first != c->sentinel ? EN(first, prev) : EN(c->sentinel, prev); /* main's oldest */
+        if (!SLOT_OK(t) || (c->marks[t] & MARK_SMALL))
+            return bounds(c);
+        int pin = pinned(c, t);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            if (++passed > main) {
+                *v = c->sentinel;
+                return ST_OK;
+            }
+            if ((r = move_to_front(c, t)))
+                return r;
+            continue;
+        }
+        unsigned char m = c->marks[t];
+        if (m & MARK_FREQ) {
+            c->marks[t] = (unsigned char)(m - 1);
+            passed = 0;
+            if ((r = move_to_front(c, t)))
+                return r;
+            continue;
+        }
+        *v = t;
+        return ST_OK;
+    }
+    return bounds(c);
+}
+
 /* Evict one entry no view pins as S3-FIFO chooses it; *done 0 if every entry is pinned (or there is none).
  * (twin: policies/s3fifo.py s3fifo_evict_one) */
 static int s3fifo_evict_one(Core *c, int *done)
 {
-    int64_t passed = 0;
     int r;
     *done = 0;
     if (HW(max_entries) < 1 || HW(max_entries) >= c->slots)
         return bounds(c);
     for (int64_t step = 0; step < 4 * c->slots + 4; step++) {
-        int64_t small = HW(small), main = HW(entries) - small;
+        int64_t small = HW(small), main = HW(entries) - small, t;
         if (small > 0 && main <= HW(max_entries) - small_share(HW(max_entries))) {
-            int64_t t = EN(c->sentinel, prev); /* small's oldest */
-            if (!SLOT_OK(t) || !(c->marks[t] & MARK_SMALL))
-                return bounds(c);
+            if (!(t = small_oldest(c)))
+                return ST_HANDOVER; /* (small_oldest called bounds) */
             int pin = pinned(c, t);
             if (pin < 0)
                 return bounds(c);
@@ -142,31 +192,214 @@ static int s3fifo_evict_one(Core *c, int *done)
         }
         if (main <= 0)
             return ST_OK;
-        int64_t first = HW(small_first);
-        if (!LINK_OK(first))
-            return bounds(c);
-        int64_t t = first != c->sentinel ? EN(first, prev) : EN(c->sentinel, prev); /* main's oldest */
-        if (!SLOT_OK(t) || (c->marks[t] & MARK_SMALL))
-            return bounds(c);
-        int pin = pinned(c, t);
-        if (pin < 0)
-            return bounds(c);
-        if (pin) {
-            if (++passed > main)
-                return evict_oldest(c, done); /* main is all pinned: small's oldest unpinned goes, if any */
-            if ((r = move_to_front(c, t)))
-                return r;
-            continue;
-        }
-        unsigned char m = c->marks[t];
-        if (m & MARK_FREQ) {
-            c->marks[t] = (unsigned char)(m - 1);
-            passed = 0;
-            if ((r = move_to_front(c, t)))
-                return r;
-            continue;
-        }
+        if ((r = main_victim(c, main, &t)))
+            return r;
+        if (t == c->sentinel)
+            return evict_oldest(c, done); /* main is all pinned: small's oldest unpinned goes, if any */
         if ((r = table_remove(c, t)))
+            return r;
+        ADD(HW(evictions), 1);
+        *done = 1;
+        return ST_OK;
+    }
+    return bounds(c);
+}
+
+/* ------------------------------------------------------------------------------- auto's sketch and climber */
+
+/* The word and shift of counter ``i`` (0 to 3) of ``fp``: two words of its block each, a nibble chosen by 4 bits.
+ * Block 0 holds the state words, so a key whose bits choose it counts in block 1. Whatever ``fp`` is (a damaged
+ * entry's), the word is one of the sketch in force. (twin: policies/auto.py _counters) */
+static inline int64_t sketch_counter(Core *c, uint64_t fp, int i, int *shift)
+{
+    uint64_t blocks = (uint64_t)GHOST_LIVE(c) / SKETCH_BLOCK_WORDS, b = fp & (blocks - 1);
+    *shift = (int)(((fp >> (36 + 4 * i)) & 15) << 2);
+    return (int64_t)((b ? b : 1) * SKETCH_BLOCK_WORDS + 2 * (uint64_t)i + ((fp >> (32 + i)) & 1));
+}
+
+/* One more lookup of ``fp``: each of its counters raised, saturating at 15 (lock held).
+ * (twin: policies/auto.py sketch_add) */
+static void sketch_add(Core *c, int64_t fp)
+{
+    for (int i = 0; i < 4; i++) {
+        int sh;
+        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
+        uint64_t v = (uint64_t)c->ghost[w];
+        if (((v >> sh) & 15) != 15)
+            c->ghost[w] = (int64_t)(v + ((uint64_t)1 << sh));
+    }
+}
+
+/* The same by a hit read without the lock: each word loaded and stored whole (relaxed), never torn. A raise lost to
+ * a race with another reader's, or one that undoes a halving of its word, is a lookup counted wrong: any counter
+ * is valid. (twin: policies/auto.py sketch_add, by the locked path's hit) */
+static void sketch_add_unlocked(Core *c, int64_t fp)
+{
+    for (int i = 0; i < 4; i++) {
+        int sh;
+        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
+        uint64_t v = (uint64_t)__atomic_load_n(&c->ghost[w], __ATOMIC_RELAXED);
+        if (((v >> sh) & 15) != 15)
+            __atomic_store_n(&c->ghost[w], (int64_t)(v + ((uint64_t)1 << sh)), __ATOMIC_RELAXED);
+    }
+}
+
+/* How often ``fp`` was looked up lately: the least of its counters. (twin: policies/auto.py frequency) */
+static int frequency(Core *c, int64_t fp)
+{
+    int f = 15;
+    for (int i = 0; i < 4; i++) {
+        int sh;
+        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
+        int n = (int)(((uint64_t)c->ghost[w] >> sh) & 15);
+        if (n < f)
+            f = n;
+    }
+    return f;
+}
+
+/* The window's target: the state's, or 1 % of the entries, within [1, max_entries - 1].
+ * (twin: policies/auto.py window_target) */
+static int64_t window_target(Core *c, int64_t max_entries)
+{
+    int64_t t = c->ghost[A_TARGET], top = max_entries - 1 > 1 ? max_entries - 1 : 1;
+    if (t <= 0)
+        t = max_entries > 0 ? max_entries * WINDOW_PERCENT / 100 : 0;
+    return t < 1 ? 1 : t > top ? top : t;
+}
+
+static inline uint64_t clip_count(int64_t x)
+{
+    return x < 0 ? 0 : x > MAX_COUNTER ? (uint64_t)MAX_COUNTER : (uint64_t)x;
+}
+
+/* The lookups and hits every process has counted: the header's and the reader slots' (each count clipped into
+ * range, the sums too). (twin: policies/auto.py lookups) */
+static void lookups(Core *c, int64_t *requests, int64_t *hits)
+{
+    uint64_t h = clip_count(HW(hits)), m = clip_count(HW(misses));
+    for (int64_t r = 0; c->readers != NULL && r < c->reader_slots; r++) {
+        const int64_t *rd = c->readers + r * c->reader_words;
+        h += clip_count(rd[c->r_hits]); /* (at most 2**63: no overflow) */
+        m += clip_count(rd[c->r_misses]);
+        h = h > (uint64_t)MAX_COUNTER ? (uint64_t)MAX_COUNTER : h;
+        m = m > (uint64_t)MAX_COUNTER ? (uint64_t)MAX_COUNTER : m;
+    }
+    uint64_t all = h + m;
+    *hits = (int64_t)h;
+    *requests = (int64_t)(all > (uint64_t)MAX_COUNTER ? (uint64_t)MAX_COUNTER : all);
+}
+
+static inline void count_word(int64_t *w)
+{
+    *w = *w >= 0 && *w < MAX_COUNTER ? *w + 1 : 1;
+}
+
+/* The climber's step: the window's target moved by the hit ratio ``ppm`` of the period against the last one's, the
+ * step made for the next period. (twin: policies/auto.py _move) */
+static void move(Core *c, int64_t cap, int64_t ppm)
+{
+    int64_t *s = c->ghost, last = s[A_LAST_PPM];
+    int64_t change = ppm - (last < 0 ? 0 : last > PPM ? PPM : last);
+    int64_t restart = cap * STEP_PER_10000 / 10000 * STEP_UNIT, step = s[A_STEP];
+    if (restart < STEP_UNIT)
+        restart = STEP_UNIT;
+    int64_t amount = step != 0 && step >= -restart && step <= restart ? step : restart;
+    if (change < 0)
+        amount = -amount;
+    int64_t size = amount < 0 ? -amount : amount;
+    int64_t next = change >= RESTART_PPM || change <= -RESTART_PPM ? restart : size * DECAY_PERCENT / 100;
+    int64_t moved = size / STEP_UNIT, t = window_target(c, cap) + (amount > 0 ? moved : -moved);
+    int64_t top = cap - 1 > 1 ? cap - 1 : 1;
+    s[A_TARGET] = t < 1 ? 1 : t > top ? top : t;
+    s[A_STEP] = amount > 0 ? next : -next;
+    s[A_LAST_PPM] = ppm;
+}
+
+/* Close the period if it is over: the window's target moved as the hit ratio says (the first period, since the
+ * creation, a clear or a resize, only measures), the sketch halved (lock held). Every state word is taken as any
+ * value: out of range, it starts a period or the step again. (twin: policies/auto.py climb) */
+static void climb(Core *c)
+{
+    int64_t *s = c->ghost, cap = HW(max_entries), requests, hits;
+    if (cap <= 0 || cap >= c->slots)
+        return; /* damaged: the eviction that follows says so */
+    lookups(c, &requests, &hits);
+    int64_t r0 = s[A_REQUESTS], h0 = s[A_HITS];
+    if (r0 < 0 || r0 > requests || h0 < 0 || h0 > hits || hits - h0 > requests - r0) {
+        s[A_REQUESTS] = requests; /* the counters were reset (clear()) or the words damaged: a period starts */
+        s[A_HITS] = hits;
+        return;
+    }
+    int64_t dr = requests - r0, dh = hits - h0;
+    if (dr < PERIOD_PER_ENTRY * cap)
+        return;
+    int64_t ppm = (int64_t)((unsigned __int128)dh * PPM / (uint64_t)dr);
+    if (s[A_PERIODS] <= 0 || s[A_PERIODS] > MAX_COUNTER)
+        s[A_LAST_PPM] = ppm; /* the first period: the baseline */
+    else
+        move(c, cap, ppm);
+    s[A_REQUESTS] = requests;
+    s[A_HITS] = hits;
+    count_word(&s[A_PERIODS]);
+    for (int64_t w = SKETCH_BLOCK_WORDS, live = GHOST_LIVE(c); w < live; w++)
+        s[w] = (int64_t)(((uint64_t)s[w] >> 1) & 0x7777777777777777ULL);
+}
+
+/* Evict one entry no view pins as auto chooses it; *done 0 if every entry is pinned (or there is none).
+ * (twin: policies/auto.py auto_evict_one) */
+static int auto_evict_one(Core *c, int *done)
+{
+    int r;
+    *done = 0;
+    int64_t cap = HW(max_entries);
+    if (cap < 1 || cap >= c->slots)
+        return bounds(c);
+    int64_t target = window_target(c, cap);
+    for (int64_t step = 0; step < c->slots + 1; step++) {
+        int64_t small = HW(small), main = HW(entries) - small, t, v;
+        if (small > 0 && (small >= target || main <= 0)) {
+            if (!(t = small_oldest(c)))
+                return ST_HANDOVER; /* (small_oldest called bounds) */
+            int pin = pinned(c, t);
+            if (pin < 0)
+                return bounds(c);
+            int hit = c->marks[t] & MARK_FREQ;
+            if (pin || hit || small > target) { /* hit in the window (or in use, or the window over its target) */
+                if ((r = to_main(c, t)))
+                    return r;
+                if (!pin && hit)
+                    ADD(HW(promoted), 1);
+                continue;
+            }
+            if (main > 0) {
+                if ((r = main_victim(c, main, &v)))
+                    return r;
+                if (v != c->sentinel) {
+                    if (frequency(c, EN(t, fp)) > frequency(c, EN(v, fp)) + ADMIT_MARGIN) {
+                        if ((r = table_remove(c, v)) || (r = to_main(c, t)))
+                            return r;
+                        count_word(&c->ghost[A_PREFERRED]);
+                        ADD(HW(evictions), 1);
+                        *done = 1;
+                        return ST_OK;
+                    }
+                    count_word(&c->ghost[A_REFUSED]);
+                }
+            }
+            if ((r = table_remove(c, t)))
+                return r;
+            ADD(HW(evictions), 1);
+            *done = 1;
+            return ST_OK;
+        }
+        if (main <= 0)
+            return ST_OK;
+        if ((r = main_victim(c, main, &v)))
+            return r;
+        if (v == c->sentinel)
+            return evict_oldest(c, done); /* main is all pinned: the window's oldest unpinned goes, if any */
+        if ((r = table_remove(c, v)))
             return r;
         ADD(HW(evictions), 1);
         *done = 1;
@@ -251,6 +484,40 @@ static void s3fifo_leaving(Core *c, int64_t e)
         ghost_add(c, EN(e, fp));
 }
 
+/* A hit under auto: its counter raised and its key counted in the sketch. (twin: policies/auto.py Auto.on_hit) */
+static int auto_on_hit(Core *c, int64_t e)
+{
+    bump(c, e);
+    sketch_add(c, EN(e, fp));
+    return ST_OK;
+}
+
+/* Every new key enters the window, counted in the sketch; every CHECK_EVERY admissions the climber looks whether
+ * the period is over. (twin: policies/auto.py Auto.admit) */
+static int auto_admit(Core *c, int64_t fp)
+{
+    sketch_add(c, fp);
+    if (!((uint64_t)HW(admitted) % CHECK_EVERY))
+        climb(c);
+    return 1;
+}
+
+/* A window at its target with nothing evicted (the cache is filling) gives its oldest to main; the new entry goes
+ * to the window's front. (twin: policies/auto.py Auto.link_new) */
+static int auto_link_new(Core *c, int64_t e, int probation, int64_t *p, int64_t *n)
+{
+    int64_t small = HW(small);
+    if (small > 0 && small >= window_target(c, HW(max_entries))) {
+        int64_t t = small_oldest(c);
+        int r;
+        if (!t)
+            return ST_HANDOVER; /* (small_oldest called bounds) */
+        if ((r = to_main(c, t)))
+            return r;
+    }
+    return s3fifo_link_new(c, e, probation, p, n);
+}
+
 /* (twin: policies/base.py Policy.admit) */
 static int never_probation(Core *c, int64_t fp)
 {
@@ -272,8 +539,8 @@ static void no_leaving_step(Core *c, int64_t e)
     (void)e;
 }
 
-/* By POLICY_* number (bind checks the number): lru, s3fifo, keep. (twin: policies/__init__.py POLICIES) */
-static const struct PolicyOps policy_ops[3] = {
+/* By POLICY_* number (bind checks the number): lru, s3fifo, keep, auto. (twin: policies/__init__.py POLICIES) */
+static const struct PolicyOps policy_ops[POLICY_COUNT] = {
     [POLICY_LRU] = {.reads_unlocked = 0, .relinks_on_hit = 1, .marks_on_hit = 0, .evicts_to_admit = 1,
                     .evicts_from_tail = 1, .on_hit = lru_on_hit, .admit = never_probation, .link_new = list_link_new,
                     .unlinked = no_unlink_step, .leaving = no_leaving_step, .evict_one = evict_oldest},
@@ -285,4 +552,8 @@ static const struct PolicyOps policy_ops[3] = {
                      .evicts_from_tail = 1, .on_hit = no_hit_step, .admit = never_probation,
                      .link_new = list_link_new, .unlinked = no_unlink_step, .leaving = no_leaving_step,
                      .evict_one = evict_oldest},
+    [POLICY_AUTO] = {.reads_unlocked = 1, .relinks_on_hit = 0, .marks_on_hit = 1, .sketches = 1,
+                     .evicts_to_admit = 1, .evicts_from_tail = 0, .on_hit = auto_on_hit, .admit = auto_admit,
+                     .link_new = auto_link_new, .unlinked = s3fifo_unlinked, .leaving = no_leaving_step,
+                     .evict_one = auto_evict_one},
 };

@@ -62,13 +62,16 @@ STEP void found(Core *c, int64_t e, Found *f)
 }
 
 /* A hit counted, the entry touched as the policy does: under lru it becomes the most recent (in the dirty bracket),
- * under s3fifo its counter rises (a byte, no bracket: any value is valid). (twin: store.py Store.hit) */
+ * under s3fifo its counter rises (a byte, no bracket: any value is valid), under auto the sketch counts it too.
+ * (twin: store.py Store.hit) */
 STEP int hit(Core *c, int64_t e)
 {
     int r;
     if (!c->pol->relinks_on_hit) {
         if (c->pol->marks_on_hit)
             bump(c, e);
+        if (c->pol->sketches)
+            sketch_add(c, EN(e, fp));
     } else if (EN(e, prev) != c->sentinel) {
         int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
         if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))

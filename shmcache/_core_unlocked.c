@@ -87,6 +87,16 @@ static inline void bump_unlocked(Core *c, int64_t e)
         __atomic_compare_exchange_n(&c->marks[e], &m, (unsigned char)(m + 1), 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
+/* A hit read without the lock, touched as the policy does: s3fifo's and auto's counter raised, and auto's sketch
+ * counting the key (fingerprint ``fp``). (twin: the policy's on_hit, by the locked path's hit) */
+static inline void hit_unlocked(Core *c, int64_t e, int64_t fp)
+{
+    if (c->pol->marks_on_hit)
+        bump_unlocked(c, e);
+    if (c->pol->sketches)
+        sketch_add_unlocked(c, fp);
+}
+
 /* Before try ``t`` (from 1) of a read: counted as a retry, then 2**t pause instructions (at most 256). */
 static inline void backoff(Core *c, int64_t *rd, int t)
 {

@@ -130,7 +130,9 @@ class SharedCache(LocalMapping, AsyncMethods):
     what is evicted, from ``shmcache.POLICIES``: ``"lru"``, exact least recently used; ``"s3fifo"``, S3-FIFO, which
     keeps more of what is asked again on most traffic and writes no shared list on a hit; ``"keep"``, for repeated
     shuffled passes over a dataset larger than the cache: admit until full, then keep (a put it does not admit
-    returns False). docs/usage.md, "Eviction policies", says what each guarantees.
+    returns False); ``"auto"``, adaptive (a window, a frequency filter and main, the window's share climbed to the
+    hit ratio), which writes no shared list on a hit either. docs/usage.md, "Eviction policies", says what each
+    guarantees.
 
     ``serializer`` (creation only, recorded in the segment) encodes the values: ``"msgpack"`` (the default) stores
     plain data and never runs code when reading; ``"pickle"`` stores any picklable value (bytes and numeric arrays

@@ -133,7 +133,8 @@ def _print_json(data) -> None:
 # The counters --watch gives rates of: they only grow, except when clear() sets them back to zero.
 STATS_COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "recoveries",
                   "computations", "waits", "takeovers", "too_large", "admitted", "not_admitted", "promoted",
-                  "ghost_hits", "unlocked_reads", "read_retries", "read_fallbacks")
+                  "ghost_hits", "filter_admitted", "filter_refused", "unlocked_reads", "read_retries",
+                  "read_fallbacks")
 
 
 class Interval:
@@ -380,7 +381,8 @@ def cmd_inspect(args) -> int:
                    "default_ttl_s": default_ttl_ns / 1e9},
         "policy": {"name": s.policy, "ghost_slots": g.ghost_slots, "admitted": s.admitted,
                    "not_admitted": s.not_admitted, "small_entries": s.small_entries, "promoted": s.promoted,
-                   "ghost_hits": s.ghost_hits},
+                   "ghost_hits": s.ghost_hits, "window_target": s.window_target,
+                   "filter_admitted": s.filter_admitted, "filter_refused": s.filter_refused},
         "unlocked": {"reads": s.unlocked_reads, "retries": s.read_retries, "fallbacks": s.read_fallbacks},
         "arena": _arena_report(s, fill),
         "verify": {"ok": report.ok, "problems": list(report.problems), "entries": report.entries},

@@ -17,6 +17,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
 from . import ofd, policies
+from .policies import auto
 from .arena import block_nbytes
 from ._sources import sources_digest
 from .errors import CompiledSectionMissing
@@ -89,7 +90,14 @@ _WORDS = (
     "H_NOT_ADMITTED", "H_PROMOTED", "H_GHOST_HITS", "POLICY_LRU", "POLICY_S3FIFO", "POLICY_KEEP", "MARK_FREQ",
     "MARK_SMALL", "GHOST_WAYS", "GHOST_STAMP_BITS", "H_SEQ", "R_HITS", "R_MISSES", "R_RETRIES", "R_FALLBACKS",
     "R_PINS", "H_ARENA_EXTENT", "H_CAPACITY", "BLOCK_OVERHEAD", "R_READING", "H_RESIZES", "H_INDEX_SLOTS",
+    "POLICY_AUTO", "A_TARGET", "A_STEP", "A_LAST_PPM", "A_REQUESTS", "A_HITS", "A_PERIODS", "A_PREFERRED",
+    "A_REFUSED", "SKETCH_BLOCK_WORDS", "MAX_COUNTER",
 )
+
+
+# auto's tuning, which the compiled climber has as constants (bind checks they are these).
+_AUTO_TUNING = ("WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVERY", "STEP_PER_10000",
+                "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM")
 
 
 def last_wait() -> tuple[float, int, int] | None:
@@ -134,6 +142,7 @@ def offsets(geometry) -> dict[str, int]:
         MAX_TTL_NS=MAX_TTL_NS, MAX_VERSION=MAX_VERSION, KIND_PREFIX=KIND_PREFIX, PIN_BASE=ofd.PIN_BASE,
         CHECK_MASK=MASK63, TAG_BYTES=TAG_BYTES, TAG_MSGPACK=TAG_MSGPACK, TAG_ARRAY=TAG_ARRAY, TAG_TENSOR=TAG_TENSOR,
         TAG_PICKLE=TAG_PICKLE,
+        **{name: getattr(auto, name) for name in _AUTO_TUNING},
     )
     return out
 

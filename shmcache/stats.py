@@ -9,9 +9,10 @@ from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
-    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES,
+    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO,
 )
 
+from .policies.auto import window_target
 from .readers import set_aside, totals as reader_totals
 
 if TYPE_CHECKING:
@@ -62,8 +63,12 @@ class CacheStats:
     ``policy`` is the cache's eviction policy. ``admitted`` counts new entries stored and ``not_admitted`` the puts
     of a new entry the policy refused (only ``keep`` refuses: the cache was full). Under ``s3fifo``,
     ``small_entries`` is how many entries the small queue holds, ``promoted`` counts those it moved to main for
-    their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them; under
-    the other policies these are 0.
+    their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them. Under
+    ``auto``, ``small_entries`` is how many entries its window holds and ``window_target`` how many it aims at now
+    (what the climber chose), ``promoted`` counts the entries moved from the window to main for a hit there, and
+    ``filter_admitted`` and ``filter_refused`` the window's unhit entries the frequency sketch found more frequent
+    than main's next victim (which they replaced) and those it did not (they left the cache). Under the other
+    policies these are 0.
 
     Under ``s3fifo`` and ``keep`` the compiled section answers gets and views without the lock: ``unlocked_reads``
     counts those lookups (``hits`` and ``misses`` include them), ``read_retries`` the reads begun again because a
@@ -100,6 +105,9 @@ class CacheStats:
     small_entries: int = 0
     promoted: int = 0
     ghost_hits: int = 0
+    window_target: int = 0
+    filter_admitted: int = 0
+    filter_refused: int = 0
     unlocked_reads: int = 0
     read_retries: int = 0
     read_fallbacks: int = 0
@@ -121,10 +129,15 @@ class CacheStats:
         return d
 
 
-def read_stats(h, kinds: dict | None = None, readers=None) -> CacheStats:
+def read_stats(h, kinds: dict | None = None, readers=None, ghost=None) -> CacheStats:
     """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name; ``readers``: the
-    segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``)."""
+    segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``); ``ghost``: the
+    ghost region in force, whose state words auto's fields come from."""
     hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
+    window = preferred = refused = 0
+    if ghost is not None and h[H_POLICY] == POLICY_AUTO and len(ghost):
+        window = window_target(h[H_MAX_ENTRIES], ghost)
+        preferred, refused = (min(max(ghost[w], 0), MAX_COUNTER) for w in (A_PREFERRED, A_REFUSED))
     return CacheStats(
         hits=h[H_HITS] + hits, misses=h[H_MISSES] + misses, unlocked_reads=hits + misses, read_retries=retries,
         read_fallbacks=fallbacks, puts=h[H_PUTS], updates=h[H_UPDATES], deletes=h[H_DELETES],
@@ -138,7 +151,8 @@ def read_stats(h, kinds: dict | None = None, readers=None) -> CacheStats:
         arena_used_bytes=h[H_ARENA_USED], admitted=h[H_ADMITTED],
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
-        too_large=h[H_TOO_LARGE], kinds=kinds or {},
+        window_target=window, filter_admitted=preferred, filter_refused=refused, too_large=h[H_TOO_LARGE],
+        kinds=kinds or {},
     )
 
 
@@ -169,11 +183,15 @@ _PROMETHEUS = (
     ("not_admitted", "not_admitted_total", "counter", "puts of a new entry the policy did not store"),
     ("promoted", "promoted_total", "counter", "s3fifo: entries moved from the small queue to main for their hits"),
     ("ghost_hits", "ghost_hits_total", "counter", "s3fifo: new keys admitted to main, remembered by the ghost"),
-    ("unlocked_reads", "unlocked_reads_total", "counter", "lookups answered without the lock (s3fifo, keep)"),
+    ("filter_admitted", "filter_admitted_total", "counter",
+     "auto: window entries the frequency sketch preferred to main's victim"),
+    ("filter_refused", "filter_refused_total", "counter", "auto: window entries the frequency sketch let go"),
+    ("unlocked_reads", "unlocked_reads_total", "counter", "lookups answered without the lock (s3fifo, keep, auto)"),
     ("read_retries", "read_retries_total", "counter", "reads without the lock begun again under a writer"),
     ("read_fallbacks", "read_fallbacks_total", "counter", "reads without the lock that took the lock after all"),
     ("entries", "entries", "gauge", "resident entries"),
-    ("small_entries", "small_entries", "gauge", "s3fifo: entries in the small queue"),
+    ("small_entries", "small_entries", "gauge", "s3fifo: entries in the small queue; auto: in the window"),
+    ("window_target", "window_target", "gauge", "auto: the entries the window aims at now"),
     ("retained_bytes", "retained_bytes", "gauge", "encoded keys and values held"),
     ("max_entries", "max_entries", "gauge", "current entry limit"),
     ("max_retained_bytes", "max_retained_bytes", "gauge", "current byte limit"),

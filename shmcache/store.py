@@ -417,7 +417,7 @@ class Store:
     def stats(self) -> CacheStats:
         if header_problems(self.seg):  # a counter or limit out of range is never reported: repaired first
             self.repair()
-        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words)
+        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in

@@ -441,16 +441,22 @@ def reap(procs, timeout: float) -> list:
 def final_check(cache: SharedCache, nkeys: int, counters: bool = True) -> tuple[bool, int]:
     """verify() must be ok, the stats within the limits and naming the cache's policy, and every cached key must read
     back intact: (ok, wrong). ``counters``: also the policy's counters that must stay 0 -- not_admitted but under
-    keep, small_entries, promoted and ghost_hits but under s3fifo (not where damage may have set them)."""
+    keep, small_entries, promoted and ghost_hits but under s3fifo (small_entries and promoted under auto too), the
+    filter's counts but under auto (not where damage may have set them)."""
     report, s = cache.verify(), cache.stats()
     problems = list(report.problems)
     if s.policy != cache.policy:
         problems.append(f"stats: policy={s.policy!r} in a cache created with {cache.policy!r}")
     if counters and cache.policy != "keep" and s.not_admitted:
         problems.append(f"stats: not_admitted={s.not_admitted} under {cache.policy}, which admits every put")
-    if counters and cache.policy != "s3fifo" and (s.small_entries or s.promoted or s.ghost_hits):
+    if counters and cache.policy not in ("s3fifo", "auto") and (s.small_entries or s.promoted or s.ghost_hits):
         problems.append(f"stats: small_entries={s.small_entries} promoted={s.promoted} ghost_hits={s.ghost_hits} "
                         f"under {cache.policy}, which has no small queue nor ghost")
+    if counters and cache.policy == "auto" and s.ghost_hits:
+        problems.append(f"stats: ghost_hits={s.ghost_hits} under auto, which has no ghost")
+    if cache.policy != "auto" and (s.window_target or s.filter_admitted or s.filter_refused):
+        problems.append(f"stats: window_target={s.window_target} filter_admitted={s.filter_admitted} "
+                        f"filter_refused={s.filter_refused} under {cache.policy}, which has no window")
     if not 0 <= s.entries <= s.max_entries:
         problems.append(f"stats: entries={s.entries} with max_entries={s.max_entries}")
     if not 0 <= s.retained_bytes <= s.max_retained_bytes:

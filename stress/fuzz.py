@@ -2,21 +2,21 @@
 
 Each round, --workers child processes run OPS_PER_ROUND random operations on the cache at once (the workload of
 stress.hammer, with verify calls that may repair). Then the parent damages the segment through its own raw mmap of
-/dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1,
-slot numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters,
-ring and expiry words (lines 2-6, and the policy's queue words of line 7), the index, the entry table, the arena,
-the per-entry columns (expires, versions, kinds, pins, marks; the marks also on their own), the kind table and, under
-s3fifo, the ghost, half of them aimed at words in use; an entry's key length set to 0 or one off (KEY_LENGTH_SHARE
-of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-7 (any of them: counters, limits, default_ttl,
-version clock, next_expiry, the configuration's checksums, the policy's state...) set to extremes (0, -1,
-2**63 - 1, -2**63, just past the version and counter bounds, random), and a configuration word set to a small value
-in its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the lock damage also names a live
-process of another user (nobody) as the owner, with or without the dirty word at "repairing". Line 0
-(identity and geometry), line 1 (the lock's words) and line 7's identity words (policy, ghost_slots: written once at
-creation and checked on attach as line 0 is) are left alone: attaching to a segment whose identity is damaged fails
-by design. With --identity, each round also damages one of those identity words, checks that attaching then either
-works or raises LayoutError, and restores the word. Every REPAIR_EVERY rounds and at the end, a child calls
-verify(repair_damage=True), then verify() must be ok, the stats within the limits, and every key must read back.
+/dev/shm/shmcache.<name>: bit flips, random bytes, and words chosen to look plausible (0, -1, the old value +-1, slot
+numbers, arena offsets, offsets reaching back before the arena or to the header) in the header counters, ring and expiry
+words (lines 2-6, and the policy's queue words of line 7), the index, the entry table, the arena, the per-entry columns
+(expires, versions, kinds, pins, marks; the marks also on their own), the kind table and, under s3fifo, the ghost (under
+auto, its sketch and state words), half of them aimed at words in use; an entry's key length set to 0 or one off
+(KEY_LENGTH_SHARE of the rounds); and up to HEADER_WORDS_MAX header words of lines 2-7 (any of them: counters, limits,
+default_ttl, version clock, next_expiry, the configuration's checksums, the policy's state...) set to extremes (0, -1,
+2**63 - 1, -2**63, just past the version and counter bounds, random), and a configuration word set to a small value in
+its range (CONFIG_SHARE of the rounds), unless --no-header-words. Run as root, the lock damage also names a live process
+of another user (nobody) as the owner, with or without the dirty word at "repairing". Line 0 (identity and geometry),
+line 1 (the lock's words) and line 7's identity words (policy, ghost_slots: written once at creation and checked on
+attach as line 0 is) are left alone: attaching to a segment whose identity is damaged fails by design. With --identity,
+each round also damages one of those identity words, checks that attaching then either works or raises LayoutError, and
+restores the word. Every REPAIR_EVERY rounds and at the end, a child calls verify(repair_damage=True), then verify()
+must be ok, the stats within the limits, and every key must read back.
 
 Every operation must work or raise a ShmCacheError; none may run past ROUND_SECONDS (children dump their stacks
 first, then are SIGKILLed), die, or return a wrong value (a put that returns False is one, but under keep).
@@ -73,7 +73,7 @@ from shmcache.layout import Geometry
 from shmcache.layout.dtypes import (
     E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS, H_LOCK_OFF,
     H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT,
-    HEADER, KIND,
+    HEADER, KIND, POLICY_AUTO, SKETCH_BLOCK_WORDS,
 )
 
 from .common import (
@@ -101,7 +101,7 @@ LOCK_HOLDER_SHARE = 0.25  # odds that a round has a child that damages the lock 
 KEY_LENGTH_SHARE = 0.3  # odds that a round also sets an entry's key length to 0 or one off
 CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a small value in its range
 LOCK_WORDS_NBYTES = 16  # the lock's words (12 bytes) and the first bytes after them
-# Odds of damaging each region (the ghost: under s3fifo only, the one policy that has one).
+# Odds of damaging each region (the ghost: under s3fifo, and auto, whose sketch and state words it holds).
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5}
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
 # and the small queue's words of line 7 (under lru and keep they must stay SENTINEL and 0).
@@ -147,7 +147,9 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         return rng.choice(AIMED_HEADER_OFFS)
     if region == "marks":  # the entry's marks byte (s3fifo: its counter and queue bit; else 0)
         return g.marks_off + e
-    if region == "ghost":  # a slot in use of a group, if it has one
+    if region == "ghost":  # a slot in use of a group, if it has one (auto: one of its state words, half the time)
+        if g.policy == POLICY_AUTO and rng.random() < 0.5:
+            return g.ghost_off + 8 * rng.randrange(SKETCH_BLOCK_WORDS)
         group = g.ghost_off + 8 * GHOST_WAYS * rng.randrange(g.ghost_slots // GHOST_WAYS)
         used = [off for off in range(group, group + 8 * GHOST_WAYS, 8) if _word(mm, off)]
         return rng.choice(used) if used else None

@@ -83,21 +83,22 @@ def test_a_mismatch_is_reported_with_its_first_lookup():
 
 
 def test_the_real_cache_reports_its_policies():
-    assert hr.shm_policies() == ["lru", "s3fifo", "keep"]  # one spelling per model, in SHM_POLICY_NAMES's order
+    assert hr.shm_policies() == ["lru", "s3fifo", "keep", "auto"]  # one spelling per model, in SHM_POLICY_NAMES's order
     assert hr.shm_policies(["s3-fifo"]) == ["s3-fifo"]
 
 
 @pytest.mark.parametrize("workload", sorted(SMALL_WORKLOADS))
 def test_every_policy_of_the_real_cache_against_its_model(workload, name):
-    """lru and keep hit exactly where their models do; s3fifo within S3FIFO_TOLERANCE points of the published one."""
+    """lru, keep and auto hit exactly where their models do; s3fifo within S3FIFO_TOLERANCE points of the published
+    one."""
     w = SMALL_WORKLOADS[workload]()
-    results = hr.run_workload(w, ["lru"], ["lru", "s3fifo", "keep"], name=name)
+    results = hr.run_workload(w, ["lru"], ["lru", "s3fifo", "keep", "auto"], name=name)
     for r in results:
         for c in r.checks:
             assert not c.failed and not c.stats_problem, (c.workload, c.size, c.shm, c.points, c.detail)
             if c.model in hr.EXACT_MODELS:
                 assert c.mismatch is None
-    assert "s3fifo" in results[0].hits and "keep-first" in results[0].hits  # models compared with are run too
+    assert all(m in results[0].hits for m in ("s3fifo", "keep-first", "auto"))  # models compared with are run too
 
 
 def test_a_policy_that_is_not_what_it_says_is_reported(monkeypatch, name):
@@ -244,7 +245,8 @@ def test_every_model_is_bounded_and_only_cold_misses_when_everything_fits(model)
         held = {"lru": lambda: len(m.entries), "s3fifo": lambda: len(m.small) + len(m.main),
                 "s3fifo-libcachesim": lambda: len(m.small) + len(m.main),
                 "sieve": lambda: len(m.visited), "clock": lambda: len(m.slot_of),
-                "2q": lambda: len(m.a1in) + len(m.am), "keep-first": lambda: len(m.kept)}[model]()
+                "2q": lambda: len(m.a1in) + len(m.am), "keep-first": lambda: len(m.kept),
+                "auto": lambda: len(m.window) + len(m.main)}[model]()
         assert held <= 20
 
 

@@ -48,11 +48,13 @@ def test_layout_golden_version_5_additions():
     assert f["admitted"][1] == 376
     assert [f[n][1] for n in ("policy", "ghost_slots", "small_first", "small", "ghost_clock", "not_admitted",
                               "promoted", "ghost_hits")] == list(range(448, 512, 8))
-    assert d.POLICY_NAMES == ("lru", "s3fifo", "keep")
+    assert d.POLICY_NAMES == ("lru", "s3fifo", "keep", "auto")
     assert (d.MARK_FREQ, d.MARK_SMALL, d.GHOST_WAYS, d.GHOST_STAMP_BITS) == (3, 4, 16, 32)
     lru, s3 = layout.Geometry.for_capacity(1 << 20, 1000), layout.Geometry.for_capacity(1 << 20, 1000, 1)
     assert lru.ghost_slots == 0 and s3.ghost_slots == s3.index_slots == 2048
     assert s3.arena_off >= s3.ghost_off + 2048 * 8 and lru.ghost_off == s3.ghost_off
+    auto = layout.Geometry.for_capacity(1 << 20, 1000, d.POLICY_AUTO)  # its sketch where s3fifo's ghost is
+    assert (auto.ghost_off, auto.ghost_slots, auto.arena_off) == (s3.ghost_off, 2048, s3.arena_off)
     assert layout.Geometry.for_capacity(4096, 1, 1).ghost_slots == d.GHOST_WAYS  # a group at least
 
 
@@ -138,7 +140,7 @@ def test_layout_an_unknown_policy_word_is_refused_on_attach(name):
     with open(f"/dev/shm/shmcache.{name}", "r+b") as f:
         f.seek(448)
         f.write((7).to_bytes(8, "little"))
-    with pytest.raises(LayoutError, match="impossible geometry: policy must be a number below 3, got 7"):
+    with pytest.raises(LayoutError, match="impossible geometry: policy must be a number below 4, got 7"):
         SharedCache(name)
 
 

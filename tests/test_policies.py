@@ -15,7 +15,10 @@ import pytest
 import shmcache
 from shmcache import POLICIES, PinnedError, SharedCache, prometheus_text
 from shmcache.codec import fingerprint
-from shmcache.layout.dtypes import E_NEXT, H_SMALL, H_SMALL_FIRST, MARK_SMALL
+from shmcache.layout.dtypes import (
+    A_HITS, A_LAST_PPM, A_PERIODS, A_REQUESTS, A_STEP, A_TARGET, E_NEXT, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
+)
+from shmcache.policies import auto
 from tests.conftest import unique_name
 from tests.workers import python_path
 
@@ -48,7 +51,7 @@ def make(name):
 
 
 def test_policies_names_the_default_and_the_segments_own(name):
-    assert POLICIES == ("lru", "s3fifo", "keep")
+    assert POLICIES == ("lru", "s3fifo", "keep", "auto")
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
         assert c.policy == "lru" and c.stats().policy == "lru"
     SharedCache.unlink_name(name)
@@ -64,7 +67,7 @@ def test_policies_names_the_default_and_the_segments_own(name):
 
 
 def test_policies_an_unknown_name_is_refused_before_anything_is_made(name):
-    with pytest.raises(ValueError, match=r"policy must be one of 'lru', 's3fifo', 'keep', got 'fifo'"):
+    with pytest.raises(ValueError, match=r"policy must be one of 'lru', 's3fifo', 'keep', 'auto', got 'fifo'"):
         SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, policy="fifo")
     with pytest.raises(FileNotFoundError):
         SharedCache(name, create=False)
@@ -110,6 +113,124 @@ def test_policies_s3fifo_readmits_a_key_the_ghost_remembers_to_main(make):
     c.put("k0", 1)  # replaced: stays where it is
     assert c._ent[E_NEXT] == e and c.stats().ghost_hits == 1
     assert c.verify().ok
+
+
+def test_policies_auto_keeps_main_through_a_loop(make):
+    """A cyclic scan of 150 keys through 100 entries: LRU and S3-FIFO evict every key before its next use and hit
+    never; auto's sketch finds each key no more frequent than main's victim and keeps main, as keep would."""
+    c = make("auto", max_entries=100, capacity_bytes=1 << 18)
+    hits = 0
+    for n in range(150 * 30):
+        k = f"k{n % 150}"
+        v = c.get(k)
+        if v is None:
+            c.put(k, (k, n))
+        else:
+            assert v[0] == k
+            hits += n >= 150 * 10
+    assert hits / (150 * 20) > 0.5  # keep's is 100 / 150
+    s = c.stats()
+    assert s.filter_refused > s.filter_admitted and s.entries == 100 and c.verify().ok
+
+
+def test_policies_auto_keeps_what_was_hit_through_a_scan(make):
+    c = make("auto", max_entries=20)
+    for _ in range(3):
+        for k in range(10):
+            if c.get(f"hot{k}") is None:
+                c.put(f"hot{k}", k)
+    for k in range(200):  # one-hit wonders, ten times the cache
+        c.put(f"scan{k}", k)
+    assert all(c.get(f"hot{k}") == k for k in range(10))
+    s = c.stats()
+    assert s.entries == 20 and s.evictions == 210 - 20 and 1 <= s.window_target < 20
+    assert s.filter_refused > 0 and c.verify().ok
+
+
+def _replay(c, keys) -> bytearray:
+    hits = bytearray(len(keys))
+    for i, k in enumerate(keys):
+        v = c.get(k)
+        if v is None:
+            c.put(k, k)
+        else:
+            assert v == k
+            hits[i] = 1
+    return hits
+
+
+def _phases(seed: int) -> list[str]:
+    """Zipf traffic over 400 keys, then a loop over 300, then Zipf over other keys, then a burst of one-offs and
+    Zipf again: workloads that pull the window's target one way, then the other."""
+    rng = np.random.default_rng(seed)
+    z = lambda n, a, off: [f"z{off + int(x) % n}" for x in rng.zipf(a, 6000)]  # noqa: E731
+    loop = [f"l{n % 300}" for n in range(6000)]
+    return z(400, 1.3, 0) + loop + z(400, 1.1, 1000) + [f"once{n}" for n in range(2000)] + z(400, 1.2, 0)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_policies_auto_hits_where_its_model_does_and_climbs_as_it(make, seed):
+    """The real cache (on this handle's path: the suite runs on both) against benchmarks.hitratio's model of auto:
+    the same hit on every lookup, the same window target at the end, the same filter counts."""
+    from benchmarks.hitratio import Auto, first_mismatch
+
+    keys = _phases(seed)
+    c = make("auto", max_entries=64, capacity_bytes=1 << 18)
+    hits = _replay(c, keys)
+    model, targets = Auto(64), set()
+    expected = bytearray()
+    for k in keys:
+        expected.append(model.access(k))
+        targets.add(model.window_target())
+    assert first_mismatch(hits, expected) is None and len(targets) > 3  # the phases moved the target about
+    s = c.stats()
+    assert c._seg.ghost_words[A_PERIODS] == model.periods >= 20  # the climber closed its periods
+    assert s.window_target == model.window_target() and c._seg.ghost_words[A_TARGET] == model.target
+    assert (s.filter_admitted, s.filter_refused) == (model.preferred, model.refused) and model.refused
+    assert s.hits == sum(hits) and c.verify().ok
+
+
+def test_policies_auto_any_state_word_is_harmless(make):
+    """Every state word and sketch word of auto damaged, at random, between operations: values stay right, nothing
+    raises, verify() finds nothing to repair (the words are hints), and the state is back in range."""
+    c = make("auto", max_entries=32, capacity_bytes=1 << 16)
+    rng = random.Random(5)
+    words = c._seg.ghost_words
+    extremes = [0, -1, 1, 2**63 - 1, -(2**63), 2**62, 10**6 + 1, -(10**6)]
+    for n in range(4000):
+        if n % 50 == 0:
+            for w in (A_TARGET, A_STEP, A_LAST_PPM, A_REQUESTS, A_HITS, A_PERIODS, rng.randrange(len(words))):
+                words[w] = rng.choice(extremes + [rng.randrange(-(2**63), 2**63)])
+        k = f"k{rng.randrange(80)}"
+        v = c.get(k)
+        assert v is None or v == k
+        if v is None:
+            c.put(k, k)
+    assert c.verify().ok and 1 <= c.stats().window_target <= 31
+
+
+def test_policies_auto_clear_starts_afresh(make):
+    c = make("auto", max_entries=16)
+    for k in range(400):
+        c.put(f"k{k % 40}", k)
+        c.get(f"k{k % 7}")
+    assert any(c._seg.ghost_words)
+    c.clear()
+    assert not any(c._seg.ghost_words) and c.stats().window_target == 1  # 1 % of 16: one, at least
+    c.put("a", 1)
+    assert c.stats().small_entries == 1 and c.get("a") == 1 and c.verify().ok
+
+
+def test_policies_auto_sketch_counts_saturate_and_halve():
+    words = [0] * 32
+    fp = 0x1234_5678_9ABC_DEF0 & (2**63 - 1)
+    for _ in range(20):
+        auto.sketch_add(words, fp)
+    assert auto.frequency(words, fp) == 15 and not any(words[:8])  # block 0 is the state's
+    other = [w for w in range(32) if words[w]]
+    assert 2 <= len(other) <= 4 and all(8 <= w < 32 for w in other)
+    halved = [(w >> 1) & 0x7777777777777777 for w in words]
+    assert auto.frequency(halved, fp) == 7
 
 
 def test_policies_keep_admits_until_full_then_keeps(make):
@@ -277,7 +398,8 @@ def test_policies_stats_show_in_prometheus(make):
 # ------------------------------------------------------------------------------------------------- crash windows
 
 ctx = mp.get_context("fork")
-_TRACED = ("shmcache/policies/s3fifo.py", "shmcache/policies/base.py", "shmcache/table.py", "shmcache/store.py")
+_TRACED = ("shmcache/policies/s3fifo.py", "shmcache/policies/auto.py", "shmcache/policies/base.py",
+           "shmcache/table.py", "shmcache/store.py")
 
 
 def _put_and_die_at_line(name: str, n: int, key: str, value) -> None:
@@ -302,10 +424,10 @@ def _put_and_die_at_line(name: str, n: int, key: str, value) -> None:
     os._exit(3)
 
 
-def _s3fifo_full(name: str) -> SharedCache:
-    """An s3fifo cache of 8 entries, full, whose next eviction promotes from small, rotates main and feeds the
-    ghost: every step of the policy's eviction is on the next put's path."""
-    c = SharedCache(name, capacity_bytes=1 << 14, max_entries=8, create=True, policy="s3fifo")
+def _queues_full(name: str, policy: str) -> SharedCache:
+    """An s3fifo (or auto) cache of 8 entries, full, whose next eviction promotes from small (the window), rotates
+    main and feeds the ghost (asks the sketch): every step of the policy's eviction is on the next put's path."""
+    c = SharedCache(name, capacity_bytes=1 << 14, max_entries=8, create=True, policy=policy)
     for k in range(12):
         c.put(f"k{k}", (f"k{k}", k))
     for k in (8, 9, 10):  # in small: hit twice, promoted at the next eviction
@@ -317,12 +439,13 @@ def _s3fifo_full(name: str) -> SharedCache:
 
 
 @pytest.mark.timeout(300)
-def test_policies_s3fifo_put_killed_at_any_line_is_repaired(name):
-    """A put under s3fifo SIGKILLed at each line it runs of the policy, table and store code in turn: the next
-    handle repairs, every value it returns is the one stored for its key, and verify() passes."""
+@pytest.mark.parametrize("policy", ["s3fifo", "auto"])
+def test_policies_queues_put_killed_at_any_line_is_repaired(name, policy):
+    """A put under s3fifo (auto) SIGKILLed at each line it runs of the policy, table and store code in turn: the
+    next handle repairs, every value it returns is the one stored for its key, and verify() passes."""
     n = 1
     while True:
-        c = _s3fifo_full(name)
+        c = _queues_full(name, policy)
         try:
             p = ctx.Process(target=_put_and_die_at_line, args=(name, n, "new", ("new", -1)), daemon=True)
             p.start()

@@ -35,12 +35,11 @@ version clock, the expiry bound and counter, the default time to live, the numbe
 writing, the configuration's checksum and the count of new entries stored, line 6 the configuration's checked copy
 (``shmcache/config.py``), the long walks' ``progress``, the time of the last store (``last_put_ns``) and the count
 of stores refused as too large (``too_large``) and how much of the arena is backed with memory (``arena_extent``),
-line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1
-s3fifo, 2 keep) and ``ghost_slots``, both written once at creation, then s3fifo's small queue (``small_first``,
-``small``), its ghost clock and the policy's counters, line 8 what readers without the lock validate against
-(``seq``), the number of reader slots (written once at creation) and the slots' sums ``clear()`` last set aside
-(``base_*``), then the capacity in force (``capacity``) and the count of resizes (``resizes``). See
-``dtypes.HEADER`` for each field.
+line 7 the eviction policy: ``policy`` (``POLICY_*``: 0 lru, 1 s3fifo, 2 keep, 3 auto) and ``ghost_slots``, both
+written once at creation, then s3fifo's small queue (auto's window: ``small_first``, ``small``), its ghost clock and
+the policy's counters, line 8 what readers without the lock validate against (``seq``), the number of reader slots
+(written once at creation) and the slots' sums ``clear()`` last set aside (``base_*``), then the capacity in force
+(``capacity``) and the count of resizes (``resizes``). See ``dtypes.HEADER`` for each field.
 
 Capacity. The arena is sized at creation for the most a resize reaches (``capacity_bytes`` of line 0): address
 space, and a file that long, sparse. The ring uses its first ``Geometry.ring_nbytes(capacity, limit)`` bytes, what
@@ -102,8 +101,15 @@ entries are looked for only once one can exist. ``versions`` takes the next valu
 one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). ``kinds`` repeats the kind
 byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
 pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
-without a word written. ``marks`` is 0 under lru and keep; under s3fifo bits 0-1 count the entry's hits since it
-entered its queue (saturating at 3) and bit 2 (``MARK_SMALL``) says it is in small.
+without a word written. ``marks`` is 0 under lru and keep; under s3fifo (and auto) bits 0-1 count the entry's hits
+since it entered its queue (saturating at 3) and bit 2 (``MARK_SMALL``) says it is in small (auto's window).
+
+The ghost region (``ghost_slots`` words, as many as the index's slots, under s3fifo and auto; none under lru and
+keep): under s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit
+counters in blocks of 8 words, a key's 4 counters in one block, whose block 0 holds the policy's state instead
+(``A_*`` of dtypes.py: the window's target, the climber's step, the last period's hit ratio, the lookups and hits
+when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any
+word of the region is valid under both policies, so it is outside the crash protocol.
 
 Reads without the lock (s3fifo and keep). ``seq`` is odd from a lock holder's first write or pin query until its
 hold ends with ``dirty`` 0; a reader reads it before and after what it reads, and an odd word or a change voids the

@@ -54,9 +54,10 @@ SEGMENT_PREFIX = "shmcache."  # shm object name is "/" + SEGMENT_PREFIX + cache 
 HEADER_NBYTES = 576  # 9 cache lines
 LOCK_NBYTES = 64  # the lock's words (futex, holder slot, wake count: 12 bytes), alone on one whole line
 # Eviction policies (header word ``policy``, chosen at creation): the names SharedCache takes, by number.
-POLICY_LRU, POLICY_S3FIFO, POLICY_KEEP = 0, 1, 2
-POLICY_NAMES = ("lru", "s3fifo", "keep")
-# An entry's marks byte (the MARKS column): under s3fifo its access counter and whether it is in the small queue.
+POLICY_LRU, POLICY_S3FIFO, POLICY_KEEP, POLICY_AUTO = 0, 1, 2, 3
+POLICY_NAMES = ("lru", "s3fifo", "keep", "auto")
+# An entry's marks byte (the MARKS column): under s3fifo (and auto) its access counter and whether it is in the small
+# queue (auto's window).
 MARK_FREQ = 3  # bits 0-1: hits since it entered its queue, saturating at 3 (S3-FIFO's 2-bit counter)
 MARK_SMALL = 4  # bit 2: the entry is in the small queue (else the main one)
 MARKS_VALID = MARK_FREQ | MARK_SMALL  # no other bit is ever set
@@ -66,6 +67,18 @@ MARKS_VALID = MARK_FREQ | MARK_SMALL  # no other bit is ever set
 GHOST_STAMP_BITS = 32
 GHOST_STAMP_MASK = 2**32 - 1
 GHOST_WAYS = 16  # a key's ghost slot is one of the 16 of its group (two cache lines), the oldest replaced
+# Under auto the ghost region holds a frequency sketch instead (policies/auto.py): 64-byte blocks of 4-bit counters,
+# of which the first holds the policy's state, these words (any value valid: each is clamped where it is read).
+A_TARGET = 0      # the window's target in entries; 0: the first one (1 % of the entries)
+A_STEP = 1        # the climber's next step, in 1/1024 entries, signed (towards a larger window if positive); 0: the
+#                   restarting step
+A_LAST_PPM = 2    # the hit ratio of the last period, in millionths
+A_REQUESTS = 3    # lookups (hits and misses, every process) counted when the period began
+A_HITS = 4        # hits counted when the period began
+A_PERIODS = 5     # periods the climber closed (a counter)
+A_PREFERRED = 6   # candidates from the window the sketch found more frequent than main's victim, which they replaced
+A_REFUSED = 7     # candidates it did not: they left the cache
+SKETCH_BLOCK_WORDS = 8  # a key's 4 counters are in one block (a cache line) of the sketch
 # Reader slots: one per handle that reads without the lock, its counts written by that handle alone (see READER).
 READER_SLOTS = 256
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT,
-    KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS,
-    VERSIONS,
+    KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER,
+    READER_SLOTS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -157,8 +157,9 @@ class Geometry:
 
     @property
     def ghost_slots(self) -> int:
-        """Slots of the ghost region: as many as the index's under s3fifo (a load of at most 0.45), else none."""
-        return max(self.index_slots, GHOST_WAYS) if self.policy == POLICY_S3FIFO else 0
+        """Words of the ghost region: as many as the index's slots under s3fifo (a load of at most 0.45) and auto (its
+        sketch: 32 counters an entry at least), else none."""
+        return max(self.index_slots, GHOST_WAYS) if self.policy in (POLICY_S3FIFO, POLICY_AUTO) else 0
 
     @property
     def index_off(self) -> int:

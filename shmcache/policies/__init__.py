@@ -1,11 +1,13 @@
 """The eviction policies, one module each behind one interface (``base.Policy``), as cachebox keeps its policies
-behind one trait: ``lru`` (exact LRU, the default), ``s3fifo`` (S3-FIFO and its ghost) and ``keep`` (admitted while
-it fits). A segment's policy is chosen once, at its creation (the header's ``policy`` word), and each handle takes its
-object once (``of``); what a policy does is asked of that object, never of its number."""
+behind one trait: ``lru`` (exact LRU, the default), ``s3fifo`` (S3-FIFO and its ghost), ``keep`` (admitted while it
+fits) and ``auto`` (a window, a frequency sketch and main, the window's share climbed to the hit ratio). A segment's
+policy is chosen once, at its creation (the header's ``policy`` word), and each handle takes its object once
+(``of``); what a policy does is asked of that object, never of its number."""
 
 from __future__ import annotations
 
 from ..layout.dtypes import POLICY_NAMES
+from .auto import Auto
 from .base import Policy
 from .keep import Keep
 from .lru import Lru
@@ -13,7 +15,7 @@ from .s3fifo import S3fifo
 
 __all__ = ["POLICIES", "Policy", "number", "of"]
 
-POLICIES: tuple[Policy, ...] = tuple(sorted((Lru(), S3fifo(), Keep()), key=lambda p: p.number))
+POLICIES: tuple[Policy, ...] = tuple(sorted((Lru(), S3fifo(), Keep(), Auto()), key=lambda p: p.number))
 if tuple(p.name for p in POLICIES) != POLICY_NAMES or [p.number for p in POLICIES] != list(range(len(POLICIES))):
     raise ImportError("policies: one object per POLICY_* number, named as layout/dtypes.py names them")
 

@@ -123,7 +123,7 @@ def admit_to_main(h, ghost, fp: int) -> bool:
 # ------------------------------------------------------------------------------------------------- eviction
 
 
-def _to_main(table, t: int) -> None:
+def to_main(table, t: int) -> None:
     """Move small's oldest entry ``t`` to main's front, its counter reset."""
     h, ent = table.h, table.ent
     b = t * _W
@@ -137,40 +137,29 @@ def _to_main(table, t: int) -> None:
     h[H_SMALL] -= 1
 
 
-def s3fifo_evict_one(table) -> bool:
-    """Evict one entry no view pins as S3-FIFO chooses it; False if every entry is pinned (or there is none). An
-    entry a view pins counts as used: in small it moves to main, in main it is passed over."""
+def small_oldest(table) -> int:
+    """Small's oldest entry (the sentinel's prev), checked to be one of small."""
+    t = table.ent[E_PREV]
+    if not 0 < t < table.slots or not table.marks[t] & MARK_SMALL:
+        raise CorruptionError(f"small queue's oldest is slot {t}, not an entry of small", what="evict")
+    return t
+
+
+def main_victim(table, main: int) -> int:
+    """Main's next victim, as its CLOCK chooses: its oldest entry no view pins with its counter at 0, those before
+    it reinserted at main's front with one hit fewer (pinned ones count as used, and are passed over); SENTINEL if
+    every one of the ``main`` entries of main is pinned. Nothing is removed."""
     h, ent, marks = table.h, table.ent, table.marks
     slots = table.slots
-    if not 0 < h[H_MAX_ENTRIES] < slots:
-        raise CorruptionError(f"max_entries={h[H_MAX_ENTRIES]} is out of range", what="evict")
     passed = 0  # pinned entries of main passed over since the last change: past main's size, no unpinned one is left
     for _ in range(4 * slots + 4):
-        small = h[H_SMALL]
-        main = h[H_ENTRIES] - small
-        if small > 0 and main <= h[H_MAX_ENTRIES] - small_share(h[H_MAX_ENTRIES]):
-            t = ent[E_PREV]  # small's oldest: the sentinel's prev
-            if not 0 < t < slots or not marks[t] & MARK_SMALL:
-                raise CorruptionError(f"small queue's oldest is slot {t}, not an entry of small", what="evict")
-            pinned = table.pins[t] and table.pinned(t)
-            if pinned or marks[t] & MARK_FREQ >= PROMOTE_AT:
-                _to_main(table, t)
-                if not pinned:
-                    h[H_PROMOTED] += 1
-                continue
-            ghost_add(h, table.ghost, ent[t * _W + E_FP])
-            table.remove(t)
-            h[H_EVICTIONS] += 1
-            return True
-        if main <= 0:
-            return False
         t = main_tail(h, ent, slots)
         if not 0 < t < slots or marks[t] & MARK_SMALL:
             raise CorruptionError(f"main queue's oldest is slot {t}, not an entry of main", what="evict")
         if table.pins[t] and table.pinned(t):
             passed += 1
             if passed > main:
-                return table.evict_oldest()  # main is all pinned: small's oldest unpinned goes, if any
+                return SENTINEL
             lru.move_to_front(ent, t)
             continue
         m = marks[t]
@@ -179,6 +168,36 @@ def s3fifo_evict_one(table) -> bool:
             passed = 0
             lru.move_to_front(ent, t)
             continue
+        return t
+    raise CorruptionError("main's queue does not hold the entries the header counts", what="evict")
+
+
+def s3fifo_evict_one(table) -> bool:
+    """Evict one entry no view pins as S3-FIFO chooses it; False if every entry is pinned (or there is none). An
+    entry a view pins counts as used: in small it moves to main, in main it is passed over."""
+    h, marks = table.h, table.marks
+    if not 0 < h[H_MAX_ENTRIES] < table.slots:
+        raise CorruptionError(f"max_entries={h[H_MAX_ENTRIES]} is out of range", what="evict")
+    for _ in range(4 * table.slots + 4):
+        small = h[H_SMALL]
+        main = h[H_ENTRIES] - small
+        if small > 0 and main <= h[H_MAX_ENTRIES] - small_share(h[H_MAX_ENTRIES]):
+            t = small_oldest(table)
+            pinned = table.pins[t] and table.pinned(t)
+            if pinned or marks[t] & MARK_FREQ >= PROMOTE_AT:
+                to_main(table, t)
+                if not pinned:
+                    h[H_PROMOTED] += 1
+                continue
+            ghost_add(h, table.ghost, table.ent[t * _W + E_FP])
+            table.remove(t)
+            h[H_EVICTIONS] += 1
+            return True
+        if main <= 0:
+            return False
+        t = main_victim(table, main)
+        if t == SENTINEL:
+            return table.evict_oldest()  # main is all pinned: small's oldest unpinned goes, if any
         table.remove(t)
         h[H_EVICTIONS] += 1
         return True
