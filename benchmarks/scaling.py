@@ -9,6 +9,7 @@ process. Rounds are interleaved (every store and process count once, then again)
 Stores:
   shmcache-lru     SharedCache(policy="lru"): every get takes the lock (it relinks the entry)
   shmcache-s3fifo  SharedCache(policy="s3fifo"): gets read without the lock (compiled section, x86-64)
+  shmcache-auto    SharedCache(policy="auto"): gets read without the lock too, and add to its frequency sketch
   lmdb             one LMDB environment in /dev/shm, a read transaction per get (needs ``pip install lmdb``)
   private          a dict per process (no sharing: each worker's own copy): the ceiling of a lookup
 
@@ -30,7 +31,7 @@ import time
 
 import numpy as np
 
-STORES = ("shmcache-lru", "shmcache-s3fifo", "lmdb", "private")
+STORES = ("shmcache-lru", "shmcache-s3fifo", "shmcache-auto", "lmdb", "private")
 
 
 def _value(i: int) -> dict:

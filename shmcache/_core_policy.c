@@ -232,15 +232,18 @@ static void sketch_add(Core *c, int64_t fp)
 
 /* The same by a hit read without the lock: each word loaded and stored whole (relaxed), never torn. A raise lost to
  * a race with another reader's, or one that undoes a halving of its word, is a lookup counted wrong: any counter
- * is valid. (twin: policies/auto.py sketch_add, by the locked path's hit) */
-static void sketch_add_unlocked(Core *c, int64_t fp)
+ * is valid. The block is found once and the 4 counters read from its cache line; a saturated one is not written,
+ * so the hot keys' hits store nothing. (twin: policies/auto.py sketch_add, by the locked path's hit) */
+static inline void sketch_add_unlocked(Core *c, int64_t fp)
 {
+    uint64_t u = (uint64_t)fp, b = u & ((uint64_t)GHOST_LIVE(c) / SKETCH_BLOCK_WORDS - 1);
+    int64_t *block = c->ghost + (b ? b : 1) * SKETCH_BLOCK_WORDS;
     for (int i = 0; i < 4; i++) {
-        int sh;
-        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
-        uint64_t v = (uint64_t)__atomic_load_n(&c->ghost[w], __ATOMIC_RELAXED);
+        int64_t *w = block + 2 * i + ((u >> (32 + i)) & 1);
+        int sh = (int)(((u >> (36 + 4 * i)) & 15) << 2);
+        uint64_t v = (uint64_t)__atomic_load_n(w, __ATOMIC_RELAXED);
         if (((v >> sh) & 15) != 15)
-            __atomic_store_n(&c->ghost[w], (int64_t)(v + ((uint64_t)1 << sh)), __ATOMIC_RELAXED);
+            __atomic_store_n(w, (int64_t)(v + ((uint64_t)1 << sh)), __ATOMIC_RELAXED);
     }
 }
 
