@@ -1,6 +1,6 @@
 """Short runs of the stress scripts (stress/), so every CI run also kills lock holders and damages segments.
 
-Each runs under every eviction policy (shmcache.POLICIES), a third of the time each, so that the four scripts take
+Each runs under every eviction policy (shmcache.POLICIES), a quarter of the time each, so that the four scripts take
 about what one run each took before the policies. The long runs, with their figures in docs/operations.md
 ("Measured under stress"), are the same scripts run for minutes instead of seconds (--policy all: each in turn).
 """
@@ -37,7 +37,7 @@ def run_stress(script: str, policy: str, *args: str) -> dict:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stress_hammer_short(policy):
-    s = run_stress("hammer", policy, "--seconds", "1.5", "--workers", "3", "--seed", "11")
+    s = run_stress("hammer", policy, "--seconds", "1.1", "--workers", "3", "--seed", "11")
     assert s["errors"] == 0 and s["crashes"] == 0
 
 
@@ -53,7 +53,7 @@ def reads_without_the_lock(name: str, policy: str) -> bool:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stress_kill_storm_short(policy, name):
-    s = run_stress("kill_storm", policy, "--seconds", "3", "--workers", "4", "--seed", "12")
+    s = run_stress("kill_storm", policy, "--seconds", "2.25", "--workers", "4", "--seed", "12")
     assert s["kills"] > 10 and s["errors"] == 0 and s["crashes"] == 0 and s["resizes"] > 0
     if reads_without_the_lock(name, policy):
         assert s["unlocked_reads"] > 0, s
@@ -61,7 +61,7 @@ def test_stress_kill_storm_short(policy, name):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stress_fuzz_short(policy, name):
-    s = run_stress("fuzz", policy, "--seconds", "3", "--workers", "3", "--seed", "13")
+    s = run_stress("fuzz", policy, "--seconds", "2.25", "--workers", "3", "--seed", "13")
     assert s["corruptions"] > 0 and s["crashes"] == 0 and s["foreign"] == 0
     if reads_without_the_lock(name, policy):
         assert s["unlocked_reads"] > 0, s
@@ -69,7 +69,7 @@ def test_stress_fuzz_short(policy, name):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stress_signals_short(policy):
-    s = run_stress("signals", policy, "--seconds", "1.5", "--workers", "3", "--seed", "14")
+    s = run_stress("signals", policy, "--seconds", "1.1", "--workers", "3", "--seed", "14")
     assert s["interrupts"] > 100 and s["errors"] == 0 and s["crashes"] == 0
     assert s["leaked_fds"] == 0 and s["closed_fds"] == 0 and s["held"] == 0 and s["refused"] == 0
 
