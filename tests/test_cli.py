@@ -144,11 +144,28 @@ def test_cli_stats_and_inspect_show_the_policy_and_its_counters(capsys, name):
         rc, out, _ = run(capsys, "inspect", name, "--json")
         policy = json.loads(out)["policy"]
         assert rc == 0 and policy == {"name": "keep", "ghost_slots": 0, "admitted": 4, "not_admitted": 2,
-                                      "small_entries": 0, "promoted": 0, "ghost_hits": 0}
+                                      "small_entries": 0, "promoted": 0, "ghost_hits": 0, "window_target": 0,
+                                      "filter_admitted": 0, "filter_refused": 0}
         rc, out, _ = run(capsys, "stats", name)
         assert rc == 0 and re.search(r"policy\s+keep", out) and re.search(r"not_admitted\s+2", out)
         rc, out, _ = run(capsys, "ls", "--json")
         assert [r["policy"] for r in json.loads(out) if r["name"] == name] == ["keep"]
+        c.unlink()
+
+
+def test_cli_inspect_shows_what_auto_is_doing(capsys, name):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=200, create=True, policy="auto") as c:
+        for i in range(1000):  # a loop over 250 keys: the sketch turns window entries away
+            k = i % 250
+            if c.get(k) is None:
+                c.put(k, k)
+        s = c.stats()
+        rc, out, _ = run(capsys, "inspect", name, "--json")
+        policy = json.loads(out)["policy"]
+        assert rc == 0 and policy["name"] == "auto" and policy["window_target"] == s.window_target == 2
+        assert policy["filter_refused"] == s.filter_refused > 0 and policy["ghost_slots"] == c._seg.geometry.ghost_slots
+        rc, out, _ = run(capsys, "stats", name)
+        assert rc == 0 and re.search(rf"window_target\s+{s.window_target}\b", out)
         c.unlink()
 
 
