@@ -160,6 +160,23 @@ static int main_victim(Core *c, int64_t main, int64_t *v)
     return bounds(c);
 }
 
+/* Main's victim evicted (main_victim); if every entry of main is pinned, the list's oldest unpinned one instead,
+ * if any. (twin: policies/s3fifo.py evict_main) */
+static int evict_main(Core *c, int64_t main, int *done)
+{
+    int64_t v;
+    int r;
+    if ((r = main_victim(c, main, &v)))
+        return r;
+    if (v == c->sentinel)
+        return evict_oldest(c, done); /* main is all pinned: small's oldest unpinned goes, if any */
+    if ((r = table_remove(c, v)))
+        return r;
+    ADD(HW(evictions), 1);
+    *done = 1;
+    return ST_OK;
+}
+
 /* Evict one entry no view pins as S3-FIFO chooses it; *done 0 if every entry is pinned (or there is none).
  * (twin: policies/s3fifo.py s3fifo_evict_one) */
 static int s3fifo_evict_one(Core *c, int *done)
@@ -190,71 +207,53 @@ static int s3fifo_evict_one(Core *c, int *done)
             *done = 1;
             return ST_OK;
         }
-        if (main <= 0)
-            return ST_OK;
-        if ((r = main_victim(c, main, &t)))
-            return r;
-        if (t == c->sentinel)
-            return evict_oldest(c, done); /* main is all pinned: small's oldest unpinned goes, if any */
-        if ((r = table_remove(c, t)))
-            return r;
-        ADD(HW(evictions), 1);
-        *done = 1;
-        return ST_OK;
+        return main > 0 ? evict_main(c, main, done) : ST_OK;
     }
     return bounds(c);
 }
 
 /* ------------------------------------------------------------------------------- auto's sketch and climber */
 
-/* The word and shift of counter ``i`` (0 to 3) of ``fp``: two words of its block each, a nibble chosen by 4 bits.
- * Block 0 holds the state words, so a key whose bits choose it counts in block 1. Whatever ``fp`` is (a damaged
- * entry's), the word is one of the sketch in force. (twin: policies/auto.py _counters) */
-static inline int64_t sketch_counter(Core *c, uint64_t fp, int i, int *shift)
+/* The block of the sketch in force that holds ``fp``'s 4 counters (block 0 holds the state words, so a key whose bits
+ * choose it counts in block 1); counter ``i`` is in word 2i or 2i + 1 of it, the nibble 4 more bits choose.
+ * Whatever ``fp`` is (a damaged entry's), the block is one of the sketch in force. (twin: policies/auto.py
+ * _counters) */
+static inline int64_t *sketch_block(Core *c, uint64_t fp)
 {
-    uint64_t blocks = (uint64_t)GHOST_LIVE(c) / SKETCH_BLOCK_WORDS, b = fp & (blocks - 1);
-    *shift = (int)(((fp >> (36 + 4 * i)) & 15) << 2);
-    return (int64_t)((b ? b : 1) * SKETCH_BLOCK_WORDS + 2 * (uint64_t)i + ((fp >> (32 + i)) & 1));
+    uint64_t b = fp & ((uint64_t)GHOST_LIVE(c) / SKETCH_BLOCK_WORDS - 1);
+    return c->ghost + (b ? b : 1) * SKETCH_BLOCK_WORDS;
 }
 
-/* One more lookup of ``fp``: each of its counters raised, saturating at 15 (lock held).
+#define SKETCH_WORD(block, fp, i) ((block) + 2 * (i) + (((fp) >> (32 + (i))) & 1))
+#define SKETCH_SHIFT(fp, i) ((int)((((fp) >> (36 + 4 * (i))) & 15) << 2))
+
+/* One more lookup of ``fp``: each of its counters raised, saturating at 15; a saturated one is not written, so the
+ * hot keys' hits store nothing. The same under the lock and by a hit read without it: each word is loaded and stored
+ * whole (relaxed: plain moves on x86-64), never torn; a raise lost to a race with another reader's, or one that
+ * undoes a halving of its word, is a lookup counted wrong, and any counter is valid.
  * (twin: policies/auto.py sketch_add) */
-static void sketch_add(Core *c, int64_t fp)
+static inline void sketch_add(Core *c, int64_t fp)
 {
+    uint64_t u = (uint64_t)fp;
+    int64_t *block = sketch_block(c, u);
     for (int i = 0; i < 4; i++) {
-        int sh;
-        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
-        uint64_t v = (uint64_t)c->ghost[w];
-        if (((v >> sh) & 15) != 15)
-            c->ghost[w] = (int64_t)(v + ((uint64_t)1 << sh));
-    }
-}
-
-/* The same by a hit read without the lock: each word loaded and stored whole (relaxed), never torn. A raise lost to
- * a race with another reader's, or one that undoes a halving of its word, is a lookup counted wrong: any counter
- * is valid. The block is found once and the 4 counters read from its cache line; a saturated one is not written,
- * so the hot keys' hits store nothing. (twin: policies/auto.py sketch_add, by the locked path's hit) */
-static inline void sketch_add_unlocked(Core *c, int64_t fp)
-{
-    uint64_t u = (uint64_t)fp, b = u & ((uint64_t)GHOST_LIVE(c) / SKETCH_BLOCK_WORDS - 1);
-    int64_t *block = c->ghost + (b ? b : 1) * SKETCH_BLOCK_WORDS;
-    for (int i = 0; i < 4; i++) {
-        int64_t *w = block + 2 * i + ((u >> (32 + i)) & 1);
-        int sh = (int)(((u >> (36 + 4 * i)) & 15) << 2);
+        int64_t *w = SKETCH_WORD(block, u, i);
+        int sh = SKETCH_SHIFT(u, i);
         uint64_t v = (uint64_t)__atomic_load_n(w, __ATOMIC_RELAXED);
         if (((v >> sh) & 15) != 15)
             __atomic_store_n(w, (int64_t)(v + ((uint64_t)1 << sh)), __ATOMIC_RELAXED);
     }
 }
 
-/* How often ``fp`` was looked up lately: the least of its counters. (twin: policies/auto.py frequency) */
+/* How often ``fp`` was looked up lately: the least of its counters (lock held). (twin: policies/auto.py
+ * frequency) */
 static int frequency(Core *c, int64_t fp)
 {
+    uint64_t u = (uint64_t)fp;
+    int64_t *block = sketch_block(c, u);
     int f = 15;
     for (int i = 0; i < 4; i++) {
-        int sh;
-        int64_t w = sketch_counter(c, (uint64_t)fp, i, &sh);
-        int n = (int)(((uint64_t)c->ghost[w] >> sh) & 15);
+        int n = (int)(((uint64_t)*SKETCH_WORD(block, u, i) >> SKETCH_SHIFT(u, i)) & 15);
         if (n < f)
             f = n;
     }
@@ -396,17 +395,7 @@ static int auto_evict_one(Core *c, int *done)
             *done = 1;
             return ST_OK;
         }
-        if (main <= 0)
-            return ST_OK;
-        if ((r = main_victim(c, main, &v)))
-            return r;
-        if (v == c->sentinel)
-            return evict_oldest(c, done); /* main is all pinned: the window's oldest unpinned goes, if any */
-        if ((r = table_remove(c, v)))
-            return r;
-        ADD(HW(evictions), 1);
-        *done = 1;
-        return ST_OK;
+        return main > 0 ? evict_main(c, main, done) : ST_OK;
     }
     return bounds(c);
 }

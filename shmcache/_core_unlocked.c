@@ -94,7 +94,7 @@ static inline void hit_unlocked(Core *c, int64_t e, int64_t fp)
     if (c->pol->marks_on_hit)
         bump_unlocked(c, e);
     if (c->pol->sketches)
-        sketch_add_unlocked(c, fp);
+        sketch_add(c, fp);
 }
 
 /* Before try ``t`` (from 1) of a read: counted as a retry, then 2**t pause instructions (at most 256). */

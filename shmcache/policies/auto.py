@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import readers
 from ..errors import CorruptionError
 from ..layout import SENTINEL
 from ..layout.dtypes import (
     A_HITS, A_LAST_PPM, A_PERIODS, A_PREFERRED, A_REFUSED, A_REQUESTS, A_STEP, A_TARGET, E_FP, ENTRY_WORDS, H_ADMITTED,
     H_ENTRIES, H_EVICTIONS, H_HITS, H_MAX_ENTRIES, H_MISSES, H_PROMOTED, H_SMALL, MARK_FREQ, MAX_COUNTER, POLICY_AUTO,
-    R_HITS, R_MISSES, READER_SLOTS, READER_WORDS, SKETCH_BLOCK_WORDS,
+    SKETCH_BLOCK_WORDS,
 )
 from .base import Policy
-from .s3fifo import S3fifo, bump, main_victim, small_oldest, to_main
+from .s3fifo import S3fifo, bump, evict_main, main_victim, small_oldest, to_main
 
 _W = ENTRY_WORDS
 WINDOW_PERCENT = 1  # the window's first target: 1 % of the entries (Caffeine's), one at least
@@ -93,10 +94,9 @@ def lookups(table) -> tuple[int, int]:
     """(lookups, hits) every process has counted: the header's and the reader slots' since the segment was made
     (each count clipped into range, and each sum too). (twin: _core_policy.c lookups)"""
     h = table.h
-    a = np.frombuffer(table.seg.reader_words, dtype=np.int64)[: READER_SLOTS * READER_WORDS]
-    a = a.reshape(READER_SLOTS, READER_WORDS)
-    hits = min(min(max(h[H_HITS], 0), MAX_COUNTER) + int(a[:, R_HITS].clip(0, MAX_COUNTER).sum()), MAX_COUNTER)
-    misses = min(min(max(h[H_MISSES], 0), MAX_COUNTER) + int(a[:, R_MISSES].clip(0, MAX_COUNTER).sum()), MAX_COUNTER)
+    slot_hits, slot_misses, _, _ = readers.sums(table.seg.reader_words)
+    hits = min(min(max(h[H_HITS], 0), MAX_COUNTER) + slot_hits, MAX_COUNTER)
+    misses = min(min(max(h[H_MISSES], 0), MAX_COUNTER) + slot_misses, MAX_COUNTER)
     return min(hits + misses, MAX_COUNTER), hits
 
 
@@ -184,14 +184,7 @@ def auto_evict_one(table) -> bool:
             table.remove(t)
             h[H_EVICTIONS] += 1
             return True
-        if main <= 0:
-            return False
-        v = main_victim(table, main)
-        if v == SENTINEL:
-            return table.evict_oldest()  # main is all pinned: the window's oldest unpinned goes, if any
-        table.remove(v)
-        h[H_EVICTIONS] += 1
-        return True
+        return main > 0 and evict_main(table, main)
     raise CorruptionError("the queues do not hold the entries the header counts", what="evict")
 
 

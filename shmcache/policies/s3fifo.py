@@ -172,6 +172,17 @@ def main_victim(table, main: int) -> int:
     raise CorruptionError("main's queue does not hold the entries the header counts", what="evict")
 
 
+def evict_main(table, main: int) -> bool:
+    """Main's victim evicted (``main_victim``); if every entry of main is pinned, the list's oldest unpinned one
+    instead, if any (False: none). (twin: _core_policy.c evict_main)"""
+    t = main_victim(table, main)
+    if t == SENTINEL:
+        return table.evict_oldest()  # main is all pinned: small's oldest unpinned goes, if any
+    table.remove(t)
+    table.h[H_EVICTIONS] += 1
+    return True
+
+
 def s3fifo_evict_one(table) -> bool:
     """Evict one entry no view pins as S3-FIFO chooses it; False if every entry is pinned (or there is none). An
     entry a view pins counts as used: in small it moves to main, in main it is passed over."""
@@ -193,14 +204,7 @@ def s3fifo_evict_one(table) -> bool:
             table.remove(t)
             h[H_EVICTIONS] += 1
             return True
-        if main <= 0:
-            return False
-        t = main_victim(table, main)
-        if t == SENTINEL:
-            return table.evict_oldest()  # main is all pinned: small's oldest unpinned goes, if any
-        table.remove(t)
-        h[H_EVICTIONS] += 1
-        return True
+        return main > 0 and evict_main(table, main)
     raise CorruptionError("the queues do not hold the entries the header counts", what="evict")
 
 
