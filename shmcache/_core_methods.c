@@ -814,6 +814,14 @@ static PyObject *Core_get_unlocked(Core *c, void *Py_UNUSED(closure))
     return PyBool_FromLong(reader_slot(c) != NULL);
 }
 
+/* The readers.Reader whose slot this handle's reads without the lock count in, or None (they take the lock). */
+static PyObject *Core_get_reader(Core *c, void *Py_UNUSED(closure))
+{
+    PyObject *r = reader_slot(c) != NULL && c->reader != NULL ? c->reader : Py_None;
+    Py_INCREF(r);
+    return r;
+}
+
 static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
 {
     (void)c;
@@ -935,6 +943,7 @@ static PyGetSetDef Core_getset[] = {
     {"users", (getter)Core_get_users, NULL, "calls inside a method now (some waiting for the lock, the GIL released)",
      NULL},
     {"unlocked", (getter)Core_get_unlocked, NULL, "whether gets and views of this handle read without the lock", NULL},
+    {"reader", (getter)Core_get_reader, NULL, "the readers.Reader whose slot counts those reads, or None", NULL},
     {"waits", (getter)Core_get_waits, NULL, "calls that found the lock busy and waited for it in C", NULL},
     {"holder_slot", (getter)Core_get_holder_slot, (setter)Core_set_holder_slot,
      "this handle's holder slot + 1 (lock.HolderSlot.number; 0: none), stored in the lock's holder word by each hold",

@@ -472,7 +472,7 @@ class SharedCache(LocalMapping, AsyncMethods):
                 value = self.get(key, MISSING)
                 if value is not MISSING:
                     # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
-                    self._count((H_MISSES, -1), (H_WAITS, 1 if waited else 0))
+                    self._count(*self._miss_taken_back(), (H_WAITS, 1 if waited else 0))
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
                     waited = claim.take(describe, fingerprint(kb), timeout) or waited
@@ -531,7 +531,7 @@ class SharedCache(LocalMapping, AsyncMethods):
                 value = await self.aget(key, MISSING)
                 if value is not MISSING:
                     # Counted as a hit: the get above counts it, and the first lookup's miss is taken back.
-                    await self.acall(self._count, (H_MISSES, -1), (H_WAITS, 1 if waited else 0))
+                    await self.acall(self._count, *self._miss_taken_back(), (H_WAITS, 1 if waited else 0))
                     return value
                 if not claim.held:  # gone again: wait for the claim itself this time
                     waited = await aio.take(claim, fp, timeout, describe, None) or waited
@@ -590,6 +590,12 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     def _kind_name(self, number: int) -> str:
         return kinds.name_of(self._seg, number)
+
+    def _miss_taken_back(self) -> tuple[tuple[int, int], ...]:
+        """Take back a miss this handle counted: from its reader slot, where a read without the lock counts it (a
+        header count cannot go below 0, and the slot's would stay); else the header delta that takes it back."""
+        reader = None if self._core is None else self._core.reader
+        return () if reader is not None and reader.take_back_miss() else ((H_MISSES, -1),)
 
     def _count(self, *deltas: tuple[int, int]) -> None:
         """Add to header counters: ``(word, delta)`` pairs."""

@@ -76,6 +76,17 @@ class Reader:
         self._core = core
         core.use_reader(self, -1 if self.slot is None else self.slot)
 
+    def take_back_miss(self) -> bool:
+        """Take back one miss counted in this slot (``get_or_compute``'s first lookup, when its wait ends in a hit,
+        counted then): False when the slot counts none (its count was found out of range and started over)."""
+        if self.slot is None:
+            return False
+        w = self.slot * READER_WORDS + R_MISSES
+        if not 0 < self._words[w] <= MAX_COUNTER:
+            return False
+        self._words[w] -= 1  # the holder's own word, written under the GIL as the compiled reads count in it
+        return True
+
     def close(self) -> None:
         """Give the slot back (the kernel drops the lock with the description); its counts stay in the segment."""
         self.slot = None

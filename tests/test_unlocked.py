@@ -101,11 +101,24 @@ def test_unlocked_reads_answer_while_a_stopped_process_holds_the_lock(name, poli
         c.unlink()
 
 
+@pytest.mark.parametrize("policy", ["s3fifo", "auto"])
+def test_unlocked_a_miss_is_taken_back_where_it_was_counted(name, policy):
+    """get_or_compute takes back its first lookup's miss when its wait ends in a hit: from the reader slot where a
+    read without the lock counted it (the header's count cannot go below 0, so taken from there it would stay)."""
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, policy=policy) as c:
+        c.put("there", 1)
+        assert c.get("absent") is None and c.get("there") == 1
+        assert (c.stats().misses, c.stats().unlocked_reads) == (1, 2 if c._core is not None else 0)
+        c._count(*c._miss_taken_back())
+        s = c.stats()
+        assert (s.hits, s.misses) == (1, 0)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_unlocked_reads_are_not_made_under_lru(name):
     """lru relinks on every hit: its gets take the lock, and a stopped holder stalls them until lock_timeout."""
-    c = SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=0.2)
+    c = SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=0.2, policy="lru")
     try:
         c.put("a", b"v")
         assert c._core is None or not c._core.unlocked
