@@ -96,6 +96,7 @@ import numpy as np
 
 import shmcache
 from shmcache import SharedCache
+from shmcache.cache import DEFAULT_POLICY
 from shmcache.core import PATH as CORE_PATH
 
 DEFAULT_SEED = 1
@@ -606,12 +607,12 @@ def shm_policies(wanted: Sequence[str] | None = None) -> list[str | None]:
 
 
 def shm_label(policy: str | None) -> str:
-    return SHM_LABEL.format(policy or "lru")
+    return SHM_LABEL.format(policy or DEFAULT_POLICY)
 
 
 def shm_model(policy: str | None) -> str | None:
-    """The reference model the real cache's ``policy`` is compared with, if there is one."""
-    return "lru" if policy is None else SHM_POLICY_NAMES.get(policy)
+    """The reference model the real cache's ``policy`` is compared with, if there is one (None: the default's)."""
+    return SHM_POLICY_NAMES.get(DEFAULT_POLICY if policy is None else policy)
 
 
 def first_mismatch(a: bytes | bytearray, b: bytes | bytearray) -> int | None:

@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 # fills: arena.py).
 DEFAULT_CAPACITY_BYTES = 32 * 2**20
 DEFAULT_MAX_ENTRIES = 32768
+# A new cache's policy when none is named: auto reads without the lock (a hit writes no shared list), so gets and
+# views scale with the processes, and it adapts its window to the traffic (docs/usage.md, "Eviction policies").
+DEFAULT_POLICY = "auto"
 # What one hold of the lock evicts at most when limits are lowered, before the hold that lowers them
 # (SharedCache._evict_ahead): a few milliseconds' work on the Python path.
 EVICT_STEP = 2048
@@ -126,13 +129,13 @@ class SharedCache(LocalMapping, AsyncMethods):
     the wall clock. They mean nothing after a reboot, but the segment (in a tmpfs) does not survive one either.
     ``clock`` replaces the clock (a function returning ns) for this handle only: for deterministic tests.
 
-    ``policy`` (creation only, recorded in the segment; None: the segment's, or ``"lru"`` for a new one) chooses
-    what is evicted, from ``shmcache.POLICIES``: ``"lru"``, exact least recently used; ``"s3fifo"``, S3-FIFO, which
-    keeps more of what is asked again on most traffic and writes no shared list on a hit; ``"keep"``, for repeated
-    shuffled passes over a dataset larger than the cache: admit until full, then keep (a put it does not admit
-    returns False); ``"auto"``, adaptive (a window, a frequency filter and main, the window's share climbed to the
-    hit ratio), which writes no shared list on a hit either. docs/usage.md, "Eviction policies", says what each
-    guarantees.
+    ``policy`` (creation only, recorded in the segment; None: the segment's, or ``"auto"`` for a new one) chooses
+    what is evicted, from ``shmcache.POLICIES``: ``"auto"``, adaptive (a window, a frequency filter and main, the
+    window's share climbed to the hit ratio), which writes no shared list on a hit, so that gets and views take no
+    lock; ``"lru"``, exact least recently used, every hit relinked under the lock; ``"s3fifo"``, S3-FIFO, which
+    keeps more of what is asked again on most traffic and writes no shared list on a hit either; ``"keep"``, for
+    repeated shuffled passes over a dataset larger than the cache: admit until full, then keep (a put it does not
+    admit returns False). docs/usage.md, "Eviction policies", says what each guarantees.
 
     ``serializer`` (creation only, recorded in the segment) encodes the values: ``"msgpack"`` (the default) stores
     plain data and never runs code when reading; ``"pickle"`` stores any picklable value (bytes and numeric arrays
@@ -183,7 +186,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
         ser = serializers.named(serializer)
-        policy_number = 0 if policy is None else policies.number(policy)
+        policy_number = policies.number(DEFAULT_POLICY if policy is None else policy)
         trust = Trust.of(mode, trust_owner, group)
         seconds("lock_timeout", lock_timeout)
         seconds("attach_timeout", attach_timeout)

@@ -23,14 +23,14 @@ import warnings
 from typing import Any
 
 from . import __version__, block, core, entries, index, tensors
-from .cache import SharedCache, parts
+from .cache import DEFAULT_POLICY, SharedCache, parts
 from .codec import KIND_PREFIXES, TAG_TENSOR, array_layout, body_checksum, decode_body, encode_key, fingerprint
 from .errors import OwnershipError, SerializerMismatch, ShmCacheError
 from .segment import attached, segment_in_use, segment_names, sweep
 from .keys import decode_key
 from .layout import EMPTY
 from .layout.dtypes import (
-    E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL, H_LAST_PUT,
+    E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL, H_LAST_PUT, POLICY_NAMES,
 )
 from .serializers import PICKLE, TAG_PICKLE
 from .stats import CacheLimits, prometheus_text
@@ -1194,6 +1194,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compute-us", type=float, default=200.0,
                     help="cost of the simulated transform on a miss, in microseconds (default 200)")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--policy", choices=POLICY_NAMES, default=DEFAULT_POLICY,
+                    help=f"the shared cache's eviction policy (default {DEFAULT_POLICY})")
     sp.add_argument("--plot", metavar="FILE", help="also draw the run into a PNG (needs matplotlib)")
     return p
 

@@ -132,7 +132,7 @@ def run_demo(args) -> int:
     max_entries = max(16, capacity // max(64, args.value_bytes // 2))
     ctx: Any = mp.get_context("spawn" if sys.platform == "darwin" else "fork")  # (its stubs declare no Process)
     queue = ctx.Queue()
-    cache = SharedCache(name, capacity_bytes=capacity, max_entries=max_entries, create=True)
+    cache = SharedCache(name, capacity_bytes=capacity, max_entries=max_entries, create=True, policy=args.policy)
     entries_shared = _capacity_entries(cache, args.keys, args.value_bytes)
     # N private caches in the same memory, and N as large as the shared one (see the module docstring)
     private_capacities = [max(1, entries_shared // args.workers), entries_shared]
@@ -171,6 +171,7 @@ def run_demo(args) -> int:
                             "computations": misses, "hit_ratio": 1 - misses / ops if ops else 0.0})
         report = {
             "workers": args.workers,
+            "policy": cache.policy,
             "hot_path": core.PATH,
             "seconds": elapsed,
             "ops": ops,
@@ -321,7 +322,7 @@ def _print_report(r: dict, params: dict) -> None:
     n = r["workers"]
     same, larger = r["private"]
     rows = [
-        ("one shared cache", f"{_mib(r['capacity_bytes'])}, {r['capacity_entries']:,} entries",
+        ("one shared cache", f"{_mib(r['capacity_bytes'])}, {r['capacity_entries']:,} entries, {r['policy']}",
          r["computations"], r["hit_ratio"]),
         (f"{n} private caches", f"{_mib(same['memory_bytes'])} in all, {same['entries_each']:,} entries each",
          same["computations"], same["hit_ratio"]),

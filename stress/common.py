@@ -37,6 +37,7 @@ import numpy as np
 import xxhash
 
 from shmcache import POLICIES, CacheLimits, PinnedError, SharedCache, ShmCacheError, TooLargeError
+from shmcache.cache import DEFAULT_POLICY
 from shmcache.layout import SEGMENT_PREFIX
 from shmcache import readers
 from shmcache.layout.dtypes import H_LOCK_OFF
@@ -491,7 +492,7 @@ def make_parser(doc: str, **defaults) -> argparse.ArgumentParser:
                    "ordinary put (default %(default)s)")
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
                    help="multiprocessing start method (default %(default)s)")
-    p.add_argument("--policy", choices=(*POLICIES, "all"), default=d.get("policy", "lru"),
+    p.add_argument("--policy", choices=(*POLICIES, "all"), default=d.get("policy", DEFAULT_POLICY),
                    help="the cache's eviction policy; all: each in turn, --seconds split equally between them, one "
                    "summary line each (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object (one per policy)")

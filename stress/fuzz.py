@@ -21,7 +21,7 @@ must be ok, the stats within the limits, and every key must read back.
 Every operation must work or raise a ShmCacheError; none may run past ROUND_SECONDS (children dump their stacks
 first, then are SIGKILLed), die, or return a wrong value (a put that returns False is one, but under keep).
 
---policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each.
 
 Reading the summary line:

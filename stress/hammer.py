@@ -7,7 +7,7 @@ so eviction and arena compaction run all the time. Every value names its key and
 stress/common.py), so a get that returns another key's value or a torn copy is caught. At the end the parent calls
 verify(), checks that the stats respect the limits in force, and reads back every key.
 
---policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each. Under keep a put of a new key into the full cache
 stores nothing and returns False (counted in not_admitted); under lru and s3fifo a put that returns False is wrong.
 

@@ -10,7 +10,7 @@ it: the next locker takes the lock over and repairs the segment before anyone re
 as a heartbeat; if the survivors complete no operation for HANG_SECONDS, the run counts a hang, dumps every worker's
 stack and stops.
 
---policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each.
 
 Reading the summary line:

@@ -11,7 +11,7 @@ When the time is up the workers stop their timers and wait, alive; the parent th
 locked (every key's claim, every memoized call's claim, every pin), puts every key and computes every key with a
 short timeout; then the workers close their handles and compare their descriptor count with their start, exactly.
 
---policy chooses the cache's eviction policy (default lru); --policy all runs each of shmcache.POLICIES in turn,
+--policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each. Under keep a put may store nothing and return False
 (a new key, the cache full): after the storm, with the workers idle, such a refusal must come with a cache that is
 indeed full (entries at max_entries, or no room for the entry's bytes); under lru and s3fifo put must return True.

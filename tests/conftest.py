@@ -73,10 +73,17 @@ def name() -> str:
         pass
 
 
+def policy_of(request) -> str | None:
+    """The policy that the test's ``@pytest.mark.policy(name)`` names for the caches its fixtures make (None: the
+    package's default): for a test of one policy's order or locking."""
+    marker = request.node.get_closest_marker("policy")
+    return None if marker is None else marker.args[0]
+
+
 @pytest.fixture
-def cache(name):
+def cache(name, request):
     """A small cache: 64 KiB of payload, 64 entries."""
-    c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True)
+    c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, policy=policy_of(request))
     yield c
     c.close()
 

@@ -98,7 +98,8 @@ def test_aio_a_computation_asking_for_its_own_key_is_refused(cache):
 
 
 def test_aio_a_busy_lock_is_waited_for_off_the_loop(name):
-    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=30) as c:
+    # lru: where a get takes the lock, and so waits for it
+    with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, lock_timeout=30, policy="lru") as c:
         ready, release = ctx.Event(), ctx.Event()
         holder = ctx.Process(target=hold_lock, args=(name, ready, release), daemon=True)
         holder.start()

@@ -160,7 +160,7 @@ def test_cache_update_in_place_past_the_byte_limit_evicts_others(name):
 
 
 def test_cache_lru_evicts_least_recent_by_entries(name):
-    with SharedCache(name, capacity_bytes=4096, max_entries=3, create=True) as c:
+    with SharedCache(name, capacity_bytes=4096, max_entries=3, create=True, policy="lru") as c:
         for k in "abc":
             c.put(k, k)
         c.get("a")  # a becomes most recent; b is now the least
@@ -170,7 +170,7 @@ def test_cache_lru_evicts_least_recent_by_entries(name):
 
 
 def test_cache_lru_evicts_by_bytes(name):
-    with SharedCache(name, capacity_bytes=1000, max_entries=100, create=True) as c:
+    with SharedCache(name, capacity_bytes=1000, max_entries=100, create=True, policy="lru") as c:
         for i in range(10):
             c.put(i, b"x" * 200)  # each ~ 205 bytes: four fit in 1000
         s = c.stats()
@@ -195,6 +195,7 @@ def test_cache_too_large_update_keeps_old_value(cache):
     assert cache.get("a") == 1
 
 
+@pytest.mark.policy("lru")  # whose order says which five stay
 def test_cache_set_limits_evicts_at_once(cache):
     for i in range(20):
         cache.put(i, i)
@@ -296,7 +297,7 @@ def test_cache_hit_ratio(cache):
 
 
 def test_cache_contains_does_not_count_or_reorder(name):
-    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True) as c:
+    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True, policy="lru") as c:
         c.put("a", 1)
         c.put("b", 2)
         assert "a" in c  # no move to front: a stays least recent

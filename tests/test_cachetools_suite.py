@@ -28,13 +28,13 @@ _made: list = []
 
 
 class SharedLRU(SharedCache):
-    """cachetools' ``Cache(maxsize, getsizeof=None)`` as a new SharedCache."""
+    """cachetools' ``LRUCache(maxsize, getsizeof=None)`` as a new SharedCache of policy lru."""
 
     def __init__(self, maxsize, getsizeof=None) -> None:
         if getsizeof is not None:
             raise unittest.SkipTest("getsizeof is not supported (excluded: see the module docstring)")
         super().__init__(unique_name("ctools"), capacity_bytes=1 << 20,
-                         max_entries=4096 if maxsize == math.inf else maxsize, create=True)
+                         max_entries=4096 if maxsize == math.inf else maxsize, create=True, policy="lru")
         _made.append(self)
 
     @property

@@ -79,7 +79,7 @@ def test_cli_stats_prometheus_parses_and_matches_the_api(capsys, filled, name):
     assert samples["shmcache_misses_total"].value == stats.misses == 1
     assert samples["shmcache_entries"].value == stats.entries == 10
     assert samples["shmcache_hit_ratio"].value == stats.hit_ratio
-    assert samples["shmcache_policy_info"].labels == {"cache": name, "policy": "lru"}
+    assert samples["shmcache_policy_info"].labels == {"cache": name, "policy": "auto"}  # the default
     assert samples["shmcache_admitted_total"].value == stats.admitted == 10
     assert all(s.labels == {"cache": name} for n, s in samples.items() if n != "shmcache_policy_info")
     kinds = {f.name: f.type for f in parser.text_string_to_metric_families(out)}
@@ -267,11 +267,12 @@ def test_cli_bench_plot_writes_a_png(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_cli_bench_private_cache_of_one_worker_is_the_shared_cache():
-    """One worker: its private cache of the shared cache's capacity is the shared cache, so the simulation must give
-    the computations the cache counted, evictions and all (the replay is exact, and so is the capacity)."""
+    """One worker: its private LRU cache of the shared cache's capacity is the shared cache under lru, so the
+    simulation must give the computations the cache counted, evictions and all (the replay is exact, and so is the
+    capacity)."""
     out = subprocess.run(
         [sys.executable, "-m", "shmcache", "bench", "--seconds", "1", "--workers", "1", "--keys", "2000",
-         "--capacity-mib", "0.25", "--json"],
+         "--capacity-mib", "0.25", "--policy", "lru", "--json"],
         capture_output=True, text=True, timeout=100,
     )
     assert out.returncode == 0, out.stderr
@@ -726,7 +727,8 @@ def assorted(name):
     """A cache holding one value of each sort, keys of three types, one key of kind 'jvp', one with a TTL."""
     import numpy as np
 
-    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=64, create=True) as c:
+    # lru: `keys` and `dump` list its keys most recent first
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=64, create=True, policy="lru") as c:
         c.put("text", "hello")
         c.put("blob", b"\x00\xffraw")
         c.put("doc", {"a": [1, 2.5, None, True], "b": "x"})

@@ -4,6 +4,7 @@ samples seen (what ``CachedDataset`` warns about), without torch."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from shmcache import SharedCache
 from shmcache.contrib.fit import MAX_SEEN, MIN_SEEN, DatasetFit, sample_nbytes
@@ -59,8 +60,9 @@ def test_dataset_fit_by_entries_at_once_then_no_more():
     assert fit.observe(10**9) is None  # said once, whichever limit
 
 
-def test_dataset_fit_says_nothing_under_keep():
-    fit = _fit(1000, max_entries=10, max_retained_bytes=1000, policy="keep")
+@pytest.mark.parametrize("policy", ["keep", "auto"])  # (auto: its filter keeps main through shuffled epochs)
+def test_dataset_fit_says_nothing_under_keep_or_auto(policy):
+    fit = _fit(1000, max_entries=10, max_retained_bytes=1000, policy=policy)
     assert fit.entries() is None
     assert all(fit.observe(10**6) is None for _ in range(MIN_SEEN * 2))
 
@@ -79,7 +81,7 @@ def test_dataset_fit_small_dataset_judged_on_all_its_samples():
 
 def test_dataset_fit_from_a_cache_sized_in_bytes(name):
     """The limits as a cache gives them (CachedDataset reads them with limits() and policy)."""
-    with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=4096, create=True) as c:
+    with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=4096, create=True, policy="lru") as c:
         lim = c.limits()
         fit = DatasetFit("train", 1024, max_entries=lim.max_entries, max_retained_bytes=lim.max_retained_bytes,
                          policy=c.policy, cache=c.name)

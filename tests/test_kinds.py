@@ -72,7 +72,7 @@ def test_kinds_count_and_clear_on_their_own(cache):
 
 
 def test_kinds_share_the_global_lru_and_limits(name):
-    with SharedCache(name, capacity_bytes=4096, max_entries=4, create=True) as c:
+    with SharedCache(name, capacity_bytes=4096, max_entries=4, create=True, policy="lru") as c:
         a, b = c.kind("a"), c.kind("b")
         a.put(1, 1)
         b.put(1, 1)

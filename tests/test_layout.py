@@ -268,7 +268,7 @@ def test_layout_golden_version_8_arena_extent(name):
     assert d.LAYOUT_VERSION >= 8 and d.H_ARENA_EXTENT * 8 == 440 and 7 in d.READ_VERSIONS
     g = Geometry.for_capacity(16 * 8 * 2**20, 16 * 64, 0)
     assert g.initial_extent(8 * 2**20, 64) == 256 * 1024
-    with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=64, create=True) as c:
+    with SharedCache(name, capacity_bytes=8 * 2**20, max_entries=64, create=True, policy="lru") as c:  # g's
         with open(f"/dev/shm/shmcache.{name}", "rb") as f:
             assert int.from_bytes(f.read(448)[440:448], "little") == 256 * 1024
         # (the header, the tables for 64 entries, the kind table and reader slots, and the arena's first pages)

@@ -17,7 +17,9 @@ from shmcache import ClosedError, LockTimeout, ReentrantCallError, SharedCache, 
 from tests.workers import check_value, half_put_then_die, hold_lock, make_value, repair_slowly
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
-SMALL = dict(capacity_bytes=1 << 16, max_entries=64)
+# lru: every get and view takes the lock there, so that a read can show how the lock is waited for (under the
+# policies that read without it, a read waits for nothing: tests/test_unlocked.py).
+SMALL = dict(capacity_bytes=1 << 16, max_entries=64, policy="lru")
 
 
 def _start(target, *args, method="fork"):

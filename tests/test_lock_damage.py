@@ -23,7 +23,9 @@ from shmcache.layout.dtypes import H_LOCK_OFF
 from tests.workers import check_value, make_value
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
-SMALL = dict(capacity_bytes=1 << 16, max_entries=64)
+# lru: every get and view takes the lock there, so that a read can show how the lock is waited for (under the
+# policies that read without it, a read waits for nothing: tests/test_unlocked.py).
+SMALL = dict(capacity_bytes=1 << 16, max_entries=64, policy="lru")
 KEYS = 20
 WAITERS = 0x80000000
 

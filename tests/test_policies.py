@@ -53,7 +53,7 @@ def make(name):
 def test_policies_names_the_default_and_the_segments_own(name):
     assert POLICIES == ("lru", "s3fifo", "keep", "auto")
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True) as c:
-        assert c.policy == "lru" and c.stats().policy == "lru"
+        assert c.policy == "auto" and c.stats().policy == "auto"
     SharedCache.unlink_name(name)
     with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, policy="s3fifo") as c:
         with SharedCache(name) as d:  # no policy named: the segment's

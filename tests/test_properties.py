@@ -275,7 +275,7 @@ class SharedCacheMachine(RuleBasedStateMachine):
         # (max_capacity_bytes: the capacity fixed, as the model's; tests/test_resize.py resizes)
         self.handles.append(SharedCache(self.name, capacity_bytes=CAPACITY, max_capacity_bytes=CAPACITY,
                                         max_entries=MAX_ENTRIES, create=True, default_ttl=default_ttl,
-                                        clock=self.clock))
+                                        clock=self.clock, policy="lru"))  # the model's policy
         self.handles.append(SharedCache(self.name, create=False, clock=self.clock))
         self.set_limits(max_entries, max_bytes, other=False)
 

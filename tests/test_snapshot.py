@@ -203,7 +203,7 @@ def _filled(c: SharedCache, n: int) -> None:
 
 def test_restore_into_half_the_capacity_keeps_the_most_recently_read_lru(name, other, tmp_path):
     path = tmp_path / "h.snap"
-    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True, policy="lru") as c:
         _filled(c, 40)
         read = [3, 17, 5, 30, 11, 0, 22, 8, 36, 14]
         for k in read:
@@ -211,7 +211,7 @@ def test_restore_into_half_the_capacity_keeps_the_most_recently_read_lru(name, o
         order = list(c)  # most recently used first
         c.snapshot(path)
     assert order[:10] == read[::-1]
-    with SharedCache(other, capacity_bytes=MIB, max_entries=20, create=True) as d:
+    with SharedCache(other, capacity_bytes=MIB, max_entries=20, create=True, policy="lru") as d:
         r = d.restore(path)
         assert (r.restored, r.no_room) == (20, 20)
         assert list(d) == order[:20]  # the same order: the hottest restored last
@@ -256,12 +256,12 @@ def test_restore_backs_the_pages_ahead_of_its_stores_and_stops(name, other, tmp_
 
 def test_restore_into_half_the_bytes_keeps_the_hottest(name, other, tmp_path):
     path = tmp_path / "b.snap"
-    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True) as c:
+    with SharedCache(name, capacity_bytes=MIB, max_entries=64, create=True, policy="lru") as c:
         for i in range(40):
             c.put(i, b"x" * 1000)
         order = list(c)
         c.snapshot(path)
-    with SharedCache(other, capacity_bytes=64 * 1024, max_entries=64, create=True) as d:
+    with SharedCache(other, capacity_bytes=64 * 1024, max_entries=64, create=True, policy="lru") as d:
         d.set_limits(max_retained_bytes=20 * 1010)
         r = d.restore(path)
         assert r.restored == 20 and r.no_room == 20 and list(d) == order[:20]

@@ -578,7 +578,7 @@ def test_cached_dataset_shared_by_two_trainer_processes(big, log):
 
 def test_torch_a_dataset_larger_than_the_cache_warns_unless_the_policy_keeps(name, tmp_path):
     log = str(tmp_path / "computed.log")
-    with SharedCache(name, capacity_bytes=2**20, max_entries=8, create=True) as c:
+    with SharedCache(name, capacity_bytes=2**20, max_entries=8, create=True, policy="lru") as c:
         with pytest.warns(UserWarning, match=r"holds at most 8 entries, fewer than the dataset's 16 samples.*"
                                              r"policy='keep'"):
             CachedDataset(CountingDataset(16, log), c)
@@ -609,7 +609,7 @@ def test_torch_a_cache_sized_in_bytes_to_half_the_dataset_warns_once_unless_the_
     samples read, extrapolated, and says the numbers and the remedy."""
     log = str(tmp_path / "computed.log")
     n, sample = 64, 1 + 3 * 16 * 16 * 4 + 1 + 1  # a sample's payload: the tuple, the image, the index, the checksum
-    with SharedCache(name, capacity_bytes=n * sample // 2, max_entries=1024, create=True) as c:
+    with SharedCache(name, capacity_bytes=n * sample // 2, max_entries=1024, create=True, policy="lru") as c:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             ds = CachedDataset(CountingDataset(n, log), c, name="half")  # max_entries holds every sample
@@ -659,7 +659,7 @@ def test_torch_dataloader_workers_but_the_first_leave_the_judgement_to_it(name, 
     import shmcache.contrib.torch as contrib
 
     log = str(tmp_path / "computed.log")
-    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=1024, create=True) as c:
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=1024, create=True, policy="lru") as c:
         ds = CachedDataset(CountingDataset(512, log), c)  # 512 samples of 3 KiB: six times the cache
         for worker, says in ((1, 0), (0, 1)):
             monkeypatch.setattr(contrib, "get_worker_info", lambda: type("Info", (), {"id": worker})())

@@ -11,6 +11,7 @@ import pytest
 
 from shmcache import POLICIES, PinnedError, SharedCache, prometheus_text
 from shmcache.table import Table
+from tests.conftest import policy_of
 from tests.workers import put_and_die_at, start_and_collect
 
 S = 10**9  # ns per second
@@ -37,8 +38,9 @@ def clock():
 
 
 @pytest.fixture
-def tcache(name, clock):
-    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=8, create=True, clock=clock) as c:
+def tcache(name, clock, request):
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=8, create=True, clock=clock,
+                     policy=policy_of(request)) as c:
         yield c
 
 
@@ -99,6 +101,7 @@ def _view_missing(c):
     return "served"
 
 
+@pytest.mark.policy("lru")  # whose order says which live entry would go
 def test_ttl_expired_entries_are_reclaimed_before_live_ones(tcache, clock):
     # The expired entry is the most recently used: plain LRU would evict "live0" first.
     for i in range(7):
@@ -302,6 +305,7 @@ def test_ttl_processes_share_the_clock_and_never_read_an_expired_entry(name):
         assert c.verify(deep=True).ok
 
 
+@pytest.mark.policy("lru")  # whose order says which live entry would go
 def test_ttl_an_expired_entry_a_view_pins_goes_first_once_unpinned(tcache, clock):
     tcache.put("pinned", b"p", ttl=1)
     for i in range(6):

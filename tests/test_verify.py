@@ -14,7 +14,7 @@ from shmcache import CorruptionError, SharedCache, ShmCacheError
 from shmcache.codec import fingerprint
 from shmcache.index import find
 from shmcache.layout import dtypes as d
-from tests.workers import check_value, make_value
+from tests.workers import check_value, entry_of, make_value
 
 SMALL = dict(capacity_bytes=16_000, max_entries=32)
 
@@ -108,7 +108,7 @@ def test_verify_damaged_value_is_never_returned(name, value, at):
     with _filled(name) as c:
         if value is not None:
             c.put("k19", value)
-        e = c._ent[d.E_NEXT]  # the most recent entry: k19
+        e = entry_of(c, "k19")
         off = c._ent[e * d.ENTRY_WORDS + d.E_OFF]
         raw = Raw(name, c)
         try:
@@ -209,11 +209,11 @@ def test_verify_holder_dying_inside_set_limits_leaves_limits_enforced(name):
         p.start()
         p.join(timeout=20)
         assert p.exitcode == 0
-        check_value("k19", c.get("k19"))  # takes over the dead holder's lock and repairs
+        assert not c.delete("absent")  # takes over the dead holder's lock and repairs
         s = c.stats()
         assert s.max_retained_bytes == most and 0 < s.retained_bytes <= most and s.recoveries == 1
         assert s.evictions == 20 - s.entries and c.verify().ok
-        assert all(c.get(f"k{i}") is None for i in range(10))  # the least recently used went first
+        assert all(c.get(f"k{i}") is None for i in range(10))  # the oldest went first (none was read)
         c.unlink()
 
 
@@ -390,8 +390,9 @@ def test_verify_version_clock_near_the_top_never_stops_puts(name):
                 c.put(f"v{i}", i)
             except CorruptionError:
                 failures += 1
+                continue
+            assert c.get(f"v{i}") == i  # stored and found, whatever the policy evicts next
         assert failures <= 1 and c.verify().ok
-        assert all(c.get(f"v{i}") == i for i in range(30, 60))
 
 
 @pytest.mark.parametrize("clock", [d.MAX_VERSION, d.MAX_VERSION - 3])

@@ -308,7 +308,8 @@ def test_view_revoked_when_a_signal_cuts_the_block_short_holds_no_pin(name):
 
 def test_view_pinned_entries_survive_eviction_and_compaction(name):
     big = np.arange(2000, dtype=np.int64)  # 16 KB of a 64 KB cache
-    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
+    # lru: where 100 new keys age out the unpinned entry for certain (auto's filter may keep a key it read)
+    with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, policy="lru") as c:
         c.put("pinned", big)
         with c.view("pinned") as arr:
             for i in range(3000):  # churn the arena round many times, with values of varied size
@@ -411,7 +412,8 @@ def test_view_pin_of_another_process_survives_pressure(name):
 
 @pytest.mark.timeout(120)
 def test_view_sigkill_of_the_pinning_process_releases_its_pins(name):
-    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=8, create=True) as c:
+    # lru: where 20 new keys age the entry out for certain, and a view pins through a description
+    with SharedCache(name, capacity_bytes=256 * 1024, max_entries=8, create=True, policy="lru") as c:
         with _held_by_a_child(c, name) as (p, _, _):
             with pytest.raises(PinnedError):
                 c.put("held", 0)
@@ -455,7 +457,8 @@ def test_view_a_put_refused_for_room_leaves_only_pinned_entries(name):
     """Puts refused with PinnedError evict every unpinned entry first: fragmentation by pins is fought by evicting."""
     rng = np.random.default_rng(7)
     refused = 0
-    with SharedCache(name, capacity_bytes=6144, max_entries=16, create=True) as c:
+    # lru: the seed's sequence of puts and views meets a refusal there (the scenario is checked below)
+    with SharedCache(name, capacity_bytes=6144, max_entries=16, create=True, policy="lru") as c:
         views = {}
         for i in range(400):
             if views and rng.random() < 0.3:
@@ -794,7 +797,8 @@ def test_view_compiled_a_first_look_then_the_view_built_in_c(cache):
 
 @compiled
 def test_view_compiled_reuses_its_descriptions_and_closes_them_with_the_handle(name):
-    c = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True)
+    # lru: every view pins through a description (the policies that read without the lock pin in a reader slot)
+    c = SharedCache(name, capacity_bytes=1 << 20, max_entries=64, create=True, policy="lru")
     try:
         handle_fds = _segment_fds(name)
         c.put("a", np.arange(100))

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import xxhash
 
-from shmcache import SharedCache, core
-from shmcache.codec import encode_key
+from shmcache import SharedCache, core, index
+from shmcache.codec import encode_key, fingerprint
 from shmcache.guard import Guard
 from shmcache.view import PinDescriptions
 
@@ -28,6 +28,13 @@ def python_path(cache: SharedCache) -> SharedCache:
         cache._pins = PinDescriptions(cache._seg.fd)
         cache._path = core.Reference(cache._guard, cache._store, cache._seg.arena, cache._seg.geometry.arena_off)
     return cache
+
+
+def entry_of(cache: SharedCache, key) -> int:
+    """The entry slot that holds ``key`` in ``cache``'s segment (layout.EMPTY if none): found by the index, as a
+    lookup finds it, so that a test can reach one key's entry whatever order the policy keeps."""
+    kb = encode_key(key)
+    return index.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
 
 
 def reap(procs, timeout: float = 60) -> None:

@@ -1,10 +1,11 @@
 """Whether a cache can hold a dataset: what ``CachedDataset`` warns about, judged without torch.
 
-A dataset larger than the cache hits far less than its cached fraction under a policy that evicts (lru, s3fifo):
-each shuffled epoch reads every sample once, so what is kept is what was read last, and the next epoch wants it at
-random places. ``DatasetFit`` says so once, by either limit: by entries at once (the dataset's length is known), by
-bytes from the samples seen so far, their mean size extrapolated to the whole dataset. Under ``policy="keep"`` an
-undersized cache is what the policy is for, and nothing is said.
+A dataset larger than the cache hits far less than its cached fraction under a policy that evicts by recency (lru,
+s3fifo): each shuffled epoch reads every sample once, so what is kept is what was read last, and the next epoch wants
+it at random places. ``DatasetFit`` says so once, by either limit: by entries at once (the dataset's length is
+known), by bytes from the samples seen so far, their mean size extrapolated to the whole dataset. Under
+``policy="keep"`` an undersized cache is what the policy is for, and under ``"auto"`` (the default) its filter keeps
+main as it is through the epochs (nearly the cached fraction hits): nothing is said.
 
 Sizes are ``sample_nbytes``'s: the payload of tensors, arrays, bytes and strings, a lower bound of what the cache
 counts (which adds the key and the encoding's headers), so the figure it gives is never an overstatement.
@@ -17,6 +18,7 @@ from typing import Any
 MIN_SEEN = 8  # samples seen before their mean is extrapolated (fewer only when the dataset has fewer)
 MAX_SEEN = 1024  # samples after which the mean is settled: the judgement ends, and with it its cost per read
 _DEPTH = 8  # containers nested deeper are not looked into
+QUIET_POLICIES = ("keep", "auto")  # the policies under which shuffled epochs hit about the cached fraction
 
 
 def sample_nbytes(sample: Any, depth: int = 0) -> int:
@@ -49,7 +51,7 @@ class DatasetFit:
                  cache: str = "") -> None:
         self.name, self.samples, self.cache, self.policy = name, samples, cache, policy
         self.max_entries, self.max_retained_bytes = max_entries, max_retained_bytes
-        self.done = policy == "keep" or samples <= 0
+        self.done = policy in QUIET_POLICIES or samples <= 0
         self.seen = 0
         self.total_nbytes = 0
 

@@ -64,16 +64,17 @@ class CachedDataset(Dataset):
     ``ttl`` (seconds) is each stored sample's time to live (None: the cache's default); ``timeout`` bounds the wait
     for a sample another process is computing (None: no bound; then ``ComputeTimeout``).
 
-    A cache smaller than the dataset. Each epoch reads every sample once in a new order, so under the default
-    ``policy="lru"`` the samples kept are the ones read last, which the next epoch reads at random places: with a
-    cache of half the dataset about 15 % of the reads hit, and each miss's put evicts another sample. Create the
-    cache with ``policy="keep"``: it stores samples until full and then keeps them, so every epoch after the first
-    hits on the cached fraction (half the reads, for half the dataset). Under another policy a cache that cannot
-    hold the dataset warns (``shmcache.CapacityWarning``, a ``UserWarning``) once, with the numbers and the remedy:
-    by entries here, when the dataset has more samples than ``max_entries``; by bytes as samples are read, when
-    the mean size of those seen so far, times the dataset's length, exceeds ``max_retained_bytes`` (judged in
-    the main process or DataLoader worker 0; contrib/fit.py). A sample too large for the cache is returned
-    uncached, computed again on every read, and said once (``shmcache.TooLargeWarning``).
+    A cache smaller than the dataset. Each epoch reads every sample once in a new order, so under ``policy="lru"``
+    the samples kept are the ones read last, which the next epoch reads at random places: with a cache of half the
+    dataset about 15 % of the reads hit, and each miss's put evicts another sample. The default, ``"auto"``, keeps
+    its main queue through the epochs (49.5 % of the reads hit, for half the dataset); ``policy="keep"`` stores
+    samples until full and then keeps them, so every epoch after the first hits on the cached fraction exactly.
+    Under ``"lru"`` or ``"s3fifo"`` a cache that cannot hold the dataset warns (``shmcache.CapacityWarning``, a
+    ``UserWarning``) once, with the numbers and the remedy: by entries here, when the dataset has more samples than
+    ``max_entries``; by bytes as samples are read, when the mean size of those seen so far, times the dataset's
+    length, exceeds ``max_retained_bytes`` (judged in the main process or DataLoader worker 0; contrib/fit.py). A
+    sample too large for the cache is returned uncached, computed again on every read, and said once
+    (``shmcache.TooLargeWarning``).
     """
 
     def __init__(self, dataset: Any, cache: SharedCache, key: Callable[[Any], Any] | None = None,

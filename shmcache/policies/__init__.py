@@ -1,6 +1,6 @@
 """The eviction policies, one module each behind one interface (``base.Policy``), as cachebox keeps its policies
-behind one trait: ``lru`` (exact LRU, the default), ``s3fifo`` (S3-FIFO and its ghost), ``keep`` (admitted while it
-fits) and ``auto`` (a window, a frequency sketch and main, the window's share climbed to the hit ratio). A segment's
+behind one trait: ``lru`` (exact LRU), ``s3fifo`` (S3-FIFO and its ghost), ``keep`` (admitted while it fits) and
+``auto`` (the default: a window, a frequency sketch and main, the window's share climbed to the hit ratio). A segment's
 policy is chosen once, at its creation (the header's ``policy`` word), and each handle takes its object once
 (``of``); what a policy does is asked of that object, never of its number."""
 
