@@ -218,8 +218,7 @@ class Auto:
 
     - Every lookup of a key, hit or miss, adds to a count-min sketch of 4-bit counters (4 of them per key, in one
       64-byte block chosen by the key's fingerprint; the first block of the sketch holds the policy's state words,
-      and a key whose block is 0 uses block 1). Every PERIOD_PER_ENTRY x entries lookups (a sample) every counter is
-      halved.
+      and a key whose block is 0 uses block 1). Every PERIOD_PER_ENTRY x entries lookups every counter is halved.
     - A hit raises the entry's 2-bit counter. A miss puts the key at the window's front.
     - Room is made from the window while it holds its target or more (or main is empty): its oldest entry goes to
       main if it was hit there (or is pinned), or if the window is over its target (the climber lowered it, and
@@ -230,18 +229,16 @@ class Auto:
       behaviour), and goes otherwise. With the window below its target, main's victim goes.
     - A new key that finds the window at its target and no eviction to make (the cache is filling) pushes the
       window's oldest into main.
-    - The climber, checked every CHECK_EVERY admissions once a period of lookups has passed (a sample, or
-      PERIOD_MOST lookups if fewer): the hit ratio of the period against the last one's (the first period only
-      measures: from a cold start any change looks like a gain); better, the window's target moves on by the step,
-      worse, it moves back; the step shrinks by 2 % a period, and restarts at 6.25 % of the entries when the ratio
-      moves by 5 points.
+    - The climber, checked every CHECK_EVERY admissions once a period of lookups has passed: the hit ratio of the
+      period against the last one's (the first period only measures: from a cold start any change looks like a
+      gain); better, the window's target moves on by the step, worse, it moves back; the
+      step shrinks by 2 % a period, and restarts at 6.25 % of the entries when the ratio moves by 5 points.
     """
 
     name = "auto"
     WINDOW_PERCENT = 1  # the window's first target: 1 % of the entries (at least one)
     ADMIT_MARGIN = 1
     PERIOD_PER_ENTRY = 10
-    PERIOD_MOST = 65536
     CHECK_EVERY = 64
     STEP_PER_10000 = 625  # the climber's restarting step: 6.25 % of the entries
     RESTART_PPM = 50_000  # a change of hit ratio that restarts the step: 5 points
@@ -317,9 +314,7 @@ class Auto:
 
     def climb(self) -> None:
         dr, dh = self.requests - self.requests0, self.hits - self.hits0
-        sample = self.PERIOD_PER_ENTRY * self.size
-        period = min(sample, self.PERIOD_MOST)
-        if dr < period:
+        if dr < self.PERIOD_PER_ENTRY * self.size:
             return
         ppm = dh * 1_000_000 // dr
         change = ppm - self.last_ppm
@@ -327,7 +322,7 @@ class Auto:
             self.last_ppm = ppm
             self.requests0, self.hits0 = self.requests, self.hits
             self.periods += 1
-            self.halve(sample, period)
+            self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
             return
         restart = max(self.UNIT, self.size * self.STEP_PER_10000 // 10000 * self.UNIT)
         amount = self.step or restart
@@ -344,12 +339,7 @@ class Auto:
         self.last_ppm = ppm
         self.requests0, self.hits0 = self.requests, self.hits
         self.periods += 1
-        self.halve(sample, period)
-
-    def halve(self, sample: int, period: int) -> None:
-        """Every counter halved, once a sample's worth of periods has passed."""
-        if self.periods % -(-sample // period) == 0:
-            self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
+        self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
 
     def victim(self):
         main = self.main

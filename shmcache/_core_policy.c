@@ -333,9 +333,8 @@ static void climb(Core *c)
         s[A_HITS] = hits;
         return;
     }
-    int64_t dr = requests - r0, dh = hits - h0, sample = PERIOD_PER_ENTRY * cap;
-    int64_t period = sample < PERIOD_MOST ? sample : PERIOD_MOST, halve_every = (sample + period - 1) / period;
-    if (dr < period)
+    int64_t dr = requests - r0, dh = hits - h0;
+    if (dr < PERIOD_PER_ENTRY * cap)
         return;
     int64_t ppm = (int64_t)((unsigned __int128)dh * PPM / (uint64_t)dr);
     if (s[A_PERIODS] <= 0 || s[A_PERIODS] > MAX_COUNTER)
@@ -345,9 +344,8 @@ static void climb(Core *c)
     s[A_REQUESTS] = requests;
     s[A_HITS] = hits;
     count_word(&s[A_PERIODS]);
-    if (s[A_PERIODS] % halve_every == 0) /* (count_word left it in [1, MAX_COUNTER]) */
-        for (int64_t w = SKETCH_BLOCK_WORDS, live = GHOST_LIVE(c); w < live; w++)
-            s[w] = (int64_t)(((uint64_t)s[w] >> 1) & 0x7777777777777777ULL);
+    for (int64_t w = SKETCH_BLOCK_WORDS, live = GHOST_LIVE(c); w < live; w++)
+        s[w] = (int64_t)(((uint64_t)s[w] >> 1) & 0x7777777777777777ULL);
 }
 
 /* Evict one entry no view pins as auto chooses it; *done 0 if every entry is pinned (or there is none).

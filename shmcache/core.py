@@ -96,8 +96,8 @@ _WORDS = (
 
 
 # auto's tuning, which the compiled climber has as constants (bind checks they are these).
-_AUTO_TUNING = ("WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "PERIOD_MOST", "CHECK_EVERY",
-                "STEP_PER_10000", "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM")
+_AUTO_TUNING = ("WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVERY", "STEP_PER_10000",
+                "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM")
 
 
 def last_wait() -> tuple[float, int, int] | None:

@@ -190,25 +190,6 @@ def test_policies_auto_hits_where_its_model_does_and_climbs_as_it(make, seed):
     assert s.hits == sum(hits) and c.verify().ok
 
 
-def test_policies_auto_climbs_a_large_cache_every_period_most_lookups(make):
-    """A cache whose sample (PERIOD_PER_ENTRY x max_entries lookups) exceeds PERIOD_MOST closes a period every
-    PERIOD_MOST lookups and halves its sketch every second period, as its model does, hit for hit."""
-    from benchmarks.hitratio import Auto, first_mismatch
-    from shmcache.policies.auto import PERIOD_MOST, PERIOD_PER_ENTRY
-
-    size = 8192
-    assert PERIOD_MOST < PERIOD_PER_ENTRY * size <= 2 * PERIOD_MOST  # periods of PERIOD_MOST, halved every second
-    rng = np.random.default_rng(3)
-    keys = [f"z{int(x) % 30000}" for x in rng.zipf(1.1, 2 * PERIOD_MOST + 12000)]
-    c = make("auto", max_entries=size, capacity_bytes=8 << 20)
-    hits = _replay(c, keys)
-    model = Auto(size)
-    expected = bytearray(map(model.access, keys))
-    assert first_mismatch(hits, expected) is None
-    assert c._seg.ghost_words[A_PERIODS] == model.periods == 2 and c.stats().window_target == model.window_target()
-    assert c.verify().ok
-
-
 def test_policies_auto_any_state_word_is_harmless(make):
     """Every state word and sketch word of auto damaged, at random, between operations: values stay right, nothing
     raises, verify() finds nothing to repair (the words are hints), and the state is back in range."""

@@ -5,8 +5,7 @@ without the lock.
 The list holds the two queues as s3fifo's does: ``sentinel -> main, newest first -> window, newest first (from
 small_first) -> sentinel`` (the window is s3fifo's small queue, MARK_SMALL on its entries). Every new key enters the
 window. Each lookup of a key, hit or miss, adds one to the key's 4 counters in a count-min sketch (4-bit counters,
-halved once a sample of PERIOD_PER_ENTRY x max_entries lookups): what the filter compares. A hit raises its entry's
-2-bit counter, as under s3fifo.
+halved once a period): what the filter compares. A hit raises its entry's 2-bit counter, as under s3fifo.
 
 Room is made from the window while it holds its target or more (or main is empty): its oldest entry moves to main if
 it was hit in the window (or a view pins it, or the window is over its target: the climber lowered it); else the
@@ -19,11 +18,10 @@ the window's oldest into main.
 So a loop or a scan, where every key is as frequent as the next, leaves main as it is (what ``keep`` does), popular
 keys win their place over cold ones (what S3-FIFO's ghost approximates), and a window climbed large behaves as a
 CLOCK, near LRU. The climber (Caffeine's BoundedLocalCache.climb, in integers): once a period of PERIOD_PER_ENTRY x
-max_entries lookups, or PERIOD_MOST if fewer, has passed (checked every CHECK_EVERY admissions), the period's hit
-ratio against the last one's (the first period only measures, from a cold start any change would look like a gain):
-better, the target moves on by the step, worse, it moves back by it; the step shrinks by 2 % a period and restarts at
-6.25 % of the entries when the ratio moves by 5 points. The sketch is halved when the periods since the last halving
-make a sample (one period for a cache of up to 6,553 entries).
+max_entries lookups has passed (checked every CHECK_EVERY admissions), the period's hit ratio against the last one's
+(the first period only measures, from a cold start any change would look like a gain): better, the target moves on
+by the step, worse, it moves back by it; the step shrinks by 2 % a period and restarts at 6.25 % of the entries when
+the ratio moves by 5 points. The sketch is halved then.
 
 Where it lives: the ghost region (as many words as the index's slots) holds the sketch, in blocks of 8 words (one
 cache line) that hold a key's 4 counters; its first block holds the policy's state (``A_*``, layout/dtypes.py). All
@@ -51,10 +49,7 @@ from .s3fifo import S3fifo, bump, evict_main, main_victim, small_oldest, to_main
 _W = ENTRY_WORDS
 WINDOW_PERCENT = 1  # the window's first target: 1 % of the entries (Caffeine's), one at least
 ADMIT_MARGIN = 1  # how much more frequent than main's victim a candidate must be to replace it
-PERIOD_PER_ENTRY = 10  # the sketch's sample: this many lookups per entry of the limit (Caffeine's), a period at most
-# A period's most lookups: a large cache climbs as often as a small one (its hit ratio measured to within a few tenths
-# of a point, where RESTART_PPM is 5 points), its sketch still halved once a sample (every few periods).
-PERIOD_MOST = 65536
+PERIOD_PER_ENTRY = 10  # a period: this many lookups per entry of the limit (Caffeine's sample)
 CHECK_EVERY = 64  # admissions between two looks at whether the period is over (each sums the reader slots)
 STEP_PER_10000 = 625  # the restarting step: 6.25 % of the entries
 RESTART_PPM = 50_000  # a change of the period's hit ratio that restarts the step: 5 points
@@ -119,9 +114,7 @@ def climb(table) -> None:
         s[A_REQUESTS], s[A_HITS] = requests, hits  # the counters were reset (clear()) or the words damaged
         return
     dr, dh = requests - r0, hits - h0
-    sample = PERIOD_PER_ENTRY * c
-    period = min(sample, PERIOD_MOST)
-    if dr < period:
+    if dr < PERIOD_PER_ENTRY * c:
         return
     ppm = dh * PPM // dr
     if not 0 < s[A_PERIODS] <= MAX_COUNTER:  # the first period (since creation, a clear or a resize): the baseline
@@ -130,10 +123,9 @@ def climb(table) -> None:
         _move(s, c, ppm)
     s[A_REQUESTS], s[A_HITS] = requests, hits
     _count(s, A_PERIODS)
-    if s[A_PERIODS] % -(-sample // period) == 0:  # a sample's worth of periods: the sketch halved
-        words = np.frombuffer(s, dtype=np.int64)[SKETCH_BLOCK_WORDS:]
-        words >>= 1
-        words &= _HALVE
+    words = np.frombuffer(s, dtype=np.int64)[SKETCH_BLOCK_WORDS:]
+    words >>= 1
+    words &= _HALVE
 
 
 def _move(s, c: int, ppm: int) -> None:
