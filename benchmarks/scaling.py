@@ -10,6 +10,7 @@ Stores:
   shmcache-lru     SharedCache(policy="lru"): every get takes the lock (it relinks the entry)
   shmcache-s3fifo  SharedCache(policy="s3fifo"): gets read without the lock (compiled section, x86-64)
   shmcache-auto    SharedCache(policy="auto"): gets read without the lock too, and add to its frequency sketch
+  shmcache-default SharedCache(name): the default configuration (policy, capacity and entry limit), created so
   lmdb             one LMDB environment in /dev/shm, a read transaction per get (needs ``pip install lmdb``)
   private          a dict per process (no sharing: each worker's own copy): the ceiling of a lookup
 
@@ -31,7 +32,7 @@ import time
 
 import numpy as np
 
-STORES = ("shmcache-lru", "shmcache-s3fifo", "shmcache-auto", "lmdb", "private")
+STORES = ("shmcache-lru", "shmcache-s3fifo", "shmcache-auto", "shmcache-default", "lmdb", "private")
 
 
 def _value(i: int) -> dict:
@@ -49,8 +50,12 @@ class _Store:
             from shmcache import SharedCache
 
             self.name = f"benchmarks-scaling-{os.getpid()}-{self.kind}"
-            self.cache = SharedCache(self.name, capacity_bytes=self.keys * 400, max_entries=self.keys * 2,
-                                     create=True, policy=self.kind.split("-")[1])
+            policy = self.kind.split("-")[1]
+            if policy == "default":
+                self.cache = SharedCache(self.name, create=True)
+            else:
+                self.cache = SharedCache(self.name, capacity_bytes=self.keys * 400, max_entries=self.keys * 2,
+                                         create=True, policy=policy)
             self.cache.put_many({f"k{i}": _value(i) for i in range(self.keys)})
         elif self.kind == "lmdb":
             import lmdb
