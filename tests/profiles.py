@@ -1,13 +1,14 @@
 """How many examples the property tests draw, and how many seeded runs the long differential tests make:
-``SHMCACHE_EXAMPLES`` = ``quick`` (CI's pull-request stages: a quarter), unset (as written), or ``long`` (the
-nightly script: ten times). Each test states its own count, scaled here, so that the proportions between tests stay
+``SHMCACHE_EXAMPLES`` = ``smoke`` (CI's sanitizer stage, where each example costs several times more: a tenth),
+``quick`` (CI's other pull-request stages: a quarter), unset (as written), or ``long`` (the nightly script: ten
+times). Each test states its own count, scaled here, so that the proportions between tests stay
 as chosen."""
 
 from __future__ import annotations
 
 import os
 
-_SCALE = {"quick": 0.25, "": 1.0, "long": 10.0}
+_SCALE = {"smoke": 0.1, "quick": 0.25, "": 1.0, "long": 10.0}
 
 
 def _scale() -> float:
