@@ -288,7 +288,8 @@ def _shown_attached(handles: int | None, pids: list[int]) -> str:
 
 def cmd_ls(args) -> int:
     caches = []
-    names = segment_names()
+    names = [n for n in segment_names()
+             if not args.patterns or any(fnmatch.fnmatchcase(n, p) for p in args.patterns)]
     attachments = attached(names)  # before this command opens any of them
     for name in names:
         try:
@@ -299,7 +300,7 @@ def cmd_ls(args) -> int:
         _print_json(caches)
         return 0
     if not caches:
-        print("no shmcache caches on this host")
+        print("no shmcache caches on this host" + (" match" if args.patterns else ""))
         print(hot_path())
         return 0
     rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE", "LAST WRITE",
@@ -1098,7 +1099,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="also open segments owned by USER (a name or uid; may be repeated)")
         return sp
 
-    add("ls", cmd_ls, "list every shmcache cache on this host")
+    sp = add("ls", cmd_ls, "list every shmcache cache on this host (or those whose names match)")
+    sp.add_argument("patterns", nargs="*", metavar="PATTERN",
+                    help="list only the caches whose names match one of these shell patterns ('web-*'); "
+                    "the others are not opened")
     sp = add("stats", cmd_stats, "print a cache's global counters", prometheus=True)
     sp.add_argument("name")
     sp.add_argument("--watch", type=parse_watch, metavar="SECONDS", help="refresh every SECONDS until interrupted")

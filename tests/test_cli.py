@@ -36,7 +36,12 @@ def filled(name):
         yield c
 
 
-def test_cli_ls_lists_the_cache(capsys, filled, name):
+def test_cli_ls_lists_the_cache(capsys, filled, name, monkeypatch):
+    import shmcache.cli as cli
+
+    # Every cache on the host, as `ls` with no pattern finds them: this test's alone, so that it opens (and takes the
+    # lock of) no other test's cache.
+    monkeypatch.setattr(cli, "segment_names", lambda: [name])
     rc, out, _ = run(capsys, "ls", "--json")
     mine = [c for c in json.loads(out) if c["name"] == name]
     assert rc == 0 and len(mine) == 1
@@ -44,6 +49,19 @@ def test_cli_ls_lists_the_cache(capsys, filled, name):
     assert mine[0]["owner"] and mine[0]["creator_pid"] == os.getpid()
     rc, out, _ = run(capsys, "ls")
     assert rc == 0 and name in out
+
+
+def test_cli_ls_lists_only_the_caches_its_patterns_match(capsys, name):
+    with SharedCache(f"{name}-a", capacity_bytes=4096, max_entries=8, create=True) as a, \
+            SharedCache(f"{name}-b", capacity_bytes=4096, max_entries=8, create=True) as b:
+        rc, out, _ = run(capsys, "ls", f"{name}-a*", "--json")
+        assert rc == 0 and [r["name"] for r in json.loads(out)] == [f"{name}-a"]
+        rc, out, _ = run(capsys, "ls", f"{name}-b", f"{name}-?", "--json")
+        assert rc == 0 and [r["name"] for r in json.loads(out)] == [f"{name}-a", f"{name}-b"]
+        rc, out, _ = run(capsys, "ls", f"{name}-z*")
+        assert rc == 0 and out.startswith("no shmcache caches on this host match\n")
+        a.unlink()
+        b.unlink()
 
 
 def test_cli_opens_a_pickle_cache_without_unpickling(capsys, name, monkeypatch):
@@ -60,7 +78,7 @@ def test_cli_opens_a_pickle_cache_without_unpickling(capsys, name, monkeypatch):
         assert rc == 0 and json.loads(out)["entries"] == 1
         rc, out, _ = run(capsys, "inspect", name, "--json")
         assert rc == 0 and json.loads(out)["verify"]["ok"]
-        rc, out, _ = run(capsys, "ls", "--json")
+        rc, out, _ = run(capsys, "ls", name, "--json")
         assert [r["state"] for r in json.loads(out) if r["name"] == name] == ["ok"]
 
 
@@ -148,7 +166,7 @@ def test_cli_stats_and_inspect_show_the_policy_and_its_counters(capsys, name):
                                       "filter_admitted": 0, "filter_refused": 0}
         rc, out, _ = run(capsys, "stats", name)
         assert rc == 0 and re.search(r"policy\s+keep", out) and re.search(r"not_admitted\s+2", out)
-        rc, out, _ = run(capsys, "ls", "--json")
+        rc, out, _ = run(capsys, "ls", name, "--json")
         assert [r["policy"] for r in json.loads(out) if r["name"] == name] == ["keep"]
         c.unlink()
 
@@ -432,14 +450,15 @@ def test_cli_ls_shows_a_stuck_cache_as_busy_and_goes_on(name):
             time.sleep(0.01)
         assert _stopped(child.pid), "the child never stopped holding the lock"
         env = {**os.environ, "PYTHONPATH": ROOT}
-        ls = subprocess.run([sys.executable, "-m", "shmcache", "ls", "--json"], capture_output=True, text=True,
-                            timeout=60, env=env)
+        ls = subprocess.run([sys.executable, "-m", "shmcache", "ls", name, healthy_name, "--json"], capture_output=True,
+                            text=True, timeout=60, env=env)
         assert ls.returncode == 0, ls.stderr
         mine = {c["name"]: c for c in json.loads(ls.stdout) if c["name"] in (name, healthy_name)}
         assert mine[name]["state"] == "busy" and "entries" not in mine[name]
         assert mine[name]["creator_pid"] == os.getpid()  # what needs no lock is still shown
         assert mine[healthy_name]["state"] == "ok" and mine[healthy_name]["entries"] == 1
-        table = subprocess.run([sys.executable, "-m", "shmcache", "ls"], capture_output=True, text=True, timeout=60,
+        table = subprocess.run([sys.executable, "-m", "shmcache", "ls", name, healthy_name], capture_output=True,
+                               text=True, timeout=60,
                                env=env)
         assert table.returncode == 0, table.stderr
         rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
@@ -459,7 +478,7 @@ def test_cli_ls_shows_a_stuck_cache_as_busy_and_goes_on(name):
 def test_cli_ls_shows_a_never_initialised_segment_as_damaged(capsys, name):
     """A segment whose creator died before writing it: listed at once as damaged, not waited for."""
     os.close(os.open(f"/dev/shm/shmcache.{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    rc, out, _ = run(capsys, "ls", "--json")
+    rc, out, _ = run(capsys, "ls", name, "--json")
     mine = [c for c in json.loads(out) if c["name"] == name]
     assert rc == 0 and len(mine) == 1
     assert mine[0]["state"] == "damaged" and "never initialised" in mine[0]["error"]
@@ -468,7 +487,7 @@ def test_cli_ls_shows_a_never_initialised_segment_as_damaged(capsys, name):
 def test_cli_ls_says_which_hot_path_runs(capsys, filled, name):
     from shmcache import core
 
-    rc, out, _ = run(capsys, "ls")
+    rc, out, _ = run(capsys, "ls", name)
     want = "hot path: compiled (shmcache._core)" if core.PATH == "compiled" else "hot path: pure Python ("
     assert rc == 0 and out.rstrip().splitlines()[-1].startswith(want)
 
@@ -1085,7 +1104,7 @@ sys.stdin.readline()
 
 
 def _ls_row(capsys, name: str) -> dict:
-    rc, out, _ = run(capsys, "ls", "--json")
+    rc, out, _ = run(capsys, "ls", name, "--json")
     rows = [r for r in json.loads(out) if r["name"] == name]
     assert rc == 0 and len(rows) == 1
     return rows[0]
@@ -1105,7 +1124,7 @@ def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
             row = _ls_row(capsys, name)
             assert row["attached_handles"] == 2 and row["attached_pids"] == sorted([os.getpid(), child.pid])
             assert 0 <= row["last_write_s"] < 10 and row["last_write_s"] <= row["age_s"]
-            rc, out, _ = run(capsys, "ls")
+            rc, out, _ = run(capsys, "ls", name)
             line = next(x for x in out.splitlines() if x.startswith(name))
             assert re.search(r"\d+s ago\s+" + ",".join(map(str, sorted([os.getpid(), child.pid]))) + "$", line)
             child.stdin.write("\n")
@@ -1119,7 +1138,7 @@ def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
             assert child.wait(timeout=60) == 0
     row = _ls_row(capsys, name)  # nobody has it open: what `sweep` would remove
     assert row["attached_handles"] == 0 and row["attached_pids"] == []
-    rc, out, _ = run(capsys, "ls")
+    rc, out, _ = run(capsys, "ls", name)
     assert re.search(r"\d+s ago\s+none$", next(x for x in out.splitlines() if x.startswith(name)))
 
 

@@ -330,12 +330,12 @@ def test_security_sweep_and_ls_skip_what_they_may_not_touch(attacker, name, caps
         assert found[link]["state"] == "skipped" and "symbolic link" in found[link]["reason"]
         assert found[name]["state"] == "orphan"
 
-        assert main(["ls", "--json"]) == 0
+        assert main(["ls", *names, "--json"]) == 0
         listed = {c["name"]: c for c in json.loads(capsys.readouterr().out) if c["name"] in names}
         assert all(listed[n]["state"] == "skipped" for n in (foreign, fifo, link))
         assert "uid" in listed[foreign]["reason"] and "regular" in listed[fifo]["reason"]
         assert "symbolic link" in listed[link]["reason"] and listed[name]["entries"] == 0
-        assert main(["ls"]) == 0
+        assert main(["ls", *names]) == 0
         table = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
         assert "skipped: owned by" in table[foreign] and "skipped: a symbolic link" in table[link]
 
