@@ -367,7 +367,10 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
         if (counts[k], nbytes[k]) != (kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED]):
             problems.add(f"kind {k}: entries hold {counts[k]} entries of {nbytes[k]} bytes, its record says "
                          f"{kw[k * KIND_WORDS + K_ENTRIES]} of {kw[k * KIND_WORDS + K_RETAINED]}")
-    shown = seg.shown[2]  # (the entry slots this mapping shows: past them, zeros of its own)
+    # The slots handed out that this mapping shows (past them, zeros of its own). A slot past unused_next is read by
+    # no scan and written whole when it is handed out: a repair that lowered unused_next leaves what such slots
+    # hold, which a mapping that showed more of the table before still sees.
+    shown = min(seg.shown[2], block.handed_out(h, seg.slots_shown))
     stale = np.frombuffer(exp, dtype=np.int64, count=shown) != 0
     stale[[e for e in order if e < shown]] = False
     if stale.any():

@@ -470,7 +470,11 @@ def _run(args) -> tuple[dict, bool]:
         repair()
         mm.close()
         if failures() == before:
-            ok = cache.verify().ok
+            report = cache.verify()
+            ok = report.ok
+            if not ok:
+                print("the final verify() failed after a repair phase that passed:\n  " + "\n  ".join(report.problems),
+                      file=sys.stderr)
             unlocked = lifetime_reads(cache)
     finally:
         for p in (stranger, foreigner):
