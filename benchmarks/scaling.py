@@ -10,7 +10,8 @@ Stores:
   shmcache-lru     SharedCache(policy="lru"): every get takes the lock (it relinks the entry)
   shmcache-s3fifo  SharedCache(policy="s3fifo"): gets read without the lock (compiled section, x86-64)
   shmcache-auto    SharedCache(policy="auto"): gets read without the lock too, and add to its frequency sketch
-  shmcache-default SharedCache(name): the default configuration (policy, capacity and entry limit), created so
+  shmcache-default SharedCache(name): the default configuration (policy, capacity and entry limit), as a user
+                   who names nothing gets it
   lmdb             one LMDB environment in /dev/shm, a read transaction per get (needs ``pip install lmdb``)
   private          a dict per process (no sharing: each worker's own copy): the ceiling of a lookup
 

@@ -9,7 +9,7 @@ verify(), checks that the stats respect the limits in force, and reads back ever
 
 --policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each. Under keep a put of a new key into the full cache
-stores nothing and returns False (counted in not_admitted); under lru and s3fifo a put that returns False is wrong.
+stores nothing and returns False (counted in not_admitted); under every other policy a put that returns False is wrong.
 
 Reading the summary line:
 

@@ -52,16 +52,18 @@ def test_cli_ls_lists_the_cache(capsys, filled, name, monkeypatch):
 
 
 def test_cli_ls_lists_only_the_caches_its_patterns_match(capsys, name):
-    with SharedCache(f"{name}-a", capacity_bytes=4096, max_entries=8, create=True) as a, \
-            SharedCache(f"{name}-b", capacity_bytes=4096, max_entries=8, create=True) as b:
+    made = [SharedCache(f"{name}-{x}", capacity_bytes=4096, max_entries=8, create=True) for x in "ab"]
+    try:
         rc, out, _ = run(capsys, "ls", f"{name}-a*", "--json")
         assert rc == 0 and [r["name"] for r in json.loads(out)] == [f"{name}-a"]
         rc, out, _ = run(capsys, "ls", f"{name}-b", f"{name}-?", "--json")
         assert rc == 0 and [r["name"] for r in json.loads(out)] == [f"{name}-a", f"{name}-b"]
         rc, out, _ = run(capsys, "ls", f"{name}-z*")
         assert rc == 0 and out.startswith("no shmcache caches on this host match\n")
-        a.unlink()
-        b.unlink()
+    finally:
+        for c in made:
+            c.close()
+            c.unlink()
 
 
 def test_cli_opens_a_pickle_cache_without_unpickling(capsys, name, monkeypatch):
