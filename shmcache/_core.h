@@ -91,6 +91,10 @@ typedef struct {
     const struct PolicyOps *pol; /* the segment's policy (_core_policy.c), chosen at bind: asked, never its number */
     /* reads without the lock (_core_unlocked.c) */
     int64_t *readers;   /* the reader slots' words, reader_slots records of reader_words */
+    /* the stripes' words (layout version 11; NULL before it: seq alone): word S_OPEN the mask of the stripes the hold
+     * under way opened, stripe k's sequence word at STRIPE_WORD(k), alone on its line (seqlock.py) */
+    int64_t *stripes;
+    int64_t stuck; /* the stripe the last try of this handle's last read without the lock found odd (-1: none) */
     int64_t reader_slots, reader_words;
     int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
     unsigned long rd_fork; /* fork_count when rd was claimed: a forked child never counts in its parent's slot */
@@ -149,6 +153,18 @@ typedef struct {
 #define AW(off) (c->aw[(off) >> 3])
 /* The index in force's slots less one, and the ghost's words in force (s3fifo), from the tables this mapping took. */
 #define IXMASK(c) ((c)->tables[0] - 1)
+/* Stripes (layout/dtypes.py): the stripe of index slot s in the index in force, a run of 2**STRIPE_MIN_SHIFT slots at
+ * least; its word's place in the region (after the open mask's line). (twin: seqlock.py stripe_of) */
+#define STRIPE_BITS 6
+#define STRIPE_MIN_SHIFT 4
+#define STRIPE_WORDS 8
+#define S_OPEN 0
+#define STRIPE_WORD(k) (STRIPE_WORDS * (1 + (k)))
+static inline int64_t stripe_of(const Core *c, int64_t s)
+{
+    int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS; /* (tables[0]: a power of two) */
+    return s >> (shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift);
+}
 #define GHOST_LIVE(c) ((c)->tables[0] < GHOST_WAYS ? GHOST_WAYS : (c)->tables[0])
 /* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
  * it) would be read as this process's own zero pages, and written there unseen by the others. */
@@ -191,7 +207,8 @@ typedef struct {
 } Encoded;
 
 static int64_t mono_ns(void);
-static inline void seq_open(Core *c); /* _core_lock.c: before a hold's first write or pin query */
+static inline void seq_open(Core *c); /* _core_lock.c: before a hold's first write across the stripes */
+static inline void stripe_open(Core *c, int64_t s); /* _core_lock.c: before a write to index slot s or its entry */
 /* An eviction policy's steps, one table per policy (_core_policy.c policy_ops), chosen at bind as policies.of
  * chooses in Python: what a hit does, where a new key goes and whether it is admitted, and which entry goes next.
  * The flags are read on the hot paths, the functions elsewhere. (twin: policies/base.py Policy) */

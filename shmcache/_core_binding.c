@@ -263,6 +263,20 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "R_READING", &c->r_reading, rw)
         || take_word(d, "R_PINS", &c->r_pins, rw - c->reader_pins + 1))
         return -1;
+    int64_t stripes_nbytes, stripe_bits, stripe_min_shift, stripe_words;
+    void *stripes;
+    if (take(d, "stripes_nbytes", &stripes_nbytes) || take(d, "STRIPE_BITS", &stripe_bits)
+        || take(d, "STRIPE_MIN_SHIFT", &stripe_min_shift) || take(d, "STRIPE_WORDS", &stripe_words))
+        return -1;
+    if (stripe_bits != STRIPE_BITS || stripe_min_shift != STRIPE_MIN_SHIFT || stripe_words != STRIPE_WORDS
+        || (stripes_nbytes != 0 && stripes_nbytes != (int64_t)STRIPE_WORD((int64_t)1 << STRIPE_BITS) * 8)) {
+        PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the stripes are not a layout this build knows");
+        return -1;
+    }
+    if (region(c, d, "stripes_off", stripes_nbytes, 8, &stripes))
+        return -1;
+    c->stripes = stripes_nbytes ? (int64_t *)stripes : NULL;
+    c->stuck = -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the lock's words are not within the header");
         return -1;

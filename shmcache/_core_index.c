@@ -30,7 +30,8 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
     return bounds(c); /* no empty slot anywhere */
 }
 
-/* Empty slot ``s`` and shift back what follows it in its cluster. (twin: index.py remove) */
+/* Empty slot ``s`` and shift back what follows it in its cluster, each slot's stripe opened before an entry moves out
+ * of it (the caller opened ``s``'s). (twin: index.py remove) */
 static int index_remove(Core *c, int64_t s)
 {
     const int64_t mask = IXMASK(c);
@@ -45,6 +46,7 @@ static int index_remove(Core *c, int64_t s)
         if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)mask) >= ((uint64_t)(j - s) & (uint64_t)mask)) {
             if (!SLOT_OK(e))
                 return bounds(c);
+            stripe_open(c, j);
             IXF(s) = IXF(j);
             IXE(s) = e;
             EN(e, slot) = s;

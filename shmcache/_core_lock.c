@@ -202,13 +202,15 @@ static int wait_lock(Core *c, uint32_t tid)
     }
 }
 
-/* The write side of the seqlock that readers without the lock validate against (docs/design.md, "Reads without
- * the lock"): ``seq`` is made odd before a hold's first write or pin query, and even again as the hold ends with
- * nothing half-done. The fence orders the odd ``seq`` before every later store of the hold (readers never see a
- * write under an even ``seq`` they read first) and before every later load: a pin flag is read only after the odd
- * word is visible, so a viewer without the lock either sees it and retries, or its flag is seen here (the two
- * stores and two loads of Dekker's protocol). Under lru nobody reads without the lock: ``seq`` stays 0.
- * (twin: seqlock.py open_seq) */
+/* The write side of the seqlocks that readers without the lock validate against (docs/design.md, "Reads without
+ * the lock"): header word ``seq`` is made odd before the first write of a hold that writes across the stripes (none
+ * of the compiled section's; every write and pin query on a segment before version 11, which has no stripes), and a
+ * stripe's word before the hold's first write to one of its index slots or to an entry one of them points at, or a
+ * pin query of such an entry (stripe_open); each is made even again as the hold ends with nothing half-done. The
+ * fence orders the odd word before every later store of the hold (readers never see a write under an even word they
+ * read first) and before every later load: a pin flag is read only after the odd word is visible, so a viewer
+ * without the lock either sees it and retries, or its flag is seen here (the two stores and two loads of Dekker's
+ * protocol). Under lru nobody reads without the lock: the words stay 0. (twin: seqlock.py open_seq) */
 static inline void seq_open(Core *c)
 {
     if (!c->pol->reads_unlocked)
@@ -220,14 +222,52 @@ static inline void seq_open(Core *c)
     }
 }
 
-/* The hold ends: ``seq`` even again, with release order after every write of the hold, unless an update was cut
- * short (``dirty`` set): it stays odd until the repair's hold ends. An odd word left by a holder that died between
- * the two is evened by the next hold to end. (twin: seqlock.py close_seq) */
+/* Open the stripe of index slot ``s`` (see seq_open): its bit in the open mask first, so that the hold's end (or, if
+ * this holder dies, the next hold's) evens it, then its word odd and the fence. A slot out of range (damage) or a
+ * segment without stripes opens ``seq``, which every reader validates. (twin: seqlock.py open_stripe) */
+static inline void stripe_open(Core *c, int64_t s)
+{
+    if (!c->pol->reads_unlocked)
+        return;
+    if (c->stripes == NULL || s < 0 || s > IXMASK(c)) {
+        seq_open(c);
+        return;
+    }
+    int64_t k = stripe_of(c, s);
+    uint64_t bit = (uint64_t)1 << k, m = (uint64_t)c->stripes[S_OPEN];
+    if (!(m & bit))
+        c->stripes[S_OPEN] = (int64_t)(m | bit);
+    int64_t *w = &c->stripes[STRIPE_WORD(k)], v = __atomic_load_n(w, __ATOMIC_RELAXED);
+    if (!(v & 1)) {
+        __atomic_store_n(w, (int64_t)((uint64_t)v + 1), __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
+}
+
+/* The hold ends: ``seq`` and every stripe the open mask names even again, with release order after every write of
+ * the hold, and the mask cleared, unless an update was cut short (``dirty`` set): they stay odd until the repair's
+ * hold ends (the repair names every stripe in the mask). Odd words left by a holder that died between the two are
+ * evened by the next hold to end. (twin: seqlock.py close_seq) */
 static inline void seq_close(Core *c)
 {
+    if (HW(dirty))
+        return;
     int64_t s = HW(seq);
-    if ((s & 1) && !HW(dirty))
+    if (s & 1)
         __atomic_store_n(&HW(seq), (int64_t)((uint64_t)s + 1), __ATOMIC_RELEASE);
+    if (c->stripes == NULL)
+        return;
+    uint64_t m = (uint64_t)c->stripes[S_OPEN];
+    if (!m)
+        return;
+    while (m) {
+        int k = __builtin_ctzll(m);
+        m &= m - 1;
+        int64_t *w = &c->stripes[STRIPE_WORD(k)], v = *w;
+        if (v & 1)
+            __atomic_store_n(w, (int64_t)((uint64_t)v + 1), __ATOMIC_RELEASE);
+    }
+    c->stripes[S_OPEN] = 0;
 }
 
 /* Give the lock back: the holder word cleared, then the futex word, with release order after every store of the

@@ -115,12 +115,29 @@ static PyObject *leave_to(Core *c, PyObject *name, PyObject *const *args, Py_ssi
 
 /* The call takes the lock: 0, held; ST_HANDOVER, not held (its reason recorded); -1, a Python exception is set.
  * Every successful enter is followed by unlock() and leave(). */
+/* A stripe's word that the last try of a read without the lock found odd (c->stuck), and is odd still while this
+ * thread holds the lock with nothing half-done: no hold is writing under it, so a stray write (or a holder that died
+ * between its odd store and its mask bit, which a bit set first rules out) left it so. Named in the open mask, it is
+ * evened as this hold ends, and its keys read without the lock again. (No twin: the Python path reads under the
+ * lock, and never sees a stripe's word.) */
+static inline void heal_stripe(Core *c)
+{
+    int64_t k = c->stuck;
+    c->stuck = -1;
+    if (k < 0 || k >= ((int64_t)1 << STRIPE_BITS) || c->stripes == NULL || HW(dirty))
+        return;
+    if (__atomic_load_n(&c->stripes[STRIPE_WORD(k)], __ATOMIC_RELAXED) & 1)
+        c->stripes[S_OPEN] = (int64_t)((uint64_t)c->stripes[S_OPEN] | ((uint64_t)1 << k));
+}
+
 static int enter(Core *c)
 {
     c->users++;
     int r = lock(c);
     if (r)
         leave(c);
+    else if (c->stuck >= 0)
+        heal_stripe(c);
     return r;
 }
 

@@ -6,8 +6,7 @@
 /* An expired entry that no pin flag marks: dropped, counted in ``expired``. (twin: store.py Store.lapse) */
 static int lapse(Core *c, int64_t e)
 {
-    seq_open(c);
-    HW(dirty) = 1;
+    HW(dirty) = 1; /* (table_remove opens the stripes it writes) */
     int r = table_remove(c, e);
     if (r)
         return r;
@@ -180,8 +179,7 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
 STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 {
     int r, done;
-    seq_open(c);
-    HW(dirty) = 1;
+    HW(dirty) = 1; /* (overwrite, table_remove and insert open the stripes they write) */
     if (old != c->empty) {
         ADD(HW(updates), 1);
         if ((r = overwrite(c, old, st, &done)))
@@ -255,8 +253,7 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
         return pin ? ST_OK : lapse(c, e);
     if (pin)
         return ST_PINNED;
-    seq_open(c);
-    HW(dirty) = 1;
+    HW(dirty) = 1; /* (pinned opened the entry's stripe) */
     if ((r = table_remove(c, e)))
         return r;
     ADD(HW(deletes), 1);

@@ -27,12 +27,24 @@ static int slot_pinned(Core *c, int64_t e)
     return 0;
 }
 
+/* Open the stripe of the index slot that points at resident entry ``e``, before the entry is written or its pins
+ * asked: where a reader found it. A slot word that does not point back (damage) opens ``seq``, which every reader
+ * validates. (twin: table.py Table.open_entry) */
+static inline void entry_open(Core *c, int64_t e)
+{
+    int64_t s = EN(e, slot);
+    if (s >= 0 && s <= IXMASK(c) && IXE(s) == e)
+        stripe_open(c, s);
+    else
+        seq_open(c);
+}
+
 /* Whether a view (of any process) still pins entry ``e``: a flagged entry is pinned while another description holds
  * its pin byte; a flag found without one is cleared. 1 pinned, 0 not, -1 the query failed.
  * (twin: table.py Table.pinned) */
 static int pinned(Core *c, int64_t e)
 {
-    seq_open(c); /* before the flag is read: see seq_open */
+    entry_open(c, e); /* before the flag is read: see seq_open */
     if (!c->pins[e])
         return 0;
     struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
@@ -62,6 +74,7 @@ static int table_remove(Core *c, int64_t e)
     /* arena free: the block must be this entry's own */
     if (!(off >= 0 && off < c->arena_nbytes && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
         return bounds(c);
+    stripe_open(c, s);
     AW(off) = nb;
     ADD(HW(arena_used), -nb);
     int r = index_remove(c, s);
@@ -303,6 +316,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         s = (s + 1) & mask;
     if (i > mask)
         return bounds(c);
+    stripe_open(c, s); /* (the entry and its block are no reader's until the slot names them) */
     /* Where it is linked: at the front (lru, keep, and main under s3fifo), or small's front. */
     int64_t p, n;
     if ((r = c->pol->link_new(c, e, probation, &p, &n)))
@@ -348,6 +362,7 @@ static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
         return ST_OK;
     if (!(off >= 0 && off <= c->arena_nbytes - st->nb && off % 8 == 0 && AW(off) == (st->nb | (e << c->owner_shift))))
         return bounds(c);
+    entry_open(c, e);
     HW(writing) = e;
     unsigned char *v0 = c->arena + off + c->block_header;
     v0[0] = (unsigned char)st->tag;

@@ -1,13 +1,15 @@
-/* shmcache._core, reads without the lock: a get's lookup and copy validated against the header's seq word, which
- * writers make odd for the length of a hold that writes (seq_open, seq_close in _core_lock.c). Under s3fifo and
- * keep only (lru relinks on every hit: its gets keep the lock).
+/* shmcache._core, reads without the lock: a get's lookup and copy validated against the header's seq word and the
+ * words of the index stripes its probe crossed, which writers make odd for the length of a hold that writes there
+ * (seq_open, stripe_open, seq_close in _core_lock.c). Under s3fifo, keep and auto only (lru relinks on every hit:
+ * its gets keep the lock).
  * Twin of store.py (Store.read), whose answers it gives: the Python path takes the lock for them
  * (tests/test_unlocked.py holds the two to the same answers and totals).
  *
- * The reader's protocol (docs/design.md, "Reads without the lock"): s1 = seq (acquire); odd: a writer is at it,
- * try again; the probe and the entry's words read once each (relaxed atomic loads: never re-read after a check),
- * every offset and length checked against the arena before use; an acquire fence, then seq again: unchanged, what
- * was read is what one instant of the segment held. Only then is the value's length trusted for an allocation, and
+ * The reader's protocol (docs/design.md, "Reads without the lock"): seq read (acquire), and each stripe's word as the
+ * probe enters it (acquire); odd: a writer is at it, try again; the probe and the entry's words read once each
+ * (relaxed atomic loads: never re-read after a check), every offset and length checked against the arena before
+ * use; an acquire fence, then the words again (Window): unchanged, what was read is what one instant of the segment
+ * held. Only then is the value's length trusted for an allocation, and
  * the copy is validated the same way. A hit still passes the value's checksum before it is returned or counted.
  * A read found torn is retried (counted in the reader slot's ``retries``); after UNLOCKED_TRIES, or on anything
  * unusual (an expired entry to drop, a bound failing on a quiet segment, no reader slot), it is handed to the
@@ -37,22 +39,89 @@ static inline int64_t *reader_slot(Core *c)
     return (UNLOCKED_READS && c->rd != NULL && c->rd_fork == fork_count && c->pol->reads_unlocked) ? c->rd : NULL;
 }
 
-static inline int64_t seq_begin(Core *c) { return __atomic_load_n(&HW(seq), __ATOMIC_ACQUIRE); }
+/* What a read without the lock validates what it read against: ``seq``, and the word of each stripe its probes
+ * entered (none on a segment before version 11), each read with acquire order before anything it covers. */
+typedef struct {
+    int64_t seq;
+    int shift;      /* slot >> shift: its stripe (stripe_of, for the tables this mapping took) */
+    uint64_t mask;  /* the stripes whose words were read */
+    uint64_t probe; /* those the last probe crossed */
+    int64_t seen[1 << STRIPE_BITS];
+} Window;
 
-/* Whether nothing was written since seq_begin answered ``s`` (even). */
-static inline int seq_same(Core *c, int64_t s)
+/* A window begins: ``seq`` read. 0: it is odd (a writer is at it across the stripes). */
+static inline int window_open(Core *c, Window *w)
+{
+    w->seq = __atomic_load_n(&HW(seq), __ATOMIC_ACQUIRE);
+    w->mask = w->probe = 0;
+    int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS;
+    w->shift = shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift; /* (stripe_of's, once a window) */
+    return !(w->seq & 1);
+}
+
+/* A probe enters index slot ``s``: its stripe's word read, unless the window read it already. 0: it is odd (a
+ * writer is at it there). */
+static inline int window_enter(Core *c, Window *w, int64_t s)
+{
+    if (c->stripes == NULL)
+        return 1;
+    int64_t k = s >> w->shift;
+    uint64_t bit = (uint64_t)1 << k;
+    w->probe |= bit;
+    if (w->mask & bit)
+        return 1;
+    int64_t v = __atomic_load_n(&c->stripes[STRIPE_WORD(k)], __ATOMIC_ACQUIRE);
+    if (v & 1) {
+        c->stuck = k; /* (heal_stripe judges it, if the read ends under the lock) */
+        return 0;
+    }
+    w->seen[k] = v;
+    w->mask |= bit;
+    return 1;
+}
+
+/* Whether neither ``seq`` nor the words of stripes ``m`` (of the window's) moved since they were read (the caller
+ * fenced). */
+static inline int window_unchanged_in(Core *c, const Window *w, uint64_t m)
+{
+    if (__atomic_load_n(&HW(seq), __ATOMIC_RELAXED) != w->seq)
+        return 0;
+    for (; m; m &= m - 1) {
+        int k = __builtin_ctzll(m);
+        if (__atomic_load_n(&c->stripes[STRIPE_WORD(k)], __ATOMIC_RELAXED) != w->seen[k])
+            return 0;
+    }
+    return 1;
+}
+
+static inline int window_unchanged(Core *c, const Window *w) { return window_unchanged_in(c, w, w->mask); }
+
+/* Whether nothing the window covers was written since it was read: what was read is what one instant held. */
+static inline int window_same(Core *c, const Window *w)
 {
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    return __atomic_load_n(&HW(seq), __ATOMIC_RELAXED) == s;
+    return window_unchanged(c, w);
+}
+
+/* Whether nothing the last probe read was written since: its entry's words are those of one instant (a batch's
+ * check before a copy, whose length it trusts; the whole window is checked once every key is copied). */
+static inline int window_same_probe(Core *c, const Window *w)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return window_unchanged_in(c, w, w->probe);
 }
 
 /* The probe of index.find without the lock: 1 found (its entry's words into *f), 0 absent, -1 something failed a
- * bound (torn, or damage: the caller tells them apart by seq). (index.py find's probe, each word read once) */
-static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out, Found *f)
+ * bound (torn, or damage: the caller tells them apart by the window), -2 a stripe entered is odd (torn). Each
+ * stripe's word is read as the probe enters it. (index.py find's probe, each word read once) */
+static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out, Found *f, Window *w)
 {
     const int64_t mask = IXMASK(c);
     int64_t s = fp & mask;
+    w->probe = 0;
     for (int64_t i = 0; i <= mask; i++) {
+        if (!window_enter(c, w, s))
+            return -2;
         int64_t e = RD(IXE(s));
         if (e == c->empty)
             return 0;
@@ -127,9 +196,9 @@ enum { U_DONE = 0, U_LOCK = 1, U_LOST = 2 /* (pin_unlocked) fd was closed: take 
 
 /* One get without the lock: U_DONE with *f (f->hit 0: a miss) and, for a hit, the copy in *body (copy_value's);
  * U_LOCK: take the lock instead; -1: a Python exception (no memory). Nothing is counted here. *now as find_live's. */
-/* Whether the header's extent differs from what this mapping shows (hidden, read as a reader reads every word): the
- * locked path shows the new part first (Segment.refresh), else a key stored there would read as zeros, a miss; or
- * hides what a resize gave back, which this reader must not touch (it would be backed again). */
+/* Whether the tables moved since this mapping took them (a resize, which may also have given arena pages back):
+ * read after seq, before the probe, which must not read a table, or touch a page, the resize left (it would back the
+ * page again); the locked path takes the new tables first (Segment.refresh_tables). */
 static inline int hidden_unlocked(Core *c)
 {
     if (c->shown == NULL)
@@ -137,8 +206,16 @@ static inline int hidden_unlocked(Core *c)
     /* The tables moved: a key may be past what this mapping shows. (The index's size too, on a line no put writes: a
      * damaged count may come back to the one taken. The limit is on the occupancy's line, which every put writes:
      * not read here; a slot past those shown fails SLOT_OK, and the locked path takes the tables.) */
-    if (RD(HW(resizes)) != c->tables[2] || RD(HW(index_slots)) != c->tables[0])
-        return 1;
+    return RD(HW(resizes)) != c->tables[2] || RD(HW(index_slots)) != c->tables[0];
+}
+
+/* Whether the header's arena extent differs from what this mapping shows (read as a reader reads every word): the
+ * locked path shows the new part first (Segment.refresh). Read after the probe's stripe words: a growth and the
+ * blocks it made room for are one hold, and a block past what is shown would read as zeros, its key as a miss. */
+static inline int extent_hidden(Core *c)
+{
+    if (c->shown == NULL)
+        return 0; /* (all of the arena shown; hidden_unlocked judged the rest) */
     int64_t ext = RD(HW(arena_extent));
     return ext != *c->shown && extent_in(ext, ring_for(c, RD(HW(capacity)))) != *c->shown;
 }
@@ -146,30 +223,36 @@ static inline int hidden_unlocked(Core *c)
 static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,
                         PyObject **body)
 {
+    c->stuck = -1;
+    Window win;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
         if (t)
             backoff(c, rd, t);
-        int64_t s = seq_begin(c), e;
-        if (s & 1)
+        int64_t e;
+        if (!window_open(c, &win))
             continue;
-        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+        if (hidden_unlocked(c)) /* (read after seq: a resize and the tables it moved are one hold) */
             return U_LOCK;
         f->hit = 0;
-        int r = find_unlocked(c, kb, klen, fp, &e, f);
+        int r = find_unlocked(c, kb, klen, fp, &e, f, &win);
+        if (r == -2)
+            continue;
+        if (extent_hidden(c)) /* (read after the stripes' words) */
+            return U_LOCK;
         if (r <= 0) {
-            if (!seq_same(c, s))
+            if (!window_same(c, &win))
                 continue;
             return r == 0 ? U_DONE : U_LOCK; /* a bound failed on a quiet segment: damage, the locked path judges */
         }
         int64_t x = RD(c->exp[e]);
         if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
             return U_LOCK; /* expired: the locked path drops it (or finds it rewritten meanwhile) */
-        if (!seq_same(c, s))
+        if (!window_same(c, &win))
             continue; /* the length is trusted for an allocation only once validated */
         PyObject *copy = copy_value(c, f);
         if (copy == NULL)
             return -1;
-        if (!seq_same(c, s)) {
+        if (!window_same(c, &win)) {
             Py_DECREF(copy);
             continue;
         }
@@ -206,19 +289,25 @@ static int64_t *free_pin_word(Core *c, int64_t *rd, int64_t e)
 static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, int fd,
                         int forking, Found *f, int *viewable, int64_t *version, int64_t **word)
 {
+    c->stuck = -1;
     *word = NULL;
+    Window win;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
         if (t)
             backoff(c, rd, t);
-        int64_t s = seq_begin(c), e;
-        if (s & 1)
+        int64_t e;
+        if (!window_open(c, &win))
             continue;
-        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+        if (hidden_unlocked(c)) /* (read after seq: a resize and the tables it moved are one hold) */
             return U_LOCK;
         f->hit = 0;
-        int r = find_unlocked(c, kb, klen, fp, &e, f);
+        int r = find_unlocked(c, kb, klen, fp, &e, f, &win);
+        if (r == -2)
+            continue;
+        if (extent_hidden(c)) /* (read after the stripes' words) */
+            return U_LOCK;
         if (r <= 0) {
-            if (!seq_same(c, s))
+            if (!window_same(c, &win))
                 continue;
             return r == 0 ? U_DONE : U_LOCK;
         }
@@ -227,7 +316,7 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
             return U_LOCK;
         *viewable = tag_viewable(c, f->tag);
         *version = RD(c->ver[e]);
-        if (!seq_same(c, s))
+        if (!window_same(c, &win))
             continue;
         if (!*viewable) {
             if (!tag_written(c, f->tag))
@@ -248,8 +337,8 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
             if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
                 return U_LOCK; /* never refused (pin bytes are only read-locked): the locked path tries again */
         }
-        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the flag and the pin before seq is read again: see above */
-        if (__atomic_load_n(&HW(seq), __ATOMIC_RELAXED) == s) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the flag and the pin before the words are read again: above */
+        if (window_unchanged(c, &win)) {
             f->hit = 1;
             *word = w;
             return U_DONE;
@@ -276,30 +365,36 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
  * copies) for all n keys; U_LOCK: nothing kept, take the lock; -1: a Python exception. Nothing is counted here. */
 static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, int64_t *now)
 {
+    c->stuck = -1;
+    Window win;
     for (int t = 0; t < UNLOCKED_BATCH_TRIES; t++) {
         if (t) {
             ADD(rd[c->r_retries], 1);
             for (int i = 0; i < 64 << t; i++)
                 cpu_pause();
         }
-        int64_t s = seq_begin(c), e;
-        if (s & 1)
+        int64_t e;
+        if (!window_open(c, &win))
             continue;
-        if (hidden_unlocked(c)) /* (read after seq: a growth and its blocks are one hold) */
+        if (hidden_unlocked(c)) /* (read after seq: a resize and the tables it moved are one hold) */
             return U_LOCK;
         int u = U_DONE;
         Py_ssize_t i = 0;
         for (; i < n && u == U_DONE; i++) {
             Lookup *k = &keys[i];
             k->f.hit = 0;
-            int r = find_unlocked(c, k->kb, k->klen, k->fp, &e, &k->f);
-            if (r < 0) {
+            int r = find_unlocked(c, k->kb, k->klen, k->fp, &e, &k->f, &win);
+            if (r == -2) {
+                u = -2; /* a stripe odd: torn */
+            } else if (extent_hidden(c)) { /* (read after the stripes' words) */
+                u = U_LOCK;
+            } else if (r < 0) {
                 u = U_LOCK;
             } else if (r > 0) {
                 int64_t x = RD(c->exp[e]);
                 if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
                     u = U_LOCK;
-                else if (!seq_same(c, s))
+                else if (!window_same_probe(c, &win))
                     u = -2; /* torn: the length is not to be trusted */
                 else if (!(k->body = copy_value(c, &k->f)))
                     u = -1;
@@ -307,7 +402,7 @@ static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, i
                     k->f.hit = 1;
             }
         }
-        int same = u != -1 && seq_same(c, s);
+        int same = u != -1 && u != -2 && window_same(c, &win); /* (-2: torn, whatever the words say now) */
         if (u == U_DONE && same)
             return U_DONE;
         for (Py_ssize_t j = 0; j < i; j++)

@@ -180,7 +180,8 @@ class Arena:
         if 0 < e < self.entry_slots:
             b = e * ENTRY_WORDS
             if self.ent[b + E_OFF] == tail and self.ent[b + E_CHECK]:
-                if self.pins[e] and self.pinned(e):
+                # (Table.pinned opens the entry's stripe before its flag is read, and before the block moves)
+                if self.pinned is not None and self.pinned(e):
                     # A pinned block must not move: the gap before it becomes a dead block and the ring continues
                     # after it, as if it had been slid to where it already is. The whole arena is then ring.
                     if head != tail:

@@ -129,6 +129,8 @@ def offsets(geometry) -> dict[str, int]:
         versions_off=g.versions_off, kinds_off=g.kinds_off, pins_off=g.pins_off, kind_table_off=g.kind_table_off,
         marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
         readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
+        stripes_off=g.stripes_off, stripes_nbytes=g.stripes_nbytes, STRIPE_BITS=d.STRIPE_BITS,
+        STRIPE_MIN_SHIFT=d.STRIPE_MIN_SHIFT, STRIPE_WORDS=d.STRIPE_WORDS,
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,

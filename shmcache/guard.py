@@ -25,7 +25,7 @@ from .codec import MALFORMED
 from .errors import ClosedError, CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .layout.dtypes import (
     H_ARENA_EXTENT, H_DIRTY, H_INDEX_SLOTS, H_MAX_ENTRIES, H_RESIZES, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS,
-    H_RECOVERIES,
+    H_RECOVERIES, S_OPEN,
 )
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
@@ -46,16 +46,11 @@ def closed_error() -> ClosedError:
     return ClosedError("operation on a closed cache", what="use", hint="open a new SharedCache(name) to use it again")
 
 
-def updating(fn):
-    """Decorator for a method of an object with header words ``h`` that writes the cache's structures: ``dirty`` is
-    raised before its first write and put back after its last; a refusal (PinnedError, TooLargeError, NoSpaceError,
-    raised with every structure consistent) puts it back too; any other exception leaves it raised, for the repair.
-    Put back, not cleared: an update made inside another's bracket leaves the outer bracket raised."""
-
+def _bracket(fn, opens_seq: bool):
     @functools.wraps(fn)
     def bracketed(self, *args):
         h = self.h
-        if self.seqlocked:
+        if opens_seq and self.seqlocked:
             open_seq(h)
         was = h[H_DIRTY]
         h[H_DIRTY] = 1
@@ -68,6 +63,22 @@ def updating(fn):
         return result
 
     return bracketed
+
+
+def updating(fn):
+    """Decorator for a method of an object with header words ``h`` that writes the cache's structures: ``dirty`` is
+    raised before its first write and put back after its last; a refusal (PinnedError, TooLargeError, NoSpaceError,
+    raised with every structure consistent) puts it back too; any other exception leaves it raised, for the repair.
+    Put back, not cleared: an update made inside another's bracket leaves the outer bracket raised. The readers'
+    ``seq`` is opened first (not under lru): for what writes across the stripes (see seqlock.py)."""
+    return _bracket(fn, True)
+
+
+def updating_entries(fn):
+    """``updating`` for a method that writes only entries it names (a store, a remove): the table opens the stripe
+    of each slot and entry before it writes them (``Table.open_slot``, ``Table.open_entry``), so that readers of the
+    other stripes read on. (twins: _core_sections.c put_write, delete_locked)"""
+    return _bracket(fn, False)
 
 
 def _add_one(h, word: int) -> None:
@@ -103,6 +114,7 @@ class Guard:
         self.closed = False
         self.inside: set[int] = set()  # the threads inside run (waiting for the lock or holding it), by thread id
         self.seqlocked = table.pol.reads_unlocked  # readers without the lock validate against ``seq``
+        self.stripes = table.stripes  # and their stripes' words (None before version 11)
 
     # The pattern of every call, written once in ``run`` (``close`` too, marking the handle closed even when the lock
     # cannot be had):
@@ -154,7 +166,7 @@ class Guard:
                     or h[H_INDEX_SLOTS] != shown[1] or h[H_MAX_ENTRIES] != shown[4]):  # (twin: _core_arena.c hidden)
                 self.admit()
             result = fn(*args)
-            close_seq(self.h)
+            close_seq(self.h, self.stripes)
             return result
         except BaseException as exc:
             self.fault(exc)
@@ -232,6 +244,8 @@ class Guard:
         with signals_deferred():
             if self.seqlocked:
                 open_seq(h)
+            if self.stripes is not None:  # every stripe's word evened as the hold ends: any odd one is damage now
+                self.stripes[S_OPEN] = -1
             h[H_DIRTY] = _REPAIRING  # Crash window: dying in here leaves the repair to the next locker.
             try:
                 if not check(self.seg, deep=deep).ok:
@@ -263,7 +277,7 @@ class Guard:
         damage = isinstance(exc, _DAMAGE) and (isinstance(exc, CorruptionError) or not isinstance(exc, ShmCacheError))
         if damage or self.h[H_DIRTY]:
             self.repair(deep=damage)
-        close_seq(self.h)
+        close_seq(self.h, self.stripes)
         if damage and not isinstance(exc, CorruptionError):
             raise CorruptionError(f"shared data failed a check and the cache was repaired: {exc!r}", what="access",
                                   hint="the operation can be retried") from exc

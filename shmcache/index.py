@@ -74,8 +74,9 @@ def insert(ix, ent, mask: int, fp: int, e: int) -> None:
     ent[e * ENTRY_WORDS + E_SLOT] = s
 
 
-def remove(ix, ent, mask: int, s: int) -> None:
-    """Empty slot ``s`` and shift back the entries after it that would otherwise become unreachable."""
+def remove(ix, ent, mask: int, s: int, opening=None) -> None:
+    """Empty slot ``s`` and shift back the entries after it that would otherwise become unreachable. ``opening``:
+    called with each slot before an entry is moved out of it (its stripe opened; the caller opened ``s``'s)."""
     ix[(s << INDEX_SHIFT) + I_ENTRY] = EMPTY
     j = s
     for _ in range(mask + 1):
@@ -86,6 +87,8 @@ def remove(ix, ent, mask: int, s: int) -> None:
             return
         # The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j].
         if (j - ix[w + I_FP]) & mask >= (j - s) & mask:
+            if opening is not None:
+                opening(j)
             ws = s << INDEX_SHIFT
             ix[ws + I_FP] = ix[w + I_FP]
             ix[ws + I_ENTRY] = e

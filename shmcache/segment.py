@@ -351,6 +351,8 @@ class Segment:
         self.ghost_words = self._ghost_all
         self.kind_words = mv[g.kind_table_off : g.kind_table_off + (d.MAX_KINDS + 1) * d.KIND.itemsize].cast("q")
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
+        # (version 11: the mask of the stripes open, then each stripe's word; None before it: seq alone)
+        self.stripe_words = mv[g.stripes_off : g.stripes_off + g.stripes_nbytes].cast("q") if g.stripes_nbytes else None
         self._mv = mv
         # How much of the arena this mapping shows of the file: the rest is private zero pages (_veil), so that a
         # read there, which only damage can aim, finds zeros and never a page of the file that is not backed (on a
@@ -617,7 +619,7 @@ class Segment:
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
                      "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "_ghost_all",
                      "kind_words",
-                     "reader_words", "_mv"):
+                     "reader_words", "stripe_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()

@@ -18,7 +18,7 @@ from .codec import (
 )
 from .errors import CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
-from .guard import updating
+from .guard import updating, updating_entries
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, index_for
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
@@ -174,11 +174,12 @@ class Store:
         # two writes leaves it a bound still; neither write needs the dirty word.
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
+        self.table.open_entry(e)  # (readers without the lock judge expiry: see seqlock.py)
         self.exp[e] = expires
 
     # ------------------------------------------------------------------------------------------- writing
 
-    @updating
+    @updating_entries
     def remove(self, e: int, counter: int) -> None:
         """Drop entry ``e`` and count it in header word ``counter`` (deletes, expired)."""
         self.table.remove(e)
@@ -242,7 +243,7 @@ class Store:
         h[H_WRITING] = 0
         return True
 
-    store = updating(write)
+    store = updating_entries(write)
     store.__doc__ = """Store ``encoded`` as the most recent, expiring at ``expires`` (0: never), with ``version``
         (0: the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
         Whether it was stored: False if the policy did not admit a new entry (keep, full; an ``old`` replaced is

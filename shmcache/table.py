@@ -18,14 +18,14 @@ from .arena import Arena
 from .errors import CorruptionError, PinnedError
 from .lock import TICK_EVERY, progressed
 from .readers import slot_pinned
-from .seqlock import open_seq
+from .seqlock import open_seq, open_stripe
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     EXTENT_STEP,
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES, H_EVICTIONS,
-    H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED, H_UNUSED_NEXT,
-    H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED, KIND_WORDS,
-    BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES,
+    H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
+    H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED,
+    KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class Table:
         self.marks = seg.marks_bytes
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
         self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
+        self.stripes = seg.stripe_words  # (None before version 11: seq alone)
         # The steps a policy adds to the list's (None: the base's, skipped): bound once, for the hot paths.
         self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
@@ -86,13 +87,28 @@ class Table:
         self.ring.close()
         self.ring.pinned = None  # (the ring's reference to self: a cycle would keep the segment to the collector)
 
+    def open_slot(self, s: int) -> None:
+        """Open the stripe of index slot ``s`` before it is written (seqlock.open_stripe; not under lru)."""
+        if self.seqlocked:
+            open_stripe(self.h, self.stripes, s, self.mask)
+
+    def open_entry(self, e: int) -> None:
+        """Open the stripe of the index slot that points at resident entry ``e`` before the entry is written or its
+        pins asked (not under lru): where a reader found it. A slot word that does not point back (damage) opens
+        ``seq``, which every reader validates. (twin: _core_table.c entry_open)"""
+        if self.seqlocked:
+            s, mask = self.ent[e * _W + E_SLOT], self.mask
+            if 0 <= s <= mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e:
+                open_stripe(self.h, self.stripes, s, mask)
+            else:
+                open_seq(self.h)
+
     def pinned(self, e: int) -> bool:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says
         that one may: a pin dies with its process without a word written, so the kernel lock is what counts, and
-        a flag found without one is cleared. The readers' seq is opened first (under s3fifo and keep): see
-        seqlock.open_seq."""
-        if self.seqlocked:
-            open_seq(self.h)
+        a flag found without one is cleared. The entry's stripe is opened first (under s3fifo, keep and auto): see
+        seqlock.open_stripe."""
+        self.open_entry(e)
         if not self.pins[e]:
             return False
         # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too; the
@@ -173,6 +189,8 @@ class Table:
         s = fp & self.mask
         if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
             s = index.free_slot(ix, self.mask, fp)
+        if self.seqlocked:  # (the entry and its block are no reader's until the slot names them)
+            open_stripe(h, self.stripes, s, self.mask)
         # Where it is linked: at the front (lru, keep, and main under s3fifo: Policy.link_new, inlined), or where
         # the policy puts a new key on probation (s3fifo: small's front).
         if probation:
@@ -234,6 +252,7 @@ class Table:
         if (not 0 <= off <= self.ring.nbytes - nb or off & 7
                 or self.ring.words[off >> 3] != nb | (e << BLOCK_OWNER_SHIFT)):
             raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="put")
+        self.open_entry(e)
         mm = self.mm
         h[H_WRITING] = e  # the caller clears it once the store is whole
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
@@ -271,8 +290,10 @@ class Table:
         if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
+        if self.seqlocked:
+            open_stripe(h, self.stripes, s, self.mask)
         self.ring.free(off, block.nbytes(klen + vlen), e)
-        index.remove(self.ix, ent, self.mask, s)
+        index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
         if self._unlinked is not None:
@@ -330,7 +351,7 @@ class Table:
             if i and not i & TICK_EVERY:
                 progressed(h)
             p = ent[e * _W + E_PREV]
-            if self.pins[e] and self.pinned(e):
+            if self.pinned(e):
                 pinned += 1
             else:
                 self.remove(e)
@@ -353,7 +374,7 @@ class Table:
         for _ in range(self.slots):
             if e == SENTINEL:
                 return False
-            if not (self.pins[e] and self.pinned(e)):
+            if not self.pinned(e):
                 self.pol.leaving(self, e)
                 self.remove(e)
                 self.h[H_EVICTIONS] += 1
@@ -391,7 +412,7 @@ class Table:
         x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
         removed = 0
         for e in np.flatnonzero((x != 0) & (x <= now)).tolist():
-            if self.ent[e * _W + E_CHECK] and not (self.pins[e] and self.pinned(e)):
+            if self.ent[e * _W + E_CHECK] and not self.pinned(e):
                 self.remove(e)
                 removed += 1
         # The bound covers what stays: entries not yet expired, and expired ones a view pins (the next scan

@@ -36,7 +36,7 @@ from shmcache.layout.dtypes import (
 )
 
 from .conftest import unique_name
-from .workers import check_value, make_value, python_path, reap
+from .workers import check_value, make_value, python_path, reap, stripes_at_rest
 from .profiles import examples, seeds
 
 if core.Core is None:
@@ -85,7 +85,7 @@ def _differs(a: SharedCache, b: SharedCache) -> list[int]:
     end = a._seg.geometry.arena_off + max(a._seg.shown[0], b._seg.shown[0])
     x = np.frombuffer(a._seg.mm, dtype=np.uint8, count=end).copy()
     y = np.frombuffer(b._seg.mm, dtype=np.uint8, count=end).copy()
-    for lo, hi in _EXCLUDED:
+    for lo, hi in (*_EXCLUDED, stripes_at_rest(a), stripes_at_rest(b)):
         x[lo:hi] = y[lo:hi] = 0
     for r in range(READER_SLOTS):
         lo = a._seg.geometry.readers_off + (r * READER_WORDS + R_HOLDER) * 8

@@ -302,7 +302,7 @@ def test_layout_golden_version_10_tables(name):
     ``max_entries`` of creation, and the sentinel) and ``index_slots`` (byte 40) the index in force, the one the
     limit needs (``index_for``); the tables are backed for the limit alone (st_blocks), and a resize past it backs
     more of them and moves ``index_slots``, every entry kept."""
-    assert d.LAYOUT_VERSION == 10 and d.READ_VERSIONS == (7, 8, 9, 10)
+    assert d.LAYOUT_VERSION >= 10 and 10 in d.READ_VERSIONS
     assert (d.H_ENTRY_SLOTS * 8, d.H_INDEX_SLOTS * 8) == (32, 40)
     assert [layout.index_for(n) for n in (1, 3, 4, 1000, 10000)] == [8, 8, 16, 2048, 32768]
     with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
@@ -325,12 +325,81 @@ def test_layout_golden_version_10_tables(name):
         assert (h[d.H_INDEX_SLOTS], len(c)) == (2048, 1000) and c.verify().ok
 
 
+def test_layout_golden_version_11_stripes(name):
+    """Version 11: after the reader slots, on lines of their own, the stripes: word 0 the mask of the stripes the
+    hold under way opened, then each of the 64 stripes' sequence words alone on a line; the arena after them, page
+    aligned. A stripe is a run of the index in force's slots, 16 at least; a store opens its key's alone."""
+    from shmcache.seqlock import stripe_of
+    from .workers import entry_of
+
+    assert d.LAYOUT_VERSION == 11 and d.READ_VERSIONS == (7, 8, 9, 10, 11)
+    assert (d.STRIPES, d.STRIPE_MIN_SHIFT, d.STRIPE_WORDS, d.S_OPEN, d.STRIPES_NBYTES) == (64, 4, 8, 0, 65 * 64)
+    g = Geometry.for_capacity(2**20, 1000)
+    assert g.stripes_off == g.readers_off + 256 * 256 and g.stripes_nbytes == 65 * 64
+    assert g.arena_off == -(-(g.stripes_off + 65 * 64) // 4096) * 4096
+    old = Geometry.for_capacity(2**20, 1000, version=10)
+    assert old.stripes_nbytes == 0 and old.arena_off == -(-(old.readers_off + 256 * 256) // 4096) * 4096
+    assert [stripe_of(s, 2**20 - 1) for s in (0, 2**14 - 1, 2**14, 2**20 - 1)] == [0, 0, 1, 63]
+    assert [stripe_of(s, 63) for s in (0, 15, 16, 63)] == [0, 0, 1, 3]
+    for policy in ("auto", "lru"):
+        with SharedCache(f"{name}-{policy}", capacity_bytes=2**20, max_entries=1000, create=True,
+                         policy=policy) as c:
+            try:
+                w = np.frombuffer(c._seg.stripe_words, dtype=np.int64)
+                assert len(w) == 65 * 8 and not w.any()
+                c["a"] = b"x"
+                k = stripe_of(c._seg.entry_words[entry_of(c, "a") * d.ENTRY_WORDS + d.E_SLOT], c._seg.mask)
+                if policy == "lru":  # nobody reads without the lock: nothing is opened
+                    assert not w.any()
+                else:  # one hold opened the key's stripe and closed it: nothing else moved
+                    assert w[d.STRIPE_WORDS * (1 + k)] == 2 and w.sum() == 2
+            finally:
+                c.unlink()
+
+
+def test_layout_version_10_segment_reads_against_seq_alone(name, monkeypatch):
+    """A segment of layout version 10 has no stripes: it is attached and used on both paths, its writers open
+    ``seq`` where version 11's open a stripe (so that a process of the older release reads it right), gets read
+    without the lock against ``seq`` alone, and a repair never rewrites it to version 11."""
+    from .workers import python_path
+
+    g = _old_segment(name, monkeypatch, 10, capacity_bytes=2**20, max_capacity_bytes=2**21)
+    assert g.version == 10 and g.stripes_nbytes == 0
+    for path in ("compiled", "python"):
+        with SharedCache(name, create=False) as c:
+            if path == "python":
+                python_path(c)
+            h = c._seg.header_words
+            assert c._seg.version == 10 and c._seg.stripe_words is None and c.policy == "auto"
+            before = h[d.H_SEQ]
+            c[path] = b"v" * 100
+            assert h[d.H_SEQ] == before + 2  # the store's one hold opened seq and closed it
+            assert c["old"] == b"kept" and c[path] == b"v" * 100 and c.verify().ok
+    with SharedCache(name, create=False) as c:
+        before = c.stats()
+        assert [c.get(k) for k in ("old", "compiled", "python", "none")] == [b"kept", b"v" * 100, b"v" * 100, None]
+        s = c.stats()
+        assert (s.hits - before.hits, s.misses - before.misses) == (3, 1)
+        if c._core is not None:  # read without the lock, validated by seq
+            assert s.unlocked_reads - before.unlocked_reads == 4 and s.read_fallbacks == before.read_fallbacks
+        c._seg.header_words[d.H_DIRTY] = 1
+        assert c.verify(repair_damage=True) is not None
+        assert c._seg.header_words[d.H_VERSION] == 10 and c.verify().ok
+
+
 def _old_tables(monkeypatch) -> None:
-    """Segments made from here on reserve their tables for their own max_entries, all of them backed and the whole
-    index in force: as versions 9 and before made them (see ``_as_made_by``)."""
+    """Segments made from here on are laid out as version 10 laid them out (no stripes) and reserve their tables
+    for their own max_entries, all of them backed and the whole index in force: as versions 9 and before made them
+    (see ``_as_made_by``)."""
     import shmcache.cache
 
     monkeypatch.setattr(shmcache.cache, "RESERVE_FACTOR", 1)
+    made = layout.Geometry.for_capacity.__func__
+
+    def as_version_10(cls, capacity_bytes, max_entries, policy=0, version=10):
+        return made(cls, capacity_bytes, max_entries, policy, version)
+
+    monkeypatch.setattr(layout.Geometry, "for_capacity", classmethod(as_version_10))
 
 
 def test_layout_version_9_segment_is_used_and_resized_within_its_tables(name, monkeypatch):
@@ -374,12 +443,12 @@ def _old_segment(name: str, monkeypatch, version: int, **sizes):
 
 def _as_made_by(c, version: int) -> None:
     """Rewrite ``c``'s segment (made with max_capacity_bytes equal to its capacity, and its tables as version 9
-    made them: ``_old_tables``) as layout ``version`` (9, 8 or 7) made it: 8 and 7 without a capacity word, their
+    made them: ``_old_tables``) as layout ``version`` (10, 9, 8 or 7) made it: 8 and 7 without a capacity word, their
     configuration checksums of three words; 7 also with every page backed."""
     from shmcache import config
 
     h = c._seg.header_words
-    if version == 9:
+    if version >= 9:
         h[d.H_VERSION] = version
         return
     config.write(h, h[d.H_DEFAULT_TTL], h[d.H_MAX_ENTRIES], h[d.H_MAX_RETAINED], 0)

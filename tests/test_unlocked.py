@@ -20,12 +20,15 @@ import pytest
 from shmcache import CorruptionError, LockTimeout, PinnedError, SharedCache, ofd
 from shmcache.layout.dtypes import (
     H_CREATED_NS, H_CREATOR_PID, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_SEQ, R_PINS, READER, READER_PINS,
-    READER_SLOTS,
+    READER_SLOTS, S_OPEN, STRIPE_WORDS, STRIPES, E_SLOT, ENTRY_WORDS, H_DIRTY, R_FALLBACKS, R_HITS, R_MISSES,
+    READER_WORDS,
 )
+from shmcache.codec import encode_key, fingerprint
+from shmcache.seqlock import stripe_of
 from shmcache.layout import LOCK_NBYTES
 from shmcache.readers import READER_BASE
 
-from .workers import check_value, hold_lock, make_value, python_path, reap
+from .workers import check_value, entry_of, hold_lock, make_value, python_path, reap, stop_mid_put, stripes_at_rest
 
 UNLOCKED_TRIES = 64  # _core_unlocked.c
 
@@ -101,6 +104,117 @@ def test_unlocked_reads_answer_while_a_stopped_process_holds_the_lock(name, poli
         c.unlink()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["auto", "s3fifo", "keep"])
+def test_unlocked_a_writer_stopped_mid_put_stalls_only_its_stripe(name, policy):
+    """A writer SIGSTOPped in the middle of a put (its key's stripe odd, ``dirty`` raised, the lock held) stalls no
+    read of a key outside that stripe: gets, batches, misses and views of them go on without the lock, every value
+    right, none handed to the locked path; a read of a key in the stripe waits for the lock (LockTimeout here, never
+    a value the put is writing). Continued, the writer ends its put, and every stripe is at rest."""
+    c = _cache(name, policy, capacity_bytes=1 << 22, max_entries=4096, lock_timeout=0.5)
+    p = None
+    try:
+        keys = [f"k{i}" for i in range(1500)]
+        for i, k in enumerate(keys):
+            c.put(k, make_value(k, i, 40 + i % 60))
+        c.put("arr", np.arange(1000, dtype=np.int64))
+        raws = [f"raw{i}" for i in range(40)]
+        for i, k in enumerate(raws):
+            c.put(k, k.encode() * (100 + i))
+        seg = c._seg
+        mask, words = seg.mask, seg.stripe_words
+        assert mask + 1 == 16384 and stripe_of(mask, mask) == STRIPES - 1  # 64 stripes of 256 slots
+        ctx = mp.get_context("spawn")
+        p = ctx.Process(target=stop_mid_put, args=(name, "new", make_value("new", 7, 500)))
+        p.start()
+        _, status = os.waitpid(p.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), "the writer never stopped"
+        stopped = [k for k in range(STRIPES) if words[S_OPEN] >> k & 1]
+        assert len(stopped) == 1 and words[STRIPE_WORDS * (1 + stopped[0])] & 1 and seg.header_words[H_DIRTY]
+
+        def stripes(key) -> set[int]:  # the stripes its lookup's probe crosses, from its home slot to its own
+            home = fingerprint(encode_key(key)) & mask
+            e = entry_of(c, key)
+            last = seg.entry_words[e * ENTRY_WORDS + E_SLOT] if e else home
+            return {stripe_of(s & mask, mask) for s in range(home, home + ((last - home) & mask) + 1)}
+
+        free = [k for k in keys + ["arr"] if stopped[0] not in stripes(k)]
+        viewed = [k for k in raws if stopped[0] not in stripes(k)]
+        held = [k for k in keys if stopped[0] in stripes(k)]
+        absent = [f"none{i}" for i in range(400) if stopped[0] not in stripes(f"none{i}")]
+        assert len(free) > 1300 and len(viewed) > 30 and held and absent
+        slot = c._core.reader.slot * READER_WORDS  # (stats() would take the lock: this handle's slot is read)
+
+        def counts() -> list[int]:
+            return [int(seg.reader_words[slot + w]) for w in (R_HITS, R_MISSES, R_FALLBACKS)]
+
+        before = counts()
+        for k in free:
+            if k == "arr":
+                with c.view(k) as a:
+                    assert int(a.sum()) == 499500
+            else:
+                check_value(k, c.get(k))
+        got = c.get_many(free[:50] + absent[:5])
+        for k, v in zip(free[:50], got):
+            if k != "arr":
+                check_value(k, v)
+        assert got[50:] == [None] * 5 and all(c.get(k) is None for k in absent)
+        for k in viewed:  # pinned without the lock (Dekker's pattern against the stripe's word)
+            with c.view(k) as v:
+                assert bytes(v) == k.encode() * (100 + int(k[3:]))
+        hits, misses, fallbacks = (x - y for x, y in zip(counts(), before))
+        assert fallbacks == 0  # not one read took the lock
+        assert (hits, misses) == (len(free) + 50 + len(viewed), 5 + len(absent))
+        with pytest.raises(LockTimeout):  # its stripe's reads wait for the writer's lock
+            c.get(held[0])
+        os.kill(p.pid, signal.SIGCONT)
+        p.join(30)
+        assert p.exitcode == 0
+        check_value("new", c.get("new"))
+        check_value(held[0], c.get(held[0]))
+        assert words[S_OPEN] == 0 and not (np.frombuffer(words, dtype=np.int64)[STRIPE_WORDS::STRIPE_WORDS] & 1).any()
+        assert c.verify().ok and len(c) == 1542
+    finally:
+        if p is not None and p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            os.kill(p.pid, signal.SIGCONT)
+            reap([p], 30)
+        c.close()
+        c.unlink()
+
+
+@pytest.mark.parametrize("policy", ["auto", "keep"])
+def test_unlocked_a_stripe_left_odd_by_a_stray_write_is_healed(name, policy):
+    """A stripe's word made odd by a stray write (no hold open, its bit not in the open mask) sends the first read of
+    its keys to the lock, which answers it right and evens the word as its hold ends: the next reads go without the
+    lock again. A damaged open mask only names stripes to even."""
+    c = _cache(name, policy, max_entries=4096)
+    try:
+        c.put("a", b"v")
+        seg = c._seg
+        words = seg.stripe_words
+        k = stripe_of(seg.entry_words[entry_of(c, "a") * ENTRY_WORDS + E_SLOT], seg.mask)
+        w = STRIPE_WORDS * (1 + k)
+        words[w] += 1  # odd, nobody writing
+        before = c.stats()
+        assert c.get("a") == b"v"
+        assert words[w] % 2 == 0 and words[S_OPEN] == 0
+        assert c.get("a") == b"v"
+        s = c.stats()
+        assert (s.read_fallbacks - before.read_fallbacks, s.unlocked_reads - before.unlocked_reads) == (1, 1)
+        words[S_OPEN] = -1  # every stripe named: the next hold evens what is odd, and clears the mask
+        words[STRIPE_WORDS * (1 + (k + 1) % STRIPES)] += 1
+        c.put("b", b"w")
+        arr = np.frombuffer(words, dtype=np.int64)
+        assert words[S_OPEN] == 0 and not (arr[STRIPE_WORDS::STRIPE_WORDS] & 1).any()
+        assert c.get("b") == b"w" and c.verify().ok
+    finally:
+        c.close()
+        c.unlink()
+
+
 @pytest.mark.parametrize("policy", ["s3fifo", "auto"])
 def test_unlocked_a_miss_is_taken_back_where_it_was_counted(name, policy):
     """get_or_compute takes back its first lookup's miss when its wait ends in a hit: from the reader slot where a
@@ -171,11 +285,15 @@ def test_unlocked_expired_entry_is_dropped_under_the_lock(name):
 # ------------------------------------------------------------------------------------ the same answers and counts
 
 # Bytes that may differ between a segment read without the lock and one read under it: the header's hit and miss
-# counters (the reader slots hold the first one's), seq (a generation), the reader slots, and what differs anyway
-# (the mutex, the creation stamp, the progress word).
+# counters (the reader slots hold the first one's), seq and the stripes' words (generations: a call the compiled
+# section hands over is a second hold), the reader slots, and what differs anyway (the mutex, the creation stamp,
+# the progress word). Between calls every word is even and no stripe is open, on both.
 def _comparable(c: SharedCache) -> np.ndarray:
     x = np.frombuffer(c._seg.mm, dtype=np.uint8).copy()
     g = c._seg.geometry
+    assert not c._seg.header_words[H_SEQ] & 1
+    lo, hi = stripes_at_rest(c)
+    x[lo:hi] = 0
     for lo, n in ((H_LOCK_OFF, LOCK_NBYTES), (H_CREATED_NS * 8, 8), (H_CREATOR_PID * 8, 8), (H_PROGRESS * 8, 8),
                   (H_SEQ * 8, 8), (H_HITS * 8, 8), (H_MISSES * 8, 8), (g.readers_off, READER_SLOTS * READER.itemsize)):
         x[lo : lo + n] = 0
@@ -594,9 +712,9 @@ def test_unlocked_forked_child_keeps_an_inherited_view_pinned(name):
 
 
 def test_unlocked_python_writers_fence_as_a_weakly_ordered_machine_needs(name, monkeypatch):
-    """Where stores are not seen in program order (aarch64), the Python path's writer fences after making ``seq``
-    odd and before making it even again, with membarrier's full barrier, which this kernel gives (also in a fork's
-    child, which registers again); on x86-64 the even store needs none."""
+    """Where stores are not seen in program order (aarch64), the Python path's writer fences after making a
+    stripe's word (or ``seq``) odd and before making it even again, with membarrier's full barrier, which this
+    kernel gives (also in a fork's child, which registers again); on x86-64 the even store needs none."""
     from shmcache import seqlock
     from shmcache.layout.dtypes import H_SEQ
 
@@ -607,13 +725,18 @@ def test_unlocked_python_writers_fence_as_a_weakly_ordered_machine_needs(name, m
     assert os.waitpid(pid, 0)[1] == 0
     with SharedCache(name, capacity_bytes=1 << 16, max_entries=16, create=True, policy="s3fifo") as c:
         python_path(c)
-        h = c._seg.header_words
+        h, stripes = c._seg.header_words, c._seg.stripe_words
+
+        def odd() -> int:  # whether a word is open: seq, or the stripes the open mask names (all of them odd)
+            named = [k for k in range(STRIPES) if stripes[S_OPEN] >> k & 1]
+            return int(h[H_SEQ] & 1 or bool(named) and all(stripes[STRIPE_WORDS * (1 + k)] & 1 for k in named))
+
         seen = []
         monkeypatch.setattr(seqlock, "TSO", False)
-        monkeypatch.setattr(seqlock, "_fence", lambda: seen.append(int(h[H_SEQ]) & 1))
+        monkeypatch.setattr(seqlock, "_fence", lambda: seen.append(odd()))
         c.put("a", b"x")
-        assert seen == [1, 1]  # after the odd store, and before the even one: both while seq is odd
-        assert int(h[H_SEQ]) % 2 == 0 and c.get("a") == b"x"
+        assert seen == [1, 1]  # after the odd store, and before the even one: both while the stripe is odd
+        assert not odd() and stripes[S_OPEN] == 0 and c.get("a") == b"x"
         seen.clear()
         monkeypatch.setattr(seqlock, "TSO", True)
         c.put("b", b"y")

@@ -15,6 +15,7 @@ import xxhash
 from shmcache import SharedCache, core, index
 from shmcache.codec import encode_key, fingerprint
 from shmcache.guard import Guard
+from shmcache.layout.dtypes import S_OPEN, STRIPE_WORDS
 from shmcache.view import PinDescriptions
 
 
@@ -28,6 +29,18 @@ def python_path(cache: SharedCache) -> SharedCache:
         cache._pins = PinDescriptions(cache._seg.fd)
         cache._path = core.Reference(cache._guard, cache._store, cache._seg.arena, cache._seg.geometry.arena_off)
     return cache
+
+
+def stripes_at_rest(cache: SharedCache) -> tuple[int, int]:
+    """The byte range of ``cache``'s stripes' words, for a comparison of two segments to leave out, after checking
+    that they are at rest: no stripe open and every word even. Their values are generations, which differ between
+    the paths where the compiled section hands a call over (two holds where the reference makes one), as ``seq``'s
+    do."""
+    g, words = cache._seg.geometry, cache._seg.stripe_words
+    if words is not None:
+        w = np.frombuffer(words, dtype=np.int64)
+        assert w[S_OPEN] == 0 and not (w[STRIPE_WORDS::STRIPE_WORDS] & 1).any(), "a stripe left open"
+    return g.stripes_off, g.stripes_off + g.stripes_nbytes
 
 
 def entry_of(cache: SharedCache, key) -> int:
@@ -190,6 +203,25 @@ def open_and_put(name: str, worker: int, barrier, queue, mode: int = 0o600) -> N
     with SharedCache(name, capacity_bytes=1 << 16, max_entries=64, mode=mode) as cache:
         cache.put(f"w{worker}", worker)
         queue.put(worker)
+
+
+def stop_mid_put(name: str, key: str, value) -> None:
+    """Put ``key`` on the Python path, and SIGSTOP this process in the middle of it: just after the store opened
+    its first stripe (the key's: the cache has room, so nothing is evicted), the lock held and ``dirty`` raised.
+    Once continued, the put goes on to its end."""
+    from shmcache import table
+
+    cache = python_path(SharedCache(name, create=False))
+    opened = table.open_stripe
+
+    def then_stop(*args) -> None:
+        opened(*args)
+        table.open_stripe = opened
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    table.open_stripe = then_stop
+    cache.put(key, value)
+    cache.close()
 
 
 def hold_lock(name: str, ready, release=None, then: str = "sleep") -> None:

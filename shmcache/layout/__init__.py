@@ -16,6 +16,7 @@ so that no two regions share a cache line::
     geometry.kind_table_off   kind table    MAX_KINDS + 1 records of dtype KIND (64 bytes)
     geometry.ghost_off        ghost         ghost_slots words (GHOST): s3fifo's ghost (0 words otherwise)
     geometry.readers_off      reader slots  READER_SLOTS records of dtype READER (64 bytes): reads without the lock
+    geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line, then a word a line
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -111,10 +112,17 @@ counters in blocks of 8 words, a key's 4 counters in one block, whose block 0 ho
 when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any
 word of the region is valid under both policies, so it is outside the crash protocol.
 
-Reads without the lock (s3fifo and keep). ``seq`` is odd from a lock holder's first write or pin query until its
-hold ends with ``dirty`` 0; a reader reads it before and after what it reads, and an odd word or a change voids the
-read (docs/design.md, "Reads without the lock"). Any value is valid: an odd word nobody is writing under is evened by
-the next hold to end. Each reader slot is written by the one handle that holds it (an exclusive kernel lock on byte
+Reads without the lock (s3fifo, keep and auto). The stripes region (version 11) holds a sequence word for each of
+``STRIPES`` runs of the index in force's slots (``seqlock.stripe_of``: 2**STRIPE_MIN_SHIFT slots at least), each
+alone on its line, after a line whose word ``S_OPEN`` is the mask of the stripes the hold under way opened. A
+stripe's word is odd from a lock holder's first write to one of its slots or to an entry one of them points at (or
+a pin query of such an entry) until its hold ends with ``dirty`` 0; ``seq`` likewise around what writes across the
+stripes (a resize, a clear, a repair, an expiry sweep), and, on a segment of version 10, around every write and pin
+query. A reader reads ``seq`` and each stripe's word its probe enters before what they cover, and again after, and
+an odd word or a change voids the read (docs/design.md, "Reads without the lock"). Any value is valid: an odd word
+nobody is writing under is evened by the next hold to end (the stripes the mask names; every stripe after a repair;
+a stripe a compiled read found odd, once its fallback holds the lock), and any mask only names stripes to even.
+Each reader slot is written by the one handle that holds it (an exclusive kernel lock on byte
 ``READER_BASE`` + slot, below): plain counts of the lookups it answered without the lock (``hits``, ``misses``),
 of the reads it began again (``retries``) and of those it handed to the locked path (``fallbacks``), and the pid
 of its last holder; ``reading``, the reads of the arena without the lock its holder has under way (what a resize
@@ -228,6 +236,11 @@ Layout versions.
          limit in force alone ("Tables" above), and the ring's room for block headers follows the limit. A segment
          of version 9 is version 10 with its tables reserved for its limit of creation, all backed, its whole index
          in force: attached and used as it is (resized within its tables), never rewritten to version 10.
+    11 -- stripes: the stripes region after the reader slots (the arena after it, page aligned), each stripe's
+         sequence word opened by a write to its slots or their entries instead of ``seq``, so that a writer stalls
+         only the readers of its stripes. A segment of version 10 is version 11 without the region: attached and
+         used as it is, its writers opening ``seq`` where version 11's open a stripe (as a version-10 process does),
+         never rewritten to version 11.
 """
 
 from .dtypes import (

@@ -13,15 +13,15 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 10
+LAYOUT_VERSION = 11
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
 # ``entry_slots`` are the most entries it ever holds, all backed, and ``index_slots`` is the whole index (10 reserves
 # tables for the most a resize reaches, backs and uses them for the limit in force, and ``index_slots`` is the index
 # in force). Segments of 7 and 8 are used as they are, never rewritten, and never resized; 9 is resized within its
-# tables.
-READ_VERSIONS = (7, 8, 9, 10)
+# tables. 10 is 11 without the stripes: its writers open ``seq`` where 11's open a stripe.
+READ_VERSIONS = (7, 8, 9, 10, 11)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -81,6 +81,17 @@ A_REFUSED = 7     # candidates it did not: they left the cache
 SKETCH_BLOCK_WORDS = 8  # a key's 4 counters are in one block (a cache line) of the sketch
 # Reader slots: one per handle that reads without the lock, its counts written by that handle alone (see READER).
 READER_SLOTS = 256
+# Stripes (version 11): the index in force cut into STRIPES runs of slots, each with a sequence word of its own that
+# a writer makes odd before it writes a slot of the run or an entry one of them points at, so that a writer stopped
+# mid-write stalls only the reads of the keys its stripes hold. A run is 2**STRIPE_MIN_SHIFT slots at least (a small
+# index has fewer stripes), so that a probe seldom crosses into a second. The region: a line holding the mask of the
+# stripes the hold under way opened (word S_OPEN), then each stripe's word alone on its line.
+STRIPE_BITS = 6
+STRIPES = 1 << STRIPE_BITS
+STRIPE_MIN_SHIFT = 4
+STRIPE_WORDS = ALIGN // 8  # words from one stripe's word to the next
+S_OPEN = 0  # the region's word 0: bit k set while stripe k is open (the hold's end evens those named)
+STRIPES_NBYTES = (1 + STRIPES) * ALIGN
 
 
 def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np.dtype:
@@ -188,8 +199,10 @@ HEADER = _record(
         # Line 8: what readers without the lock read first and last, alone on its line but for creation-time words
         # and words written by clear() only.
         (512, [
-            ("seq", _W),            # odd from a hold's first write (or pin query) until the hold ends with dirty
-            #                         0; any change between a reader's two reads of it voids what it read
+            ("seq", _W),            # odd from the first write of a hold that writes across the stripes (a resize,
+            #                         clear, repair, expiry sweep; before version 11 every write and pin query)
+            #                         until the hold ends with dirty 0; any change between a reader's two reads of
+            #                         it voids what it read
             ("reader_slots", _W),   # READER_SLOTS of the creator, written once at creation
             ("base_hits", _W),      # the reader slots' sums of hits, misses, retries and fallbacks when clear()
             ("base_misses", _W),    # last reset the counters: stats() reports the sums less these

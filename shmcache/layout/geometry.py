@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT,
     KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER,
-    READER_SLOTS, VERSIONS,
+    READER_SLOTS, STRIPES_NBYTES, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -60,7 +60,8 @@ class Geometry:
     index_slots: int  # (version 10: reserved likewise; the index in force is the header's index_slots word)
     arena_nbytes: int
     policy: int = 0  # POLICY_* (dtypes.py)
-    version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not
+    version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
+    #                                the stripes' words
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -119,9 +120,9 @@ class Geometry:
 
     def backed(self, index_live: int, slots: int, extent: int) -> list[tuple[int, int]]:
         """The byte ranges of the file a segment backs with memory when its index in force has ``index_live`` slots,
-        ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table and the
-        reader slots whole, the tables' shown parts (``tables``), the arena's first ``extent`` bytes. Ranges are
-        page aligned outwards (a page holding any of a range is backed whole) and merged."""
+        ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table, the reader
+        slots and the stripes whole, the tables' shown parts (``tables``), the arena's first ``extent`` bytes. Ranges
+        are page aligned outwards (a page holding any of a range is backed whole) and merged."""
         parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.arena_off)]
         parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots) if shown]
         parts.append((self.arena_off, self.arena_off + extent))
@@ -202,8 +203,17 @@ class Geometry:
         return _round_up(self.ghost_off + self.ghost_slots * GHOST.itemsize, ALIGN)
 
     @property
+    def stripes_off(self) -> int:
+        """Where the stripes' words begin (version 11; before it the region is empty)."""
+        return _round_up(self.readers_off + READER_SLOTS * READER.itemsize, ALIGN)
+
+    @property
+    def stripes_nbytes(self) -> int:
+        return STRIPES_NBYTES if self.version >= 11 else 0
+
+    @property
     def arena_off(self) -> int:
-        return _round_up(self.readers_off + READER_SLOTS * READER.itemsize, PAGE)
+        return _round_up(self.stripes_off + self.stripes_nbytes, PAGE)
 
     @property
     def total_nbytes(self) -> int:

@@ -163,7 +163,7 @@ def auto_evict_one(table) -> bool:
         main = h[H_ENTRIES] - small
         if small > 0 and (small >= target or main <= 0):
             t = small_oldest(table)
-            pinned = table.pins[t] and table.pinned(t)
+            pinned = table.pinned(t)
             hit = marks[t] & MARK_FREQ
             if pinned or hit or small > target:
                 to_main(table, t)  # hit in the window (or in use, or the window over its target): main's; again

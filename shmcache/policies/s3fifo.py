@@ -156,7 +156,7 @@ def main_victim(table, main: int) -> int:
         t = main_tail(h, ent, slots)
         if not 0 < t < slots or marks[t] & MARK_SMALL:
             raise CorruptionError(f"main queue's oldest is slot {t}, not an entry of main", what="evict")
-        if table.pins[t] and table.pinned(t):
+        if table.pinned(t):
             passed += 1
             if passed > main:
                 return SENTINEL
@@ -194,7 +194,7 @@ def s3fifo_evict_one(table) -> bool:
         main = h[H_ENTRIES] - small
         if small > 0 and main <= h[H_MAX_ENTRIES] - small_share(h[H_MAX_ENTRIES]):
             t = small_oldest(table)
-            pinned = table.pins[t] and table.pinned(t)
+            pinned = table.pinned(t)
             if pinned or marks[t] & MARK_FREQ >= PROMOTE_AT:
                 to_main(table, t)
                 if not pinned:
