@@ -137,3 +137,13 @@ def test_benchmarks_footprint_measures_what_it_made():
     assert 1.0 < out["churn"]["arena_over_retained"] < 1.6, out["churn"]
     assert out["empty_default_mib"] <= 8 and out["default_full"]["occupied_mib"] < 64, out
     assert not [n for n in os.listdir("/dev/shm") if "bench-footprint-" in n and f"-{os.getpid()}" in n]
+
+
+def test_benchmarks_retries_measures_what_it_made():
+    """benchmarks/retries.py on a short run: the reader read, every value right, the writer wrote; its cache gone."""
+    from benchmarks import retries
+
+    out = retries.measure(argparse.Namespace(readers=1, keys=2000, seconds=0.5, policy="auto"))
+    assert out["gets_per_s"] > 0 and out["wrong"] == 0 and out["puts_per_s"] > 0 and out["verify_ok"], out
+    assert 0 <= out["retried"] < 1 and 0 <= out["to_the_lock"] < 1, out
+    assert not [n for n in os.listdir("/dev/shm") if n == f"shmcache.bench-retries-{os.getpid()}"]
