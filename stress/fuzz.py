@@ -102,7 +102,10 @@ KEY_LENGTH_SHARE = 0.3  # odds that a round also sets an entry's key length to 0
 CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a small value in its range
 LOCK_WORDS_NBYTES = 16  # the lock's words (12 bytes) and the first bytes after them
 # Odds of damaging each region (the ghost: under s3fifo, and auto, whose sketch and state words it holds).
-REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5}
+# The stripes (layout version 11): their open mask and sequence words, any value valid (an odd word sends its
+# stripe's reads to the lock until the next repair evens it).
+REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5,
+           "stripes": 0.5}
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
 # and the small queue's words of line 7 (under lru and keep they must stay SENTINEL and 0).
 AIMED_HEADER_OFFS = [192 + 8 * i for i in range(10)] + [8 * H_SMALL_FIRST, 8 * H_SMALL]
@@ -134,7 +137,8 @@ def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
             "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins, marks
             "marks": (g.marks_off, g.marks_off + g.entry_slots),
             "kinds": (g.kind_table_off, g.kind_table_off + 4 * KIND.itemsize),  # the records in use
-            **({"ghost": (g.ghost_off, g.ghost_off + 8 * g.ghost_slots)} if g.ghost_slots else {})}
+            **({"ghost": (g.ghost_off, g.ghost_off + 8 * g.ghost_slots)} if g.ghost_slots else {}),
+            **({"stripes": (g.stripes_off, g.stripes_off + g.stripes_nbytes)} if g.stripes_nbytes else {})}
 
 
 def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
