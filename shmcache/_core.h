@@ -230,6 +230,7 @@ struct PolicyOps {
 static const struct PolicyOps policy_ops[POLICY_COUNT]; /* _core_policy.c, by POLICY_* number (a tentative definition) */
 
 static int pinned(Core *c, int64_t e); /* _core_table.c: the arena's cleaner asks it, as arena.py's does */
+static int pinned_now(Core *c, int64_t e); /* _core_table.c: what an eviction's scan decides by */
 static int table_remove(Core *c, int64_t e);            /* _core_table.c: the policies' eviction calls them */
 static int evict_oldest(Core *c, int *done);
 

@@ -134,7 +134,10 @@ static int main_victim(Core *c, int64_t main, int64_t *v)
         int64_t t = first != c->sentinel ? EN(first, prev) : EN(c->sentinel, prev); /* main's oldest */
         if (!SLOT_OK(t) || (c->marks[t] & MARK_SMALL))
             return bounds(c);
-        int pin = pinned(c, t);
+        int pin = pinned_now(c, t);
+        unsigned char m = c->marks[t];
+        if (pin == 0 && !(m & MARK_FREQ))
+            pin = pinned(c, t); /* the victim: its stripe opened, asked again (pinned_now) */
         if (pin < 0)
             return bounds(c);
         if (pin) {
@@ -146,7 +149,6 @@ static int main_victim(Core *c, int64_t main, int64_t *v)
                 return r;
             continue;
         }
-        unsigned char m = c->marks[t];
         if (m & MARK_FREQ) {
             c->marks[t] = (unsigned char)(m - 1);
             passed = 0;
@@ -190,7 +192,9 @@ static int s3fifo_evict_one(Core *c, int *done)
         if (small > 0 && main <= HW(max_entries) - small_share(HW(max_entries))) {
             if (!(t = small_oldest(c)))
                 return ST_HANDOVER; /* (small_oldest called bounds) */
-            int pin = pinned(c, t);
+            int pin = pinned_now(c, t);
+            if (pin == 0 && (c->marks[t] & MARK_FREQ) < PROMOTE_AT)
+                pin = pinned(c, t); /* the victim: its stripe opened, asked again (pinned_now) */
             if (pin < 0)
                 return bounds(c);
             if (pin || (c->marks[t] & MARK_FREQ) >= PROMOTE_AT) {
@@ -363,10 +367,11 @@ static int auto_evict_one(Core *c, int *done)
         if (small > 0 && (small >= target || main <= 0)) {
             if (!(t = small_oldest(c)))
                 return ST_HANDOVER; /* (small_oldest called bounds) */
-            int pin = pinned(c, t);
+            int hit = c->marks[t] & MARK_FREQ, pin = pinned_now(c, t);
+            if (pin == 0 && !hit && small <= target)
+                pin = pinned(c, t); /* a victim (t, or main's beside it): its stripe opened, asked again */
             if (pin < 0)
                 return bounds(c);
-            int hit = c->marks[t] & MARK_FREQ;
             if (pin || hit || small > target) { /* hit in the window (or in use, or the window over its target) */
                 if ((r = to_main(c, t)))
                     return r;

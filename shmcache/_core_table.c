@@ -39,12 +39,12 @@ static inline void entry_open(Core *c, int64_t e)
         seq_open(c);
 }
 
-/* Whether a view (of any process) still pins entry ``e``: a flagged entry is pinned while another description holds
- * its pin byte; a flag found without one is cleared. 1 pinned, 0 not, -1 the query failed.
- * (twin: table.py Table.pinned) */
-static int pinned(Core *c, int64_t e)
+/* Whether a view pins entry ``e`` as the flag, the pin byte and the reader slots' words say now, without opening its
+ * stripe or clearing a stale flag: what an eviction's scan decides by (moving an entry in the queues writes nothing a
+ * reader reads), so that it opens only the stripes it writes; the one it removes is asked again by ``pinned``. 1, 0,
+ * -1 the query failed. (twin: table.py Table.pinned_now) */
+static int pinned_now(Core *c, int64_t e)
 {
-    entry_open(c, e); /* before the flag is read: see seq_open */
     if (!c->pins[e])
         return 0;
     struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
@@ -52,11 +52,20 @@ static int pinned(Core *c, int64_t e)
         return -1;
     if (fl.l_type != F_UNLCK)
         return 1;
-    int s = slot_pinned(c, e);
-    if (s)
-        return s;
-    c->pins[e] = 0;
-    return 0;
+    return slot_pinned(c, e);
+}
+
+/* Whether a view (of any process) still pins entry ``e``, asked before the entry is written or removed: its stripe
+ * opened first (Dekker's pattern against a viewer without the lock: see seq_open), then a flagged entry is pinned
+ * while another description holds its pin byte or a live reader slot's word names it; a flag found without either
+ * is cleared. 1 pinned, 0 not, -1 the query failed. (twin: table.py Table.pinned) */
+static int pinned(Core *c, int64_t e)
+{
+    entry_open(c, e); /* before the flag is read: see seq_open */
+    int p = pinned_now(c, e);
+    if (p == 0 && c->pins[e])
+        c->pins[e] = 0;
+    return p;
 }
 
 

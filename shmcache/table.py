@@ -109,15 +109,23 @@ class Table:
         a flag found without one is cleared. The entry's stripe is opened first (under s3fifo, keep and auto): see
         seqlock.open_stripe."""
         self.open_entry(e)
+        if self.pinned_now(e):
+            return True
+        if self.pins[e]:
+            self.pins[e] = 0
+        return False
+
+    def pinned_now(self, e: int) -> bool:
+        """Whether a view pins entry ``e`` as the flag, the pin byte and the reader slots' words say now, without
+        opening its stripe or clearing a stale flag: what an eviction's scan decides by (moving an entry in the
+        queues writes nothing a reader reads), so that it opens only the stripes it writes; the one it removes is
+        asked again by ``pinned``. (twin: _core_table.c pinned_now)"""
         if not self.pins[e]:
             return False
         # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too; the
         # compiled section's views without the lock pin in their reader slot instead (readers.py).
-        if ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e) or (
-                self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e)):
-            return True
-        self.pins[e] = 0
-        return False
+        return ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e) or bool(
+            self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e))
 
     def refuse_pinned(self, e: int, what: str) -> None:
         """Raise PinnedError if entry ``e`` is pinned: its bytes must stay as they are while a view reads them."""

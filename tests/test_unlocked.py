@@ -185,6 +185,36 @@ def test_unlocked_a_writer_stopped_mid_put_stalls_only_its_stripe(name, policy):
         c.unlink()
 
 
+@pytest.mark.parametrize("path", ["compiled", "python"])
+@pytest.mark.parametrize("policy", ["auto", "s3fifo"])
+def test_unlocked_an_evicting_put_opens_only_the_stripes_it_writes(name, policy, path):
+    """A put into a full cache whose every entry has hits scans the queues (each passed entry loses a hit and moves
+    on, which no reader reads) and opens only the stripes it writes: its own slot's, its victim's, and those of the
+    slots the removal shifts back, a handful of the 64, not one per entry passed."""
+    kw = dict(capacity_bytes=1 << 22, max_entries=2000, create=True, policy=policy)
+    c = SharedCache(name, **kw)
+    if path == "python":
+        python_path(c)
+    try:
+        for i in range(2000):
+            c.put(f"k{i}", i)
+        for _ in range(3):
+            for i in range(2000):
+                assert c.get(f"k{i}") == i
+        words = np.frombuffer(c._seg.stripe_words, dtype=np.int64)
+        assert c._seg.mask + 1 == 4096 and len(c) == 2000
+        for j in range(5):
+            before = words.copy()
+            c.put(f"new{j}", j)
+            opened = np.flatnonzero(words != before)
+            assert 1 <= len(opened) <= 4, (j, opened.tolist())
+            assert (words[opened] - before[opened] == 2).all()  # each opened once, and closed
+        assert len(c) == 2000 and c.stats().evictions == 5 and c.verify().ok
+    finally:
+        c.close()
+        c.unlink()
+
+
 @pytest.mark.parametrize("policy", ["auto", "keep"])
 def test_unlocked_a_stripe_left_odd_by_a_stray_write_is_healed(name, policy):
     """A stripe's word made odd by a stray write (no hold open, its bit not in the open mask) sends the first read of

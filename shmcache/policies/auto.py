@@ -163,8 +163,10 @@ def auto_evict_one(table) -> bool:
         main = h[H_ENTRIES] - small
         if small > 0 and (small >= target or main <= 0):
             t = small_oldest(table)
-            pinned = table.pinned(t)
             hit = marks[t] & MARK_FREQ
+            pinned = table.pinned_now(t)
+            if not pinned and not hit and small <= target:
+                pinned = table.pinned(t)  # a victim (t, or main's beside it): its stripe opened, asked again
             if pinned or hit or small > target:
                 to_main(table, t)  # hit in the window (or in use, or the window over its target): main's; again
                 if hit and not pinned:

@@ -156,13 +156,16 @@ def main_victim(table, main: int) -> int:
         t = main_tail(h, ent, slots)
         if not 0 < t < slots or marks[t] & MARK_SMALL:
             raise CorruptionError(f"main queue's oldest is slot {t}, not an entry of main", what="evict")
-        if table.pinned(t):
+        m = marks[t]
+        pinned = table.pinned_now(t)
+        if not pinned and not m & MARK_FREQ:
+            pinned = table.pinned(t)  # the victim: its stripe opened, asked again (Table.pinned_now)
+        if pinned:
             passed += 1
             if passed > main:
                 return SENTINEL
             lru.move_to_front(ent, t)
             continue
-        m = marks[t]
         if m & MARK_FREQ:
             marks[t] = m - 1
             passed = 0
@@ -194,7 +197,9 @@ def s3fifo_evict_one(table) -> bool:
         main = h[H_ENTRIES] - small
         if small > 0 and main <= h[H_MAX_ENTRIES] - small_share(h[H_MAX_ENTRIES]):
             t = small_oldest(table)
-            pinned = table.pinned(t)
+            pinned = table.pinned_now(t)
+            if not pinned and marks[t] & MARK_FREQ < PROMOTE_AT:
+                pinned = table.pinned(t)  # the victim: its stripe opened, asked again (Table.pinned_now)
             if pinned or marks[t] & MARK_FREQ >= PROMOTE_AT:
                 to_main(table, t)
                 if not pinned:
