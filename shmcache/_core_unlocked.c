@@ -132,6 +132,11 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
             if (!block_in_arena(c, off, vlen, klen))
                 return -1;
             if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
+                /* The entry must name this slot as its own: a writer opens the stripe of the slot the entry names
+                 * (entry_open) before it writes the entry or reads its pin flag, so an entry reached through another
+                 * slot (damage: two slots naming it) would not be covered by this stripe's word. */
+                if (RD(EN(e, slot)) != s)
+                    return -1;
                 *out = e;
                 f->slot = e;
                 f->off = off + c->block_header;
