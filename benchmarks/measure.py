@@ -24,6 +24,17 @@ NS_PER_US = 1000.0
 MB = 1e6
 
 
+def reap(procs, timeout: float = 30.0) -> None:
+    """Join the worker processes, all within ``timeout`` s, killing (and joining) any still running then: no worker
+    outlives its benchmark, whatever raised."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout)
+
+
 def make_key(prefix: str, i: int) -> str:
     """Key ``i`` of a family: ``prefix`` then ``i`` zero-padded to KEY_NBYTES characters in all."""
     return f"{prefix}{i:0{KEY_NBYTES - len(prefix)}d}"

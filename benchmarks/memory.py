@@ -16,8 +16,8 @@ import os
 from shmcache import SharedCache
 from shmcache.layout import SEGMENT_PREFIX
 
-from .measure import ARRAY, MB, array_value, make_key, pss_bytes, row
-from .workloads import guarded, reap
+from .measure import ARRAY, MB, array_value, make_key, pss_bytes, reap, row
+from .workloads import guarded
 
 W5_WORKERS = 4
 ARRAY_NBYTES = 224 * 224 * 3

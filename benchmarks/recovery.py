@@ -18,6 +18,7 @@ import time
 
 from shmcache import LockTimeout, SharedCache
 from shmcache.layout.dtypes import H_DIRTY
+from .measure import reap
 
 DEFAULT_ENTRIES = "65536,1000000"
 DEFAULT_WAITERS = 8
@@ -67,11 +68,7 @@ def measure(n: int, waiters: int, lock_timeout: float) -> tuple[float, float, di
         assert report.ok, report.problems
         return recover, deep, results
     finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 60)
         cache.unlink()
         cache.close()
 

@@ -40,6 +40,7 @@ import xxhash
 
 from shmcache import PinnedError, SharedCache, core
 from shmcache.cli import parse_size
+from .measure import reap
 
 MIB = 1 << 20
 
@@ -108,11 +109,7 @@ def _phase(name: str, args, resize_between: tuple[tuple[int, int], tuple[int, in
                     time.sleep(args.pause)
         results = [queue.get(timeout=args.seconds + 120) for _ in procs]
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        reap(procs, 30)
     out = {"gets": sum(r["gets"] for r in results), "puts": sum(r["puts"] for r in results),
            "wrong": sum(r["wrong"] for r in results), "errors": sum(r["errors"] for r in results),
            "get_p50_us": statistics.median(r["p50_us"] for r in results),

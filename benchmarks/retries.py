@@ -26,6 +26,7 @@ import time
 import xxhash
 
 from shmcache import SharedCache
+from .measure import reap
 
 
 def _value(key: str, seq: int) -> dict:
@@ -100,11 +101,7 @@ def measure(args: argparse.Namespace) -> dict:
         out["verify_ok"] = cache.verify().ok
         return out
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 30)
         cache.close()
         cache.unlink()
 

@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import numpy as np
+from .measure import reap
 
 STORES = ("shmcache-lru", "shmcache-s3fifo", "shmcache-auto", "shmcache-default", "lmdb", "private")
 
@@ -142,11 +143,7 @@ def _run(store: _Store, n: int, seconds: float, seed: int, puts_share: float) ->
     try:
         total = sum(out.get(timeout=seconds + 60) for _ in procs)
     finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 10)
     return total
 
 

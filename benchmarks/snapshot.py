@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from shmcache import SharedCache, core
+from .measure import reap
 
 MIB = 1 << 20
 IDLE, DURING, OFF, STOP = 0, 1, 2, 3  # what the readers are timing: the window before, a snapshot, nothing
@@ -110,10 +111,7 @@ def run(entries: int, value_bytes: int, rounds: int, readers: int, directory: st
         reports = [q.get(timeout=120) for _ in procs]
     finally:
         phase.value = STOP
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+        reap(procs, 30)
         c.close()
         c.unlink()
         if os.path.exists(path):

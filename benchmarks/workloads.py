@@ -25,7 +25,7 @@ import numpy as np
 
 from .measure import (
     ARRAY, BYTES_64K, SMALL, VALUE_MAKERS, array_value, error_row, gc_paused, latency_row, make_key, median_p99,
-    minor_faults, row, same_value, small_value, time_each,
+    minor_faults, reap, row, same_value, small_value, time_each,
 )
 from .peers import CachetoolsPeer, ShmcachePeer, Sizing
 
@@ -262,20 +262,11 @@ def run_forked(target, nworkers: int, args: tuple, seconds: float) -> list[dict]
             pass
         results = [queue.get(timeout=START_TIMEOUT_S + seconds) for _ in procs]
     finally:
-        reap(procs)
+        reap(procs, JOIN_TIMEOUT_S)
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise RuntimeError("; ".join(errors))
     return results
-
-
-def reap(procs) -> None:
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(JOIN_TIMEOUT_S)
 
 
 # ------------------------------------------------------------------------------------------- W3
