@@ -160,11 +160,12 @@ typedef struct {
 #define STRIPE_WORDS 8
 #define S_OPEN 0
 #define STRIPE_WORD(k) (STRIPE_WORDS * (1 + (k)))
-static inline int64_t stripe_of(const Core *c, int64_t s)
+static inline int stripe_shift(const Core *c)
 {
     int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS; /* (tables[0]: a power of two) */
-    return s >> (shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift);
+    return shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift;
 }
+static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_shift(c); }
 #define GHOST_LIVE(c) ((c)->tables[0] < GHOST_WAYS ? GHOST_WAYS : (c)->tables[0])
 /* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
  * it) would be read as this process's own zero pages, and written there unseen by the others. */

@@ -113,8 +113,6 @@ static PyObject *leave_to(Core *c, PyObject *name, PyObject *const *args, Py_ssi
     return PyObject_VectorcallMethod(name, a, (size_t)n + 1, NULL);
 }
 
-/* The call takes the lock: 0, held; ST_HANDOVER, not held (its reason recorded); -1, a Python exception is set.
- * Every successful enter is followed by unlock() and leave(). */
 /* A stripe's word that the last try of a read without the lock found odd (c->stuck), and is odd still while this
  * thread holds the lock with nothing half-done: no hold is writing under it, so a stray write (or a holder that died
  * between its odd store and its mask bit, which a bit set first rules out) left it so. Named in the open mask, it is
@@ -122,14 +120,16 @@ static PyObject *leave_to(Core *c, PyObject *name, PyObject *const *args, Py_ssi
  * lock, and never sees a stripe's word.) */
 static inline void heal_stripe(Core *c)
 {
-    int64_t k = c->stuck;
+    int64_t k = c->stuck; /* (a stripe number window_enter found: below 1 << STRIPE_BITS) */
     c->stuck = -1;
-    if (k < 0 || k >= ((int64_t)1 << STRIPE_BITS) || c->stripes == NULL || HW(dirty))
+    if (c->stripes == NULL || HW(dirty))
         return;
     if (__atomic_load_n(&c->stripes[STRIPE_WORD(k)], __ATOMIC_RELAXED) & 1)
         c->stripes[S_OPEN] = (int64_t)((uint64_t)c->stripes[S_OPEN] | ((uint64_t)1 << k));
 }
 
+/* The call takes the lock: 0, held; ST_HANDOVER, not held (its reason recorded); -1, a Python exception is set.
+ * Every successful enter is followed by unlock() and leave(). */
 static int enter(Core *c)
 {
     c->users++;

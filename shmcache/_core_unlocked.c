@@ -43,7 +43,7 @@ static inline int64_t *reader_slot(Core *c)
  * entered (none on a segment before version 11), each read with acquire order before anything it covers. */
 typedef struct {
     int64_t seq;
-    int shift;      /* slot >> shift: its stripe (stripe_of, for the tables this mapping took) */
+    int shift;      /* slot >> shift: its stripe (stripe_shift, for the tables this mapping took) */
     uint64_t mask;  /* the stripes whose words were read */
     uint64_t probe; /* those the last probe crossed */
     int64_t seen[1 << STRIPE_BITS];
@@ -54,8 +54,8 @@ static inline int window_open(Core *c, Window *w)
 {
     w->seq = __atomic_load_n(&HW(seq), __ATOMIC_ACQUIRE);
     w->mask = w->probe = 0;
-    int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS;
-    w->shift = shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift; /* (stripe_of's, once a window) */
+    w->shift = stripe_shift(c); /* (stripe_of's, once a window) */
+    c->stuck = -1;              /* (what this try finds odd, if anything: window_enter) */
     return !(w->seq & 1);
 }
 
@@ -228,7 +228,6 @@ static inline int extent_hidden(Core *c)
 static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,
                         PyObject **body)
 {
-    c->stuck = -1;
     Window win;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
         if (t)
@@ -294,7 +293,6 @@ static int64_t *free_pin_word(Core *c, int64_t *rd, int64_t e)
 static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, int fd,
                         int forking, Found *f, int *viewable, int64_t *version, int64_t **word)
 {
-    c->stuck = -1;
     *word = NULL;
     Window win;
     for (int t = 0; t < UNLOCKED_TRIES; t++) {
@@ -370,7 +368,6 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
  * copies) for all n keys; U_LOCK: nothing kept, take the lock; -1: a Python exception. Nothing is counted here. */
 static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, int64_t *now)
 {
-    c->stuck = -1;
     Window win;
     for (int t = 0; t < UNLOCKED_BATCH_TRIES; t++) {
         if (t) {

@@ -197,8 +197,7 @@ class Table:
         s = fp & self.mask
         if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
             s = index.free_slot(ix, self.mask, fp)
-        if self.seqlocked:  # (the entry and its block are no reader's until the slot names them)
-            open_stripe(h, self.stripes, s, self.mask)
+        self.open_slot(s)  # (the entry and its block are no reader's until the slot names them)
         # Where it is linked: at the front (lru, keep, and main under s3fifo: Policy.link_new, inlined), or where
         # the policy puts a new key on probation (s3fifo: small's front).
         if probation:
@@ -298,8 +297,7 @@ class Table:
         if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
-        if self.seqlocked:
-            open_stripe(h, self.stripes, s, self.mask)
+        self.open_slot(s)
         self.ring.free(off, block.nbytes(klen + vlen), e)
         index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
