@@ -411,7 +411,7 @@ class Segment:
         the index's slots, the ghost's in force and the entry slots the limit and ``unused_next`` need (the entry
         table and its columns: ``Geometry.slots_for``), backed with memory first (``backed``: they are already): a
         resize raised the limit, or this mapping is new. What it showed past them stays shown (a smaller limit
-        leaves its pages backed). The rest of each region is private zero pages, so a read there, which only damage
+        hides it: ``shrink_tables``). The rest of each region is private zero pages, so a read there, which only damage
         can aim, finds zeros and never a hole of the file (SIGBUS on a full /dev/shm). Version 10. ``adopt`` False:
         shown, the index and limit in force left as they are (a resize backs the tables before it writes).
 
@@ -444,6 +444,27 @@ class Segment:
         self.ghost_words = self._ghost_all[:ghost]
         self._ring_of = (None, 0)
 
+    def shrink_tables(self, live: int, limit: int, unused_next: int, give_back: bool) -> None:
+        """Show private zero pages past what the index of ``live`` slots, the entry limit ``limit`` and the slots
+        in use (``unused_next``) need of each table (``Geometry.slots_for``), where this mapping showed more: a
+        resize lowered the limit and packed the entries below it (Table.pack), or another process did and this one
+        takes its tables (refresh_tables). ``give_back``: the memory of the file's pages there is given back too
+        (``fallocate(PUNCH_HOLE)``), which the resize that shrank them does once no read without the lock begun
+        before it is under way (readers.quiesce: a page given back is backed again by the next touch, which on a
+        full /dev/shm is SIGBUS). Version 10."""
+        g = self.geometry
+        was_index, was_slots = self._tables_shown
+        to_index, to_slots = min(live, was_index), min(g.slots_for(limit, unused_next), was_slots)
+        if (to_index, to_slots) == (was_index, was_slots) and not give_back:
+            return
+        for off, now, reserved in g.tables(to_index, to_slots):
+            self._veil_range(off + now, off + reserved)
+            first, end = -(-(off + now) // _PAGE) * _PAGE, (off + reserved) // _PAGE * _PAGE
+            if give_back and first < end:
+                space.release(self.fd, first, end)
+        self._tables_shown = (to_index, to_slots)
+        self.shown[2] = self.slots_shown = to_slots
+
     def shown_index(self) -> int:
         """The most index slots this mapping shows (and knows backed): the index in force's, or a larger one's."""
         return self._tables_shown[0]
@@ -459,7 +480,8 @@ class Segment:
         resizes = h[d.H_RESIZES]
         if self.version >= 10:
             live, limit, unused = h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_UNUSED_NEXT]
-            if (live, limit) != (self.mask + 1, self.limit) or unused > self.shown[2]:
+            if ((live, limit) != (self.mask + 1, self.limit) or unused > self.shown[2]
+                    or g.slots_for(limit, unused) < self.slots_shown or live < self._tables_shown[0]):
                 # (what this mapping has already is used as it is: verify judges it, as it judges any word)
                 if h[d.H_DIRTY] or config.problems(h, g) or live != layout.index_for(limit) or live > g.index_slots:
                     return False
@@ -469,6 +491,8 @@ class Segment:
                     self.show_tables(live, limit, unused)
                 except NoSpaceError:
                     return False  # (what another process backed is backed: only damage asks for more)
+                # And no more than that: a resize that lowered the limit gave the pages past it back.
+                self.shrink_tables(live, limit, unused, give_back=False)
         else:  # (the tables never move: the words the test of every call compares, as they are)
             self.shown[4] = self.limit = h[d.H_MAX_ENTRIES]
         self.shown[3] = resizes

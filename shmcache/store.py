@@ -472,6 +472,7 @@ class Store:
         if (capacity, entries) == (old, h[H_MAX_ENTRIES]) and h[H_MAX_RETAINED] == retained:
             return False
         live = index_for(entries) if seg.version >= 10 else self.mask + 1
+        old_live = self.mask + 1
         if seg.version >= 10:  # the larger tables backed before anything is written (NoSpaceError)
             seg.show_tables(max(live, self.mask + 1), entries, h[H_UNUSED_NEXT], adopt=False)
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED], h[H_CAPACITY]
@@ -501,17 +502,30 @@ class Store:
             h[H_RESIZES] = counted  # (nothing changed: the tables as every process has them)
             raise
         config.set_limits(h, entries, retained, capacity)
+        # The entries past the slots the new limit hands out move below them, so that the pages past those can be
+        # given back (version 10; the evictions above left at most the limit resident).
+        shown = seg.slots_shown
+        unused = self.table.pack(g.slots_for(entries, 0)) if seg.version >= 10 else 0
         if live != self.mask + 1:
             self.table.reindex(live)
         elif seg.version >= 10:
             seg.show_tables(live, entries, h[H_UNUSED_NEXT], backed=True)  # (the limit in force: the ring's)
         seg.shown[3] = h[H_RESIZES]  # (this mapping has the new tables)
+        # Memory is given back only once no handle is still in a read without the lock begun before now
+        # (Segment.release says why; readers.quiesce how): under lru, reads take the lock. Asked once, if needed.
+        safe: list[bool] = []
+
+        def give_back() -> bool:
+            if not safe:
+                safe.append(not self.table.pol.reads_unlocked or readers.quiesce(seg))
+            return safe[0]
+
         ext = seg.extent()
         if size < was and h[H_ARENA_EXTENT] != ext:  # the extent past the smaller ring: lowered to it
             h[H_ARENA_EXTENT] = ext
-            # Given back only once no handle is still in a read without the lock begun before now (Segment.release
-            # says why; readers.quiesce how): under lru, reads take the lock.
-            seg.release(ext, not self.table.pol.reads_unlocked or readers.quiesce(seg))
+            seg.release(ext, give_back())
+        if seg.version >= 10 and (live < old_live or g.slots_for(entries, unused) < shown):
+            seg.shrink_tables(live, entries, unused, give_back())
         return True
 
     @updating

@@ -474,6 +474,72 @@ class Table:
         for e in resident[~fits].tolist():  # (past the end: round to the start, as a probe goes)
             index.insert(ix, ent, mask, ent[e * _W + E_FP], e)
 
+    def pack(self, bound: int) -> int:
+        """Move every resident entry at or past entry slot ``bound`` that no view pins into a free slot below it,
+        and make the free list the slots below the new ``unused_next`` that hold none; that word is returned. What
+        a resize to a smaller entry limit does (version 10), so that the pages of the entry table and its columns
+        past the slots in use can be given back (Segment.shrink_tables). A pinned entry stays where it is, and the
+        slots in use end past it. Under the caller's dirty bracket and the readers' odd seq (a resize).
+
+        Crash window, per entry: the new slot is written whole first, while its block still names the old one (a
+        repair drops the copy); the block's header naming the new slot is the commit; then its neighbours, the
+        index and the policy's words point at it, and the old slot is cleared. A holder killed after the commit
+        leaves the copy the one whose block checks out, kept by the repair whether or not it was linked yet."""
+        h, ent, slots = self.h, self.ent, self.slots
+        handed_out = block.handed_out(h, slots)
+        bound = max(1, bound)
+        if handed_out <= bound:
+            return handed_out
+        check = np.frombuffer(self.ent, dtype=np.int64, count=handed_out * _W)[E_CHECK::_W]
+        resident = np.flatnonzero(check)
+        resident = resident[resident > 0]
+        free = np.flatnonzero(check[:bound] == 0)
+        free = free[free > 0].tolist()[::-1]  # (popped from the end: the lowest slots are filled first)
+        stays = []
+        words, mask = self.ring.words, self.mask
+        for i, m in enumerate(resident[resident >= bound].tolist()):
+            if not (i + 1) & TICK_EVERY:  # a walk over many entries: the lock's waiters wait on (lock.py)
+                progressed(h)
+            if self.pinned_now(m) or not free:
+                stays.append(m)
+                continue
+            self._move_entry(m, free.pop(), words, mask, slots)
+        top = max(stays) + 1 if stays else bound
+        top = max(top, int(resident[resident < bound].max()) + 1 if (resident < bound).any() else 1)
+        # The free list: the slots below the new top that hold no entry, lowest first.
+        cleared = np.frombuffer(self.ent, dtype=np.int64, count=top * _W)[E_CHECK::_W]
+        link = NIL
+        for e in np.flatnonzero(cleared == 0)[::-1].tolist():
+            if e:
+                ent[e * _W + E_NEXT] = link
+                link = e
+        h[H_FREE_HEAD], h[H_UNUSED_NEXT] = link, top
+        return top
+
+    def _move_entry(self, m: int, f: int, words, mask: int, slots: int) -> None:
+        """Move resident entry ``m`` to free slot ``f`` (``pack``): the record and its columns, then every word
+        that names it. Each word is checked before the first write (CorruptionError: the caller repairs)."""
+        h, ent, ix = self.h, self.ent, self.ix
+        b, fb = m * _W, f * _W
+        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, m * _ENTRY_NBYTES)
+        nb = block.nbytes(klen + vlen)
+        if not (0 <= s <= mask and ix[s * INDEX_WORDS + I_ENTRY] == m and 0 <= p < slots and 0 <= n < slots
+                and 0 <= off and off % BLOCK_ALIGN == 0 and off + nb <= self.ring.nbytes
+                and words[off >> 3] == block.header(nb, m)):
+            raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
+        ent[fb : fb + _W] = ent[b : b + _W]
+        self.exp[f], self.ver[f], self.kinds[f], self.marks[f], self.pins[f] = (
+            self.exp[m], self.ver[m], self.kinds[m], self.marks[m], 0)
+        words[off >> 3] = block.header(nb, f)  # the commit: the block is the new slot's
+        ent[p * _W + E_NEXT] = f
+        ent[n * _W + E_PREV] = f
+        if h[H_SMALL_FIRST] == m:
+            h[H_SMALL_FIRST] = f
+        ix[s * INDEX_WORDS + I_ENTRY] = f
+        ent[b + E_CHECK] = 0
+        self.exp[m] = 0
+        self.marks[m] = 0
+
     def reset(self) -> None:
         """Drop every entry (counters other than occupancy are the caller's)."""
         h = self.h

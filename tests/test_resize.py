@@ -13,7 +13,7 @@ import time
 import pytest
 
 from shmcache import CorruptionError, PinnedError, SharedCache
-from shmcache.layout.dtypes import H_CAPACITY, H_DIRTY
+from shmcache.layout.dtypes import H_CAPACITY, H_DIRTY, H_UNUSED_NEXT
 
 from .conftest import unique_name
 from .workers import check_value, make_value, reap
@@ -460,6 +460,88 @@ def test_the_entry_limit_grows_past_creation_keeping_every_entry_on_both_paths(n
         assert c.stats().resizes == 2 and c._seg.mask + 1 == other._seg.mask + 1 == 1024
         with pytest.raises(ValueError, match="8000 entries"):
             other.resize(max_entries=8001)
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "auto", "keep"])
+def test_a_lower_entry_limit_gives_the_tables_back(name, policy):
+    """A resize to a smaller entry limit moves the entries it keeps below the slots the new limit hands out
+    (Table.pack) and gives back the pages of the index, the entry table and its columns past them; the other
+    handle (the other path) takes the smaller tables, and every value kept reads back as stored, before and after
+    the limit grows again."""
+    from .workers import python_path
+
+    keys = [f"k{i}" for i in range(20000)]
+    with SharedCache(name, capacity_bytes=8 * MIB, max_entries=20000, create=True, policy=policy) as c, \
+            SharedCache(name) as other:
+        python_path(other)
+        _fill(c, keys, nbytes=40)
+        assert len(c) == 20000 and _read_back(other, keys[:100]) == 100
+        full = _occupied(c)
+        c.resize(max_entries=1000)
+        assert len(c) == 1000 and c.verify().ok
+        # Index 65,536 -> 2,048 slots of 16 bytes; 19,000 entry slots of 83 bytes (record and columns): 2.5 MiB.
+        assert _occupied(c) < full - 2 * MIB, (full, _occupied(c))
+        assert c._h[H_UNUSED_NEXT] <= 1001 and c._seg.slots_shown == 1001
+        assert _read_back(other, keys) == 1000 and other.verify().ok
+        assert other._seg.slots_shown == 1001  # (it took the smaller tables: past them, zero pages of its own)
+        _fill(other, keys[:5000], seq=1, nbytes=40)  # and both serve on, within the smaller tables
+        assert _read_back(c, keys) == len(c) <= 1000
+        c.resize(max_entries=20000)
+        _fill(other, keys, seq=2, nbytes=40)
+        assert len(c) == 20000 and _read_back(c, keys) == 20000 and c.verify().ok and other.verify().ok
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_a_pinned_entry_past_the_new_limit_stays_where_it_is(name, policy):
+    """An entry a view pins is not moved: the slots in use end past it, its view reads the bytes it was given, and
+    the entries moved around it read back as stored."""
+    keys = [f"k{i}" for i in range(3000)]
+    with SharedCache(name, capacity_bytes=8 * MIB, max_entries=3000, create=True, policy=policy) as c, \
+            SharedCache(name) as other:
+        _fill(c, keys[:2999], nbytes=40)
+        payload = os.urandom(3000)
+        c.put("held", payload)  # (the last slot handed out)
+        with other.view("held") as held:
+            assert bytes(held) == payload
+            c.resize(max_entries=200)
+            assert bytes(held) == payload
+            assert 200 < c._h[H_UNUSED_NEXT] <= 3001 and c.verify().ok
+            assert _read_back(other, keys) == len(c) - 1 <= 199
+        assert c.get("held") == payload and c.verify().ok
+
+
+def test_a_pack_cut_short_part_way_is_repaired(name):
+    """An exception at each point of the moves below the new limit (as a SIGKILL would leave it, dirty set): the
+    next call repairs, and every entry kept reads back as it was stored, through this handle and another."""
+    import shmcache.table as table_module
+
+    keys = [f"k{i}" for i in range(2000)]
+    for cut in (0, 1, 7, 150):
+        with SharedCache(name, capacity_bytes=4 * MIB, max_entries=2000, create=True) as c, \
+                SharedCache(name) as other:
+            _fill(c, keys, nbytes=40)
+            for k in keys[:1700:2]:
+                c.delete(k)  # free slots below the new limit, entries past it to move
+            real, moves = table_module.Table._move_entry, [0]
+
+            def move(self, *args):
+                if moves[0] == cut:
+                    raise RuntimeError("cut short")
+                moves[0] += 1
+                return real(self, *args)
+
+            table_module.Table._move_entry = move  # type: ignore[method-assign]
+            try:
+                c.resize(max_entries=1000)
+            except RuntimeError:
+                assert not c._h[H_DIRTY]  # the holder repaired before it let go (Guard.fault)
+            finally:
+                table_module.Table._move_entry = real  # type: ignore[method-assign]
+            assert moves[0] >= min(cut, 1)
+            assert _read_back(other, keys) == len(c) > 0 and c.verify().ok and other.verify().ok
+            _fill(other, keys[:300], seq=1, nbytes=40)
+            assert _read_back(c, keys) == len(c) and c.verify().ok
+        SharedCache.unlink_name(name)
 
 
 def test_a_reindex_cut_short_is_repaired_to_the_limit_written(name, monkeypatch):

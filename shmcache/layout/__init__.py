@@ -71,8 +71,12 @@ check the count and the index, on lines no put writes), after checking them: an 
 checked limit needs is damage, or a resize cut short, and the repair rebuilds the index the limit needs
 (``verify._settle_index``). A slot number at or past the slots a mapping shows is out of range there, as one past the
 table is, and ``unused_next`` is trusted past them only as far as the entry table's pages hold data in the file
-(``Segment.slots_in_use``): a damaged word never backs or shows a page nobody wrote. A smaller limit leaves the
-larger tables' pages backed.
+(``Segment.slots_in_use``): a damaged word never backs or shows a page nobody wrote. A smaller limit moves the
+entries it keeps below the slots it hands out (``Table.pack``: each copied whole, then its block's header names the
+new slot, the commit, then the words that named the old one), lowers ``unused_next`` to past the last one (a pinned
+entry is not moved: the slots in use end past it), and gives back the pages of the tables past what it needs
+(``Segment.shrink_tables``), once the reads without the lock begun before it have ended, as the arena's are; the
+other processes show zero pages of their own there as they take the tables.
 
 The ``dirty`` word is 1 while a lock holder is between the first and the last write of an update. Whoever takes the
 lock and finds it set -- the holder died, or an exception cut its update short -- verifies and repairs the segment
