@@ -205,6 +205,9 @@ static inline int tag_written(const Core *c, int64_t tag)
 typedef struct {
     const char *kb, *body;
     int64_t klen, blen, tag, fp, check, size, nb, expires;
+    /* A new entry's marks where it was restored from a snapshot (its record's: store.py Placed), which place it
+     * under a policy that keeps marks; -1: the policy places it, as any new key. */
+    int64_t marks;
 } Encoded;
 
 static int64_t mono_ns(void);

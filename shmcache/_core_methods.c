@@ -526,21 +526,26 @@ static PyObject *view_out(Core *c, Pins *p, int fd, Taken t, const Found *found_
     return out;
 }
 
-/* An entry's arguments from ``item``, a store.Encoded (kb, tag, body, fp, check, size, nb), into *st; -1 with an
- * exception set. The encoding's own arithmetic is checked: a wrong size or block size would aim writes past the
- * block. */
+/* An entry's arguments from ``item``, a store.Encoded (kb, tag, body, fp, check, size, nb) or a store.Placed (and
+ * its marks), into *st; -1 with an exception set. The encoding's own arithmetic is checked: a wrong size or block
+ * size would aim writes past the block. */
 static int arg_encoded(Core *c, PyObject *item, const char *what, Encoded *st)
 {
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) { /* a tuple: its fields stay as they are */
+    Py_ssize_t n = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 0;
+    if (n != 7 && n != 8) { /* a tuple: its fields stay as they are */
         PyErr_Format(PyExc_TypeError, "%s must be a store.Encoded (kb, tag, body, fp, check, size, nb), got %.100s",
                      what, Py_TYPE(item)->tp_name);
         return -1;
     }
     PyObject **a = &PyTuple_GET_ITEM(item, 0);
+    st->marks = -1;
     if (arg_bytes(a[0], "kb", &st->kb, &st->klen) || arg_int(a[1], "tag", &st->tag)
         || arg_bytes(a[2], "body", &st->body, &st->blen) || arg_int(a[3], "fp", &st->fp)
-        || arg_int(a[4], "check", &st->check) || arg_int(a[5], "size", &st->size) || arg_int(a[6], "nb", &st->nb))
+        || arg_int(a[4], "check", &st->check) || arg_int(a[5], "size", &st->size) || arg_int(a[6], "nb", &st->nb)
+        || (n == 8 && arg_int(a[7], "marks", &st->marks)))
         return -1;
+    if (n == 8)
+        st->marks &= MARK_FREQ | MARK_SMALL; /* (MARKS_VALID: any other bit is not a mark) */
     if (!encoded_ok(c, st)) {
         PyErr_Format(PyExc_ValueError, "%s: the tag, fingerprint, checksum, size or block size is inconsistent "
                                        "(encode it with Store.encode)", what);

@@ -141,6 +141,9 @@ static PyObject *Core_snapshot_plan(Core *c, PyObject *const *args, Py_ssize_t n
 
 /* What became of a row of the second pass. */
 enum { RS_TODO, RS_PUT, RS_DAMAGED, RS_EXPIRED, RS_STORED, RS_REFUSED };
+/* A record's flags: with bit 3 set, bits 0-2 are the marks its entry had (an s3fifo or auto cache's), which place
+ * it again (Encoded.marks). (twin: snapshot.py FLAG_MARKED, FLAG_MARKS) */
+enum { REC_MARKED = 8, REC_MARKS = 7 };
 
 /* Store st[0..n) (rows ``from`` theirs, each with its own time to live) in order, one at a time as snapshot.py's
  * _store does where a batch fails, under one hold of the lock: a store a pin or the policy refuses is counted
@@ -288,6 +291,7 @@ static PyObject *Core_snapshot_restore(Core *c, PyObject *const *args, Py_ssize_
         e->check = (int64_t)((xxh3_64(body, r.blen, r.tag) & (uint64_t)c->check_mask) | 1);
         e->size = (int64_t)r.klen + (int64_t)r.blen + 1;
         e->nb = block_nbytes(c, e->size);
+        e->marks = r.flags & REC_MARKED ? r.flags & REC_MARKS : -1;
         ttls[m] = ttl;
         from[m++] = j;
         outcome[j] = RS_PUT;

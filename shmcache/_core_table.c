@@ -268,6 +268,11 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int r, from_free, done;
     /* Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot). */
     int probation = c->pol->admit(c, st->fp);
+    /* A restored entry goes where its marks say, with its counter (asked all the same: what admit counts, as for any
+     * new key). (twin: table.py Table.insert, placed) */
+    int64_t placed = c->pol->marks_on_hit ? st->marks : -1;
+    if (placed >= 0)
+        probation = (placed & MARK_SMALL) != 0;
     if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
             if ((r = evict_until(c, st->size, now)))
@@ -330,6 +335,8 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int64_t p, n;
     if ((r = c->pol->link_new(c, e, probation, &p, &n)))
         return r;
+    if (placed > 0)
+        c->marks[e] |= (uint8_t)(placed & MARK_FREQ);
     EN(e, prev) = p;
     EN(e, next) = n;
     EN(e, fp) = st->fp;

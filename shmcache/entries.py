@@ -103,11 +103,13 @@ def hottest_first(copied: tuple, pol) -> tuple[list, list]:
 def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int) -> tuple[list, int, int, int]:
     """Copy the entries ``slots[start:end]`` (named with their fingerprints ``fps`` by ``hottest_first``) until
     ``budget`` bytes are copied: for each still live and still the same key, (stored key bytes, tag, body,
-    checksum, expiry: the clock's ns or 0, fingerprint). Returns (the copies, where the next hold starts, the
-    clock's reading, how many were passed over as damaged: an offset or length out of the arena). An entry gone or
-    replaced by another key since is passed over; its key stored again elsewhere was not in ``slots``. The caller
-    checks each copy's key against its fingerprint and its body against its checksum, after the unlock."""
+    checksum, expiry: the clock's ns or 0, fingerprint, the policy's marks). Returns (the copies, where the next
+    hold starts, the clock's reading, how many were passed over as damaged: an offset or length out of the arena).
+    An entry gone or replaced by another key since is passed over; its key stored again elsewhere was not in
+    ``slots``. The caller checks each copy's key against its fingerprint and its body against its checksum, after
+    the unlock."""
     ix, ent, mm, base, exp, mask = store.ix, store.ent, store.mm, store.base, store.exp, store.mask
+    marks = store.table.marks
     arena_nbytes = len(store.arena)
     now = store.clock()
     out = []
@@ -131,7 +133,7 @@ def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int
             continue
         v0 = base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
         k0 = v0 + vlen
-        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], x, fp))
+        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], x, fp, marks[e]))
         copied += vlen + klen
     return out, i, now, damaged
 

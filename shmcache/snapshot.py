@@ -44,16 +44,22 @@ from .layout.dtypes import H_FILL, POLICY_NAMES
 from .serializers import TAG_PICKLE
 from .block import PAD
 from .codec import MASK63
-from .store import Encoded
+from .store import Encoded, Placed
 
 MAGIC = b"\x89SHMSNAP"  # the first byte's high bit catches a transfer that strips it (as PNG's does)
 MAJOR = 1  # a reader refuses a file of a higher major version: its records may mean something else
-MINOR = 0  # a later minor version adds only what an older reader may ignore (a flag bit, a header key)
+MINOR = 1  # a later minor version adds only what an older reader may ignore (a flag bit, a header key); 1: the
+#            records' flags carry their entries' marks (FLAG_MARKED)
 SYNC = b"\xd3SR\x01"  # the first bytes of every record: what the reader scans for after a damaged one
 END = b"\xd3SE\x01"  # the first bytes of the trailer
 _HEAD = struct.Struct("<8sHHIQ")  # magic, major, minor, meta_nbytes, seed; then meta (msgpack), then its check
 _CHECK = struct.Struct("<Q")  # an XXH3-64
 _RECORD = struct.Struct("<4sIIBBHq")  # sync, key_nbytes, body_nbytes, tag, flags, reserved, expires_ns
+# A record's flags: with FLAG_MARKED set, the bits of FLAG_MARKS are the marks its entry had (MARK_*: an s3fifo or
+# auto cache's small queue and counter), with which a restore into such a cache places the entry (Table.insert).
+# (twin: _core_snapshot.c REC_MARKED)
+FLAG_MARKED = 8
+FLAG_MARKS = 7
 _TRAILER = struct.Struct("<4sIQQ")  # end, reserved, records, records_nbytes
 RECORD_HEAD_NBYTES = _RECORD.size + _CHECK.size  # 32: the fields, then their check
 TRAILER_NBYTES = _TRAILER.size + _CHECK.size  # 32
@@ -98,8 +104,8 @@ class RestoreResult(NamedTuple):
 # ------------------------------------------------------------------------------------------- writing
 
 
-def _record_head(kb: bytes, tag: int, body: bytes, expires_ns: int, seed: int) -> tuple[bytes, int]:
-    head = _RECORD.pack(SYNC, len(kb), len(body), tag, 0, 0, expires_ns)
+def _record_head(kb: bytes, tag: int, body: bytes, expires_ns: int, seed: int, flags: int = 0) -> tuple[bytes, int]:
+    head = _RECORD.pack(SYNC, len(kb), len(body), tag, flags, 0, expires_ns)
     check = _xxh(head, seed)
     return head + _CHECK.pack(check), check
 
@@ -187,6 +193,7 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
     """Copy the entries out in batches and write each as a record; (records, their bytes)."""
     _, guard, store = parts
     slots, fps = entries.hottest_first(guard.run(entries.order_locked, store), store.table.pol)
+    marked = FLAG_MARKED if store.table.pol.marks_on_hit else 0  # (the list policies' entries have no marks)
     write = f.write
     count = nbytes = damaged = 0
     i = 0
@@ -195,7 +202,7 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
                                                COPY_NBYTES)
         real = time.time_ns()  # Why here: the wall clock read next to the monotonic one copy_locked read
         damaged += bad
-        for kb, tag, body, check, expires, fp in copies:
+        for kb, tag, body, check, expires, fp, marks in copies:
             if fingerprint(kb) != fp or body_checksum(tag, body) != check:
                 damaged += 1
                 continue
@@ -207,7 +214,7 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
                     damaged += 1
                     continue
                 expires = max(1, left + real)
-            head, hcheck = _record_head(kb, tag, body, expires, seed)
+            head, hcheck = _record_head(kb, tag, body, expires, seed, marked and marked | (marks & FLAG_MARKS))
             write(head)
             write(kb)
             write(body)
@@ -581,7 +588,7 @@ def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind
     """Check and store ``rows`` (the plan's, hottest first) whose records ``chunk`` holds from file offset ``first``,
     coldest first; (stored, damaged, expired, refused). (twin: _core_snapshot.c Core_snapshot_restore)"""
     damaged = expired = 0
-    batch: list[tuple[Encoded, int]] = []
+    batch: list[tuple[Encoded | Placed, int]] = []
     for p, n, check, klen, blen, tag, expires, _, flags in reversed(rows.tolist()):
         # Read again and checked whole: its head as the first pass checked it (the file may have changed since),
         # then its key and body against the record's own checksum, seeded with the head's.
@@ -611,9 +618,9 @@ def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind
         size = klen + blen + 1
         # (fingerprint, checksum and block size as codec.fingerprint, codec.body_checksum and block.nbytes
         # compute them, inlined; an Encoded, not its fields as a tuple: a batch handed over to the Python path,
-        # and the Python path itself, read them by name)
-        batch.append((Encoded(kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size,
-                              (size + PAD) & -8), ttl))
+        # and the Python path itself, read them by name; a Placed where the record carries its entry's marks)
+        fields = (kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size, (size + PAD) & -8)
+        batch.append((Placed(*fields, flags & FLAG_MARKS) if flags & FLAG_MARKED else Encoded(*fields), ttl))
     stored, refused = _store(batch, hot, now, keep)
     return stored, damaged, expired, refused
 

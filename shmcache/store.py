@@ -51,6 +51,22 @@ class Encoded(NamedTuple):
     nb: int  # its block's size in the arena
 
 
+class Placed(NamedTuple):
+    """An Encoded restored from a snapshot whose record carries the marks its entry had (snapshot.FLAG_MARKED):
+    a new entry of a cache whose policy keeps marks (s3fifo, auto) goes to the queue they name, with their counter
+    (Table.insert); the other policies, and an update of a key present, take it as its Encoded. (twin: _core.h
+    Encoded.marks)"""
+
+    kb: bytes
+    tag: int
+    body: bytes
+    fp: int
+    check: int
+    size: int
+    nb: int
+    marks: int  # MARK_* (layout/dtypes.py): the small queue's bit and the counter
+
+
 # What the put path takes: an Encoded, or its seven fields as a plain tuple (SharedCache.put builds one: a
 # NamedTuple costs it ~100 ns more, a tenth of a compiled put).
 Fields = tuple[bytes, int, bytes, int, int, int, int]

@@ -25,7 +25,8 @@ from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES,
     H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
     H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED,
-    KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST,
+    KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ,
+    MARK_SMALL, MARKS_VALID,
 )
 
 if TYPE_CHECKING:
@@ -150,11 +151,18 @@ class Table:
         # The one place eviction is decided (with evict_until and evict_one below). Slot allocation, index.insert's
         # first probe, lru.push_front (the entry's own links in the pack below) and block.value_at are inlined:
         # this is every new key's path.
-        kb, tag, body, fp, check, size, nb = encoded
+        if len(encoded) == 7:
+            kb, tag, body, fp, check, size, nb = encoded
+            placed = -1
+        else:  # a store.Placed: restored with the marks its entry had (-1: none, or a policy that keeps none)
+            kb, tag, body, fp, check, size, nb, placed = encoded
+            placed = placed & MARKS_VALID if self.pol.marks_on_hit else -1
         h, ent, ix, mm, pol = self.h, self.ent, self.ix, self.mm, self.pol
         # Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot).
         admit = self._admit
         probation = admit is not None and admit(self, fp)
+        if placed >= 0:  # (asked all the same: what it counts, as for any new key)
+            probation = bool(placed & MARK_SMALL)
         if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
             if pol.evicts_to_admit:
                 self.evict_until(1, size)
@@ -200,8 +208,10 @@ class Table:
         self.open_slot(s)  # (the entry and its block are no reader's until the slot names them)
         # Where it is linked: at the front (lru, keep, and main under s3fifo: Policy.link_new, inlined), or where
         # the policy puts a new key on probation (s3fifo: small's front).
-        if probation:
+        if probation or placed >= 0:
             p, n = pol.link_new(self, e, probation)
+            if placed > 0:
+                self.marks[e] |= placed & MARK_FREQ
         else:
             p, n = SENTINEL, ent[E_NEXT]  # after the sentinel, before the list's most recent entry
             self.marks[e] = 0
@@ -246,7 +256,7 @@ class Table:
         """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, touched as a
         hit is (``touch``), when the new block is as large as the old and the byte limit allows; False (nothing written)
         otherwise. Saves the free, the allocation and the index and list updates of a remove and insert."""
-        kb, tag, body, _, check, _, nb = encoded
+        kb, tag, body, _, check, _, nb = encoded[:7]  # (a store.Placed: its marks are a new entry's only)
         h, ent = self.h, self.ent
         b = e * _W
         klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]

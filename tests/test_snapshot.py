@@ -294,6 +294,50 @@ def test_restore_s3fifo_keeps_main_then_the_most_hit(name, other, tmp_path):
             e.unlink()
 
 
+@pytest.mark.parametrize("policy", ["s3fifo", "auto"])
+def test_restore_gives_each_entry_the_queue_and_counter_it_had(name, other, tmp_path, policy):
+    """A snapshot of an s3fifo or auto cache carries each entry's marks (its queue and hit counter), and a restore
+    into a cache of either policy places each new entry by them: main's entries in main with their counters, not
+    all of them in small with counters at 0, where the next puts would evict them first. (Under auto, a window at
+    its target gives its oldest to main as a restore fills it, as any fill does: all but its target's worth of an
+    s3fifo cache's small queue.)"""
+    path = tmp_path / "m.snap"
+    rng = random.Random(5)
+    with SharedCache(name, capacity_bytes=4 * MIB, max_entries=1000, create=True, policy=policy) as c:
+        for i in range(1600):
+            c.put(f"k{i}", make_value(f"k{i}", i, 40))
+            for _ in range(rng.randrange(3) if i % 2 else 0):
+                c.get(f"k{rng.randrange(i + 1)}")
+        before = {k: c._seg.marks_bytes[_slot(c, k)] for k in c}
+        assert {m & MARK_SMALL for m in before.values()} == {0, MARK_SMALL} and any(m & 3 for m in before.values())
+        c.snapshot(path)
+    for target in ("s3fifo", "auto"):
+        with SharedCache(unique_name("marks"), capacity_bytes=4 * MIB, max_entries=1000, create=True,
+                         policy=target) as d:
+            try:
+                assert d.restore(path).restored == len(before)
+                after = {k: d._seg.marks_bytes[_slot(d, k)] for k in d}
+                assert after.keys() == before.keys()
+                main = [k for k, m in before.items() if not m & MARK_SMALL]
+                assert all(after[k] == before[k] for k in main)  # main's, with their counters
+                moved = [k for k, m in before.items() if m & MARK_SMALL and after[k] != before[k]]
+                assert not any(after[k] & MARK_SMALL for k in moved)  # (its counter reset, as such a move does)
+                if target == policy:  # (auto's window is its own: an s3fifo small queue's entries pass to main)
+                    assert len(moved) <= (1 if target == "auto" else 0)
+                assert d.verify().ok and d.stats().entries == len(before)
+                for k in before:
+                    check_value(k, d.get(k))
+            finally:
+                d.unlink()
+    with SharedCache(unique_name("marks"), capacity_bytes=4 * MIB, max_entries=1000, create=True,
+                     policy="lru") as e:  # another policy takes them as it takes any new key
+        try:
+            assert e.restore(path).restored == len(before) and not any(e._seg.marks_bytes[_slot(e, k)] for k in e)
+            assert e.verify().ok
+        finally:
+            e.unlink()
+
+
 def _slot(c: SharedCache, key) -> int:
     from shmcache import index
     from shmcache.codec import encode_key, fingerprint
@@ -389,17 +433,18 @@ def _restored(name: str, path, python: bool, capacity: int, entries: int, policy
             st = d.stats()
             counts = (st.entries, st.retained_bytes, st.puts, st.evictions, st.too_large, st.kinds)
             items = list(d.items())  # in the policy's order
-            return r._replace(seconds=0), dict(items), counts, [k for k, _ in items], d.verify().ok
+            marks = [d._seg.marks_bytes[_slot(d, k)] for k, _ in items]  # (s3fifo, auto: each one's queue and counter)
+            return r._replace(seconds=0), dict(items), counts, [k for k, _ in items], d.verify().ok, marks
         finally:
             d.unlink()
 
 
-@pytest.mark.parametrize("policy", ["lru", "s3fifo", "keep"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "keep", "auto"])
 def test_restore_compiled_and_python_paths_agree_on_damaged_files(name, other, tmp_path, policy):
     """The compiled section's two passes (Core.snapshot_plan, snapshot_restore) are held to the Python ones on the
     same files: whole, with bytes flipped in heads, keys, bodies and checks, cut short, with garbage and copies of
     records spliced in, restored into a cache that takes all or half of it: the same result, the same items, the
-    same counts and the same order, and a cache that verifies."""
+    same counts, the same order and the same marks, and a cache that verifies."""
     from shmcache import core
 
     if core.PATH != "compiled":
