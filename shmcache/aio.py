@@ -26,9 +26,8 @@ from typing import Any, TypeVar
 from . import flight
 from .durations import seconds
 from .oversize import Computation
-from .guard import FUTEX_WORD
 from .layout.dtypes import H_DIRTY
-from .lock import FUTEX_TID_MASK
+from .lock import FUTEX_TID_MASK, FUTEX_WORD
 
 R = TypeVar("R")
 

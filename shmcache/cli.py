@@ -301,7 +301,7 @@ def cmd_ls(args) -> int:
         return 0
     if not caches:
         print("no shmcache caches on this host" + (" match" if args.patterns else ""))
-        print(hot_path())
+        print(core.hot_path())
         return 0
     rows = [["NAME", "STATE", "SIZE", "ENTRIES", "FILL", "HIT RATIO", "OWNER", "CREATOR", "AGE", "LAST WRITE",
              "ATTACHED"]]
@@ -321,16 +321,8 @@ def cmd_ls(args) -> int:
         rows.append([_shown(c["name"]), c["state"], size, f"{c['entries']}/{c['max_entries']}",
                      f"{c['fill']:.0%}", f"{c['hit_ratio']:.1%}", *age])
     print(_table(rows))
-    print(hot_path())
+    print(core.hot_path())
     return 0
-
-
-def hot_path() -> str:
-    """Which implementation of the locked operations this installation runs (the same segments either way)."""
-    if core.PATH == "compiled":
-        return "hot path: compiled (shmcache._core)"
-    why = "SHMCACHE_PURE_PYTHON=1" if os.environ.get("SHMCACHE_PURE_PYTHON") == "1" else "the extension is not built"
-    return f"hot path: pure Python ({why})"
 
 
 def cmd_stats(args) -> int:
@@ -347,7 +339,7 @@ def cmd_stats(args) -> int:
                     print(_table([[f"kind {k!r}", f"{_count(v['entries'], 'entry', 'entries')}, "
                                                   f"{_count(v['retained_bytes'], 'byte', 'bytes')}"]
                                   for k, v in d["kinds"].items()]))
-                print(hot_path())
+                print(core.hot_path())
 
             if args.prometheus:
                 print(prometheus_text({c.name: stats}), end="")

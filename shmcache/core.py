@@ -12,74 +12,31 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
-from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
-from . import ofd, policies
+from . import entries, ofd, policies
 from .policies import auto
-from .arena import block_nbytes
-from ._sources import sources_digest
-from .errors import CompiledSectionMissing
 from .codec import (
-    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, EncodedKey, array_over, encode_key, xxh3,
+    MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum,
+    encode_key, xxh3,
 )
+from .compiled import HANDOVER, PATH, PINNED, TIMEOUT, Core, Raw, last_wait, word_try
+from .compiled import extension as _core
+from .errors import ClosedError, PinnedError
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout import dtypes as d
-from .lock import HOLDER_BASE, HOLDER_OFF, HOLDER_SLOTS, TAKEOVERS, WAKES_OFF
+from .lock import HOLDER_BASE, HOLDER_OFF, HOLDER_SLOTS, WAKES_OFF
+from .readers import READER_BASE, Reader
 from .serializers import TAG_PICKLE
+from .store import UNVIEWABLE, Fields
+from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look
 
-_PURE_ASKED = os.environ.get("SHMCACHE_PURE_PYTHON") == "1"
-try:
-    if _PURE_ASKED:
-        raise ImportError("SHMCACHE_PURE_PYTHON=1")
-    from . import _core  # (shmcache/_core.pyi describes it)
-
-    _here = sources_digest(os.path.dirname(os.path.abspath(__file__)))
-    if _core.SOURCES and _here is not None and _here != _core.SOURCES:
-        raise ImportError("it was built from other C sources than those beside it: rebuild it")
-except ImportError as exc:
-    _core = None  # type: ignore[assignment]  # (None: the pure-Python path)
-    if not _PURE_ASKED:
-        _missing = exc
-
-Core: Any = None if _core is None else _core.Core  # the compiled section's type; None: not built (or not wanted)
-PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` / `stats` print as the hot path
-# What a Core bound without a fallback answers (tests/test_core.py drives it so): the handles bind one with a
-# HandOver, which takes these calls itself.
-HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
-PINNED = None if _core is None else _core.PINNED  # pinned entries left no room, or a view pins the key's entry
-Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (HandOver.finish)
-TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C
-
-
-def _missing_message(exc: ImportError) -> str:
-    """Why the compiled section is missing, and what to do, for the warning an import without it gives."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    if not any(os.path.exists(os.path.join(here, "_core" + suffix)) for suffix in EXTENSION_SUFFIXES):
-        exc = ImportError(f"no {os.path.join(here, '_core')}{EXTENSION_SUFFIXES[0]} was built")
-    if os.path.exists(os.path.join(root, "pyproject.toml")) and os.path.exists(os.path.join(root, "setup.py")):
-        fix = (f"shmcache was imported from the source checkout {root}, where it is not built (or was built from "
-               "other sources): build it in place "
-               "(`pip install -e .`, or `python setup.py build_ext --inplace`), or run from another directory to "
-               "import the installed copy")
-    else:
-        fix = ("reinstall with a C compiler and the Python headers (`pip install -v shmcache` shows the build), or "
-               "install a wheel")
-    return (f"shmcache's compiled section (shmcache._core) is not available ({exc}): every call runs the pure-Python "
-            f"path, several times slower. {fix}. Set SHMCACHE_PURE_PYTHON=1 to choose the pure path and silence "
-            "this warning.")
-
-
-if _core is None and not _PURE_ASKED:
-    warnings.warn(_missing_message(_missing), CompiledSectionMissing, stacklevel=2)
-
-if block_nbytes(0) != BLOCK_HEADER_NBYTES:
-    raise ImportError("shmcache.core: a block of no payload is not its header alone, as _core_arena.c assumes")
+# (what the modules above read of the compiled section here, as before it had a module of its own: compiled.py)
+__all__ = ["Core", "HANDOVER", "PATH", "PINNED", "Raw", "TIMEOUT", "HandOver", "Reference", "bind", "hot_path",
+           "last_wait", "offsets", "path", "word_try"]
 
 _WORDS = (
     "E_PREV", "E_NEXT", "E_FP", "E_OFF", "E_KEY_NBYTES", "E_VAL_NBYTES", "E_SLOT", "E_CHECK", "I_FP", "I_ENTRY",
@@ -100,23 +57,13 @@ _AUTO_TUNING = ("WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVE
                 "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM")
 
 
-def last_wait() -> tuple[float, int, int] | None:
-    """How long the calling thread's last wait for the lock took in the compiled section, in seconds, how many
-    timeouts it added while the holder made progress, and the holder it gave up on (a thread id; 0: none) (None:
-    not built)."""
-    return None if _core is None else _core.last_wait()
-
-
-def word_try():
-    """The Python path's try of the lock's word when the compiled section is built (``_core.try_word``: a
-    compare-and-swap, no system call); None: not built, the kernel's FUTEX_TRYLOCK_PI is used."""
-    return None if _core is None else _core.try_word
-
-
-def lock_takeovers() -> int:
-    """Holders judged gone whose lock this process took over (lock.py ``SegmentLock.take_over``; the compiled
-    section leaves that to the Python path)."""
-    return TAKEOVERS[0]
+def hot_path() -> str:
+    """Which implementation of the locked operations this installation runs (the same segments either way): what
+    ``shmcache ls``, ``stats`` and ``bench`` print."""
+    if PATH == "compiled":
+        return "hot path: compiled (shmcache._core)"
+    why = "SHMCACHE_PURE_PYTHON=1" if os.environ.get("SHMCACHE_PURE_PYTHON") == "1" else "the extension is not built"
+    return f"hot path: pure Python ({why})"
 
 
 def offsets(geometry) -> dict[str, int]:
@@ -163,15 +110,7 @@ def bind(seg, lock_timeout: float, fallback: HandOver | None = None):
 # ----------------------------------------------------------------------------------------------- the one dispatch
 # A handle calls one object for its hot calls: its Core when the compiled section is built, bound with a HandOver
 # that takes whatever the C does not finish (the C calls it: a hand-over costs the fast path nothing), else a
-# Reference. Both answer the same methods with the same arguments. Imported here, below what they import of this
-# module (guard.py: last_wait; view.py: _core), because the package's first import is this module's (cache.py).
-from . import entries  # noqa: E402
-from .codec import array_checksum, body_checksum  # noqa: E402
-from .errors import ClosedError, PinnedError  # noqa: E402
-from .store import UNVIEWABLE, Fields  # noqa: E402
-from .readers import READER_BASE, Reader  # noqa: E402
-from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look  # noqa: E402
-
+# Reference. Both answer the same methods with the same arguments.
 if _core is not None:
     _core.setup_keys(encode_key, EncodedKey)  # what Core.get_key and view_key encode a key that is not a str with
 

@@ -315,10 +315,9 @@ def _mib(n: int) -> str:
 
 
 def _print_report(r: dict, params: dict) -> None:
-    from .cli import hot_path
 
     print(f"\n{r['workers']} workers, {r['seconds']:.1f} s, {params['keys']:,} Zipf keys, "
-          f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value; {hot_path()}")
+          f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value; {core.hot_path()}")
     n = r["workers"]
     same, larger = r["private"]
     rows = [

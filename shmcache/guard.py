@@ -29,11 +29,10 @@ from .layout.dtypes import (
 )
 from . import lock
 from .lock import FUTEX_TID_MASK, FUTEX_WAITERS, Reentered, SegmentLock, futex_trylock, me, signals_deferred
-from .core import last_wait, word_try
+from .compiled import last_wait, word_try
 from .seqlock import close_seq, open_seq
 from .verify import check, repair, settle_tables
 
-FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's word holding the futex word (low 32 bits: the holder's tid)
 # What damaged shared data makes a locked section raise; anything else (Ctrl-C, an exception from a signal handler)
 # is an interruption, which needs a repair only if it cut an update short (the dirty word says).
 _DAMAGE = (CorruptionError, ValueError) + MALFORMED

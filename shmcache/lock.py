@@ -65,7 +65,7 @@ import weakref
 
 from . import ofd
 from .errors import LockTimeout, ReentrantCallError
-from .layout.dtypes import H_PROGRESS, MAX_COUNTER
+from .layout.dtypes import H_LOCK_OFF, H_PROGRESS, MAX_COUNTER
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
@@ -76,6 +76,7 @@ _PATIENCE = 1000  # a waiter gives a holder whose long walk makes progress (a re
 PROGRESS_MASK = MAX_COUNTER - 1  # the progress word wraps below MAX_COUNTER (a power of two)
 TICK_EVERY = 4095  # steps of a cheap walk under the lock between moves of the progress word, less one (a mask)
 FUTEX_TID_MASK = 0x3FFFFFFF  # the word's holder thread id
+FUTEX_WORD = H_LOCK_OFF // 8  # the lock page's 8-byte word holding the futex word (low 32 bits: the holder's tid)
 FUTEX_WAITERS = 0x80000000  # the word's bit for "a thread sleeps on it": the unlock then wakes one
 HOLDER_OFF = 4  # the holder-slot word, after the futex word
 WAKES_OFF = 8  # the wake count: sleepers wait on it, an unlock that found WAITERS adds 1 and wakes one

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import core, ofd, tensors
+from . import compiled, ofd, tensors
 from .errors import ClosedError
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_TENSOR, array_layout, body_checksum
 
@@ -479,7 +479,7 @@ class PyView:
         obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
 
 
-_core: Any = core._core
+_core: Any = compiled.extension
 if TYPE_CHECKING:
     View = PyView  # what type checkers read: _core.View (shmcache/_view.c) has the same methods, written in C
 else:

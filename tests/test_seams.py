@@ -21,8 +21,8 @@ ALLOWED = {
     ("view.py", "_getframe"),  # sys._getframe: the caller's frame, to name who leaked a view
     ("lru.py", "_lru_cache_wrapper"),  # the docstring's reference to functools' own sentinel design
 }
-# (module, name) imports of a private module of the package itself: the compiled extension.
-ALLOWED_IMPORTS = {("core.py", "_core")}
+# (module, name) imports of a private module of the package itself: the compiled extension, loaded in one place.
+ALLOWED_IMPORTS = {("compiled.py", "_core")}
 _DEFINED = re.compile(r"(?:def|class)\s+(_[a-z]\w*)|(?:self|cls)\.(_[a-z]\w*)\s*(?::[^=]*)?=|^\s+(_[a-z]\w*)\s*[:=]",
                       re.M)
 _USED = re.compile(r"\b(?!self\b|cls\b)([A-Za-z_]\w*)\.(_[a-z]\w*)")
@@ -184,3 +184,179 @@ def test_seams_a_policy_is_asked_never_tested_by_its_number():
                     and path.name != "_core_binding.c":
                 offenders.append(f"{path.name}:{n}: {line.strip()}")
     assert offenders == []
+
+
+# ------------------------------------------------------------------------------------------- the import graph
+# The package's modules import one another without a cycle, at import time or later (an import inside a function is
+# a dependency too); and downward only through docs/design.md's module map, whose layers (entry points, adapters, the
+# Redis tier, the facade, the dispatch, the parts, the compiled section, ...) are read from the map itself, so that
+# the map a reader follows is the graph the code has. Imports for type checkers alone (``if TYPE_CHECKING:``) do not
+# count: they never run.
+
+
+def _module_name(path: pathlib.Path, package: pathlib.Path) -> str:
+    """``tier/tiered`` for shmcache/tier/tiered.py, ``tier/__init__`` for the tier package."""
+    return path.relative_to(package).with_suffix("").as_posix()
+
+
+def _imports(path: pathlib.Path, package: pathlib.Path, names: set[str]) -> set[str]:
+    """The modules of the package (by ``_module_name``) that ``path`` imports when it runs."""
+    tree = ast.parse(path.read_text())
+    checking = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            checking |= {id(n) for n in ast.walk(node)}
+    here = _module_name(path, package).split("/")[:-1]  # the importing module's package, as parts
+    found = set()
+
+    def add(parts: list[str]) -> None:
+        name = "/".join(parts)
+        if name in names:
+            found.add(name)
+        elif f"{name}/__init__" in names or not name:
+            found.add(f"{name}/__init__" if name else "__init__")
+
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == package.name:
+                    add(alias.name.split(".")[1:])
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else list(here)
+            elif (node.module or "").split(".")[0] == package.name:
+                base = []
+            else:
+                continue
+            mod = base + ([p for p in (node.module or "").split(".") if p] if node.level else
+                          node.module.split(".")[1:])
+            for alias in node.names:  # a submodule imported by name, else the module itself
+                sub = "/".join(mod + [alias.name])
+                if sub in names or f"{sub}/__init__" in names:
+                    add(mod + [alias.name])
+                else:
+                    add(mod)
+    found.discard(_module_name(path, package))
+    return found
+
+
+def import_graph(package: pathlib.Path) -> dict[str, set[str]]:
+    """Each module of ``package`` (``_module_name``) and the package's modules it imports when it runs; an extension
+    module (one the package describes with a stub: ``_core.pyi``) is a module that imports nothing."""
+    paths = sorted(package.rglob("*.py"))
+    extensions = {p.stem for p in package.glob("*.pyi")}
+    names = {_module_name(p, package) for p in paths} | extensions
+    graph = {_module_name(p, package): _imports(p, package, names) for p in paths}
+    return graph | {name: set() for name in extensions}
+
+
+def a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (its modules in order, the first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
+    path: list[str] = []
+
+    def walk(v: str) -> list[str] | None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state and (found := walk(w)):
+                return found
+        path.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (found := walk(v)):
+            return found
+    return None
+
+
+def map_layers(design: str) -> list[tuple[str, list[str]]]:
+    """The layers of docs/design.md's module map, top first: (label, the names listed in it). A name is a module's
+    path in the package without ``.py`` (``tier/steps`` for a branch ``|- steps`` under ``tier/tiered``), or a
+    package's with a slash (``policies/``); names of the compiled section's C files start with an underscore."""
+    block = design[design.index("## 1. Module map"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[: block.index("```")]
+    layers: list[tuple[str, list[str]]] = []
+    parent = ""
+    for line in block.splitlines():
+        label = re.match(r"^ ([A-Za-z][A-Za-z /]*?)\s{2,}(.*)$", line)
+        rest = line
+        if label and not line.startswith("  "):
+            layers.append((label.group(1).strip(), []))
+            rest = " " * 16 + label.group(2)
+        entry = re.match(r"^ {15,17}([|`]- )?([\w/.]+)(?: -> ([\w/]+))? \.{3,}", rest)
+        if entry and layers:
+            branch, name, target = entry.groups()
+            if branch and "/" in parent:
+                name = parent.split("/")[0] + "/" + name
+            if not branch:
+                parent = name
+            layers[-1][1].extend([name] + ([target] if target else []))
+    return layers
+
+
+def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
+    """The index in ``layers`` of the layer that lists ``module`` (``_module_name``): by its name, or by its
+    package's (``policies/`` holds ``policies/lru``; a package's ``__init__`` goes with its modules)."""
+    for i, (_, names) in enumerate(layers):
+        for name in names:
+            if name == module or (name.endswith("/") and module.startswith(name)):
+                return i
+    if module.endswith("/__init__"):
+        package = module[: -len("__init__")]
+        found = [i for i, (_, names) in enumerate(layers) for name in names if name.startswith(package)]
+        return min(found) if found else None
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]], layers) -> list[str]:
+    """Modules the map does not place, and imports that go up the map."""
+    out = [f"{m} is in no layer of the module map" for m in sorted(graph) if layer_of(m, layers) is None]
+    for m in sorted(graph):
+        mine = layer_of(m, layers)
+        for dep in sorted(graph[m]):
+            theirs = layer_of(dep, layers)
+            if mine is not None and theirs is not None and theirs < mine:
+                out.append(f"{m} ({layers[mine][0]}) imports {dep}, a layer above ({layers[theirs][0]})")
+    return out
+
+
+def test_seams_the_package_imports_form_no_cycle():
+    graph = import_graph(PACKAGE)
+    assert "core" in graph["cache"] and "compiled" in graph["guard"]  # (the graph is read at all)
+    assert a_cycle(graph) is None, " -> ".join(a_cycle(graph) or [])
+
+
+def test_seams_the_module_maps_layers_call_downward_only():
+    layers = map_layers((PACKAGE.parent / "docs" / "design.md").read_text())
+    labels = [label for label, _ in layers]
+    assert labels[0] == "entry points" and labels[-1] == "spec" and len(labels) >= 8, labels
+    assert layer_violations(import_graph(PACKAGE), layers) == []
+
+
+def test_seams_import_checks_catch_a_cycle_and_an_upward_import(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "top.py").write_text("from . import low\n")
+    (package / "low.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import top\n")
+    (package / "sub" / "leaf.py").write_text("def f():\n    from ..top import g\n")
+    graph = import_graph(package)
+    assert graph["top"] == {"low"} and graph["low"] == set() and graph["sub/leaf"] == {"top"}
+    assert a_cycle(graph) is None
+    (package / "low.py").write_text("import pkg.sub.leaf\n")
+    graph = import_graph(package)
+    assert a_cycle(import_graph(package)) == ["low", "sub/leaf", "top", "low"]
+    design = ("## 1. Module map\n\n```\n top layer      top ........ t\n                sub/ ....... s\n\n"
+              " bottom         low ........ l\n```\n")
+    layers = map_layers(design)
+    assert layers == [("top layer", ["top", "sub/"]), ("bottom", ["low"])]
+    assert layer_violations(graph, layers) == ["__init__ is in no layer of the module map",
+                                               "low (bottom) imports sub/leaf, a layer above (top layer)"]
