@@ -164,8 +164,7 @@ class _Memo:
         self._first = _first_parameter(func)
         # Whether args[0] is an instance (or class) even when called unbound: Area.area(a, 5) is a.area(5).
         self._takes_instance = self._binds == "class" or (self._binds == "self" and self._first in _INSTANCE_NAMES)
-        self._counts = [0, 0]  # hits, misses of this process
-        self._lock = threading.Lock()
+        self._counts = Tally()  # hits, misses of this process
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(args, kwargs, False)
@@ -250,8 +249,7 @@ class _Memo:
 
     def count(self, computed: bool) -> None:
         """Count a call of this process: computed here (a miss), or served from the cache (a hit)."""
-        with self._lock:
-            self._counts[computed] += 1
+        self._counts.add(computed)
 
     @property
     def timeout(self) -> float | None:
@@ -264,8 +262,7 @@ class _Memo:
     def cache_info(self) -> MemoInfo:
         """This process's hits and misses; the cache's entry limit and the function's entries in it (a pass over
         the cache's entries, under its lock)."""
-        with self._lock:
-            hits, misses = self._counts
+        hits, misses = self._counts.totals()
         return MemoInfo(hits, misses, self._family.maxsize(), self._family.count(self._prefix))
 
     def cache_parameters(self) -> dict[str, Any]:
@@ -277,12 +274,45 @@ class _Memo:
 
     def cache_clear(self) -> int:
         """Remove this function's entries from the shared cache (for every process); how many there were."""
-        with self._lock:
-            self._counts[0] = self._counts[1] = 0
+        self._counts.clear()
         return self._family.delete(self._prefix)
 
     def __repr__(self) -> str:
         return f"<memoized {self.cache_name} in {self._cache!r}>"
+
+
+class Tally:
+    """A process's hits and misses of one memoized function, counted without a lock: each thread adds to a row of
+    its own (one dict item, which only that thread writes), and the totals are the sums of the rows of the current
+    generation, which clear() moves on. Why no lock: a ``with lock:`` that an exception from a signal handler (Ctrl-C,
+    a task's time limit) interrupts right after the acquire leaves the lock held for ever on CPython 3.14, whose
+    ``with`` calls ``__enter__`` with an ordinary call that checks for pending signals before the block is entered;
+    the next count would then wait for ever. Here an interruption costs at most the count under way."""
+
+    __slots__ = ("_rows", "_generation")
+
+    def __init__(self) -> None:
+        self._rows: dict[int, list[int]] = {}  # thread id -> [generation, hits, misses]
+        self._generation = 0
+
+    def add(self, computed: bool) -> None:
+        """One call of this thread: computed here (a miss), or served from the cache (a hit)."""
+        me, generation = threading.get_ident(), self._generation
+        row = self._rows.get(me)
+        if row is None or row[0] != generation:
+            row = [generation, 0, 0]
+            self._rows[me] = row  # (a thread that reuses an ended one's id takes its row on: the totals stay)
+        row[1 + computed] += 1
+
+    def totals(self) -> tuple[int, int]:
+        """(hits, misses) since the last clear()."""
+        generation = self._generation
+        rows = [row for row in list(self._rows.values()) if row[0] == generation]
+        return sum(row[1] for row in rows), sum(row[2] for row in rows)
+
+    def clear(self) -> None:
+        """Start the counts again from 0 (a count under way in another thread meanwhile may be lost)."""
+        self._generation += 1
 
 
 class _Bound:

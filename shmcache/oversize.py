@@ -11,7 +11,6 @@ the lock: each process says it once, and ``stats().too_large`` is the figure eve
 from __future__ import annotations
 
 import inspect
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -57,16 +56,15 @@ class Told:
     """The families one handle has warned about, so that each is told once."""
 
     def __init__(self) -> None:
-        self._families: set[str] = set()
-        self._lock = threading.Lock()
+        self._families: dict[str, object] = {}
 
     def first(self, family: str) -> bool:
-        """Whether ``family`` is told now for the first time (then it is remembered)."""
-        with self._lock:
-            if family in self._families or len(self._families) >= MAX_FAMILIES:
-                return False
-            self._families.add(family)
-            return True
+        """Whether ``family`` is told now for the first time (then it is remembered). One ``setdefault``, atomic,
+        rather than a lock: an exception from a signal handler can leave no lock held (memo.Tally says why)."""
+        if len(self._families) >= MAX_FAMILIES:
+            return False
+        mine = object()
+        return self._families.setdefault(family, mine) is mine
 
     def refused(self, exc: TooLargeError, cache: str, key: Any, fn: Any, kind_name: Callable[[int], str]) -> None:
         """Warn, if its family was not told yet, that ``fn``'s value for ``key`` was refused (``exc``) by the

@@ -371,3 +371,58 @@ def test_memoize_a_memoized_function_pickles_by_name():
     from . import workers
 
     assert pickle.loads(pickle.dumps(workers.memo_slow_square)) is workers.memo_slow_square
+
+
+def test_memoize_counts_every_thread_and_an_interrupted_count_blocks_nothing(cache):
+    """cache_info() counts the calls of every thread exactly, and clear() starts them again; an exception raised at
+    any line of a count (as a signal handler's would be) costs at most that count and blocks no later call: the
+    counts take no lock, which an interruption between its acquire and its block would leave held (CPython 3.14's
+    ``with``: memo.Tally)."""
+    import sys
+    import threading
+
+    from shmcache.memo import Tally
+
+    @cache.memoize(name="counted")
+    def double(x):
+        return 2 * x
+
+    def calls():
+        for i in range(500):
+            assert double(i % 50) == 2 * (i % 50)
+
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    info = double.cache_info()
+    assert info.hits + info.misses == 2000 and 50 <= info.misses
+    double.cache_clear()
+    assert double.cache_info()[:2] == (0, 0)
+
+    tally = Tally()
+    lines = {n for n in range(Tally.add.__code__.co_firstlineno, Tally.add.__code__.co_firstlineno + 12)}
+    interrupted = 0
+    for at in sorted(lines):
+        def trace(frame, event, arg, at=at):
+            if frame.f_code is Tally.add.__code__:
+                if event == "line" and frame.f_lineno == at:
+                    raise KeyboardInterrupt
+                return trace
+            return None
+
+        sys.settrace(trace)
+        try:
+            tally.add(True)
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            sys.settrace(None)
+        before = tally.totals()
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (tally.add(False), done.set()))
+        t.start()
+        t.join(10)
+        assert done.is_set() and tally.totals() == (before[0] + 1, before[1])
+    assert interrupted >= 3  # (the trace reached the lines of a count)
