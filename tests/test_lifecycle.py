@@ -360,7 +360,9 @@ def test_lifecycle_a_handle_in_a_reference_cycle_is_collected(name):
 
     try:
         ref = make()
-        gc.collect()
+        for _ in range(3):  # (CPython 3.15 frees a cycle whose objects have finalizers a collection after it runs them)
+            if not gc.collect():
+                break
         assert ref() is None  # collected, cycle and all
     finally:
         SharedCache.unlink_name(name)

@@ -35,6 +35,15 @@ SUITES = frozenset({
     "test_tiered_fleet", "test_tiered_hostile", "test_tiered_races", "test_torch",
 })
 LINT = frozenset({"test_typing"})
+# The modules whose results may hang on the interpreter itself (its C API, frames and reference counts, garbage
+# collector, where it runs signal handlers, its standard types): CI runs them on every claimed Python, the whole
+# suite on the newest pyenv has, and .ci/nightly the whole locked tier on every one (docs/testing.md, "CI").
+VERSIONED = frozenset({
+    "test_cache", "test_codec", "test_core", "test_interrupts", "test_lifecycle", "test_stdtypes", "test_stress",
+    "test_unpack", "test_view",
+})
+if not VERSIONED <= LOCKED | UNIT:
+    raise ValueError(f"VERSIONED names modules of no tier run on every Python: {sorted(VERSIONED - LOCKED - UNIT)}")
 TIERS = {"locked": LOCKED, "unit": UNIT, "suites": SUITES, "lint": LINT}
 
 
