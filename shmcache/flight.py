@@ -60,14 +60,22 @@ _HELD: dict = {}  # id -> weak reference to the FileIO of every claim of this pr
 # without release closes its file as it goes; a plain dict of bare references costs a fraction of a WeakSet)
 _REGISTRY = threading.RLock()  # guards _HELD against fork, held only for an open (reentrant: a signal handler may
 # itself call get_or_compute)
+# How long an open or a fork waits for the registry before it goes on without it. A registry is held for a few
+# microseconds, unless an exception from a signal handler left it held: on CPython 3.14 one can land between a
+# lock's acquire and the block that releases it (memo.Tally says how), and then every other thread's claims and
+# forks would wait for ever. Going on without it costs only the registry's guarantee, for that one fork: a child
+# that forked meanwhile may keep a copy of the claim's description until it exits or execs.
+_REGISTRY_WAIT_S = 1.0
+_FORKING: dict[int, bool] = {}  # thread id -> whether its fork took the registry (the hooks run in that thread)
 
 
 def _before_fork() -> None:
-    _REGISTRY.acquire()
+    _FORKING[threading.get_ident()] = _REGISTRY.acquire(timeout=_REGISTRY_WAIT_S)
 
 
 def _after_fork_in_parent() -> None:
-    _REGISTRY.release()
+    if _FORKING.pop(threading.get_ident(), False):
+        _REGISTRY.release()
 
 
 def _after_fork_in_child() -> None:
@@ -79,6 +87,7 @@ def _after_fork_in_child() -> None:
         if file is not None:
             file.close()
     _HELD.clear()
+    _FORKING.clear()
     _REGISTRY = threading.RLock()
 
 
@@ -96,9 +105,13 @@ def open_description(segment_fd: int) -> io.FileIO:
     held back (pthread_sigmask costs ~8 us a bracket here, more than the rest of a claim). Ordering: open and
     registry under the registry's lock, which fork takes first: a child never inherits a claim's description the
     registry misses."""
-    with _REGISTRY:
+    held = _REGISTRY.acquire(timeout=_REGISTRY_WAIT_S)
+    try:
         file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
         _HELD[id(file)] = weakref.ref(file)
+    finally:
+        if held:
+            _REGISTRY.release()
     return file
 
 

@@ -293,3 +293,40 @@ def test_flight_racing_close_raises_closed_error_and_never_touches_a_reused_desc
     finally:
         sys.setswitchinterval(old)
     assert set(errors) == {"ClosedError"}, errors
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_registry_left_held_delays_claims_and_forks_never_hangs_them(cache, monkeypatch):
+    """The registry of claim descriptions (flight._REGISTRY), held by a thread that never lets go (as an exception
+    from a signal handler can leave a lock on CPython 3.14: memo.Tally says how), delays another thread's claims and
+    forks by flight._REGISTRY_WAIT_S at most: they go on without it, every value right, the claims released."""
+    from shmcache import flight
+
+    monkeypatch.setattr(flight, "_REGISTRY_WAIT_S", 0.2)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        flight._REGISTRY.acquire()  # and never released while the test runs
+        held.set()
+        done.wait(30)
+        flight._REGISTRY.release()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        assert cache.get_or_compute("k", lambda: make_value("k", 1, 100)) is not None
+        check_value("k", cache.get("k"))
+        pid = os.fork()
+        if pid == 0:  # (the child: the hooks ran, nothing waited for ever)
+            os._exit(0 if cache.get("k") is not None else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert time.monotonic() - started < 10
+        # every claim's description closed (its lock with it), though opened without the registry's lock
+        assert all(ref() is None or ref().closed for ref in list(flight._HELD.values()))
+    finally:
+        done.set()
+        t.join(10)
+    assert cache.get_or_compute("j", lambda: make_value("j", 2, 100)) is not None  # and the registry works again

@@ -30,6 +30,10 @@ EXPIRED = 1e-9
 # so a child forked by any means opens its own; the fork hook also forgets the parent's at once.
 _handles: dict[tuple, tuple[int, SharedCache]] = {}
 _opening = threading.Lock()
+# How long an open waits for another's before it goes on alone (two handles on one cache then, one of them
+# dropped): never for ever, as it would for a lock an exception from a signal handler left held (flight.py's
+# _REGISTRY_WAIT_S says how that happens on CPython 3.14).
+_OPENING_WAIT_S = 5.0
 
 
 def unknown_options(options: Mapping[str, Any]) -> list[str]:
@@ -56,19 +60,22 @@ class ProcessHandle:
 
     def _open(self) -> SharedCache:
         pid = os.getpid()
-        with _opening:
+        held = _opening.acquire(timeout=_OPENING_WAIT_S)
+        try:
             entry = _handles.get(self.key)
             if entry is None or entry[0] != pid:
                 entry = _handles[self.key] = pid, SharedCache(self.name, **self.options)
+        finally:
+            if held:
+                _opening.release()
         return entry[1]
 
 
 def close_handles() -> None:
     """Close this process's handles; every backend opens its cache again on next use. For tests, and for a process
     that wants its mappings gone before it exits."""
-    with _opening:
-        entries = list(_handles.values())
-        _handles.clear()
+    entries = list(_handles.values())
+    _handles.clear()  # (no lock: a handle opened meanwhile stays open, for its caller)
     for pid, handle in entries:
         if pid == os.getpid():
             handle.close()

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import math
 import socket
-import threading
 import time
 import urllib.parse
 import weakref
@@ -254,8 +253,7 @@ class Remote:
         self._factory = factory  # () -> a redis-py client; called on first use, so a Redis down at start is contained
         # () -> a redis-py asyncio client, or None: the asyncio API then runs the synchronous calls in a thread
         self._afactory = afactory
-        self._client = None
-        self._scripts: list[Any] = []  # registered with the client (Redis's script objects)
+        self._sync: tuple[Any, list[Any]] | None = None  # (the client, the scripts registered with it): _connection
         # One asyncio client per event loop: an asyncio client's connections belong to the loop that made them.
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.ns = namespace.encode()
@@ -265,23 +263,30 @@ class Remote:
         self.rows = rows  # rows.row is this process's stats row (it changes in a forked child)
         self.retry_interval = retry_interval
         self._down_until = 0.0
-        self._down = False
+        # The outage state: "down" is in it while Redis is judged down (from the failure that opened the circuit to
+        # the next call that succeeds). Kept in a dict so that each change is one atomic step (setdefault, pop) and
+        # needs no lock: a lock an exception from a signal handler leaves held would stop every thread's calls
+        # (memo.Tally says how CPython 3.14's ``with`` lets that happen).
+        self._outage: dict[str, object] = {}
         self._logged: dict[str, float] = {}
-        self._lock = threading.Lock()  # guards the clients' creation and the outage state
 
     @property
     def client(self):
         """The redis-py client, made on first use (raises what making it raises, or RemoteError while Redis is
-        in its retry interval: threads that queued to make it do not each try again)."""
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    if self._skipping():
-                        raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
-                    client = self._factory()
-                    self._scripts = [client.register_script(s) for s in _SCRIPTS]
-                    self._client = client
-        return self._client
+        in its retry interval)."""
+        return self._connection()[0]
+
+    def _connection(self) -> tuple[Any, list[Any]]:
+        """(the redis-py client, the scripts registered with it), made on first use. Without a lock: threads that
+        find none at once each make one, and the last one kept serves them all after (a redis-py client connects
+        when first asked, so the others cost their objects alone)."""
+        got = self._sync
+        if got is None:
+            if self._skipping():
+                raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
+            client = self._factory()
+            got = self._sync = (client, [client.register_script(s) for s in _SCRIPTS])
+        return got
 
     def _aclient(self, loop) -> tuple:
         """(the asyncio client of ``loop``, its scripts), made on first use in that loop."""
@@ -294,15 +299,14 @@ class Remote:
         return got
 
     def _skipping(self) -> bool:
-        return self._down and time.monotonic() < self._down_until
+        return "down" in self._outage and time.monotonic() < self._down_until
 
     def after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()  # another thread may have held it at the fork
         self._aclients = weakref.WeakKeyDictionary()  # the parent's loops do not run here
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        if self._sync is not None:
+            self._sync[0].close()
         # The asyncio clients' connections go with their loops (a loop not running cannot close them).
         self._aclients = weakref.WeakKeyDictionary()
 
@@ -325,7 +329,7 @@ class Remote:
             raise self._skipped(what)
         t0 = time.perf_counter_ns()
         try:
-            result = fn(self.client, self._scripts)
+            result = fn(*self._connection())
         except RemoteError:
             self.rows.row[C_REMOTE_SKIPPED] += 1  # from ``client``: the circuit opened while this thread waited
             raise
@@ -359,7 +363,7 @@ class Remote:
         row[C_REMOTE_CALLS] += 1
         row[C_REMOTE_NS] += ns
         row[C_LATENCY + _bucket(ns)] += 1
-        if self._down:
+        if "down" in self._outage:
             self._recovered()
 
     def _contained(self, what: str, exc: Exception) -> RemoteError:
@@ -376,10 +380,9 @@ class Remote:
         outage = (not isinstance(exc, redis.exceptions.ResponseError) or str(exc).startswith(_OUTAGE_REPLIES)
                   or isinstance(exc, _outage_classes(redis)))  # a bug of redis-py's too: better skipped a while
         if outage:
-            with self._lock:
-                first = not self._down
-                self._down = True
-                self._down_until = time.monotonic() + self.retry_interval
+            self._down_until = time.monotonic() + self.retry_interval
+            mine = object()
+            first = self._outage.setdefault("down", mine) is mine
             if first:
                 log.warning("shmcache: Redis %s failed (%r); serving from the local cache, retrying every %g s",
                             what, exc, self.retry_interval)
@@ -408,9 +411,7 @@ class Remote:
             return UNKNOWN_VERSION
 
     def _recovered(self) -> None:
-        with self._lock:
-            was, self._down = self._down, False
-        if was:
+        if self._outage.pop("down", None) is not None:
             log.warning("shmcache: Redis answers again")
 
     # --------------------------------------------------------------------------- values (steps: see the class)
