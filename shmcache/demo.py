@@ -315,7 +315,6 @@ def _mib(n: int) -> str:
 
 
 def _print_report(r: dict, params: dict) -> None:
-
     print(f"\n{r['workers']} workers, {r['seconds']:.1f} s, {params['keys']:,} Zipf keys, "
           f"{params['value_bytes']} B values, {params['compute_us']:.0f} us per computed value; {core.hot_path()}")
     n = r["workers"]

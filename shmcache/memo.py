@@ -297,11 +297,11 @@ class Tally:
 
     def add(self, computed: bool) -> None:
         """One call of this thread: computed here (a miss), or served from the cache (a hit)."""
-        me, generation = threading.get_ident(), self._generation
-        row = self._rows.get(me)
+        me, generation, rows = threading.get_ident(), self._generation, self._rows
+        row = rows.get(me)
         if row is None or row[0] != generation:
             row = [generation, 0, 0]
-            self._rows[me] = row  # (a thread that reuses an ended one's id takes its row on: the totals stay)
+            rows[me] = row  # (a thread that reuses an ended one's id takes its row on: the totals stay)
         row[1 + computed] += 1
 
     def totals(self) -> tuple[int, int]:
@@ -311,8 +311,11 @@ class Tally:
         return sum(row[1] for row in rows), sum(row[2] for row in rows)
 
     def clear(self) -> None:
-        """Start the counts again from 0 (a count under way in another thread meanwhile may be lost)."""
+        """Start the counts again from 0 (a count under way in another thread meanwhile may be lost), and forget
+        the rows of threads gone since (a new dict: one whose count was under way writes to the old one, or to a
+        row of the old generation, which the totals pass over)."""
         self._generation += 1
+        self._rows = {}
 
 
 class _Bound:

@@ -534,7 +534,7 @@ class Table:
         p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, m * _ENTRY_NBYTES)
         nb = block.nbytes(klen + vlen)
         if not (0 <= s <= mask and ix[s * INDEX_WORDS + I_ENTRY] == m and 0 <= p < slots and 0 <= n < slots
-                and 0 <= off and off % BLOCK_ALIGN == 0 and off + nb <= self.ring.nbytes
+                and klen >= 0 and vlen >= 1 and 0 <= off and off % BLOCK_ALIGN == 0 and off + nb <= self.ring.nbytes
                 and words[off >> 3] == block.header(nb, m)):
             raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
         ent[fb : fb + _W] = ent[b : b + _W]

@@ -319,7 +319,8 @@ def test_a_claim_registry_left_held_delays_claims_and_forks_never_hangs_them(cac
         assert cache.get_or_compute("k", lambda: make_value("k", 1, 100)) is not None
         check_value("k", cache.get("k"))
         pid = os.fork()
-        if pid == 0:  # (the child: the hooks ran, nothing waited for ever)
+        if pid == 0:  # (the child: the hooks ran, nothing waited for ever; a hang here dies with the alarm)
+            signal.alarm(20)
             os._exit(0 if cache.get("k") is not None else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0

@@ -361,3 +361,49 @@ def test_tiered_a_lease_whose_exit_never_runs_still_ends(hosts):
     thread.join(10)
     assert not thread.is_alive()
     assert remote.client.get(remote.lock_prefix + kb) is None  # released, not left to expire
+
+
+def test_tiered_clients_made_at_once_keep_one_and_close_the_rest():
+    """Threads that find no redis-py client at once each make one (no lock: memo.Tally says why): the first made
+    serves every thread after, with the scripts registered with it, and every other one is closed."""
+    import time
+    import types
+
+    from shmcache.tier.remote import Remote
+
+    made, start = [], threading.Barrier(4)
+
+    class Client:
+        def __init__(self) -> None:
+            self.closed = False
+            made.append(self)
+
+        def register_script(self, script):
+            return (self, script)
+
+        def close(self) -> None:
+            self.closed = True
+
+    def factory():
+        client = Client()
+        time.sleep(0.05)  # (every thread is in here before any has kept its client)
+        return client
+
+    remote = Remote(factory, "race", types.SimpleNamespace(row=[0] * 64), retry_interval=30.0)
+    got: list = []
+
+    def first_use() -> None:
+        start.wait(10)
+        got.append(remote._connection())
+
+    threads = [threading.Thread(target=first_use) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    kept = got[0][0]
+    assert len(made) == 4 and all(g[0] is kept for g in got) and all(s[0] is kept for s in got[0][1])
+    assert [c.closed for c in made].count(False) == 1 and not kept.closed
+    assert remote.client is kept and len(made) == 4  # (made once: no other thread makes one again)
+    remote.close()
+    assert kept.closed

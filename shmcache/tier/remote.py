@@ -253,7 +253,9 @@ class Remote:
         self._factory = factory  # () -> a redis-py client; called on first use, so a Redis down at start is contained
         # () -> a redis-py asyncio client, or None: the asyncio API then runs the synchronous calls in a thread
         self._afactory = afactory
-        self._sync: tuple[Any, list[Any]] | None = None  # (the client, the scripts registered with it): _connection
+        # "sync": (the client, the scripts registered with it), made on first use (_connection); a dict, so that the
+        # first made is kept with one atomic setdefault
+        self._made: dict[str, tuple[Any, list[Any]]] = {}
         # One asyncio client per event loop: an asyncio client's connections belong to the loop that made them.
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.ns = namespace.encode()
@@ -278,14 +280,17 @@ class Remote:
 
     def _connection(self) -> tuple[Any, list[Any]]:
         """(the redis-py client, the scripts registered with it), made on first use. Without a lock: threads that
-        find none at once each make one, and the last one kept serves them all after (a redis-py client connects
-        when first asked, so the others cost their objects alone)."""
-        got = self._sync
+        find none at once each make one, the first kept serves them all, and the others are closed at once (a
+        redis-py client connects when first asked: they cost their objects alone)."""
+        got = self._made.get("sync")
         if got is None:
             if self._skipping():
                 raise RemoteError("Redis failed moments ago; not asked again yet", what="connect")
             client = self._factory()
-            got = self._sync = (client, [client.register_script(s) for s in _SCRIPTS])
+            made = (client, [client.register_script(s) for s in _SCRIPTS])
+            got = self._made.setdefault("sync", made)
+            if got is not made:
+                client.close()
         return got
 
     def _aclient(self, loop) -> tuple:
@@ -305,8 +310,9 @@ class Remote:
         self._aclients = weakref.WeakKeyDictionary()  # the parent's loops do not run here
 
     def close(self) -> None:
-        if self._sync is not None:
-            self._sync[0].close()
+        got = self._made.get("sync")
+        if got is not None:
+            got[0].close()
         # The asyncio clients' connections go with their loops (a loop not running cannot close them).
         self._aclients = weakref.WeakKeyDictionary()
 
