@@ -133,16 +133,23 @@ def view_api(cache: SharedCache) -> None:
         assert bytes(mem) == b"\x01\x02"
     other = cache.view("arr")
     other.close()
-    try:
-        with cache.view("arr") as pinned:
-            assert isinstance(pinned, np.ndarray)
-            cache.put("arr", np.zeros(1))
-    except PinnedError as exc:
-        what: str = exc.what
-        hint: str = exc.hint
-        assert what and hint
+    with cache.view("arr") as pinned:
+        assert isinstance(pinned, np.ndarray)
+        cache.put("arr", np.zeros(1))  # a view blocks no writer: the bytes it reads are held aside for it
+        assert pinned.shape == (2, 3)
     typed: npt.NDArray[np.float64] = np.asarray(cache.get("arr"), dtype=np.float64)
-    assert typed.shape == (2, 3)
+    assert typed.shape == (1,)
+    with SharedCache(unique("one"), max_entries=1, create=True) as one:
+        one.put("a", b"a")
+        try:
+            with one.view("a"):
+                one.put("b", b"b")  # the one entry the limit allows is pinned: no room
+        except PinnedError as exc:
+            what: str = exc.what
+            hint: str = exc.hint
+            assert what and hint
+        finally:
+            one.unlink()
 
 
 def kind_api(cache: SharedCache) -> None:

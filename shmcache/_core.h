@@ -94,6 +94,8 @@ typedef struct {
     /* the stripes' words (layout version 11; NULL before it: seq alone): word S_OPEN the mask of the stripes the hold
      * under way opened, stripe k's sequence word at STRIPE_WORD(k), alone on its line (seqlock.py) */
     int64_t *stripes;
+    /* version 12: a pinned entry a put or delete of its key meets is held aside (detach), not refused */
+    int holds;
     int64_t stuck; /* the stripe the last try of this handle's last read without the lock found odd (-1: none) */
     int64_t reader_slots, reader_words;
     int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
@@ -159,6 +161,11 @@ typedef struct {
 #define STRIPE_MIN_SHIFT 4
 #define STRIPE_WORDS 8
 #define S_OPEN 0
+/* Version 12: the held entries' words (layout/dtypes.py S_HELD_*; table.py Table.detach), and a held entry's slot word */
+#define S_HELD_FIRST 1
+#define S_HELD 2
+#define S_HELD_BYTES 3
+#define HELD_SLOT (-1)
 #define STRIPE_WORD(k) (STRIPE_WORDS * (1 + (k)))
 static inline int stripe_shift(const Core *c)
 {

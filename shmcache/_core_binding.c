@@ -263,12 +263,16 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "R_READING", &c->r_reading, rw)
         || take_word(d, "R_PINS", &c->r_pins, rw - c->reader_pins + 1))
         return -1;
-    int64_t stripes_nbytes, stripe_bits, stripe_min_shift, stripe_words;
+    int64_t stripes_nbytes, stripe_bits, stripe_min_shift, stripe_words, s_held[3], held_slot, holds;
     void *stripes;
     if (take(d, "stripes_nbytes", &stripes_nbytes) || take(d, "STRIPE_BITS", &stripe_bits)
-        || take(d, "STRIPE_MIN_SHIFT", &stripe_min_shift) || take(d, "STRIPE_WORDS", &stripe_words))
+        || take(d, "STRIPE_MIN_SHIFT", &stripe_min_shift) || take(d, "STRIPE_WORDS", &stripe_words)
+        || take(d, "S_HELD_FIRST", &s_held[0]) || take(d, "S_HELD", &s_held[1])
+        || take(d, "S_HELD_BYTES", &s_held[2]) || take(d, "HELD_SLOT", &held_slot) || take(d, "holds", &holds))
         return -1;
     if (stripe_bits != STRIPE_BITS || stripe_min_shift != STRIPE_MIN_SHIFT || stripe_words != STRIPE_WORDS
+        || s_held[0] != S_HELD_FIRST || s_held[1] != S_HELD || s_held[2] != S_HELD_BYTES || held_slot != HELD_SLOT
+        || (holds && stripes_nbytes == 0)
         || (stripes_nbytes != 0 && stripes_nbytes != (int64_t)STRIPE_WORD((int64_t)1 << STRIPE_BITS) * 8)) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the stripes are not a layout this build knows");
         return -1;
@@ -276,6 +280,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     if (region(c, d, "stripes_off", stripes_nbytes, 8, &stripes))
         return -1;
     c->stripes = stripes_nbytes ? (int64_t *)stripes : NULL;
+    c->holds = holds != 0;
     c->stuck = -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the lock's words are not within the header");

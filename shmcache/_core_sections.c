@@ -138,8 +138,22 @@ static int ttl_of(Core *c, int64_t *ttl)
     return ST_OK;
 }
 
+/* Hold entry ``e``, which a view pins, aside for it (version 12: detach), counted in header word ``counter``; in a
+ * dirty bracket of its own. (twin: store.py Store.hold) */
+static int hold(Core *c, int64_t e, int64_t *counter)
+{
+    HW(dirty) = 1; /* (detach opens the stripes it writes) */
+    int r = detach(c, e);
+    if (r)
+        return r;
+    ADD(*counter, 1);
+    HW(dirty) = 0;
+    return ST_OK;
+}
+
 /* A store's checks before its first write (the caller checked the dirty word): the key's resident entry (an expired
- * one dropped) into *old, or EMPTY. ST_PINNED: a view pins that entry; nothing was written. */
+ * one dropped, or held aside where a view pins it: version 12) into *old, or EMPTY. ST_PINNED (before version 12): a
+ * view pins that entry; nothing was written. */
 STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
 {
     int r;
@@ -153,9 +167,12 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
         return r;
     if (*old != c->empty && c->exp[*old] && c->exp[*old] <= now) {
         int pin = pinned(c, *old);
-        if (pin)  /* the key must never be in the index twice: a pinned expired entry refuses its replacement */
-            return pin < 0 ? bounds(c) : ST_PINNED;
-        if ((r = lapse(c, *old)))
+        if (pin < 0)
+            return bounds(c);
+        if (pin && !c->holds) /* the key must never be in the index twice: a pinned expired entry refuses its
+                               * replacement, or (version 12) is held aside for its views */
+            return ST_PINNED;
+        if ((r = pin ? hold(c, *old, &HW(expired)) : lapse(c, *old)))
             return r;
         *old = c->empty;
     }
@@ -164,7 +181,7 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
         c->reason = WHY_LIMIT;
         return ST_HANDOVER;
     }
-    if (*old != c->empty) {
+    if (*old != c->empty && !c->holds) { /* (version 12: asked by put_write, which holds it aside) */
         int pin = pinned(c, *old);
         if (pin)
             return pin < 0 ? bounds(c) : ST_PINNED; /* nothing written */
@@ -180,6 +197,21 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 {
     int r, done;
     HW(dirty) = 1; /* (overwrite, table_remove and insert open the stripes they write) */
+    if (c->holds) {
+        if ((r = reclaim_held(c))) /* what the views no longer pin: before the limits are judged */
+            return r;
+        if (old != c->empty) {
+            int pin = pinned(c, old);
+            if (pin < 0)
+                return bounds(c);
+            if (pin) { /* a view reads the old value: held aside for it, the new one stored as a new entry */
+                ADD(HW(updates), 1);
+                if ((r = detach(c, old)))
+                    return r;
+                old = c->empty;
+            }
+        }
+    }
     if (old != c->empty) {
         ADD(HW(updates), 1);
         if ((r = overwrite(c, old, st, &done)))
@@ -251,10 +283,10 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
         return bounds(c);
     if (c->exp[e] && c->exp[e] <= now) /* expired: absent (dropped, unless a view pins it) */
         return pin ? ST_OK : lapse(c, e);
-    if (pin)
+    if (pin && !c->holds)
         return ST_PINNED;
     HW(dirty) = 1; /* (pinned opened the entry's stripe) */
-    if ((r = table_remove(c, e)))
+    if ((r = pin ? detach(c, e) : table_remove(c, e))) /* (version 12: one a view pins is held aside for it) */
         return r;
     ADD(HW(deletes), 1);
     HW(dirty) = 0;

@@ -27,6 +27,18 @@ static int slot_pinned(Core *c, int64_t e)
     return 0;
 }
 
+/* Whether a view holds a pin on entry ``e`` now, whatever its flag says: another description holds its pin byte, or
+ * a live reader slot's word names it. 1, 0, -1 the query failed. (twin: table.py Table._pin_held) */
+static int pin_held(Core *c, int64_t e)
+{
+    struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
+    if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    if (fl.l_type != F_UNLCK)
+        return 1;
+    return slot_pinned(c, e);
+}
+
 /* Open the stripe of the index slot that points at resident entry ``e``, before the entry is written or its pins
  * asked: where a reader found it. A slot word that does not point back (damage) opens ``seq``, which every reader
  * validates. (twin: table.py Table.open_entry) */
@@ -45,22 +57,22 @@ static inline void entry_open(Core *c, int64_t e)
  * -1 the query failed. (twin: table.py Table.pinned_now) */
 static int pinned_now(Core *c, int64_t e)
 {
+    if (c->holds && EN(e, slot) == HELD_SLOT)
+        return 1;
     if (!c->pins[e])
         return 0;
-    struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
-    if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
-        return -1;
-    if (fl.l_type != F_UNLCK)
-        return 1;
-    return slot_pinned(c, e);
+    return pin_held(c, e);
 }
 
 /* Whether a view (of any process) still pins entry ``e``, asked before the entry is written or removed: its stripe
  * opened first (Dekker's pattern against a viewer without the lock: see seq_open), then a flagged entry is pinned
  * while another description holds its pin byte or a live reader slot's word names it; a flag found without either
- * is cleared. 1 pinned, 0 not, -1 the query failed. (twin: table.py Table.pinned) */
+ * is cleared. A held entry (version 12) is pinned until reclaim_held gives it back. 1 pinned, 0 not, -1 the query
+ * failed. (twin: table.py Table.pinned) */
 static int pinned(Core *c, int64_t e)
 {
+    if (c->holds && EN(e, slot) == HELD_SLOT)
+        return 1;
     entry_open(c, e); /* before the flag is read: see seq_open */
     int p = pinned_now(c, e);
     if (p == 0 && c->pins[e])
@@ -107,6 +119,112 @@ static int table_remove(Core *c, int64_t e)
     return ST_OK;
 }
 
+/* The held entries' count and bytes (version 12; 0 before it) into *n and *nbytes; bounds() if a word is out of
+ * range. (twin: table.py Table.held) */
+static int held_counts(Core *c, int64_t *n, int64_t *nbytes)
+{
+    *n = *nbytes = 0;
+    if (!c->holds)
+        return ST_OK;
+    int64_t h = c->stripes[S_HELD], b = c->stripes[S_HELD_BYTES];
+    if (!(h >= 0 && h < c->tables[1] && b >= 0 && b <= c->arena_nbytes && (h == 0) == (b == 0)))
+        return bounds(c);
+    *n = h;
+    *nbytes = b;
+    return ST_OK;
+}
+
+/* Hold resident entry ``e``, which a view pins, aside (version 12): out of the index, the list, the queues and the
+ * occupancy counts, so that its key is free for a new entry at once, its slot and block kept for the views until
+ * reclaim_held finds its pins all ended. (twin: table.py Table.detach) */
+static int detach(Core *c, int64_t e)
+{
+    if (!SLOT_OK(e))
+        return bounds(c);
+    int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
+            s = EN(e, slot), held, held_bytes;
+    if (!(s >= 0 && s <= IXMASK(c) && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+        return bounds(c);
+    int64_t nb = block_nbytes(c, klen + vlen);
+    if (!(off >= 0 && off <= c->arena_nbytes - nb && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
+        return bounds(c);
+    int r = held_counts(c, &held, &held_bytes);
+    if (r)
+        return r;
+    stripe_open(c, s);
+    /* Crash window: the slot word first. From here on a repair takes the entry for a held one, never for a resident
+     * one: its key's new entry may be stored beside it. */
+    EN(e, slot) = HELD_SLOT;
+    if ((r = index_remove(c, s)))
+        return r;
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    c->pol->unlinked(c, e, n);
+    c->marks[e] = 0;
+    EN(e, next) = c->stripes[S_HELD_FIRST];
+    c->stripes[S_HELD_FIRST] = e;
+    c->stripes[S_HELD] = held + 1;
+    c->stripes[S_HELD_BYTES] = held_bytes + klen + vlen;
+    ADD(HW(entries), -1);
+    ADD(HW(retained), -(klen + vlen));
+    c->exp[e] = 0;
+    int64_t k = c->kinds[e];
+    if (k) {
+        ADD(c->kw[k * c->kww + c->k_entries], -1);
+        ADD(c->kw[k * c->kww + c->k_retained], -(klen + vlen));
+    }
+    return ST_OK;
+}
+
+/* Give back the slot and block of every held entry whose pins have all ended (a walk of the held list, a kernel
+ * query per entry). (twin: table.py Table.reclaim_held) */
+static int reclaim_held(Core *c)
+{
+    int64_t held, held_bytes;
+    int r = held_counts(c, &held, &held_bytes);
+    if (r || !held)
+        return r;
+    int64_t prev = c->nil, e = c->stripes[S_HELD_FIRST], count = held;
+    for (int64_t i = 0; i < count; i++) {
+        if (!SLOT_OK(e) || EN(e, slot) != HELD_SLOT || !EN(e, check))
+            return bounds(c);
+        int64_t after = EN(e, next);
+        int pin = pin_held(c, e);
+        if (pin < 0)
+            return bounds(c);
+        if (pin) {
+            prev = e;
+        } else {
+            int64_t klen = EN(e, klen), vlen = EN(e, vlen), off = EN(e, off);
+            if (!LEN_OK(klen) || !LEN_OK(vlen))
+                return bounds(c);
+            int64_t nb = block_nbytes(c, klen + vlen);
+            if (!(off >= 0 && off < c->arena_nbytes && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
+                return bounds(c);
+            /* Crash window: the block first, then the slot off the held list and onto the free list. */
+            AW(off) = nb;
+            ADD(HW(arena_used), -nb);
+            if (prev == c->nil)
+                c->stripes[S_HELD_FIRST] = after;
+            else
+                EN(prev, next) = after;
+            EN(e, check) = 0;
+            EN(e, slot) = 0;
+            c->pins[e] = 0;
+            EN(e, next) = HW(free_head);
+            HW(free_head) = e;
+            held--;
+            held_bytes -= klen + vlen;
+            c->stripes[S_HELD] = held;
+            c->stripes[S_HELD_BYTES] = held_bytes;
+        }
+        e = after;
+    }
+    if (e != c->nil || held_bytes < 0 || (held == 0) != (held_bytes == 0))
+        return bounds(c);
+    return ST_OK;
+}
+
 /* Remove every expired entry no view pins, then raise next_expiry to what is left.
  * (twin: table.py Table.reclaim_expired) */
 static int reclaim_expired(Core *c, int64_t now)
@@ -144,7 +262,13 @@ static int reclaim_expired(Core *c, int64_t now)
  * excepted. (twin: table.py Table.evict_until) */
 static int evict_until(Core *c, int64_t size, int64_t now)
 {
-    int64_t most_entries = HW(max_entries) - 1, most_bytes = HW(max_retained) - size;
+    int64_t held, held_bytes;
+    int r0 = held_counts(c, &held, &held_bytes);
+    if (!r0 && held) /* held entries count against the limits: those whose pins ended go back first */
+        r0 = reclaim_held(c) || held_counts(c, &held, &held_bytes);
+    if (r0)
+        return bounds(c);
+    int64_t most_entries = HW(max_entries) - 1 - held, most_bytes = HW(max_retained) - size - held_bytes;
     if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
         return ST_OK;
     if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
@@ -160,12 +284,12 @@ static int evict_until(Core *c, int64_t size, int64_t now)
             if (r)
                 return r;
             if (!done)
-                return EN(c->sentinel, next) != c->sentinel ? ST_PINNED : bounds(c);
+                return EN(c->sentinel, next) != c->sentinel || held ? ST_PINNED : bounds(c);
         }
         return bounds(c);
     }
     /* lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over. */
-    int64_t e = EN(c->sentinel, prev), held = 0;
+    int64_t e = EN(c->sentinel, prev), passed = 0;
     for (int64_t i = 0; i < c->slots; i++) {
         if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
             return ST_OK;
@@ -178,7 +302,7 @@ static int evict_until(Core *c, int64_t size, int64_t now)
         if (pin < 0)
             return bounds(c);
         if (pin) {
-            held++;
+            passed++;
         } else {
             int r = table_remove(c, e);
             if (r)
@@ -187,7 +311,7 @@ static int evict_until(Core *c, int64_t size, int64_t now)
         }
         e = p;
     }
-    return held ? ST_PINNED : bounds(c);
+    return passed || held ? ST_PINNED : bounds(c);
 }
 
 /* Evict the entry nearest the back of the list that no view pins; *done 0 if there is none.
@@ -234,7 +358,10 @@ static int room_without_evicting(Core *c, int64_t size, int64_t now, int *fits)
         if (r)
             return r;
     }
-    *fits = HW(entries) < HW(max_entries) && HW(retained) + size <= HW(max_retained);
+    int64_t held, held_bytes;
+    if (held_counts(c, &held, &held_bytes))
+        return bounds(c);
+    *fits = HW(entries) + held < HW(max_entries) && HW(retained) + held_bytes + size <= HW(max_retained);
     return ST_OK;
 }
 
@@ -273,7 +400,10 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int64_t placed = c->pol->marks_on_hit ? st->marks : -1;
     if (placed >= 0)
         probation = (placed & MARK_SMALL) != 0;
-    if (HW(entries) >= HW(max_entries) || HW(retained) + st->size > HW(max_retained)) {
+    int64_t held, held_bytes; /* (held entries count against the limits) */
+    if ((r = held_counts(c, &held, &held_bytes)))
+        return r;
+    if (HW(entries) + held >= HW(max_entries) || HW(retained) + held_bytes + st->size > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
             if ((r = evict_until(c, st->size, now)))
                 return r;
@@ -370,10 +500,11 @@ static int insert(Core *c, const Encoded *st, int64_t now)
 static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
 {
     int64_t klen = EN(e, klen), old_vlen = EN(e, vlen), off = EN(e, off), vlen = st->blen + 1;
+    int64_t held, held_bytes;
     *done = 0;
-    if (!LEN_OK(klen) || !LEN_OK(old_vlen))
+    if (!LEN_OK(klen) || !LEN_OK(old_vlen) || held_counts(c, &held, &held_bytes))
         return bounds(c);
-    if (block_nbytes(c, klen + old_vlen) != st->nb || HW(retained) + vlen - old_vlen > HW(max_retained)
+    if (block_nbytes(c, klen + old_vlen) != st->nb || HW(retained) + held_bytes + vlen - old_vlen > HW(max_retained)
         || !SLOT_OK(e))
         return ST_OK;
     if (!(off >= 0 && off <= c->arena_nbytes - st->nb && off % 8 == 0 && AW(off) == (st->nb | (e << c->owner_shift))))

@@ -27,8 +27,8 @@ from .errors import CorruptionError, NoSpaceError, PinnedError
 from .lock import TICK_EVERY, progressed
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES, PAGE
 from .layout.dtypes import (
-    BLOCK_OWNER_SHIFT, E_CHECK, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED, H_FILL,
-    H_HEAD, H_TAIL,
+    BLOCK_OWNER_SHIFT, E_CHECK, E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED,
+    H_FILL, H_HEAD, H_TAIL, HELD_SLOT,
 )
 from .layout.geometry import grown_extent, least_extent
 
@@ -221,6 +221,7 @@ class Arena:
         rows = np.frombuffer(self.ent, dtype=np.int64).reshape(-1, ENTRY_WORDS)[1:top]
         live = np.flatnonzero(rows[:, E_CHECK] != 0)
         e = live + 1
+        ent_slot = dict(zip(e.tolist(), rows[live, E_SLOT].tolist()))
         off = rows[live, E_OFF]
         payload = rows[live, E_KEY_NBYTES] + rows[live, E_VAL_NBYTES]
         nb = (BLOCK_HEADER_NBYTES + payload + BLOCK_ALIGN - 1) & -BLOCK_ALIGN  # block.nbytes, vectorised
@@ -232,7 +233,8 @@ class Arena:
                          or (words[off >> 3] != nb | (e << BLOCK_OWNER_SHIFT)).any()):
             raise CorruptionError("a live entry's block is out of the arena, not its own, or overlaps another",
                                   what="arena compact")
-        stays = [bool(self.pins[x] and self.pinned(x)) for x in e.tolist()]
+        # (a held entry, version 12, stays too: Table.pinned says so whatever its flag)
+        stays = [bool((self.pins[x] or ent_slot[x] == HELD_SLOT) and self.pinned(x)) for x in e.tolist()]
         pos = 0  # where the blocks will end: pinned ones stay put, and what follows one is packed after it
         for o, n, pinned in zip(off.tolist(), nb.tolist(), stays):
             pos = o + n if pinned else pos + n

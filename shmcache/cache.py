@@ -322,7 +322,8 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
-        :raises PinnedError: if an open view pins the key's entry, or the room needed is pinned.
+        :raises PinnedError: if the room needed is pinned or held by open views (on a segment of layout version 11
+            or before, also if an open view pins the key's entry).
         """
         # Store.encode, inlined (the call costs as much as the arithmetic).
         if type(key) is str:
@@ -678,8 +679,10 @@ class SharedCache(LocalMapping, AsyncMethods):
         (a read-only memoryview for a bytes value, a tensor over read-only memory for a tensor value: see view.py)
         over the bytes in shared memory. Counted as a lookup.
 
-        While the block runs, the entry is pinned: not evicted, not moved, not overwritten (put, delete and pop of
-        the key raise PinnedError; clear() keeps it). The pin ends with the block -- the array handed out is then
+        While the block runs, the entry is pinned: not evicted, not moved, not overwritten. It blocks no writer: a
+        put, delete, pop or clear of the key (any process's) succeeds, and the bytes viewed are held aside until
+        the pin ends (layout version 12; before it, they raise PinnedError, and clear() keeps the entry). The pin
+        ends with the block -- the array handed out is then
         revoked, an empty array on which arithmetic raises -- or, for any array derived from it meanwhile, when that
         is dropped; and whenever the process dies.
 

@@ -398,8 +398,9 @@ def _arena_report(s, fill: int) -> dict:
     the ring, which the allocator reclaims as its cleaner passes; fragmentation is the dead share of the free."""
     dead = max(0, fill - s.arena_used_bytes)
     contiguous = max(0, s.arena_bytes - fill)
-    return {"bytes": s.arena_bytes, "used_bytes": s.arena_used_bytes,
-            "utilization": s.retained_bytes / s.arena_bytes, "dead_bytes": dead, "contiguous_free_bytes": contiguous,
+    return {"bytes": s.arena_bytes, "used_bytes": s.arena_used_bytes, "held_entries": s.held_entries,
+            "held_bytes": s.held_bytes, "utilization": s.retained_bytes / s.arena_bytes, "dead_bytes": dead,
+            "contiguous_free_bytes": contiguous,
             "fragmentation": dead / (dead + contiguous) if dead + contiguous else 0.0}
 
 

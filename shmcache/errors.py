@@ -121,10 +121,11 @@ class ClosedError(ShmCacheError, ValueError):
 
 
 class PinnedError(ShmCacheError):
-    """An open view pins what the operation needed. Either the operation would change or drop a pinned entry
-    (it then changed nothing), or a store found no room: the entries it could still evict, or the pieces of free
-    arena between pinned blocks, were too few or too small. A store refused for room keeps the evictions it made,
-    and the key's old value is gone if the new one was of another size."""
+    """Open views pin what the operation needed: a store found no room, the entries it could still evict (or the
+    old values held aside for views), or the pieces of free arena between pinned blocks, being too few or too
+    small. A store refused for room keeps the evictions it made, and the key's old value is gone if the new one was
+    of another size. On a segment made by a release before layout version 12, also a put, delete or pop of a key
+    whose entry a view pins (it then changed nothing); from version 12 that entry is held aside for the view."""
 
 
 class NoSpaceError(ShmCacheError, OSError):

@@ -22,7 +22,7 @@ from .codec import KindKey
 from .errors import CorruptionError
 from .layout import MAX_KINDS
 from .layout.dtypes import (
-    E_CHECK, ENTRY_WORDS, H_DELETES, H_ENTRIES, H_KINDS_USED, K_ENTRIES, K_NAME_NBYTES,
+    E_CHECK, E_SLOT, ENTRY_WORDS, H_DELETES, H_ENTRIES, H_KINDS_USED, HELD_SLOT, K_ENTRIES, K_NAME_NBYTES,
     K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
 from .aio import AsyncMethods
@@ -137,16 +137,23 @@ def slots_locked(table, *numbers: int) -> list[int]:
     handed_out = block.handed_out(table.h, table.slots)
     kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
     ent = table.ent
-    # A free slot may keep the kind byte of its last entry: resident ones have a checksum (never 0).
-    return [e for e in np.flatnonzero(np.isin(kinds, numbers)).tolist() if ent[e * ENTRY_WORDS + E_CHECK]]
+    # A free slot may keep the kind byte of its last entry: resident ones have a checksum (never 0), and a held
+    # one (version 12) is in no index slot.
+    return [e for e in np.flatnonzero(np.isin(kinds, numbers)).tolist()
+            if ent[e * ENTRY_WORDS + E_CHECK] and ent[e * ENTRY_WORDS + E_SLOT] != HELD_SLOT]
 
 
 def clear_locked(store, k: int) -> int:
-    """Remove every entry of kind ``k`` that no view pins; how many (counted as deletes)."""
+    """Remove every entry of kind ``k``; how many (counted as deletes). One a view pins is held aside for it
+    (version 12), or stays (before it)."""
     removed = 0
-    for e in slots_locked(store.table, k):
-        if not store.table.pinned(e):
+    table = store.table
+    for e in slots_locked(table, k):
+        if not table.pinned(e):
             store.remove(e, H_DELETES)
+            removed += 1
+        elif table.holds:
+            store.hold(e, H_DELETES)
             removed += 1
     return removed
 

@@ -353,6 +353,8 @@ class Segment:
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         # (version 11: the mask of the stripes open, then each stripe's word; None before it: seq alone)
         self.stripe_words = mv[g.stripes_off : g.stripes_off + g.stripes_nbytes].cast("q") if g.stripes_nbytes else None
+        # (version 12: a pinned entry a put, delete or expiry of its key replaces is held aside, not refused)
+        self.holds = g.version >= 12
         self._mv = mv
         # How much of the arena this mapping shows of the file: the rest is private zero pages (_veil), so that a
         # read there, which only damage can aim, finds zeros and never a page of the file that is not backed (on a

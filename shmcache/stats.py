@@ -77,6 +77,11 @@ class CacheStats:
 
     ``capacity_bytes`` is the capacity in force and ``max_capacity_bytes`` the most a resize reaches (fixed at
     creation); ``resizes`` counts the resizes made (``SharedCache.resize``, an attacher's other size).
+
+    ``held_entries`` and ``held_bytes`` are the old values a put, delete or pop replaced while a view (of any
+    process) was reading them: out of the cache, their bytes kept for the view until its array is gone. They count
+    against ``max_entries`` and ``max_retained_bytes`` as entries do (the resident entries make room for them), so a
+    cache never holds more than its limits; the next store gives back those no view reads any more.
     """
 
     hits: int
@@ -114,6 +119,8 @@ class CacheStats:
     too_large: int = 0
     max_capacity_bytes: int = 0
     resizes: int = 0
+    held_entries: int = 0
+    held_bytes: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -129,10 +136,11 @@ class CacheStats:
         return d
 
 
-def read_stats(h, kinds: dict | None = None, readers=None, ghost=None) -> CacheStats:
+def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tuple[int, int] = (0, 0)) -> CacheStats:
     """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name; ``readers``: the
     segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``); ``ghost``: the
-    ghost region in force, whose state words auto's fields come from."""
+    ghost region in force, whose state words auto's fields come from; ``held``: the held entries' count and bytes
+    (``Table.held``)."""
     hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
     window = preferred = refused = 0
     if ghost is not None and h[H_POLICY] == POLICY_AUTO and len(ghost):
@@ -152,7 +160,7 @@ def read_stats(h, kinds: dict | None = None, readers=None, ghost=None) -> CacheS
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
         window_target=window, filter_admitted=preferred, filter_refused=refused, too_large=h[H_TOO_LARGE],
-        kinds=kinds or {},
+        held_entries=held[0], held_bytes=held[1], kinds=kinds or {},
     )
 
 
@@ -201,6 +209,8 @@ _PROMETHEUS = (
     ("resizes", "resizes_total", "counter", "resizes of the capacity or the entry limit"),
     ("arena_bytes", "arena_bytes", "gauge", "bytes of the arena"),
     ("arena_used_bytes", "arena_used_bytes", "gauge", "bytes of the arena in live blocks"),
+    ("held_entries", "held_entries", "gauge", "replaced values kept for the views still reading them"),
+    ("held_bytes", "held_bytes", "gauge", "their encoded keys and values"),
     ("hit_ratio", "hit_ratio", "gauge", "hits / (hits + misses) since the last clear"),
 )
 

@@ -201,6 +201,24 @@ class Store:
         self.table.remove(e)
         self.h[counter] += 1
 
+    @updating_entries
+    def hold(self, e: int, counter: int) -> None:
+        """Drop entry ``e``, which a view pins, from the index and hold it aside for that view (``Table.detach``:
+        version 12), counted in header word ``counter``."""
+        self.table.detach(e)
+        self.h[counter] += 1
+
+    def drop(self, e: int, counter: int, what: str) -> None:
+        """Drop entry ``e`` for a delete or pop (``what``): removed, or held aside where a view pins it (version
+        12; before it, PinnedError)."""
+        table = self.table
+        if not table.pinned(e):
+            self.remove(e, counter)
+        elif table.holds:
+            self.hold(e, counter)
+        else:
+            raise pinned_error(what)
+
     def hit(self, e: int) -> None:
         """Count a hit on entry ``e``, touched as the policy does (``Table.touch``). ``__init__`` binds ``hit`` to
         one of the two below, so that a lookup pays no test of the policy."""
@@ -219,14 +237,16 @@ class Store:
 
     def lapse(self, e: int, to_insert: bool = False) -> None:
         """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
-        stays (it reads as absent), unless the caller is about to insert its key (``to_insert``), which raises
-        PinnedError: the key must never be in the index twice."""
+        stays (it reads as absent), unless the caller is about to insert its key (``to_insert``): the key must
+        never be in the index twice, so it is held aside (version 12), or PinnedError raised (before it)."""
         table = self.table
         if table.pinned(e):
             if to_insert:
                 # Why not refuse_pinned: it would ask the kernel again, and a pin ended in between would let the
                 # caller insert the key a second time, beside this entry.
-                raise pinned_error("replaced")
+                if not table.holds:
+                    raise pinned_error("replaced")
+                self.hold(e, H_EXPIRED)
             return
         self.remove(e, H_EXPIRED)
 
@@ -236,9 +256,16 @@ class Store:
         size = encoded[5]
         if size > h[H_MAX_RETAINED]:
             raise self.refuse_locked(size)
-        if old != EMPTY:
-            table.refuse_pinned(old, "replaced")
-        if old != EMPTY:
+        if table.holds:
+            table.reclaim_held()  # (what the views no longer pin: before the limits are judged)
+        if old != EMPTY and table.pinned(old):
+            if not table.holds:
+                raise pinned_error("replaced")
+            # A view reads the old value: it is held aside for the view, and the new one stored as a new entry.
+            h[H_UPDATES] += 1
+            table.detach(old)
+            old = EMPTY
+        elif old != EMPTY:
             h[H_UPDATES] += 1
             if not table.overwrite(old, encoded, expires, version):
                 table.remove(old)
@@ -276,8 +303,7 @@ class Store:
         e = self.find_live(kb, fp)
         if e == EMPTY:
             return False
-        self.table.refuse_pinned(e, "deleted")
-        self.remove(e, H_DELETES)
+        self.drop(e, H_DELETES, "deleted")
         return True
 
     def store_if(self, present: bool, version: int | None, ttl, encoded: Encoded) -> bool:
@@ -342,9 +368,10 @@ class Store:
         if e == EMPTY:
             self.h[H_MISSES] += 1
             return None
-        self.table.refuse_pinned(e, "popped")
+        if not self.table.holds:
+            self.table.refuse_pinned(e, "popped")
         found = self.body(e)
-        self.remove(e, H_DELETES)
+        self.drop(e, H_DELETES, "popped")
         self.h[H_HITS] += 1
         return found
 
@@ -409,15 +436,18 @@ class Store:
 
     @updating
     def clear(self) -> int:
-        """Drop every entry of every kind but those open views pin, and reset the counters; how many went."""
+        """Drop every entry of every kind, and reset the counters; how many went. Those open views pin are held
+        aside for them (version 12), or stay (before it)."""
         h, table, ent = self.h, self.table, self.ent
         before = h[H_ENTRIES]
+        if table.holds:
+            table.reclaim_held()
         flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8,
                                                count=block.handed_out(h, table.slots))).tolist()
         keep = {e for e in flagged if ent[e * _W + E_CHECK] and table.pinned(e)}
         if not keep:
             table.reset()
-        else:  # entries pinned by open views stay; the rest go one by one
+        else:  # entries pinned by open views are held aside (or stay); the rest go one by one
             e = ent[E_NEXT]
             for _ in range(table.slots):
                 if e == SENTINEL:
@@ -425,6 +455,8 @@ class Store:
                 n = ent[e * _W + E_NEXT]
                 if e not in keep:
                     table.remove(e)
+                elif table.holds:
+                    table.detach(e)
                 e = n
         reset_counters(h, self.seg.reader_words)
         config.restore(h, self.seg.geometry)  # clear() starts afresh: a damaged configuration word too
@@ -434,7 +466,12 @@ class Store:
     def stats(self) -> CacheStats:
         if header_problems(self.seg):  # a counter or limit out of range is never reported: repaired first
             self.repair()
-        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost)
+        try:
+            held = self.table.held()
+        except CorruptionError:
+            self.repair()
+            held = self.table.held()
+        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost, held)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in

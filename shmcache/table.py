@@ -26,7 +26,7 @@ from .layout.dtypes import (
     H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
     H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED,
     KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ,
-    MARK_SMALL, MARKS_VALID,
+    MARK_SMALL, MARKS_VALID, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
 )
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class Table:
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
         self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
         self.stripes = seg.stripe_words  # (None before version 11: seq alone)
+        self.holds = seg.holds  # version 12: a pinned entry its key's put replaces is held aside (``detach``)
         # The steps a policy adds to the list's (None: the base's, skipped): bound once, for the hot paths.
         self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
@@ -108,7 +109,10 @@ class Table:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says
         that one may: a pin dies with its process without a word written, so the kernel lock is what counts, and
         a flag found without one is cleared. The entry's stripe is opened first (under s3fifo, keep and auto): see
-        seqlock.open_stripe."""
+        seqlock.open_stripe. A held entry counts as pinned until ``reclaim_held`` gives it back: its block never
+        moves, and nothing but that reclaim frees it."""
+        if self.holds and self.ent[e * _W + E_SLOT] == HELD_SLOT:
+            return True
         self.open_entry(e)
         if self.pinned_now(e):
             return True
@@ -120,13 +124,113 @@ class Table:
         """Whether a view pins entry ``e`` as the flag, the pin byte and the reader slots' words say now, without
         opening its stripe or clearing a stale flag: what an eviction's scan decides by (moving an entry in the
         queues writes nothing a reader reads), so that it opens only the stripes it writes; the one it removes is
-        asked again by ``pinned``. (twin: _core_table.c pinned_now)"""
-        if not self.pins[e]:
-            return False
+        asked again by ``pinned``. A held entry counts as pinned, as for ``pinned``. (twin: _core_table.c
+        pinned_now)"""
+        if self.holds and self.ent[e * _W + E_SLOT] == HELD_SLOT:
+            return True
+        return bool(self.pins[e]) and self._pin_held(e)
+
+    def _pin_held(self, e: int) -> bool:
+        """Whether a view holds a pin on entry ``e`` now, whatever its flag says. (twin: _core_table.c pin_held)"""
         # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too; the
         # compiled section's views without the lock pin in their reader slot instead (readers.py).
         return ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e) or bool(
             self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e))
+
+    # ------------------------------------------------------------------------------------------- held entries
+
+    def held(self) -> tuple[int, int]:
+        """How many entries are held aside for views (``detach``) and their keys' and values' bytes, which count
+        against the limits as resident ones do; (0, 0) before version 12.
+
+        :raises CorruptionError: if a count is out of range (the caller repairs, which counts them again).
+        (twin: _core_table.c held_counts)
+        """
+        if not self.holds:
+            return 0, 0
+        st = self.stripes
+        n, nbytes = st[S_HELD], st[S_HELD_BYTES]
+        if not (0 <= n < self.slots and 0 <= nbytes <= self.ring.nbytes and (n == 0) == (nbytes == 0)):
+            raise CorruptionError(f"the held entries' counts are out of range ({n} entries, {nbytes} bytes)",
+                                  what="put")
+        return n, nbytes
+
+    def detach(self, e: int) -> None:
+        """Hold resident entry ``e``, which a view pins, aside (version 12): it leaves the index, the list, the
+        queues and the occupancy counts, so that its key is free for a new entry at once, while its slot and
+        block stay as they are for the views that read them, until ``reclaim_held`` finds its pins all ended.
+        (twin: _core_table.c detach)"""
+        h, ent, slots, st = self.h, self.ent, self.slots, self.stripes
+        if not 0 < e < slots:
+            raise CorruptionError(f"entry slot {e} is out of range", what="remove")
+        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)
+        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
+                and 0 <= n < slots):
+            raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
+        nb = block.nbytes(klen + vlen)
+        if not 0 <= off <= self.ring.nbytes - nb or off & 7 or self.ring.words[off >> 3] != block.header(nb, e):
+            raise CorruptionError(f"entry {e}'s block at {off} is out of the arena or not its own", what="remove")
+        held, held_bytes = self.held()
+        self.open_slot(s)
+        # Crash window: the slot word first. From here on a repair takes the entry for a held one (kept while a
+        # view pins it, else given back), never for a resident one: its key's new entry may be stored beside it.
+        ent[e * _W + E_SLOT] = HELD_SLOT
+        index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
+        ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
+        ent[n * _W + E_PREV] = p
+        if self._unlinked is not None:
+            self._unlinked(self, e, n)
+        self.marks[e] = 0
+        ent[e * _W + E_NEXT] = st[S_HELD_FIRST]
+        st[S_HELD_FIRST] = e
+        st[S_HELD] = held + 1
+        st[S_HELD_BYTES] = held_bytes + klen + vlen
+        h[H_ENTRIES] -= 1
+        h[H_RETAINED] -= klen + vlen
+        self.exp[e] = 0
+        k = self.kinds[e]
+        if k:
+            self.kw[k * KIND_WORDS + K_ENTRIES] -= 1
+            self.kw[k * KIND_WORDS + K_RETAINED] -= klen + vlen
+
+    def reclaim_held(self) -> int:
+        """Give back the slot and block of every held entry whose pins have all ended; how many. A walk of the
+        held list, a kernel query per entry: the list is as long as the views that outlived their key's value.
+        (twin: _core_table.c reclaim_held)"""
+        held, held_bytes = self.held()
+        if not held:
+            return 0
+        h, ent, st = self.h, self.ent, self.stripes
+        prev, e, freed = NIL, st[S_HELD_FIRST], 0
+        for _ in range(held):
+            b = e * _W
+            if not 0 < e < self.slots or ent[b + E_SLOT] != HELD_SLOT or not ent[b + E_CHECK]:
+                raise CorruptionError(f"the held list names entry slot {e}, which is not held", what="put")
+            after = ent[b + E_NEXT]
+            if self._pin_held(e):
+                prev = e
+            else:
+                klen, vlen = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
+                # Crash window: the block first (a repair then finds a held entry whose block is not its own, and
+                # gives the slot back), then the slot off the held list and onto the free list.
+                self.ring.free(ent[b + E_OFF], block.nbytes(klen + vlen), e)
+                if prev == NIL:
+                    st[S_HELD_FIRST] = after
+                else:
+                    ent[prev * _W + E_NEXT] = after
+                ent[b + E_CHECK] = 0
+                ent[b + E_SLOT] = 0
+                self.pins[e] = 0
+                ent[b + E_NEXT] = h[H_FREE_HEAD]
+                h[H_FREE_HEAD] = e
+                held -= 1
+                held_bytes -= klen + vlen
+                st[S_HELD], st[S_HELD_BYTES] = held, held_bytes
+                freed += 1
+            e = after
+        if e != NIL or held_bytes < 0 or (held == 0) != (held_bytes == 0):
+            raise CorruptionError("the held list disagrees with its counts", what="put")
+        return freed
 
     def refuse_pinned(self, e: int, what: str) -> None:
         """Raise PinnedError if entry ``e`` is pinned: its bytes must stay as they are while a view reads them."""
@@ -163,7 +267,8 @@ class Table:
         probation = admit is not None and admit(self, fp)
         if placed >= 0:  # (asked all the same: what it counts, as for any new key)
             probation = bool(placed & MARK_SMALL)
-        if h[H_ENTRIES] >= h[H_MAX_ENTRIES] or h[H_RETAINED] + size > h[H_MAX_RETAINED]:
+        held, held_bytes = self.held() if self.holds else (0, 0)  # (held entries count against the limits)
+        if h[H_ENTRIES] + held >= h[H_MAX_ENTRIES] or h[H_RETAINED] + held_bytes + size > h[H_MAX_RETAINED]:
             if pol.evicts_to_admit:
                 self.evict_until(1, size)
             elif not self.room_without_evicting(size):
@@ -250,7 +355,8 @@ class Table:
         h = self.h
         if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
             self.reclaim_expired()
-        return h[H_ENTRIES] < h[H_MAX_ENTRIES] and h[H_RETAINED] + size <= h[H_MAX_RETAINED]
+        held, held_bytes = self.held()
+        return h[H_ENTRIES] + held < h[H_MAX_ENTRIES] and h[H_RETAINED] + held_bytes + size <= h[H_MAX_RETAINED]
 
     def overwrite(self, e: int, encoded: Fields, expires: int, version: int = 0) -> bool:
         """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, touched as a
@@ -262,8 +368,9 @@ class Table:
         klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
         vlen = len(body) + 1
         # block.nbytes and block.header, inlined: every update's path.
-        if ((klen + old_vlen + PAD) & -BLOCK_ALIGN != nb or h[H_RETAINED] + vlen - old_vlen > h[H_MAX_RETAINED]
-                or not 0 < e < self.slots):
+        held_bytes = self.held()[1] if self.holds else 0
+        if ((klen + old_vlen + PAD) & -BLOCK_ALIGN != nb
+                or h[H_RETAINED] + held_bytes + vlen - old_vlen > h[H_MAX_RETAINED] or not 0 < e < self.slots):
             return False
         # The block must be this entry's own (its header names it) before anything is written into it.
         if (not 0 <= off <= self.ring.nbytes - nb or off & 7
@@ -332,11 +439,17 @@ class Table:
         then those the policy chooses (lru: the least recently used; keep: the oldest; s3fifo: policies/s3fifo.py),
         pinned entries excepted. Bounded by the table size, so damaged counters raise instead of looping.
 
-        :raises PinnedError: if what is left to evict is all pinned (the limits still hold; room is short).
+        Held entries (``detach``) count against the limits: those whose pins ended are given back first.
+
+        :raises PinnedError: if what is left to evict is all pinned or held (the limits still hold; room is short).
         """
         h, ent = self.h, self.ent
-        most_entries = h[H_MAX_ENTRIES] - extra_entries
-        most_bytes = h[H_MAX_RETAINED] - extra_bytes
+        held, held_bytes = self.held()
+        if held:
+            self.reclaim_held()
+            held, held_bytes = self.held()
+        most_entries = h[H_MAX_ENTRIES] - extra_entries - held
+        most_bytes = h[H_MAX_RETAINED] - extra_bytes - held_bytes
         if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
             return
         if h[H_NEXT_EXPIRY] != NEVER and h[H_NEXT_EXPIRY] <= self.clock():
@@ -352,7 +465,7 @@ class Table:
                     break
             else:
                 raise CorruptionError("evicting never met the limits", what="evict")
-            if ent[E_NEXT] != SENTINEL:
+            if ent[E_NEXT] != SENTINEL or held:
                 raise PinnedError("no room: the entries left to evict are pinned by open views", what="put",
                                   hint="close views sooner, or raise the limits")
             raise CorruptionError("the header's counters disagree with the entries on the list", what="evict")
@@ -373,9 +486,9 @@ class Table:
                 self.remove(e)
                 h[H_EVICTIONS] += 1
             e = p
-        if pinned:
-            raise PinnedError(f"no room: the {pinned} entries left to evict are pinned by open views", what="put",
-                              hint="close views sooner, or raise the limits")
+        if pinned or held:
+            raise PinnedError(f"no room: the {pinned + held} entries left to evict are pinned by open views",
+                              what="put", hint="close views sooner, or raise the limits")
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
 
     def evict_one(self) -> bool:
@@ -573,3 +686,7 @@ class Table:
         h[H_ENTRIES] = h[H_RETAINED] = h[H_WRITING] = 0
         h[H_FREE_HEAD] = NIL
         h[H_UNUSED_NEXT] = 1
+        if self.holds:
+            st = self.stripes
+            st[S_HELD_FIRST] = NIL
+            st[S_HELD] = st[S_HELD_BYTES] = 0

@@ -34,7 +34,7 @@ from .layout.dtypes import (
     H_LAST_PUT, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
     H_GHOST_CLOCK, H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST,
     H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
-    READER_SLOTS, H_CAPACITY, H_RESIZES,
+    READER_SLOTS, H_CAPACITY, H_RESIZES, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
     KIND_WORDS,
 )
@@ -137,6 +137,34 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
     return order
 
 
+def _walk_held(seg, live: set[int], deep: bool, problems: _Problems) -> list[int]:
+    """The held entries (version 12; none before it), from ``S_HELD_FIRST`` through their ``next`` words: each a
+    slot whose ``slot`` word is HELD_SLOT, resident nowhere, its block its own; and the list as long, and as large,
+    as ``S_HELD`` and ``S_HELD_BYTES`` say."""
+    if not seg.holds:
+        return []
+    h, ent, st, slots = seg.header_words, seg.entry_words, seg.stripe_words, seg.geometry.entry_slots
+    held: list[int] = []
+    seen, cur, nbytes = set(), st[S_HELD_FIRST], 0
+    for _ in _ticking(h, range(slots)):
+        if cur == NIL:
+            break
+        if not 0 < cur < slots or cur in seen or cur in live or ent[cur * _W + E_SLOT] != HELD_SLOT:
+            problems.add(f"held list reaches slot {cur}, which is out of range, repeated, resident or not held")
+            return held
+        seen.add(cur)
+        bad = _block_problem(seg, cur, deep)
+        if bad:
+            problems.add(f"held entry {cur}: {bad}")
+        held.append(cur)
+        nbytes += ent[cur * _W + E_KEY_NBYTES] + ent[cur * _W + E_VAL_NBYTES]
+        cur = ent[cur * _W + E_NEXT]
+    if (len(held), nbytes) != (st[S_HELD], st[S_HELD_BYTES]):
+        problems.add(f"held list has {len(held)} entries of {nbytes} bytes, its words say {st[S_HELD]} of "
+                     f"{st[S_HELD_BYTES]}")
+    return held
+
+
 _COUNTERS = (H_HITS, H_MISSES, H_PUTS, H_UPDATES, H_DELETES, H_EVICTIONS, H_RECOVERIES, H_CLEARS, H_COMPUTATIONS,
              H_WAITS, H_TAKEOVERS, H_EXPIRED, H_ADMITTED, H_NOT_ADMITTED, H_PROMOTED, H_GHOST_HITS, H_BASE_HITS,
              H_BASE_MISSES, H_BASE_RETRIES, H_BASE_FALLBACKS, H_TOO_LARGE, H_RESIZES)
@@ -229,6 +257,11 @@ def check(seg, deep: bool = True) -> VerifyReport:
         w = s << INDEX_SHIFT
         if not 0 <= s <= mask or ix[w + I_ENTRY] != e or ix[w + I_FP] != ent[b + E_FP]:
             problems.add(f"entry {e}: its index slot {s} does not point back at it")
+    held = _walk_held(seg, live, deep, problems)
+    for e in held:
+        nb = block.nbytes(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES])
+        used += nb
+        blocks.append((ent[e * _W + E_OFF], nb))
     if len(order) != h[H_ENTRIES]:
         problems.add(f"LRU list has {len(order)} entries, the header says {h[H_ENTRIES]}")
     if len(order) > h[H_MAX_ENTRIES]:
@@ -243,8 +276,8 @@ def check(seg, deep: bool = True) -> VerifyReport:
         if o1 + n1 > o2:
             problems.add(f"arena blocks at {o1} and {o2} overlap")
     _check_index(seg, live, problems)
-    _check_ring(seg, live, problems)
-    _check_free_list(seg, live, problems)
+    _check_ring(seg, live | set(held), problems)
+    _check_free_list(seg, live | set(held), problems)
     _check_columns(seg, order, good, problems)
     return VerifyReport(not problems, tuple(problems), len(order), retained, used)
 
@@ -313,7 +346,7 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
             found += 1
         pos, left = (pos + nb) % size, left - nb
     if found != len(live):
-        problems.add(f"arena ring holds {found} live blocks, the LRU list {len(live)} entries")
+        problems.add(f"arena ring holds {found} live blocks, the LRU and held lists {len(live)} entries")
 
 
 def _named_kinds(seg) -> int:
@@ -393,7 +426,8 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
         seen.add(cur)
         cur = ent[cur * _W + E_NEXT]
     if len(seen) + len(live) != unused - 1:
-        problems.add(f"{len(seen)} free and {len(live)} resident slots, but {unused - 1} slots were handed out")
+        problems.add(f"{len(seen)} free and {len(live)} resident or held slots, but {unused - 1} slots were handed "
+                     "out")
 
 
 def repair(seg) -> int:
@@ -412,8 +446,16 @@ def repair(seg) -> int:
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
     cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
+    # Held entries (version 12) are never taken for resident ones (a newer value of their key may be): kept while
+    # a view pins them, as the last to survive an overlap, else given back.
+    holds = seg.holds
+    held: set[int] = set()
     for e in range(1, unused):
-        if (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True):
+        if holds and ent[e * _W + E_SLOT] == HELD_SLOT:
+            if _pin_held(seg, e) and _block_ok(seg, e, deep=True):
+                held.add(e)
+                candidates.append((ent[e * _W + E_OFF], block.entry_nbytes(ent, e), e))
+        elif (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True):
             candidates.append((ent[e * _W + E_OFF], block.entry_nbytes(ent, e), e))
     # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
     candidates.sort()
@@ -424,17 +466,20 @@ def repair(seg) -> int:
                 continue
             kept.pop()
         kept.append((off, nb, e))
+    held_ids = [e for _, _, e in kept if e in held]
     # Entries of a kind whose record lost its name (or lies beyond a record that did) go: no kind() can reach them.
     named = _named_kinds(seg)
-    kept_ids = sorted((e for _, _, e in kept if _key_kind(seg, e) <= named), key=lambda e: rank.get(e, slots))
+    kept_ids = sorted((e for _, _, e in kept if e not in held and _key_kind(seg, e) <= named),
+                      key=lambda e: rank.get(e, slots))
     # As the policy links them (s3fifo: main's entries, then small's, each queue in its order, a mark says which).
     kept_ids = policies.of(g.policy).repair_order(seg, kept_ids)
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
     retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
+    held_bytes = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in held_ids)
     # Entries pinned by open views are kept whatever the limits say: their bytes must not be reused under them.
     for i in range(len(kept_ids) - 1, -1, -1):
-        if not (len(kept_ids) > max_entries or retained > max_retained):
+        if not (len(kept_ids) + len(held_ids) > max_entries or retained + held_bytes > max_retained):
             break
         e = kept_ids[i]
         if not _pinned(seg, e):
@@ -442,7 +487,7 @@ def repair(seg) -> int:
             retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
             h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
-    _rebuild(seg, kept_ids, unused)
+    _rebuild(seg, kept_ids, unused, held_ids)
     h[H_WRITING] = 0
     return max(dropped, 0)
 
@@ -508,22 +553,36 @@ def settle_tables(seg) -> None:
 
 def _pinned(seg, e: int) -> bool:
     """Whether a view still pins entry ``e`` (see ``Table.pinned``)."""
-    return bool(seg.pins_bytes[e]) and (ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
-                                        or slot_pinned(seg.reader_words, seg.live_fd, e))
+    return bool(seg.pins_bytes[e]) and _pin_held(seg, e)
 
 
-def _rebuild(seg, kept: list[int], unused: int) -> None:
+def _pin_held(seg, e: int) -> bool:
+    """Whether a view holds a pin on entry ``e`` now, whatever its flag says (``Table._pin_held``)."""
+    return ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e) or slot_pinned(seg.reader_words, seg.live_fd, e)
+
+
+def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None = None) -> None:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    held = held or []
     mask = seg.mask
     seg.arrays()[1]["entry"] = EMPTY
-    keep = set(kept)
+    keep = set(kept) | set(held)
     free = NIL
     for e in _ticking(h, range(unused - 1, 0, -1)):
         if e not in keep:
             ent[e * _W + E_CHECK] = 0
+            if ent[e * _W + E_SLOT] == HELD_SLOT:
+                ent[e * _W + E_SLOT] = 0
             ent[e * _W + E_NEXT] = free
             free = e
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
+    if seg.holds:  # the held list, from the held entries kept
+        st, first, nbytes = seg.stripe_words, NIL, 0
+        for e in held:
+            ent[e * _W + E_NEXT] = first
+            first = e
+            nbytes += ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+        st[S_HELD_FIRST], st[S_HELD], st[S_HELD_BYTES] = first, len(held), nbytes
     lru.relink(ent, kept)  # most recent first (s3fifo: main's entries, then small's)
     _rebuild_queues(seg, kept)
     retained = 0
@@ -532,7 +591,7 @@ def _rebuild(seg, kept: list[int], unused: int) -> None:
         index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
-    _rebuild_ring(seg, kept)
+    _rebuild_ring(seg, kept + held)
     _rebuild_columns(seg, kept)
     config.set_limits(h, *_sane_limits(h, g))
 

@@ -27,7 +27,7 @@ class TooLarge(ValueError):
 
 
 class Pinned(Exception):
-    """A pinned entry would change or go, or only pinned entries are left to evict: SharedCache raises PinnedError."""
+    """Only pinned (or held) entries are left to evict: SharedCache raises PinnedError."""
 
 
 @dataclass
@@ -59,6 +59,11 @@ class ReferenceLRU:
         self.version_clock = 0  # the last version handed out; clear() keeps it
         self.kinds: dict[str, int] = {}  # name -> number, in registration order; clear() keeps them
         self.pinned: set[bytes] = set()  # keys of entries an open view pins, maintained by the caller
+        # Entries a put, delete, pop or clear took out while a view pinned them: held aside for the view, counted
+        # against the limits until it ends (``release``, the caller's; SharedCache gives them back at the next store,
+        # before any limit is judged).
+        self.held_n = 0
+        self.held_bytes = 0
         self.expired_for_room = 0  # expired entries dropped because a store needed room (for test statistics)
 
     # ------------------------------------------------------------------------------------------- internals
@@ -71,15 +76,27 @@ class ReferenceLRU:
         self.retained -= e.size
         return e
 
+    def _hold(self, kb: bytes) -> Entry:
+        """Take the key's pinned entry out, held aside for its view."""
+        e = self._drop(kb)
+        self.held_n += 1
+        self.held_bytes += e.size
+        return e
+
+    def release(self) -> None:
+        """The views have ended: what they held goes back."""
+        self.held_n = self.held_bytes = 0
+
     def _live(self, kb: bytes, to_insert: bool = False) -> Entry | None:
         """The key's entry; an expired one is dropped (counted) and reported absent. A pinned expired entry stays,
-        but refuses an insert of its key."""
+        but is held aside (counted) before an insert of its key."""
         e = self.data.get(kb)
         if e is None or not self._expired(e):
             return e
         if kb in self.pinned:
             if to_insert:
-                raise Pinned(kb)
+                self._hold(kb)
+                self.counters["expired"] += 1
             return None
         self._drop(kb)
         self.counters["expired"] += 1
@@ -105,11 +122,11 @@ class ReferenceLRU:
         return self.clock() + ns if ns else 0
 
     def _make_room(self, extra_entries: int, extra_bytes: int) -> None:
-        """Every expired entry first, then the least recently used, pinned ones excepted. Running out of entries to
-        evict raises Pinned with the evictions done kept."""
+        """Every expired entry first, then the least recently used, pinned ones excepted; held entries count
+        against the limits. Running out of entries to evict raises Pinned with the evictions done kept."""
         def fits() -> bool:
-            return (len(self.data) + extra_entries <= self.max_entries
-                    and self.retained + extra_bytes <= self.max_retained_bytes)
+            return (len(self.data) + self.held_n + extra_entries <= self.max_entries
+                    and self.retained + self.held_bytes + extra_bytes <= self.max_retained_bytes)
 
         if fits():
             return
@@ -124,15 +141,16 @@ class ReferenceLRU:
             raise Pinned("no room")
 
     def _store(self, kb: bytes, value, size: int, expires: int) -> None:
-        """Store over the key's live entry, if any. Should making room fail (Pinned), the old entry stays removed
-        and counted as an update, as in SharedCache."""
+        """Store over the key's live entry, if any (held aside if a view pins it). Should making room fail
+        (Pinned), the old entry stays removed and counted as an update, as in SharedCache."""
         if size > self.max_retained_bytes:
             raise self._too_large(size)
         if kb in self.data:
-            if kb in self.pinned:
-                raise Pinned(kb)
             self.counters["updates"] += 1
-            self._drop(kb)
+            if kb in self.pinned:
+                self._hold(kb)
+            else:
+                self._drop(kb)
         self._make_room(1, size)
         self.version_clock += 1
         self.data[kb] = Entry(value, size, expires, self.version_clock, kb[1] if kb and kb[0] == KIND_PREFIX else 0)
@@ -196,8 +214,9 @@ class ReferenceLRU:
         if self._live(kb) is None:
             return False
         if kb in self.pinned:
-            raise Pinned(kb)
-        self._drop(kb)
+            self._hold(kb)
+        else:
+            self._drop(kb)
         self.counters["deletes"] += 1
         return True
 
@@ -206,11 +225,9 @@ class ReferenceLRU:
         if self._live(kb) is None:
             self.counters["misses"] += 1
             return default
-        if kb in self.pinned:
-            raise Pinned(kb)
         self.counters["hits"] += 1
         self.counters["deletes"] += 1
-        return self._drop(kb).value
+        return (self._hold(kb) if kb in self.pinned else self._drop(kb)).value
 
     def incr(self, key, delta: int, initial: int | None = 0, kind: int = 0) -> int:
         """A counter keeps its expiry; a new one gets the default time to live."""
@@ -285,9 +302,12 @@ class ReferenceLRU:
             raise
 
     def clear(self) -> None:
-        """Pinned entries stay; the counters but ``clears`` restart from zero."""
-        for kb in [kb for kb in self.data if kb not in self.pinned]:
-            self._drop(kb)
+        """Every entry goes (pinned ones held aside); the counters but ``clears`` restart from zero."""
+        for kb in list(self.data):
+            if kb in self.pinned:
+                self._hold(kb)
+            else:
+                self._drop(kb)
         clears = self.counters["clears"] + 1
         self.counters = dict.fromkeys(self.counters, 0)
         self.counters["clears"] = clears
@@ -299,9 +319,12 @@ class ReferenceLRU:
         return self.kinds.setdefault(name, len(self.kinds) + 1)
 
     def clear_kind(self, kind: int) -> int:
-        doomed = [kb for kb, e in self.data.items() if e.kind == kind and kb not in self.pinned]
+        doomed = [kb for kb, e in self.data.items() if e.kind == kind]
         for kb in doomed:
-            self._drop(kb)
+            if kb in self.pinned:
+                self._hold(kb)
+            else:
+                self._drop(kb)
         self.counters["deletes"] += len(doomed)
         return len(doomed)
 

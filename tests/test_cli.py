@@ -359,7 +359,7 @@ def test_cli_watch_off_a_terminal_writes_no_control_codes(filled, name):
     proc = subprocess.Popen([sys.executable, "-m", "shmcache", "stats", name, "--watch", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        lines = [proc.stdout.readline() for _ in range(40)]
+        lines = [proc.stdout.readline() for _ in range(100)]
     finally:
         proc.kill()
         proc.communicate(timeout=30)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from shmcache import LayoutError, LayoutVersionError, SharedCache, layout
+from shmcache.codec import encode_key
 from shmcache.layout import Geometry
 from shmcache.layout import dtypes as d
 
@@ -332,7 +333,7 @@ def test_layout_golden_version_11_stripes(name):
     from shmcache.seqlock import stripe_of
     from .workers import entry_of
 
-    assert d.LAYOUT_VERSION == 11 and d.READ_VERSIONS == (7, 8, 9, 10, 11)
+    assert d.LAYOUT_VERSION >= 11 and d.READ_VERSIONS[:5] == (7, 8, 9, 10, 11)
     assert (d.STRIPES, d.STRIPE_MIN_SHIFT, d.STRIPE_WORDS, d.S_OPEN, d.STRIPES_NBYTES) == (64, 4, 8, 0, 65 * 64)
     g = Geometry.for_capacity(2**20, 1000)
     assert g.stripes_off == g.readers_off + 256 * 256 and g.stripes_nbytes == 65 * 64
@@ -355,6 +356,51 @@ def test_layout_golden_version_11_stripes(name):
                     assert w[d.STRIPE_WORDS * (1 + k)] == 2 and w.sum() == 2
             finally:
                 c.unlink()
+
+
+def test_layout_golden_version_12_held_entries(name):
+    """Version 12: the stripes region's first line holds, after the open mask, the held entries' list head, count
+    and bytes (words 1-3), and a held entry's ``slot`` word is -1; the geometry is version 11's."""
+    from .workers import entry_of
+
+    assert d.LAYOUT_VERSION == 12 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12)
+    assert (d.S_HELD_FIRST, d.S_HELD, d.S_HELD_BYTES, d.HELD_SLOT) == (1, 2, 3, -1)
+    g11, g12 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (11, 12))
+    assert (g11.stripes_off, g11.arena_off, g11.total_nbytes) == (g12.stripes_off, g12.arena_off, g12.total_nbytes)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
+        try:
+            w = c._seg.stripe_words
+            c["a"] = b"xyz"
+            e = entry_of(c, "a")
+            with c.view("a"):
+                c["a"] = b"new"
+                assert (w[1], w[2], w[3]) == (e, 1, len(encode_key("a")) + 1 + 3)  # (the key, the tagged value)
+                assert c._seg.entry_words[e * d.ENTRY_WORDS + d.E_SLOT] == -1
+        finally:
+            c.unlink()
+
+
+def test_layout_version_11_segment_refuses_to_replace_a_viewed_entry(name, monkeypatch):
+    """A segment of layout version 11 may be shared with processes of the release before, which know no held
+    entries: on it a put or delete of a key a view pins is refused (PinnedError), on both paths, as it was."""
+    from shmcache import PinnedError
+    from .workers import python_path
+
+    with SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True) as c:
+        c["old"] = b"kept"
+        c._seg.header_words[d.H_VERSION] = 11  # (version 11's geometry is 12's)
+    for path in ("compiled", "python"):
+        with SharedCache(name, create=False) as c:
+            if path == "python":
+                python_path(c)
+            assert c._seg.version == 11 and not c._seg.holds
+            with c.view("old"):
+                with pytest.raises(PinnedError):
+                    c["old"] = b"new"
+                with pytest.raises(PinnedError):
+                    del c["old"]
+            assert c["old"] == b"kept" and c.stats().held_entries == 0 and c.verify().ok
+    SharedCache.unlink_name(name)
 
 
 def test_layout_version_10_segment_reads_against_seq_alone(name, monkeypatch):

@@ -490,10 +490,11 @@ class SharedCacheMachine(RuleBasedStateMachine):
     @rule(key=viewable_keyed, other=st.booleans(), then=view_thens, key2=keyed, value=pinned_time_values,
           max_entries=st.integers(1, MAX_ENTRIES), max_bytes=max_bytes_choices, other2=st.booleans())
     def view(self, key, other, then, key2, value, max_entries, max_bytes, other2):
-        """A zero-copy view shows the stored value, counts a hit, and pins the entry while open: a put, delete or
-        pop of its key raises PinnedError and changes nothing; eviction, clear() and a kind's clear() pass it by;
-        a put or set_limits that finds only pinned entries left to evict raises PinnedError, the evictions made
-        standing (and the removal of the put key's old entry; set_limits keeps the old limits)."""
+        """A zero-copy view shows the stored value, counts a hit, and pins the entry while open: eviction passes it
+        by; a put, delete or pop of its key, clear() and a kind's clear() succeed, the entry held aside for the view
+        (counted against the limits until it ends); a put or set_limits that finds only pinned or held entries left
+        to evict raises PinnedError, the evictions made standing (and the removal of the put key's old entry;
+        set_limits keeps the old limits)."""
         target, raw, k = self._target(key, other)
         try:
             expected = self.model.view(raw, k)
@@ -528,6 +529,7 @@ class SharedCacheMachine(RuleBasedStateMachine):
                     self.set_limits(max_entries, max_bytes, other2)
             finally:
                 self.model.pinned.discard(kb)
+        self.model.release()  # (the view has ended: what it held goes back)
         event(f"view then {then}")
 
     # ------------------------------------------------------------------------------------------- whole cache

@@ -50,6 +50,14 @@ def entry_of(cache: SharedCache, key) -> int:
     return index.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
 
 
+def pinned(cache: SharedCache, key) -> bool:
+    """Whether a view (of any process) pins the entry that holds ``key`` now, asked as a writer asks
+    (``Table.pinned_now``: the flag, then the kernel's lock and the reader slots' words). A test's probe of a pin
+    that writes nothing: from layout version 12 a put of a pinned key succeeds (the entry is held aside)."""
+    e = entry_of(cache, key)
+    return e != index.EMPTY and cache._table.pinned_now(e)
+
+
 def reap(procs, timeout: float = 60) -> None:
     """Join each child, killing any still running after ``timeout`` s: no child outlives its test."""
     for p in procs:

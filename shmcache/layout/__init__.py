@@ -16,7 +16,8 @@ so that no two regions share a cache line::
     geometry.kind_table_off   kind table    MAX_KINDS + 1 records of dtype KIND (64 bytes)
     geometry.ghost_off        ghost         ghost_slots words (GHOST): s3fifo's ghost (0 words otherwise)
     geometry.readers_off      reader slots  READER_SLOTS records of dtype READER (64 bytes): reads without the lock
-    geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line, then a word a line
+    geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line (and, version 12, the
+                                            held entries' words), then a word a line
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -118,7 +119,8 @@ word of the region is valid under both policies, so it is outside the crash prot
 
 Reads without the lock (s3fifo, keep and auto). The stripes region (version 11) holds a sequence word for each of
 ``STRIPES`` runs of the index in force's slots (``seqlock.stripe_of``: 2**STRIPE_MIN_SHIFT slots at least), each
-alone on its line, after a line whose word ``S_OPEN`` is the mask of the stripes the hold under way opened. A
+alone on its line, after a line whose word ``S_OPEN`` is the mask of the stripes the hold under way opened (and,
+version 12, the held entries' words, below). A
 stripe's word is odd from a lock holder's first write to one of its slots or to an entry one of them points at (or
 a pin query of such an entry) until its hold ends with ``dirty`` 0; ``seq`` likewise around what writes across the
 stripes (a resize, a clear, a repair, an expiry sweep), and, on a segment of version 10, around every write and pin
@@ -134,6 +136,14 @@ waits out before it gives pages back); and 24 pin words, one per entry its holde
 system call, ``(count << 32) | entry slot`` (0: free), which count only while the slot's kernel lock is held. A
 slot keeps its counts when its holder dies; ``stats()`` adds every slot's to the header's, less ``base_*``. Any
 value of a slot is valid (out of range, it counts as 0, and its next claimer zeroes it).
+
+Held entries (version 12). A put, delete or pop of a key whose entry a view pins takes that entry out of the index,
+the list, the policy's queues and the occupancy counts (its ``slot`` word becomes ``HELD_SLOT``, first), and stores
+the new value beside it: its slot and block stay as they are for the views reading them. The held entries are listed
+from the stripes region's word ``S_HELD_FIRST`` through their ``next`` words and counted in ``S_HELD`` and
+``S_HELD_BYTES`` (their keys' and values' bytes), which count against the limits as resident entries do; a store
+gives back the slot and block of each whose pins have all ended. A repair rebuilds the list and the counts from the
+slot words: it keeps a held entry whose block checks out while a view pins it, and gives back the others.
 
 Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of
 ``GHOST_WAYS``: a fingerprint's group is its low bits' slot rounded down to a group. A word is 0 (empty) or

@@ -13,15 +13,16 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 11
+LAYOUT_VERSION = 12
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
 # ``entry_slots`` are the most entries it ever holds, all backed, and ``index_slots`` is the whole index (10 reserves
 # tables for the most a resize reaches, backs and uses them for the limit in force, and ``index_slots`` is the index
 # in force). Segments of 7 and 8 are used as they are, never rewritten, and never resized; 9 is resized within its
-# tables. 10 is 11 without the stripes: its writers open ``seq`` where 11's open a stripe.
-READ_VERSIONS = (7, 8, 9, 10, 11)
+# tables. 10 is 11 without the stripes: its writers open ``seq`` where 11's open a stripe. 11 is 12 without held
+# entries: a put or delete of an entry a view pins is refused (PinnedError) where 12 holds the old entry aside.
+READ_VERSIONS = (7, 8, 9, 10, 11, 12)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -91,6 +92,15 @@ STRIPES = 1 << STRIPE_BITS
 STRIPE_MIN_SHIFT = 4
 STRIPE_WORDS = ALIGN // 8  # words from one stripe's word to the next
 S_OPEN = 0  # the region's word 0: bit k set while stripe k is open (the hold's end evens those named)
+# Held entries (version 12): an entry a view pins, taken out of the index by a put, delete or expiry of its key, whose
+# slot and block stay as they are until its last pin ends. Listed from word S_HELD_FIRST through the entries' ``next``
+# words, counted in S_HELD and S_HELD_BYTES (their keys' and values' bytes), which count against the limits as
+# resident entries do. Written under the lock; a repair rebuilds all three from the entries' slot words (HELD_SLOT).
+# (Why the slot word and not the pins column: a view without the lock writes the pins column.)
+S_HELD_FIRST = 1
+S_HELD = 2
+S_HELD_BYTES = 3
+HELD_SLOT = -1  # a held entry's ``slot`` word: it is in no index slot (written first, so a repair never indexes it)
 STRIPES_NBYTES = (1 + STRIPES) * ALIGN
 
 

@@ -61,7 +61,7 @@ class Geometry:
     arena_nbytes: int
     policy: int = 0  # POLICY_* (dtypes.py)
     version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
-    #                                the stripes' words
+    #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
