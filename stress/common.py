@@ -182,7 +182,7 @@ class Workload:
         try:
             getattr(self, "_" + op)()
         except (TooLargeError, PinnedError):
-            pass  # documented refusals: a big entry above a lowered limit; an entry (or room) pinned by a view
+            pass  # documented refusals: a big entry above a lowered limit; room pinned (or held) by views
         except ShmCacheError as exc:
             self.report(ERRORS, f"{op}: {exc!r}")
         except Exception:
@@ -208,11 +208,16 @@ class Workload:
         self.stored("put", key, self.cache.put(key, value, ttl=self.rng.choice((0.001, 0.01, 0.1))))
 
     def _view(self) -> None:
-        """A zero-copy read, checked inside its block while other processes write (and evict) around it."""
+        """A zero-copy read, checked inside its block while other processes write (and evict) around it; now and
+        then the viewed key itself is replaced inside the block (its old entry held aside for the view)."""
         key = self.key()
         try:
             with self.cache.view(key) as v:
-                self.cache.get(self.key())  # hold the pin across another operation
+                if self.rng.random() < 0.25:
+                    self.seq += 1
+                    self.cache.put(key, make_value(key, self.seq, self.rng, self.nbytes()))
+                else:
+                    self.cache.get(self.key())  # hold the pin across another operation
                 why = check_value(key, bytes(v) if isinstance(v, memoryview) else v)
         except (KeyError, TypeError):  # absent, or a value views do not serve
             return

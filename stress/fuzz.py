@@ -103,7 +103,8 @@ CONFIG_SHARE = 0.2  # odds that a round also sets a configuration word to a smal
 LOCK_WORDS_NBYTES = 16  # the lock's words (12 bytes) and the first bytes after them
 # Odds of damaging each region (the ghost: under s3fifo, and auto, whose sketch and state words it holds).
 # The stripes (layout version 11): their open mask and sequence words, any value valid (an odd word sends its
-# stripe's reads to the lock until the next repair evens it).
+# stripe's reads to the lock until the next repair evens it); and (version 12) the held entries' list head and
+# counts on the mask's line, which an aimed damage hits, as it hits an entry's slot word (HELD_SLOT: -1).
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5,
            "stripes": 0.5}
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
@@ -157,6 +158,8 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         group = g.ghost_off + 8 * GHOST_WAYS * rng.randrange(g.ghost_slots // GHOST_WAYS)
         used = [off for off in range(group, group + 8 * GHOST_WAYS, 8) if _word(mm, off)]
         return rng.choice(used) if used else None
+    if region == "stripes":  # the open mask, the held list's head and its two counts
+        return g.stripes_off + 8 * rng.randrange(4)
     if region == "index":
         s = _word(mm, rec + 8 * E_SLOT)
         return g.index_off + 16 * s + 8 * rng.randrange(2) if 0 <= s < g.index_slots else None

@@ -30,7 +30,8 @@ errors      exceptions other than the timer's and the documented refusals; must 
 leaked_fds  descriptors a worker had open beyond its count at start (periodically: beyond FD_SLACK); must be 0
 closed_fds  a worker's own files found closed or replaced; must be 0
 held        claim or pin bytes still locked by the paused workers; must be 0
-refused     puts (PinnedError) or computations (ComputeTimeout) refused after the storm; must be 0
+refused     puts (PinnedError) or computations (ComputeTimeout) refused after the storm, and old entries still
+            held for a view once every key was written again (a pin left behind); must be 0
 hangs       workers that did not pause or stop in time, or made no progress for HANG_SECONDS; must be 0
 crashes     workers that died on their own; must be 0
 not_admitted puts that returned False under keep (the workers' and those after the storm)
@@ -246,6 +247,12 @@ def _write_everything(cache: SharedCache, nkeys: int) -> tuple[int, int, int]:
         except (PinnedError, ComputeTimeout) as exc:
             refused += 1
             print(f"after the storm: {key!r} refused: {exc!r}", file=sys.stderr)
+    # A pin left behind no longer refuses its key's put (the old entry is held aside for it): it shows as an entry
+    # still held once every key was written again (each store gives back what no view pins).
+    held = cache.stats().held_entries
+    if held:
+        refused += held
+        print(f"after the storm: {held} old entries still held for views", file=sys.stderr)
     return refused, wrong, not_admitted
 
 
