@@ -83,9 +83,8 @@ class OptionalBuildExt(build_ext):
 
 setup(
     # _core.c includes its parts (shmcache/_core_*.c, one translation unit): they are dependencies, not sources.
-    ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c", "shmcache/_view.c",
-                                               "shmcache/_frame.c"],
-                           depends=["shmcache/_core.h", "shmcache/_unpack.h", "shmcache/_view.h", "shmcache/_frame.h",
+    ext_modules=[Extension("shmcache._core", ["shmcache/_core.c", "shmcache/_unpack.c", "shmcache/_view.c"],
+                           depends=["shmcache/_core.h", "shmcache/_unpack.h", "shmcache/_view.h",
                                     *sorted(glob.glob("shmcache/_core_*.c"))],
                            define_macros=[("SHMCACHE_SOURCES", f'"{_sources_digest()}"')],
                            extra_compile_args=_flags, extra_link_args=_link)],

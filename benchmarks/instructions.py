@@ -44,7 +44,7 @@ CASES = {
     "put-evict": "put of a new key into a full cache (evicts one entry)",
     "get-many": "per key of get_many of 64 resident keys (compare with get)",
     "put-many": "per key of put_many of 64 resident keys (compare with put-update)",
-    "view": "with cache.view(key): of a resident 1 KB array this handle viewed before (pin, build, revoke, unpin)",
+    "view": "with cache.view(key): of a resident 1 KB array this handle viewed before (pin, build, unpin)",
     "get-150k": "get hit of a 150 KB int64 array (copy, checksum, array), one of 128 resident keys",
     "view-150k": "with cache.view(key): of a 150 KB int64 array this handle viewed before, as view (compare: get-150k)",
     "view-as": "with cache.view(key) as arr: as view, the array bound to a name (its end counts the caller's names)",

@@ -39,7 +39,6 @@
  * twin names it, as "(twin: table.py Table.insert)"; tests/test_seams.py checks that every twin named exists.
  */
 #include "_core.h"
-#include "_frame.h" /* frame_fast_built */
 
 #ifndef SHMCACHE_SOURCES
 #define SHMCACHE_SOURCES "" /* built without setup.py: the digest of its sources is unknown, and not checked */
@@ -134,8 +133,7 @@ static PyMethodDef module_methods[] = {
      "in C, how many timeouts it added while the holder made progress (what a timeout message counts), and the "
      "thread id the lock's word named when it gave up (0: it did not)."},
     {"setup_views", (PyCFunction)(void (*)(void))setup_views, METH_FASTCALL,
-     "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)\n\nWhat views are built and revoked with "
-     "(view.py calls it once)."},
+     "setup_views(frombuffer, ndarray, tag_bytes, tag_array)\n\nWhat views are built with (view.py calls it once)."},
     {"xxh3", (PyCFunction)(void (*)(void))mod_xxh3, METH_FASTCALL,
      "xxh3(data, seed=0, portable=0) -> int\n\nXXH3-64 of any length, computed by the compiled section as "
      "xxhash.xxh3_64_intdigest(data, seed) does (the fingerprints and checksums of keys, values and snapshot "
@@ -193,8 +191,7 @@ PyMODINIT_FUNC PyInit__core(void)
         }
         Py_DECREF(v);
     }
-    if (view_types_add(m) < 0 || PyModule_AddStringConstant(m, "SOURCES", SHMCACHE_SOURCES) < 0
-        || PyModule_AddIntConstant(m, "FRAME_LOCALS_IN_PLACE", frame_fast_built()) < 0)
+    if (view_types_add(m) < 0 || PyModule_AddStringConstant(m, "SOURCES", SHMCACHE_SOURCES) < 0)
         goto fail;
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {

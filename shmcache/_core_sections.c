@@ -198,7 +198,9 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
     int r, done;
     HW(dirty) = 1; /* (overwrite, table_remove and insert open the stripes they write) */
     if (c->holds) {
-        if ((r = reclaim_held(c))) /* what the views no longer pin: before the limits are judged */
+        /* What the views no longer pin, before the limits are judged (the count read here first: the walk's call
+         * is made only while something is held). */
+        if (c->stripes[S_HELD] != 0 && (r = reclaim_held(c)))
             return r;
         if (old != c->empty) {
             int pin = pinned(c, old);

@@ -10,8 +10,9 @@
  *   No Python code runs between the memory going and the pin ending, so no exception can come between them.
  * - A handle checks a stored value once (view.py: the checksum policy). ``Pins.viewed`` remembers what it checked
  *   (slot -> version, offset, length, checksum and layout); a view of a value it names is built here at once.
- * - ``View`` is what ``SharedCache.view`` returns in the compiled build: its close() revokes the object handed out
- *   exactly as view.View's does.
+ * - ``View`` is what ``SharedCache.view`` returns in the compiled build: its close() lets go of the object handed out
+ *   exactly as view.PyView's does (a memoryview released; an array left to whoever still holds it, whose pin ends
+ *   with its last reference: the pin is the export, nothing else).
  *
  * Fork: neither side of a fork may unlock a description the other may still hold (an OFD unlock ends the lock for
  * every holder of the description), and the parent must not lend such a description again. view.py's fork hooks
@@ -21,8 +22,6 @@
  * copy). An inherited view's pin so lasts until the child drops it or exits.
  */
 #include "_view.h"
-
-#include "_frame.h" /* (with frameobject.h: before 3.11, f_locals; PyFrame_GetLocals came with 3.11) */
 
 /* numpy's C API, for the arrays a view hands out: built from a layout's numbers in one call, without the argument
  * parsing of the Python-level constructor (about 2,900 instructions a view). Its table is loaded by setup_views,
@@ -53,12 +52,8 @@
 /* Set once by setup_views(): what the views are built with. */
 static PyObject *frombuffer;   /* numpy.frombuffer: a bytes value's memory */
 static PyObject *ndarray;      /* numpy.ndarray: an array value's, in its shape at once */
-static PyObject *closed_state; /* view.CLOSED's __setstate__ argument: what a revoked array becomes */
-static PyArray_Descr *closed_descr; /* view.CLOSED, its dtype; NULL: revoke through __setstate__ alone */
-static char closed_byte;         /* where a revoked array's data pointer points: it has no item to read */
-static PyObject *keep;         /* view.keep_base(arr): arr's base lives as long as arr does */
 static long tag_bytes = -1, tag_array = -1;
-static PyObject *s_view, *s_release, *s_setstate;
+static PyObject *s_release;
 
 enum { VK_ARRAY, VK_BYTES, VK_TENSOR };
 
@@ -406,8 +401,8 @@ static PyObject *view_new(PyObject *obj, int kind)
 /* The View of leased value ``l`` as ``layout`` (tag, dtype, shape, data offset, count) reads it: a memoryview for
  * bytes, an array for an array. The memory is owned by an array over the lease (``owner``): what is handed out
  * derives from it (numpy collapses a view's base to it, and to nothing further: the lease is not an array), so the
- * lease goes after the last of them, and revoking what was handed out leaves them be. An array's owner is built in
- * its shape by one call of ndarray (two thirds of frombuffer followed by reshape), what is handed out a view() of it. */
+ * lease goes after the last of them. An array's owner is built in its shape by one call of ndarray (two thirds of
+ * frombuffer followed by reshape), what is handed out a view() of it. */
 /* The array of ``nd`` items of ``shape`` (a tuple; NULL for one dimension of ``count``) of ``dt`` over lease ``l``
  * from ``off``, read-only, its base the lease; NULL without an exception where this dtype is not one to build so
  * (a structured, subarray or object dtype: the Python-level constructor takes those, or refuses them, as before).
@@ -586,162 +581,10 @@ PyObject *view_of_slot_pin(Pins *p, int64_t *word, PyObject *owner, int64_t slot
     return view_of_lease(p, l);
 }
 
-/* How many references each name bound to ``obj`` in frame ``f`` stands for, once ``f``'s locals are read: before
- * 3.13 that read fills the frame's snapshot dict, which then holds one too (two for a plain local of a function, one
- * for a cell, whose own reference is left unexplained: another frame's name may share it); from 3.13 the read is a
- * proxy holding none (one for a plain local, none for a cell). A module's or class body's namespace is its dict. */
-static Py_ssize_t name_weight(PyCodeObject *code, PyObject *name)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    const Py_ssize_t local = 1, cell = 0;
-#else
-    const Py_ssize_t local = 2, cell = 1;
-#endif
-    if (!(code->co_flags & CO_OPTIMIZED))
-        return 1;
-#if PY_VERSION_HEX >= 0x030B0000
-    if (code->co_ncellvars == 0 && code->co_nfreevars == 0) /* the usual case: no tuple to build */
-        return local;
-    PyObject *cells = PyCode_GetCellvars(code), *frees = cells ? PyCode_GetFreevars(code) : NULL;
-#else
-    PyObject *cells = code->co_cellvars, *frees = code->co_freevars;
-    Py_XINCREF(cells);
-    Py_XINCREF(frees);
-#endif
-    Py_ssize_t w = -1;
-    if (frees != NULL) {
-        int in = PySequence_Contains(cells, name);
-        if (in == 0)
-            in = PySequence_Contains(frees, name);
-        w = in < 0 ? -1 : in ? cell : local;
-    }
-    Py_XDECREF(cells);
-    Py_XDECREF(frees);
-    return w;
-}
-
-/* How many references to ``obj`` the names of frame ``f`` stand for (``name_weight``), reading its locals; and, in
- * ``*relay``, whether the frame relays ``view``'s exit (view.py _frame_refs). */
-static Py_ssize_t frame_refs(PyFrameObject *f, PyObject *obj, PyObject *view, int *relay)
-{
-#if PY_VERSION_HEX >= 0x030B0000
-    PyObject *loc = PyFrame_GetLocals(f);
-#else
-    if (PyFrame_FastToLocalsWithError(f) < 0)
-        return -1;
-    PyObject *loc = f->f_locals;
-    Py_XINCREF(loc);
-#endif
-    PyCodeObject *code = PyFrame_GetCode(f);
-    Py_ssize_t n = 0;
-    PyObject *items = NULL;
-    if (loc == NULL) {
-        n = PyErr_Occurred() ? -1 : 0;
-        goto done;
-    }
-    if (PyDict_Check(loc)) { /* before 3.13, and a module's or class body's namespace: read in place */
-        Py_ssize_t pos = 0;
-        PyObject *k, *val;
-        while (n >= 0 && PyDict_Next(loc, &pos, &k, &val)) {
-            if (val == obj) {
-                Py_ssize_t w = name_weight(code, k);
-                n = w < 0 ? -1 : n + w;
-            } else if (relays(val, view)) {
-                *relay = 1;
-            }
-        }
-        goto done;
-    }
-    items = PyMapping_Items(loc); /* 3.13's proxy of a function's locals */
-    if (items == NULL) {
-        n = -1;
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && n >= 0; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
-            continue;
-        if (PyTuple_GET_ITEM(item, 1) == obj) {
-            Py_ssize_t w = name_weight(code, PyTuple_GET_ITEM(item, 0));
-            n = w < 0 ? -1 : n + w;
-        } else if (relays(PyTuple_GET_ITEM(item, 1), view)) {
-            *relay = 1;
-        }
-    }
-done:
-    Py_XDECREF(items); /* (its references to obj go before the caller counts again) */
-    Py_XDECREF(loc);
-    Py_DECREF(code);
-    return n;
-}
-
-/* How many references to ``obj`` beyond ``held`` (the caller's own) no name of this thread's stack explains:
- * view.py's unexplained, from the caller of ``view``'s exit up, a frame further up read only while the one below
- * relays that exit (an ExitStack's), so the snapshots the reading leaves stay in the frames that had to be read. */
-static Py_ssize_t unexplained(PyObject *obj, Py_ssize_t held, PyObject *view)
-{
-    Py_ssize_t explained = held;
-    Py_ssize_t others = Py_REFCNT(obj) - explained;
-    if (others <= 0)
-        return 0; /* the usual case, before any frame: PyEval_GetFrame makes the caller's frame object */
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed; NULL from no Python frame (an atexit hook, a C callback) */
-    if (f == NULL)
-        return others;
-    /* The shortcut: the caller's fast locals read in place (_frame.c), which explain the usual ``with cache.view(k)
-     * as arr:`` without filling a snapshot. Only an answer of "all explained" is taken from it; anything else is
-     * counted again from the start, reading f_locals, so that the answer is always the one that reading gives. */
-    int relay = 0;
-    Py_ssize_t fast = frame_fast_names(f, obj, view, &relay);
-    if (fast >= 0 && Py_REFCNT(obj) - explained - fast <= 0)
-        return 0;
-    Py_INCREF(f);
-    while (f != NULL && others > 0) {
-        relay = 0;
-        Py_ssize_t n = frame_refs(f, obj, view, &relay);
-        if (n < 0) {
-            Py_DECREF(f);
-            return -1;
-        }
-        explained += n;
-        others = Py_REFCNT(obj) - explained; /* read again: reading the locals may have filled a snapshot */
-        PyFrameObject *back = relay ? PyFrame_GetBack(f) : NULL;
-        Py_DECREF(f);
-        f = back;
-    }
-    Py_XDECREF(f);
-    return others > 0 ? others : 0;
-}
-
-/* Revoke array ``obj`` as ``obj.__setstate__(closed_state)`` would, by writing its fields (PyArrayObject_fields,
- * which numpy's own accessor macros read): about 2,000 instructions fewer a view than the call, which parses its
- * argument and allocates a byte of data. The array becomes a 1-d array of no item of the CLOSED dtype, over a
- * static byte, with no base; the dimensions block numpy allocated is kept (it has room for two entries at least,
- * what one dimension needs, and numpy frees it whatever its size). 1: not an array this is done to (an ndarray
- * subclass, no dimension, data of its own), for __setstate__. (twin: view.py View._close, which calls __setstate__) */
-static int revoke_fields(PyObject *obj)
-{
-    if (closed_descr == NULL || !PyArray_CheckExact(obj))
-        return 1;
-    PyArrayObject_fields *fa = (PyArrayObject_fields *)obj;
-    if (fa->nd < 1 || fa->dimensions == NULL || fa->strides == NULL || (fa->flags & NPY_ARRAY_OWNDATA))
-        return 1;
-    PyObject *base = fa->base;
-    PyArray_Descr *descr = fa->descr;
-    fa->dimensions[0] = 0;
-    fa->strides[0] = 1;
-    fa->nd = 1;
-    fa->data = &closed_byte;
-    Py_INCREF(closed_descr);
-    fa->descr = closed_descr;
-    fa->base = NULL;
-    fa->flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_F_CONTIGUOUS | NPY_ARRAY_ALIGNED;
-    /* Ordering: the references go last, once the array reads as revoked (their deallocations may run code). */
-    Py_DECREF(descr);
-    Py_XDECREF(base);
-    return 0;
-}
-
-/* view.View._close: revoke what was handed out. */
+/* view.PyView._close: let go of what was handed out. A memoryview is released (bytes(mv) then raises), unless
+ * something exported it meanwhile (np.frombuffer of it...): that keeps it, and the pin, while it lives. An array or a
+ * tensor is dropped: its pin ends with its last reference, wherever that is (a name still bound after the block, a
+ * slice, a tensor over it), and never sooner. (twin: view.py PyView._close) */
 static int view_close(View *v)
 {
     PyObject *obj = v->obj;
@@ -749,38 +592,17 @@ static int view_close(View *v)
         return 0;
     v->obj = NULL;
     int r = 0;
-    PyObject *x = NULL;
     if (v->kind == VK_BYTES) {
         PyObject *margs[1] = {obj};
-        x = PyObject_VectorcallMethod(s_release, margs, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *x = PyObject_VectorcallMethod(s_release, margs, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (x == NULL) {
-            /* Exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives. */
             if (PyErr_ExceptionMatches(PyExc_BufferError))
                 PyErr_Clear();
             else
                 r = -1;
         }
-    } else if (v->kind == VK_ARRAY) {
-        /* References beyond this one and the names on the stack: someone else holds the array itself. */
-        Py_ssize_t others = unexplained(obj, 1, (PyObject *)v);
-        if (others < 0)
-            r = -1;
-        /* Ordering: the keep-alive before the revocation, as view.View._close (an error between the two leaves the
-         * array valid, holding its memory). */
-        if (r == 0 && others > 0 && (x = PyObject_CallOneArg(keep, obj)) == NULL)
-            r = -1;
-        if (r == 0) {
-            Py_XDECREF(x);
-            x = NULL;
-            if (revoke_fields(obj)) {
-                PyObject *margs[2] = {obj, closed_state};
-                x = PyObject_VectorcallMethod(s_setstate, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-                if (x == NULL)
-                    r = -1;
-            }
-        }
-    } /* a tensor is never revoked (view.py: it lives, and keeps its pin, while anything holds it) */
-    Py_XDECREF(x);
+        Py_XDECREF(x);
+    }
     Py_DECREF(obj);
     return r;
 }
@@ -834,7 +656,8 @@ static PyMethodDef View_methods[] = {
     {"__enter__", (PyCFunction)View_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))View_exit, METH_FASTCALL, NULL},
     {"close", (PyCFunction)View_close, METH_NOARGS,
-     "Revoke the object handed out; the pin goes when nothing references the memory any more."},
+     "Let go of the object handed out (a memoryview is released); the pin goes when nothing references the memory "
+     "any more."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -995,7 +818,7 @@ static PyMethodDef Pins_methods[] = {
     {"build", (PyCFunction)(void (*)(void))Pins_build, METH_FASTCALL,
      "build(lease, layout[, tensor]) -> View\n\nThe View of an armed lease whose value was checked, recorded in "
      "viewed so that the next views of that stored value are built in Core.view: over its bytes as layout (tag, "
-     "dtype, shape, data offset, count) reads them, or holding tensor (never revoked)."},
+     "dtype, shape, data offset, count) reads them, or holding tensor."},
     {"close", (PyCFunction)Pins_close, METH_NOARGS,
      "Close the idle descriptions; those of leases still alive are closed as they go."},
     {"forget", (PyCFunction)Pins_forget, METH_NOARGS,
@@ -1034,35 +857,25 @@ PyTypeObject PinsType = {
 
 PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "setup_views(frombuffer, ndarray, tag_bytes, tag_array)");
         return NULL;
     }
-    long tb = PyLong_AsLong(args[4]), ta = PyLong_AsLong(args[5]);
+    long tb = PyLong_AsLong(args[2]), ta = PyLong_AsLong(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyTuple_Check(args[2]) || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "setup_views: frombuffer and keep must be callable, ndarray a type, closed_state a tuple");
+    if (!PyCallable_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_views: frombuffer must be callable, ndarray a type");
         return NULL;
     }
     if (PyArray_API == NULL && _import_array() < 0)
         return NULL;
-    /* CLOSED: one byte of no fields, what revoke_fields writes (else every revocation calls __setstate__). */
-    PyObject *cd = PyTuple_GET_SIZE(args[2]) == 5 ? PyTuple_GET_ITEM(args[2], 2) : NULL;
-    PyArray_Descr *closed = cd != NULL && PyArray_DescrCheck(cd) && PyDataType_ELSIZE((PyArray_Descr *)cd) == 1
-                                    && !PyDataType_REFCHK((PyArray_Descr *)cd) ? (PyArray_Descr *)cd : NULL;
-    Py_XINCREF(closed);
-    Py_XSETREF(closed_descr, closed);
-    PyObject *olds[4] = {frombuffer, ndarray, closed_state, keep};
-    for (int i = 0; i < 4; i++)
+    PyObject *olds[2] = {frombuffer, ndarray};
+    for (int i = 0; i < 2; i++)
         Py_INCREF(args[i]);
     frombuffer = args[0];
     ndarray = args[1];
-    closed_state = args[2];
-    keep = args[3];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 2; i++)
         Py_XDECREF(olds[i]);
     tag_bytes = tb;
     tag_array = ta;
@@ -1071,10 +884,8 @@ PyObject *setup_views(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t 
 
 int view_types_add(PyObject *m)
 {
-    s_view = PyUnicode_InternFromString("view");
     s_release = PyUnicode_InternFromString("release");
-    s_setstate = PyUnicode_InternFromString("__setstate__");
-    if (s_view == NULL || s_release == NULL || s_setstate == NULL)
+    if (s_release == NULL)
         return -1;
     PyTypeObject *types[3] = {&PinsType, &LeaseType, &ViewType};
     const char *names[3] = {"Pins", "Lease", "View"};

@@ -77,8 +77,8 @@ PyObject *view_of_pin(Pins *p, int fd, Taken t, int64_t slot, int64_t off, int64
 PyObject *view_of_slot_pin(Pins *p, int64_t *word, PyObject *owner, int64_t slot, int64_t off, int64_t len,
                            int64_t check, int64_t version);
 
-/* _core.setup_views(frombuffer, ndarray, closed_state, keep, tag_bytes, tag_array): what views are built and revoked with
- * (view.py calls it once, at import). */
+/* _core.setup_views(frombuffer, ndarray, tag_bytes, tag_array): what views are built with (view.py calls it once, at
+ * import). */
 PyObject *setup_views(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -52,7 +53,7 @@ from .store import UNVIEWABLE, Store
 from .table import Table
 from .trust import Trust
 from .verify import VerifyReport, check
-from .view import View
+from .view import DevView, View, outlived_warning
 
 if TYPE_CHECKING:
     from .memo import Memoized
@@ -75,6 +76,7 @@ DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
 _MONOTONIC = (-1).__int__  # what the compiled section is given as the time: -1, read CLOCK_MONOTONIC itself
+_DEV = sys.flags.dev_mode  # python -X dev: views note what outlives their blocks (view.DevView)
 P = ParamSpec("P")
 R = TypeVar("R")
 _SC = TypeVar("_SC", bound="SharedCache")
@@ -280,6 +282,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         # this handle has a clock of its own.
         # The descriptions views pin through (view.py's PinDescriptions; compiled: _view.c's Pins) come with it.
         self._path, self._core, self._pins = core.path(seg, guard, store, lock_timeout)
+        self._outlived: list = []  # (-X dev: the arrays of ended views, weakly, for close()'s ResourceWarning)
         self._now = _MONOTONIC if clock is time.monotonic_ns else clock
         # Last: a handle dropped without close() closes what it opened as it is collected. Why weak references to
         # the parts that hold the clock (the Core through its hand-over): a clock may hold the handle, and the
@@ -679,12 +682,12 @@ class SharedCache(LocalMapping, AsyncMethods):
         (a read-only memoryview for a bytes value, a tensor over read-only memory for a tensor value: see view.py)
         over the bytes in shared memory. Counted as a lookup.
 
-        While the block runs, the entry is pinned: not evicted, not moved, not overwritten. It blocks no writer: a
-        put, delete, pop or clear of the key (any process's) succeeds, and the bytes viewed are held aside until
-        the pin ends (layout version 12; before it, they raise PinnedError, and clear() keeps the entry). The pin
-        ends with the block -- the array handed out is then
-        revoked, an empty array on which arithmetic raises -- or, for any array derived from it meanwhile, when that
-        is dropped; and whenever the process dies.
+        A view is its export: the entry is pinned (not evicted, not moved, not overwritten) exactly as long as the
+        memory handed out is referenced -- the array, still valid after the block until it is dropped (``del arr``;
+        ``arr.copy()`` to keep the values), or anything made of it; a memoryview is released at the block's end --
+        and never past the process's death. It blocks no writer: a put, delete, pop or clear of the key (any
+        process's) succeeds, and the bytes viewed are held aside until the pin ends (layout version 12; before it,
+        they raise PinnedError, and clear() keeps the entry).
 
         :raises KeyError: if the key is absent.
         :raises TypeError: if the value is not a numpy array, a tensor or bytes (use get()); nothing is counted.
@@ -698,6 +701,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         if got is UNVIEWABLE:
             raise TypeError("view() reads numpy arrays, tensors and bytes values without copying; use get() for "
                             "others")
+        if _DEV:
+            return DevView(got, self._outlived)  # type: ignore[return-value]  # (the same methods)
         return got
 
     @property
@@ -824,6 +829,8 @@ class SharedCache(LocalMapping, AsyncMethods):
         """
         if self.closed or not self._guard.close():
             return
+        if _DEV:
+            outlived_warning(self.name, self._outlived)
         # And the compiled section's calls still inside (waiting for the lock with the GIL released: they judge its
         # holder through the segment's descriptors, which the finaliser closes), as Guard.close waits for the Python
         # path's. They find the handle closed (released) once the lock is theirs, and leave.

@@ -12,39 +12,35 @@ Under s3fifo and keep the compiled section pins without the lock, and in a word 
 than through a description where one is free (``readers.py``, ``_core_unlocked.c``); ``Table.pinned`` counts such a
 word while the slot's kernel lock is held, so that pin too ends with its process.
 
-Lifetime. The pin lasts as long as any Python object references the pinned memory, not merely until the ``with``
-block ends: the arrays handed out, and any slice or ``np.asarray`` of them, all keep a private owner array alive,
-and the description is closed when that owner is garbage collected. So a view's bytes are never reused while
-something can still read them. The object returned by ``__enter__`` is revoked when the block ends: a memoryview
-is released (using it raises ValueError), and an array is turned, in place, into an empty array of the
-``CLOSED`` dtype, on which arithmetic raises and indexing finds nothing. An array derived from it inside the block
-(a slice, a reshape) stays valid, and the entry pinned, until it is dropped; so does whatever holds the array
-itself (a memoryview of it, a tensor from ``torch.from_numpy``), which close() tells from the names that bind the
-array by counting references: the names of the frames on the stack, from the caller of ``__exit__`` up as far as
-needed (an ExitStack's target lies a frame further up), each counted after its frame's locals are read (before
-3.13 that read leaves the frame a snapshot dict, which holds a reference too). The compiled build first counts the
-names of the caller's fast locals in place (``shmcache/_frame.c``), which explains the usual ``with ... as arr:``
-without reading f_locals, and reads them only where that leaves a reference unexplained. A revoked array a name
-binds so never holds the pin. One held elsewhere (in a list, an attribute, a closure's cell) keeps it until it is
-dropped: such a reference cannot be told from an export that still reads the memory. Never shorter than something
-could read it; sometimes longer than needed.
+Lifetime. A view is its export: the pin lasts exactly as long as some Python object references the pinned memory,
+no shorter and no longer. The arrays handed out, and any slice, reshape, ``np.asarray``, memoryview or tensor made
+of them, all keep a private owner alive, and the pin ends when that owner is garbage collected: in C, as the
+compiled Lease is freed, or here, through a weak reference's callback, with no Python code between the memory going
+and the pin ending. So a view's bytes are never reused while something can still read them. When the ``with`` block
+ends, what ``__enter__`` handed out is let go of: a memoryview is released (using it raises ValueError), and an
+array or a tensor is simply dropped by the view. An array still bound to a name after its block therefore keeps its
+entry pinned until that name goes (``del arr``, or ``arr.copy()`` for what must outlive the block). That costs no
+writer anything: a put, delete or clear of a pinned key succeeds at once (the entry is held aside for the view,
+``Table.detach``); it keeps the bytes out of use, counted in ``stats().held_bytes``. Nothing here reads a
+caller's frame, counts references or writes an array's fields.
 
 Tensors. torch has no read-only tensors: a tensor over the segment's own (writable) mapping could be written through,
 changing the value under every other process. So a tensor value's bytes are mapped a second time, read-only
 (PROT_READ, through a description of their own that takes no lock), and the tensor is built over that mapping: a
 write through it, or through ``t.numpy()``, faults (SIGSEGV) instead of changing the cached value; ``t.clone()`` is a
 writable copy. torch warns once per process that the array is not writable: that is the truth, and is left to show.
-A tensor is never revoked in place: torch code outside Python's reference counts (autograd's saved tensors, a DLPack
-capsule) may hold it, and ``set_()`` would free the memory under them. So its pin ends when the tensor, and every
-tensor sharing its memory, is garbage collected (each holds the array the tensor was made from, which holds the
-mapping and the pin), not when the block ends: ``del`` the name after the block to end the pin there.
+As for an array, a tensor's pin ends when the tensor, and every tensor sharing its memory, is garbage collected
+(each holds the array the tensor was made from, which holds the mapping and the pin; torch code outside Python's
+reference counts, autograd's saved tensors or a DLPack capsule, holds it too): ``del`` the name after the block to
+end the pin there.
 
 The compiled build. ``shmcache/_view.c`` does what this module does, in C, and this module is its reference (the
 test suite runs on both): ``Core.view`` pins through a description of a ``_core.Pins`` (this handle's pool), hands
 the pin to a ``_core.Lease`` that owns the description, exports the value's bytes and unlocks in its deallocation (so
 the arrays built over it end the pin as they go, with no Python code between), and for a stored value this handle
-checked before builds the array and returns a ``_core.View``, whose close() revokes as ``PyView`` does. The first
-view of a value (its checksum and layout), a tensor's view and a call the C hands over go through ``first_look``.
+checked before builds the array and returns a ``_core.View``, whose close() lets go as ``PyView``'s does (its twin).
+The first view of a value (its checksum and layout), a tensor's view and a call the C hands over go through
+``first_look``.
 """
 
 from __future__ import annotations
@@ -57,7 +53,7 @@ import mmap
 import operator
 import os
 import sys
-import types
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +87,6 @@ os.register_at_fork(before=_fork_hook("_forking"), after_in_parent=_fork_hook("_
                     after_in_child=_fork_hook("_forked_child"))
 
 _UNTRACKED = {"trackfd": False} if sys.version_info >= (3, 13) else {}  # mmap keyword arguments
-CLOSED = np.dtype([("closed_shmcache_view", "V1")])  # what a revoked array becomes
-_CLOSED_STATE = (1, (0,), CLOSED, False, b"")
 
 
 _CLOSE = operator.methodcaller("close")
@@ -344,67 +338,6 @@ def _nothing(*_) -> None:
     pass
 
 
-def keep_base(arr) -> None:
-    """Make ``arr``'s base live as long as ``arr`` does, whatever happens to ``arr`` itself (View.close revokes it)."""
-    _watch(arr, functools.partial(_nothing, arr.base))
-
-
-_SNAPSHOTS = sys.version_info < (3, 13)  # reading an optimized frame's f_locals fills a dict the frame keeps
-_CO_OPTIMIZED = 0x1
-
-
-def _name_weight(code, name: str) -> int:
-    """How many references a name of a frame running ``code`` stands for once its ``f_locals`` were read: before
-    3.13 the frame's snapshot dict holds one too (two for a plain local, one for a cell, whose own reference is
-    left unexplained: another frame's name may share it); from 3.13 the read is a proxy (one; a cell none). A
-    module's or class body's namespace is a dict of its own (one)."""
-    if not code.co_flags & _CO_OPTIMIZED:
-        return 1
-    if name in code.co_cellvars or name in code.co_freevars:
-        return 1 if _SNAPSHOTS else 0
-    return 2 if _SNAPSHOTS else 1
-
-
-_BOUND = (types.MethodType, types.BuiltinMethodType)
-
-
-def _relays(value, view) -> bool:
-    """Whether a frame's local ``value`` is ``view`` or one of its bound methods: the frame runs the view's exit on
-    behalf of the one above it (an ExitStack's ``__exit__`` holds the callback it calls)."""
-    return value is view or (type(value) in _BOUND and value.__self__ is view)
-
-
-def unexplained(obj, frame, held: int, view=None) -> int:
-    """How many references to ``obj`` beyond ``held`` (its caller's own) no name of this thread's stack explains,
-    from ``frame`` (the caller of ``view``'s exit) up: a frame further up is read only while the frame below did
-    not explain them all and relays ``view``'s exit (``_relays``: an ExitStack's target lies a frame up), so that
-    the snapshots reading leaves (before 3.13) stay in the frames that had to be read. _core.View counts the same
-    way (_view.c unexplained)."""
-    explained = held + 2  # getrefcount's argument, and this function's own
-    while frame is not None:
-        if sys.getrefcount(obj) - explained <= 0:
-            return 0
-        # Ordering: the locals are read (filling a snapshot) before the references are counted again.
-        names, relays = _frame_refs(frame, obj, view)
-        explained += names
-        if not relays:
-            break
-        frame = frame.f_back
-    return max(sys.getrefcount(obj) - explained, 0)
-
-
-def _frame_refs(frame, obj, view) -> tuple[int, bool]:
-    """The references to ``obj`` that ``frame``'s names stand for (``_name_weight``), and whether it relays
-    ``view``'s exit. (A function of its own: its loop's names are gone when the caller counts.)"""
-    code, names, relays = frame.f_code, 0, False
-    for k, v in list(frame.f_locals.items()):
-        if v is obj:
-            names += _name_weight(code, k)
-        elif _relays(v, view):
-            relays = True
-    return names, relays
-
-
 class PyView:
     """A pinned entry's value, zero-copy: ``with cache.view(key) as arr:``. Returned by ``SharedCache.view`` on the
     pure-Python path (the compiled build returns ``_core.View``, the same in C: ``View`` names whichever runs)."""
@@ -432,7 +365,7 @@ class PyView:
             self._obj: Any = memoryview(owner[1:])  # type: ignore[arg-type]  # (numpy declares __buffer__ from 3.12)
         elif tag == TAG_TENSOR:
             # The tensor's storage holds the array, which holds ``owner``: the pin lasts while any tensor sharing
-            # this memory does (see the module docstring: why a tensor is not revoked).
+            # this memory does (see the module docstring).
             self._obj = tensors.from_array(value[1], owner[data0:].view(dtype).reshape(shape))
         else:
             self._obj = owner[data0:].view(dtype).reshape(shape)  # its base is ``owner`` (numpy collapses views)
@@ -448,35 +381,68 @@ class PyView:
         return self._obj
 
     def __exit__(self, *exc: object) -> None:
-        self._close(sys._getframe(1))
+        self._close()
         self._pins.drain()  # in case a release was cut short
 
     def close(self) -> None:
-        """Revoke the object handed out; the pin goes when nothing references the memory any more."""
-        self._close(sys._getframe(1))
+        """Let go of the object handed out (a memoryview is released); the pin goes when nothing references the
+        memory any more."""
+        self._close()
 
-    def _close(self, frame) -> None:
-        """``frame``: the caller's, where the ``with`` statement bound the object handed out."""
+    def _close(self) -> None:
+        """The view lets go of what it handed out: a memoryview is released, unless something exported it meanwhile
+        (np.frombuffer of it...), which keeps it, and the pin, while it lives; an array or a tensor is dropped, its
+        pin ending with its last reference, wherever that is. (twin: _view.c view_close)"""
         if not self._open:
             return
         self._open = False
         obj, self._obj = self._obj, None
-        if tensors.is_tensor(obj):
-            return  # not revoked: it lives, and keeps its pin, while anything holds it
         if isinstance(obj, memoryview):
             try:
                 obj.release()
             except BufferError:
-                pass  # exported (np.frombuffer of it...): it stays valid, and the entry pinned, while that lives
+                pass
+
+
+class DevView:
+    """What ``SharedCache.view`` returns under ``python -X dev``: the view, which also notes (a weak reference) the
+    array or tensor it handed out once its block has ended, so that the handle's close() can warn, with a
+    ResourceWarning, of those still alive: each still pins its entry (``del`` it, or keep ``arr.copy()``)."""
+
+    __slots__ = ("_view", "_obj", "_outlived")
+
+    def __init__(self, view: Any, outlived: list) -> None:
+        self._view, self._obj, self._outlived = view, None, outlived
+
+    def __enter__(self) -> Any:
+        self._obj = self._view.__enter__()
+        return self._obj
+
+    def __exit__(self, *exc: object) -> None:
+        self._view.__exit__(*exc)
+        self._note()
+
+    def close(self) -> None:
+        self._view.close()
+        self._note()
+
+    def _note(self) -> None:
+        obj, self._obj = self._obj, None
+        if obj is None or isinstance(obj, memoryview):  # (released at the block's end)
             return
-        # References beyond this function's and the names on the stack: someone else holds the array itself.
-        if unexplained(obj, frame, 1, self) > 0:
-            # Revoking the array drops its reference to ``owner`` (its base); whatever still points into its memory
-            # through the array itself (a memoryview of it, a tensor from torch.from_numpy) holds the array: so
-            # ``owner`` is made to live as long as the array does. Ordering: before the revocation, so that an
-            # exception between the two leaves the array valid and holding ``owner``, never the memory unowned.
-            keep_base(obj)
-        obj.__setstate__(_CLOSED_STATE)  # in place: every name bound to it now sees an empty, unusable array
+        outlived = self._outlived
+        if len(outlived) >= 1024:  # the dead ones dropped, in amortised constant time
+            outlived[:] = [r for r in outlived if r() is not None]
+        outlived.append(weakref.ref(obj))
+
+
+def outlived_warning(name: str, outlived: list) -> None:
+    """At a handle's close() under ``-X dev``: a ResourceWarning if arrays its views handed out are still alive."""
+    alive = sum(1 for r in outlived if r() is not None)
+    outlived.clear()
+    if alive:
+        warnings.warn(f"{alive} array(s) of views of cache {name!r} outlived their with blocks and still pin their "
+                      "entries: del them when done, or keep a copy (arr.copy())", ResourceWarning, stacklevel=3)
 
 
 _core: Any = compiled.extension
@@ -523,4 +489,4 @@ def first_look(pins, lease, checksum_failed, arena_off: int):
 
 
 if _core is not None:
-    _core.setup_views(np.frombuffer, np.ndarray, _CLOSED_STATE, keep_base, TAG_BYTES, TAG_ARRAY)
+    _core.setup_views(np.frombuffer, np.ndarray, TAG_BYTES, TAG_ARRAY)

@@ -828,14 +828,6 @@ def test_core_view_key_encodes_and_hashes_as_the_python_path(name):
             c._path.view_key("k", -1, object())
 
 
-def test_core_reads_a_frames_names_in_place():
-    """The views' end counts the names bound to the array in the caller's fast locals in place (shmcache/_frame.c)
-    on every CPython this is built for; reading f_locals instead is right, but costs a view about a third more."""
-    if sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info[:2] <= (3, 13):
-        pytest.skip("shmcache/_frame.c reads the frames of CPython 3.10 to 3.13 in place; others read f_locals")
-    assert core._core.FRAME_LOCALS_IN_PLACE == 1
-
-
 # ---------------------------------------------------------------------------------------------------- two processes
 
 

@@ -18,7 +18,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shmcache"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py"))
 # (module, attribute): what the standard library offers only under a private name.
 ALLOWED = {
-    ("view.py", "_getframe"),  # sys._getframe: the caller's frame, to name who leaked a view
     ("lru.py", "_lru_cache_wrapper"),  # the docstring's reference to functools' own sentinel design
 }
 # (module, name) imports of a private module of the package itself: the compiled extension, loaded in one place.
@@ -360,3 +359,18 @@ def test_seams_import_checks_catch_a_cycle_and_an_upward_import(tmp_path):
     assert layers == [("top layer", ["top", "sub/"]), ("bottom", ["low"])]
     assert layer_violations(graph, layers) == ["__init__ is in no layer of the module map",
                                                "low (bottom) imports sub/leaf, a layer above (top layer)"]
+
+
+def test_views_read_no_frame_and_no_interpreter_internals():
+    """A view is its export: no view code reads a caller's frame or counts references, and no C file of the package
+    includes CPython's internal headers (they change with every release, 3.14's and 3.15's included)."""
+    package = PACKAGE
+    frames = re.compile(r"_getframe|f_locals|f_back|currentframe|getrefcount|PyEval_GetFrame|PyFrame_|Py_REFCNT|"
+                        r"PyArrayObject_fields")
+    for path in (package / "view.py", package / "_view.c", package / "_view.h"):
+        found = frames.findall(path.read_text())
+        assert not found, (path.name, found)
+    internal = re.compile(r"#\s*include\s*[<\"](?:internal/)?pycore_|Py_BUILD_CORE")
+    for path in sorted(package.glob("*.[ch]")):
+        assert not internal.search(path.read_text()), path.name
+    assert not (package / "_frame.c").exists()

@@ -641,6 +641,8 @@ def test_unlocked_view_pins_in_its_reader_slot_and_writers_of_both_paths_see_it(
         v1.close()
         assert [w >> 32 for w in _pin_words(c)] == [1] and int(a2.sum()) == 4950
         v2.close()
+        assert [w >> 32 for w in _pin_words(c)] == [1]  # a2 still reads the bytes, and holds the pin
+        del a2
         assert _pin_words(c) == [] and ref.delete("a")
     finally:
         ref.close()
