@@ -577,6 +577,8 @@ class Table:
         _, _, entries = seg.arrays()
         resident = np.flatnonzero(entries["check"][:handed_out])
         resident = resident[resident > 0]
+        if self.holds:  # a held entry is in no index slot: indexed again, its old value would be found beside the new
+            resident = resident[entries["slot"][resident] != HELD_SLOT]
         if len(resident) >= live:
             raise CorruptionError(f"{len(resident)} resident entries do not fit an index of {live} slots",
                                   what="resize")

@@ -135,6 +135,33 @@ def test_held_entries_count_against_the_limits(name):
         c.unlink()
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_resizes_keep_held_entries_out_of_the_index(name, policy):
+    """A resize while entries are held: a new entry limit (another index, rebuilt from the entries), a smaller one
+    (the tables packed), a smaller capacity (the ring compacted): the held entries stay where their views read
+    them, and never come back into the index beside their key's newer value."""
+    keys = [f"k{i}" for i in range(200)]
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=1000, policy=policy, create=True) as c:
+        for k in keys:
+            c.put(k, _value(k, 0))
+        with c.view("k3") as a, c.view("k150") as b:
+            c.put("k3", _value("k3", 1))
+            c.put("k150", _value("k150", 1))
+            assert _held(c)[0] == 2
+            for limits in ({"max_entries": 4000}, {"max_entries": 300}, {"capacity_bytes": 512 << 10},
+                           {"max_entries": 1000, "capacity_bytes": 1 << 20}):
+                c.resize(**limits)
+                assert np.array_equal(c.get("k3"), _value("k3", 1)) and np.array_equal(c.get("k150"), _value("k150", 1))
+                assert _intact("k3", a) and np.array_equal(a, _value("k3", 0))
+                assert _intact("k150", b) and np.array_equal(b, _value("k150", 0))
+                assert _held(c)[0] == 2 and c.verify().ok, limits
+        del a, b
+        c.put("x", 1)
+        assert _held(c) == (0, 0) and c.verify().ok
+        assert all(_intact(k, v) for k in keys if (v := c.get(k)) is not None)
+        c.unlink()
+
+
 def test_a_held_entry_of_a_killed_viewer_comes_back(name):
     """The viewer is SIGKILLed while its old value is held: its pin ends with it, and the next store gives the
     block back."""
