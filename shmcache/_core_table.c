@@ -27,16 +27,20 @@ static int slot_pinned(Core *c, int64_t e)
     return 0;
 }
 
-/* Whether a view holds a pin on entry ``e`` now, whatever its flag says: another description holds its pin byte, or
- * a live reader slot's word names it. 1, 0, -1 the query failed. (twin: table.py Table._pin_held) */
+/* Whether a view holds a pin on entry ``e`` now, whatever its flag says: a live reader slot's word names it, or
+ * another description holds its pin byte. 1, 0, -1 the query failed. (twin: table.py Table._pin_held)
+ * Ordering: the words first, then the byte. A viewer about to fork moves each word pin to the byte (_view.c
+ * slot_pins_to_descriptions: the byte locked, then the word given back); asked the other way round, a query between
+ * the two halves would find neither, and the entry's bytes could be reused under the view. */
 static int pin_held(Core *c, int64_t e)
 {
+    int w = slot_pinned(c, e);
+    if (w)
+        return w;
     struct flock fl = byte_lock(F_WRLCK, c->pin_base + e);
     if (fcntl(c->live_fd, F_OFD_GETLK, &fl) < 0)
         return -1;
-    if (fl.l_type != F_UNLCK)
-        return 1;
-    return slot_pinned(c, e);
+    return fl.l_type != F_UNLCK;
 }
 
 /* Open the stripe of the index slot that points at resident entry ``e``, before the entry is written or its pins
@@ -81,6 +85,34 @@ static int pinned(Core *c, int64_t e)
 }
 
 
+/* Resident entry ``e`` (whose index slot ``s`` and list neighbours ``p``, ``n`` were checked) out of the index, the
+ * list and the policy's queues: table_remove's and detach's common steps, after their first write. */
+static inline int unindex(Core *c, int64_t e, int64_t p, int64_t n, int64_t s)
+{
+    int r = index_remove(c, s);
+    if (r)
+        return r;
+    EN(p, next) = n;
+    EN(n, prev) = p;
+    c->pol->unlinked(c, e, n);
+    c->marks[e] = 0;
+    return ST_OK;
+}
+
+/* Entry ``e``, of ``nbytes`` key and value bytes, out of the occupancy and kind counts and the expiry column:
+ * table_remove's and detach's last steps. */
+static inline void uncount(Core *c, int64_t e, int64_t nbytes)
+{
+    ADD(HW(entries), -1);
+    ADD(HW(retained), -nbytes);
+    c->exp[e] = 0;
+    int64_t k = c->kinds[e];
+    if (k) {
+        ADD(c->kw[k * c->kww + c->k_entries], -1);
+        ADD(c->kw[k * c->kww + c->k_retained], -nbytes);
+    }
+}
+
 /* Drop entry ``e`` from every structure; its slot and block go back (lru.unlink and Arena.free inlined).
  * (twin: table.py Table.remove) */
 static int table_remove(Core *c, int64_t e)
@@ -98,24 +130,13 @@ static int table_remove(Core *c, int64_t e)
     stripe_open(c, s);
     AW(off) = nb;
     ADD(HW(arena_used), -nb);
-    int r = index_remove(c, s);
+    int r = unindex(c, e, p, n, s);
     if (r)
         return r;
-    EN(p, next) = n;
-    EN(n, prev) = p;
-    c->pol->unlinked(c, e, n);
-    c->marks[e] = 0;
     EN(e, check) = 0;
     EN(e, next) = HW(free_head);
     HW(free_head) = e;
-    ADD(HW(entries), -1);
-    ADD(HW(retained), -(klen + vlen));
-    c->exp[e] = 0;
-    int64_t k = c->kinds[e];
-    if (k) {
-        ADD(c->kw[k * c->kww + c->k_entries], -1);
-        ADD(c->kw[k * c->kww + c->k_retained], -(klen + vlen));
-    }
+    uncount(c, e, klen + vlen);
     return ST_OK;
 }
 
@@ -155,24 +176,13 @@ static int detach(Core *c, int64_t e)
     /* Crash window: the slot word first. From here on a repair takes the entry for a held one, never for a resident
      * one: its key's new entry may be stored beside it. */
     EN(e, slot) = HELD_SLOT;
-    if ((r = index_remove(c, s)))
+    if ((r = unindex(c, e, p, n, s)))
         return r;
-    EN(p, next) = n;
-    EN(n, prev) = p;
-    c->pol->unlinked(c, e, n);
-    c->marks[e] = 0;
     EN(e, next) = c->stripes[S_HELD_FIRST];
     c->stripes[S_HELD_FIRST] = e;
     c->stripes[S_HELD] = held + 1;
     c->stripes[S_HELD_BYTES] = held_bytes + klen + vlen;
-    ADD(HW(entries), -1);
-    ADD(HW(retained), -(klen + vlen));
-    c->exp[e] = 0;
-    int64_t k = c->kinds[e];
-    if (k) {
-        ADD(c->kw[k * c->kww + c->k_entries], -1);
-        ADD(c->kw[k * c->kww + c->k_retained], -(klen + vlen));
-    }
+    uncount(c, e, klen + vlen);
     return ST_OK;
 }
 

@@ -133,9 +133,11 @@ class Table:
     def _pin_held(self, e: int) -> bool:
         """Whether a view holds a pin on entry ``e`` now, whatever its flag says. (twin: _core_table.c pin_held)"""
         # Views lock through descriptions of their own (view.py), so this handle's own pins show up here too; the
-        # compiled section's views without the lock pin in their reader slot instead (readers.py).
-        return ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e) or bool(
-            self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e))
+        # compiled section's views without the lock pin in their reader slot instead (readers.py). Ordering: the
+        # words first, then the byte: a viewer about to fork moves each word pin to the byte (byte locked, then word
+        # given back), and asked the other way round a query between the two would find neither.
+        return bool(self.seqlocked and slot_pinned(self.seg.reader_words, self.seg.live_fd, e)) or (
+            ofd.held_elsewhere(self.seg.live_fd, ofd.PIN_BASE + e))
 
     # ------------------------------------------------------------------------------------------- held entries
 
@@ -175,6 +177,7 @@ class Table:
         # Crash window: the slot word first. From here on a repair takes the entry for a held one (kept while a
         # view pins it, else given back), never for a resident one: its key's new entry may be stored beside it.
         ent[e * _W + E_SLOT] = HELD_SLOT
+        # Then remove's steps (inlined there, on every eviction's path), but for the slot and the block.
         index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p

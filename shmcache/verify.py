@@ -558,7 +558,8 @@ def _pinned(seg, e: int) -> bool:
 
 def _pin_held(seg, e: int) -> bool:
     """Whether a view holds a pin on entry ``e`` now, whatever its flag says (``Table._pin_held``)."""
-    return ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e) or slot_pinned(seg.reader_words, seg.live_fd, e)
+    # (the words first, then the byte: see Table._pin_held)
+    return slot_pinned(seg.reader_words, seg.live_fd, e) or ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
 
 
 def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None = None) -> None:
