@@ -93,7 +93,13 @@ def make_value(key: str, seq: int, rng: random.Random, nbytes: int):
         return {"k": key, "n": seq, "pad": pad, "sum": _sum(key, seq, pad), "t": _stamp(key, seq)}
     if r < 0.75:
         return {"k": key, "n": seq, "a": _words(key, seq, nbytes // 8)}
-    if r < 0.9:
+    return viewable_value(key, seq, rng, nbytes, bytes_share=0.4)
+
+
+def viewable_value(key: str, seq: int, rng: random.Random, nbytes: int, bytes_share: float = 0.25):
+    """A value ``view()`` serves (a bare array, or bytes ``bytes_share`` of the time) that ``check_value(key, ...)``
+    accepts, of about ``nbytes`` bytes."""
+    if rng.random() >= bytes_share:
         return np.concatenate((np.array([_xxh(key.encode()), seq], np.uint64), _words(key, seq, nbytes // 8)))
     pad = rng.randbytes(nbytes)
     return b"%s\0%s%s%s" % (key.encode(), seq.to_bytes(8, "little"), pad, _sum(key, seq, pad).to_bytes(8, "little"))

@@ -49,7 +49,8 @@ import numpy as np
 from shmcache import PinnedError, SharedCache
 
 from .common import (
-    _sum, _words, _xxh, check_value, exit_on_sigterm, key_name, make_parser, reap, run_policies, start, unlink_quietly,
+    check_value, exit_on_sigterm, key_name, make_parser, reap, run_policies, start, unlink_quietly,
+    viewable_value as view_value,
 )
 
 DEFAULT_SECONDS = 10.0
@@ -64,14 +65,6 @@ JOIN_SECONDS = 20.0
 WAYS = ("block", "kept", "exitstack", "generator", "exec", "traceback", "thread", "fork", "signal")
 OPS, STALE, WRONG, ERRORS, DONE = range(5)
 NF = 5  # counts per worker
-
-
-def view_value(key: str, seq: int, rng: random.Random, nbytes: int):
-    """An array (or, one time in four, bytes) that ``check_value(key, ...)`` accepts, of about ``nbytes`` bytes."""
-    if rng.random() < 0.25:
-        pad = rng.randbytes(nbytes)
-        return b"%s\0%s%s%s" % (key.encode(), seq.to_bytes(8, "little"), pad, _sum(key, seq, pad).to_bytes(8, "little"))
-    return np.concatenate((np.array([_xxh(key.encode()), seq], np.uint64), _words(key, seq, max(1, nbytes // 8))))
 
 
 class _Interrupted(BaseException):
