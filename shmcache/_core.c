@@ -15,7 +15,9 @@
  * bytes. A bound failing after the first write of an update leaves the dirty word set, so that the Python path's
  * next holder repairs. Pins are asked of the kernel (F_OFD_GETLK on the pin byte) exactly where table.py asks,
  * and a refusal is handed over too, the segment consistent, for the Python path to raise PinnedError (PINNED,
- * without a fallback). A batch that stops part-way hands over how far it got; the Python path does the rest.
+ * without a fallback: a pinned key's put or delete on a segment of layout version 11 or before, which holds no
+ * entry aside; a put whose room is all pinned is not admitted instead, ST_REFUSED, on every version). A batch that
+ * stops part-way hands over how far it got; the Python path does the rest.
  *
  * Why plain C and not Cython: no build-time dependency beyond a C compiler, direct control over the GIL and the
  * memory touched, and no generated code to audit.
@@ -169,7 +171,7 @@ PyMODINIT_FUNC PyInit__core(void)
     } names[] = {
         {&N_GET_VALUE, "get_value"}, {&N_PUT, "put"}, {&N_DELETE, "delete"}, {&N_VIEW, "view"},
         {&N_GET_MANY, "get_many"}, {&N_PUT_MANY, "put_many"}, {&N_FINISH, "finish"},
-        {&N_FIRST_LOOK, "first_look"}, {&N_ROOM_PINNED, "room_pinned"},
+        {&N_FIRST_LOOK, "first_look"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].name == NULL && !(*names[i].name = PyUnicode_InternFromString(names[i].text))) {

@@ -618,7 +618,7 @@ static PyObject *arg_batch(PyObject *o, const char *what)
  * hand-over, read right after the unlock (the results are built after it, running Python code: another thread's call
  * on this handle may set c->reason meanwhile). Without a fallback, (done, stop): stop None, PINNED or HANDOVER. With
  * one, the fallback's method ``name`` finishes the batch from where the C stopped: it is called with ``args`` (the
- * batch's own), ``done`` and ``waited``; a put_many stopped by pinned room raises through its room_pinned. */
+ * batch's own), ``done`` and ``waited``. */
 static PyObject *batch_end(Core *c, int r, int why, PyObject *done, PyObject *name, PyObject *const *args,
                            Py_ssize_t n)
 {
@@ -634,9 +634,6 @@ static PyObject *batch_end(Core *c, int r, int why, PyObject *done, PyObject *na
     if (r == ST_OK) {
         out = Py_None;
         Py_INCREF(out);
-    } else if (r == ST_PINNED) {
-        PyObject *a[2] = {args[0], done};
-        out = leave_to(c, N_ROOM_PINNED, a, 2);
     } else {
         PyObject *a[8];
         for (Py_ssize_t i = 0; i < n; i++)
@@ -761,7 +758,7 @@ static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *items = NULL, *out = NULL;
     Encoded *st = NULL;
-    Py_ssize_t n, done = 0;
+    Py_ssize_t n, done = 0, refused = 0;
     int64_t now, ttl;
     int r;
     if (nargs_ok(nargs, 3, "put_many") || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
@@ -789,10 +786,16 @@ static PyObject *Core_put_many(Core *c, PyObject *const *args, Py_ssize_t nargs)
             out = batch_end(c, r, c->reason, PyLong_FromSsize_t(0), N_PUT_MANY, args, 3);
         goto end;
     }
-    r = put_many_locked(c, st, n, now, ttl, &done);
+    r = put_many_locked(c, st, n, now, ttl, &done, &refused);
     unlock(c);
     leave(c);
     out = batch_end(c, r, c->reason, PyLong_FromSsize_t(done), N_PUT_MANY, args, 3);
+    if (out != NULL && c->fallback != NULL) { /* the items not admitted: the C's, plus the fallback's of the rest */
+        PyObject *sum = PyLong_FromSsize_t(refused);
+        if (sum != NULL && out != Py_None)
+            Py_SETREF(sum, PyNumber_Add(out, sum));
+        Py_SETREF(out, sum);
+    }
 end:
     PyMem_Free(st);
     Py_DECREF(items);
@@ -912,10 +915,11 @@ static PyMethodDef Core_methods[] = {
      "here, as get_key does (an EncodedKey too is encoded as any bytes key), then as view(kb, fp, now_ns, pins), to "
      "which a hand-over goes."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
-     "put(encoded, now_ns, ttl_ns) -> None (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
-     "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns -1: the cache's default). "
-     "A view pinning the key's entry or the room needed (the segment consistent), and anything unusual, are handed "
-     "over: the fallback's put raises PinnedError, TooLargeError, or stores it."},
+     "put(encoded, now_ns, ttl_ns) -> bool (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
+     "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns -1: the cache's default); "
+     "False if it was not admitted (keep, full; or the room it needs is all pinned or held by open views). A view "
+     "pinning the key's entry on a segment of version 11 or before (the segment consistent), and anything unusual, "
+     "are handed over: the fallback's put raises PinnedError, TooLargeError, or stores it."},
     {"delete", (PyCFunction)(void (*)(void))Core_delete, METH_FASTCALL,
      "delete(kb, fp, now_ns) -> bool (without a fallback: also PINNED | HANDOVER)\n\nRemove the key, as "
      "SharedCache.delete does; True if it was present and live. A view pinning it (nothing changed) is handed over: "
@@ -935,13 +939,13 @@ static PyMethodDef Core_methods[] = {
      "refused, left)\n\nA snapshot's second pass over the plan's rows[0..count), as snapshot._insert makes it, "
      "under one hold of the lock (_core_snapshot.c says how)."},
     {"put_many", (PyCFunction)(void (*)(void))Core_put_many, METH_FASTCALL,
-     "put_many(items, now_ns, ttl_ns) -> None (without a fallback: (done, stop))\n\nStore each item (a "
+     "put_many(items, now_ns, ttl_ns) -> int (without a fallback: (done, stop))\n\nStore each item (a "
      "store.Encoded) in order under one hold of the lock, as entries.put_many_locked does, all expiring after ttl_ns "
-     "(-1: the cache's default). Room that pinned entries hold is refused through the fallback's room_pinned "
-     "(PinnedError; the segment consistent, items[:done] stored); a hand-over (an entry above the byte limit hands "
-     "over the whole batch first, and a view pinning items[done]'s key hands it over with nothing of it written, "
-     "reason \"pinned\") has the fallback's put_many store items[done:]. Without a fallback, done counts what was "
-     "stored and stop is None, PINNED or HANDOVER."},
+     "(-1: the cache's default); how many were not admitted (keep, full; or the room an item needs all pinned or "
+     "held by open views: passed, and the batch goes on). A hand-over (an entry above the byte limit hands over "
+     "the whole batch first, and a view pinning items[done]'s key on a segment of version 11 or before hands it "
+     "over with nothing of it written, reason \"pinned\") has the fallback's put_many store items[done:]. Without a "
+     "fallback, done counts what was judged and stop is None or HANDOVER."},
     {"use_reader", (PyCFunction)(void (*)(void))Core_use_reader, METH_FASTCALL,
      "use_reader(owner, slot)\n\nCount reads without the lock in reader slot ``slot`` (held by ``owner``, a "
      "readers.Reader, kept while it is used); -1: read under the lock. Under lru every read takes the lock."},

@@ -190,8 +190,8 @@ STEP int put_find(Core *c, Encoded *st, int64_t now, int64_t *old)
 }
 
 /* A store's writes, after put_find (st->expires set by the caller): an update of ``old`` in place or a new entry,
- * evicting as the limits require. ST_PINNED: the room needed is pinned (the evictions made stand; every structure
- * is consistent); ST_REFUSED: the policy did not admit the new entry (counted; an ``old`` removed stays so).
+ * evicting as the limits require. ST_REFUSED: the new entry was not admitted (keep, full; or the room it needs is
+ * all pinned or held: counted, the evictions made stand, every structure consistent; an ``old`` removed stays so).
  * (twin: store.py Store.write) */
 STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 {
@@ -226,8 +226,7 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
     }
     if (old == c->empty) {
         r = insert(c, st, now);
-        if (r == ST_PINNED || r == ST_REFUSED || r == ST_GROW) { /* refused with every structure consistent: no
-                                                                      * repair needed */
+        if (r == ST_REFUSED || r == ST_GROW) { /* refused with every structure consistent: no repair needed */
             HW(writing) = 0;
             HW(dirty) = 0;
             if (r == ST_GROW) { /* the Python path grows the arena (or raises NoSpaceError) and stores */
@@ -361,14 +360,16 @@ static int get_many_locked(Core *c, Lookup *keys, Py_ssize_t n, int64_t now, Py_
 /* Store st[0..n) in order as put does, all expiring ``ttl`` ns (-1: the default) after one
  * clock reading, under one hold of the lock. Every size is checked against the byte limit first: if one can never
  * fit, nothing is stored and the Python path raises TooLargeError. *done: how many were stored when the batch stops
- * early. ST_PINNED: the room st[*done] needs is pinned (the evictions made stand; every structure is consistent).
- * A view pinning st[*done]'s own entry is a hand-over instead (WHY_PINNED, nothing of it written), so that the
- * Python path raises its own PinnedError for it. (twin: entries.py put_many_locked) */
-static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int64_t ttl, Py_ssize_t *done)
+ * early. One not admitted (keep, full; or its room all pinned or held) is passed, counted in *refused (of the first
+ * *done), and the batch goes on. A view pinning st[*done]'s own entry (before version 12) is a hand-over
+ * (WHY_PINNED, nothing of it written), so that the Python path raises its own PinnedError for it.
+ * (twin: entries.py put_many_locked) */
+static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int64_t ttl, Py_ssize_t *done,
+                           Py_ssize_t *refused)
 {
     int64_t old;
     int r;
-    *done = 0;
+    *done = *refused = 0;
     if (HW(dirty) || hidden(c))
         return unready(c);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -390,7 +391,9 @@ static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int6
             }
             return r;
         }
-        if ((r = put_write(c, &st[i], old, now)) && r != ST_REFUSED) /* one not admitted: the batch goes on */
+        if ((r = put_write(c, &st[i], old, now)) == ST_REFUSED) /* one not admitted: the batch goes on */
+            ++*refused;
+        else if (r)
             return r;
         *done = i + 1;
     }

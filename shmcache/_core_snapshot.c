@@ -175,7 +175,7 @@ static int restore_locked(Core *c, Encoded *st, const int64_t *ttls, uint8_t *ou
             r = put_write(c, e, old, now);
             if (r == ST_OK)
                 outcome[from[i]] = RS_STORED;
-            else if (r == ST_REFUSED || r == ST_PINNED) /* not admitted; or its room pinned, every structure whole */
+            else if (r == ST_REFUSED) /* not admitted (keep, full; or its room pinned or held), every structure whole */
                 outcome[from[i]] = RS_REFUSED;
             else
                 return r;

@@ -397,7 +397,8 @@ static inline void stamp(Core *c, int64_t e, int64_t expires)
 /* A new entry as the most recently used (the key is absent), evicting first as the limits require: expired entries,
  * then the least recently used, pinned ones excepted; and, if pinned blocks split the free space so that no run of
  * st->nb bytes is left, more (what is not pinned) until one is. The one place eviction is decided, as in Python.
- * ST_PINNED: the room needed is pinned (the evictions made stand; every structure is consistent).
+ * ST_REFUSED: not admitted, counted (keep with no room left; or what is left to evict is all pinned or held, or
+ * pinned blocks split the free space: the evictions made stand, every structure is consistent).
  * (twin: table.py Table.insert) */
 static int insert(Core *c, const Encoded *st, int64_t now)
 {
@@ -415,8 +416,12 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         return r;
     if (HW(entries) + held >= HW(max_entries) || HW(retained) + held_bytes + st->size > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
-            if ((r = evict_until(c, st->size, now)))
-                return r;
+            if ((r = evict_until(c, st->size, now))) {
+                if (r != ST_PINNED)
+                    return r;
+                ADD(HW(not_admitted), 1); /* the rest is pinned or held: not admitted */
+                return ST_REFUSED;
+            }
         } else {
             int fits;
             if ((r = room_without_evicting(c, st->size, now, &fits)))
@@ -451,8 +456,11 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         }
         if ((r = evict_one(c, &done)))
             return r;
-        if (!done)
-            return ST_PINNED;
+        if (!done) { /* pinned blocks split what is left: not admitted */
+            HW(writing) = 0;
+            ADD(HW(not_admitted), 1);
+            return ST_REFUSED;
+        }
     }
     if (r)
         return r;

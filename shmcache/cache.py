@@ -320,13 +320,14 @@ class SharedCache(LocalMapping, AsyncMethods):
     def put(self, key: Any, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` under ``key``, evicting as the limits require (expired entries first, then as the policy
         chooses: under lru the least recently used). ``ttl``: seconds until the entry expires (0: never; None: the
-        cache's ``default_ttl``). True if it was stored; False only under ``policy="keep"``, for a new entry the
-        full cache did not admit (counted in ``stats().not_admitted``; a replaced value is gone then).
+        cache's ``default_ttl``). True if it was stored; False if it was not admitted (counted in
+        ``stats().not_admitted``; a replaced value is gone then): under ``policy="keep"``, a new entry the full cache
+        did not take; under every policy, one whose room is all pinned or held by open views (docs/usage.md,
+        "Views", says how much that can be).
 
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
-        :raises PinnedError: if the room needed is pinned or held by open views (on a segment of layout version 11
-            or before, also if an open view pins the key's entry).
+        :raises PinnedError: only on a segment of layout version 11 or before, if an open view pins the key's entry.
         """
         # Store.encode, inlined (the call costs as much as the arithmetic).
         if type(key) is str:
@@ -721,12 +722,15 @@ class SharedCache(LocalMapping, AsyncMethods):
         slides what it keeps to the arena's start, and gives back the memory past it (docs/usage.md, "Resizing a
         cache"). ``stats().resizes`` counts resizes.
 
+        Entries that open views read and the smaller cache has no room for leave the index at once; their bytes
+        are given back as the views end (held entries, counted in ``stats().held_entries``).
+
         :raises ValueError: a capacity above ``max_capacity_bytes``, an entry limit above the most the cache's
             tables reach (16 times the ``max_entries`` it was created with; a cache made by the release before,
             layout version 9, reaches the ``max_entries`` of its creation), or a cache made by an older release
             (layout version 8 or 7), which is not resized.
-        :raises PinnedError: entries pinned by open views exceed the new limits or lie past the smaller arena (the
-            cache stays as it was, less what was evicted).
+        :raises PinnedError: if a block that an open view reads lies past the end of the smaller arena (the cache
+            stays as it was, less what was evicted).
         :raises OSError: ENOSPC when /dev/shm could never hold the new capacity; NoSpaceError when it cannot
             back the larger tables now (the cache stays as it was).
         """
@@ -764,11 +768,15 @@ class SharedCache(LocalMapping, AsyncMethods):
         """Change the limits for every process and evict at once to meet them: a CacheLimits, or either limit by
         keyword alone (the other stays as it is, read under the same hold of the lock).
 
-        A ``max_retained_bytes`` above the capacity grows the capacity to it (``resize``).
+        A ``max_retained_bytes`` above the capacity grows the capacity to it (``resize``). Entries that open views
+        read and the new limits leave no room for leave the index at once, and their bytes are given back as the
+        views end; until then they count against the limits, and a put is not admitted if it needs their room.
 
         :raises ValueError: if ``max_entries`` exceeds the most the cache's tables reach (see ``resize``), or
             ``max_retained_bytes`` its ``max_capacity_bytes``.
-        :raises PinnedError: if entries pinned by open views alone exceed the new limits (the old ones stay).
+        :raises PinnedError: if a lower ``max_entries``, which makes the arena's ring a little smaller, would end it
+            before a block that an open view reads (the old limits stay); on a segment of layout version 11 or
+            before, if entries pinned by open views alone exceed the new limits.
         """
         g = self._seg.geometry
         if limits is None:

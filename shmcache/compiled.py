@@ -36,7 +36,7 @@ PATH = "compiled" if _core is not None else "pure Python"  # what `shmcache ls` 
 # What a Core bound without a fallback answers (tests/test_core.py drives it so): the handles bind one with a
 # HandOver, which takes these calls itself.
 HANDOVER = None if _core is None else _core.HANDOVER  # a call the Python path must make instead
-PINNED = None if _core is None else _core.PINNED  # pinned entries left no room, or a view pins the key's entry
+PINNED = None if _core is None else _core.PINNED  # a view pins what the call must change (version 11 and before)
 Raw = None if _core is None else _core.Raw  # get_value: a hit left to the Python side (HandOver.finish)
 TIMEOUT = "timeout"  # Core.reason after a call that waited the whole lock timeout in C
 

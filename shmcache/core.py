@@ -22,7 +22,7 @@ from .codec import (
 )
 from .compiled import HANDOVER, PATH, PINNED, TIMEOUT, Core, Raw, last_wait, word_try
 from .compiled import extension as _core
-from .errors import ClosedError, PinnedError
+from .errors import ClosedError
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
@@ -234,11 +234,12 @@ class Reference:
             self.guard.undecodable(exc)
         return out
 
-    def put_many(self, encoded: list, now: int, ttl: int, done: int = 0, waited: bool = False) -> None:
+    def put_many(self, encoded: list, now: int, ttl: int, done: int = 0, waited: bool = False) -> int:
         """Store ``encoded[done:]`` in order under one hold of the lock (the first ``done``, the compiled section
-        stored already), all expiring after ``ttl`` ns (-1: the cache's default)."""
-        self.guard.run(entries.put_many_locked, self.store, None if ttl < 0 else ttl, encoded[done:],
-                       waited=waited)
+        judged already), all expiring after ``ttl`` ns (-1: the cache's default); how many of them were not
+        admitted."""
+        return self.guard.run(entries.put_many_locked, self.store, None if ttl < 0 else ttl, encoded[done:],
+                              waited=waited)
 
 
 class HandOver(Reference):
@@ -288,14 +289,6 @@ class HandOver(Reference):
         if _core.unlocked_view():
             failed = functools.partial(failed, counted=False)
         return first_look(self.pins, lease, failed, self.base)
-
-    def room_pinned(self, encoded: list, done: int) -> None:
-        """A batch put's refusal by the compiled section: the room its entry ``done`` needs is pinned."""
-        # Why not the Python path's own error: it would try that entry's allocation again, and a second pass of the
-        # arena's cleaner over pinned blocks moves the ring's head and tail; the refusal stands as the C made it.
-        raise PinnedError(f"no room for entry {done} of the batch ({encoded[done][6]} bytes): what is left to evict "
-                          f"is pinned by open views, or the pinned blocks split the free space (the {done} entries "
-                          "before it were stored)", what="put", hint="close views sooner, or raise the limits")
 
 
 def path(seg, guard, store, lock_timeout: float) -> tuple[Any, Any, Any]:

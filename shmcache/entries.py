@@ -231,17 +231,20 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     return out
 
 
-def put_many_locked(store, ttl, encoded: list) -> None:
+def put_many_locked(store, ttl, encoded: list) -> int:
     """Store each entry of ``encoded`` (``store.Encoded``) in order, as put does, all expiring after ``ttl`` (ns;
-    None: the default). Every size is checked against the byte limit first, so an entry that can never fit
-    refuses the whole batch before anything is stored."""
+    None: the default); how many were not admitted (passed: the batch goes on). Every size is checked against the
+    byte limit first, so an entry that can never fit refuses the whole batch before anything is stored.
+    (twin: _core_sections.c put_many_locked)"""
     limit = store.h[H_MAX_RETAINED]
     for item in encoded:
         if item.size > limit:
             raise store.refuse_locked(item.size)
     expires = store.expires_at(ttl)
+    refused = 0
     for item in encoded:
-        store.store(store.find_live(item.kb, item.fp, True), item, expires)
+        refused += not store.store(store.find_live(item.kb, item.fp, True), item, expires)
+    return refused
 
 
 def ttl_locked(store, kb: bytes, fp: int):

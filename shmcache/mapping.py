@@ -199,8 +199,9 @@ class LocalMapping(ItemAccess):
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], ttl: float | None = None) -> None:
         """Store every (key, value) of ``items`` (a mapping, or an iterable of pairs) as put does, in one hold of the
-        lock; all are encoded first. An entry too large refuses the batch before anything is stored; a write refused
-        by open views' pins (PinnedError) stops the batch there, the entries before it stored."""
+        lock; all are encoded first. An entry too large refuses the batch before anything is stored; an entry not
+        admitted (``policy="keep"``, full; or the room it needs all pinned or held by open views: counted in
+        ``stats().not_admitted``) is passed, and the batch goes on."""
         parts, space = self._space()
         prefix = KIND_PREFIXES[space] if space else b""
         encode, pairs = parts.store.encode, pairs_of(items)

@@ -89,7 +89,8 @@ class SnapshotInfo(NamedTuple):
 class RestoreResult(NamedTuple):
     """What ``SharedCache.restore`` did with a file: ``restored`` entries stored; ``damaged`` records skipped for a
     failed checksum (or a field no writer makes); ``expired`` records past their time; ``no_room`` records colder
-    than what filled the cache's limits (or refused by a full ``keep`` cache, or by a pinned entry); ``complete``:
+    than what filled the cache's limits (or not admitted: by a full ``keep`` cache, or for room that open views pin);
+    ``complete``:
     the file ended with its trailer and every record it counts was read whole; ``nbytes`` the file's size."""
 
     restored: int
@@ -479,8 +480,7 @@ def restore(parts, hot, now, path) -> RestoreResult:
         payloads = plan.rows[:, ROW_KLEN] + plan.rows[:, ROW_BLEN] + 1
         stop_backing = _back_ahead(seg, int(((payloads + PAD) & -8).sum()))  # their blocks (block.nbytes)
         try:
-            stored, failed, expired, refused = _insert(src, head, plan, kind_numbers, hot, now,
-                                                       not store.table.pol.evicts_to_admit, fast)
+            stored, failed, expired, refused = _insert(src, head, plan, kind_numbers, hot, now, fast)
         finally:
             stop_backing()
     finally:
@@ -539,7 +539,7 @@ def _kinds_of(parts, head: _Header, plan: _Plan) -> dict[int, int]:
     return {k: guard.run(kinds.register_locked, seg, head.kinds[k]) for k in sorted(used) if k in head.kinds}
 
 
-def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, now, keep: bool,
+def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, now,
             fast: bool = False) -> tuple[int, int, int, int]:
     """Read the chosen records again, coldest first, and store them in batches; (stored, damaged, expired,
     refused). ``fast``: through the compiled section's pass (``Core.snapshot_restore``), which leaves to this one
@@ -573,17 +573,17 @@ def _insert(src: _Source, head: _Header, plan: _Plan, kind_numbers: dict, hot, n
                 # lock that times out), which would make every call check the rest again for one row's progress.
                 stalled = done[0] + done[3] == 0
                 take = block_rows[:left] if stalled else block_rows[left - 1 : left]
-                for k, x in enumerate(_insert_rows(chunk, first, take, head, kind_numbers, hot, now, keep, real)):
+                for k, x in enumerate(_insert_rows(chunk, first, take, head, kind_numbers, hot, now, real)):
                     totals[k] += x
                 count = 0 if stalled else left - 1
         else:
-            for k, x in enumerate(_insert_rows(chunk, first, rows[i:j], head, kind_numbers, hot, now, keep, real)):
+            for k, x in enumerate(_insert_rows(chunk, first, rows[i:j], head, kind_numbers, hot, now, real)):
                 totals[k] += x
         j = i
     return totals[0], totals[1], totals[2], totals[3]
 
 
-def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind_numbers: dict, hot, now, keep: bool,
+def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind_numbers: dict, hot, now,
                  real: int) -> tuple[int, int, int, int]:
     """Check and store ``rows`` (the plan's, hottest first) whose records ``chunk`` holds from file offset ``first``,
     coldest first; (stored, damaged, expired, refused). (twin: _core_snapshot.c Core_snapshot_restore)"""
@@ -621,13 +621,13 @@ def _insert_rows(chunk: memoryview | None, first: int, rows, head: _Header, kind
         # and the Python path itself, read them by name; a Placed where the record carries its entry's marks)
         fields = (kb, tag, body, _xxh(kb) & MASK63, (_xxh(body, tag) & MASK63) | 1, size, (size + PAD) & -8)
         batch.append((Placed(*fields, flags & FLAG_MARKS) if flags & FLAG_MARKED else Encoded(*fields), ttl))
-    stored, refused = _store(batch, hot, now, keep)
+    stored, refused = _store(batch, hot, now)
     return stored, damaged, expired, refused
 
 
-def _store(batch: list, hot, now, keep: bool) -> tuple[int, int]:
+def _store(batch: list, hot, now) -> tuple[int, int]:
     """Store ``batch`` ((fields, ttl) pairs, coldest first) through the batch put, one call per run of equal
-    ttls; (stored, refused). Under keep every put says whether it was admitted, so they go one by one."""
+    ttls; (stored, refused: not admitted, as the batch put counts them, or refused one by one)."""
     stored = refused = 0
     k = 0
     while k < len(batch):
@@ -637,13 +637,13 @@ def _store(batch: list, hot, now, keep: bool) -> tuple[int, int]:
             m += 1
         run = [fields for fields, _ in batch[k:m]]
         k = m
-        if not keep:
-            try:
-                hot.put_many(run, now(), ttl)
-                stored += len(run)
-                continue
-            except (PinnedError, TooLargeError):
-                pass  # one by one, to learn which: a key an open view pins, or limits lowered meanwhile
+        try:
+            passed = hot.put_many(run, now(), ttl)
+            stored += len(run) - passed
+            refused += passed
+            continue
+        except (PinnedError, TooLargeError):
+            pass  # one by one, to learn which: a key an open view pins (version 11), or limits lowered meanwhile
         for fields in run:
             try:
                 ok = hot.put(fields, now(), ttl)

@@ -61,7 +61,8 @@ class CacheStats:
     (``SharedCache.kind``).
 
     ``policy`` is the cache's eviction policy. ``admitted`` counts new entries stored and ``not_admitted`` the puts
-    of a new entry the policy refused (only ``keep`` refuses: the cache was full). Under ``s3fifo``,
+    of a new entry not stored (``keep`` refuses one when the cache is full; every policy one whose room is all
+    pinned or held by open views). Under ``s3fifo``,
     ``small_entries`` is how many entries the small queue holds, ``promoted`` counts those it moved to main for
     their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them. Under
     ``auto``, ``small_entries`` is how many entries its window holds and ``window_target`` how many it aims at now
@@ -188,7 +189,8 @@ _PROMETHEUS = (
     ("takeovers", "takeovers_total", "counter", "waits that ended without a value, then computed here"),
     ("too_large", "too_large_total", "counter", "stores refused: the entry can never fit the byte limit"),
     ("admitted", "admitted_total", "counter", "new entries stored"),
-    ("not_admitted", "not_admitted_total", "counter", "puts of a new entry the policy did not store"),
+    ("not_admitted", "not_admitted_total", "counter", "puts of a new entry not stored (keep, full; or its room "
+     "pinned or held by open views)"),
     ("promoted", "promoted_total", "counter", "s3fifo: entries moved from the small queue to main for their hits"),
     ("ghost_hits", "ghost_hits_total", "counter", "s3fifo: new keys admitted to main, remembered by the ghost"),
     ("filter_admitted", "filter_admitted_total", "counter",

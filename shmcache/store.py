@@ -273,7 +273,7 @@ class Store:
         if old == EMPTY:
             try:
                 stored = table.insert(encoded, expires, version)
-            except (PinnedError, NoSpaceError):
+            except NoSpaceError:
                 h[H_WRITING] = 0
                 raise
             if not stored:
@@ -289,12 +289,11 @@ class Store:
     store = updating_entries(write)
     store.__doc__ = """Store ``encoded`` as the most recent, expiring at ``expires`` (0: never), with ``version``
         (0: the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
-        Whether it was stored: False if the policy did not admit a new entry (keep, full; an ``old`` replaced is
-        gone then).
+        Whether it was stored: False if a new entry was not admitted (keep, full; or the room it needs is all
+        pinned or held by open views: ``Table.insert``; an ``old`` replaced is gone then).
 
         :raises TooLargeError: if ``size`` exceeds the byte limit in force (nothing changes).
-        :raises PinnedError: if ``old`` is pinned (nothing changes), or the room needed is (the evictions made
-            stand; every structure is consistent).
+        :raises PinnedError: if ``old`` is pinned on a segment of version 11 or before (nothing changes).
         """
 
     # ------------------------------------------------------------------------------------------- operations
@@ -511,12 +510,16 @@ class Store:
         tables backed first). Whether anything changed (then ``resizes`` counts it: every process takes the new
         tables before its next call, Segment.refresh_tables).
 
+        Entries that open views pin and that the new limits leave no room for are held aside (``Table.hold_excess``;
+        version 12): out of the index at once, their bytes given back as the views end.
+
         Crash windows: everything is written inside the dirty bracket, so a holder killed part-way leaves a repair
         that keeps the entries whose checksums hold, under whichever capacity the configuration's checksums name
         (the old before its words are written, the new after: config.py).
 
-        :raises PinnedError: entries pinned by open views exceed the new limits, or lie past the smaller arena
-            (the old capacity and limits stay; the evictions made stay made).
+        :raises PinnedError: a block that an open view reads lies past the smaller ring's end (or, before version
+            12, entries pinned by open views exceed the new limits): the old capacity and limits stay; the
+            evictions made stay made.
         """
         seg, h, g = self.seg, self.h, self.seg.geometry
         old = config.capacity(h, g)
@@ -539,7 +542,7 @@ class Store:
             # the ring's size follows it, so it moves only once the blocks are where the new ring has them): what no
             # longer fits goes, as the policy chooses.
             config.set_limits(h, h[H_MAX_ENTRIES], min(retained, old))
-            self.table.evict_until(max(h[H_MAX_ENTRIES] - entries, 0), 0)
+            self.meet(entries, min(retained, old))
             tail, fill = h[H_TAIL], h[H_FILL]
             if fill == 0:
                 h[H_HEAD] = h[H_TAIL] = 0
@@ -609,7 +612,12 @@ class Store:
         A byte limit above the capacity in force (read here, under the lock: another process may have resized
         since the caller looked) grows the capacity to it (``resize``).
 
-        :raises PinnedError: if entries pinned by open views alone exceed them (the old limits stay).
+        Entries that open views pin and that the new limits leave no room for are held aside (version 12:
+        ``meet``).
+
+        :raises PinnedError: if a ring made smaller by a lower entry limit would end before a block that an open
+            view reads (``resize``), or, before version 12, if entries pinned by open views alone exceed the new
+            limits (the old limits stay).
         """
         h = self.h
         if max_retained_bytes is not None and max_retained_bytes > config.capacity(h, self.seg.geometry):
@@ -624,8 +632,26 @@ class Store:
         config.set_limits(h, before[0] if max_entries is None else max_entries,
                           before[1] if max_retained_bytes is None else max_retained_bytes)
         try:
-            self.table.evict_until(0, 0)
+            self.meet(h[H_MAX_ENTRIES], h[H_MAX_RETAINED])
         except PinnedError:
-            # Pinned entries alone exceed the new limits: the old ones stay (the evictions made still meet them).
+            # (before version 12) Pinned entries alone exceed the new limits: the old ones stay (the evictions
+            # made still meet them).
             config.set_limits(h, *before)
             raise
+
+    def meet(self, most_entries: int, most_bytes: int) -> None:
+        """Evict as the policy chooses until the resident entries, with the held ones, are at most ``most_entries``
+        of ``most_bytes`` bytes; where what is left is pinned by open views, hold aside those that views pin until
+        the resident ones alone are (``Table.hold_excess``, version 12). Lowered limits' evictions: the held ones
+        go as their views end, and no new entry is admitted until the resident and held ones are within the limits.
+        Under the caller's dirty bracket.
+
+        :raises PinnedError: before version 12, if what is left to evict is pinned (the evictions made stand).
+        """
+        h, table = self.h, self.table
+        try:
+            table.evict_until(max(h[H_MAX_ENTRIES] - most_entries, 0), max(h[H_MAX_RETAINED] - most_bytes, 0))
+        except PinnedError:
+            if not table.holds:
+                raise
+            table.hold_excess(most_entries, most_bytes)

@@ -251,9 +251,10 @@ class Table:
         require: expired entries, then what the policy chooses, pinned ones excepted; and, if pinned blocks split
         the free space so that no run of ``encoded.nb`` bytes is left, more (what is not pinned) until one is.
         ``expires``: its expiry time (0: never); ``version`` the version to give it (0: the clock's next). False
-        (nothing stored, counted in ``not_admitted``) if the policy does not admit it: keep, with no room left.
-
-        :raises PinnedError: if the room needed is pinned (the evictions made stand; every structure is consistent).
+        (nothing stored, counted in ``not_admitted``) if it is not admitted: under keep, with no room left; under
+        every policy, when what is left to evict is all pinned or held by open views, or pinned blocks split the free
+        space (the evictions made stand; every structure is consistent). A cache may always miss, so a put that
+        cannot make room without taking bytes from a reader stores nothing rather than raising.
         """
         # The one place eviction is decided (with evict_until and evict_one below). Slot allocation, index.insert's
         # first probe, lru.push_front (the entry's own links in the pack below) and block.value_at are inlined:
@@ -273,7 +274,11 @@ class Table:
         held, held_bytes = self.held() if self.holds else (0, 0)  # (held entries count against the limits)
         if h[H_ENTRIES] + held >= h[H_MAX_ENTRIES] or h[H_RETAINED] + held_bytes + size > h[H_MAX_RETAINED]:
             if pol.evicts_to_admit:
-                self.evict_until(1, size)
+                try:
+                    self.evict_until(1, size)
+                except PinnedError:  # the rest is pinned or held: not admitted
+                    h[H_NOT_ADMITTED] += 1
+                    return False
             elif not self.room_without_evicting(size):
                 h[H_NOT_ADMITTED] += 1
                 return False
@@ -299,8 +304,10 @@ class Table:
                     h[H_WRITING] = 0
                     h[H_NOT_ADMITTED] += 1
                     return False
-                if not self.evict_one():
-                    raise
+                if not self.evict_one():  # pinned blocks split what is left: not admitted
+                    h[H_WRITING] = 0
+                    h[H_NOT_ADMITTED] += 1
+                    return False
         if e == h[H_FREE_HEAD]:
             h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
         else:
@@ -493,6 +500,28 @@ class Table:
             raise PinnedError(f"no room: the {pinned + held} entries left to evict are pinned by open views",
                               what="put", hint="close views sooner, or raise the limits")
         raise CorruptionError("the header's counters disagree with the entries on the LRU list", what="evict")
+
+    def hold_excess(self, most_entries: int, most_bytes: int) -> int:
+        """Hold aside (``detach``) resident entries that views pin, from the back of the list, until at most
+        ``most_entries`` entries of ``most_bytes`` bytes are resident; how many. What lowered limits do once every
+        entry they could evict has gone (``Store.set_limits``, ``Store.resize``; version 12): the index keeps within
+        the limits at once, and what open views still read is given back as they end. Held entries count against
+        the limits, so until then no new entry is admitted (``insert``)."""
+        h, ent = self.h, self.ent
+        e, held = ent[E_PREV], 0
+        for i in range(self.slots):
+            if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
+                return held
+            if e == SENTINEL:
+                break
+            if i and not i & TICK_EVERY:
+                progressed(h)
+            p = ent[e * _W + E_PREV]
+            if self.pinned(e):
+                self.detach(e)
+                held += 1
+            e = p
+        raise CorruptionError("the header's counters disagree with the entries on the list", what="evict")
 
     def evict_one(self) -> bool:
         """Evict the entry no view pins that the policy chooses; False if there is none."""

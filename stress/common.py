@@ -12,8 +12,9 @@ process in that slot: the parent reads progress at any time, and a worker that i
 
 Every script that creates a cache takes --policy (``shmcache.POLICIES``, or ``all``: each policy in turn, the
 seconds split equally, one summary line each, which names its policy). The checks hold under every policy: a put
-returns True, or False under ``keep`` alone (a new key the full cache did not admit: counted in ``not_admitted``,
-and a lie under the others); no check assumes an eviction order.
+returns True, or False where it may not be admitted (counted in ``not_admitted``): under ``keep``, a new key the
+full cache did not take; under every policy, where the mix has views, a put whose room open views pin or hold.
+Anywhere else a False is a lie. No check assumes an eviction order.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ class Workload:
         self.reports = 0
         self.kind = cache.kind(KIND)
         self.policy = cache.policy
-        self.may_refuse = self.policy == "keep"  # the one policy whose put of a new key may store nothing
+        # keep's put of a new key may store nothing when full; any policy's whose room views pin or hold
+        self.may_refuse = self.policy == "keep" or "view" in self.ops
 
     def key(self) -> str:
         if self.rng.random() < HOT_SHARE:
@@ -174,8 +176,8 @@ class Workload:
             print(f"[pid {os.getpid()}] {FIELDS[field]}: {msg}", file=sys.stderr, flush=True)
 
     def stored(self, what: str, key: str, r) -> None:
-        """Check put's result ``r``: True (stored), or False under keep alone (not admitted: counted); anything
-        else -- False under lru or s3fifo, a non-bool -- is a wrong answer."""
+        """Check put's result ``r``: True (stored), or False where a put may not be admitted (``may_refuse``:
+        counted); anything else -- another False, a non-bool -- is a wrong answer."""
         if r is True:
             return
         if r is False and self.may_refuse:
@@ -188,7 +190,7 @@ class Workload:
         try:
             getattr(self, "_" + op)()
         except (TooLargeError, PinnedError):
-            pass  # documented refusals: a big entry above a lowered limit; room pinned (or held) by views
+            pass  # documented refusals: a big entry above a lowered limit; a shrink past a block a view reads
         except ShmCacheError as exc:
             self.report(ERRORS, f"{op}: {exc!r}")
         except Exception:

@@ -41,7 +41,7 @@ hangs        children still running after ROUND_SECONDS; must be 0
 crashes      children that died (segfault, abort, uncaught error); must be 0
 unverified   repair phases after which verify() or the read-back failed; must be 0
 repairs      repair phases that found damage (the cache's own stats().recoveries live in the damaged header)
-not_admitted puts that returned False under keep (a new key, the cache full)
+not_admitted puts that returned False: under keep, a new key the full cache did not take; or room views pin
 snapshots    snapshots of the damaged cache the workers wrote (each entry copied is checked against its checksum: a
              damaged one is left out, never written); restores: restores of them into it, whose values the reads
              check like any other

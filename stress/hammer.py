@@ -9,7 +9,8 @@ verify(), checks that the stats respect the limits in force, and reads back ever
 
 --policy chooses the cache's eviction policy (default auto); --policy all runs each of shmcache.POLICIES in turn,
 --seconds split equally, and prints one summary line for each. Under keep a put of a new key into the full cache
-stores nothing and returns False (counted in not_admitted); under every other policy a put that returns False is wrong.
+stores nothing and returns False (counted in not_admitted), and under every policy so does a put whose room the
+views of the mix pin or hold; no other put returns False.
 
 Reading the summary line:
 
@@ -21,8 +22,8 @@ ops         operations done by all workers together
 wrong       gets that returned a value not put under that key (workers and final read-back); must be 0
 errors      ShmCacheError or any other exception raised by an operation, or a worker's verify() that was not ok;
             must be 0 (a TooLargeError for a big value above a lowered limit is the documented refusal, not counted)
-not_admitted puts that returned False, not admitted by keep's full cache (0 under the other policies, where a
-            False counts as wrong)
+not_admitted puts that returned False: not admitted by keep's full cache, or for room that views pin or hold
+            (rare under the other policies)
 hangs       times the workers made no progress for HANG_SECONDS, plus workers that did not stop when told; must be 0
 crashes     workers that died on their own; must be 0
 kills       workers killed on purpose (always 0 here; see stress.kill_storm)

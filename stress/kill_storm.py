@@ -29,7 +29,7 @@ crashes       workers that died without being killed; must be 0
 kills         workers SIGKILLed; locked_kills: of those, killed while the lock named them as its holder
 recoveries    repairs of a half-made update left by a killed holder (stats().recoveries); at most about
               locked_kills, fewer because a holder killed between two complete updates leaves nothing to repair
-not_admitted  puts that returned False, not admitted by keep's full cache (under lru and s3fifo a False is wrong)
+not_admitted  puts that returned False: not admitted by keep's full cache, or for room that views pin or hold
 snapshots     snapshots the light workers wrote of the cache (each worker slot to its own file) while the others
               worked and were killed, themselves among them; restores: restores of a slot's file into the cache,
               each of which must find the file whole (a writer killed mid-write leaves the last one), else an error

@@ -2,8 +2,8 @@
 oracle of the state machine in test_properties.py.
 
 Time comes from ``clock`` (ns), as for SharedCache, so a test drives both with one fake clock. Errors the cache
-raises are raised here as ``TooLarge`` (TooLargeError), ``Pinned`` (PinnedError), KeyError, TypeError or
-ValueError, after the same side effects the cache has made by then (an expired entry dropped, evictions done)."""
+raises are raised here as ``TooLarge`` (TooLargeError), KeyError, TypeError or ValueError, after the same side
+effects the cache has made by then (an expired entry dropped, evictions done)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from shmcache.codec import encode_key, encode_value
 
 KIND_PREFIX = 0xF5
 COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "computations",
-            "waits", "takeovers", "too_large")
+            "waits", "takeovers", "too_large", "not_admitted")
 MISSING = object()
 
 
@@ -27,7 +27,8 @@ class TooLarge(ValueError):
 
 
 class Pinned(Exception):
-    """Only pinned (or held) entries are left to evict: SharedCache raises PinnedError."""
+    """Only pinned (or held) entries are left to evict (raised by ``_make_room``, and caught: SharedCache raises
+    nothing, it leaves the entry unstored, or holds pinned entries aside under lowered limits)."""
 
 
 @dataclass
@@ -140,9 +141,10 @@ class ReferenceLRU:
         if not fits():
             raise Pinned("no room")
 
-    def _store(self, kb: bytes, value, size: int, expires: int) -> None:
-        """Store over the key's live entry, if any (held aside if a view pins it). Should making room fail
-        (Pinned), the old entry stays removed and counted as an update, as in SharedCache."""
+    def _store(self, kb: bytes, value, size: int, expires: int) -> bool:
+        """Store over the key's live entry, if any (held aside if a view pins it); whether it was stored. Should
+        making room fail (Pinned), nothing is stored and it is counted in ``not_admitted``, the old entry staying
+        removed and counted as an update, as in SharedCache."""
         if size > self.max_retained_bytes:
             raise self._too_large(size)
         if kb in self.data:
@@ -151,11 +153,16 @@ class ReferenceLRU:
                 self._hold(kb)
             else:
                 self._drop(kb)
-        self._make_room(1, size)
+        try:
+            self._make_room(1, size)
+        except Pinned:
+            self.counters["not_admitted"] += 1
+            return False
         self.version_clock += 1
         self.data[kb] = Entry(value, size, expires, self.version_clock, kb[1] if kb and kb[0] == KIND_PREFIX else 0)
         self.retained += size
         self.counters["puts"] += 1
+        return True
 
     def _store_if(self, kb: bytes, value, ttl, present: bool, version: int = 0) -> bool:
         size = self._size(kb, value)
@@ -165,8 +172,7 @@ class ReferenceLRU:
             raise self._too_large(size)
         if (e is not None) != present or (version and e.version != version):
             return False
-        self._store(kb, value, size, self._at(ns))
-        return True
+        return self._store(kb, value, size, self._at(ns))
 
     # ------------------------------------------------------------------------------------------- the cache's API
 
@@ -183,12 +189,12 @@ class ReferenceLRU:
     def contains(self, key, kind: int = 0) -> bool:
         return self._live(key_bytes(key, kind)) is not None
 
-    def put(self, key, value, ttl=None, kind: int = 0) -> None:
+    def put(self, key, value, ttl=None, kind: int = 0) -> bool:
         kb = key_bytes(key, kind)
         size = self._size(kb, value)
         ns = self._ttl(ttl)
         self._live(kb, to_insert=True)
-        self._store(kb, value, size, self._at(ns))
+        return self._store(kb, value, size, self._at(ns))
 
     def add(self, key, value, ttl=None, kind: int = 0) -> bool:
         return self._store_if(key_bytes(key, kind), value, ttl, present=False)
@@ -291,15 +297,17 @@ class ReferenceLRU:
         return len(doomed)
 
     def set_limits(self, max_entries: int, max_retained_bytes: int) -> None:
-        """Evict to meet the new limits; should pinned entries alone exceed them, the old limits stay (the
-        evictions made stand) and Pinned is raised."""
-        before = self.max_entries, self.max_retained_bytes
+        """Evict to meet the new limits; should pinned entries alone exceed them, those over the limits are held
+        aside, least recently used first, until the resident ones are within them."""
         self.max_entries, self.max_retained_bytes = max_entries, max_retained_bytes
         try:
             self._make_room(0, 0)
         except Pinned:
-            self.max_entries, self.max_retained_bytes = before
-            raise
+            for kb in list(self.data):
+                if len(self.data) <= max_entries and self.retained <= max_retained_bytes:
+                    break
+                if kb in self.pinned:
+                    self._hold(kb)
 
     def clear(self) -> None:
         """Every entry goes (pinned ones held aside); the counters but ``clears`` restart from zero."""

@@ -4,6 +4,7 @@ once the last pin ends. Every test runs on the path in force (the suite runs on 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -159,6 +160,71 @@ def test_resizes_keep_held_entries_out_of_the_index(name, policy):
         c.put("x", 1)
         assert _held(c) == (0, 0) and c.verify().ok
         assert all(_intact(k, v) for k in keys if (v := c.get(k)) is not None)
+        c.unlink()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_limits_lowered_below_what_views_pin_hold_the_excess(name, policy):
+    """set_limits and resize below what open views pin succeed: the pinned entries over the new limits leave the
+    index, held for their views, which read exactly their bytes; a put that needs their room is not admitted (False,
+    counted); once the views end, the cache is within its limits with nothing held."""
+    keys = [f"k{i}" for i in range(40)]
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=64, policy=policy, create=True) as c:
+        for k in keys:
+            c.put(k, _value(k, 0))
+        viewed = keys[:6]
+        arrs = {}
+        with contextlib.ExitStack() as stack:
+            for k in viewed:
+                arrs[k] = stack.enter_context(c.view(k))
+            c.set_limits(max_entries=4)  # (another index and smaller tables: a resize)
+            s = c.stats()
+            assert (s.max_entries, s.entries, s.held_entries) == (4, 4, 2) and c.verify(deep=True).ok
+            assert {k for k in keys if k in c} <= set(viewed)
+            one = s.retained_bytes // s.entries
+            c.set_limits(max_retained_bytes=2 * one)
+            s = c.stats()
+            assert (s.entries, s.held_entries) == (2, 4) and s.retained_bytes <= 2 * one and c.verify(deep=True).ok
+            assert c.put("new", _value("new", 0)) is False and "new" not in c and c.stats().not_admitted == 1
+            c.resize(max_entries=1)
+            s = c.stats()
+            assert (s.max_entries, s.entries, s.held_entries) == (1, 1, 5) and c.verify(deep=True).ok
+            for k, a in arrs.items():
+                assert _intact(k, a) and np.array_equal(a, _value(k, 0))
+        del arrs, a  # the pins end with the arrays
+        c.set_limits(max_entries=64, max_retained_bytes=1 << 20)
+        for k in keys:
+            assert c.put(k, _value(k, 1)) is True
+        s = c.stats()
+        assert (s.entries, s.held_entries, s.held_bytes) == (40, 0, 0) and c.verify(deep=True).ok
+        assert all(np.array_equal(c.get(k), _value(k, 1)) for k in keys)
+        c.unlink()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_restore_into_room_views_pin_counts_what_it_did_not_store(name, policy, tmp_path):
+    """A restore whose records find the room all pinned stores none of them and says so: each counted in
+    ``no_room`` and ``not_admitted``, none in ``restored``, through the batch put's count of what it passed."""
+    keys = [f"k{i}" for i in range(10)]
+    path = tmp_path / "snap"
+    with SharedCache(name, capacity_bytes=1 << 20, max_entries=64, policy=policy, create=True) as c:
+        for k in keys:
+            c.put(k, _value(k, 0))
+        assert c.snapshot(path).entries == 10
+        c.clear()
+        c.put("a", _value("a", 0))
+        c.put("b", _value("b", 0))
+        with c.view("a") as a, c.view("b") as b:
+            c.set_limits(max_entries=2)
+            got = c.restore(path)
+            assert (got.restored, got.no_room) == (0, 10) and c.stats().not_admitted == got.no_room - 8
+            assert [k for k in keys if k in c] == [] and _intact("a", a) and _intact("b", b)
+            assert c.verify(deep=True).ok
+        del a, b
+        c.delete("a")
+        c.delete("b")  # (keep evicts nothing to admit a key)
+        got = c.restore(path)
+        assert got.restored == 2 and got.no_room == 8 and c.verify(deep=True).ok
         c.unlink()
 
 

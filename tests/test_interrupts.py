@@ -197,7 +197,8 @@ def storm(name: str, op: str, *extra: str, seconds: float = 2.0) -> dict:
         with SharedCache(name, create=False) as c:
             report["held"] = _locked_bytes(c)
             for i in range(KEYS):
-                c.put(f"k{i}", i)  # PinnedError if the storm left a pin
+                assert c.put(f"k{i}", i)
+            assert c.stats().held_entries == 0, "the storm left a pin: a key's old value is held for it"
         proc.stdin.write("\n")
         proc.stdin.flush()
         out, _ = proc.communicate(timeout=60)

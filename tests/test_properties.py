@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from shmcache import CacheLimits, PinnedError, SharedCache, TooLargeError
+from shmcache import CacheLimits, SharedCache, TooLargeError
 from shmcache.codec import NON_STR_KEY, decode_value, encode_key, encode_value, fingerprint
 from shmcache.keys import decode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
 from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS
 from tests.conftest import unique_name
-from tests.reference import COUNTERS, MISSING, Pinned, ReferenceLRU, TooLarge, key_bytes
+from tests.reference import COUNTERS, MISSING, ReferenceLRU, TooLarge, key_bytes
 from tests.test_codec import same_value
 from tests.profiles import examples
 
@@ -179,7 +179,7 @@ START_NS = 10**12  # the fake clock's first reading
 KINDS = ("jvp", "pic")
 RAISED = object()
 # What the cache raises for each error of the model.
-ERRORS = {TooLarge: TooLargeError, Pinned: PinnedError, KeyError: KeyError, TypeError: TypeError,
+ERRORS = {TooLarge: TooLargeError, KeyError: KeyError, TypeError: TypeError,
           ValueError: ValueError}
 
 # A small key space, so that hits, updates and evictions are frequent. Pairs of equal keys built differently (dict
@@ -218,7 +218,7 @@ value_kinds = st.sampled_from(["bytes", "str", "array", "list", "tuple", "int"])
 fitting_values = st.builds(_sized, value_kinds, st.integers(0, 64) | st.integers(0, 300) | st.integers(64, 1400))
 machine_values = fitting_values | st.builds(_sized, value_kinds, st.integers(3500, 4600)) | codec_values
 # Stored while a view pins an entry. A pinned block splits the arena's free space, so a large value may find no
-# contiguous room even within the limits (PinnedError), which depends on a block layout the model does not track.
+# contiguous room even within the limits (not admitted), which depends on a block layout the model does not track.
 pinned_time_values = st.builds(_sized, value_kinds, st.integers(0, 64))
 
 
@@ -326,7 +326,9 @@ class SharedCacheMachine(RuleBasedStateMachine):
     @rule(key=keyed, value=machine_values, ttl=ttls, other=st.booleans())
     def put(self, key, value, ttl, other):
         target, key, k = self._target(key, other)
-        self._run("put", lambda: self.model.put(key, value, ttl, k), lambda: target.put(key, value, ttl))
+        expected, got = self._run("put", lambda: self.model.put(key, value, ttl, k),
+                                  lambda: target.put(key, value, ttl))
+        assert got is expected  # (False: not admitted, its room pinned or held)
 
     @rule(key=keyed, other=st.booleans())
     def get(self, key, other):
@@ -492,9 +494,9 @@ class SharedCacheMachine(RuleBasedStateMachine):
     def view(self, key, other, then, key2, value, max_entries, max_bytes, other2):
         """A zero-copy view shows the stored value, counts a hit, and pins the entry while open: eviction passes it
         by; a put, delete or pop of its key, clear() and a kind's clear() succeed, the entry held aside for the view
-        (counted against the limits until it ends); a put or set_limits that finds only pinned or held entries left
-        to evict raises PinnedError, the evictions made standing (and the removal of the put key's old entry;
-        set_limits keeps the old limits)."""
+        (counted against the limits until it ends); a put that finds only pinned or held entries left to evict
+        is not admitted (``not_admitted``), the evictions made standing and the put key's old entry removed; a
+        set_limits below what is pinned holds the pinned entries over the new limits aside."""
         target, raw, k = self._target(key, other)
         try:
             expected = self.model.view(raw, k)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from shmcache import POLICIES, CacheLimits, ClosedError, CorruptionError, PinnedError, SharedCache, View, core
+from shmcache import POLICIES, CacheLimits, ClosedError, CorruptionError, SharedCache, View, core
 from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
 from shmcache.core import _core
@@ -327,16 +327,22 @@ def test_view_pinned_entries_survive_eviction_and_compaction(name):
         assert "pinned" not in c  # unpinned, it ages out like any entry
 
 
-def test_view_put_refused_when_all_room_is_pinned(name):
-    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True) as c:
+@pytest.mark.parametrize("policy", POLICIES)
+def test_view_put_not_admitted_when_all_room_is_pinned(name, policy):
+    """A put whose room is all pinned stores nothing and says so (False, ``not_admitted``), raising nothing; one that
+    replaces a viewed key leaves it absent (its old value held for the view), never the old value served."""
+    with SharedCache(name, capacity_bytes=4096, max_entries=2, create=True, policy=policy) as c:
         c.put("a", b"a")
         c.put("b", b"b")
-        with c.view("a"), c.view("b"):
-            with pytest.raises(PinnedError, match="pinned"):
-                c.put("c", b"c")
-            assert len(c) == 2 and "c" not in c and c.verify().ok
-        c.put("c", b"c")
-        assert "c" in c and c.stats().recoveries == 0
+        with c.view("a") as va, c.view("b") as vb:
+            assert c.put("c", b"c") is False
+            assert len(c) == 2 and "c" not in c and c.verify().ok and c.stats().not_admitted == 1
+            assert c.put("a", b"A") is False  # the old "a" is held for the view; the new one finds no room
+            assert "a" not in c and c.get("a") is None and bytes(va) == b"a" and bytes(vb) == b"b"
+            s = c.stats()
+            assert (s.not_admitted, s.held_entries, s.entries) == (2, 1, 1) and c.verify(deep=True).ok
+        assert c.put("c", b"c") is True
+        assert c.get("c") == b"c" and c.stats().held_entries == 0 and c.stats().recoveries == 0
 
 
 def test_view_outlives_its_cache_handle(name):
@@ -433,29 +439,41 @@ def test_view_pinned_blocks_that_split_the_arena_refuse_a_put_cleanly(name):
             c.put(k, bytes([ord(k)]) * 2000)
         with c.view("a"), c.view("c"):
             c.delete("b")  # a 2 KB hole between two pinned blocks
-            with pytest.raises(PinnedError, match="contiguous"):
-                c.put("d", b"d" * 3500)  # fits the limits, not between or around the pinned blocks
+            assert c.put("d", b"d" * 3500) is False  # fits the limits, not between or around the pinned blocks
             assert c.verify(deep=True).ok and "d" not in c and c.stats().recoveries == 0
+            assert c.stats().not_admitted == 1
             c.put("e", b"e" * 1500)  # what fits somewhere still goes in
             assert c.get("e") == b"e" * 1500
         c.put("d", b"d" * 3500)  # unpinned, the ring is compacted round them
         assert c.get("d") == b"d" * 3500 and c.verify(deep=True).ok
 
 
-def test_view_set_limits_below_the_pinned_entries_keeps_the_old_limits(name):
-    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("lowered", ["entries", "bytes"])
+def test_view_set_limits_below_the_pinned_entries_holds_the_excess(name, policy, lowered):
+    """Limits lowered below what views pin take effect at once: the pinned entries over them leave the index, held
+    for their views, which read their bytes unchanged; puts that need their room are not admitted until the views
+    end, and then the cache is within the new limits."""
+    with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True, policy=policy) as c:
         for i in range(4):
-            c.put(i, b"x" * 100)
-        with c.view(2), c.view(3):
-            with pytest.raises(PinnedError):
-                c.set_limits(CacheLimits(1, 65536))
-            assert c.limits() == CacheLimits(8, 65536) and 2 in c and 3 in c and c.verify().ok
-        c.set_limits(CacheLimits(1, 65536))
-        assert len(c) == 1 and c.stats().recoveries == 0
+            c.put(i, bytes([i]) * 100)
+        limits = CacheLimits(1, 65536) if lowered == "entries" else CacheLimits(8, 150)
+        with c.view(2) as v2, c.view(3) as v3:
+            c.set_limits(limits)
+            s = c.stats()
+            assert c.limits() == limits and (s.entries, s.held_entries) == (1, 1) and c.verify(deep=True).ok
+            assert [k for k in range(4) if k in c] in ([2], [3]) and 0 not in c and 1 not in c
+            assert bytes(v2) == bytes([2]) * 100 and bytes(v3) == bytes([3]) * 100
+            assert c.put("new", b"n") is False and "new" not in c
+        for k in range(4):
+            c.delete(k)  # (keep evicts nothing to admit a key)
+        assert c.put("new", b"n") is True and c.get("new") == b"n"
+        s = c.stats()
+        assert (s.entries, s.held_entries, s.recoveries) == (1, 0, 0) and c.verify(deep=True).ok
 
 
 def test_view_a_put_refused_for_room_leaves_only_pinned_entries(name):
-    """Puts refused with PinnedError evict every unpinned entry first: fragmentation by pins is fought by evicting."""
+    """Puts not admitted for room evict every unpinned entry first: fragmentation by pins is fought by evicting."""
     rng = np.random.default_rng(7)
     refused = 0
     # lru: the seed's sequence of puts and views meets a refusal there (the scenario is checked below)
@@ -473,9 +491,7 @@ def test_view_a_put_refused_for_room_leaves_only_pinned_entries(name):
             key = f"k{rng.integers(40)}"
             if key in views:
                 continue
-            try:
-                c.put(key, bytes([i % 251]) * int(rng.integers(500, 3000)))
-            except PinnedError:
+            if not c.put(key, bytes([i % 251]) * int(rng.integers(500, 3000))):
                 refused += 1
                 resident = {f"k{j}" for j in range(40) if f"k{j}" in c}
                 assert resident <= set(views), (resident, set(views))

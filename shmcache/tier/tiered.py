@@ -210,12 +210,13 @@ class TieredCache(TierMapping):
 
     def _begin(self, kb: bytes):
         """Register a fill of ``kb`` (``copies.begin_fill_locked``); its mark's generation, or None when the host
-        cannot hold the mark (a key too large for it, or all its room pinned): then no copy is stored."""
+        cannot hold the mark (a key too large for it; a mark not admitted has generation 0, which no store finds):
+        then no copy is stored."""
         mkb = self._mprefix + kb
         try:
             return (yield LOCAL, self._local.guard.run, (copies.begin_fill_locked, self._local.store, mkb,
                                                          fingerprint(mkb), ttl_ns(self._mark_s)))
-        except (TooLargeError, PinnedError):
+        except TooLargeError:
             return None
 
     def _decode(self, kb: bytes, blob: bytes):
@@ -240,7 +241,7 @@ class TieredCache(TierMapping):
             if not (yield LOCAL, local.guard.run, (copies.store_locked, local.store, encoded, mkb, fingerprint(mkb),
                                                    generation, version, ttl_ns(ttl), deadline)):
                 self._row[C_STALE_FILLS] += 1
-        except (TooLargeError, PinnedError):  # no room for it, or a view holds the old copy: the old must go
+        except (TooLargeError, PinnedError):  # too large, or (version 11) a view pins the old copy: the old must go
             yield from self._drop_older(kb, version)
 
     def _drop_older(self, kb: bytes, version: int):
