@@ -103,18 +103,19 @@ class AsyncMethods:
         return await self.acall(self.__contains__, key)  # type: ignore[attr-defined,operator]
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
-                              ttl: float | None = None) -> Any:
+                              ttl: float | None = None, stale_ttl: float | None = None) -> Any:
         """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable), and a wait for
         another caller's computation of the key never blocks the loop. The same stats, timeout and errors."""
         raise NotImplementedError  # SharedCache's (cache.py) and KindView's (kinds.py), over their own words
 
     def amemoize(self, fn: Callable[..., Awaitable[R]] | None = None, *, name: str | None = None,
                  timeout: float | None = None, ttl: float | None = None, key: Callable[..., Any] | None = None,
-                 ignore: str | Iterable[str] = ()) -> Any:
+                 ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Any:
         """``memoize`` for a coroutine function: the wrapper is a coroutine function whose misses go through
         ``aget_or_compute``; the key is the one ``memoize`` would make of the same call, so a sync and an async
         memoization under one ``name`` share their results. ``cache_info`` and ``cache_clear`` as ``memoize``'s."""
-        return amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore)
+        return amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore,
+                        **({} if stale_ttl is None else {"stale_ttl": stale_ttl}))
 
 
 def amemoize(cache, fn, **options: Any) -> Any:
@@ -159,7 +160,7 @@ class _AsyncMemo:
 
         value = await self._cache.aget_or_compute(sync.key_of(args, kwargs, method),
                                                   Computation(compute, sync.told_as), timeout=sync.timeout,
-                                                  ttl=sync.ttl)
+                                                  ttl=sync.ttl, **sync.stale)
         sync.count(computed)
         return value
 

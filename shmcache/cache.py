@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import sys
 import time
@@ -31,13 +32,17 @@ from . import snapshot as snapshots
 from .durations import seconds, ttl_ns
 from .codec import encode_key, fingerprint
 from .codec import MASK63 as _MASK63, xxh3 as _xxh  # bound as globals: put's two hash calls
-from .errors import CorruptionError, KindsFullError, SnapshotError, SnapshotWarning, TooLargeError, remove_hint
+from .errors import (
+    ClosedError, CorruptionError, KindsFullError, ReentrantCallError, SnapshotError, SnapshotWarning, TooLargeError,
+    remove_hint,
+)
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, Geometry
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, Geometry
 from .layout.dtypes import (
     ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
+    S_REFRESH_FAILED, S_REFRESHES, S_STALE_HITS,
 )
 from .layout.geometry import MAX_ENTRIES_LIMIT, RESERVE_FACTOR
 from . import aio
@@ -45,6 +50,7 @@ from .aio import AsyncMethods
 from .keylock import KeyLock
 from .mapping import MISSING, LocalMapping, memo_family
 from .oversize import Told
+from .refresh import Refreshes
 from .segment import Segment, unlink_name
 from .snapshot import RestoreResult, SnapshotInfo
 from .stats import CacheLimits, CacheStats
@@ -75,6 +81,7 @@ _DEFAULT_RESERVE_MOST = 2**40
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
 _W = ENTRY_WORDS
+_log = logging.getLogger("shmcache")
 _MONOTONIC = (-1).__int__  # what the compiled section is given as the time: -1, read CLOCK_MONOTONIC itself
 _DEV = sys.flags.dev_mode  # python -X dev: views note what outlives their blocks (view.DevView)
 P = ParamSpec("P")
@@ -262,6 +269,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         store = Store(seg, table, clock, guard.repair, ser, guard.bump)
         self._parts = Parts(seg, guard, store)
         self._told = Told()  # the key families warned about a value too large to keep (oversize.py)
+        self._refreshes = Refreshes()  # get_or_compute's background refreshes of stale values (refresh.py)
         self._seg, self._guard, self._store = seg, guard, store
         # The segment's tables at hand (one attribute read each instead of two; views and tests use them).
         self._h, self._ix, self._ent, self._mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
@@ -443,7 +451,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         return self._guard.run(self._store.find_live, kb, fingerprint(kb)) != EMPTY
 
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                       ttl: float | None = None) -> R:
+                       ttl: float | None = None, stale_ttl: float | None = None) -> R:
         """The value cached for ``key``; on a miss, ``fn()``'s result, stored and returned, with ``fn`` run by one
         caller on the whole host at a time: callers in other processes (or threads) that miss the same key
         meanwhile wait for that result instead of computing it again.
@@ -458,15 +466,29 @@ class SharedCache(LocalMapping, AsyncMethods):
         ``CachedDataset``) with the result's size and the limit. Stats: the call counts one lookup (a hit, or a
         miss), plus a computation, a wait or a takeover.
 
+        ``stale_ttl``: serve stale while one caller refreshes. The result is stored to live ``ttl + stale_ttl``
+        (``ttl``: this call's, or the cache's ``default_ttl``; one of them is needed); once no more than
+        ``stale_ttl`` of that is left, the value is stale, and every call gets it at once while one caller on the
+        host computes the next value in the background of its own call (a thread; a task of the loop for
+        ``aget_or_compute``) and stores it. A refresh that raises is logged (logger ``shmcache``) and counted, and
+        the stale value is served on until ``stale_ttl`` ends; then the key is missing, and the next call computes
+        it as without ``stale_ttl``. A refresher that dies frees the key at once: the next call that finds the value
+        stale refreshes it. Freshness is judged by the time the entry has left, so a value stored by ``put`` with
+        a ttl of at most ``stale_ttl`` is stale at once, and refreshed by the first call. ``stats()`` counts
+        ``stale_hits``, ``refreshes`` (each also a computation) and ``refresh_failures``.
+
         :raises ComputeTimeout: (a TimeoutError) if another caller is still computing the key after ``timeout`` s.
         :raises ReentrantCallError: (a RuntimeError) if ``fn`` itself calls ``get_or_compute`` for the same key.
-        :raises ValueError: if ``timeout`` is neither None nor a finite number of seconds from 0.
+        :raises ValueError: if ``timeout`` or ``stale_ttl`` is neither None nor a finite number of seconds from 0,
+            or if ``stale_ttl`` is given for a value that would never expire (no ``ttl``, no ``default_ttl``).
         """
         seconds("timeout", timeout, none=True, zero=True)
-        if ttl is not None:
-            ttl_ns(ttl)  # refused before anything is looked up, hit or miss
+        stale_ns, ttl = self._stale_ttl(ttl, stale_ttl)  # refused before anything is looked up, hit or miss
         value = self.get(key, MISSING)
         if value is not MISSING:
+            if stale_ns and self._went_stale(key, stale_ns):
+                self._refreshes.start(fingerprint(encode_key(key)),
+                                      partial(self._refresh, key, fn, ttl, stale_ns))
             return value
         kb = encode_key(key)
         # Why: the claim object exists before anything is taken, so ``finally`` releases whatever an exception at any
@@ -494,6 +516,102 @@ class SharedCache(LocalMapping, AsyncMethods):
         finally:
             claim.release()
 
+    def _stale_ttl(self, ttl: float | None, stale_ttl: float | None) -> tuple[int, float | None]:
+        """(the stale window in ns, 0 for none; the ttl to store a result with: ``ttl + stale_ttl`` where there is a
+        window, else ``ttl``), both checked.
+
+        :raises ValueError: as ``get_or_compute`` says.
+        """
+        base = None if ttl is None else ttl_ns(ttl)
+        if stale_ttl is None or not seconds("stale_ttl", stale_ttl, zero=True):
+            return 0, ttl
+        stale = ttl_ns(stale_ttl)
+        if base is None:
+            base = self._h[H_DEFAULT_TTL]  # (read unlocked: a setting, never changed after creation)
+        if not 0 < base <= MAX_TTL_NS - stale:
+            raise ValueError("stale_ttl needs a time to live for the value: pass ttl= (or create the cache with "
+                             "default_ttl=)" if base == 0 else f"ttl + stale_ttl must be at most {MAX_TTL_NS / 1e9:g} "
+                             "s")
+        return stale, (base + stale) / 1e9
+
+    def _went_stale(self, key: Any, stale_ns: int) -> bool:
+        """Whether ``key``'s value has at most ``stale_ns`` left to live (and some): stale, and counted so."""
+        kb = encode_key(key)
+        left = self._guard.run(self._store.time_left, kb, fingerprint(kb))
+        if not left or left > stale_ns:  # fresh, never expiring, or gone since
+            return False
+        self._guard.run(self._store.count_stale, S_STALE_HITS)
+        return True
+
+    def _refresh_first(self, key: Any, stale_ns: int) -> bool:
+        """A refresh's look, once it holds the key's claim: whether the value is still stale (another process may
+        have stored a fresh one between this one's look and its claim; a value gone is left to the next miss)."""
+        kb = encode_key(key)
+        left = self._guard.run(self._store.time_left, kb, fingerprint(kb))
+        if not left or left > stale_ns:
+            return False
+        self._count((H_COMPUTATIONS, 1))
+        self._guard.run(self._store.count_stale, S_REFRESHES)
+        return True
+
+    def _refresh_failed(self, key: Any, exc: BaseException) -> None:
+        """A refresh's function raised ``exc``: counted and logged (the stale value is served on)."""
+        self._guard.run(self._store.count_stale, S_REFRESH_FAILED)
+        _log.warning("shmcache %r: refreshing the stale value of key %r raised; the stale value is served until its "
+                     "stale_ttl ends", self.name, key, exc_info=exc)
+
+    def _refresh(self, key: Any, fn: Callable[[], Any], ttl: float | None, stale_ns: int) -> None:
+        """The background refresh of ``key``'s stale value (a thread's, ``refresh.Refreshes``): claimed without
+        waiting (a caller elsewhere that holds the claim refreshes it instead), looked at again, computed, stored
+        to live ``ttl`` (the window included)."""
+        claim = flight.Claim()
+        try:
+            describe = partial(self._guard.run, flight.open_description, self._seg.fd)
+            if not claim.try_take(describe, fingerprint(encode_key(key))) or not self._refresh_first(key, stale_ns):
+                return
+            try:
+                value = fn()
+            except Exception as exc:
+                self._refresh_failed(key, exc)
+                return
+            try:
+                self.put(key, value, ttl)
+            except TooLargeError as exc:
+                self._told.refused(exc, self.name, key, fn, self._kind_name)
+        except (ClosedError, ReentrantCallError):
+            pass  # closed meanwhile, or the caller's task computes the key itself: the next stale call refreshes it
+        except Exception as exc:  # the cache failed under it (a lock timeout, damage): said, never raised in a thread
+            _log.warning("shmcache %r: the refresh of key %r could not finish", self.name, key, exc_info=exc)
+        finally:
+            claim.release()
+
+    async def _arefresh(self, key: Any, fn: Callable[[], Any], ttl: float | None, stale_ns: int) -> None:
+        """``_refresh`` as a task of the caller's loop (``aget_or_compute``): ``fn`` may be a coroutine function."""
+        claim = flight.Claim()
+        try:
+            claim.adopt(await self.acall(self._guard.run, flight.open_description, self._seg.fd))
+            fp = fingerprint(encode_key(key))
+            claim.refuse_nested(fp)
+            if not claim.lock_nowait(fp) or not await self.acall(self._refresh_first, key, stale_ns):
+                return
+            try:
+                value = fn()
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as exc:
+                await self.acall(self._refresh_failed, key, exc)
+                return
+            try:
+                await self.aput(key, value, ttl)
+            except TooLargeError as exc:
+                self._told.refused(exc, self.name, key, fn, self._kind_name)
+        except (ClosedError, ReentrantCallError):
+            pass  # closed meanwhile, or the caller's task computes the key itself: the next stale call refreshes it
+        except Exception as exc:  # the cache failed under it (a lock timeout, damage): said, never raised in a thread
+            _log.warning("shmcache %r: the refresh of key %r could not finish", self.name, key, exc_info=exc)
+        finally:
+            claim.release()
+
     def lock(self, key: Any, *, blocking: bool = True, timeout: float | None = None) -> KeyLock:
         """A lock named by ``key``, held across every process of the host: ``with cache.lock("job"):`` (or ``async
         with``; ``acquire``/``release``). Its holder's death frees it at once; it is not reentrant. ``blocking`` and
@@ -504,22 +622,26 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
-                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+                              timeout: float | None = None, ttl: float | None = None,
+                              stale_ttl: float | None = None) -> R: ...
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                              ttl: float | None = None) -> R: ...
+                              ttl: float | None = None, stale_ttl: float | None = None) -> R: ...
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
-                              ttl: float | None = None) -> Any:
+                              ttl: float | None = None, stale_ttl: float | None = None) -> Any:
         """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable), and a wait for
         another caller's computation of the key polls its claim with ``asyncio.sleep``, never blocking the loop. The
-        same stats, timeout and errors; a cancellation at any ``await`` releases the claim (aio.py)."""
+        same stats, timeout and errors; a cancellation at any ``await`` releases the claim (aio.py). A refresh of a
+        stale value (``stale_ttl``) is a task of the running loop."""
         seconds("timeout", timeout, none=True, zero=True)
-        if ttl is not None:
-            ttl_ns(ttl)  # refused before anything is looked up, hit or miss
+        stale_ns, ttl = self._stale_ttl(ttl, stale_ttl)  # refused before anything is looked up, hit or miss
         value = await self.aget(key, MISSING)
         if value is not MISSING:
+            if stale_ns and await self.acall(self._went_stale, key, stale_ns):
+                self._refreshes.start_task(fingerprint(encode_key(key)),
+                                           partial(self._arefresh, key, fn, ttl, stale_ns))
             return value
         fp = fingerprint(encode_key(key))
 
@@ -559,16 +681,18 @@ class SharedCache(LocalMapping, AsyncMethods):
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
+                ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ignore: str | Iterable[str] = (),
+                stale_ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ignore: str | Iterable[str] = (),
+                stale_ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """Decorator: memoize a function in this cache, for every process, like ``functools.lru_cache`` with the
         cache shared. ``@cache.memoize`` or ``@cache.memoize(name=..., timeout=...)``.
 
@@ -587,12 +711,12 @@ class SharedCache(LocalMapping, AsyncMethods):
         replaces them in the key. As with ``lru_cache``, a memoized method is keyed by its instance, which must then
         be a valid key (a TypeError says so), a classmethod by its class's qualified name; ``key=lambda self, x:
         (self.id, x)`` keys by what identifies the instance, ``ignore=("self",)`` shares the results across every
-        instance.
+        instance. ``stale_ttl``: results are served stale while one caller refreshes them (``get_or_compute``).
         """
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore)
+            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore, stale_ttl)
 
         return decorate if fn is None else decorate(fn)
 

@@ -132,9 +132,9 @@ def _print_json(data) -> None:
 
 # The counters --watch gives rates of: they only grow, except when clear() sets them back to zero.
 STATS_COUNTERS = ("hits", "misses", "puts", "updates", "deletes", "evictions", "expired", "clears", "recoveries",
-                  "computations", "waits", "takeovers", "too_large", "admitted", "not_admitted", "promoted",
-                  "ghost_hits", "filter_admitted", "filter_refused", "unlocked_reads", "read_retries",
-                  "read_fallbacks")
+                  "computations", "waits", "takeovers", "stale_hits", "refreshes", "refresh_failures", "too_large",
+                  "admitted", "not_admitted", "promoted", "ghost_hits", "filter_admitted", "filter_refused",
+                  "unlocked_reads", "read_retries", "read_fallbacks")
 
 
 class Interval:

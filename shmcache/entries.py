@@ -247,15 +247,6 @@ def put_many_locked(store, ttl, encoded: list) -> int:
     return refused
 
 
-def ttl_locked(store, kb: bytes, fp: int):
-    """The ns the key has left to live (0: no expiry), or None if it is absent or expired."""
-    e = store.find_live(kb, fp)
-    if e == EMPTY:
-        return None
-    x = store.exp[e]
-    return max(x - store.clock(), 1) if x else 0
-
-
 def count_prefix_locked(store, prefix: bytes) -> int:
     """How many live entries have a key whose stored bytes start with ``prefix`` (kind bytes included)."""
     ent, mm, base, exp, n = store.ent, store.mm, store.base, store.exp, len(prefix)

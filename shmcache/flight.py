@@ -192,6 +192,17 @@ class Claim:
             time.sleep(wait.next_pause())
         return waited
 
+    def try_take(self, describe: Callable[[], io.FileIO], fp: int) -> bool:
+        """Claim the key of fingerprint ``fp`` without waiting (a refresh of a stale value: the caller that does not
+        get the claim leaves the work to its holder); whether it is held now.
+
+        :raises ReentrantCallError: as ``take``.
+        """
+        if self._file is None:
+            self._file = describe()
+        self.refuse_nested(fp)
+        return self.lock_nowait(fp)
+
     # The asynchronous claim (aio.py take) is made of the same steps, its description opened off the loop and its
     # waits awaited.
 

@@ -221,37 +221,41 @@ class KindView(LocalMapping, AsyncMethods):
         return self.cache.cas(KindKey(self._n, key), value, version, ttl)
 
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                       ttl: float | None = None) -> R:
-        return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+                       ttl: float | None = None, stale_ttl: float | None = None) -> R:
+        return self.cache.get_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl, stale_ttl=stale_ttl)
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
-                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+                              timeout: float | None = None, ttl: float | None = None,
+                              stale_ttl: float | None = None) -> R: ...
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                              ttl: float | None = None) -> R: ...
+                              ttl: float | None = None, stale_ttl: float | None = None) -> R: ...
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
-                              ttl: float | None = None) -> Any:
-        return await self.cache.aget_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl)
+                              ttl: float | None = None, stale_ttl: float | None = None) -> Any:
+        return await self.cache.aget_or_compute(KindKey(self._n, key), fn, timeout=timeout, ttl=ttl,
+                                                stale_ttl=stale_ttl)
 
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
+                ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ignore: str | Iterable[str] = (),
+                stale_ttl: float | None = None) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ignore: str | Iterable[str] = (),
+                stale_ttl: float | None = None) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize``, with the function's entries in this kind (``cache_clear`` included)."""
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
-            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore)
+            return memo.memoized(self, memo_family(self), f, name, timeout, ttl, key, ignore, stale_ttl)
 
         return decorate if fn is None else decorate(fn)
 

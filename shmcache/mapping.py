@@ -219,7 +219,7 @@ class LocalMapping(ItemAccess):
         order. :raises KeyError: if the key is absent (or expired)."""
         parts, _ = self._space()
         kb = self._encode_key(key)
-        left = parts.guard.run(entries.ttl_locked, parts.store, kb, fingerprint(kb))
+        left = parts.guard.run(parts.store.time_left, kb, fingerprint(kb))
         if left is None:
             raise KeyError(key)
         return left / 1e9 if left else None

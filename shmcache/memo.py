@@ -141,7 +141,8 @@ class _Memo:
     at all). As with ``lru_cache``, the instance or class a method is called on is part of the key."""
 
     def __init__(self, cache, family: Family, fn: Callable[..., Any], name: str | None, timeout: float | None,
-                 ttl: float | None, key: Callable[..., Any] | None, ignore: str | Iterable[str]) -> None:
+                 ttl: float | None, key: Callable[..., Any] | None, ignore: str | Iterable[str],
+                 stale_ttl: float | None = None) -> None:
         if key is not None and not callable(key):
             raise TypeError(f"key must be a function of the arguments, got {key!r}")
         if key is not None and ignore:
@@ -158,6 +159,8 @@ class _Memo:
                             "name per distinct computation") from None
         functools.update_wrapper(self, func)
         self._cache, self._family, self._fn, self._timeout, self._ttl = cache, family, func, timeout, ttl
+        # (given to get_or_compute only when set: a TieredCache's takes none yet)
+        self._stale: dict[str, float] = {} if stale_ttl is None else {"stale_ttl": stale_ttl}
         self._key = key
         self.told_as = f"memoized {self.cache_name}"  # its family in a TooLargeWarning (oversize.py)
         self._sig, self._ignore = _ignored(func, ignore, self.cache_name)
@@ -241,7 +244,7 @@ class _Memo:
         try:
             _inside.busy = True
             value = self._cache.get_or_compute(key, Computation(compute, self.told_as), timeout=self._timeout,
-                                               ttl=self._ttl)
+                                               ttl=self._ttl, **self._stale)
         finally:
             _inside.busy = busy
         self.count(computed)
@@ -259,6 +262,11 @@ class _Memo:
     def ttl(self) -> float | None:
         return self._ttl
 
+    @property
+    def stale(self) -> dict[str, float]:
+        """``{"stale_ttl": seconds}`` where results are served stale while refreshed, else empty."""
+        return self._stale
+
     def cache_info(self) -> MemoInfo:
         """This process's hits and misses; the cache's entry limit and the function's entries in it (a pass over
         the cache's entries, under its lock)."""
@@ -270,7 +278,8 @@ class _Memo:
         ``f(1.0)`` are two entries), with the key's name, the compute timeout, the results' time to live and the
         arguments left out of the key."""
         return {"maxsize": self._family.maxsize(), "typed": True, "name": self.cache_name, "timeout": self._timeout,
-                "ttl": self._ttl, "key": self._key, "ignore": tuple(sorted(self._ignore))}
+                "ttl": self._ttl, "stale_ttl": self._stale.get("stale_ttl"), "key": self._key,
+                "ignore": tuple(sorted(self._ignore))}
 
     def cache_clear(self) -> int:
         """Remove this function's entries from the shared cache (for every process); how many there were."""
@@ -340,8 +349,8 @@ class _Bound:
 
 def memoized(cache: SharedCache | KindView | TieredCache, family: Family, fn: Callable[P, R], name: str | None,
              timeout: float | None, ttl: float | None = None, key: Callable[..., Any] | None = None,
-             ignore: str | Iterable[str] = ()) -> Memoized[P, R]:
+             ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Memoized[P, R]:
     """The wrapper ``cache.memoize`` returns for ``fn``. ``name``: the function's name in the key (None: made of
     ``fn``, see ``key_name``); ``key``: a function of the call's arguments whose result (a valid key) replaces them
-    in the cache key; ``ignore``: parameter names left out of it."""
-    return cast("Memoized[P, R]", _Memo(cache, family, fn, name, timeout, ttl, key, ignore))
+    in the cache key; ``ignore``: parameter names left out of it; ``stale_ttl``: get_or_compute's."""
+    return cast("Memoized[P, R]", _Memo(cache, family, fn, name, timeout, ttl, key, ignore, stale_ttl))

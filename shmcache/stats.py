@@ -10,6 +10,7 @@ from .layout.dtypes import (
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
     H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO,
+    STALE_COUNTERS,
 )
 
 from .policies.auto import window_target
@@ -122,6 +123,9 @@ class CacheStats:
     resizes: int = 0
     held_entries: int = 0
     held_bytes: int = 0
+    stale_hits: int = 0
+    refreshes: int = 0
+    refresh_failures: int = 0
     kinds: dict[str, KindStats] = field(default_factory=dict)
 
     @property
@@ -137,11 +141,14 @@ class CacheStats:
         return d
 
 
-def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tuple[int, int] = (0, 0)) -> CacheStats:
+def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tuple[int, int] = (0, 0),
+               stripes=None) -> CacheStats:
     """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name; ``readers``: the
     segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``); ``ghost``: the
     ghost region in force, whose state words auto's fields come from; ``held``: the held entries' count and bytes
-    (``Table.held``)."""
+    (``Table.held``); ``stripes``: the stripes region (``Segment.stripe_words``; None before version 11), whose
+    stale-serving counters are read, each clamped to a counter's range."""
+    stale = (0, 0, 0) if stripes is None else tuple(min(max(stripes[w], 0), MAX_COUNTER) for w in STALE_COUNTERS)
     hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
     window = preferred = refused = 0
     if ghost is not None and h[H_POLICY] == POLICY_AUTO and len(ghost):
@@ -161,16 +168,21 @@ def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tup
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],
         window_target=window, filter_admitted=preferred, filter_refused=refused, too_large=h[H_TOO_LARGE],
-        held_entries=held[0], held_bytes=held[1], kinds=kinds or {},
+        held_entries=held[0], held_bytes=held[1], stale_hits=stale[0], refreshes=stale[1], refresh_failures=stale[2],
+        kinds=kinds or {},
     )
 
 
-def reset_counters(h, readers=None) -> None:
-    """clear()'s reset: the header's counters zeroed, the reader slots' sums set aside (``readers.set_aside``)."""
+def reset_counters(h, readers=None, stripes=None) -> None:
+    """clear()'s reset: the header's counters zeroed, the reader slots' sums set aside (``readers.set_aside``), and
+    the stale-serving counters of the stripes region (version 11 and later) zeroed."""
     for w in RESET_BY_CLEAR:
         h[w] = 0
     if readers is not None:
         set_aside(h, readers)
+    if stripes is not None:
+        for w in STALE_COUNTERS:
+            stripes[w] = 0
 
 
 # (field, metric suffix, type, help) for the Prometheus exposition; counters get the conventional _total suffix.
@@ -187,6 +199,9 @@ _PROMETHEUS = (
     ("computations", "computations_total", "counter", "functions run by get_or_compute"),
     ("waits", "waits_total", "counter", "get_or_compute calls that waited for another caller's computation"),
     ("takeovers", "takeovers_total", "counter", "waits that ended without a value, then computed here"),
+    ("stale_hits", "stale_hits_total", "counter", "get_or_compute calls answered with a stale value (stale_ttl)"),
+    ("refreshes", "refreshes_total", "counter", "background refreshes of a stale value"),
+    ("refresh_failures", "refresh_failures_total", "counter", "background refreshes whose function raised"),
     ("too_large", "too_large_total", "counter", "stores refused: the entry can never fit the byte limit"),
     ("admitted", "admitted_total", "counter", "new entries stored"),
     ("not_admitted", "not_admitted_total", "counter", "puts of a new entry not stored (keep, full; or its room "

@@ -24,7 +24,7 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
-    H_RETAINED, H_TAIL, H_UNUSED_NEXT,
+    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -422,6 +422,22 @@ class Store:
         for word, delta in deltas:
             h[word] = max(0, h[word] + delta)
 
+    def count_stale(self, word: int) -> None:
+        """Add one to stale-serving counter ``word`` of the stripes region (``S_STALE_HITS``...; none before
+        version 11), clamped to a counter's range (any value there is valid)."""
+        st = self.seg.stripe_words
+        if st is not None:
+            st[word] = min(max(st[word], 0), MAX_COUNTER - 1) + 1
+
+    def time_left(self, kb: bytes, fp: int) -> int | None:
+        """The ns the key has left to live (0: it never expires), or None if it is absent or expired (dropped, and
+        counted, as find_live drops it); no lookup is counted and nothing moves."""
+        e = self.find_live(kb, fp)
+        if e == EMPTY:
+            return None
+        x = self.exp[e]
+        return max(x - self.clock(), 1) if x else 0
+
     def live_entries(self, space: int) -> int:
         """How many entries iterating ``space`` yields (0: the keys of no kind; k: kind k's): the resident ones less
         those expired and not yet dropped, which no lookup or listing shows. Read only: the expired stay for the
@@ -457,7 +473,7 @@ class Store:
                 elif table.holds:
                     table.detach(e)
                 e = n
-        reset_counters(h, self.seg.reader_words)
+        reset_counters(h, self.seg.reader_words, self.seg.stripe_words)
         config.restore(h, self.seg.geometry)  # clear() starts afresh: a damaged configuration word too
         h[H_CLEARS] += 1
         return before - h[H_ENTRIES]
@@ -470,7 +486,8 @@ class Store:
         except CorruptionError:
             self.repair()
             held = self.table.held()
-        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost, held)
+        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost, held,
+                          self.seg.stripe_words)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in

@@ -143,7 +143,9 @@ the new value beside it: its slot and block stay as they are for the views readi
 from the stripes region's word ``S_HELD_FIRST`` through their ``next`` words and counted in ``S_HELD`` and
 ``S_HELD_BYTES`` (their keys' and values' bytes), which count against the limits as resident entries do; a store
 gives back the slot and block of each whose pins have all ended. A repair rebuilds the list and the counts from the
-slot words: it keeps a held entry whose block checks out while a view pins it, and gives back the others.
+slot words: it keeps a held entry whose block checks out while a view pins it, and gives back the others. Words
+``S_STALE_HITS``, ``S_REFRESHES`` and ``S_REFRESH_FAILED`` of the same line (version 11 and later) count
+``get_or_compute``'s stale answers and background refreshes; any value is valid (clamped where read).
 
 Ghost (s3fifo only). ``ghost_slots`` words (the index's slot count, at least ``GHOST_WAYS``), in groups of
 ``GHOST_WAYS``: a fingerprint's group is its low bits' slot rounded down to a group. A word is 0 (empty) or

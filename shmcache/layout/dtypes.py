@@ -101,6 +101,13 @@ S_HELD_FIRST = 1
 S_HELD = 2
 S_HELD_BYTES = 3
 HELD_SLOT = -1  # a held entry's ``slot`` word: it is in no index slot (written first, so a repair never indexes it)
+# Stale serving (get_or_compute's ``stale_ttl``; version 11 and later, whose segments have the stripes region): three
+# counters on the same line, added to under the lock, reset by clear(); any value is valid, each clamped where it is
+# read (stats.read_stats), as auto's counters in the ghost region are.
+S_STALE_HITS = 4  # calls answered with a stale value (one whose ttl had run out, within its stale_ttl)
+S_REFRESHES = 5  # refreshes of a stale value run in the background (each a call of the function)
+S_REFRESH_FAILED = 6  # refreshes whose function raised: the stale value is served on until its stale_ttl ends
+STALE_COUNTERS = (S_STALE_HITS, S_REFRESHES, S_REFRESH_FAILED)
 STRIPES_NBYTES = (1 + STRIPES) * ALIGN
 
 
