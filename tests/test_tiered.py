@@ -461,3 +461,120 @@ def test_tiered_host_stats_never_waits_on_a_held_stats_file(name, namespace):
         tier.close()
         local.close()
         local.unlink()
+
+
+def _copied_everywhere(hosts, key, value) -> None:
+    a, b = hosts
+    a.tier.put(key, value)
+    assert b.tier.get(key) == value and a.local_copy(key) == value and b.local_copy(key) == value
+
+
+def _gone_everywhere(hosts, key, what: str) -> float:
+    """Wait (bounded) until no host holds a copy of ``key``; the seconds it took."""
+    t0 = time.monotonic()
+    for h in hosts:
+        eventually(lambda h=h: h.local_copy(key, "none") == "none", what=f"{what}: the copy dropped")
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("change", ["DEL", "SET", "EXPIRE"])
+def test_tiered_another_clients_write_reaches_every_hosts_copy(hosts, redis_url, change):
+    """A write that goes around the tier (another service, an operator's redis-cli) is tracked by Redis
+    (``CLIENT TRACKING ... BCAST PREFIX``): every host drops its copy, and then reads what Redis holds."""
+    import redis
+
+    a, b = hosts
+    client = redis.Redis.from_url(redis_url)
+    try:
+        key = f"k-{change}"
+        _copied_everywhere(hosts, key, "old")
+        rkey = a.tier._remote.key(encode_key(key))
+        before = b.tier.stats().invalidations
+        if change == "DEL":
+            client.delete(rkey)
+        elif change == "SET":
+            client.set(rkey, b"another service's value")  # not this format: read as absent
+        else:
+            client.pexpire(rkey, 50)
+        _gone_everywhere(hosts, key, change)
+        assert a.tier.get(key) is None and b.tier.get(key) is None
+        assert b.tier.stats().invalidations > before
+    finally:
+        client.close()
+
+
+def test_tiered_a_flush_reaches_every_hosts_copy(redis_server, namespace):
+    """FLUSHDB by another client: a tracking invalidation with no key (nil), a gap: every copy goes."""
+    import redis
+
+    with two_hosts(redis_server.url, namespace) as hosts:
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            _copied_everywhere(hosts, "k1", 1)
+            _copied_everywhere(hosts, "k2", 2)
+            client.flushdb()
+            _gone_everywhere(hosts, "k1", "FLUSHDB")
+            _gone_everywhere(hosts, "k2", "FLUSHDB")
+        finally:
+            client.close()
+
+
+def test_tiered_a_hosts_own_write_keeps_its_copy_under_tracking(hosts):
+    """Redis tracks the tier's own writes too; the version read back names the writer's copy, which stays."""
+    a, b = hosts
+    for i in range(5):
+        a.tier.put("mine", i)
+        eventually(lambda: b.local_copy("mine", "none") == "none" or b.local_copy("mine") == i, what="b's copy")
+    eventually(lambda: a.tier.stats().invalidations >= 10, what="a's own invalidations, both kinds")
+    assert a.local_copy("mine") == 4 and a.tier.get("mine") == 4
+
+
+def test_tiered_a_maxmemory_eviction_reaches_every_hosts_copy(redis_server, namespace):
+    """Redis evicts a key under maxmemory: no host serves its copy afterwards."""
+    import redis
+
+    with two_hosts(redis_server.url, namespace) as hosts:
+        a, b = hosts
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            _copied_everywhere(hosts, "evicted", "v" * 1000)
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 256 * 1024)
+            filler = b"x" * 4096
+            for i in range(2000):  # others' keys, newer: the tier's key is the least recently used
+                client.set(f"filler:{i}", filler)
+                if not client.exists(a.tier._remote.key(encode_key("evicted"))):
+                    break
+            assert not client.exists(a.tier._remote.key(encode_key("evicted")))
+            _gone_everywhere(hosts, "evicted", "maxmemory eviction")
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+
+
+def test_tiered_broken_tracking_is_a_gap_and_comes_back(hosts, redis_url):
+    """The connection that holds the tracking dies: the listener notices (CLIENT TRACKINGINFO, at its heartbeat),
+    drops the host's copies as after any gap, and tracks again."""
+    import redis
+
+    from shmcache.tier import listener as listener_module
+
+    a, b = hosts
+    client = redis.Redis.from_url(redis_url)
+    try:
+        _copied_everywhere(hosts, "k", 1)
+        starts = b.tier.stats().listener_starts + a.tier.stats().listener_starts
+        trackers = [line for line in client.client_list() if "t" in line["flags"] and "B" in line["flags"]]
+        assert trackers, "no connection tracks the namespace"
+        for t in trackers:
+            client.client_kill_filter(_id=t["id"])
+        eventually(lambda: b.tier.stats().listener_starts + a.tier.stats().listener_starts > starts,
+                   timeout=4 * listener_module.HEARTBEAT_S, what="a new subscription")
+        _gone_everywhere(hosts, "k", "the gap")
+        eventually(lambda: any("t" in line["flags"] and "B" in line["flags"] for line in client.client_list()),
+                   what="tracking on again")
+        _copied_everywhere(hosts, "k2", 2)
+        client.delete(a.tier._remote.key(encode_key("k2")))
+        _gone_everywhere(hosts, "k2", "DEL after the gap")
+    finally:
+        client.close()

@@ -57,7 +57,8 @@ COUNTERS = (
     "remote_ns",        # their total time
     "puts",             # writes (put, add, replace, cas, incr, touch, delete, pop) that reached Redis
     "local_only_puts",  # writes kept in the local cache only, Redis being unavailable
-    "invalidations",    # invalidation messages applied (this host's own writes' too: they drop no copy of theirs)
+    "invalidations",    # invalidations applied: the tier's messages and each key of Redis's tracking messages (this
+    #                     host's own writes' too: they drop no copy of theirs)
     "stale_fills",      # copies refused: a newer version or invalidation was known, or the read took too long
     "local_clears",     # the namespace's copies dropped at once: a clear (counted as it reaches the listener), a gap
     "computations",     # get_or_compute functions run on this host

@@ -13,6 +13,15 @@ lost. So every (re)subscription -- the first, after a reconnect, after a takeove
 a gap too. A connection that dies without a word is caught by a heartbeat: a PING when the channel has been quiet
 for ``HEARTBEAT_S``, and a resubscription when nothing at all came back for ``SILENCE_S``.
 
+Redis's own changes. The tier's writes publish their versioned messages, but another client's ``SET`` or ``DEL``, an
+expiry or a ``maxmemory`` eviction publishes nothing. So a standalone Redis (6 or later, and Valkey) is also asked to
+track the namespace: ``Subscription`` subscribes the same RESP2 connection to ``__redis__:invalidate`` too, and turns
+``CLIENT TRACKING ON REDIRECT <that connection> BCAST PREFIX <the namespace's prefix>`` on, from a connection of its
+own kept open beside it. Redis then sends the name of every key of the namespace that changes, whoever changed it
+(a nil for a flush, which is a gap). Such a message has no version: the owner asks Redis for the key's
+(``TieredCache._on_tracked``). Tracking lasts as long as both connections: their state (``CLIENT TRACKINGINFO``) is
+checked every ``HEARTBEAT_S``, and a broken redirection is a gap, as a lost subscription is.
+
 The thread holds its ``TieredCache`` by a weak reference, so a handle nobody closed can still be collected; the
 thread then ends.
 """
@@ -34,6 +43,7 @@ ELECT_S = 0.1  # how often a process that does not listen checks whether it shou
 POLL_S = 0.1  # a listener waits this long for a message before checking whether it should stop
 HEARTBEAT_S = 2.0  # a quiet subscription is PINGed this often
 SILENCE_S = 3 * HEARTBEAT_S  # and given up when not even a PONG came back for this long
+TRACKING_CHANNEL = b"__redis__:invalidate"  # where Redis sends a RESP2 redirection's invalidations
 BACKOFF_S = (0.05, 2.0)  # pause after a failed subscription: first, and most, doubling between
 
 
@@ -42,14 +52,53 @@ class _Gone(Exception):
 
 
 class Calls(NamedTuple):
-    """What the listener calls on its owner (each takes the owner first): open a subscription (a redis-py PubSub
-    subscribed to the namespace's channel), apply a message, drop every copy after a gap in the stream, and note
-    that the host is listening again."""
+    """What the listener calls on its owner (each takes the owner first): open a subscription (a redis-py PubSub, or
+    a ``Subscription``, subscribed to the namespace's channel), apply a message, drop every copy after a gap in the
+    stream, note that the host is listening again, and apply the keys of a tracking invalidation."""
 
     subscribe: Callable[[Any], Any]
     on_message: Callable[[Any, bytes], None]
     on_gap: Callable[[Any], None]
     on_listening: Callable[[Any], None]
+    on_tracked: Callable[[Any, list], None]
+
+
+class Subscription:
+    """A listener's subscription that Redis's tracking feeds as well: ``pubsub`` (a RESP2 redis-py PubSub, whose
+    connection's id is ``client_id``) subscribed to the namespace's channel and to ``TRACKING_CHANNEL``, and
+    ``tracker``, a connection of its own on which broadcast tracking of the namespace's prefix redirects to it. It
+    answers the listener as a PubSub does, and raises ConnectionError once tracking is off or its redirection broken
+    (checked every ``HEARTBEAT_S``): the listener then subscribes again, after a gap."""
+
+    def __init__(self, pubsub, tracker, pool) -> None:
+        self._pubsub, self._tracker, self._pool = pubsub, tracker, pool  # (pool: the two's own, disconnected at close)
+        self._checked = time.monotonic()
+
+    def get_message(self, timeout: float):
+        if time.monotonic() - self._checked > HEARTBEAT_S:
+            self.check()
+        return self._pubsub.get_message(timeout=timeout)
+
+    def ping(self) -> None:
+        self._pubsub.ping()
+
+    def check(self) -> None:
+        """Raise ConnectionError unless broadcast tracking still redirects to this subscription."""
+        self._checked = time.monotonic()
+        info = self._tracker.execute_command("CLIENT", "TRACKINGINFO")
+        if isinstance(info, list):  # (RESP2 answers a flat list of names and values)
+            info = dict(zip(info[::2], info[1::2]))
+        flags = {f.decode() if isinstance(f, bytes) else f for f in info.get(b"flags", info.get("flags", ()))}
+        if "on" not in flags or "broken_redirect" in flags:
+            raise ConnectionError(f"Redis's tracking of the namespace stopped (flags {sorted(flags)})")
+
+    def close(self) -> None:
+        """Close both connections (never back to a pool: a connection that tracks must not serve anything else)."""
+        try:
+            self._pubsub.close()
+            self._tracker.close()
+        finally:
+            self._pool.disconnect()
 
 
 class Listener:
@@ -138,7 +187,10 @@ class Listener:
                     continue
                 heard = now
                 if msg["type"] == "message":
-                    self._apply(msg["data"])
+                    if msg["channel"] == TRACKING_CHANNEL:
+                        self._tracked(msg["data"])
+                    else:
+                        self._apply(msg["data"])
         finally:
             try:
                 pubsub.close()
@@ -153,6 +205,18 @@ class Listener:
             # An invalidation not applied is a lost one: drop everything instead (and if that fails too, the
             # subscription starts over, with a gap).
             log.exception("shmcache: an invalidation failed to apply; dropping the namespace's copies")
+            self._calls.on_gap(owner)
+
+    def _tracked(self, keys) -> None:
+        """A tracking invalidation: the Redis names of the keys that changed, or None (a flush: every key)."""
+        owner = self._owner()
+        try:
+            if keys is None:
+                self._calls.on_gap(owner)
+            else:
+                self._calls.on_tracked(owner, keys)
+        except Exception:
+            log.exception("shmcache: a tracking invalidation failed to apply; dropping the namespace's copies")
             self._calls.on_gap(owner)
 
     def _close_fd(self) -> None:

@@ -228,6 +228,34 @@ def unpack_value(kb: bytes, blob: bytes) -> tuple[int, int, memoryview]:
     return remote_version(version), tag, body
 
 
+def resp2_client(client):
+    """A redis-py client of the same server as ``client`` (a standalone ``redis.Redis``) whose connections speak RESP2,
+    for a tracking subscription: a RESP2 connection receives a redirected invalidation as a message on
+    ``__redis__:invalidate``, where a RESP3 one gets a push that redis-py's pub/sub does not hand out. None for a
+    client of another kind (a cluster client: its tracking would have to be enabled on every primary)."""
+    redis = redis_py()
+    pool = getattr(client, "connection_pool", None)
+    if type(client) is not redis.Redis or pool is None:
+        return None
+    # (the notifications of a managed service's maintenance need RESP3: redis-py refuses them with RESP2)
+    options = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_notifications")}
+    options["protocol"] = 2
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
+
+
+def version_at(client, key: bytes) -> int:
+    """The version of the shmcache value at Redis key ``key``, read from its header alone (``GETRANGE``): what a
+    tracking invalidation, which names the key but no version, is applied with. UNKNOWN_VERSION for a key that is
+    gone or holds anything else (another client's value): every copy of it must go."""
+    head = client.getrange(key, 0, REMOTE_HEADER.size - 1)
+    if len(head) < REMOTE_HEADER.size or head[:3] != REMOTE_MAGIC:
+        return UNKNOWN_VERSION
+    try:
+        return remote_version(REMOTE_HEADER.unpack_from(head)[1])
+    except ValueError:
+        return UNKNOWN_VERSION
+
+
 def _glob_escape(data: bytes) -> bytes:
     out = bytearray()
     for b in data:

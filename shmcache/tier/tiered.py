@@ -40,9 +40,12 @@ from .layout import (
     C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
-from .listener import Calls, Listener
+from .listener import TRACKING_CHANNEL, Calls, Listener, Subscription, log as listener_log
 from .mapping import TierMapping
-from .remote import UNKNOWN_VERSION, Remote, check_url, redis_py, connect, pack_payload, remote_version, unpack_value
+from .remote import (
+    UNKNOWN_VERSION, Remote, check_url, connect, pack_payload, redis_py, remote_version, resp2_client, unpack_value,
+    version_at,
+)
 from .steps import CALL, LOCAL, arun, run
 from .stats import Rows, TierStats
 
@@ -725,7 +728,29 @@ class TieredCache(TierMapping):
             listener.settled.wait(min(SETTLE_WAIT_S, 2 * self._settings["timeout"] + 1.0))
 
     def _subscribe(self):
-        pubsub = self._remote.client.pubsub()
+        """The listener's subscription to the namespace's channel, with Redis's tracking of the namespace's keys
+        where the server has it (``listener.Subscription``); without (a cluster, a Redis before 6, a server that
+        refuses it), the channel's alone, and another client's writes reach the copies only through ``max_age``."""
+        client = self._remote.client
+        tracked = resp2_client(client)
+        if tracked is not None:
+            try:
+                pubsub = tracked.pubsub()
+                pubsub.execute_command("CLIENT", "ID")  # (before the subscription: RESP2 allows it only then)
+                client_id = pubsub.parse_response(block=True, timeout=self._settings["timeout"] * 10 + 1)
+                pubsub.subscribe(self._remote.channel, TRACKING_CHANNEL)
+                tracker = redis_py().Redis(connection_pool=tracked.connection_pool, single_connection_client=True)
+                tracker.execute_command("CLIENT", "TRACKING", "ON", "REDIRECT", client_id, "BCAST", "PREFIX",
+                                        self._remote.prefix)
+                return Subscription(pubsub, tracker, tracked.connection_pool)
+            except BaseException as exc:
+                tracked.connection_pool.disconnect()
+                if not isinstance(exc, redis_py().ResponseError):
+                    raise  # (the connection failed: the listener subscribes again, after a pause)
+                # The server has no tracking: the channel alone.
+                listener_log.info("shmcache: Redis refused to track namespace %r (%s): another client's writes reach "
+                                  "this host's copies only through max_age", self.namespace, exc)
+        pubsub = client.pubsub()
         pubsub.subscribe(self._remote.channel)
         return pubsub
 
@@ -734,6 +759,20 @@ class TieredCache(TierMapping):
 
     def _on_listening(self) -> None:
         self._row[C_LISTENER_STARTS] += 1
+
+    def _on_tracked(self, keys: list) -> None:
+        """Apply a tracking invalidation: the Redis keys of the namespace that another client (or this tier, or
+        Redis itself: an expiry, an eviction) changed. It names no version, so each key's is read from Redis
+        (``remote.version_at``), and the copies older than it go, as a message of the tier's own drops them: a
+        host keeps the copy it has just written, and drops one whose key is gone or holds another client's value."""
+        prefix, client = self._remote.prefix, self._remote.client
+        for key in keys:
+            if type(key) is not bytes or not key.startswith(prefix):
+                continue
+            # (namespace "a" is told of namespace "a:b"'s keys too, "shmcache:a:b:..." as key "b:..." of its own:
+            # applied with that key's version, at worst it drops a copy, or refuses a fill, of a key of its own)
+            self._run(self._drop_older(key[len(prefix):], version_at(client, key)))
+            self._row[C_INVALIDATIONS] += 1
 
     def _on_message(self, data) -> None:
         """Apply an invalidation message. One that is not valid is refused (counted in remote_errors, logged at most
@@ -914,4 +953,5 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # The listener's calls on its TieredCache (it holds the handle weakly, so that a handle never closed is collected).
-_LISTENER_CALLS = Calls(TieredCache._subscribe, TieredCache._on_message, TieredCache._on_gap, TieredCache._on_listening)
+_LISTENER_CALLS = Calls(TieredCache._subscribe, TieredCache._on_message, TieredCache._on_gap, TieredCache._on_listening,
+                        TieredCache._on_tracked)
