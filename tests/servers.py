@@ -28,7 +28,9 @@ import subprocess
 import tempfile
 import time
 
-REDIS_BINARY = "redis-server"
+# The server the fixtures run: redis-server, or another of the same protocol and options (SHMCACHE_REDIS_SERVER:
+# valkey-server, the maintained fork, which CI's Debian sid stage runs the tier's tests against).
+REDIS_BINARY = os.environ.get("SHMCACHE_REDIS_SERVER", "redis-server")
 REDIS_CLI_BINARY = "redis-cli"
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 10.0
