@@ -148,7 +148,7 @@ class Workload:
     and restore operations keep the worker slot's snapshot file (without one, the mix leaves them out)."""
 
     def __init__(self, cache, rng, counts, row, *, nkeys, max_nbytes, mix=None, big_share=0.05, strict=True,
-                 snapshot_dir=None):
+                 snapshot_dir=None, views_elsewhere=False):
         mix = mix or MIX
         if snapshot_dir is None:
             mix = {op: w for op, w in mix.items() if op not in SNAPSHOT_OPS}
@@ -161,8 +161,9 @@ class Workload:
         self.reports = 0
         self.kind = cache.kind(KIND)
         self.policy = cache.policy
-        # keep's put of a new key may store nothing when full; any policy's whose room views pin or hold
-        self.may_refuse = self.policy == "keep" or "view" in self.ops
+        # keep's put of a new key may store nothing when full; any policy's whose room views pin or hold (this
+        # worker's, or another's of the same cache: ``views_elsewhere``)
+        self.may_refuse = self.policy == "keep" or "view" in self.ops or views_elsewhere
 
     def key(self) -> str:
         if self.rng.random() < HOT_SHARE:

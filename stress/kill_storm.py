@@ -113,7 +113,8 @@ def _run(args) -> tuple[dict, bool]:
     stop = ctx.RawValue("b", 0)
     snapshots = tempfile.mkdtemp(prefix="shmcache-kill_storm-")  # the light workers' snapshot files
     light = dict(nkeys=args.keys, max_nbytes=args.max_value_bytes, mix=MIX, snapshot_dir=snapshots)
-    heavy_opts = dict(nkeys=args.keys, max_nbytes=args.capacity_bytes // 4, mix=HEAVY_MIX, big_share=HEAVY_BIG_SHARE)
+    heavy_opts = dict(nkeys=args.keys, max_nbytes=args.capacity_bytes // 4, mix=HEAVY_MIX, big_share=HEAVY_BIG_SHARE,
+                      views_elsewhere=True)  # (the light workers' views may pin the room a heavy put needs)
     cache = SharedCache(name, capacity_bytes=args.capacity_bytes, max_entries=args.max_entries, create=True,
                         policy=args.policy)
     procs, dead, born = [], [], [0] * args.workers  # born: the slot's op count when its worker started
