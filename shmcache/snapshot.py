@@ -90,8 +90,9 @@ class RestoreResult(NamedTuple):
     """What ``SharedCache.restore`` did with a file: ``restored`` entries stored; ``damaged`` records skipped for a
     failed checksum (or a field no writer makes); ``expired`` records past their time; ``no_room`` records colder
     than what filled the cache's limits (or not admitted: by a full ``keep`` cache, or for room that open views pin);
-    ``complete``:
-    the file ended with its trailer and every record it counts was read whole; ``nbytes`` the file's size."""
+    ``complete``: the file ended with its trailer and every record it counts was read whole and valid (none
+    damaged: a record whose header is whole but holds a field no writer makes is lost all the same); ``nbytes`` the
+    file's size."""
 
     restored: int
     damaged: int
@@ -490,7 +491,8 @@ def restore(parts, hot, now, path) -> RestoreResult:
         damaged += max(plan.trailer[0] - plan.valid, 0)
     else:
         damaged += plan.gaps
-    complete = plan.trailer is not None and plan.trailer[0] == plan.valid and not plan.gaps and not failed
+    complete = (plan.trailer is not None and plan.trailer[0] == plan.valid and not plan.gaps and not failed
+                and not plan.unusable)
     return RestoreResult(stored, damaged, plan.expired + expired, plan.no_room + refused, complete, src.size,
                          time.perf_counter() - started)
 

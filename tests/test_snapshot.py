@@ -419,6 +419,29 @@ def test_restore_every_single_byte_flip_costs_at_most_its_record(other, tmp_path
             assert r.damaged == lost and r.restored == len(got) and r.complete == (not touched and not in_trailer)
 
 
+@pytest.mark.parametrize("python", [False, True])
+def test_restore_of_a_record_whose_key_reads_as_an_unknown_kind_is_not_complete(other, tmp_path, small_snapshot,
+                                                                                  python):
+    """A flip that turns a record's first key byte into the kind mark (the head's checksum does not cover the key):
+    the first pass finds a kind the file never named, so the record is lost, counted damaged, and the restore is not
+    complete, as for a record whose checksum fails."""
+    from tests.workers import python_path
+
+    path, values = small_snapshot
+    data = bytearray(path.read_bytes())
+    _, records = _records(bytes(data))
+    p, _ = records[3]
+    data[p + 32] = 0xF5  # (the record's key, after its 32-byte head: now the kind mark, of a kind never named)
+    bad = tmp_path / "kind.snap"
+    bad.write_bytes(bytes(data))
+    with SharedCache(other, capacity_bytes=MIB, max_entries=64, create=True) as d:
+        if python:
+            python_path(d)
+        r = d.restore(bad)
+        assert (r.damaged, r.restored, r.complete) == (1, len(values) - 1, False)
+        assert all(_same(values[k], v) for k, v in _items(d).items())
+
+
 def _restored(name: str, path, python: bool, capacity: int, entries: int, policy: str, ttl_ms: int = 0):
     """What a restore of ``path`` into a new cache did, on the Python path or the compiled one: its result (less the
     time), every item, the counts that a store moves, and the policy's order (the keys from the next to go)."""
