@@ -578,3 +578,21 @@ def test_tiered_broken_tracking_is_a_gap_and_comes_back(hosts, redis_url):
         _gone_everywhere(hosts, "k2", "DEL after the gap")
     finally:
         client.close()
+
+
+def test_tiered_a_tracked_key_whose_version_cannot_be_read_is_dropped():
+    """The version of a tracked key is read from Redis; a Redis that does not answer makes it unknown, so the copy
+    goes (never the whole host's copies, as a gap would): ``remote.version_at``."""
+    import redis
+
+    from shmcache.tier.remote import UNKNOWN_VERSION, version_at
+
+    class Down:
+        def getrange(self, key, start, end):
+            raise redis.ConnectionError("gone")
+
+    class Foreign:
+        def getrange(self, key, start, end):
+            return b"another service's value"[start : end + 1]
+
+    assert version_at(Down(), b"k") == UNKNOWN_VERSION and version_at(Foreign(), b"k") == UNKNOWN_VERSION

@@ -64,9 +64,9 @@ class Calls(NamedTuple):
 
 
 class Subscription:
-    """A listener's subscription that Redis's tracking feeds as well: ``pubsub`` (a RESP2 redis-py PubSub, whose
-    connection's id is ``client_id``) subscribed to the namespace's channel and to ``TRACKING_CHANNEL``, and
-    ``tracker``, a connection of its own on which broadcast tracking of the namespace's prefix redirects to it. It
+    """A listener's subscription that Redis's tracking feeds as well: ``pubsub`` (a RESP2 redis-py PubSub) subscribed
+    to the namespace's channel and to ``TRACKING_CHANNEL``, and ``tracker``, a connection of its own on which
+    broadcast tracking of the namespace's prefix redirects to the pubsub's connection; ``pool``, theirs alone. It
     answers the listener as a PubSub does, and raises ConnectionError once tracking is off or its redirection broken
     (checked every ``HEARTBEAT_S``): the listener then subscribes again, after a gap."""
 

@@ -228,11 +228,13 @@ def unpack_value(kb: bytes, blob: bytes) -> tuple[int, int, memoryview]:
     return remote_version(version), tag, body
 
 
-def resp2_client(client):
-    """A redis-py client of the same server as ``client`` (a standalone ``redis.Redis``) whose connections speak RESP2,
-    for a tracking subscription: a RESP2 connection receives a redirected invalidation as a message on
-    ``__redis__:invalidate``, where a RESP3 one gets a push that redis-py's pub/sub does not hand out. None for a
-    client of another kind (a cluster client: its tracking would have to be enabled on every primary)."""
+def resp2_client(client, timeout: float):
+    """A redis-py client of the same server as ``client`` (a plain standalone ``redis.Redis``) whose connections
+    speak RESP2 and give up after ``timeout`` seconds, at least, for a tracking subscription: a RESP2 connection
+    receives a redirected invalidation as a message on ``__redis__:invalidate``, where a RESP3 one gets a push that
+    redis-py's pub/sub does not hand out. None for a client of another kind (a cluster client: its tracking would
+    have to be enabled on every primary). Why a timeout of its own: the tier's (0.1 s by default) suits a request,
+    but a listener that gave up as soon would drop every copy of the host at each of Redis's slow moments."""
     redis = redis_py()
     pool = getattr(client, "connection_pool", None)
     if type(client) is not redis.Redis or pool is None:
@@ -240,14 +242,18 @@ def resp2_client(client):
     # (the notifications of a managed service's maintenance need RESP3: redis-py refuses them with RESP2)
     options = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_notifications")}
     options["protocol"] = 2
+    options["socket_timeout"] = max(options.get("socket_timeout") or 0.0, timeout)
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
 
 
 def version_at(client, key: bytes) -> int:
     """The version of the shmcache value at Redis key ``key``, read from its header alone (``GETRANGE``): what a
     tracking invalidation, which names the key but no version, is applied with. UNKNOWN_VERSION for a key that is
-    gone or holds anything else (another client's value): every copy of it must go."""
-    head = client.getrange(key, 0, REMOTE_HEADER.size - 1)
+    gone or holds anything else (another client's value), or when Redis does not answer: every copy of it must go."""
+    try:
+        head = client.getrange(key, 0, REMOTE_HEADER.size - 1)
+    except redis_py().RedisError:  # (dropping the copy is always right; a gap, every copy of the host, is not needed)
+        return UNKNOWN_VERSION
     if len(head) < REMOTE_HEADER.size or head[:3] != REMOTE_MAGIC:
         return UNKNOWN_VERSION
     try:

@@ -40,7 +40,7 @@ from .layout import (
     C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
-from .listener import TRACKING_CHANNEL, Calls, Listener, Subscription, log as listener_log
+from .listener import SILENCE_S, TRACKING_CHANNEL, Calls, Listener, Subscription, log as listener_log
 from .mapping import TierMapping
 from .remote import (
     UNKNOWN_VERSION, Remote, check_url, connect, pack_payload, redis_py, remote_version, resp2_client, unpack_value,
@@ -732,7 +732,7 @@ class TieredCache(TierMapping):
         where the server has it (``listener.Subscription``); without (a cluster, a Redis before 6, a server that
         refuses it), the channel's alone, and another client's writes reach the copies only through ``max_age``."""
         client = self._remote.client
-        tracked = resp2_client(client)
+        tracked = resp2_client(client, SILENCE_S)
         if tracked is not None:
             try:
                 pubsub = tracked.pubsub()
@@ -765,7 +765,7 @@ class TieredCache(TierMapping):
         Redis itself: an expiry, an eviction) changed. It names no version, so each key's is read from Redis
         (``remote.version_at``), and the copies older than it go, as a message of the tier's own drops them: a
         host keeps the copy it has just written, and drops one whose key is gone or holds another client's value."""
-        prefix, client = self._remote.prefix, self._remote.client
+        prefix, client = self._remote.prefix, self._remote.client  # (version_at: any failure is a dropped copy)
         for key in keys:
             if type(key) is not bytes or not key.startswith(prefix):
                 continue
