@@ -30,8 +30,8 @@ def run_stress(script: str, policy: str, *args: str) -> dict:
     assert proc.returncode == 0, f"{script} failed: {summary}\n{proc.stderr[-3000:]}"
     assert summary["wrong"] == 0 and summary["hangs"] == 0 and summary["verify"] == "ok", summary
     assert summary["ops"] > 0 and summary["policy"] == policy, summary
-    if policy != "keep" and "not_admitted" in summary:  # the one policy that may leave a put unstored
-        assert summary["not_admitted"] == 0, summary
+    # (not_admitted is not judged here: keep leaves a put unstored when full, and every policy one whose room the
+    # views of the mix pin; the scripts count a False anywhere else as wrong)
     return summary
 
 
