@@ -552,15 +552,22 @@ def test_tiered_a_maxmemory_eviction_reaches_every_hosts_copy(redis_server, name
             client.close()
 
 
-def test_tiered_broken_tracking_is_a_gap_and_comes_back(hosts, redis_url):
+def test_tiered_broken_tracking_is_a_gap_and_comes_back(redis_server, namespace):
     """The connection that holds the tracking dies: the listener notices (CLIENT TRACKINGINFO, at its heartbeat),
-    drops the host's copies as after any gap, and tracks again."""
-    import redis
+    drops the host's copies as after any gap, and tracks again. (A server of its own: the connections it kills are
+    every tracking one it finds.)"""
 
     from shmcache.tier import listener as listener_module
 
+    with two_hosts(redis_server.url, namespace) as hosts:
+        _tracking_broken_and_back(hosts, redis_server.url, listener_module.HEARTBEAT_S)
+
+
+def _tracking_broken_and_back(hosts, url, heartbeat_s) -> None:
+    import redis
+
     a, b = hosts
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(url)
     try:
         _copied_everywhere(hosts, "k", 1)
         starts = b.tier.stats().listener_starts + a.tier.stats().listener_starts
@@ -569,7 +576,7 @@ def test_tiered_broken_tracking_is_a_gap_and_comes_back(hosts, redis_url):
         for t in trackers:
             client.client_kill_filter(_id=t["id"])
         eventually(lambda: b.tier.stats().listener_starts + a.tier.stats().listener_starts > starts,
-                   timeout=4 * listener_module.HEARTBEAT_S, what="a new subscription")
+                   timeout=4 * heartbeat_s, what="a new subscription")
         _gone_everywhere(hosts, "k", "the gap")
         eventually(lambda: any("t" in line["flags"] and "B" in line["flags"] for line in client.client_list()),
                    what="tracking on again")
