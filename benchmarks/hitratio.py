@@ -218,7 +218,8 @@ class Auto:
 
     - Every lookup of a key, hit or miss, adds to a count-min sketch of 4-bit counters (4 of them per key, in one
       64-byte block chosen by the key's fingerprint; the first block of the sketch holds the policy's state words,
-      and a key whose block is 0 uses block 1). Every PERIOD_PER_ENTRY x entries lookups every counter is halved.
+      and a key whose block is 0 uses block 1). Every counter is halved about every PERIOD_PER_ENTRY x entries
+      lookups: at the end of every k-th period, k the periods that take (one, unless PERIOD_MAX cuts them short).
     - A hit raises the entry's 2-bit counter. A miss puts the key at the window's front.
     - Room is made from the window while it holds its target or more (or main is empty): its oldest entry goes to
       main if it was hit there (or is pinned), or if the window is over its target (the climber lowered it, and
@@ -229,10 +230,14 @@ class Auto:
       behaviour), and goes otherwise. With the window below its target, main's victim goes.
     - A new key that finds the window at its target and no eviction to make (the cache is filling) pushes the
       window's oldest into main.
-    - The climber, checked every CHECK_EVERY admissions once a period of lookups has passed: the hit ratio of the
-      period against the last one's (the first period only measures: from a cold start any change looks like a
-      gain); better, the window's target moves on by the step, worse, it moves back; the
-      step shrinks by 2 % a period, and restarts at 6.25 % of the entries when the ratio moves by 5 points.
+    - The climber, checked every CHECK_EVERY admissions once a period of PERIOD_PER_ENTRY x entries lookups (at
+      most PERIOD_MAX) has passed: the hit ratio of the period against the last one's (the first period only
+      measures: from a cold start any change looks like a gain); better, the window's target moves on by the step,
+      worse, it moves back; the step shrinks by 2 % a period, and restarts at 6.25 % of the entries when the ratio
+      moves by 5 points. Two guards, on the period's promotions (window entries that leave it for main with a hit
+      there): a jump of 5 points turns the window larger if promotions were at least 1/JUMP_SHARE of the period's
+      lookups (recency is what changed), and the window never grows in a period whose promotions were under
+      1/GROW_SHARE of its hits (recency paid nothing: a loop, a scan, a frequency-only workload).
     """
 
     name = "auto"
@@ -244,6 +249,9 @@ class Auto:
     RESTART_PPM = 50_000  # a change of hit ratio that restarts the step: 5 points
     DECAY_PERCENT = 98
     UNIT = 1024  # the step is kept in 1/1024 entries
+    PERIOD_MAX = 65_536  # a period's most lookups: a large cache climbs as often as a small one
+    JUMP_SHARE = 8  # a jump grows the window if promotions were 1/8 of the period's lookups or more
+    GROW_SHARE = 2048  # the window never grows in a period whose promotions were under 1/2048 of its hits
 
     def __init__(self, size: int) -> None:
         from shmcache.codec import encode_key, fingerprint
@@ -260,6 +268,7 @@ class Auto:
         self.step = 0  # 0: the restarting step, towards a larger window
         self.last_ppm = 0
         self.requests = self.hits = self.requests0 = self.hits0 = 0
+        self.promoted = self.promoted0 = 0  # window entries that went to main with a hit there
         self.admitted = 0
         self.periods = self.preferred = self.refused = 0  # as the cache counts them (stats().filter_*)
 
@@ -307,39 +316,38 @@ class Auto:
         if len(self.window) + len(self.main) >= self.size:
             self.evict_one()
         if len(self.window) >= self.window_target():
-            k, _ = self.window.popitem(last=False)  # the cache is filling: the window's oldest to main
+            k, m = self.window.popitem(last=False)  # the cache is filling: the window's oldest to main
             self.main[k] = 0
+            self.promoted += m > 0
         self.window[key] = 0
         return False
 
     def climb(self) -> None:
         dr, dh = self.requests - self.requests0, self.hits - self.hits0
-        if dr < self.PERIOD_PER_ENTRY * self.size:
+        period = min(self.PERIOD_PER_ENTRY * self.size, self.PERIOD_MAX)
+        if dr < period:
             return
         ppm = dh * 1_000_000 // dr
-        change = ppm - self.last_ppm
-        if not self.periods:  # the first period has nothing to be compared with: it is the baseline
-            self.last_ppm = ppm
-            self.requests0, self.hits0 = self.requests, self.hits
-            self.periods += 1
-            self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
-            return
-        restart = max(self.UNIT, self.size * self.STEP_PER_10000 // 10000 * self.UNIT)
-        amount = self.step or restart
-        if change < 0:
-            amount = -amount
-        if abs(change) >= self.RESTART_PPM:
-            step = restart if amount >= 0 else -restart
-        else:
-            step = abs(amount) * self.DECAY_PERCENT // 100
-            step = step if amount >= 0 else -step
-        self.step = step  # decayed to 0 (hundreds of periods): the next period restarts
-        moved = abs(amount) // self.UNIT
-        self.target = min(max(1, self.window_target() + (moved if amount >= 0 else -moved)), max(1, self.size - 1))
+        if self.periods:  # the first period has nothing to be compared with: it is the baseline
+            self.move(ppm, dr, dh, self.promoted - self.promoted0)
         self.last_ppm = ppm
-        self.requests0, self.hits0 = self.requests, self.hits
+        self.requests0, self.hits0, self.promoted0 = self.requests, self.hits, self.promoted
         self.periods += 1
-        self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
+        if not self.periods % -(-self.PERIOD_PER_ENTRY * self.size // period):
+            self.sketch = [(w >> 1) & 0x7777777777777777 for w in self.sketch]
+
+    def move(self, ppm: int, dr: int, dh: int, dp: int) -> None:
+        change = ppm - self.last_ppm
+        restart = max(self.UNIT, self.size * self.STEP_PER_10000 // 10000 * self.UNIT)
+        jump = abs(change) >= self.RESTART_PPM
+        size = abs(self.step) or restart
+        up = (jump and dp * self.JUMP_SHARE >= dr) or (self.step >= 0) == (change >= 0)
+        nxt = restart if jump else size * self.DECAY_PERCENT // 100
+        self.step = nxt if up else -nxt  # decayed to 0 (hundreds of periods): the next period restarts
+        if up and dp * self.GROW_SHARE < dh:
+            return  # recency paid nothing this period: the window stays
+        moved = size // self.UNIT
+        self.target = min(max(1, self.window_target() + (moved if up else -moved)), max(1, self.size - 1))
 
     def victim(self):
         main = self.main
@@ -356,6 +364,7 @@ class Auto:
             k, m = window.popitem(last=False)
             if m or len(window) >= self.window_target():
                 main[k] = 0  # hit in the window, or the window over its target: to main, and look again
+                self.promoted += m > 0
                 continue
             if main:
                 v = self.victim()

@@ -143,12 +143,13 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     static const char *const auto_names[] = {
         "A_TARGET", "A_STEP", "A_LAST_PPM", "A_REQUESTS", "A_HITS", "A_PERIODS", "A_PREFERRED", "A_REFUSED",
         "SKETCH_BLOCK_WORDS", "WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVERY",
-        "STEP_PER_10000", "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM", "MAX_COUNTER",
+        "STEP_PER_10000", "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM", "MAX_COUNTER", "PERIOD_MAX",
+        "JUMP_SHARE", "GROW_SHARE", "PPM_BITS", "PROMOTED_BITS",
     };
     static const int64_t auto_values[] = {
         A_TARGET, A_STEP, A_LAST_PPM, A_REQUESTS, A_HITS, A_PERIODS, A_PREFERRED, A_REFUSED, SKETCH_BLOCK_WORDS,
         WINDOW_PERCENT, ADMIT_MARGIN, PERIOD_PER_ENTRY, CHECK_EVERY, STEP_PER_10000, RESTART_PPM, DECAY_PERCENT,
-        STEP_UNIT, PPM, MAX_COUNTER,
+        STEP_UNIT, PPM, MAX_COUNTER, PERIOD_MAX, JUMP_SHARE, GROW_SHARE, PPM_BITS, PROMOTED_BITS,
     };
     int auto_same = 1;
     for (size_t i = 0; i < sizeof auto_values / sizeof auto_values[0]; i++) {

@@ -301,30 +301,38 @@ static inline void count_word(int64_t *w)
     *w = *w >= 0 && *w < MAX_COUNTER ? *w + 1 : 1;
 }
 
-/* The climber's step: the window's target moved by the hit ratio ``ppm`` of the period against the last one's, the
- * step made for the next period. (twin: policies/auto.py _move) */
-static void move(Core *c, int64_t cap, int64_t ppm)
+#define PPM_MASK (((uint64_t)1 << PPM_BITS) - 1)
+#define PROMOTED_MASK (((uint64_t)1 << PROMOTED_BITS) - 1)
+
+/* The climber's step: the window's target moved by the hit ratio ``ppm`` of the period (``dr`` lookups, ``dh`` hits,
+ * ``dp`` promotions) against the last one's, the step made for the next period. (twin: policies/auto.py _move) */
+static void move(Core *c, int64_t cap, int64_t ppm, int64_t dr, int64_t dh, int64_t dp)
 {
-    int64_t *s = c->ghost, last = s[A_LAST_PPM];
-    int64_t change = ppm - (last < 0 ? 0 : last > PPM ? PPM : last);
+    int64_t *s = c->ghost, last = (int64_t)((uint64_t)s[A_LAST_PPM] & PPM_MASK);
+    int64_t change = ppm - (last > PPM ? PPM : last);
     int64_t restart = cap * STEP_PER_10000 / 10000 * STEP_UNIT, step = s[A_STEP];
     if (restart < STEP_UNIT)
         restart = STEP_UNIT;
-    int64_t amount = step != 0 && step >= -restart && step <= restart ? step : restart;
-    if (change < 0)
-        amount = -amount;
-    int64_t size = amount < 0 ? -amount : amount;
-    int64_t next = change >= RESTART_PPM || change <= -RESTART_PPM ? restart : size * DECAY_PERCENT / 100;
-    int64_t moved = size / STEP_UNIT, t = window_target(c, cap) + (amount > 0 ? moved : -moved);
+    if (step == 0 || step < -restart || step > restart)
+        step = restart; /* 0 or out of range: the restarting step */
+    int jump = change >= RESTART_PPM || change <= -RESTART_PPM;
+    int64_t size = step < 0 ? -step : step;
+    /* (dp <= dr <= MAX_COUNTER and dh <= dr: the products below stay under 2**74, so in 128 bits) */
+    int up = (jump && (__int128)dp * JUMP_SHARE >= dr) || ((step > 0) == (change >= 0));
+    int64_t next = jump ? restart : size * DECAY_PERCENT / 100;
+    s[A_STEP] = up ? next : -next;
+    if (up && (__int128)dp * GROW_SHARE < dh)
+        return; /* recency paid nothing this period: the window stays */
+    int64_t moved = size / STEP_UNIT, t = window_target(c, cap) + (up ? moved : -moved);
     int64_t top = cap - 1 > 1 ? cap - 1 : 1;
     s[A_TARGET] = t < 1 ? 1 : t > top ? top : t;
-    s[A_STEP] = amount > 0 ? next : -next;
-    s[A_LAST_PPM] = ppm;
 }
 
-/* Close the period if it is over: the window's target moved as the hit ratio says (the first period, since the
- * creation, a clear or a resize, only measures), the sketch halved (lock held). Every state word is taken as any
- * value: out of range, it starts a period or the step again. (twin: policies/auto.py climb) */
+/* Close the period if it is over: the window's target moved as the hit ratio and the promotions say (the first
+ * period, since the creation, a clear or a resize, only measures), the sketch halved every k-th period (lock held).
+ * Every state word is taken as any value: out of range, it starts a period or the step again. A_LAST_PPM holds the
+ * last hit ratio in its low PPM_BITS and ``promoted`` when the period began (modulo 2**PROMOTED_BITS) above them.
+ * (twin: policies/auto.py climb) */
 static void climb(Core *c)
 {
     int64_t *s = c->ghost, cap = HW(max_entries), requests, hits;
@@ -338,18 +346,24 @@ static void climb(Core *c)
         return;
     }
     int64_t dr = requests - r0, dh = hits - h0;
-    if (dr < PERIOD_PER_ENTRY * cap)
+    int64_t period = PERIOD_PER_ENTRY * cap < PERIOD_MAX ? PERIOD_PER_ENTRY * cap : PERIOD_MAX; /* (cap < slots) */
+    if (dr < period)
         return;
     int64_t ppm = (int64_t)((unsigned __int128)dh * PPM / (uint64_t)dr);
-    if (s[A_PERIODS] <= 0 || s[A_PERIODS] > MAX_COUNTER)
-        s[A_LAST_PPM] = ppm; /* the first period: the baseline */
-    else
-        move(c, cap, ppm);
+    uint64_t promoted = clip_count(HW(promoted));
+    if (s[A_PERIODS] > 0 && s[A_PERIODS] <= MAX_COUNTER) { /* (else the first period: the baseline) */
+        uint64_t dp = (promoted - ((uint64_t)s[A_LAST_PPM] >> PPM_BITS)) & PROMOTED_MASK;
+        move(c, cap, ppm, dr, dh, dp > (uint64_t)dr ? dr : (int64_t)dp); /* (more than dr: damage) */
+    }
+    s[A_LAST_PPM] = (int64_t)((uint64_t)ppm | (promoted & PROMOTED_MASK) << PPM_BITS);
     s[A_REQUESTS] = requests;
     s[A_HITS] = hits;
     count_word(&s[A_PERIODS]);
-    for (int64_t w = SKETCH_BLOCK_WORDS, live = GHOST_LIVE(c); w < live; w++)
-        s[w] = (int64_t)(((uint64_t)s[w] >> 1) & 0x7777777777777777ULL);
+    /* every k-th period, k the periods that PERIOD_PER_ENTRY x cap lookups take (cap < slots: no overflow) */
+    int64_t k = (PERIOD_PER_ENTRY * cap + period - 1) / period;
+    if (s[A_PERIODS] % k == 0)
+        for (int64_t w = SKETCH_BLOCK_WORDS, live = GHOST_LIVE(c); w < live; w++)
+            s[w] = (int64_t)(((uint64_t)s[w] >> 1) & 0x7777777777777777ULL);
 }
 
 /* Evict one entry no view pins as auto chooses it; *done 0 if every entry is pinned (or there is none).
@@ -509,8 +523,11 @@ static int auto_link_new(Core *c, int64_t e, int probation, int64_t *p, int64_t 
         int r;
         if (!t)
             return ST_HANDOVER; /* (small_oldest called bounds) */
+        int hit = c->marks[t] & MARK_FREQ;
         if ((r = to_main(c, t)))
             return r;
+        if (hit)
+            ADD(HW(promoted), 1);
     }
     return s3fifo_link_new(c, e, probation, p, n);
 }

@@ -54,7 +54,8 @@ _WORDS = (
 
 # auto's tuning, which the compiled climber has as constants (bind checks they are these).
 _AUTO_TUNING = ("WINDOW_PERCENT", "ADMIT_MARGIN", "PERIOD_PER_ENTRY", "CHECK_EVERY", "STEP_PER_10000",
-                "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM")
+                "RESTART_PPM", "DECAY_PERCENT", "STEP_UNIT", "PPM", "PERIOD_MAX", "JUMP_SHARE", "GROW_SHARE",
+                "PPM_BITS", "PROMOTED_BITS")
 
 
 def hot_path() -> str:

@@ -67,7 +67,7 @@ class CacheStats:
     ``small_entries`` is how many entries the small queue holds, ``promoted`` counts those it moved to main for
     their hits and ``ghost_hits`` the new keys admitted straight to main because the ghost remembered them. Under
     ``auto``, ``small_entries`` is how many entries its window holds and ``window_target`` how many it aims at now
-    (what the climber chose), ``promoted`` counts the entries moved from the window to main for a hit there, and
+    (what the climber chose), ``promoted`` counts the entries that went from the window to main with a hit there, and
     ``filter_admitted`` and ``filter_refused`` the window's unhit entries the frequency sketch found more frequent
     than main's next victim (which they replaced) and those it did not (they left the cache). Under the other
     policies these are 0.

@@ -73,7 +73,8 @@ GHOST_WAYS = 16  # a key's ghost slot is one of the 16 of its group (two cache l
 A_TARGET = 0      # the window's target in entries; 0: the first one (1 % of the entries)
 A_STEP = 1        # the climber's next step, in 1/1024 entries, signed (towards a larger window if positive); 0: the
 #                   restarting step
-A_LAST_PPM = 2    # the hit ratio of the last period, in millionths
+A_LAST_PPM = 2    # the hit ratio of the last period, in millionths, in the low 20 bits (PPM_BITS); above them the
+#                   header's ``promoted`` when the period began, modulo 2**40 (policies/auto.py)
 A_REQUESTS = 3    # lookups (hits and misses, every process) counted when the period began
 A_HITS = 4        # hits counted when the period began
 A_PERIODS = 5     # periods the climber closed (a counter)
@@ -210,7 +211,8 @@ HEADER = _record(
             ("small", _W),         # s3fifo: entries in the small queue
             ("ghost_clock", _W),   # s3fifo: keys sent to the ghost, modulo 2**32
             ("not_admitted", _W),  # puts of a new key the policy did not store (keep: the cache was full)
-            ("promoted", _W),      # s3fifo: entries moved from small to main for their hits
+            ("promoted", _W),      # s3fifo: entries moved from small to main for their hits; auto: entries that went
+            #                        from the window to main with a hit there (its climber reads it)
             ("ghost_hits", _W),    # s3fifo: new keys admitted straight to main, found in the ghost
         ]),
         # Line 8: what readers without the lock read first and last, alone on its line but for creation-time words

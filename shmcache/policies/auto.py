@@ -18,17 +18,25 @@ the window's oldest into main.
 So a loop or a scan, where every key is as frequent as the next, leaves main as it is (what ``keep`` does), popular
 keys win their place over cold ones (what S3-FIFO's ghost approximates), and a window climbed large behaves as a
 CLOCK, near LRU. The climber (Caffeine's BoundedLocalCache.climb, in integers): once a period of PERIOD_PER_ENTRY x
-max_entries lookups has passed (checked every CHECK_EVERY admissions), the period's hit ratio against the last one's
-(the first period only measures, from a cold start any change would look like a gain): better, the target moves on
-by the step, worse, it moves back by it; the step shrinks by 2 % a period and restarts at 6.25 % of the entries when
-the ratio moves by 5 points. The sketch is halved then.
+max_entries lookups (at most PERIOD_MAX, so that a large cache climbs as often as a small one) has passed (checked
+every CHECK_EVERY admissions), the period's hit ratio against the last one's (the first period only measures, from a
+cold start any change would look like a gain): better, the target moves on by the step, worse, it moves back by it;
+the step shrinks by 2 % a period and restarts at 6.25 % of the entries when the ratio moves by 5 points. Two guards
+read the period's promotions (window entries that left it for main with a hit there: ``promoted``): a jump turns
+the window larger when they were at least 1/JUMP_SHARE of the period's lookups (what changed is recency's: a new
+working set), and the window never grows in a period whose promotions were under 1/GROW_SHARE of its hits (recency
+paid nothing: a loop, a scan or a frequency-only workload, where a larger window only costs main its keys). The
+sketch is halved about every PERIOD_PER_ENTRY x max_entries lookups: at the end of every k-th period, k the periods
+that take.
 
 Where it lives: the ghost region (as many words as the index's slots) holds the sketch, in blocks of 8 words (one
 cache line) that hold a key's 4 counters; its first block holds the policy's state (``A_*``, layout/dtypes.py). All
 zero is the first state. Any word is valid: each is clamped where it is read, a damaged counter costs hit ratio and
 nothing else, and the region is outside the crash protocol, as the ghost is. A hit read without the lock adds to the
 sketch with plain stores (a raise lost to a race is a lookup not counted); the state words are written under the
-lock only. A resize or clear() empties the region: the climber starts again.
+lock only. A resize or clear() empties the region: the climber starts again. The word A_LAST_PPM holds two values:
+the last period's hit ratio in its low PPM_BITS and ``promoted`` (modulo 2**PROMOTED_BITS) when the period began
+above them, so that the state stays one cache line.
 """
 
 from __future__ import annotations
@@ -55,6 +63,13 @@ STEP_PER_10000 = 625  # the restarting step: 6.25 % of the entries
 RESTART_PPM = 50_000  # a change of the period's hit ratio that restarts the step: 5 points
 DECAY_PERCENT = 98  # what is left of the step after a period that did not restart it
 STEP_UNIT = 1024  # the step's unit: 1/1024 entry
+PERIOD_MAX = 65_536  # a period's most lookups
+JUMP_SHARE = 8  # a jump grows the window when the period's promotions were 1/8 of its lookups or more
+GROW_SHARE = 2048  # the window never grows in a period whose promotions were under 1/2048 of its hits
+PPM_BITS = 20  # A_LAST_PPM: the last hit ratio (PPM < 2**20) in these low bits ...
+PROMOTED_BITS = 40  # ... and ``promoted`` when the period began, modulo 2**40, above them
+_PPM_MASK = (1 << PPM_BITS) - 1
+_PROMOTED_MASK = (1 << PROMOTED_BITS) - 1
 PPM = 1_000_000
 _HALVE = 0x7777777777777777  # each counter halved: shifted right, and the bit from its neighbour dropped
 _WORD = 1 << 64
@@ -101,9 +116,9 @@ def lookups(table) -> tuple[int, int]:
 
 
 def climb(table) -> None:
-    """Close the period if it is over: the window's target moved as the hit ratio says, the sketch halved. Every
-    state word is taken as any value: out of range, it starts a period or the step again. (twin: _core_policy.c
-    climb)"""
+    """Close the period if it is over: the window's target moved as the hit ratio and the promotions say, the sketch
+    halved every k-th period. Every state word is taken as any value: out of range, it starts a period or the step
+    again. (twin: _core_policy.c climb)"""
     h, s = table.h, table.ghost
     c = h[H_MAX_ENTRIES]
     if not 0 < c < table.slots:
@@ -114,36 +129,42 @@ def climb(table) -> None:
         s[A_REQUESTS], s[A_HITS] = requests, hits  # the counters were reset (clear()) or the words damaged
         return
     dr, dh = requests - r0, hits - h0
-    if dr < PERIOD_PER_ENTRY * c:
+    period = min(PERIOD_PER_ENTRY * c, PERIOD_MAX)
+    if dr < period:
         return
     ppm = dh * PPM // dr
-    if not 0 < s[A_PERIODS] <= MAX_COUNTER:  # the first period (since creation, a clear or a resize): the baseline
-        s[A_LAST_PPM] = ppm
-    else:
-        _move(s, c, ppm)
+    promoted = min(max(h[H_PROMOTED], 0), MAX_COUNTER)
+    if 0 < s[A_PERIODS] <= MAX_COUNTER:  # (else the first period since creation, a clear or a resize: the baseline)
+        dp = min((promoted - (s[A_LAST_PPM] >> PPM_BITS)) & _PROMOTED_MASK, dr)  # (more than dr: damage)
+        _move(s, c, ppm, dr, dh, dp)
+    s[A_LAST_PPM] = ppm | (promoted & _PROMOTED_MASK) << PPM_BITS
     s[A_REQUESTS], s[A_HITS] = requests, hits
     _count(s, A_PERIODS)
-    words = np.frombuffer(s, dtype=np.int64)[SKETCH_BLOCK_WORDS:]
-    words >>= 1
-    words &= _HALVE
+    if not s[A_PERIODS] % -(-PERIOD_PER_ENTRY * c // period):
+        words = np.frombuffer(s, dtype=np.int64)[SKETCH_BLOCK_WORDS:]
+        words >>= 1
+        words &= _HALVE
 
 
-def _move(s, c: int, ppm: int) -> None:
-    """The climber's step: the window's target moved by the hit ratio ``ppm`` of the period against the last one's,
-    the step made for the next period. (twin: _core_policy.c move)"""
-    change = ppm - min(max(s[A_LAST_PPM], 0), PPM)
+def _move(s, c: int, ppm: int, dr: int, dh: int, dp: int) -> None:
+    """The climber's step: the window's target moved by the hit ratio ``ppm`` of the period (``dr`` lookups, ``dh``
+    hits, ``dp`` promotions) against the last one's, the step made for the next period. (twin: _core_policy.c
+    move)"""
+    change = ppm - min(s[A_LAST_PPM] & _PPM_MASK, PPM)
     restart = max(STEP_UNIT, c * STEP_PER_10000 // 10000 * STEP_UNIT)
     step = s[A_STEP]
-    amount = step if step and -restart <= step <= restart else restart  # 0 or out of range: the restarting step
-    if change < 0:
-        amount = -amount
-    size = abs(amount)
-    nxt = restart if abs(change) >= RESTART_PPM else size * DECAY_PERCENT // 100
+    if not (step and -restart <= step <= restart):
+        step = restart  # 0 or out of range: the restarting step
+    jump = abs(change) >= RESTART_PPM
+    size = abs(step)
+    up = (jump and dp * JUMP_SHARE >= dr) or (step > 0) == (change >= 0)
+    nxt = restart if jump else size * DECAY_PERCENT // 100
+    s[A_STEP] = nxt if up else -nxt
+    if up and dp * GROW_SHARE < dh:
+        return  # recency paid nothing this period: the window stays
     moved = size // STEP_UNIT
-    t = window_target(c, s) + (moved if amount > 0 else -moved)
+    t = window_target(c, s) + (moved if up else -moved)
     s[A_TARGET] = min(max(1, t), max(1, c - 1))
-    s[A_STEP] = nxt if amount > 0 else -nxt
-    s[A_LAST_PPM] = ppm
 
 
 def _count(s, word: int) -> None:
@@ -207,7 +228,11 @@ class Auto(S3fifo):
     def link_new(self, table, e: int, probation: bool) -> tuple[int, int]:
         h = table.h
         if h[H_SMALL] > 0 and h[H_SMALL] >= window_target(h[H_MAX_ENTRIES], table.ghost):
-            to_main(table, small_oldest(table))  # nothing was evicted: the cache is filling, main takes it
+            t = small_oldest(table)  # nothing was evicted: the cache is filling, main takes the window's oldest
+            hit = table.marks[t] & MARK_FREQ
+            to_main(table, t)
+            if hit:
+                h[H_PROMOTED] += 1
         return super().link_new(table, e, probation)
 
     leaving = Policy.leaving  # no ghost to tell: the sketch remembers (and the hot path skips the call)
