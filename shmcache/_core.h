@@ -121,10 +121,11 @@ typedef struct {
     int64_t *tables;
     int64_t own_tables[4];
     /* the ring (arena.py): its size follows the header's capacity word (ring_nbytes), at most capacity_most (the
-     * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes (ring_follows,
-     * version 10: the entry limit taken with the tables instead) */
+     * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes (ring_by_limit,
+     * versions 10 to 12: the entry limit taken with the tables instead). ring_follows: version 10 or later (tables
+     * that a resize moves) */
     int64_t capacity_most, ring_entries, block_overhead;
-    int ring_follows;
+    int ring_follows, ring_by_limit;
     /* the arena's extent (arena.py): how far this handle's mapping shows the file's arena, backed (the segment's
      * cell, Segment.shown, bound by watch_extent; NULL: all of it), and the growth's step. A store that grows the
      * arena backs and shows the new part itself (reach); a call that finds the header's extent past what is shown

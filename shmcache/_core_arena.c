@@ -89,7 +89,7 @@ static inline int64_t ring_for(Core *c, int64_t cap)
     if (!(cap > 0 && cap <= c->capacity_most))
         cap = c->capacity_most;
     /* (the limit is this mapping's, taken and checked by the Python path: at most the reserved entry slots) */
-    int64_t entries = c->ring_follows ? c->tables[3] : c->ring_entries;
+    int64_t entries = c->ring_by_limit ? c->tables[3] : c->ring_entries;
     int64_t n = (cap + cap / 16 + c->block_overhead * entries + 63) & ~(int64_t)63;
     return n < c->arena_nbytes ? n : c->arena_nbytes;
 }
@@ -98,6 +98,22 @@ static inline int64_t ring_for(Core *c, int64_t cap)
 static inline int64_t ring_nbytes(Core *c)
 {
     return ring_for(c, HW(capacity));
+}
+
+/* The most of the ring (``size`` bytes) the growth rule backs with memory: version 13's ring has room for every slot
+ * the tables reach, but its extent grows only to what the capacity and the entry limit in force need (a store that
+ * finds it there wraps instead); before 13, the ring. (twin: layout/geometry.py Geometry.extent_top) */
+static inline int64_t extent_top(Core *c, int64_t size)
+{
+    if (!c->ring_follows || c->ring_by_limit)
+        return size;
+    int64_t cap = HW(capacity);
+    if (!(cap > 0 && cap <= c->capacity_most))
+        cap = c->capacity_most;
+    /* (the limit taken with the tables: at least 1, below the reserved entry slots) */
+    int64_t n = (cap + cap / 16 + c->block_overhead * c->tables[3] + 63) & ~(int64_t)63;
+    n = n < c->arena_nbytes ? n : c->arena_nbytes;
+    return n < size ? n : size;
 }
 
 /* The header's extent word ``ext`` as a number the ring of ``size`` bytes can trust: 0 or past it is all of it.
@@ -146,8 +162,8 @@ static int64_t least_extent(Core *c, int64_t need, int64_t size)
     return target < size ? target : size;
 }
 
-/* The least growth of the extent in a ring of ``size`` bytes: EXTENT_STEP, or a sixteenth of a smaller ring, a page
- * at least. (twin: layout/geometry.py extent_step) */
+/* The least growth of the extent in a ring (or under a top) of ``size`` bytes: EXTENT_STEP, or a sixteenth of a
+ * smaller ring, a page at least. (twin: layout/geometry.py extent_step) */
 static inline int64_t extent_step(Core *c, int64_t size)
 {
     int64_t step = ((size / 16) + 4095) & ~(int64_t)4095;
@@ -155,12 +171,14 @@ static inline int64_t extent_step(Core *c, int64_t size)
     return step > 4096 ? step : 4096;
 }
 
-/* The extent after a growth that must reach ``need``. (twin: layout/geometry.py grown_extent) */
-static int64_t grown_extent(Core *c, int64_t ext, int64_t need, int64_t size)
+/* The extent after a growth that must reach ``need``: a quarter more, the step at least, not past ``top`` but for
+ * ``need``. (twin: layout/geometry.py grown_extent) */
+static int64_t grown_extent(Core *c, int64_t ext, int64_t need, int64_t size, int64_t top)
 {
-    int64_t least = extent_step(c, size), step = ext >> 2 > least ? ext >> 2 : least;
-    int64_t target = need + c->block_align > ext + step ? need + c->block_align : ext + step;
-    target = (target + 4095) & ~(int64_t)4095;
+    int64_t least = extent_step(c, top), step = ext >> 2 > least ? ext >> 2 : least;
+    int64_t target = (ext + step + 4095) & ~(int64_t)4095, needed = (need + c->block_align + 4095) & ~(int64_t)4095;
+    target = target < top ? target : top;
+    target = target > needed ? target : needed;
     return target < size ? target : size;
 }
 
@@ -195,9 +213,10 @@ static int reach(Core *c, int64_t stop)
  * /dev/shm) the least that serves, as the Python path does. ST_GROW: neither could be backed; the ring head, tail,
  * fill (as cleaned so far: consistent) are recorded first, and the store is handed over, where NoSpaceError is
  * raised. (twin: arena.py Arena._grow) */
-static int grow(Core *c, int64_t size, int64_t *ext, int64_t need, int64_t head, int64_t tail, int64_t fill)
+static int grow(Core *c, int64_t size, int64_t top, int64_t *ext, int64_t need, int64_t head, int64_t tail,
+                int64_t fill)
 {
-    int64_t next = grown_extent(c, *ext, need, size), least = least_extent(c, need, size);
+    int64_t next = grown_extent(c, *ext, need, size, top), least = least_extent(c, need, size);
     if (reach(c, next) && (least >= next || reach(c, (next = least)))) {
         HW(head) = head;
         HW(tail) = tail;
@@ -215,7 +234,7 @@ static int grow(Core *c, int64_t size, int64_t *ext, int64_t need, int64_t head,
  * ring keeps below the extent, wrapping early or growing it as arena.py says. (twin: arena.py Arena.alloc) */
 static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
 {
-    int64_t size = ring_nbytes(c), ext = extent_in(HW(arena_extent), size);
+    int64_t size = ring_nbytes(c), ext = extent_in(HW(arena_extent), size), top = extent_top(c, size);
     int r;
     if (reach(c, ext)) /* (the section's start showed it already, unless the word changed since: damage) */
         return ST_GROW;
@@ -231,13 +250,16 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
             int64_t room = size - head;
             if (head + nb < ext || (ext == size && room >= nb))
                 break;
-            if (room >= nb && (cleaned >= size || used + nb > ext - (ext >> 3) || head >= ext || room > c->max_block)) {
-                if ((r = grow(c, size, &ext, head + nb, head, tail, fill)))
+            /* (a block that would end past the top wraps the ring rather than grow it, but for a dead block too long
+             * for one header: its words past the extent would be written where this mapping shows no file) */
+            if (room >= nb && (head + nb < top || top == size || room > c->max_block)
+                && (cleaned >= size || used + nb > ext - (ext >> 3) || head >= ext || room > c->max_block)) {
+                if ((r = grow(c, size, top, &ext, head + nb, head, tail, fill)))
                     return r;
                 break;
             }
             if (room) {
-                if (head >= ext && (r = grow(c, size, &ext, head, head, tail, fill)))
+                if (head >= ext && (r = grow(c, size, top, &ext, head, head, tail, fill)))
                     return r;
                 if ((r = write_dead(c, head, room)))
                     return r;

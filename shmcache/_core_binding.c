@@ -138,7 +138,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->kww = (Py_ssize_t)(kind_bytes / 8);
-    int64_t ring_follows, hw_limit, ghost_slots, policy, l_policies[4], l_marks[2], l_ghost[2];
+    int64_t ring_follows, ring_by_limit, hw_limit, ghost_slots, policy, l_policies[4], l_marks[2], l_ghost[2];
     /* auto's state words and tuning, as layout/dtypes.py and policies/auto.py have them (_core.h's enums) */
     static const char *const auto_names[] = {
         "A_TARGET", "A_STEP", "A_LAST_PPM", "A_REQUESTS", "A_HITS", "A_PERIODS", "A_PREFERRED", "A_REFUSED",
@@ -230,9 +230,10 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "H_RESIZES", &c->h_resizes, hw_limit)
         || take_word(d, "H_INDEX_SLOTS", &c->h_index_slots, hw_limit)
         || take(d, "max_entries", &c->ring_entries) || take(d, "BLOCK_OVERHEAD", &c->block_overhead)
-        || take(d, "ring_follows", &ring_follows))
+        || take(d, "ring_follows", &ring_follows) || take(d, "ring_by_limit", &ring_by_limit))
         return -1;
     c->ring_follows = ring_follows != 0;
+    c->ring_by_limit = ring_follows != 0 && ring_by_limit != 0;
     long page = sysconf(_SC_PAGESIZE);
     c->page = page > 0 ? (int64_t)page : 4096;
     if (c->extent_step <= 0 || c->extent_step % 4096) {

@@ -53,7 +53,7 @@ class Arena:
     """
 
     def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
-                 back=None, step: int = PAGE, shown=None, ring=None) -> None:
+                 back=None, step: int = PAGE, shown=None, ring=None, top=None) -> None:
         self.h = h
         self.ent = ent
         # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
@@ -72,6 +72,9 @@ class Arena:
         # The bytes the ring uses under the capacity in force (Segment.ring; None: the whole arena). Read at each
         # allocation: a resize by another process changes it. (twin: _core_arena.c ring_nbytes)
         self.ring_nbytes = (lambda: nbytes) if ring is None else ring
+        # The most of the ring the growth rule backs (Segment.extent_top; None: the ring): a store that finds the
+        # extent there wraps instead of growing it. (twin: _core_arena.c extent_top)
+        self.top_nbytes = self.ring_nbytes if top is None else top
 
     def close(self) -> None:
         self.words.release()
@@ -99,7 +102,7 @@ class Arena:
             every structure is consistent).
         """
         h = self.h
-        size = self.ring_nbytes()
+        size, top = self.ring_nbytes(), self.top_nbytes()
         ext = self.extent(size)
         self.reach(ext)  # what other processes backed, backed here too: writes below ext never fault
         head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
@@ -117,8 +120,11 @@ class Arena:
                 room = size - head
                 if head + nb < ext or (ext == size and room >= nb):
                     break
-                if room >= nb and (cleaned >= size or h[H_ARENA_USED] + nb > ext - (ext >> 3) or head >= ext
-                                   or room > MAX_BLOCK_NBYTES):
+                # (a block that would end past the top wraps the ring rather than grow it, but for a dead block too
+                # long for one header: its words past the extent would be written where this mapping shows no file)
+                if room >= nb and (head + nb < top or top == size or room > MAX_BLOCK_NBYTES) and (
+                        cleaned >= size or h[H_ARENA_USED] + nb > ext - (ext >> 3) or head >= ext
+                        or room > MAX_BLOCK_NBYTES):
                     ext = self._grow(ext, head + nb, head, tail, fill, size)
                     break
                 if room:
@@ -155,7 +161,7 @@ class Arena:
     def _grow(self, ext: int, need: int, head: int, tail: int, fill: int, size: int) -> int:
         """The extent grown to reach ``need``, backed here and published in the header. On NoSpaceError the ring
         ``head, tail, fill`` (consistent, as cleaned so far) is recorded first."""
-        new = grown_extent(ext, need, size, self.step)  # (a sixteenth of the ring at most)
+        new = grown_extent(ext, need, size, self.step, self.top_nbytes())  # (a sixteenth of the top at most)
         try:
             try:
                 self.reach(new)

@@ -853,8 +853,9 @@ class SharedCache(LocalMapping, AsyncMethods):
             tables reach (16 times the ``max_entries`` it was created with; a cache made by the release before,
             layout version 9, reaches the ``max_entries`` of its creation), or a cache made by an older release
             (layout version 8 or 7), which is not resized.
-        :raises PinnedError: if a block that an open view reads lies past the end of the smaller arena (the cache
-            stays as it was, less what was evicted).
+        :raises PinnedError: if a smaller capacity would end the arena before a block that an open view reads (the
+            cache stays as it was, less what was evicted). A new ``max_entries`` alone never moves a block (on a
+            cache made by the release before, layout version 12, a lower one can refuse so too).
         :raises OSError: ENOSPC when /dev/shm could never hold the new capacity; NoSpaceError when it cannot
             back the larger tables now (the cache stays as it was).
         """
@@ -898,9 +899,10 @@ class SharedCache(LocalMapping, AsyncMethods):
 
         :raises ValueError: if ``max_entries`` exceeds the most the cache's tables reach (see ``resize``), or
             ``max_retained_bytes`` its ``max_capacity_bytes``.
-        :raises PinnedError: if a lower ``max_entries``, which makes the arena's ring a little smaller, would end it
-            before a block that an open view reads (the old limits stay); on a segment of layout version 11 or
-            before, if entries pinned by open views alone exceed the new limits.
+        :raises PinnedError: only on a cache made by an older release: layout version 12, if a lower
+            ``max_entries``, which makes its arena's ring a little smaller, would end it before a block that an open
+            view reads (the old limits stay); version 11 or before, if entries pinned by open views alone exceed the
+            new limits.
         """
         g = self._seg.geometry
         if limits is None:

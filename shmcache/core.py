@@ -70,7 +70,7 @@ def hot_path() -> str:
 def offsets(geometry) -> dict[str, int]:
     """Every number ``_core.Core`` needs, for a segment of ``geometry`` (a ``layout.Geometry``)."""
     g = geometry
-    # (version 10: the ring's room for block headers follows the index in force, Geometry.ring_entries)
+    # (versions 10 to 12: the ring's room for block headers follows the entry limit in force, Geometry.ring_entries)
     out = {name: getattr(d, name) for name in _WORDS}
     out.update(
         header_off=0, index_off=g.index_off, entries_off=g.entries_off, expires_off=g.expires_off,
@@ -83,7 +83,7 @@ def offsets(geometry) -> dict[str, int]:
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
-        index_slots=g.index_slots, ring_follows=int(g.version >= 10),
+        index_slots=g.index_slots, ring_follows=int(g.version >= 10), ring_by_limit=int(10 <= g.version < 13),
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,

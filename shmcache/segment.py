@@ -529,6 +529,18 @@ class Segment:
             self._ring_of = (cap, ring)
         return ring
 
+    _top_of: tuple[tuple[int, int] | None, int] = (None, 0)
+
+    def extent_top(self) -> int:
+        """The most of the ring the growth rule backs under the capacity and the entry limit in force
+        (``Geometry.extent_top``)."""
+        cap = (self.header_words[d.H_CAPACITY], self.limit)
+        seen, top = self._top_of
+        if cap != seen:
+            top = self.geometry.extent_top(*cap)
+            self._top_of = (cap, top)
+        return top
+
     def extent(self) -> int:
         """The header's arena extent as a number to trust (arena.py): 0 or past the ring is the whole ring."""
         ext = self.header_words[d.H_ARENA_EXTENT]

@@ -534,9 +534,9 @@ class Store:
         that keeps the entries whose checksums hold, under whichever capacity the configuration's checksums name
         (the old before its words are written, the new after: config.py).
 
-        :raises PinnedError: a block that an open view reads lies past the smaller ring's end (or, before version
-            12, entries pinned by open views exceed the new limits): the old capacity and limits stay; the
-            evictions made stay made.
+        :raises PinnedError: a block that an open view reads lies past the end of the ring a smaller capacity (before
+            version 13, a lower entry limit too) makes (or, before version 12, entries pinned by open views exceed
+            the new limits): the old capacity and limits stay; the evictions made stay made.
         """
         seg, h, g = self.seg, self.h, self.seg.geometry
         old = config.capacity(h, g)
@@ -550,6 +550,7 @@ class Store:
             seg.show_tables(max(live, self.mask + 1), entries, h[H_UNUSED_NEXT], adopt=False)
         before = h[H_MAX_ENTRIES], h[H_MAX_RETAINED], h[H_CAPACITY]
         size, was = g.ring_nbytes(capacity, entries), seg.ring()
+        top, top_was = g.extent_top(capacity, entries), seg.extent_top()  # (version 13: the limit's, below the ring)
         # Counted first: a holder killed from here on leaves ``resizes`` moved, so that every process takes the
         # tables again (Segment.refresh_tables) once the repair has settled them, whichever limit that keeps.
         counted = h[H_RESIZES]
@@ -561,9 +562,11 @@ class Store:
             config.set_limits(h, h[H_MAX_ENTRIES], min(retained, old))
             self.meet(entries, min(retained, old))
             tail, fill = h[H_TAIL], h[H_FILL]
-            if fill == 0:
+            if size == was and top >= top_was:
+                pass  # the ring keeps its size (version 13: a higher entry limit): every block stays put
+            elif fill == 0:
                 h[H_HEAD] = h[H_TAIL] = 0
-            elif tail + fill <= min(size, was):  # unwrapped and within both rings: the blocks stay where they are
+            elif tail + fill <= min(size, was, top):  # unwrapped, within both rings and the top: the blocks stay
                 h[H_HEAD] = 0 if tail + fill == size else tail + fill
             else:
                 self.table.ring.compact(min(size, was), h[H_UNUSED_NEXT])
@@ -593,8 +596,10 @@ class Store:
                 safe.append(not self.table.pol.reads_unlocked or readers.quiesce(seg))
             return safe[0]
 
-        ext = seg.extent()
-        if size < was and h[H_ARENA_EXTENT] != ext:  # the extent past the smaller ring: lowered to it
+        ext, lower = seg.extent(), size < was or top < top_was
+        if lower:  # the ring is unwrapped here: [tail, tail + fill), pinned blocks included
+            ext = min(ext, g.ring_extent_after(h[H_TAIL] + h[H_FILL], capacity, entries))
+        if lower and h[H_ARENA_EXTENT] != ext:  # the extent past the blocks and the top: lowered
             h[H_ARENA_EXTENT] = ext
             seg.release(ext, give_back())
         if seg.version >= 10 and (live < old_live or g.slots_for(entries, unused) < shown):
@@ -632,9 +637,9 @@ class Store:
         Entries that open views pin and that the new limits leave no room for are held aside (version 12:
         ``meet``).
 
-        :raises PinnedError: if a ring made smaller by a lower entry limit would end before a block that an open
-            view reads (``resize``), or, before version 12, if entries pinned by open views alone exceed the new
-            limits (the old limits stay).
+        :raises PinnedError: only on a segment of an older layout: before version 13, if a ring made smaller by a
+            lower entry limit would end before a block that an open view reads (``resize``); before version 12, if
+            entries pinned by open views alone exceed the new limits (the old limits stay).
         """
         h = self.h
         if max_retained_bytes is not None and max_retained_bytes > config.capacity(h, self.seg.geometry):

@@ -65,7 +65,7 @@ class Table:
         self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
         self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
-                          self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring)
+                          self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring, seg.extent_top)
 
     @property
     def mask(self) -> int:

@@ -343,3 +343,62 @@ def test_damaged_held_words_are_found_and_repaired(name):
         c.put("y", 2)
         assert _held(c) == (0, 0) and c.verify().ok
         c.unlink()
+
+
+def _view_at_the_ring_end(c: SharedCache, ring12: int):
+    """Put values until one's block ends past ``ring12`` (where a ring that followed the entry limit would end):
+    that key, viewed, pins a block in the ring's last bytes."""
+    from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
+    from tests.workers import entry_of
+
+    ent = c._seg.entry_words
+    for i in range(20_000):
+        k = f"k{i}"
+        c.put(k, _value(k, 0, 120))
+        e = entry_of(c, k) * ENTRY_WORDS
+        if ent[e + E_OFF] + ent[e + E_KEY_NBYTES] + ent[e + E_VAL_NBYTES] > ring12:
+            return k
+    raise AssertionError("no block reached the ring's end")
+
+
+@pytest.mark.parametrize("version", [13, 12])
+def test_lowering_the_entry_limit_leaves_a_viewed_block_at_the_ring_end(name, version):
+    """Version 13 sizes the ring for the most entries the tables reach, so a new entry limit leaves the ring, and
+    every block, where it is: set_limits(max_entries=lower) with a view of a block in the ring's last bytes
+    succeeds, the view reads its bytes, and the excess is held. A segment of version 12 (whose ring follows the
+    entry limit, shared with processes of the release before) still refuses it (PinnedError), as it did."""
+    from dataclasses import replace
+
+    from shmcache import PinnedError
+    from shmcache.layout.dtypes import H_VERSION
+
+    with SharedCache(name, capacity_bytes=256 << 10, max_entries=2048, create=True) as c:
+        c._seg.header_words[H_VERSION] = version  # (before anything is stored: version 12's geometry is 13's)
+    with SharedCache(name) as c:
+        try:
+            g = c._seg.geometry
+            assert c._seg.version == version and c._seg.ring() == g.ring_nbytes(c.capacity_bytes, 2048)
+            ring12 = replace(g, version=12).ring_nbytes(c.capacity_bytes, 64)
+            assert (g.ring_nbytes(c.capacity_bytes, 64) == c._seg.ring()) is (version == 13)  # (13: no limit's)
+            last = _view_at_the_ring_end(c, ring12)
+            with c.view(last) as a:
+                if version == 12:
+                    with pytest.raises(PinnedError):
+                        c.set_limits(max_entries=64)
+                    assert c.limits().max_entries == 2048 and c.verify().ok
+                    return
+                ring = c._seg.ring()
+                c.set_limits(max_entries=64)
+                s = c.stats()
+                assert (s.max_entries, c._seg.ring()) == (64, ring) and s.entries <= 64 and c.verify(deep=True).ok
+                assert _intact(last, a) and np.array_equal(a, _value(last, 0, 120))
+                c.put(last, _value(last, 1, 120))  # the viewed entry held aside: the view reads on
+                assert _intact(last, a) and np.array_equal(a, _value(last, 0, 120))
+            del a
+            c.put("x", 1)
+            s = c.stats()
+            assert s.held_entries == 0 and s.entries <= 64 and c.verify(deep=True).ok
+            v = c.get(last)  # (or evicted since, as the policy chose)
+            assert v is None or np.array_equal(v, _value(last, 1, 120))
+        finally:
+            c.unlink()

@@ -363,7 +363,7 @@ def test_layout_golden_version_12_held_entries(name):
     and bytes (words 1-3), and a held entry's ``slot`` word is -1; the geometry is version 11's."""
     from .workers import entry_of
 
-    assert d.LAYOUT_VERSION == 12 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12)
+    assert d.LAYOUT_VERSION >= 12 and d.READ_VERSIONS[:6] == (7, 8, 9, 10, 11, 12)
     assert (d.S_HELD_FIRST, d.S_HELD, d.S_HELD_BYTES, d.HELD_SLOT) == (1, 2, 3, -1)
     g11, g12 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (11, 12))
     assert (g11.stripes_off, g11.arena_off, g11.total_nbytes) == (g12.stripes_off, g12.arena_off, g12.total_nbytes)
@@ -376,6 +376,37 @@ def test_layout_golden_version_12_held_entries(name):
                 c["a"] = b"new"
                 assert (w[1], w[2], w[3]) == (e, 1, len(encode_key("a")) + 1 + 3)  # (the key, the tagged value)
                 assert c._seg.entry_words[e * d.ENTRY_WORDS + d.E_SLOT] == -1
+        finally:
+            c.unlink()
+
+
+def test_layout_golden_version_13_ring_sized_for_every_slot(name):
+    """Version 13: the regions are version 12's, and the ring has room for a block header per entry slot the tables
+    reach, whatever the entry limit in force (12's followed the limit): a new max_entries leaves the ring's size as
+    it is. The extent grows only as far as the limit needs (``extent_top``, 12's ring), and a lower limit lowers
+    that top (the blocks slid below it, the memory past them given back)."""
+    assert d.LAYOUT_VERSION == 13 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12, 13)
+    g12, g13 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (12, 13))
+    assert (g12.stripes_off, g12.arena_off, g12.total_nbytes) == (g13.stripes_off, g13.arena_off, g13.total_nbytes)
+    most = g13.ring_nbytes(2**19, 1000)
+    assert [g13.ring_nbytes(2**19, n) for n in (1, 10, 999)] == [most] * 3
+    assert most == g12.ring_nbytes(2**19, 1000) and most - g12.ring_nbytes(2**19, 10) in range(
+        990 * d.BLOCK_OVERHEAD - d.ALIGN, 990 * d.BLOCK_OVERHEAD + d.ALIGN)  # (12's followed the limit)
+    assert [g13.extent_top(2**19, n) for n in (10, 1000)] == [g12.ring_nbytes(2**19, n) for n in (10, 1000)]
+    with SharedCache(name, capacity_bytes=2**18, max_entries=100, create=True) as c:
+        try:
+            for i in range(300):
+                c[f"k{i}"] = bytes(900)
+            h, ring, top = c._seg.header_words, c._seg.ring(), c._seg.extent_top()
+            assert c._seg.geometry.max_entries > 100 and top < ring and 0 < h[d.H_ARENA_EXTENT] <= top
+            c.set_limits(max_entries=200)  # (a higher limit: every block where it was)
+            words = [h[w] for w in (d.H_HEAD, d.H_TAIL, d.H_FILL, d.H_ARENA_EXTENT)]
+            c.set_limits(max_entries=400)
+            assert c._seg.ring() == ring and [h[w] for w in (d.H_HEAD, d.H_TAIL, d.H_FILL, d.H_ARENA_EXTENT)] == words
+            c.set_limits(max_entries=20)
+            assert c._seg.ring() == ring and c._seg.extent_top() < top
+            assert h[d.H_TAIL] + h[d.H_FILL] < h[d.H_ARENA_EXTENT] <= c._seg.extent_top() + d.EXTENT_STEP
+            assert c.stats().entries == 20 and c.verify(deep=True).ok
         finally:
             c.unlink()
 

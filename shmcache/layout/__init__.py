@@ -45,11 +45,16 @@ the policy's counters, line 8 what readers without the lock validate against (``
 
 Capacity. The arena is sized at creation for the most a resize reaches (``capacity_bytes`` of line 0): address
 space, and a file that long, sparse. The ring uses its first ``Geometry.ring_nbytes(capacity, limit)`` bytes, what
-the capacity and the entry limit in force need (the bytes, a block header and padding per entry, 1/16 slack), and
-keeps its extent within them. A resize (``Store.resize``, under the lock) sets the limits and the capacity word together
-(``config.write``); where the ring wraps or reaches past the new size, it first slides every live block down to
-the arena's start in address order (``Arena.compact``: a pinned block stays, the gap before it dead). A smaller
-ring lowers the extent; each process hides its pages past it before its next locked call (``Segment.refresh``;
+the capacity in force and the entries need (the bytes, a block header and padding per entry, 1/16 slack), and keeps
+its extent within them: room for a header per entry slot the tables reach (version 13), so that only a new capacity
+changes the ring's size, or per entry the limit in force allows (versions 10 to 12: a new entry limit moves the
+ring's end too). The ring's size is address space: what is backed is its extent, which grows as blocks need, up to
+``Geometry.extent_top`` (version 13: what the capacity and the limit in force need, which is 12's ring; a store
+that finds the extent there wraps instead of growing it). A resize (``Store.resize``, under the lock) sets the
+limits and the capacity word together (``config.write``); where the ring wraps or reaches past the new size (or
+the new top), it first slides every live block down to the arena's start in address order (``Arena.compact``: a
+pinned block stays, the gap before it dead). A smaller ring (or top) lowers the extent to a step past the last
+block; each process hides its pages past it before its next locked call (``Segment.refresh``;
 the compiled section hands that over), and their memory is given back (``fallocate(PUNCH_HOLE)``) once the reads
 without the lock under way have ended (each counted in its reader slot's ``reading`` word; ``readers.quiesce``),
 since a reader that found an offset there before the resize would back a page again by touching it.

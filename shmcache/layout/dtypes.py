@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 12
+LAYOUT_VERSION = 13
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -21,8 +21,11 @@ LAYOUT_VERSION = 12
 # tables for the most a resize reaches, backs and uses them for the limit in force, and ``index_slots`` is the index
 # in force). Segments of 7 and 8 are used as they are, never rewritten, and never resized; 9 is resized within its
 # tables. 10 is 11 without the stripes: its writers open ``seq`` where 11's open a stripe. 11 is 12 without held
-# entries: a put or delete of an entry a view pins is refused (PinnedError) where 12 holds the old entry aside.
-READ_VERSIONS = (7, 8, 9, 10, 11, 12)
+# entries: a put or delete of an entry a view pins is refused (PinnedError) where 12 holds the old entry aside. 12 is
+# 13 with a ring that follows the entry limit in force (room for a block header for each entry it allows), so that a
+# new limit moves every block and refuses a block a view pins past the new ring's end; 13's ring has that room for
+# every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity.
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one

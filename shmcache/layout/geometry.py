@@ -37,12 +37,14 @@ def extent_step(ring_nbytes: int, most: int = EXTENT_STEP) -> int:
     return max(PAGE, min(most, _round_up(ring_nbytes // 16, PAGE)))
 
 
-def grown_extent(extent: int, need: int, ring_nbytes: int, step: int = EXTENT_STEP) -> int:
+def grown_extent(extent: int, need: int, ring_nbytes: int, step: int = EXTENT_STEP, top: int | None = None) -> int:
     """The arena's extent after a growth that must reach ``need`` (the end of the block to write): a quarter more
-    than ``extent``, the step at least (``extent_step``), a word past ``need`` at least (where the ring's next dead
+    than ``extent``, the step at least (``extent_step`` of ``top``), but not past ``top`` (the most the growth rule
+    backs, ``Geometry.extent_top``; None: the ring), and a word past ``need`` at least (where the ring's next dead
     block may begin), page aligned, and at most the whole ring. (twin: _core_arena.c grown_extent)"""
-    target = max(need + BLOCK_ALIGN, extent + max(extent >> 2, extent_step(ring_nbytes, step)))
-    return min(ring_nbytes, _round_up(target, PAGE))
+    top = ring_nbytes if top is None else top
+    target = min(top, _round_up(extent + max(extent >> 2, extent_step(top, step)), PAGE))
+    return min(ring_nbytes, max(_round_up(need + BLOCK_ALIGN, PAGE), target))
 
 
 def least_extent(need: int, arena_nbytes: int) -> int:
@@ -61,7 +63,8 @@ class Geometry:
     arena_nbytes: int
     policy: int = 0  # POLICY_* (dtypes.py)
     version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
-    #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces
+    #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces;
+    #                                13's ring does not follow the entry limit (ring_entries)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -84,9 +87,11 @@ class Geometry:
         return cls(capacity_bytes, max_entries + 1, index_slots, _round_up(arena, ALIGN), policy, version)
 
     def ring_entries(self, limit: int) -> int:
-        """The entries the ring has room for beside its bytes: the entry limit in force (``limit``) under version
-        10, whose tables a resize moves; every entry slot before it (and for a limit out of range)."""
-        if self.version >= 10 and 0 < limit <= self.max_entries:
+        """The entries the ring has room for beside its bytes: the entry limit in force (``limit``) under versions
+        10 to 12, whose tables a resize moves; every entry slot otherwise (and for a limit out of range). Version 13
+        gives the ring the room of every slot the tables reach, so that a new entry limit leaves the ring, and every
+        block, where it is: set_limits never moves a block a view reads."""
+        if 10 <= self.version < 13 and 0 < limit <= self.max_entries:
             return limit
         return self.max_entries
 
@@ -94,10 +99,29 @@ class Geometry:
         """Bytes of the arena the ring uses under ``capacity`` (at most ``capacity_bytes``; 0: that) and the entry
         limit ``limit`` (0: the most): room for its bytes, a block header and padding for each entry
         (``ring_entries``), and 1/16 slack for compaction, as at creation. (twin: _core_arena.c ring_for)"""
+        return self._ring_for(capacity, self.ring_entries(limit))
+
+    def _ring_for(self, capacity: int, entries: int) -> int:
         if not 0 < capacity <= self.capacity_bytes:
             capacity = self.capacity_bytes
-        arena = capacity + capacity // 16 + BLOCK_OVERHEAD * self.ring_entries(limit)
+        arena = capacity + capacity // 16 + BLOCK_OVERHEAD * entries
         return min(self.arena_nbytes, _round_up(arena, ALIGN))
+
+    def extent_top(self, capacity: int, limit: int = 0) -> int:
+        """The most of the ring the growth rule backs with memory under ``capacity`` and the entry limit ``limit``
+        (arena.py): what they need, as ``ring_nbytes`` reckons it for the limit. Version 13's ring has room for every
+        slot the tables reach, so that a new limit moves no block, but its extent grows only this far (a store
+        that finds it there wraps instead); before 13, the ring. (twin: _core_arena.c extent_top)"""
+        if self.version < 13:
+            return self.ring_nbytes(capacity, limit)
+        return self._ring_for(capacity, limit if 0 < limit <= self.max_entries else self.max_entries)
+
+    def ring_extent_after(self, end: int, capacity: int, limit: int) -> int:
+        """The extent a resize that lowered the ring or its top leaves, the blocks ending at ``end`` (``Store.resize``):
+        a word past them, where the next dead block may go, and a growth's step beyond, within the top, page
+        aligned, within the ring."""
+        top, least = self.extent_top(capacity, limit), _round_up(end + BLOCK_ALIGN, PAGE)
+        return min(self.ring_nbytes(capacity, limit), max(least, min(top, least + extent_step(top))))
 
     def tables(self, index_live: int, slots: int) -> list[tuple[int, int, int]]:
         """The regions that grow with the entry limit, as ``(offset, shown bytes, reserved bytes)``: the index's
@@ -147,14 +171,14 @@ class Geometry:
         its tables' shown parts and the ring's arena."""
         limit = self.max_entries if limit is None or self.version < 10 else min(limit, self.max_entries)
         live = min(index_for(limit), self.index_slots)
-        ring = _round_up(self.ring_nbytes(capacity, limit), PAGE)
+        ring = _round_up(self.extent_top(capacity, limit), PAGE)
         return sum(stop - start for start, stop in self.backed(live, self.slots_for(limit, 0), ring))
 
     def initial_extent(self, capacity: int = 0, limit: int = 0) -> int:
         """Bytes of the arena a new segment of ``capacity`` (0: the whole) and entry limit ``limit`` (0: the most)
         backs with memory: the rest is backed as blocks need it."""
-        ring = self.ring_nbytes(capacity, limit)
-        return min(ring, extent_step(ring))
+        top = self.extent_top(capacity, limit)
+        return min(top, extent_step(top))
 
     @property
     def ghost_slots(self) -> int:
