@@ -444,7 +444,7 @@ class Segment:
         self.mask, self.limit = live - 1, limit
         ghost = min(max(live, d.GHOST_WAYS), g.ghost_slots) if g.ghost_slots else 0
         self.ghost_words = self._ghost_all[:ghost]
-        self._ring_of = (None, 0)
+        self._sizes_of = (None, (0, 0))
 
     def shrink_tables(self, live: int, limit: int, unused_next: int, give_back: bool) -> None:
         """Show private zero pages past what the index of ``live`` slots, the entry limit ``limit`` and the slots
@@ -515,31 +515,27 @@ class Segment:
         hole = space.first_hole(self.fd, g.entries_off, stop)
         return unused if hole >= stop else max(self.slots_shown, (hole - g.entries_off) // d.ENTRY.itemsize)
 
-    # ((capacity word, entry limit in force), ring bytes) last computed: every allocation asks, a resize changes it.
-    # None: none yet (any int is a value the word may hold, damaged: -1 would pass for one computed)
-    _ring_of: tuple[tuple[int, int] | None, int] = (None, 0)
+    # ((capacity word, entry limit in force), (ring bytes, its top)) last computed: every allocation asks, a resize
+    # changes them. None: none yet (any int is a value the word may hold, damaged: -1 would pass for one computed)
+    _sizes_of: tuple[tuple[int, int] | None, tuple[int, int]] = (None, (0, 0))
+
+    def _sizes(self) -> tuple[int, int]:
+        cap = (self.header_words[d.H_CAPACITY], self.limit)
+        seen, sizes = self._sizes_of
+        if cap != seen:
+            sizes = (self.geometry.ring_nbytes(*cap), self.geometry.extent_top(*cap))
+            self._sizes_of = (cap, sizes)
+        return sizes
 
     def ring(self) -> int:
         """Bytes of the arena the ring uses under the capacity and the entry limit in force
         (``Geometry.ring_nbytes``)."""
-        cap = (self.header_words[d.H_CAPACITY], self.limit)
-        seen, ring = self._ring_of
-        if cap != seen:
-            ring = self.geometry.ring_nbytes(*cap)
-            self._ring_of = (cap, ring)
-        return ring
-
-    _top_of: tuple[tuple[int, int] | None, int] = (None, 0)
+        return self._sizes()[0]
 
     def extent_top(self) -> int:
         """The most of the ring the growth rule backs under the capacity and the entry limit in force
         (``Geometry.extent_top``)."""
-        cap = (self.header_words[d.H_CAPACITY], self.limit)
-        seen, top = self._top_of
-        if cap != seen:
-            top = self.geometry.extent_top(*cap)
-            self._top_of = (cap, top)
-        return top
+        return self._sizes()[1]
 
     def extent(self) -> int:
         """The header's arena extent as a number to trust (arena.py): 0 or past the ring is the whole ring."""
