@@ -10,18 +10,24 @@ background of its own call. Two things keep the refreshes to one per key:
   process that does not get the claim leaves the refresh to the one that has it. A claim dies with its process, so a
   refresher SIGKILLed mid-computation hands the refresh to the next caller that finds the value stale.
 
-The job of a synchronous call runs in a daemon thread; that of an ``aget_or_compute`` is a task on the caller's
-loop, so that a coroutine function is awaited where it was written to run. Fork: the child has none of the
-parent's threads, so it forgets the refreshes under way (a fork hook), and its copies of their claims are closed
-by flight.py's; its own calls then refresh as any process's do. ``cache.py`` holds what the job does (the
-claim, the second look, the computation, the store); this module only schedules it.
+The job of a synchronous call is queued for the process's refresh threads (``Workers``: up to WORKERS_MAX daemon
+threads fed by one ``queue.SimpleQueue``, each ending after IDLE_S without work); that of an ``aget_or_compute`` is a
+task on the caller's loop, so that a coroutine function is awaited where it was written to run. A job belongs to
+the queue, not to a thread: an exception from a signal handler that cuts a thread's start short in the main thread
+(the new thread may then never run) leaves the job for the next thread, which the next call starts, and threads
+that a worker starts (where no signal handler runs) are never cut short. Fork: the child has none of the parent's
+threads, so it forgets the refreshes under way and the jobs queued (a fork hook), and its copies of their claims
+are closed by flight.py's; its own calls then refresh as any process's do. ``cache.py`` holds what the job does
+(the claim, the second look, the computation, the store); this module only schedules it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -55,8 +61,10 @@ class Refreshes:
             self._running.discard(fp)
 
     def start(self, fp: int, job: Callable[[], None]) -> bool:
-        """Run ``job()`` in a daemon thread, unless a refresh of ``fp`` is under way here; whether it was started."""
+        """Queue ``job()`` for the process's refresh threads, unless a refresh of ``fp`` is under way here; whether
+        it was queued."""
         if not self._claim(fp):
+            _workers.ensure()  # (a start cut short may have left a job waiting for a thread)
             return False
 
         def run() -> None:
@@ -66,10 +74,11 @@ class Refreshes:
                 self._done(fp)
 
         try:
-            threading.Thread(target=run, name="shmcache-refresh", daemon=True).start()
-        except BaseException:  # (no thread to run it: the key is free for the next caller)
+            _workers.put(run)
+        except BaseException:  # (cut short before it was queued: the key is free for the next caller)
             self._done(fp)
             raise
+        _workers.ensure()  # (cut short in there, the job stays queued, and the key recorded, until a thread runs it)
         return True
 
     def start_task(self, fp: int, job: Callable[[], Coroutine[Any, Any, None]]) -> bool:
@@ -98,10 +107,94 @@ class Refreshes:
             return len(self._running)
 
 
+WORKERS_MAX = 4  # refresh threads a process runs at once at most
+IDLE_S = 1.0  # a refresh thread with no job for this long ends
+START_S = 1.0  # a thread started this long ago that has not begun its loop is taken for lost (its start cut short)
+
+
+class Workers:
+    """The process's refresh threads: jobs through one queue, run by up to WORKERS_MAX daemon threads. ``put``
+    queues a job; ``ensure`` starts a thread where the queued jobs outnumber the idle threads (one start at a time;
+    a start whose thread has not begun within START_S is taken for lost, cut short by a signal); a thread that
+    takes a job starts another on the same terms, so that jobs queued meanwhile run side by side; a thread with no
+    job for IDLE_S ends, unless a job came in the meantime (decided under the lock the queueing holds, so that no
+    job is ever left without a thread that will take it, but one whose start was cut short: ``ensure``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0  # threads waiting for a job
+        self._running = 0  # threads that began their loop and have not ended it
+        self._starting = 0.0  # monotonic time of the start not yet begun; 0.0: none
+
+    def put(self, job: Callable[[], None]) -> None:
+        """Queue ``job`` (it reports its own failures); ``ensure`` then sees that a thread will run it."""
+        with self._lock:
+            self._jobs.put(job)
+
+    def ensure(self) -> None:
+        """Start a thread if the queued jobs outnumber the idle threads, fewer than WORKERS_MAX run, and no start is
+        under way (or the one under way is lost): a look without the lock first, since most calls find nothing to
+        do."""
+        if self._jobs.qsize() <= self._idle:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if (self._jobs.qsize() <= self._idle or self._running >= WORKERS_MAX
+                    or (self._starting and now - self._starting < START_S)):
+                return
+            self._starting = now
+        try:
+            threading.Thread(target=self._work, name="shmcache-refresh", daemon=True).start()
+        except RuntimeError as exc:
+            # No thread to be had now ("can't start new thread"): the next call tries again. Or a signal handler's
+            # exception landed inside threading's own wait for the thread's start, which then fails to release a
+            # lock it no longer holds: that exception is the caller's, raised as it would have been.
+            with self._lock:
+                self._starting = 0.0
+            if isinstance(exc.__context__, BaseException) and not isinstance(exc.__context__, Exception):
+                raise exc.__context__ from None
+
+    def _work(self) -> None:
+        with self._lock:
+            self._running += 1
+            self._starting = 0.0
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._jobs.empty():
+                        self._running -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+            self.ensure()  # (more jobs than idle threads: another thread, started here, where no signal lands)
+            try:
+                job()
+            except BaseException:  # (a job reports its own failures: this is one it let through; the thread ends)
+                with self._lock:
+                    self._running -= 1
+                raise
+
+    @property
+    def busy(self) -> int:
+        """Threads running a job now."""
+        with self._lock:
+            return self._running - self._idle
+
+
+_workers = Workers()
 _ALL: weakref.WeakSet[Refreshes] = weakref.WeakSet()  # every handle's, for the fork hook
 
 
 def _after_fork_in_child() -> None:
+    global _workers
+    _workers = Workers()  # (the parent's threads are not here; its queued jobs are the parent's)
     for refreshes in list(_ALL):
         refreshes._forget()
 

@@ -263,14 +263,15 @@ def test_stale_a_forked_child_forgets_the_parents_refreshes_and_never_holds_its_
         old, new = make_value("k", 1, 128), make_value("k", 2, 128)
         c.get_or_compute("k", lambda: old, ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
-        release = threading.Event()
+        release, began = threading.Event(), threading.Event()
 
         def slow():
+            began.set()
             release.wait(JOIN_S)
             return new
 
         assert c.get_or_compute("k", slow, ttl=0.05, stale_ttl=30) == old
-        assert c._refreshes.running == 1
+        assert c._refreshes.running == 1 and began.wait(JOIN_S)  # (the refresh holds the key's claim)
         pid = os.fork()
         if pid == 0:  # the child: nothing under way here; its refresh finds the parent's claim and leaves it be
             code = 1
@@ -284,4 +285,105 @@ def test_stale_a_forked_child_forgets_the_parents_refreshes_and_never_holds_its_
         release.set()
         assert _until(lambda: c.get("k") == new) and _until(lambda: c._refreshes.running == 0)
         assert c.stats().refreshes == 1
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_stale_refreshes_of_several_keys_run_side_by_side(name):
+    """Keys that go stale together are refreshed by several of the process's refresh threads at once (at most
+    refresh.WORKERS_MAX), each once, and the threads end once idle."""
+    from shmcache import refresh
+
+    keys = [f"k{i}" for i in range(6)]
+    threads: set[str] = set()
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        for k in keys:
+            c.get_or_compute(k, lambda k=k: make_value(k, 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+
+        def slow(k):
+            threads.add(threading.current_thread().name + str(threading.get_ident()))
+            time.sleep(0.3)
+            return make_value(k, 2, 64)
+
+        for k in keys:
+            check_value(k, c.get_or_compute(k, lambda k=k: slow(k), ttl=0.05, stale_ttl=30))
+        assert _until(lambda: c._refreshes.running == 0)
+        assert 2 <= len(threads) <= refresh.WORKERS_MAX and c.stats().refreshes == len(keys)
+        for k in keys:
+            v = c.get(k)
+            check_value(k, v)
+            assert v["seq"] == 2
+        assert _until(lambda: refresh._workers.busy == 0 and not any(
+            t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_stale_a_refresh_whose_thread_start_was_cut_short_runs_later(name, monkeypatch):
+    """An exception from a signal handler inside the refresh thread's start (simulated: the start raises
+    KeyboardInterrupt and the thread never runs) reaches the caller, as it would from any line; the job stays
+    queued, and a later stale call of the key starts a thread for it, once the lost start is old enough."""
+    from shmcache import refresh
+
+    monkeypatch.setattr(refresh, "START_S", 0.05)
+    assert _until(lambda: refresh._workers.busy == 0 and not any(  # (no idle thread of an earlier test takes the job)
+        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+    real_start = threading.Thread.start
+    cut = []
+
+    def start(self):
+        if self.name == "shmcache-refresh" and not cut:
+            cut.append(self)
+            raise KeyboardInterrupt
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+        with pytest.raises(KeyboardInterrupt):
+            c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30)
+        assert cut and c._refreshes.running == 1 and c.get("k")["seq"] == 1
+        time.sleep(0.06)
+        old = c.get_or_compute("k", lambda: make_value("k", 3, 64), ttl=0.05, stale_ttl=30)  # the key's job: queued
+        check_value("k", old)
+        assert old["seq"] == 1 and _until(lambda: c._refreshes.running == 0)
+        v = c.get("k")
+        check_value("k", v)
+        assert v["seq"] == 2 and c.stats().refreshes == 1
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_stale_an_interrupt_inside_threadings_wait_reaches_the_caller_as_itself(name, monkeypatch):
+    """A signal handler's exception inside threading's wait for a new thread's start makes that wait fail to
+    release a lock it no longer holds (RuntimeError, the interrupt as its context): the caller gets the interrupt,
+    and the job waits for the next start."""
+    from shmcache import refresh
+
+    monkeypatch.setattr(refresh, "START_S", 0.05)
+    assert _until(lambda: refresh._workers.busy == 0 and not any(  # (no idle thread of an earlier test takes the job)
+        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+    real_start = threading.Thread.start
+    cut = []
+
+    def start(self):
+        if self.name == "shmcache-refresh" and not cut:
+            cut.append(self)
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("release unlocked lock")  # noqa: B904 (as threading raises it)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+        with pytest.raises(KeyboardInterrupt):
+            c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30)
+        assert cut and c._refreshes.running == 1
+        check_value("k", c.get_or_compute("k", lambda: make_value("k", 3, 64), ttl=0.05, stale_ttl=30))
+        assert _until(lambda: c._refreshes.running == 0) and c.get("k")["seq"] == 2
         c.unlink()
