@@ -206,6 +206,8 @@ def test_tiered_aio_a_stopped_redis_is_waited_for_off_the_loop(redis_server, nam
     default (non-strict); with the circuit open, a put stays local and strict raises RemoteError."""
     host = Host(redis_server.url, namespace, timeout=2.0, retry_interval=30.0)
     try:
+        eventually(host.listening, what="listener subscribed")  # (its first subscription drops the copies before)
+
         async def main():
             await host.tier.aput("k", "v")
             os.kill(redis_server.pid, signal.SIGSTOP)
