@@ -319,26 +319,37 @@ def test_stale_refreshes_of_several_keys_run_side_by_side(name):
         c.unlink()
 
 
+def _first_refresh_start_fails(monkeypatch, fail) -> list:
+    """Make the next refresh thread's start call ``fail()`` (which raises) instead of starting the thread, once,
+    with no idle refresh thread of an earlier test left to take the job, and a lost start given up after 0.05 s;
+    the list the failed start's thread is put in."""
+    from shmcache import refresh
+
+    monkeypatch.setattr(refresh, "START_S", 0.05)
+    assert _until(lambda: refresh._workers.busy == 0 and not any(
+        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+    real_start = threading.Thread.start
+    cut: list = []
+
+    def start(self):
+        if self.name == "shmcache-refresh" and not cut:
+            cut.append(self)
+            fail()
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return cut
+
+
 @pytest.mark.timeout(60)
 def test_stale_a_refresh_whose_thread_start_was_cut_short_runs_later(name, monkeypatch):
     """An exception from a signal handler inside the refresh thread's start (simulated: the start raises
     KeyboardInterrupt and the thread never runs) reaches the caller, as it would from any line; the job stays
     queued, and a later stale call of the key starts a thread for it, once the lost start is old enough."""
-    from shmcache import refresh
+    def interrupt():
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(refresh, "START_S", 0.05)
-    assert _until(lambda: refresh._workers.busy == 0 and not any(  # (no idle thread of an earlier test takes the job)
-        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
-    real_start = threading.Thread.start
-    cut = []
-
-    def start(self):
-        if self.name == "shmcache-refresh" and not cut:
-            cut.append(self)
-            raise KeyboardInterrupt
-        real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    cut = _first_refresh_start_fails(monkeypatch, interrupt)
     with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
         c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
@@ -360,24 +371,13 @@ def test_stale_an_interrupt_inside_threadings_wait_reaches_the_caller_as_itself(
     """A signal handler's exception inside threading's wait for a new thread's start makes that wait fail to
     release a lock it no longer holds (RuntimeError, the interrupt as its context): the caller gets the interrupt,
     and the job waits for the next start."""
-    from shmcache import refresh
+    def interrupt_in_wait():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # noqa: B904 (as threading raises it)
 
-    monkeypatch.setattr(refresh, "START_S", 0.05)
-    assert _until(lambda: refresh._workers.busy == 0 and not any(  # (no idle thread of an earlier test takes the job)
-        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
-    real_start = threading.Thread.start
-    cut = []
-
-    def start(self):
-        if self.name == "shmcache-refresh" and not cut:
-            cut.append(self)
-            try:
-                raise KeyboardInterrupt
-            except KeyboardInterrupt:
-                raise RuntimeError("release unlocked lock")  # noqa: B904 (as threading raises it)
-        real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    cut = _first_refresh_start_fails(monkeypatch, interrupt_in_wait)
     with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
         c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
