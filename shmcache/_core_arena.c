@@ -84,14 +84,18 @@ static int clean_one(Core *c, int64_t size, int64_t *head, int64_t *tail, int64_
 /* Bytes of the arena the ring uses under capacity word ``cap`` (0 or out of range: the arena's whole capacity): room
  * for the bytes, a block header and padding for each entry the limit may hold, and 1/16 slack. (twin:
  * layout/geometry.py Geometry.ring_nbytes) */
-static inline int64_t ring_for(Core *c, int64_t cap)
+static inline int64_t ring_bytes(Core *c, int64_t cap, int64_t entries)
 {
     if (!(cap > 0 && cap <= c->capacity_most))
         cap = c->capacity_most;
-    /* (the limit is this mapping's, taken and checked by the Python path: at most the reserved entry slots) */
-    int64_t entries = c->ring_by_limit ? c->tables[3] : c->ring_entries;
     int64_t n = (cap + cap / 16 + c->block_overhead * entries + 63) & ~(int64_t)63;
     return n < c->arena_nbytes ? n : c->arena_nbytes;
+}
+
+static inline int64_t ring_for(Core *c, int64_t cap)
+{
+    /* (the limit is this mapping's, taken and checked by the Python path: at most the reserved entry slots) */
+    return ring_bytes(c, cap, c->ring_by_limit ? c->tables[3] : c->ring_entries);
 }
 
 /* The ring's bytes under the capacity in force (the lock held: a resize changes it). */
@@ -107,12 +111,8 @@ static inline int64_t extent_top(Core *c, int64_t size)
 {
     if (!c->ring_follows || c->ring_by_limit)
         return size;
-    int64_t cap = HW(capacity);
-    if (!(cap > 0 && cap <= c->capacity_most))
-        cap = c->capacity_most;
     /* (the limit taken with the tables: at least 1, below the reserved entry slots) */
-    int64_t n = (cap + cap / 16 + c->block_overhead * c->tables[3] + 63) & ~(int64_t)63;
-    n = n < c->arena_nbytes ? n : c->arena_nbytes;
+    int64_t n = ring_bytes(c, HW(capacity), c->tables[3]);
     return n < size ? n : size;
 }
 
