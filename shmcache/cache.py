@@ -91,11 +91,13 @@ _SC = TypeVar("_SC", bound="SharedCache")
 
 class Parts(NamedTuple):
     """The parts of an open SharedCache that the modules built on the core use: its segment, its guard (the lock
-    protocol: ``guard.run(fn, *args)``) and its store (the locked operations, ``fn``'s first argument)."""
+    protocol: ``guard.run(fn, *args)``), its store (the locked operations, ``fn``'s first argument) and its
+    background refreshes of stale values (``refreshes.running``: how many are queued or under way)."""
 
     seg: Segment
     guard: Guard
     store: Store
+    refreshes: Refreshes
 
 
 def parts(cache: SharedCache) -> Parts:
@@ -267,9 +269,9 @@ class SharedCache(LocalMapping, AsyncMethods):
         table = Table(seg, clock)
         guard = Guard(seg, table, lock_timeout)
         store = Store(seg, table, clock, guard.repair, ser, guard.bump)
-        self._parts = Parts(seg, guard, store)
-        self._told = Told()  # the key families warned about a value too large to keep (oversize.py)
         self._refreshes = Refreshes()  # get_or_compute's background refreshes of stale values (refresh.py)
+        self._parts = Parts(seg, guard, store, self._refreshes)
+        self._told = Told()  # the key families warned about a value too large to keep (oversize.py)
         self._seg, self._guard, self._store = seg, guard, store
         # The segment's tables at hand (one attribute read each instead of two; views and tests use them).
         self._h, self._ix, self._ent, self._mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm

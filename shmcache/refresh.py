@@ -192,6 +192,11 @@ _workers = Workers()
 _ALL: weakref.WeakSet[Refreshes] = weakref.WeakSet()  # every handle's, for the fork hook
 
 
+def workers() -> Workers:
+    """This process's refresh threads (a forked child has its own)."""
+    return _workers
+
+
 def _after_fork_in_child() -> None:
     global _workers
     _workers = Workers()  # (the parent's threads are not here; its queued jobs are the parent's)

@@ -164,7 +164,7 @@ def write(parts, path, name: str) -> SnapshotInfo:
     started = time.perf_counter()
     path = os.fspath(path)
     sweep(path)
-    seg, guard, store = parts
+    seg, guard, store = parts.seg, parts.guard, parts.store
     seed = int.from_bytes(os.urandom(8), "little")
     named = guard.run(kinds.names_locked, seg)
     meta = msgpack.packb({"serializer": store.serializer.name, "policy": POLICY_NAMES[seg.geometry.policy],
@@ -193,7 +193,7 @@ def write(parts, path, name: str) -> SnapshotInfo:
 
 def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
     """Copy the entries out in batches and write each as a record; (records, their bytes)."""
-    _, guard, store = parts
+    guard, store = parts.guard, parts.store
     slots, fps = entries.hottest_first(guard.run(entries.order_locked, store), store.table.pol)
     marked = FLAG_MARKED if store.table.pol.marks_on_hit else 0  # (the list policies' entries have no marks)
     write = f.write
@@ -459,7 +459,7 @@ def restore(parts, hot, now, path) -> RestoreResult:
     """
     started = time.perf_counter()
     path = os.fspath(path)
-    seg, guard, store = parts
+    seg, guard, store = parts.seg, parts.guard, parts.store
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted at the path must not block
     try:
         st = os.fstat(fd)
@@ -536,7 +536,7 @@ def _back_ahead(seg, nbytes: int):
 
 def _kinds_of(parts, head: _Header, plan: _Plan) -> dict[int, int]:
     """The file's kind numbers as this cache numbers the same names (made here if new; 0: its table is full)."""
-    seg, guard, _ = parts
+    seg, guard = parts.seg, parts.guard
     used = set(np.unique(plan.rows[:, ROW_KIND]).tolist()) - {-1}
     return {k: guard.run(kinds.register_locked, seg, head.kinds[k]) for k in sorted(used) if k in head.kinds}
 

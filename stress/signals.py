@@ -201,8 +201,8 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
     # The stale op's background refreshes ended (each holds its key's claim until its function returns) before the
     # parent looks for claims left held; a job whose thread's start an interrupt cut short gets a thread here.
     deadline = time.monotonic() + 10.0
-    while cache._refreshes.running and time.monotonic() < deadline:
-        refresh._workers.ensure()
+    while parts(cache).refreshes.running and time.monotonic() < deadline:
+        refresh.workers().ensure()
         time.sleep(0.01)
     with paused.get_lock():
         paused.value += 1

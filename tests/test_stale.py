@@ -291,7 +291,8 @@ def test_stale_a_forked_child_forgets_the_parents_refreshes_and_never_holds_its_
 @pytest.mark.timeout(60)
 def test_stale_refreshes_of_several_keys_run_side_by_side(name):
     """Keys that go stale together are refreshed by several of the process's refresh threads at once (at most
-    refresh.WORKERS_MAX), each once, and the threads end once idle."""
+    refresh.WORKERS_MAX), each once, and the threads end once idle. The refreshes wait on a gate opened after the
+    last stale call, so that the first thread is busy while the others are queued, whatever the machine's load."""
     from shmcache import refresh
 
     keys = [f"k{i}" for i in range(6)]
@@ -301,20 +302,24 @@ def test_stale_refreshes_of_several_keys_run_side_by_side(name):
             c.get_or_compute(k, lambda k=k: make_value(k, 1, 64), ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
 
+        gate = threading.Event()
+
         def slow(k):
             threads.add(threading.current_thread().name + str(threading.get_ident()))
-            time.sleep(0.3)
+            gate.wait(JOIN_S)
             return make_value(k, 2, 64)
 
         for k in keys:
             check_value(k, c.get_or_compute(k, lambda k=k: slow(k), ttl=0.05, stale_ttl=30))
+        assert _until(lambda: len(threads) >= 2)  # (the later stale calls found the first thread busy)
+        gate.set()
         assert _until(lambda: c._refreshes.running == 0)
         assert 2 <= len(threads) <= refresh.WORKERS_MAX and c.stats().refreshes == len(keys)
         for k in keys:
             v = c.get(k)
             check_value(k, v)
             assert v["seq"] == 2
-        assert _until(lambda: refresh._workers.busy == 0 and not any(
+        assert _until(lambda: refresh.workers().busy == 0 and not any(
             t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
         c.unlink()
 
@@ -326,7 +331,7 @@ def _first_refresh_start_fails(monkeypatch, fail) -> list:
     from shmcache import refresh
 
     monkeypatch.setattr(refresh, "START_S", 0.05)
-    assert _until(lambda: refresh._workers.busy == 0 and not any(
+    assert _until(lambda: refresh.workers().busy == 0 and not any(
         t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
     real_start = threading.Thread.start
     cut: list = []
