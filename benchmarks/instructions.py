@@ -100,7 +100,7 @@ class _CoreOps:
         size = len(kb) + len(body) + 1
         encoded = (kb, tag, body, self.xxh(kb) & 0x7FFFFFFFFFFFFFFF, (self.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1,
                    size, self.nb(size))
-        r = self.core.put(encoded, -1, -1)
+        r = self.core.put(encoded, -1, -1, -1)
         if r is not True and r is not False:  # stored, or not admitted (keep): else HANDOVER or PINNED
             self.handovers += 1
             self.cache.put(key, value)
@@ -210,7 +210,7 @@ def _child(case: str, n: int) -> None:
                     kb = k.encode()
                     size = len(kb) + len(body) + 1
                     prepared[k] = ((kb, tag, body, ops.xxh(kb) & 0x7FFFFFFFFFFFFFFF,
-                                    (ops.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, ops.nb(size)), now, -1)
+                                    (ops.xxh(body, tag) & 0x7FFFFFFFFFFFFFFF) | 1, size, ops.nb(size)), now, -1, -1)
             t0 = time.perf_counter_ns()
             for k in drawn:
                 if call(*prepared[k]) is handover:

@@ -97,6 +97,10 @@ typedef struct {
     int64_t *stripes;
     /* version 12: a pinned entry a put or delete of its key meets is held aside (detach), not refused */
     int holds;
+    /* version 14 (NULL before it): the idle region's words (D_DEFAULT_TTI, D_TTI_CHECK), and its columns: each
+     * entry's time to idle and the deadline its time to live set (layout/dtypes.py) */
+    int64_t *idle, *ttis, *deadlines;
+    int64_t tti_none_check; /* the checksum of a default time to idle of 0 (config.tti_checksum(0)) */
     int64_t stuck; /* the stripe the last try of this handle's last read without the lock found odd (-1: none) */
     int64_t reader_slots, reader_words;
     int64_t *rd;        /* this handle's reader slot (NULL: none; every read takes the lock) */
@@ -169,6 +173,11 @@ typedef struct {
 #define S_HELD_BYTES 3
 #define HELD_SLOT (-1)
 #define STRIPE_WORD(k) (STRIPE_WORDS * (1 + (k)))
+/* Version 14: the idle region's words, and the share of its tti an idle entry's expiry gains before a hit moves it
+ * (layout/dtypes.py D_*, IDLE_SHARE; table.py Table.idle_touch) */
+#define D_DEFAULT_TTI 0
+#define D_TTI_CHECK 1
+#define IDLE_SHARE 8
 static inline int stripe_shift(const Core *c)
 {
     int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS; /* (tables[0]: a power of two) */
@@ -214,6 +223,7 @@ static inline int tag_written(const Core *c, int64_t tag)
 typedef struct {
     const char *kb, *body;
     int64_t klen, blen, tag, fp, check, size, nb, expires;
+    int64_t tti, deadline; /* its time to idle (0: none) and the expiry its time to live set (version 14) */
     /* A new entry's marks where it was restored from a snapshot (its record's: store.py Placed), which place it
      * under a policy that keeps marks; -1: the policy places it, as any new key. */
     int64_t marks;

@@ -558,25 +558,29 @@ static int arg_encoded(Core *c, PyObject *item, const char *what, Encoded *st)
 static PyObject *Core_put(Core *c, PyObject *const *args, Py_ssize_t nargs)
 {
     Encoded st;
-    int64_t now, ttl;
-    if (nargs_ok(nargs, 3, "put") || arg_encoded(c, args[0], "Core.put: encoded", &st)
-        || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl))
+    int64_t now, ttl, tti;
+    if (nargs_ok(nargs, 4, "put") || arg_encoded(c, args[0], "Core.put: encoded", &st)
+        || arg_int(args[1], "now_ns", &now) || arg_int(args[2], "ttl_ns", &ttl) || arg_int(args[3], "tti_ns", &tti))
         return NULL;
-    if (ttl < -1 || ttl > c->max_ttl) {
-        PyErr_Format(PyExc_ValueError, "Core.put: ttl_ns must be -1 (the default) or 0 to %lld, got %lld",
-                     (long long)c->max_ttl, (long long)ttl);
+    if (ttl < -1 || ttl > c->max_ttl || tti < -1 || tti > c->max_ttl) {
+        PyErr_Format(PyExc_ValueError, "Core.put: ttl_ns and tti_ns must be -1 (the default) or 0 to %lld, got %lld "
+                     "and %lld", (long long)c->max_ttl, (long long)ttl, (long long)tti);
+        return NULL;
+    }
+    if (tti > 0 && c->ttis == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Core.put: a segment before layout version 14 has no idle expiry");
         return NULL;
     }
     int r = enter(c);
     if (r)
-        return r < 0 ? NULL : hand_over(c, r, N_PUT, args, 3);
-    r = put_locked(c, &st, now, ttl);
+        return r < 0 ? NULL : hand_over(c, r, N_PUT, args, 4);
+    r = put_locked(c, &st, now, ttl, tti);
     unlock(c);
     leave(c);
     if (r == ST_REFUSED)
         Py_RETURN_FALSE;
     if (r)
-        return hand_over(c, r, N_PUT, args, 3);
+        return hand_over(c, r, N_PUT, args, 4);
     Py_RETURN_TRUE;
 }
 
@@ -915,8 +919,9 @@ static PyMethodDef Core_methods[] = {
      "here, as get_key does (an EncodedKey too is encoded as any bytes key), then as view(kb, fp, now_ns, pins), to "
      "which a hand-over goes."},
     {"put", (PyCFunction)(void (*)(void))Core_put, METH_FASTCALL,
-     "put(encoded, now_ns, ttl_ns) -> bool (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
-     "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns -1: the cache's default); "
+     "put(encoded, now_ns, ttl_ns, tti_ns) -> bool (without a fallback: also PINNED | HANDOVER)\n\nStore encoded (a "
+     "store.Encoded, or its seven fields) as SharedCache.put does under the lock (ttl_ns, tti_ns -1: the cache's "
+     "defaults); "
      "False if it was not admitted (keep, full; or the room it needs is all pinned or held by open views). A view "
      "pinning the key's entry on a segment of version 11 or before (the segment consistent), and anything unusual, "
      "are handed over: the fallback's put raises PinnedError, TooLargeError, or stores it."},

@@ -60,10 +60,31 @@ STEP void found(Core *c, int64_t e, Found *f)
     f->tag = c->arena[f->off];
 }
 
+/* A hit on resident entry ``e`` that has a time to idle (version 14): its expiry moved to a tti from now, never past
+ * its deadline, once that gains 1/IDLE_SHARE of the tti. One word, which a reader without the lock reads either side
+ * of (both are deadlines the entry had); its stripe opened all the same, as for any write to a resident entry. A time
+ * to idle or an expiry out of range (damage, which verify reports) moves nothing. *now: as find_live's.
+ * (twin: table.py Table.idle_touch) */
+static void idle_touch(Core *c, int64_t e, int64_t *now)
+{
+    int64_t t = c->ttis[e], x = c->exp[e];
+    if (t <= 0 || t > c->max_ttl || x <= 0)
+        return;
+    if (*now < 0)
+        *now = mono_ns();
+    int64_t fresh = *now + t, d = c->deadlines[e]; /* (a clock reading below 2**62 and a tti of at most 2**61) */
+    if (d > 0 && d < fresh)
+        fresh = d;
+    if (fresh - x >= t / IDLE_SHARE) {
+        entry_open(c, e);
+        c->exp[e] = fresh;
+    }
+}
+
 /* A hit counted, the entry touched as the policy does: under lru it becomes the most recent (in the dirty bracket),
- * under s3fifo its counter rises (a byte, no bracket: any value is valid), under auto the sketch counts it too.
- * (twin: store.py Store.hit) */
-STEP int hit(Core *c, int64_t e)
+ * under s3fifo its counter rises (a byte, no bracket: any value is valid), under auto the sketch counts it too; an
+ * idle entry's expiry moved (idle_touch). (twin: store.py Store.hit) */
+STEP int hit(Core *c, int64_t e, int64_t *now)
 {
     int r;
     if (!c->pol->relinks_on_hit) {
@@ -81,6 +102,8 @@ STEP int hit(Core *c, int64_t e)
             return r;
         HW(dirty) = 0;
     }
+    if (c->ttis != NULL && c->exp[e] && c->ttis[e]) /* (an idle entry has an expiry: find_live read its word) */
+        idle_touch(c, e, now);
     ADD(HW(hits), 1);
     return ST_OK;
 }
@@ -97,7 +120,7 @@ STEP int get_one(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *now
         ADD(HW(misses), 1);
         return ST_OK;
     }
-    if ((r = hit(c, e)))
+    if ((r = hit(c, e, now)))
         return r;
     found(c, e, f);
     return ST_OK;
@@ -135,6 +158,50 @@ static int ttl_of(Core *c, int64_t *ttl)
             return ST_HANDOVER;
         }
     }
+    return ST_OK;
+}
+
+/* The checksum of a default time to idle of ``tti`` ns (twin: config.py tti_checksum). */
+static int64_t tti_checksum(Core *c, int64_t tti)
+{
+    uint8_t b[8];
+    memcpy(b, &tti, 8); /* (a little-endian word: the hosts this builds for) */
+    return (int64_t)((xxh3_short(b, 8, 0) & (uint64_t)c->check_mask) | 1);
+}
+
+/* A store's time to idle in ns: ``tti``, or the cache's default for -1, 0 where the segment has none (before version
+ * 14); ST_HANDOVER if the default's word fails its checksum (the Python path repairs it). (twin: store.py
+ * Store.expiry, config.py default_tti) */
+static int tti_of(Core *c, int64_t *tti)
+{
+    if (c->idle == NULL) {
+        *tti = 0;
+        return ST_OK;
+    }
+    if (*tti < 0) {
+        int64_t w = c->idle[D_DEFAULT_TTI], k = c->idle[D_TTI_CHECK];
+        if (!(w == 0 && k == c->tti_none_check) && (w < 0 || w > c->max_ttl || k != tti_checksum(c, w))) {
+            c->reason = WHY_LIMIT;
+            return ST_HANDOVER;
+        }
+        *tti = w;
+    }
+    return ST_OK;
+}
+
+/* A store's expiry words into *st, for ``ttl`` and ``tti`` (-1: the cache's defaults) from ``now``: the deadline its
+ * time to live sets (0 without a time to idle), its time to idle, and the expiry, the earlier of the deadline and a tti
+ * from now. (twin: store.py Store.expiry) */
+static int expiry(Core *c, Encoded *st, int64_t now, int64_t ttl, int64_t tti)
+{
+    int r;
+    if ((r = ttl_of(c, &ttl)) || (r = tti_of(c, &tti)))
+        return r;
+    st->expires = ttl ? now + ttl : 0;
+    st->tti = tti;
+    st->deadline = tti ? st->expires : 0; /* (kept for an idle entry alone: 0 beside no time to idle) */
+    if (tti && (!ttl || tti < ttl))
+        st->expires = now + tti;
     return ST_OK;
 }
 
@@ -249,7 +316,7 @@ STEP int put_write(Core *c, Encoded *st, int64_t old, int64_t now)
 }
 
 /* put's locked part: the encoded entry stored as the most recent. (twin: store.py Store.put) */
-static int put_locked(Core *c, Encoded *st, int64_t now, int64_t ttl)
+static int put_locked(Core *c, Encoded *st, int64_t now, int64_t ttl, int64_t tti)
 {
     int64_t old;
     int r;
@@ -257,9 +324,8 @@ static int put_locked(Core *c, Encoded *st, int64_t now, int64_t ttl)
         return unready(c);
     if (now < 0)
         now = mono_ns();
-    if ((r = ttl_of(c, &ttl)))
+    if ((r = expiry(c, st, now, ttl, tti)))
         return r;
-    st->expires = ttl ? now + ttl : 0;
     if ((r = put_find(c, st, now, &old)))
         return r;
     return put_write(c, st, old, now);
@@ -324,7 +390,7 @@ static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t
     if (fcntl(fd, F_OFD_SETLK, &fl) < 0) /* never refused (pin bytes are only read-locked): the Python path raises */
         return bounds(c);
     *locked = 1;
-    return hit(c, e);
+    return hit(c, e, &now);
 }
 
 /* One key of a batch get: its arguments, what get_one found, and the body copied out under the lock. */
@@ -380,10 +446,13 @@ static int put_many_locked(Core *c, Encoded *st, Py_ssize_t n, int64_t now, int6
     }
     if (now < 0)
         now = mono_ns();
-    if ((r = ttl_of(c, &ttl)))
+    Encoded times;
+    if ((r = expiry(c, &times, now, ttl, -1)))
         return r;
     for (Py_ssize_t i = 0; i < n; i++) {
-        st[i].expires = ttl ? now + ttl : 0;
+        st[i].expires = times.expires;
+        st[i].tti = times.tti;
+        st[i].deadline = times.deadline;
         if ((r = put_find(c, &st[i], now, &old))) {
             if (r == ST_PINNED) {
                 c->reason = WHY_PINNED;

@@ -162,7 +162,8 @@ static int restore_locked(Core *c, Encoded *st, const int64_t *ttls, uint8_t *ou
         now = mono_ns();
     for (Py_ssize_t i = 0; i < n; i++) {
         Encoded *e = &st[i];
-        e->expires = ttls[i] ? now + ttls[i] : 0;
+        if ((r = expiry(c, e, now, ttls[i], -1))) /* (the cache's default time to idle, as put_many gives) */
+            return r;
         if (e->nb > c->arena_nbytes) { /* beyond the byte limit too: refused (and counted) by the Python path */
             c->reason = WHY_LIMIT;
             return ST_HANDOVER;

@@ -383,13 +383,18 @@ static inline int touch(Core *c, int64_t e)
 }
 
 
-/* The columns a store writes: a new version, the expiry (lowering the bound if need be). */
-static inline void stamp(Core *c, int64_t e, int64_t expires)
+/* The columns a store writes: a new version, the expiry (lowering the bound if need be), and (version 14) the time
+ * to idle and deadline. */
+static inline void stamp(Core *c, int64_t e, const Encoded *st)
 {
-    int64_t v = (int64_t)((uint64_t)HW(version_clock) + 1);
+    int64_t v = (int64_t)((uint64_t)HW(version_clock) + 1), expires = st->expires;
     HW(version_clock) = v;
     c->ver[e] = v;
     c->exp[e] = expires;
+    if (c->ttis != NULL) {
+        c->ttis[e] = st->tti;
+        c->deadlines[e] = st->deadline;
+    }
     if (expires && expires < HW(next_expiry))
         HW(next_expiry) = expires;
 }
@@ -500,7 +505,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     ADD(HW(entries), 1);
     ADD(HW(admitted), 1);
     ADD(HW(retained), st->klen + vlen);
-    stamp(c, e, st->expires);
+    stamp(c, e, st);
     c->pins[e] = 0;
     if (st->klen > 1 && (unsigned char)st->kb[0] == c->kind_prefix) {
         int64_t k = (unsigned char)st->kb[1];
@@ -544,7 +549,7 @@ static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
     int r = touch(c, e);
     if (r)
         return r;
-    stamp(c, e, st->expires);
+    stamp(c, e, st);
     *done = 1;
     return ST_OK;
 }

@@ -225,6 +225,32 @@ static inline int extent_hidden(Core *c)
     return ext != *c->shown && extent_in(ext, ring_for(c, RD(HW(capacity)))) != *c->shown;
 }
 
+/* Whether entry ``e``, found without the lock, is the locked path's to answer: expired (or an expiry out of range),
+ * or (version 14) an idle entry whose expiry a hit is to move (idle_touch, which writes under the lock: so once per
+ * 1/IDLE_SHARE of its tti at most). The words are read as they are; the caller validates its window after, and the
+ * locked path judges them again. *now: as find_live's. */
+static inline int lapsed_unlocked(Core *c, int64_t e, int64_t *now)
+{
+    int64_t x = RD(c->exp[e]);
+    if (!x)
+        return 0;
+    if (*now < 0)
+        *now = mono_ns();
+    if (x <= *now)
+        return 1;
+    if (c->ttis == NULL)
+        return 0;
+    int64_t t = RD(c->ttis[e]);
+    if (t == 0)
+        return 0;
+    if (t < 0 || t > c->max_ttl)
+        return 1;
+    int64_t fresh = *now + t, d = RD(c->deadlines[e]); /* (x > now > 0: no difference below overflows) */
+    if (d > 0 && d < fresh)
+        fresh = d;
+    return fresh - x >= t / IDLE_SHARE;
+}
+
 static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int64_t fp, int64_t *now, Found *f,
                         PyObject **body)
 {
@@ -248,9 +274,8 @@ static int get_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
                 continue;
             return r == 0 ? U_DONE : U_LOCK; /* a bound failed on a quiet segment: damage, the locked path judges */
         }
-        int64_t x = RD(c->exp[e]);
-        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
-            return U_LOCK; /* expired: the locked path drops it (or finds it rewritten meanwhile) */
+        if (lapsed_unlocked(c, e, now))
+            return U_LOCK; /* expired: the locked path drops it (or finds it rewritten meanwhile); or idle_touch */
         if (!window_same(c, &win))
             continue; /* the length is trusted for an allocation only once validated */
         PyObject *copy = copy_value(c, f);
@@ -314,8 +339,7 @@ static int pin_unlocked(Core *c, int64_t *rd, const char *kb, int64_t klen, int6
                 continue;
             return r == 0 ? U_DONE : U_LOCK;
         }
-        int64_t x = RD(c->exp[e]);
-        if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
+        if (lapsed_unlocked(c, e, now))
             return U_LOCK;
         *viewable = tag_viewable(c, f->tag);
         *version = RD(c->ver[e]);
@@ -393,8 +417,7 @@ static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, i
             } else if (r < 0) {
                 u = U_LOCK;
             } else if (r > 0) {
-                int64_t x = RD(c->exp[e]);
-                if (x && x <= (*now < 0 ? (*now = mono_ns()) : *now))
+                if (lapsed_unlocked(c, e, now))
                     u = U_LOCK;
                 else if (!window_same_probe(c, &win))
                     u = -2; /* torn: the length is not to be trusted */

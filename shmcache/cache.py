@@ -123,7 +123,8 @@ class SharedCache(LocalMapping, AsyncMethods):
     ``attach_timeout`` bounds the wait for a segment that another process is still creating (then AttachTimeout,
     or LayoutError if it was never initialised).
     ``default_ttl`` (seconds; creation only, like the capacity) is the time to live of entries stored without a
-    ``ttl``; None or 0: they never expire.
+    ``ttl``; None or 0: they never expire. ``default_tti`` (likewise) is the time to idle of entries stored without
+    a ``tti`` (``put``): an entry nobody reads for that long expires.
 
     Who may share it. The file at the name is checked before a byte of it is read or written, whether this call
     creates it or attaches: it must be a regular file (a symlink is never followed), owned by this process's
@@ -161,7 +162,7 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     :raises FileNotFoundError, FileExistsError: as ``create`` says.
     :raises ValueError: for invalid names or sizes, a size the existing cache cannot be resized to, or another
-        ``policy``, ``default_ttl`` or ``max_capacity_bytes`` than the existing cache's.
+        ``policy``, ``default_ttl``, ``default_tti`` or ``max_capacity_bytes`` than the existing cache's.
     :raises OSError: when the shared memory cannot back the segment (errno ENOSPC, with what was asked and is free).
     :raises LayoutError: when the name holds something that is not a shmcache segment of this layout version.
     :raises SerializerMismatch: (a ValueError) when the cache was created with the other ``serializer``.
@@ -193,6 +194,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         policy: str | None = None,
         restore_from: str | os.PathLike[str] | None = None,
         max_capacity_bytes: int | None = None,
+        default_tti: float | None = None,
     ) -> None:
         if create not in (None, True, False):
             raise ValueError(f"create must be None, True or False, got {create!r}")
@@ -216,8 +218,9 @@ class SharedCache(LocalMapping, AsyncMethods):
         limit = wanted.max_entries
         wanted = Geometry.for_capacity(reserve, min(RESERVE_FACTOR * limit, MAX_ENTRIES_LIMIT), policy_number)
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
+        default_tti_ns = 0 if default_tti is None else ttl_ns(default_tti, "default_tti")
         seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
-                      ser.feature, capacity, limit)
+                      ser.feature, capacity, limit, default_tti_ns)
         try:
             serializers.check(name, seg.features, ser)
             found = seg.geometry
@@ -226,6 +229,8 @@ class SharedCache(LocalMapping, AsyncMethods):
                 ("policy", policy, POLICY_NAMES[found.policy]),
                 ("default_ttl", None if default_ttl is None else default_ttl_ns / 1e9,
                  seg.header_words[H_DEFAULT_TTL] / 1e9),
+                ("default_tti", None if default_tti is None else default_tti_ns / 1e9,
+                 config.default_tti(seg.idle_words) / 1e9),
             ):
                 if asked is not None and asked != have:
                     raise ValueError(f"cache {name!r} exists with {what}={have!r}, not {asked!r}; "
@@ -327,10 +332,12 @@ class SharedCache(LocalMapping, AsyncMethods):
         # key bytes already encoded, for TieredCache's local hits (no other method takes one).
         return self._path.get_key(key, self._now(), default)
 
-    def put(self, key: Any, value: Any, ttl: float | None = None) -> bool:
+    def put(self, key: Any, value: Any, ttl: float | None = None, *, tti: float | None = None) -> bool:
         """Store ``value`` under ``key``, evicting as the limits require (expired entries first, then as the policy
         chooses: under lru the least recently used). ``ttl``: seconds until the entry expires (0: never; None: the
-        cache's ``default_ttl``). True if it was stored; False if it was not admitted (counted in
+        cache's ``default_ttl``). ``tti``: seconds without a read after which it expires (0: never; None: the cache's
+        ``default_tti``): a get, a view or a batch get of it is a read, ``in`` is not; it expires at the earlier of
+        the two. True if it was stored; False if it was not admitted (counted in
         ``stats().not_admitted``; a replaced value is gone then): under ``policy="keep"``, a new entry the full cache
         did not take; under every policy, one whose room is all pinned or held by open views (docs/usage.md,
         "Views", says how much that can be).
@@ -338,6 +345,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         :raises TypeError: if the key or value cannot be encoded (nothing changes).
         :raises TooLargeError: (a ValueError) if the entry exceeds ``max_retained_bytes`` (nothing is evicted).
         :raises PinnedError: only on a segment of layout version 11 or before, if an open view pins the key's entry.
+        :raises ValueError: for a ``tti`` on a cache of layout version 13 or before, which has no idle expiry.
         """
         # Store.encode, inlined (the call costs as much as the arithmetic).
         if type(key) is str:
@@ -356,7 +364,16 @@ class SharedCache(LocalMapping, AsyncMethods):
             raise self._store.refuse(size)
         check = (_xxh(body, tag) & _MASK63) | 1
         encoded = (kb, tag, body, _xxh(kb) & _MASK63, check, size, nb)  # a store.Fields
-        return self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl))
+        return self._path.put(encoded, self._now(), -1 if ttl is None else ttl_ns(ttl),
+                              -1 if tti is None else self._tti_ns(tti))
+
+    def _tti_ns(self, tti: float) -> int:
+        """A time to idle in seconds as ns, for this cache (checked, before the lock)."""
+        ns = ttl_ns(tti, "tti")
+        if ns and self._seg.idle_words is None:
+            raise ValueError(f"cache {self.name!r} has layout version {self._seg.version}, which has no idle expiry "
+                             f"(tti needs version 14); {remove_hint(self.name)} to make it anew")
+        return ns
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; True if it was present."""

@@ -1,5 +1,5 @@
 """The header words that configure behaviour: ``default_ttl_ns``, ``max_entries``, ``max_retained_bytes`` and
-``capacity``.
+``capacity``; and the idle region's default time to idle (version 14: ``tti_problems``, ``restore_tti``).
 
 A stray write to one of them changes what every process does without breaking any structure (a small positive
 default time to live makes every put expire at once, a max_entries of 1 empties the cache), so no structural check
@@ -23,8 +23,8 @@ import struct
 from .codec import MASK63, xxh3
 from .layout import MAX_TTL_NS
 from .layout.dtypes import (
-    H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES,
-    H_SAVED_MAX_RETAINED, H_SAVED_TTL,
+    D_DEFAULT_TTI, D_TTI_CHECK, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED,
+    H_SAVED_CHECK, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED, H_SAVED_TTL,
 )
 
 _WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED)
@@ -103,4 +103,48 @@ def restore(h, g, entries: int | None = None) -> bool:
     else:
         most = g.max_entries if entries is None or not 0 < entries <= g.max_entries else entries
         write(h, 0, most, g.capacity_bytes, g.capacity_bytes if cap else 0)
+    return True
+
+
+def tti_checksum(tti_ns: int) -> int:
+    """The checksum of the idle region's default time to idle (never 0, so that a word never written does not
+    check)."""
+    return (xxh3(_PACK1(tti_ns)) & MASK63) | 1
+
+
+_PACK1 = struct.Struct("<q").pack
+
+
+def write_tti(idle, tti_ns: int) -> None:
+    """Set the default time to idle (idle region words ``idle``; creation, or the repair): the word, then its
+    checksum. A writer killed between the two leaves a pair that fails, which the repair sets to none."""
+    idle[D_DEFAULT_TTI] = tti_ns
+    idle[D_TTI_CHECK] = tti_checksum(tti_ns)
+
+
+def default_tti(idle) -> int:
+    """The default time to idle to use (ns; 0: none): the word where it checks and is in range, else none (the
+    damage is verify's to report and repair). ``idle`` None: a segment before version 14."""
+    if idle is None:
+        return 0
+    tti = idle[D_DEFAULT_TTI]
+    return tti if 0 <= tti <= MAX_TTL_NS and idle[D_TTI_CHECK] == tti_checksum(tti) else 0
+
+
+def tti_problems(idle) -> list[str]:
+    """What is wrong with the default time to idle (``idle`` None: nothing, a segment before version 14)."""
+    if idle is None:
+        return []
+    tti, check = idle[D_DEFAULT_TTI], idle[D_TTI_CHECK]
+    if not 0 <= tti <= MAX_TTL_NS or check != tti_checksum(tti):
+        return [f"the default time to idle ({tti} ns) fails its checksum or is out of range"]
+    return []
+
+
+def restore_tti(idle) -> bool:
+    """Put the default time to idle right (the lock held): a pair that fails is set to none, the value that can do
+    no harm (entries then live until their time to live or eviction). Whether anything was wrong."""
+    if not tti_problems(idle):
+        return False
+    write_tti(idle, 0)
     return True

@@ -14,7 +14,7 @@ import functools
 import os
 from typing import Any
 
-from . import entries, ofd, policies
+from . import config, entries, ofd, policies
 from .policies import auto
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, EncodedKey, array_checksum, array_over, body_checksum,
@@ -80,6 +80,9 @@ def offsets(geometry) -> dict[str, int]:
         stripes_off=g.stripes_off, stripes_nbytes=g.stripes_nbytes, STRIPE_BITS=d.STRIPE_BITS,
         STRIPE_MIN_SHIFT=d.STRIPE_MIN_SHIFT, STRIPE_WORDS=d.STRIPE_WORDS, S_HELD=d.S_HELD,
         S_HELD_FIRST=d.S_HELD_FIRST, S_HELD_BYTES=d.S_HELD_BYTES, HELD_SLOT=d.HELD_SLOT, holds=int(g.version >= 12),
+        idle=int(g.version >= 14), idle_off=g.idle_off, ttis_off=g.ttis_off, deadlines_off=g.deadlines_off,
+        IDLE_SHARE=d.IDLE_SHARE, D_DEFAULT_TTI=d.D_DEFAULT_TTI, D_TTI_CHECK=d.D_TTI_CHECK,
+        TTI_NONE_CHECK=config.tti_checksum(0),
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
@@ -148,10 +151,12 @@ class Reference:
         except ValueError as exc:
             guard.undecodable(exc)
 
-    def put(self, encoded: Fields, now: int, ttl: int, waited: bool = False) -> bool:
+    def put(self, encoded: Fields, now: int, ttl: int, tti: int = -1, waited: bool = False) -> bool:
         """Store ``encoded`` (an Encoded, or its fields) where the policy puts it, expiring after ``ttl`` ns (0:
-        never; -1: the cache's default); whether it was stored (the policy admitted it)."""
-        return self.guard.run(self.store.put, None if ttl < 0 else ttl, encoded, waited=waited)
+        never; -1: the cache's default) or once not read for ``tti`` ns (likewise); whether it was stored (the
+        policy admitted it)."""
+        return self.guard.run(self.store.put, None if ttl < 0 else ttl, encoded, None if tti < 0 else tti,
+                              waited=waited)
 
     def delete(self, kb: bytes, fp: int, now: int, waited: bool = False) -> bool:
         return self.guard.run(self.store.delete, kb, fp, waited=waited)

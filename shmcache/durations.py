@@ -9,12 +9,13 @@ from .layout import MAX_TTL_NS
 MAX_TTL = MAX_TTL_NS / 1e9  # seconds (73 years): clock + ttl stays below 2**63 ns for any CLOCK_MONOTONIC reading
 
 
-def ttl_ns(ttl: float) -> int:
-    """A time to live in seconds as ns (0: never expires); raises ValueError or TypeError for anything else."""
+def ttl_ns(ttl: float, name: str = "ttl") -> int:
+    """A time to live (or, ``name`` "tti", to idle) in seconds as ns (0: never expires); raises ValueError or
+    TypeError for anything else."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+        raise TypeError(f"{name} must be a number of seconds, got {type(ttl).__name__}")
     if not 0 <= ttl <= MAX_TTL:
-        raise ValueError(f"ttl must be a number of seconds from 0 (never expires) to {MAX_TTL:.0f}, got {ttl!r}")
+        raise ValueError(f"{name} must be a number of seconds from 0 (never expires) to {MAX_TTL:.0f}, got {ttl!r}")
     return max(1, round(ttl * 1e9)) if ttl else 0
 
 

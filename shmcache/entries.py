@@ -173,7 +173,8 @@ def setdefault_locked(store, ttl, encoded):
     for the default."""
     e = store.find_live(encoded.kb, encoded.fp, True)
     if e == EMPTY:
-        store.store(EMPTY, encoded, store.expires_at(ttl))
+        expires, idle = store.expiry(ttl, None)
+        store.store(EMPTY, encoded, expires, 0, idle)
         store.h[H_MISSES] += 1
         return None
     found = store.body(e)
@@ -189,7 +190,7 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
     pol, table = store.table.pol, store.table
-    relinks, counts = pol.relinks_on_hit, pol.marks_on_hit
+    relinks, counts, ttis = pol.relinks_on_hit, pol.marks_on_hit, table.ttis
     out: list[tuple | None] = []
     append = out.append
     hits = misses = 0
@@ -224,6 +225,8 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
                 h[H_DIRTY] = 0
         elif counts:
             pol.on_hit(table, e)
+        if ttis is not None and ttis[e]:
+            table.idle_touch(e)
         hits += 1
         append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
     h[H_HITS] += hits
@@ -240,10 +243,10 @@ def put_many_locked(store, ttl, encoded: list) -> int:
     for item in encoded:
         if item.size > limit:
             raise store.refuse_locked(item.size)
-    expires = store.expires_at(ttl)
+    expires, idle = store.expiry(ttl, None)
     refused = 0
     for item in encoded:
-        refused += not store.store(store.find_live(item.kb, item.fp, True), item, expires)
+        refused += not store.store(store.find_live(item.kb, item.fp, True), item, expires, 0, idle)
     return refused
 
 

@@ -120,8 +120,9 @@ class Segment:
 
     def __init__(self, name: str, geometry: Geometry | None, create: bool | None, trust: Trust,
                  default_ttl_ns: int = 0, init_wait: float = _INIT_WAIT_S, features: int = 0,
-                 capacity: int | None = None, max_entries: int | None = None) -> None:
+                 capacity: int | None = None, max_entries: int | None = None, default_tti_ns: int = 0) -> None:
         self._default_ttl_ns = default_ttl_ns  # written into the header only if this call creates the segment
+        self._default_tti_ns = default_tti_ns  # and into the idle region (version 14)
         self._features = features  # likewise
         # The capacity a new segment starts with (None: the geometry's whole, which is then not resizable upwards).
         self._capacity = capacity
@@ -297,6 +298,8 @@ class Segment:
         h[d.H_GHOST_SLOTS] = geometry.ghost_slots
         h[d.H_READER_SLOTS] = d.READER_SLOTS
         config.write(h, self._default_ttl_ns, limit, cap, cap)
+        if self.idle_words is not None:
+            config.write_tti(self.idle_words, self._default_tti_ns)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
@@ -353,6 +356,16 @@ class Segment:
         self.reader_words = mv[g.readers_off : g.readers_off + d.READER_SLOTS * d.READER.itemsize].cast("q")
         # (version 11: the mask of the stripes open, then each stripe's word; None before it: seq alone)
         self.stripe_words = mv[g.stripes_off : g.stripes_off + g.stripes_nbytes].cast("q") if g.stripes_nbytes else None
+        # (version 14: the idle region's words, and its two columns; None before it: no entry has a time to idle)
+        self.idle_words: memoryview | None
+        self.ttis_words: memoryview | None
+        self.deadlines_words: memoryview | None
+        if g.version >= 14:
+            self.idle_words = mv[g.idle_off : g.ttis_off].cast("q")
+            self.ttis_words = mv[g.ttis_off : g.ttis_off + g.entry_slots * 8].cast("q")
+            self.deadlines_words = mv[g.deadlines_off : g.deadlines_off + g.entry_slots * 8].cast("q")
+        else:
+            self.idle_words = self.ttis_words = self.deadlines_words = None
         # (version 12: a pinned entry a put, delete or expiry of its key replaces is held aside, not refused)
         self.holds = g.version >= 12
         self._mv = mv
@@ -653,7 +666,7 @@ class Segment:
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
                      "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "_ghost_all",
                      "kind_words",
-                     "reader_words", "stripe_words", "_mv"):
+                     "reader_words", "stripe_words", "idle_words", "ttis_words", "deadlines_words", "_mv"):
             view = self.__dict__.pop(attr, None)
             if view is not None:
                 view.release()

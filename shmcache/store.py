@@ -28,7 +28,7 @@ from .layout.dtypes import (
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
-from .table import pinned_error
+from .table import NO_IDLE, pinned_error
 from .verify import count_resize, header_problems
 
 _W = ENTRY_WORDS
@@ -175,13 +175,27 @@ class Store:
         """Resident entry ``e``'s version (changed by every store of its key)."""
         return int(self.table.ver[e])
 
-    def expires_at(self, ttl) -> int:
-        """The expiry time of an entry stored now with ``ttl`` (ns, already checked; None: the default)."""
+    def expires_at(self, ttl, now: int | None = None) -> int:
+        """The expiry time of an entry stored ``now`` (None: the clock's) with ``ttl`` (ns, already checked; None:
+        the default)."""
         if ttl is None:
             ttl = self.h[H_DEFAULT_TTL]
             if not 0 <= ttl <= MAX_TTL_NS:
                 raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
-        return self.clock() + ttl if ttl else 0
+        return (self.clock() if now is None else now) + ttl if ttl else 0
+
+    def expiry(self, ttl, tti) -> tuple[int, tuple[int, int]]:
+        """The expiry time of an entry stored now with ``ttl`` and ``tti`` (ns, already checked; None: the cache's
+        defaults), and its (time to idle, deadline) for the idle columns (version 14; the caller refused a ``tti``
+        before it). An idle entry expires at the earlier of its deadline and a tti from now."""
+        now = self.clock()
+        deadline = self.expires_at(ttl, now)
+        if tti is None:
+            tti = config.default_tti(self.seg.idle_words)
+        if not tti or self.table.ttis is None:
+            return deadline, NO_IDLE
+        soon = now + tti
+        return (soon if not deadline or soon < deadline else deadline), (tti, deadline)
 
     def set_expiry(self, e: int, expires: int) -> None:
         """Give resident entry ``e`` a new expiry time (0: never)."""
@@ -229,11 +243,17 @@ class Store:
         """lru: the entry becomes the most recent, in a dirty bracket (the move writes links)."""
         lru.move_to_front(self.ent, e)
         self.h[H_HITS] += 1
+        ttis = self.table.ttis
+        if ttis is not None and ttis[e]:
+            self.table.idle_touch(e)
 
     def _hit_touching(self, e: int) -> None:
         """s3fifo (a counter raised: one byte, any value valid, no bracket) and keep (nothing moves)."""
-        self.table.touch(e)
+        table = self.table
+        table.touch(e)
         self.h[H_HITS] += 1
+        if table.ttis is not None and table.ttis[e]:
+            table.idle_touch(e)
 
     def lapse(self, e: int, to_insert: bool = False) -> None:
         """Resident entry ``e`` has expired: drop it and count it in ``expired``. A view may still pin it: then it
@@ -250,7 +270,7 @@ class Store:
             return
         self.remove(e, H_EXPIRED)
 
-    def write(self, old: int, encoded: Fields, expires: int, version: int = 0) -> bool:
+    def write(self, old: int, encoded: Fields, expires: int, version: int = 0, idle: tuple[int, int] = NO_IDLE) -> bool:
         """``store``, inside a dirty bracket the caller holds."""
         h, table = self.h, self.table
         size = encoded[5]
@@ -267,12 +287,12 @@ class Store:
             old = EMPTY
         elif old != EMPTY:
             h[H_UPDATES] += 1
-            if not table.overwrite(old, encoded, expires, version):
+            if not table.overwrite(old, encoded, expires, version, idle):
                 table.remove(old)
                 old = EMPTY
         if old == EMPTY:
             try:
-                stored = table.insert(encoded, expires, version)
+                stored = table.insert(encoded, expires, version, idle)
             except NoSpaceError:
                 h[H_WRITING] = 0
                 raise
@@ -288,7 +308,8 @@ class Store:
 
     store = updating_entries(write)
     store.__doc__ = """Store ``encoded`` as the most recent, expiring at ``expires`` (0: never), with ``version``
-        (0: the next of the version clock); ``old`` is the key's resident entry (expired or not), or EMPTY.
+        (0: the next of the version clock) and ``idle`` (its time to idle and deadline: ``expiry``); ``old`` is the
+        key's resident entry (expired or not), or EMPTY.
         Whether it was stored: False if a new entry was not admitted (keep, full; or the room it needs is all
         pinned or held by open views: ``Table.insert``; an ``old`` replaced is gone then).
 
@@ -305,14 +326,15 @@ class Store:
         self.drop(e, H_DELETES, "deleted")
         return True
 
-    def store_if(self, present: bool, version: int | None, ttl, encoded: Encoded) -> bool:
+    def store_if(self, present: bool, version: int | None, ttl, encoded: Encoded, tti=None) -> bool:
         """Store only if the key is ``present`` (and, with ``version``, still has that version); whether it was."""
         old = self.find_live(encoded.kb, encoded.fp, not present)
         if (old != EMPTY) != present or (version is not None and self.table.ver[old] != version):
             if encoded.size > self.h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise self.refuse_locked(encoded.size)
             return False
-        return self.store(old, encoded, self.expires_at(ttl))
+        expires, idle = self.expiry(ttl, tti)
+        return self.store(old, encoded, expires, 0, idle)
 
     def read(self, kb: bytes, fp: int):
         """get's locked part (the Python path): None on a miss (counted); else the entry becomes the most recent, a
@@ -334,12 +356,16 @@ class Store:
             body, head = self.mm[v0 + 1 : v0 + vlen], None
         return tag, body, self.ent[e * _W + E_CHECK], e, head
 
-    def put(self, ttl, encoded: Fields) -> bool:
+    def put(self, ttl, encoded: Fields, tti=None) -> bool:
         """put's locked part (the Python path): ``encoded`` stored where the policy puts it, expiring after ``ttl``
-        (ns; None: the default, which, found damaged, is repaired first, then used); whether it was stored."""
+        (ns; None: the default, which, found damaged, is repaired first, then used) or once not read for ``tti``
+        (ns; None: the default, likewise); whether it was stored."""
         if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
             self.repair()
-        return self.store(self.find_live(encoded[0], encoded[3], True), encoded, self.expires_at(ttl))
+        if tti is None and config.tti_problems(self.seg.idle_words):
+            self.repair()
+        expires, idle = self.expiry(ttl, tti)
+        return self.store(self.find_live(encoded[0], encoded[3], True), encoded, expires, 0, idle)
 
     def get_with_version(self, kb: bytes, fp: int):
         """A lookup as get's (the composed path: find_live, body, hit): (tag, body, version), or None."""
@@ -355,7 +381,14 @@ class Store:
         e = self.find_live(kb, fp)
         if e == EMPTY:
             return False
-        self.set_expiry(e, self.expires_at(ttl))
+        deadline = self.expires_at(ttl)
+        ttis = self.table.ttis
+        if ttis is not None and 0 < ttis[e] <= MAX_TTL_NS:  # an idle entry: a touch is a read, and a new deadline
+            soon = self.clock() + ttis[e]
+            self.set_expiry(e, soon if not deadline or soon < deadline else deadline)
+            self.table.deadlines[e] = deadline
+        else:
+            self.set_expiry(e, deadline)
         return True
 
     @updating
@@ -382,7 +415,7 @@ class Store:
             if initial is None:
                 return KeyError(key)
             current = initial
-            expires = self.expires_at(None)
+            expires, idle = self.expiry(None, None)
         else:
             tag, body = self.body(old)
             # A few bytes, decoded under the lock: never unpickled (a pickle cache stores ints as msgpack).
@@ -392,8 +425,13 @@ class Store:
                 return TypeError(f"incr on a {what} value: only int values can be incremented")
             current = decoded
             expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)
+            ttis = self.table.ttis
+            idle = NO_IDLE if ttis is None else (ttis[old], self.table.deadlines[old])
+            if 0 < idle[0] <= MAX_TTL_NS:  # an idle entry's store restarts its idle time, within its deadline
+                soon = self.clock() + idle[0]
+                expires = soon if not 0 < idle[1] < soon else idle[1]
         value = current + delta
-        self.store(old, self.encode(key, value, kb), expires)
+        self.store(old, self.encode(key, value, kb), expires, 0, idle)
         return value
 
     @updating

@@ -19,9 +19,9 @@ from .errors import CorruptionError, PinnedError
 from .lock import TICK_EVERY, progressed
 from .readers import slot_pinned
 from .seqlock import open_seq, open_stripe
-from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, NEVER, NIL, SENTINEL
+from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_TTL_NS, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
-    EXTENT_STEP,
+    EXTENT_STEP, IDLE_SHARE,
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES,
     H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
     H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED,
@@ -36,6 +36,7 @@ _W = ENTRY_WORDS
 _ENTRY_NBYTES = ENTRY_STRUCT.size
 _pack_entry = ENTRY_STRUCT.pack_into
 _unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
+NO_IDLE = (0, 0)  # a store's (time to idle, deadline) without a time to idle (Store.expiry)
 
 
 def pinned_error(what: str) -> PinnedError:
@@ -56,6 +57,8 @@ class Table:
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
         self.marks = seg.marks_bytes
+        # (version 14: each entry's time to idle and the deadline its time to live set; None before it)
+        self.ttis, self.deadlines = seg.ttis_words, seg.deadlines_words
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
         self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
         self.stripes = seg.stripe_words  # (None before version 11: seq alone)
@@ -246,11 +249,12 @@ class Table:
         if self._on_hit is not None:
             self._on_hit(self, e)
 
-    def insert(self, encoded: Fields, expires: int, version: int = 0) -> bool:
+    def insert(self, encoded: Fields, expires: int, version: int = 0, idle: tuple[int, int] = NO_IDLE) -> bool:
         """Store ``encoded`` (the key is absent) where the policy puts a new entry, evicting first as the limits
         require: expired entries, then what the policy chooses, pinned ones excepted; and, if pinned blocks split
         the free space so that no run of ``encoded.nb`` bytes is left, more (what is not pinned) until one is.
-        ``expires``: its expiry time (0: never); ``version`` the version to give it (0: the clock's next). False
+        ``expires``: its expiry time (0: never); ``version`` the version to give it (0: the clock's next);
+        ``idle``: its time to idle and the deadline its time to live set (``Store.expiry``; version 14). False
         (nothing stored, counted in ``not_admitted``) if it is not admitted: under keep, with no room left; under
         every policy, when what is left to evict is all pinned or held by open views, or pinned blocks split the free
         space (the evictions made stand; every structure is consistent). A cache may always miss, so a put that
@@ -348,6 +352,8 @@ class Table:
             h[H_VERSION_CLOCK] = v
         self.ver[e] = v
         self.exp[e] = expires
+        if self.ttis is not None:
+            self.ttis[e], self.deadlines[e] = idle
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
         self.pins[e] = 0
@@ -368,7 +374,8 @@ class Table:
         held, held_bytes = self.held()
         return h[H_ENTRIES] + held < h[H_MAX_ENTRIES] and h[H_RETAINED] + held_bytes + size <= h[H_MAX_RETAINED]
 
-    def overwrite(self, e: int, encoded: Fields, expires: int, version: int = 0) -> bool:
+    def overwrite(self, e: int, encoded: Fields, expires: int, version: int = 0,
+                  idle: tuple[int, int] = NO_IDLE) -> bool:
         """Give resident entry ``e`` (whose key is ``encoded.kb``) the value of ``encoded`` in place, touched as a
         hit is (``touch``), when the new block is as large as the old and the byte limit allows; False (nothing written)
         otherwise. Saves the free, the allocation and the index and list updates of a remove and insert."""
@@ -411,9 +418,29 @@ class Table:
             h[H_VERSION_CLOCK] = v
         self.ver[e] = v
         self.exp[e] = expires
+        if self.ttis is not None:
+            self.ttis[e], self.deadlines[e] = idle
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
         return True
+
+    def idle_touch(self, e: int) -> None:
+        """A hit on resident entry ``e`` that has a time to idle (version 14): its expiry moved to a tti from now,
+        never past its deadline, once that gains ``1/IDLE_SHARE`` of the tti, so that a hot entry's word is written
+        a few times a tti, not at every hit. One word: a reader without the lock reads it either side, and both are
+        deadlines the entry had; the stripe is opened all the same, as for any write to a resident entry. A time to
+        idle or expiry out of range (damage, which verify reports) moves nothing. (twin: _core_sections.c
+        idle_touch)"""
+        t, x = self.ttis[e], self.exp[e]
+        if not 0 < t <= MAX_TTL_NS or x <= 0:
+            return
+        fresh = self.clock() + t
+        d = self.deadlines[e]
+        if 0 < d < fresh:
+            fresh = d
+        if fresh - x >= t // IDLE_SHARE:
+            self.open_entry(e)
+            self.exp[e] = fresh
 
     def remove(self, e: int) -> None:
         """Drop entry ``e`` from every structure and give its slot and block back."""
@@ -687,6 +714,8 @@ class Table:
         ent[fb : fb + _W] = ent[b : b + _W]
         self.exp[f], self.ver[f], self.kinds[f], self.marks[f], self.pins[f] = (
             self.exp[m], self.ver[m], self.kinds[m], self.marks[m], 0)
+        if self.ttis is not None:
+            self.ttis[f], self.deadlines[f] = self.ttis[m], self.deadlines[m]
         words[off >> 3] = block.header(nb, f)  # the commit: the block is the new slot's
         ent[p * _W + E_NEXT] = f
         ent[n * _W + E_PREV] = f

@@ -217,7 +217,7 @@ def header_problems(seg) -> list[str]:
     h = seg.header_words
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
             for w, (lo, hi) in header_ranges(seg.geometry, seg.features, seg.version).items()
-            if not lo <= h[w] <= hi] + config.problems(h, seg.geometry)
+            if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(seg.idle_words)
 
 
 def check(seg, deep: bool = True) -> VerifyReport:
@@ -395,6 +395,9 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
         x = exp[e]
         if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
             problems.add(f"entry {e} expires at {x}, before next_expiry={h[H_NEXT_EXPIRY]}")
+        if seg.ttis_words is not None and _idle_wrong(seg, e):
+            problems.add(f"entry {e}: its time to idle ({seg.ttis_words[e]} ns), deadline "
+                         f"({seg.deadlines_words[e]}) and expiry ({x}) disagree")
     counts, nbytes = _kind_counts(seg, order)
     for k in range(1, MAX_KINDS + 1):
         if (counts[k], nbytes[k]) != (kw[k * KIND_WORDS + K_ENTRIES], kw[k * KIND_WORDS + K_RETAINED]):
@@ -408,6 +411,28 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
     stale[[e for e in order if e < shown]] = False
     if stale.any():
         problems.add(f"{int(stale.sum())} free entry slots keep an expiry time (first: {int(np.argmax(stale))})")
+
+
+def _idle_wrong(seg, e: int) -> bool:
+    """Whether resident entry ``e``'s idle words (version 14) are out of range or disagree with its expiry: a time
+    to idle needs an expiry, and the expiry never passes the deadline."""
+    t, dl, x = seg.ttis_words[e], seg.deadlines_words[e], seg.expires_words[e]
+    return not 0 <= t <= MAX_TTL_NS or dl < 0 or bool(t and (x <= 0 or (dl and x > dl)))
+
+
+def _mend_idle(seg, e: int) -> None:
+    """Make kept entry ``e``'s idle words agree (``_idle_wrong``) with what can do no harm: a time to idle out of
+    range or without an expiry goes (the entry keeps its expiry: the deadline, if it has one), a negative deadline
+    goes, and an expiry past the deadline is brought back to it."""
+    t, dl, x = seg.ttis_words[e], seg.deadlines_words[e], seg.expires_words[e]
+    if dl < 0:
+        dl = seg.deadlines_words[e] = 0
+    if not 0 <= t <= MAX_TTL_NS or (t and x <= 0):
+        seg.ttis_words[e] = 0
+        if dl:
+            seg.expires_words[e] = dl
+    elif t and dl and x > dl:
+        seg.expires_words[e] = dl
 
 
 def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
@@ -503,6 +528,7 @@ def _repair_words(seg) -> None:
     # The default time to live and the limits: from whichever copy checks; else the capacity as the byte limit and
     # the entry limit this mapping holds (version 10: not the most its tables reach, which would back all of them).
     config.restore(h, seg.geometry, seg.limit if seg.version >= 10 else None)
+    config.restore_tti(seg.idle_words)  # (version 14: the default time to idle, else none)
     ranges = header_ranges(seg.geometry, seg.features, seg.version)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
@@ -623,6 +649,8 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= top else 0] + valid)
     for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
+        if seg.ttis_words is not None and _idle_wrong(seg, e):
+            _mend_idle(seg, e)
         if not 0 < seg.versions_words[e] <= top:
             clock += 1
             seg.versions_words[e] = clock

@@ -55,7 +55,8 @@ FIELDS = ("ops", "wrong", "errors", "foreign", "unverified", "repairs", "refused
 OPS, WRONG, ERRORS, FOREIGN, UNVERIFIED, REPAIRS, REFUSED, NOT_ADMITTED, SNAPSHOTS, RESTORES = range(len(FIELDS))
 NF = len(FIELDS)
 MIX = {"get": 55, "put": 32, "delete": 7, "contains": 3, "stats": 1.5, "set_limits": 0.3, "verify": 0.2, "clear": 0.005,
-       "put_ttl": 4, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3, "kind_clear": 0.01,
+       "put_ttl": 4, "put_tti": 3, "view": 4, "cas": 2, "add": 1, "touch": 1, "kind_put": 2, "kind_get": 3,
+       "kind_clear": 0.01,
        "get_many": 2, "put_many": 1, "items": 0.2, "popitem": 0.3, "snapshot": 0.05, "restore": 0.05, "resize": 0.05,
        "stale": 1}
 SNAPSHOT_OPS = ("snapshot", "restore")  # in a mix only where the workload is given a directory for its files
@@ -221,6 +222,15 @@ class Workload:
         self.seq += 1
         value = make_value(key, self.seq, self.rng, self.nbytes())
         self.stored("put", key, self.cache.put(key, value, ttl=self.rng.choice((0.001, 0.01, 0.1))))
+
+    def _put_tti(self) -> None:
+        """A put with a time to idle (and now and then a time to live too): the gets and views around it move its
+        expiry, under the lock or handed to it from a read without it."""
+        key = self.key()
+        self.seq += 1
+        value = make_value(key, self.seq, self.rng, self.nbytes())
+        ttl = self.rng.choice((None, None, 0.05, 1.0))
+        self.stored("put", key, self.cache.put(key, value, ttl, tti=self.rng.choice((0.001, 0.01, 0.1, 1.0))))
 
     def _view(self) -> None:
         """A zero-copy read, checked inside its block while other processes write (and evict) around it; now and

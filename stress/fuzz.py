@@ -105,8 +105,9 @@ LOCK_WORDS_NBYTES = 16  # the lock's words (12 bytes) and the first bytes after 
 # The stripes (layout version 11): their open mask and sequence words, any value valid (an odd word sends its
 # stripe's reads to the lock until the next repair evens it); and (version 12) the held entries' list head and
 # counts on the mask's line, which an aimed damage hits, as it hits an entry's slot word (HELD_SLOT: -1).
+# The idle region (version 14): the default time to idle and its checksum, and an entry's tti and deadline.
 REGIONS = {"header": 3, "index": 2, "entries": 3, "arena": 2, "columns": 1, "marks": 0.5, "kinds": 0.5, "ghost": 0.5,
-           "stripes": 0.5}
+           "stripes": 0.5, "idle": 0.5}
 # Header words an aimed damage of the header hits: the occupancy, limit, ring and slot-allocator words of lines 3-4,
 # and the small queue's words of line 7 (under lru and keep they must stay SENTINEL and 0).
 AIMED_HEADER_OFFS = [192 + 8 * i for i in range(10)] + [8 * H_SMALL_FIRST, 8 * H_SMALL]
@@ -139,7 +140,8 @@ def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
             "marks": (g.marks_off, g.marks_off + g.entry_slots),
             "kinds": (g.kind_table_off, g.kind_table_off + 4 * KIND.itemsize),  # the records in use
             **({"ghost": (g.ghost_off, g.ghost_off + 8 * g.ghost_slots)} if g.ghost_slots else {}),
-            **({"stripes": (g.stripes_off, g.stripes_off + g.stripes_nbytes)} if g.stripes_nbytes else {})}
+            **({"stripes": (g.stripes_off, g.stripes_off + g.stripes_nbytes)} if g.stripes_nbytes else {}),
+            **({"idle": (g.idle_off, g.idle_end)} if g.version >= 14 else {})}
 
 
 def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
@@ -160,6 +162,9 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         return rng.choice(used) if used else None
     if region == "stripes":  # the open mask, the held list's head and its two counts
         return g.stripes_off + 8 * rng.randrange(4)
+    if region == "idle":  # the default's two words, or the entry's tti, deadline or expiry
+        return rng.choice((g.idle_off + 8 * rng.randrange(2), g.ttis_off + 8 * e, g.deadlines_off + 8 * e,
+                           g.expires_off + 8 * e))
     if region == "index":
         s = _word(mm, rec + 8 * E_SLOT)
         return g.index_off + 16 * s + 8 * rng.randrange(2) if 0 <= s < g.index_slots else None

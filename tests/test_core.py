@@ -31,12 +31,12 @@ from shmcache.codec import (
 )
 from shmcache.layout import LOCK_NBYTES
 from shmcache.layout.dtypes import (
-    E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF, H_PROGRESS, H_SEQ, H_VERSION, R_HOLDER,
+    E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF, H_PROGRESS, H_SEQ, R_HOLDER,
     READER_SLOTS, READER_WORDS,
 )
 
 from .conftest import unique_name
-from .workers import check_value, make_value, python_path, reap, stripes_at_rest
+from .workers import check_value, laid_out_as, make_value, python_path, reap, stripes_at_rest
 from .profiles import examples, seeds
 
 if core.Core is None:
@@ -111,8 +111,10 @@ class Twins:
     def __init__(self, capacity: int, max_entries: int, default_ttl: float | None, policy: str = "lru") -> None:
         self.clock = FakeClock()
         self.names = [unique_name("core"), unique_name("core")]
+        # (a pair: the default time to live and the default time to idle)
+        default_ttl, default_tti = default_ttl if isinstance(default_ttl, tuple) else (default_ttl, None)
         kw = dict(capacity_bytes=capacity, max_entries=max_entries, create=True, default_ttl=default_ttl,
-                  clock=self.clock, policy=policy)
+                  default_tti=default_tti, clock=self.clock, policy=policy)
         self.capacity = capacity
         self.a = SharedCache(self.names[0], **kw)
         self.b = SharedCache(self.names[1], **kw)
@@ -155,16 +157,18 @@ class Twins:
         return want, got
 
     def put(self, key, value, ttl):
+        ttl, tti = ttl if isinstance(ttl, tuple) else (ttl, None)  # (a pair: a time to live and one to idle)
         try:
-            want = self.a.put(key, value, ttl)
+            want = self.a.put(key, value, ttl, tti=tti)
         except (PinnedError, TooLargeError) as exc:
             want = type(exc)
-        r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl))
+        r = self.core.put(_encode(key, value), self.clock(), -1 if ttl is None else ttl_ns(ttl),
+                          -1 if tti is None else ttl_ns(tti))
         if r is core.PINNED:
             got = PinnedError
         elif self._handover(r):
             try:
-                got = self.b.put(key, value, ttl)
+                got = self.b.put(key, value, ttl, tti=tti)
             except (PinnedError, TooLargeError) as exc:
                 got = type(exc)
         else:
@@ -350,7 +354,7 @@ def _ops(rng: random.Random, n: int, keys: int, max_value: int, with_views: bool
         if r < 0.35:
             ops.append(("get", k))
         elif r < 0.80:
-            ttl = rng.choice([None, None, 0, 1, 2.5, 1e-9])
+            ttl = rng.choice([None, None, 0, 1, 2.5, 1e-9, (None, 0.5), (2.5, 1), (1, 3), (0, 0.2)])
             ops.append(("put", k, rng.choice([0, 1, 7, 30, 100, rng.randrange(max_value)]), rng.randrange(3), ttl))
         elif r < 0.90:
             ops.append(("delete", k))
@@ -395,9 +399,9 @@ def _run(ops, capacity: int, max_entries: int, default_ttl, policy: str = "lru")
 _op = st.one_of(
     st.tuples(st.just("get"), st.integers(0, 11)),
     st.tuples(st.just("put"), st.integers(0, 11), st.integers(0, 1500), st.integers(0, 2),
-              st.sampled_from([None, 0, 1, 2.5])),
+              st.sampled_from([None, 0, 1, 2.5, (None, 0.5), (2, 1), (1, 3)])),
     st.tuples(st.just("delete"), st.integers(0, 11)),
-    st.tuples(st.just("tick"), st.sampled_from([1, 10**9, 3 * 10**9])),
+    st.tuples(st.just("tick"), st.sampled_from([1, 10**8, 10**9, 3 * 10**9])),
     st.tuples(st.just("limits"), st.sampled_from([0.3, 0.6, 1.0])),
     st.tuples(st.just("resize"), st.sampled_from([0.25, 0.5, 1.0, 3.0])),
     st.tuples(st.just("view"), st.integers(0, 11)),
@@ -408,7 +412,7 @@ _op = st.one_of(
 @settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 150).flatmap(lambda n: st.lists(_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
-       default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
+       default_ttl=st.sampled_from([None, 2, (None, 1), (2, 0.5)]), policy=st.sampled_from(POLICIES))
 def test_core_differential_hypothesis(ops, capacity, max_entries, default_ttl, policy):
     # Lengths drawn uniformly (hypothesis's own lists are a few operations long on average).
     handovers = _run(ops, capacity, max_entries, default_ttl, policy)
@@ -438,7 +442,7 @@ def _allowed_batch_handovers(ops) -> set:
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.integers(0, 120).flatmap(lambda n: st.lists(_batch_op, min_size=n, max_size=n)),
        capacity=st.sampled_from([2048, 4096, 16384]), max_entries=st.sampled_from([3, 6, 16]),
-       default_ttl=st.sampled_from([None, 2]), policy=st.sampled_from(POLICIES))
+       default_ttl=st.sampled_from([None, 2, (None, 1), (2, 0.5)]), policy=st.sampled_from(POLICIES))
 def test_core_batches_differential_hypothesis(ops, capacity, max_entries, default_ttl, policy):
     """get_many and put_many through Core (SharedCache's own, finishing what Core hands over) against the Python
     path, mixed with single gets, puts and deletes, clock ticks, views and lowered limits: byte-identical, under
@@ -456,8 +460,9 @@ def _batch_ops(rng: random.Random, n: int, keys: int, max_value: int, with_views
             if op[0] == "get":
                 op = ("get_many", ks, rng.random() < 0.3)
             else:
+                ttl = op[4][0] if isinstance(op[4], tuple) else op[4]  # (put_many takes no time to idle)
                 op = ("put_many", [(k, rng.choice([0, 7, 100, rng.randrange(max_value)]), rng.randrange(3))
-                                   for k in ks], op[4], rng.random() < 0.3)
+                                   for k in ks], ttl, rng.random() < 0.3)
         out.append(op)
     return out
 
@@ -482,7 +487,7 @@ def test_core_differential_long_sequences(seed):
     capacity = rng.choice([2048, 8192, 32768])
     ops = _ops(rng, 3000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
     policy = POLICIES[seed % len(POLICIES)]
-    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5]), policy)
+    handovers = _run(ops, capacity, rng.choice([4, 8, 32]), rng.choice([None, 1.5, (None, 0.7)]), policy)
     # A put above a lowered byte limit (set_limits, or a smaller capacity) is the Python path's to refuse
     # (TooLargeError): "limit"; a growth of the arena
     # its to back and show: "grow". Pins (in the odd seeds' runs) are asked of the kernel by Core itself.
@@ -667,13 +672,14 @@ def test_core_hands_over_when_dirty(name):
             k.release()
 
 
-def test_core_a_pinned_refusal_records_its_reason(name):
+def test_core_a_pinned_refusal_records_its_reason(name, monkeypatch):
     """PINNED records "pinned" as the call's reason, as a hand-over records its own: the Python path that then raises
     PinnedError reads it (a "timeout" left by an earlier call would make it skip its wait for a busy lock). Here a
     put of a key a view pins, on a segment of layout version 11, which holds no entry aside for a view."""
+    laid_out_as(monkeypatch, 11)
     with SharedCache(name, capacity_bytes=65536, max_entries=8, create=True) as c:
         c.put("a", b"x")
-        c._seg.header_words[H_VERSION] = 11  # (version 11's geometry is 12's)
+    monkeypatch.undo()
     try:
         with SharedCache(name) as c:
             assert not c._seg.holds
@@ -682,7 +688,7 @@ def test_core_a_pinned_refusal_records_its_reason(name):
             k = core.bind(c._seg, 1.0)
             try:
                 with c.view("a"):
-                    calls = [lambda: k.put(item, 0, -1), lambda: k.put_many([item], 0, -1)[1]]
+                    calls = [lambda: k.put(item, 0, -1, -1), lambda: k.put_many([item], 0, -1)[1]]
                     for call in calls:
                         c._h[H_DIRTY] = 1  # an earlier call's hand-over, for a reason of its own
                         assert core_get(k, kb, 0) is core.HANDOVER and k.reason == "dirty"
@@ -770,9 +776,9 @@ def test_core_put_refuses_an_inconsistent_encoding(name):
         try:
             kb, tag, body, fp, check, size, nb = _encode("a", b"xyz")
             with pytest.raises(ValueError):
-                k.put((kb, tag, body, fp, check, size + 1, nb), 0, -1)
+                k.put((kb, tag, body, fp, check, size + 1, nb), 0, -1, -1)
             with pytest.raises(ValueError):
-                k.put((kb, tag, body, fp, check, size, nb - 8), 0, -1)
+                k.put((kb, tag, body, fp, check, size, nb - 8), 0, -1, -1)
         finally:
             k.release()
 
@@ -856,7 +862,7 @@ def _worker(name: str, use_core: bool, seed: int, rounds: int, go, queue) -> Non
                         c.put(key, value)
                     else:
                         kb, tag, body, fp, check, size, nb = _encode(key, value)
-                        if k.put((kb, tag, body, fp, check, size, nb), c._clock(), -1) is core.HANDOVER:
+                        if k.put((kb, tag, body, fp, check, size, nb), c._clock(), -1, -1) is core.HANDOVER:
                             handovers += k.reason != "grow"  # (the arena's growth is the Python path's)
                             c.put(key, value)
                 else:
@@ -997,7 +1003,7 @@ _HOSTILE = textwrap.dedent("""
             if op == 0:
                 r = k.get_value(kb, fingerprint(kb), 0, None)  # a checksum that fails is a Raw: an answer
             elif op == 1:
-                r = k.put(_encode(key, bytes(rng.randrange(500))), 0, -1)
+                r = k.put(_encode(key, bytes(rng.randrange(500))), 0, -1, -1)
             elif op == 2:
                 r = k.delete(kb, fingerprint(kb), 0)
             elif op == 3:  # a batch: its answer is (found, stop)
@@ -1225,7 +1231,7 @@ def test_core_reads_the_monotonic_clock_itself_when_told(name):
         try:
             kb, tag, body, fp, check, size, nb = _encode("a", b"v")
             before = time.monotonic_ns()
-            assert k.put((kb, tag, body, fp, check, size, nb), -1, 10**12) is True  # -1: Core reads CLOCK_MONOTONIC
+            assert k.put((kb, tag, body, fp, check, size, nb), -1, 10**12, -1) is True  # -1: Core reads CLOCK_MONOTONIC
             after = time.monotonic_ns()
             assert before + 10**12 <= c._seg.header_words[H_NEXT_EXPIRY] <= after + 10**12
             assert core_get(k, kb, -1) == b"v"  # 1000 s to live: not expired by Core's own reading

@@ -361,8 +361,8 @@ def _view_at_the_ring_end(c: SharedCache, ring12: int):
     raise AssertionError("no block reached the ring's end")
 
 
-@pytest.mark.parametrize("version", [13, 12])
-def test_lowering_the_entry_limit_leaves_a_viewed_block_at_the_ring_end(name, version):
+@pytest.mark.parametrize("version", [14, 13, 12])
+def test_lowering_the_entry_limit_leaves_a_viewed_block_at_the_ring_end(name, version, monkeypatch):
     """Version 13 sizes the ring for the most entries the tables reach, so a new entry limit leaves the ring, and
     every block, where it is: set_limits(max_entries=lower) with a view of a block in the ring's last bytes
     succeeds, the view reads its bytes, and the excess is held. A segment of version 12 (whose ring follows the
@@ -370,16 +370,18 @@ def test_lowering_the_entry_limit_leaves_a_viewed_block_at_the_ring_end(name, ve
     from dataclasses import replace
 
     from shmcache import PinnedError
-    from shmcache.layout.dtypes import H_VERSION
+    from .workers import laid_out_as
 
-    with SharedCache(name, capacity_bytes=256 << 10, max_entries=2048, create=True) as c:
-        c._seg.header_words[H_VERSION] = version  # (before anything is stored: version 12's geometry is 13's)
+    laid_out_as(monkeypatch, version)
+    with SharedCache(name, capacity_bytes=256 << 10, max_entries=2048, create=True):
+        pass
+    monkeypatch.undo()
     with SharedCache(name) as c:
         try:
             g = c._seg.geometry
             assert c._seg.version == version and c._seg.ring() == g.ring_nbytes(c.capacity_bytes, 2048)
             ring12 = replace(g, version=12).ring_nbytes(c.capacity_bytes, 64)
-            assert (g.ring_nbytes(c.capacity_bytes, 64) == c._seg.ring()) is (version == 13)  # (13: no limit's)
+            assert (g.ring_nbytes(c.capacity_bytes, 64) == c._seg.ring()) is (version >= 13)  # (13 on: no limit's)
             last = _view_at_the_ring_end(c, ring12)
             with c.view(last) as a:
                 if version == 12:

@@ -335,7 +335,7 @@ def test_layout_golden_version_11_stripes(name):
 
     assert d.LAYOUT_VERSION >= 11 and d.READ_VERSIONS[:5] == (7, 8, 9, 10, 11)
     assert (d.STRIPES, d.STRIPE_MIN_SHIFT, d.STRIPE_WORDS, d.S_OPEN, d.STRIPES_NBYTES) == (64, 4, 8, 0, 65 * 64)
-    g = Geometry.for_capacity(2**20, 1000)
+    g = Geometry.for_capacity(2**20, 1000, version=11)
     assert g.stripes_off == g.readers_off + 256 * 256 and g.stripes_nbytes == 65 * 64
     assert g.arena_off == -(-(g.stripes_off + 65 * 64) // 4096) * 4096
     old = Geometry.for_capacity(2**20, 1000, version=10)
@@ -385,7 +385,7 @@ def test_layout_golden_version_13_ring_sized_for_every_slot(name):
     reach, whatever the entry limit in force (12's followed the limit): a new max_entries leaves the ring's size as
     it is. The extent grows only as far as the limit needs (``extent_top``, 12's ring), and a lower limit lowers
     that top (the blocks slid below it, the memory past them given back)."""
-    assert d.LAYOUT_VERSION == 13 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12, 13)
+    assert d.LAYOUT_VERSION >= 13 and d.READ_VERSIONS[:7] == (7, 8, 9, 10, 11, 12, 13)
     g12, g13 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (12, 13))
     assert (g12.stripes_off, g12.arena_off, g12.total_nbytes) == (g13.stripes_off, g13.arena_off, g13.total_nbytes)
     most = g13.ring_nbytes(2**19, 1000)
@@ -411,15 +411,83 @@ def test_layout_golden_version_13_ring_sized_for_every_slot(name):
             c.unlink()
 
 
+def test_layout_golden_version_14_idle_region(name):
+    """Version 14: after the stripes, the idle region: a line whose words 0 and 1 are the default time to idle and
+    its checksum, then the ttis and deadlines columns, a word per entry slot each, on lines of their own; the arena
+    after them, page aligned. Version 13 is 14 without the region. A store with a time to idle writes its tti, its
+    deadline and its expiry (the earlier of the two); without one, zeros beside its expiry."""
+    from shmcache import config
+    from .workers import entry_of
+
+    assert d.LAYOUT_VERSION == 14 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12, 13, 14)
+    assert (d.D_DEFAULT_TTI, d.D_TTI_CHECK, d.IDLE_HEAD_NBYTES, d.IDLE_SHARE) == (0, 1, 64, 8)
+    g13, g14 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (13, 14))
+    end = g14.stripes_off + g14.stripes_nbytes
+    assert (g13.stripes_off, g13.readers_off) == (g14.stripes_off, g14.readers_off) and g14.idle_off == end
+    assert g14.ttis_off == end + 64 and g14.deadlines_off == -(-(g14.ttis_off + 8 * g14.entry_slots) // 64) * 64
+    assert g14.arena_off == -(-(g14.deadlines_off + 8 * g14.entry_slots) // 4096) * 4096
+    assert g13.arena_off == -(-end // 4096) * 4096 and g13.ttis_off == g13.deadlines_off == g13.idle_end == end
+    shown = {off: (n, most) for off, n, most in g14.tables(16, 10)}
+    assert shown[g14.ttis_off] == shown[g14.deadlines_off] == (80, 8 * g14.entry_slots)
+    assert not {off for off, _, _ in g13.tables(16, 10)} & {g14.ttis_off, g14.deadlines_off}
+    t = [0]
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True, default_tti=3,
+                     clock=lambda: t[0]) as c:
+        try:
+            idle = c._seg.idle_words
+            assert (idle[0], idle[1]) == (3 * 10**9, config.tti_checksum(3 * 10**9))
+            t[0] = 10**9
+            c.put("both", b"x", ttl=2, tti=5)
+            c.put("idle", b"x")  # (the default tti)
+            c.put("none", b"x", tti=0)
+            cols = c._seg.expires_words, c._seg.ttis_words, c._seg.deadlines_words
+            words = {k: [col[entry_of(c, k)] for col in cols] for k in ("both", "idle", "none")}
+            assert words == {"both": [3 * 10**9, 5 * 10**9, 3 * 10**9], "idle": [4 * 10**9, 3 * 10**9, 0],
+                             "none": [0, 0, 0]}
+        finally:
+            c.unlink()
+
+
+def test_layout_version_13_segment_has_no_idle_expiry(name, monkeypatch):
+    """A segment of layout version 13 (no idle region) is attached and used on both paths as it is: a put with a
+    time to idle is refused with a ValueError naming the version, one without stores as before, and a repair never
+    rewrites it to version 14."""
+    from .workers import laid_out_as, python_path
+
+    laid_out_as(monkeypatch, 13)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True) as c:
+        c["old"] = b"kept"
+    monkeypatch.undo()
+    try:
+        for path in ("compiled", "python"):
+            with SharedCache(name, create=False) as c:
+                if path == "python":
+                    python_path(c)
+                assert c._seg.version == 13 and c._seg.idle_words is None
+                with pytest.raises(ValueError, match="version 13"):
+                    c.put("k", 1, tti=5)
+                c.put(path, 1, tti=0)
+                c.put(path + "2", 2)
+                assert c["old"] == b"kept" and c[path] == 1 and c.verify(repair_damage=True).ok
+                assert c._seg.header_words[d.H_VERSION] == 13
+        with pytest.raises(ValueError, match="default_tti"):
+            SharedCache(name, default_tti=5)
+    finally:
+        SharedCache.unlink_name(name)
+
+
 def test_layout_version_11_segment_refuses_to_replace_a_viewed_entry(name, monkeypatch):
     """A segment of layout version 11 may be shared with processes of the release before, which know no held
     entries: on it a put or delete of a key a view pins is refused (PinnedError), on both paths, as it was."""
     from shmcache import PinnedError
     from .workers import python_path
 
+    from .workers import laid_out_as
+
+    laid_out_as(monkeypatch, 11)
     with SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True) as c:
         c["old"] = b"kept"
-        c._seg.header_words[d.H_VERSION] = 11  # (version 11's geometry is 12's)
+    monkeypatch.undo()
     for path in ("compiled", "python"):
         with SharedCache(name, create=False) as c:
             if path == "python":

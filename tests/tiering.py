@@ -18,7 +18,7 @@ module must be named here: an unknown one fails the collection, so that no test 
 from __future__ import annotations
 
 LOCKED = frozenset({
-    "test_aio", "test_atomic", "test_cache", "test_codec", "test_core", "test_held", "test_hot_paths",
+    "test_aio", "test_atomic", "test_cache", "test_codec", "test_core", "test_held", "test_hot_paths", "test_idle",
     "test_interrupts", "test_keylock", "test_kinds", "test_lifecycle", "test_lock", "test_lock_damage", "test_mapping",
     "test_memoize",
     "test_multiprocess", "test_policies", "test_properties", "test_security", "test_single_flight", "test_snapshot",

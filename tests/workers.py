@@ -31,6 +31,19 @@ def python_path(cache: SharedCache) -> SharedCache:
     return cache
 
 
+def laid_out_as(monkeypatch, version: int) -> None:
+    """Segments created from here on are laid out as layout ``version`` laid them out (their version word says it
+    too), as a process of that release made them; ``monkeypatch.undo()`` ends it."""
+    from shmcache import layout
+
+    made = layout.Geometry.for_capacity.__func__
+
+    def as_version(cls, capacity_bytes, max_entries, policy=0, version=version):
+        return made(cls, capacity_bytes, max_entries, policy, version)
+
+    monkeypatch.setattr(layout.Geometry, "for_capacity", classmethod(as_version))
+
+
 def stripes_at_rest(cache: SharedCache) -> tuple[int, int]:
     """The byte range of ``cache``'s stripes' words, for a comparison of two segments to leave out, after checking
     that they are at rest: no stripe open and every word even. Their values are generations, which differ between

@@ -18,6 +18,8 @@ so that no two regions share a cache line::
     geometry.readers_off      reader slots  READER_SLOTS records of dtype READER (64 bytes): reads without the lock
     geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line (and, version 12, the
                                             held entries' words), then a word a line
+    geometry.idle_off         idle          (version 14) a line (the default time to idle and its checksum), then
+                                            the ttis and deadlines columns, entry_slots words each: idle expiry
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -114,6 +116,15 @@ byte of the key (below), and the kind table counts each kind's entries and bytes
 pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
 without a word written. ``marks`` is 0 under lru and keep; under s3fifo (and auto) bits 0-1 count the entry's hits
 since it entered its queue (saturating at 3) and bit 2 (``MARK_SMALL``) says it is in small (auto's window).
+
+The idle region (version 14): its first line holds the cache's default time to idle (``D_DEFAULT_TTI``, ns, 0:
+none) and that word's checksum (``config.tti_checksum``), written once at creation; then two columns of a word per
+entry slot, valid while the slot is resident: ``ttis``, the entry's time to idle (0: none), and ``deadlines``, the
+expiry its time to live set (0: none). An idle entry's ``expires`` is the earlier of its deadline and the last read
+that moved it plus its tti; a hit under the lock moves it forward once it has gained ``1/IDLE_SHARE`` of the tti,
+a single word the readers without the lock may read either side of (both are deadlines it had), so an entry read
+more often than every ``(1 - 1/IDLE_SHARE)`` tti lives and one left alone for its tti is gone. A read without the
+lock that finds such a move due hands the hit to the locked path (``_core_unlocked.c``).
 
 The ghost region (``ghost_slots`` words, as many as the index's slots, under s3fifo and auto; none under lru and
 keep): under s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit
@@ -262,6 +273,13 @@ Layout versions.
          only the readers of its stripes. A segment of version 10 is version 11 without the region: attached and
          used as it is, its writers opening ``seq`` where version 11's open a stripe (as a version-10 process does),
          never rewritten to version 11.
+    12 -- held entries: a pinned entry that a put, delete or expiry of its key replaces is held aside for its
+         views (the stripes region's ``S_HELD*`` words) instead of refusing the store (PinnedError).
+    13 -- the ring has room for a block header per entry slot the tables reach, so that only a new capacity changes
+         its size; its extent grows up to ``Geometry.extent_top`` (12's ring) alone.
+    14 -- idle expiry: the idle region after the stripes (the arena after it, page aligned). A segment of version
+         13 is version 14 without the region: attached and used as it is, its entries without a time to idle (a
+         store that asks for one is refused with a ValueError naming the version), never rewritten to version 14.
 """
 
 from .dtypes import (

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 13
+LAYOUT_VERSION = 14
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -24,8 +24,9 @@ LAYOUT_VERSION = 13
 # entries: a put or delete of an entry a view pins is refused (PinnedError) where 12 holds the old entry aside. 12 is
 # 13 with a ring that follows the entry limit in force (room for a block header for each entry it allows), so that a
 # new limit moves every block and refuses a block a view pins past the new ring's end; 13's ring has that room for
-# every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity.
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13)
+# every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity. 13 is 14 without
+# idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -113,6 +114,18 @@ S_REFRESHES = 5  # refreshes of a stale value run in the background (each a call
 S_REFRESH_FAILED = 6  # refreshes whose function raised: the stale value is served on until its stale_ttl ends
 STALE_COUNTERS = (S_STALE_HITS, S_REFRESHES, S_REFRESH_FAILED)
 STRIPES_NBYTES = (1 + STRIPES) * ALIGN
+# Idle expiry (version 14): an entry stored with a time to idle (``tti``) expires once nobody has read it for that
+# long. Its ``expires`` word stays the one every expiry test reads: the earlier of its deadline (the time to live's,
+# 0: none) and the last read that moved it plus the tti. A hit moves it only when it has gained an eighth of the tti
+# since it was last written, so a hot entry's word is written at most eight times a tti, never at every hit (and a
+# read without the lock hands such a hit to the locked path: _core_unlocked.c). The region: a line holding the
+# cache's default time to idle and its checksum, then two columns beside the entry table, one word per entry slot
+# (valid while the slot is resident): TTIS, the entry's time to idle in ns (0: none), and DEADLINES, the expiry its
+# time to live set (0: none; the expires word never passes it).
+D_DEFAULT_TTI = 0  # the region's word 0: the time to idle of a store that gives none (ns; 0: none), creation only
+D_TTI_CHECK = 1    # word 1: config.tti_checksum of word 0 (a damaged pair reads as none: verify repairs it)
+IDLE_HEAD_NBYTES = ALIGN
+IDLE_SHARE = 8     # a hit moves an idle entry's expiry once it has gained 1/IDLE_SHARE of its tti
 
 
 def _record(lines: list[tuple[int, list[tuple[str, str]]]], itemsize: int) -> np.dtype:
@@ -272,6 +285,8 @@ KINDS = np.dtype("u1")   # kind record number (0: no kind); the same as the key'
 PINS = np.dtype("u1")    # 1: a view may hold the entry pinned (a kernel lock says whether one still does)
 MARKS = np.dtype("u1")   # the policy's bits of the entry (MARK_*); 0 under lru and keep
 GHOST = np.dtype(_W)     # a ghost slot (s3fifo): see GHOST_STAMP_BITS
+TTIS = np.dtype(_W)      # (version 14, the idle region) the entry's time to idle, ns; 0: none (D_DEFAULT_TTI...)
+DEADLINES = np.dtype(_W)  # (version 14) the expiry its time to live set, CLOCK_MONOTONIC ns; 0: none
 # A reader slot: the counts of one handle's reads without the lock, plain words written by that handle alone (it
 # holds the slot with an exclusive OFD lock on byte READER_BASE + slot, ofd.py). A slot outlives its holder: the next
 # claimer adds to its counts, and stats() sums every slot, so counts survive a SIGKILL.

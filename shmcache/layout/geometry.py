@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dtypes import (
-    ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES, INDEX_SLOT,
-    KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER,
-    READER_SLOTS, STRIPES_NBYTES, VERSIONS,
+    ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES,
+    IDLE_HEAD_NBYTES, INDEX_SLOT, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES,
+    POLICY_S3FIFO, READER, READER_SLOTS, STRIPES_NBYTES, TTIS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -64,7 +64,8 @@ class Geometry:
     policy: int = 0  # POLICY_* (dtypes.py)
     version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
     #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces;
-    #                                13's ring does not follow the entry limit (ring_entries)
+    #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
+    #                                region (idle_off)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -131,7 +132,11 @@ class Geometry:
         if self.version < 10:
             index_live, slots = self.index_slots, self.entry_slots
         ghost = max(index_live, GHOST_WAYS) if self.ghost_slots else 0
-        return [
+        idle = [] if self.version < 14 else [
+            (self.ttis_off, slots * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
+            (self.deadlines_off, slots * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
+        ]
+        return idle + [
             (self.index_off, index_live * INDEX_SLOT.itemsize, self.index_slots * INDEX_SLOT.itemsize),
             (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
             (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
@@ -147,7 +152,7 @@ class Geometry:
         ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table, the reader
         slots and the stripes whole, the tables' shown parts (``tables``), the arena's first ``extent`` bytes. Ranges
         are page aligned outwards (a page holding any of a range is backed whole) and merged."""
-        parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.arena_off)]
+        parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.ttis_off)]
         parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots) if shown]
         parts.append((self.arena_off, self.arena_off + extent))
         out: list[tuple[int, int]] = []
@@ -236,8 +241,27 @@ class Geometry:
         return STRIPES_NBYTES if self.version >= 11 else 0
 
     @property
+    def idle_off(self) -> int:
+        """Where the idle region begins (version 14; before it the region is empty): its line of words, then the
+        ttis and deadlines columns."""
+        return _round_up(self.stripes_off + self.stripes_nbytes, ALIGN)
+
+    @property
+    def ttis_off(self) -> int:
+        return self.idle_off + (IDLE_HEAD_NBYTES if self.version >= 14 else 0)
+
+    @property
+    def deadlines_off(self) -> int:
+        return _round_up(self.ttis_off + (self.entry_slots * TTIS.itemsize if self.version >= 14 else 0), ALIGN)
+
+    @property
+    def idle_end(self) -> int:
+        return _round_up(self.deadlines_off + (self.entry_slots * DEADLINES.itemsize if self.version >= 14 else 0),
+                         ALIGN)
+
+    @property
     def arena_off(self) -> int:
-        return _round_up(self.stripes_off + self.stripes_nbytes, PAGE)
+        return _round_up(self.idle_end, PAGE)
 
     @property
     def total_nbytes(self) -> int:
