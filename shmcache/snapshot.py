@@ -648,7 +648,7 @@ def _store(batch: list, hot, now) -> tuple[int, int]:
             pass  # one by one, to learn which: a key an open view pins (version 11), or limits lowered meanwhile
         for fields in run:
             try:
-                ok = hot.put(fields, now(), ttl)
+                ok = hot.put(fields, now(), ttl, -1)  # (-1: the cache's default time to idle)
             except (PinnedError, TooLargeError):
                 ok = False
             stored += bool(ok)

@@ -118,6 +118,30 @@ def test_snapshot_restore_through_the_python_paths_batch(name, other, tmp_path, 
         assert d.verify().ok
 
 
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_restore_a_batch_refused_goes_on_one_at_a_time(name, other, tmp_path, monkeypatch, path):
+    """A batch the store refuses whole (here: a key an open view pins on a segment of layout version 11, which
+    refuses its replacement) is stored one entry at a time: the pinned one is counted as no room, the rest
+    stored."""
+    from tests.workers import laid_out_as, python_path
+
+    snap = tmp_path / "c.snap"
+    values = {f"k{i}": b"%d-" % i + bytes(100) for i in range(20)}
+    with SharedCache(name, capacity_bytes=MIB, max_entries=256, create=True) as c:
+        c.put_many(values)
+        c.snapshot(snap)
+    laid_out_as(monkeypatch, 11)
+    with SharedCache(other, capacity_bytes=MIB, max_entries=256, create=True) as d:
+        monkeypatch.undo()
+        if path == "python":
+            python_path(d)
+        d.put("k7", b"mine")
+        with d.view("k7"):
+            r = d.restore(snap)
+        assert (r.restored, r.no_room, r.damaged) == (19, 1, 0)
+        assert _items(d) == {**values, "k7": b"mine"} and d.verify().ok
+
+
 def test_snapshot_round_trip_pickle_values(name, other, tmp_path):
     path = tmp_path / "p.snap"
     value = {"obj": datetime.timezone(datetime.timedelta(hours=2)), "n": [1, 2]}
