@@ -118,11 +118,13 @@ def test_snapshot_restore_through_the_python_paths_batch(name, other, tmp_path, 
         assert d.verify().ok
 
 
-@pytest.mark.parametrize("path", ["compiled", "python"])
+@pytest.mark.parametrize("path", ["compiled", "handed over", "python"])
 def test_restore_a_batch_refused_goes_on_one_at_a_time(name, other, tmp_path, monkeypatch, path):
     """A batch the store refuses whole (here: a key an open view pins on a segment of layout version 11, which
     refuses its replacement) is stored one entry at a time: the pinned one is counted as no room, the rest
-    stored."""
+    stored. The compiled section refuses the one record itself; handed over (the dirty word set), the batch goes
+    through the Python code's batch put and then one put at a time."""
+    from shmcache.layout.dtypes import H_DIRTY
     from tests.workers import laid_out_as, python_path
 
     snap = tmp_path / "c.snap"
@@ -137,9 +139,35 @@ def test_restore_a_batch_refused_goes_on_one_at_a_time(name, other, tmp_path, mo
             python_path(d)
         d.put("k7", b"mine")
         with d.view("k7"):
+            if path == "handed over":
+                d._seg.header_words[H_DIRTY] = 1
             r = d.restore(snap)
         assert (r.restored, r.no_room, r.damaged) == (19, 1, 0)
         assert _items(d) == {**values, "k7": b"mine"} and d.verify().ok
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_restore_store_goes_one_at_a_time_past_an_entry_over_the_limit(name, path):
+    """The restore's store of the rows handed back to Python (``snapshot._store``, after a hand-over stopped the
+    compiled section's pass): a batch put refused whole for one entry over a byte limit lowered meanwhile is
+    stored one entry at a time, through the handle's own path, that one refused and counted."""
+    from shmcache.arena import block_nbytes
+    from shmcache.codec import body_checksum, fingerprint
+    from shmcache.store import Encoded
+    from tests.workers import python_path
+
+    def encoded(key: str, nbytes: int):
+        kb, tag, body = key.encode(), ord("B"), bytes(nbytes)
+        size = len(kb) + len(body) + 1
+        return Encoded(kb, tag, body, fingerprint(kb), body_checksum(tag, body), size, block_nbytes(size))
+
+    with SharedCache(name, capacity_bytes=MIB, max_entries=256, create=True) as c:
+        if path == "python":
+            python_path(c)
+        c.set_limits(max_retained_bytes=4096)
+        batch = [(encoded("a", 100), 0), (encoded("big", 8000), 0), (encoded("b", 100), 0)]
+        assert snapfile._store(batch, c._path, time.monotonic_ns) == (2, 1)
+        assert c.get("a") == bytes(100) and c.get("b") == bytes(100) and "big" not in c and c.verify().ok
 
 
 def test_snapshot_round_trip_pickle_values(name, other, tmp_path):
