@@ -274,7 +274,11 @@ class TierWorkload:
                 self.c[self.base + COMPUTING] = 0
 
         ttl = self.rng.choice((None, None, None, 1.0))
-        self.check("get_or_compute", key, self.tier.get_or_compute(key, compute, timeout=COMPUTE_TIMEOUT, ttl=ttl))
+        # (with a ttl, half the calls serve stale while one refreshes: a refresher killed mid-computation leaves its
+        # lease to run out and the next stale call, on any host, to refresh)
+        stale = self.rng.choice((None, 2.0)) if ttl else None
+        self.check("get_or_compute", key, self.tier.get_or_compute(key, compute, timeout=COMPUTE_TIMEOUT, ttl=ttl,
+                                                                  stale_ttl=stale))
 
     def _incr(self, key, i) -> None:
         row, j = self.tier._row, i - self.nkeys

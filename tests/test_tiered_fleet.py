@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import threading
 import time
 import uuid
 
@@ -86,6 +87,130 @@ def test_tiered_single_flight_across_hosts(redis_url, fleet):
         assert sa.local_misses == sb.local_misses == len(keys)
         assert sa.local_hits + sb.local_hits == 2 * (procs_per_host - 1) * len(keys)
         a._remote.client.delete(*[f"runs:{namespace}:{k}" for k in keys])
+
+
+def _stale_caller(url, local_name, namespace, key, go, until, out):
+    """A process of the fleet's stale test: get_or_compute(key, fn, ttl=0.5, stale_ttl=10) until ``until``
+    (monotonic), every value checked, and each call's duration kept; its function (0.3 s) records in Redis when it
+    began and in which thread. Reports (calls, wrong values, the longest call in s)."""
+    tier = _open(url, local_name, namespace)
+    client = tier._remote.client
+
+    def fn():
+        n = client.incr(f"runs:{namespace}")
+        client.rpush(f"starts:{namespace}", f"{time.time()} {threading.current_thread().name}")
+        time.sleep(0.3)
+        return make_value(key, n, 256)
+
+    calls = wrong = 0
+    longest = 0.0
+    try:
+        go.wait(JOIN_S)
+        while time.monotonic() < until:
+            t0 = time.monotonic()
+            v = tier.get_or_compute(key, fn, ttl=0.5, stale_ttl=10)
+            longest = max(longest, time.monotonic() - t0)
+            calls += 1
+            wrong += check_value(key, v) is not None
+            time.sleep(0.01)
+    finally:
+        out.put((calls, wrong, longest))
+        tier.close()
+
+
+def test_tiered_stale_four_processes_on_two_hosts_never_wait_after_the_first(redis_url, fleet):
+    """The fleet's stale_ttl: 2 processes on each of 2 hosts call get_or_compute(k, fn, ttl=0.5, stale_ttl=10)
+    with a 0.3 s fn for 3 s. After the first computation no call waits for one: every later computation ran in a
+    refresh thread, and no host counted a wait for another host's lock; and the computations are one per expiry
+    for the whole fleet: each began at least 0.3 s (the computation) + 0.5 s (the fresh value's ttl) after the one
+    before it (judged with a small allowance for the hosts' clocks, which are one machine's here)."""
+    names, namespace = fleet
+    key = "stale-key"
+    with _open(redis_url, names[0], namespace) as first:
+        first.get_or_compute(key, lambda: make_value(key, 0, 256), ttl=0.5, stale_ttl=10)
+        client = first._remote.client
+    go, out = ctx.Event(), ctx.Queue()
+    until = time.monotonic() + 3.0
+    procs = [ctx.Process(target=_stale_caller, args=(redis_url, names[i % 2], namespace, key, go, until, out))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    go.set()
+    try:
+        results = [out.get(timeout=JOIN_S) for _ in procs]
+    finally:
+        reap(procs, JOIN_S)
+    assert all(p.exitcode == 0 for p in procs)
+    assert sum(r[1] for r in results) == 0 and all(r[0] > 10 for r in results)
+    starts = [line.decode().split() for line in client.lrange(f"starts:{namespace}", 0, -1)]
+    assert starts, "no refresh ran in 3 s of a value that goes stale every 0.5 s"
+    assert all(thread == "shmcache-refresh" for _, thread in starts), starts  # never in a caller's own call
+    times = sorted(float(t) for t, _ in starts)
+    assert all(b - a >= 0.75 for a, b in zip(times, times[1:])), times  # one per expiry, fleet-wide
+    assert int(client.get(f"runs:{namespace}")) == len(starts)
+    with _open(redis_url, names[0], namespace) as a, _open(redis_url, names[1], namespace) as b:
+        sa, sb = a.stats(), b.stats()
+        assert sa.lock_waits == sb.lock_waits == 0  # no call waited for another host's computation
+        assert sa.refreshes + sb.refreshes == len(starts) and sa.refresh_failures + sb.refresh_failures == 0
+        assert sa.stale_hits + sb.stale_hits >= len(starts)
+    client.delete(f"runs:{namespace}", f"starts:{namespace}")
+
+
+def test_tiered_stale_a_failed_refresh_serves_stale_and_is_counted(redis_url, fleet, caplog):
+    """A refresh whose function raises is logged and counted; the stale value is served on, and the next stale call
+    refreshes again."""
+    names, namespace = fleet
+    with _open(redis_url, names[0], namespace) as a:
+        assert a.get_or_compute("k", lambda: "old", ttl=0.2, stale_ttl=30) == "old"
+        time.sleep(0.25)  # (past the fresh window: a bound the value's ttl sets, not a measure of speed)
+        assert a.get_or_compute("k", lambda: 1 / 0, ttl=0.2, stale_ttl=30) == "old"
+        eventually(lambda: a.stats().refresh_failures == 1, what="the failed refresh counted")
+        assert a.get_or_compute("k", lambda: "new", ttl=0.2, stale_ttl=30) == "old"
+        eventually(lambda: a.get_or_compute("k", lambda: "newer", ttl=0.2, stale_ttl=30) != "old",
+                   what="the next refresh stored")
+        s = a.stats()
+        assert s.refreshes >= 2 and s.stale_hits >= 2
+    assert any("refresh" in r.getMessage() for r in caplog.records)
+
+
+def test_tiered_stale_async_refreshes_in_a_task_of_the_loop(redis_url, fleet):
+    """aget_or_compute's stale_ttl: a stale value is returned at once and refreshed by a task of the running loop,
+    whose coroutine function runs there; the other host copies the refreshed value instead of computing it."""
+    import asyncio
+
+    names, namespace = fleet
+    runs: list[str] = []
+
+    async def compute(tag: str):
+        runs.append(tag)
+        await asyncio.sleep(0.05)
+        return make_value("k", len(runs), 64)
+
+    async def main():
+        with _open(redis_url, names[0], namespace) as a, _open(redis_url, names[1], namespace) as b:
+            first = await a.aget_or_compute("k", lambda: compute("first"), ttl=0.2, stale_ttl=30)
+            await asyncio.sleep(0.25)  # (past the fresh window: a bound the value's ttl sets)
+            assert await a.aget_or_compute("k", lambda: compute("refresh"), ttl=0.2, stale_ttl=30) == first
+            for _ in range(400):  # (a bound on the wait for the task)
+                if (await a.aget("k"))["seq"] == 2:  # (stored: Redis's value, and a's copy)
+                    break
+                await asyncio.sleep(0.005)
+            fresh = await b.aget_or_compute("k", lambda: compute("b"), ttl=0.2, stale_ttl=30)
+            check_value("k", fresh)
+            assert fresh["seq"] == 2 and runs == ["first", "refresh"]
+            assert b.stats().refreshes == 0 and a.stats().refreshes == 1
+
+    asyncio.run(main())
+
+
+def test_tiered_stale_ttl_is_checked(redis_url, fleet):
+    names, namespace = fleet
+    with _open(redis_url, names[0], namespace) as a:
+        with pytest.raises(ValueError, match="stale_ttl needs a time to live"):
+            a.get_or_compute("k", lambda: 1, stale_ttl=5)
+        with pytest.raises(ValueError, match="stale_ttl"):
+            a.get_or_compute("k", lambda: 1, ttl=1, stale_ttl=-1)
+        assert "k" not in a
 
 
 def _compute_forever(url, local_name, namespace, key, started):

@@ -65,10 +65,14 @@ COUNTERS = (
     "lock_waits",       # get_or_compute calls that waited for another host computing the key
     "lock_takeovers",   # waits that ended with the lock free and no value: this host computed after all
     "listener_starts",  # times this host's listener (re)subscribed
+    "stale_hits",       # get_or_compute calls answered with a stale value (stale_ttl) that set off a refresh
+    "refreshes",        # background refreshes of a stale value computed on this host (each also a computation)
+    "refresh_failures",  # of those, the ones whose function raised: the stale value is served on
 )
 (C_LOCAL_HITS, C_LOCAL_MISSES, C_REMOTE_HITS, C_REMOTE_MISSES, C_REMOTE_ERRORS, C_REMOTE_TIMEOUTS, C_REMOTE_SKIPPED,
  C_REMOTE_CALLS, C_REMOTE_NS, C_PUTS, C_LOCAL_ONLY_PUTS, C_INVALIDATIONS, C_STALE_FILLS, C_LOCAL_CLEARS,
- C_COMPUTATIONS, C_LOCK_WAITS, C_LOCK_TAKEOVERS, C_LISTENER_STARTS) = range(len(COUNTERS))
+ C_COMPUTATIONS, C_LOCK_WAITS, C_LOCK_TAKEOVERS, C_LISTENER_STARTS, C_STALE_HITS, C_REFRESHES,
+ C_REFRESH_FAILURES) = range(len(COUNTERS))
 C_LATENCY = 32
 LATENCY_PER_OCTAVE = 4
 LATENCY_BUCKETS = 96  # 1 µs to 2**24 µs (16.8 s); slower calls count in the last bucket

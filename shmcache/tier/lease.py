@@ -17,7 +17,7 @@ import weakref
 
 from ..errors import ComputeTimeout, RemoteError
 from ..mapping import MISSING
-from .layout import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS
+from .layout import C_COMPUTATIONS, C_LOCK_TAKEOVERS, C_LOCK_WAITS, C_REFRESH_FAILURES, C_REFRESHES
 from .steps import CALL, SLEEP, run
 
 WAIT_FIRST_S, WAIT_MAX_S = 0.002, 0.05
@@ -115,6 +115,47 @@ def compute(remote, fetch, put_computed, row, lease_ms: int, key, kb: bytes, fn,
         value = yield CALL, fn
         yield from put_computed(key, value, ttl)
     return value
+
+
+def refresh(remote, fetch, put_computed, row, lease_ms: int, key, kb: bytes, fn, ttl: float, stale_ms: int,
+            blocking: bool = True):
+    """Steps of a background refresh of ``key``'s stale value (``TieredCache.get_or_compute``'s ``stale_ttl``), with
+    this host's claim held: Redis's value first, for another host may have refreshed it (then copied here, and
+    nothing computed); else the fleet's compute lock, taken without waiting (a host that holds it is refreshing:
+    this one leaves it the work, and its callers serve the stale value meanwhile), Redis looked at once more, then
+    ``fn`` under the lease and its write-through (``blocking``: see ``Lease``). Whether this host computed. Raises
+    what ``fn`` raises (counted in ``refresh_failures``) and RemoteError."""
+    left: list[int] = []
+    value = yield from fetch(kb, False, left)
+    if value is not MISSING and not _stale(left, stale_ms):
+        return False
+    token = os.urandom(16)
+    if not (yield from remote.try_lock(kb, token, lease_ms)):
+        return False
+    left.clear()
+    try:
+        value = yield from fetch(kb, False, left)
+    except BaseException:
+        yield from _unlocking(remote, kb, token)
+        raise
+    if value is not MISSING and not _stale(left, stale_ms):
+        yield from _unlocking(remote, kb, token)
+        return False
+    row[C_REFRESHES] += 1
+    row[C_COMPUTATIONS] += 1
+    with Lease(remote, kb, token, lease_ms, blocking):
+        try:
+            value = yield CALL, fn
+        except Exception:
+            row[C_REFRESH_FAILURES] += 1
+            raise
+        yield from put_computed(key, value, ttl)
+    return True
+
+
+def _stale(left: list[int], stale_ms: int) -> bool:
+    """Whether a value Redis gave with ``left`` ([its ms to live, -1 for none]) is within its stale window."""
+    return bool(left) and 0 <= left[0] <= stale_ms
 
 
 def _unlocking(remote, kb: bytes, token: bytes):

@@ -85,6 +85,9 @@ class TierStats:
     lock_waits: int
     lock_takeovers: int
     listener_starts: int
+    stale_hits: int
+    refreshes: int
+    refresh_failures: int
     remote_p50_us: float
     remote_p90_us: float
     remote_p99_us: float

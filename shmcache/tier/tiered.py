@@ -19,6 +19,7 @@ they always need Redis.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import time
@@ -30,14 +31,15 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .. import aio, flight, memo, ofd
 from ..cache import DEFAULT_LOCK_TIMEOUT, SharedCache, parts, seconds, ttl_ns
 from ..codec import EncodedKey, KindKey, decode_body, encode_key, encode_parts, fingerprint
-from ..errors import ClosedError, PinnedError, RemoteError, SerializerMismatch, TooLargeError
+from ..errors import ClosedError, PinnedError, ReentrantCallError, RemoteError, SerializerMismatch, TooLargeError
 from ..layout import KIND_PREFIX
 from ..mapping import MISSING
+from ..refresh import Refreshes
 from ..trust import Trust
 from . import copies, lease
 from .layout import (
     C_COMPUTATIONS, C_INVALIDATIONS, C_LISTENER_STARTS, C_LOCAL_CLEARS, C_LOCAL_HITS, C_LOCAL_MISSES,
-    C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, LISTENER_BASE,
+    C_LOCAL_ONLY_PUTS, C_PUTS, C_REMOTE_HITS, C_REMOTE_MISSES, C_STALE_FILLS, C_STALE_HITS, LISTENER_BASE,
     MESSAGE_HEADER, OP_CLEAR, OP_KEY,
 )
 from .listener import SILENCE_S, TRACKING_CHANNEL, Calls, Listener, Subscription, log as listener_log
@@ -48,6 +50,8 @@ from .remote import (
 )
 from .steps import CALL, LOCAL, arun, run
 from .stats import Rows, TierStats
+
+_log = logging.getLogger("shmcache")
 
 if TYPE_CHECKING:
     from ..memo import Memoized
@@ -110,6 +114,7 @@ class TieredCache(TierMapping):
         self.strict = strict
         self.default_ttl = default_ttl
         self._lease_ms = max(1, int(lock_lease * 1000))
+        self._refreshes = Refreshes()  # get_or_compute's background refreshes of stale values (refresh.py)
         # A fill's copy is stored only within _fill_s of its start (reads are bounded by the timeout), and its mark
         # lives longer than that.
         self._fill_s = 2 * timeout + 0.5
@@ -191,9 +196,10 @@ class TieredCache(TierMapping):
             return default
         return default if value is MISSING else value
 
-    def _fetch(self, kb: bytes, count_miss: bool = True):
+    def _fetch(self, kb: bytes, count_miss: bool = True, left: list[int] | None = None):
         """The value of ``kb`` from Redis, copied into the local cache, or MISSING if Redis has none (or one that
-        is not valid). Counts the remote hit or miss; raises RemoteError."""
+        is not valid); ``left``: the ms it had to live in Redis (-1: no time to live) is appended to it. Counts the
+        remote hit or miss; raises RemoteError."""
         t0 = time.monotonic()  # before the mark: the deadline must fall within the mark's life
         generation = yield from self._begin(kb)
         found = yield from self._remote.read(kb)
@@ -204,6 +210,8 @@ class TieredCache(TierMapping):
             return MISSING
         version, tag, body, value = decoded
         self._row[C_REMOTE_HITS] += 1
+        if left is not None:
+            left.append(found[1])
         ttl = self.max_age - (time.monotonic() - t0)  # the age counts from before the read
         if found[1] >= 0:
             ttl = min(ttl, found[1] / 1000)
@@ -491,21 +499,46 @@ class TieredCache(TierMapping):
     # ------------------------------------------------------------------------------------------- compute
 
     def get_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                       ttl: float | None = None) -> R:
+                       ttl: float | None = None, stale_ttl: float | None = None) -> R:
         """The value of ``key``; on a miss everywhere, ``fn()``'s result, stored and returned, with ``fn`` run once
         for the whole fleet: one process per host asks Redis (the host's single-flight), and one host computes
         while the others wait for its result (``lease.py``: a Redis lock with an owner token, renewed while the
         host lives; if it dies, its lock expires after ``lock_lease`` and a waiting host takes over). ``timeout``
         bounds the wait for another computation (ComputeTimeout; None: no bound, else a finite number of
-        seconds). With Redis unavailable, the host computes on its own (``strict``: RemoteError)."""
+        seconds). With Redis unavailable, the host computes on its own (``strict``: RemoteError).
+
+        ``stale_ttl``: serve stale while one host refreshes, as ``SharedCache.get_or_compute`` does on one host.
+        The result is written to live ``ttl + stale_ttl`` in Redis; once no more than ``stale_ttl`` of that is left
+        it is stale, and every call on every host gets it at once (the host's copy, or Redis's) while one process
+        of one host computes the next value in a background thread: its host's claim taken without waiting, then
+        Redis looked at (a value another host refreshed is copied, and nothing computed), then the fleet's compute
+        lock taken without waiting (a host that holds it is refreshing). A refresh that raises is logged (logger
+        ``shmcache``) and counted; the stale value is served on until its window ends. ``stats()`` counts
+        ``stale_hits``, ``refreshes`` and ``refresh_failures``. A host's copy lives at most ``max_age``: with a
+        ``max_age`` shorter than ``stale_ttl`` a copy cannot tell a fresh value from a stale one, and each stale-
+        looking hit looks in Redis in the background.
+
+        :raises ValueError: for a ``stale_ttl`` that is not a number of seconds from 0, or one given for a value
+            that would never expire (no ``ttl``, no ``default_ttl``).
+        """
         self._check_open()
         seconds("timeout", timeout, none=True, zero=True)
-        ttl = self._ttl(ttl)
+        stale_ms, ttl = self._stale(ttl, stale_ttl)
         lkey = KindKey(self._n, key)
         value = self.local.get(lkey, MISSING)
         if value is not MISSING:
             self._row[C_LOCAL_HITS] += 1
+            if stale_ms:
+                self._refresh_if_stale(key, fn, ttl, stale_ms)
             return value
+        value = self._get_or_compute_missed(key, lkey, fn, timeout, ttl)
+        if stale_ms:
+            self._refresh_if_stale(key, fn, ttl, stale_ms)  # (Redis's value may be stale: this host had none)
+        return value
+
+    def _get_or_compute_missed(self, key: Any, lkey: KindKey, fn: Callable[[], R], timeout: float | None,
+                               ttl: float) -> R:
+        """get_or_compute after a local miss: the host's claim, then Redis, or the fleet's computation."""
         self._row[C_LOCAL_MISSES] += 1
         kb = encode_key(key)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -522,6 +555,53 @@ class TieredCache(TierMapping):
                 if not claim.held:  # gone again: wait for the claim itself this time
                     claim.take(describe, fp, timeout)
             return self._run(self._compute(key, kb, fn, deadline, ttl, True))
+        finally:
+            claim.release()
+
+    def _stale(self, ttl: float | None, stale_ttl: float | None) -> tuple[int, float]:
+        """(the stale window in ms, 0 for none; the ttl to store a result with: ``ttl + stale_ttl`` where there is
+        a window, else ``ttl``), both checked (ValueError: as ``get_or_compute`` says)."""
+        ttl = self._ttl(ttl)
+        if stale_ttl is None or not seconds("stale_ttl", stale_ttl, zero=True):
+            return 0, ttl
+        if not ttl:
+            raise ValueError("stale_ttl needs a time to live for the value: pass ttl= (or give the TieredCache a "
+                             "default_ttl=)")
+        ttl_ns(ttl + stale_ttl)  # (refuses a sum beyond the range)
+        return max(1, round(stale_ttl * 1000)), ttl + stale_ttl
+
+    def _refresh_if_stale(self, key: Any, fn: Callable[[], Any], ttl: float, stale_ms: int) -> None:
+        """If this host's copy of ``key`` has at most the stale window left: counted, and a background refresh
+        queued (one at a time per key in this process: ``refresh.Refreshes``)."""
+        lkb = self._local_key(key)
+        fp = fingerprint(lkb)
+        left = self._local.guard.run(self._local.store.time_left, lkb, fp)
+        if not left or left > stale_ms * 1_000_000:  # fresh, never expiring, or gone since
+            return
+        self._row[C_STALE_HITS] += 1
+        self._refreshes.start(fp, partial(self._refresh, key, fn, ttl, stale_ms))
+
+    def _refresh(self, key: Any, fn: Callable[[], Any], ttl: float, stale_ms: int) -> None:
+        """The background refresh of ``key``'s stale value (a refresh thread's): this host's claim taken without
+        waiting (another process of the host that holds it fetches or refreshes instead), the copy looked at again,
+        then ``lease.refresh``. Never raises: what fails is logged, and the stale value is served on."""
+        lkb = self._local_key(key)
+        fp = fingerprint(lkb)
+        claim = flight.Claim()
+        try:
+            describe = partial(self._local.guard.run, flight.open_description, self._local.seg.fd)
+            if not claim.try_take(describe, fp):
+                return
+            left = self._local.guard.run(self._local.store.time_left, lkb, fp)
+            if left is not None and (left == 0 or left > stale_ms * 1_000_000):
+                return  # refreshed meanwhile (by a process of this host, or a copy of another host's)
+            self._run(lease.refresh(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms, key,
+                                    lkb[2:], fn, ttl, stale_ms))
+        except (ClosedError, ReentrantCallError):
+            pass  # closed meanwhile, or the caller's own call computes the key: the next stale call refreshes it
+        except Exception as exc:  # the function raised, or Redis or the cache failed: said, never raised in a thread
+            _log.warning("shmcache tier %r: the refresh of the stale value of key %r failed; the stale value is "
+                         "served until its stale_ttl ends", self.namespace, key, exc_info=exc)
         finally:
             claim.release()
 
@@ -546,23 +626,26 @@ class TieredCache(TierMapping):
     @overload
     def memoize(self, fn: Callable[P, R], *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R]: ...
+                ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Memoized[P, R]: ...
 
     @overload
     def memoize(self, fn: None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
+                ignore: str | Iterable[str] = (), stale_ttl: float | None = None,
+                ) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 
     def memoize(self, fn: Callable[P, R] | None = None, *, name: str | None = None, timeout: float | None = None,
                 ttl: float | None = None, key: Callable[..., Any] | None = None,
-                ignore: str | Iterable[str] = ()) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
+                ignore: str | Iterable[str] = (), stale_ttl: float | None = None,
+                ) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
         """``SharedCache.memoize`` over the fleet: each result computed once by the whole fleet
-        (``get_or_compute``); ``cache_clear`` clears it on every host and in Redis."""
+        (``get_or_compute``, whose ``stale_ttl`` it takes); ``cache_clear`` clears it on every host and in
+        Redis."""
         seconds("timeout", timeout, none=True, zero=True)
 
         def decorate(f: Callable[P, R]) -> Memoized[P, R]:
             return memo.memoized(self, memo.Family(self._count_prefix, self._clear_prefix, self._maxsize), f,
-                                 name, timeout, ttl, key, ignore)
+                                 name, timeout, ttl, key, ignore, stale_ttl)
 
         return decorate if fn is None else decorate(fn)
 
@@ -656,24 +739,69 @@ class TieredCache(TierMapping):
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], Awaitable[R]], *,  # type: ignore[overload-overlap]
-                              timeout: float | None = None, ttl: float | None = None) -> R: ...
+                              timeout: float | None = None, ttl: float | None = None,
+                              stale_ttl: float | None = None) -> R: ...
 
     @overload
     async def aget_or_compute(self, key: Any, fn: Callable[[], R], *, timeout: float | None = None,
-                              ttl: float | None = None) -> R: ...
+                              ttl: float | None = None, stale_ttl: float | None = None) -> R: ...
 
     async def aget_or_compute(self, key: Any, fn: Callable[[], Any], *, timeout: float | None = None,
-                              ttl: float | None = None) -> Any:
+                              ttl: float | None = None, stale_ttl: float | None = None) -> Any:
         """``get_or_compute``, awaitable: ``fn`` may be a coroutine function (or return an awaitable); the waits for
-        another process's or host's computation never block the loop. The same stats, timeout and errors."""
+        another process's or host's computation never block the loop, and a stale value's refresh (``stale_ttl``)
+        is a task of the running loop. The same stats, timeout and errors."""
         await self._acheck_open()
         seconds("timeout", timeout, none=True, zero=True)
-        ttl = self._ttl(ttl)
+        stale_ms, ttl = self._stale(ttl, stale_ttl)
         lkey = KindKey(self._n, key)
         value = await self.local.aget(lkey, MISSING)
         if value is not MISSING:
             self._row[C_LOCAL_HITS] += 1
+            if stale_ms:
+                await self._arefresh_if_stale(key, fn, ttl, stale_ms)
             return value
+        value = await self._aget_or_compute_missed(key, lkey, fn, timeout, ttl)
+        if stale_ms:
+            await self._arefresh_if_stale(key, fn, ttl, stale_ms)
+        return value
+
+    async def _arefresh_if_stale(self, key: Any, fn: Callable[[], Any], ttl: float, stale_ms: int) -> None:
+        """``_refresh_if_stale``, its refresh a task of the running loop (``_arefresh``)."""
+        lkb = self._local_key(key)
+        fp = fingerprint(lkb)
+        left = await self.local.acall(self._local.guard.run, self._local.store.time_left, lkb, fp)
+        if not left or left > stale_ms * 1_000_000:
+            return
+        self._row[C_STALE_HITS] += 1
+        self._refreshes.start_task(fp, partial(self._arefresh, key, fn, ttl, stale_ms))
+
+    async def _arefresh(self, key: Any, fn: Callable[[], Any], ttl: float, stale_ms: int) -> None:
+        """``_refresh`` as a task of the caller's loop: ``fn`` may be a coroutine function."""
+        lkb = self._local_key(key)
+        fp = fingerprint(lkb)
+        claim = flight.Claim()
+        try:
+            claim.adopt(await self.local.acall(self._local.guard.run, flight.open_description, self._local.seg.fd))
+            claim.refuse_nested(fp)
+            if not claim.lock_nowait(fp):
+                return
+            left = await self.local.acall(self._local.guard.run, self._local.store.time_left, lkb, fp)
+            if left is not None and (left == 0 or left > stale_ms * 1_000_000):
+                return
+            await self._arun(lease.refresh(self._remote, self._fetch, self._put_computed, self._row, self._lease_ms,
+                                           key, lkb[2:], fn, ttl, stale_ms, False))
+        except (ClosedError, ReentrantCallError):
+            pass
+        except Exception as exc:
+            _log.warning("shmcache tier %r: the refresh of the stale value of key %r failed; the stale value is "
+                         "served until its stale_ttl ends", self.namespace, key, exc_info=exc)
+        finally:
+            claim.release()
+
+    async def _aget_or_compute_missed(self, key: Any, lkey: KindKey, fn: Callable[[], Any], timeout: float | None,
+                                      ttl: float) -> Any:
+        """aget_or_compute after a local miss: the host's claim, then Redis, or the fleet's computation."""
         self._row[C_LOCAL_MISSES] += 1
         kb = encode_key(key)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -702,10 +830,11 @@ class TieredCache(TierMapping):
 
     def amemoize(self, fn: Callable[..., Awaitable[R]] | None = None, *, name: str | None = None,
                  timeout: float | None = None, ttl: float | None = None, key: Callable[..., Any] | None = None,
-                 ignore: str | Iterable[str] = ()) -> Any:
+                 ignore: str | Iterable[str] = (), stale_ttl: float | None = None) -> Any:
         """``memoize`` for a coroutine function, over the fleet (``aget_or_compute``); its results are shared with a
         ``memoize`` of the same ``name``."""
-        return aio.amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore)
+        return aio.amemoize(self, fn, name=name, timeout=timeout, ttl=ttl, key=key, ignore=ignore,
+                            stale_ttl=stale_ttl)
 
     async def aclose(self) -> None:
         """Close the running loop's asyncio client of Redis, then ``close()``. (A loop's client is also dropped
