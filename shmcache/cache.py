@@ -110,7 +110,7 @@ class SharedCache(LocalMapping, AsyncMethods):
     ``create=None`` attaches to the cache if it exists and creates it otherwise; ``True`` creates it or raises
     FileExistsError; ``False`` attaches or raises FileNotFoundError. ``capacity_bytes`` (default 32 MiB) bounds the
     encoded keys and values held, ``max_entries`` (default 32768) the number of entries. The segment's tables are
-    backed for the entry limit in force (about 150 bytes per entry of ``max_entries``), its arena as entries fill
+    backed for the entry limit in force (about 165 bytes per entry of ``max_entries``), its arena as entries fill
     it: a cache occupies what it holds and a little more (block headers, slack for compaction), up to its capacity.
     ``resize`` (and ``set_limits``) change both while every process serves: the capacity up to
     ``max_capacity_bytes`` (creation only; default 16 times ``capacity_bytes``, address space and a sparse file
