@@ -58,7 +58,7 @@ class AsyncMethods:
             return self.get(key, default)  # type: ignore[attr-defined]
         return await asyncio.to_thread(self.get, key, default)  # type: ignore[attr-defined]
 
-    async def aput(self, key: Any, value: Any, ttl: float | None = None, *, tti: float | None = None) -> bool:
+    async def aput(self, key: Any, value: Any, ttl: float | None = None, tti: float | None = None) -> bool:
         """``put``, awaitable."""
         if _idle(self._lockw):  # acall, inlined
             return self.put(key, value, ttl, tti=tti)  # type: ignore[attr-defined]

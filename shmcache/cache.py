@@ -332,7 +332,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         # key bytes already encoded, for TieredCache's local hits (no other method takes one).
         return self._path.get_key(key, self._now(), default)
 
-    def put(self, key: Any, value: Any, ttl: float | None = None, *, tti: float | None = None) -> bool:
+    def put(self, key: Any, value: Any, ttl: float | None = None, tti: float | None = None) -> bool:
         """Store ``value`` under ``key``, evicting as the limits require (expired entries first, then as the policy
         chooses: under lru the least recently used). ``ttl``: seconds until the entry expires (0: never; None: the
         cache's ``default_ttl``). ``tti``: seconds without a read after which it expires (0: never; None: the cache's

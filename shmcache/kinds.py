@@ -181,7 +181,7 @@ class KindView(LocalMapping, AsyncMethods):
     def get(self, key: Any, default: Any = None) -> Any:
         return self.cache.get(KindKey(self._n, key), default)
 
-    def put(self, key: Any, value: Any, ttl: float | None = None, *, tti: float | None = None) -> bool:
+    def put(self, key: Any, value: Any, ttl: float | None = None, tti: float | None = None) -> bool:
         return self.cache.put(KindKey(self._n, key), value, ttl, tti=tti)
 
     def add(self, key: Any, value: Any, ttl: float | None = None) -> bool:
