@@ -81,6 +81,14 @@ def policy_of(request) -> str | None:
 
 
 @pytest.fixture
+def clock():
+    """A CLOCK_MONOTONIC stand-in the test moves by hand (``workers.FakeClock``), for the handles' ``clock``."""
+    from tests.workers import FakeClock
+
+    return FakeClock()
+
+
+@pytest.fixture
 def cache(name, request):
     """A small cache: 64 KiB of payload, 64 entries."""
     c = SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True, policy=policy_of(request))

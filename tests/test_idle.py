@@ -18,24 +18,6 @@ ctx = mp.get_context("fork")
 PATHS = ("compiled", "python")
 
 
-class FakeClock:
-    """A CLOCK_MONOTONIC stand-in the test moves by hand (ns): what every handle of the test reads."""
-
-    def __init__(self) -> None:
-        self.now = 1_000 * S
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += round(seconds * S)
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
 def _open(name, clock, policy, path, **kw) -> SharedCache:
     c = SharedCache(name, capacity_bytes=256 * 1024, max_entries=64, create=True, clock=clock, policy=policy, **kw)
     return python_path(c) if path == "python" else c

@@ -19,24 +19,6 @@ JOIN_S = 60
 ctx = mp.get_context("fork")
 
 
-class FakeClock:
-    """A CLOCK_MONOTONIC stand-in the test moves by hand (ns)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000 * S
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += round(seconds * S)
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
 @pytest.fixture
 def tcache(name, clock, request):
     with SharedCache(name, capacity_bytes=64 * 1024, max_entries=8, create=True, clock=clock,

@@ -31,6 +31,20 @@ def python_path(cache: SharedCache) -> SharedCache:
     return cache
 
 
+class FakeClock:
+    """A CLOCK_MONOTONIC stand-in the test moves by hand (ns): conftest's ``clock`` fixture, given to the handles a
+    test opens as their ``clock``."""
+
+    def __init__(self) -> None:
+        self.now = 1_000 * 10**9
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += round(seconds * 10**9)
+
+
 def laid_out_as(monkeypatch, version: int) -> None:
     """Segments created from here on are laid out as layout ``version`` laid them out (their version word says it
     too), as a process of that release made them; ``monkeypatch.undo()`` ends it."""
