@@ -4,8 +4,8 @@ A value stored with a ``stale_ttl`` lives ``ttl + stale_ttl``; once less than ``
 stale: every caller is answered with it at once, and one caller on the host computes the next value in the
 background of its own call. Two things keep the refreshes to one per key:
 
-- In this process, ``Refreshes`` starts at most one background job per key at a time (a set of the fingerprints
-  under way, under a lock, since the handle's threads may all meet the stale value at once).
+- In this process, ``Refreshes`` starts at most one background job per key at a time (a record of the fingerprints
+  queued or under way, since the handle's threads may all meet the stale value at once).
 - On the host, the job first claims the key as a computation does (``flight.Claim.try_take``, without waiting): a
   process that does not get the claim leaves the refresh to the one that has it. A claim dies with its process, so a
   refresher SIGKILLed mid-computation hands the refresh to the next caller that finds the value stale.
@@ -24,6 +24,7 @@ are closed by flight.py's; its own calls then refresh as any process's do. ``cac
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
 import threading
@@ -35,76 +36,94 @@ from typing import Any
 
 class Refreshes:
     """The background refreshes of one handle: ``start`` (a thread) and ``start_task`` (a task of the running loop)
-    run ``job`` unless one is already under way for the same fingerprint in this process."""
+    run ``job`` unless one is already queued or under way for the same fingerprint in this process.
 
-    __slots__ = ("_lock", "_running", "_tasks", "__weakref__")
+    What is under way is a dict of fingerprint to the monotonic time its job was queued, written by the caller with
+    one store and cleared by the job as it ends. Why not a set under a lock, added to and then undone on failure: a
+    signal handler's exception (KeyboardInterrupt) can land between the record and the ``try`` that would undo it,
+    and the key would then stay recorded, with no job, for the life of the process: never refreshed here again.
+    Here such a record (an exception between the store and the queueing) only holds back this process's refreshes
+    of the key for PENDING_S, after which a record is taken for lost; a job that outlives it may meet a second one,
+    which finds the key's claim taken and does nothing."""
+
+    __slots__ = ("_pending", "_tasks", "__weakref__")
 
     def __init__(self) -> None:
         self._forget()
         _ALL.add(self)
 
     def _forget(self) -> None:
-        """Nothing under way: at creation, and in a forked child (whose lock another thread may have held)."""
-        self._lock = threading.Lock()
-        self._running: set[int] = set()  # fingerprints whose refresh this process runs now
+        """Nothing under way: at creation, and in a forked child (which has none of the parent's threads)."""
+        self._pending: dict[int, float] = {}  # fingerprint -> when its job was queued (monotonic s)
         self._tasks: set[asyncio.Task[None]] = set()  # (a strong reference: the loop keeps only a weak one)
 
-    def _claim(self, fp: int) -> bool:
-        with self._lock:
-            if fp in self._running:
-                return False
-            self._running.add(fp)
-            return True
+    def _queued(self, fp: int) -> float | None:
+        """The time a job of ``fp`` is recorded at now, or None if one is queued or under way here already (and not
+        taken for lost: a record older than PENDING_S). One dict store: the record is whole or absent, whatever
+        exception lands around it."""
+        now = time.monotonic()
+        since = self._pending.get(fp)
+        if since is not None and now - since < PENDING_S:
+            return None
+        self._pending[fp] = now
+        return now
 
-    def _done(self, fp: int) -> None:
-        with self._lock:
-            self._running.discard(fp)
+    def _ended(self, fp: int, since: float) -> None:
+        """The job of ``fp`` queued at ``since`` ended: its record goes, unless a later one replaced it."""
+        if self._pending.get(fp) == since:
+            self._pending.pop(fp, None)
 
     def start(self, fp: int, job: Callable[[], None]) -> bool:
-        """Queue ``job()`` for the process's refresh threads, unless a refresh of ``fp`` is under way here; whether
-        it was queued."""
-        if not self._claim(fp):
+        """Queue ``job()`` for the process's refresh threads, unless a refresh of ``fp`` is queued or under way here;
+        whether it was queued."""
+        since = self._queued(fp)
+        if since is None:
             _workers.ensure()  # (a start cut short may have left a job waiting for a thread)
             return False
-
-        def run() -> None:
-            try:
-                job()
-            finally:
-                self._done(fp)
-
-        try:
-            _workers.put(run)
-        except BaseException:  # (cut short before it was queued: the key is free for the next caller)
-            self._done(fp)
-            raise
+        _workers.put(functools.partial(_run, self, fp, since, job))
         _workers.ensure()  # (cut short in there, the job stays queued, and the key recorded, until a thread runs it)
         return True
 
     def start_task(self, fp: int, job: Callable[[], Coroutine[Any, Any, None]]) -> bool:
-        """Run ``await job()`` as a task of the running loop, unless a refresh of ``fp`` is under way here; whether
-        it was started."""
-        if not self._claim(fp):
+        """Run ``await job()`` as a task of the running loop, unless a refresh of ``fp`` is queued or under way here;
+        whether it was started."""
+        since = self._queued(fp)
+        if since is None:
             return False
+        coro = _arun(self, fp, since, job)
         try:
-            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(job())
-        except BaseException:
-            self._done(fp)
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        except BaseException:  # (no running loop: nothing started, and the key is free again)
+            coro.close()
+            self._ended(fp, since)
             raise
         self._tasks.add(task)
-
-        def finished(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            self._done(fp)
-
-        task.add_done_callback(finished)
+        task.add_done_callback(self._tasks.discard)
         return True
 
     @property
     def running(self) -> int:
-        """How many refreshes this handle runs now."""
-        with self._lock:
-            return len(self._running)
+        """How many refreshes this handle has queued or under way now (records taken for lost aside)."""
+        now = time.monotonic()
+        return sum(now - since < PENDING_S for since in list(self._pending.values()))
+
+
+PENDING_S = 10.0  # a refresh recorded this long ago with no end is taken for lost (see Refreshes)
+
+
+def _run(refreshes: Refreshes, fp: int, since: float, job: Callable[[], None]) -> None:
+    """A queued refresh, as a refresh thread runs it (no signal handler runs there)."""
+    try:
+        job()
+    finally:
+        refreshes._ended(fp, since)
+
+
+async def _arun(refreshes: Refreshes, fp: int, since: float, job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    try:
+        await job()
+    finally:
+        refreshes._ended(fp, since)
 
 
 WORKERS_MAX = 4  # refresh threads a process runs at once at most
@@ -180,6 +199,9 @@ class Workers:
                 with self._lock:
                     self._running -= 1
                 raise
+            # Why: a job holds its handle (a bound method in its closure); kept through the wait for the next one,
+            # it would keep a handle its owner dropped alive, its descriptors open, for up to IDLE_S more.
+            del job
 
     @property
     def busy(self) -> int:

@@ -78,10 +78,9 @@ MEMO_NAME = "stress.signals.f"
 HANG_SECONDS = 10.0
 JOIN_SECONDS = 20.0
 COMPUTE_TIMEOUT = 2.0
-# (stale=0: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
-# short leaves its job queued (refresh.Workers), but with the op in, about one 40-second run per policy in four ends
-# with one descriptor of the segment left open in a worker, which the runs without it never do: not yet traced)
-SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=0)
+# (stale: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
+# short leaves its job queued, for the next thread: refresh.Workers)
+SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=1)
 # Extra per-worker counters after the common FIELDS.
 INTERRUPTS, LEAKED, CLOSED = NF, NF + 1, NF + 2
 NW = NF + 3
@@ -200,10 +199,15 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
     # The stale op's background refreshes ended (each holds its key's claim until its function returns) before the
     # parent looks for claims left held; a job whose thread's start an interrupt cut short gets a thread here.
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + refresh.PENDING_S + 1.0  # (a record with no job is taken for lost by then)
     while parts(cache).refreshes.running and time.monotonic() < deadline:
         refresh.workers().ensure()
         time.sleep(0.01)
+    if parts(cache).refreshes.running:  # (a refresh that did not end: where every thread is, for the log)
+        print(f"[pid {os.getpid()}] {parts(cache).refreshes.running} refreshes still running after "
+              f"{refresh.PENDING_S + 1.0:g} s; "
+              f"{refresh.workers().busy} refresh threads busy", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(all_threads=True)
     with paused.get_lock():
         paused.value += 1
     while control.value != FINISH and os.getppid() == parent:
