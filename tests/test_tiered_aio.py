@@ -209,7 +209,13 @@ def test_tiered_aio_a_stopped_redis_is_waited_for_off_the_loop(redis_server, nam
         eventually(host.listening, what="listener subscribed")  # (its first subscription drops the copies before)
 
         async def main():
+            before = host.tier.stats().invalidations
             await host.tier.aput("k", "v")
+            # The put's own invalidations come back (the tier's message, and Redis's tracking of the key, which the
+            # listener applies by asking Redis the key's version): Redis stopped before the second is applied makes
+            # that question fail, and a failed one drops the copy. Both applied first.
+            await asyncio.to_thread(eventually, lambda: host.tier.stats().invalidations >= before + 2,
+                                    what="the put's invalidations applied")
             os.kill(redis_server.pid, signal.SIGSTOP)
             try:
                 ticker = Ticker()
