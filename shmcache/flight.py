@@ -61,21 +61,37 @@ _HELD: dict = {}  # id -> weak reference to the FileIO of every claim of this pr
 _REGISTRY = threading.RLock()  # guards _HELD against fork, held only for an open (reentrant: a signal handler may
 # itself call get_or_compute)
 # How long an open or a fork waits for the registry before it goes on without it. A registry is held for a few
-# microseconds, unless an exception from a signal handler left it held: on CPython 3.14 one can land between a
-# lock's acquire and the block that releases it (memo.Tally says how), and then every other thread's claims and
-# forks would wait for ever. Going on without it costs only the registry's guarantee, for that one fork: a child
-# that forked meanwhile may keep a copy of the claim's description until it exits or execs.
+# microseconds, unless an exception from a signal handler left it held: one can land between a lock's acquire
+# and the block that releases it (CPython runs handlers as a call returns; on 3.14 also at a with block's start:
+# memo.Tally says how), and then every other thread's claims and forks would wait for ever. Going on without it
+# costs only the registry's guarantee, for that one fork: a child that forked meanwhile may keep a copy of the
+# claim's description until it exits or execs.
+# A registry not had within it is replaced by a new one, so that a registry left held costs one such wait, not one
+# for every claim after it (each open is made under the cache lock: every process would wait on it meanwhile).
 _REGISTRY_WAIT_S = 1.0
-_FORKING: dict[int, bool] = {}  # thread id -> whether its fork took the registry (the hooks run in that thread)
+_FORKING: dict[int, threading.RLock | None] = {}  # thread id -> the registry its fork took (the hooks run there)
+
+
+def _take_registry():
+    """The registry, taken; None if it was not had within _REGISTRY_WAIT_S (then a new one replaces it: its holder
+    releases the one it took, if it ever does)."""
+    global _REGISTRY
+    registry = _REGISTRY
+    if registry.acquire(timeout=_REGISTRY_WAIT_S):
+        return registry
+    if _REGISTRY is registry:
+        _REGISTRY = threading.RLock()
+    return None
 
 
 def _before_fork() -> None:
-    _FORKING[threading.get_ident()] = _REGISTRY.acquire(timeout=_REGISTRY_WAIT_S)
+    _FORKING[threading.get_ident()] = _take_registry()
 
 
 def _after_fork_in_parent() -> None:
-    if _FORKING.pop(threading.get_ident(), False):
-        _REGISTRY.release()
+    registry = _FORKING.pop(threading.get_ident(), None)
+    if registry is not None:
+        registry.release()
 
 
 def _after_fork_in_child() -> None:
@@ -105,13 +121,13 @@ def open_description(segment_fd: int) -> io.FileIO:
     held back (pthread_sigmask costs ~8 us a bracket here, more than the rest of a claim). Ordering: open and
     registry under the registry's lock, which fork takes first: a child never inherits a claim's description the
     registry misses."""
-    held = _REGISTRY.acquire(timeout=_REGISTRY_WAIT_S)
+    registry = _take_registry()
     try:
         file = io.FileIO(f"/proc/self/fd/{segment_fd}", "r+")  # close-on-exec, as Python opens all
         _HELD[id(file)] = weakref.ref(file)
     finally:
-        if held:
-            _REGISTRY.release()
+        if registry is not None:
+            registry.release()
     return file
 
 

@@ -78,11 +78,10 @@ MEMO_NAME = "stress.signals.f"
 HANG_SECONDS = 10.0
 JOIN_SECONDS = 20.0
 COMPUTE_TIMEOUT = 2.0
-# (stale=0: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
-# short leaves its job queued, for the next thread: refresh.Workers. With the op in, now and then a run ends with a
-# key's claim held by a paused worker, whose other calls of the key then wait: 2 of about 20 40-second policy runs,
-# and the suite's 1-second lru run under a loaded machine; not yet traced. Run it with SIGNAL_MIX["stale"] = 1.)
-SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=0)
+# (stale: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
+# short leaves its job queued, for the next thread: refresh.Workers. It found a claim registry left held by an
+# interrupt, which each refresh then waited a second for under the cache lock: flight._take_registry.)
+SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=1)
 # Extra per-worker counters after the common FIELDS.
 INTERRUPTS, LEAKED, CLOSED = NF, NF + 1, NF + 2
 NW = NF + 3

@@ -303,13 +303,15 @@ def test_a_claim_registry_left_held_delays_claims_and_forks_never_hangs_them(cac
     from shmcache import flight
 
     monkeypatch.setattr(flight, "_REGISTRY_WAIT_S", 0.2)
+    monkeypatch.setattr(flight, "_REGISTRY", threading.RLock())  # (a waited-for registry is replaced: ours goes)
     held, done = threading.Event(), threading.Event()
+    registry = flight._REGISTRY
 
     def hold() -> None:
-        flight._REGISTRY.acquire()  # and never released while the test runs
+        registry.acquire()  # and never released while the test runs
         held.set()
         done.wait(30)
-        flight._REGISTRY.release()
+        registry.release()
 
     t = threading.Thread(target=hold)
     t.start()
@@ -331,3 +333,29 @@ def test_a_claim_registry_left_held_delays_claims_and_forks_never_hangs_them(cac
         done.set()
         t.join(10)
     assert cache.get_or_compute("j", lambda: make_value("j", 2, 100)) is not None  # and the registry works again
+
+
+def test_flight_a_registry_left_held_costs_one_wait_not_one_per_claim(name, monkeypatch):
+    """A claim registry an interrupt left held (simulated: a thread took it and ended without giving it back) is
+    waited for once, for _REGISTRY_WAIT_S (made short here), then replaced: the claims after it take the new one,
+    and every get_or_compute computes and stores as before. (Each open is made under the cache lock, so a registry
+    waited for at every claim would stall every process of the host.)"""
+    from shmcache import flight
+
+    monkeypatch.setattr(flight, "_REGISTRY", threading.RLock())
+    monkeypatch.setattr(flight, "_REGISTRY_WAIT_S", 0.05)
+    left = flight._REGISTRY
+    taker = threading.Thread(target=left.acquire)
+    taker.start()
+    taker.join()
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        try:
+            assert c.get_or_compute("a", lambda: make_value("a", 1, 64)) == make_value("a", 1, 64)
+            fresh = flight._REGISTRY
+            assert fresh is not left  # replaced after one wait
+            for i in range(5):
+                check_value(f"k{i}", c.get_or_compute(f"k{i}", lambda i=i: make_value(f"k{i}", i, 64)))
+            assert flight._REGISTRY is fresh  # (not replaced again: each later claim had the new one at once)
+            assert c.stats().computations == 6 and c.verify().ok
+        finally:
+            c.unlink()
