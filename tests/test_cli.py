@@ -1105,25 +1105,32 @@ sys.stdin.readline()
 """
 
 
-def _ls_row(capsys, name: str) -> dict:
-    rc, out, _ = run(capsys, "ls", name, "--json")
-    rows = [r for r in json.loads(out) if r["name"] == name]
-    assert rc == 0 and len(rows) == 1
-    return rows[0]
+def _ls_row(capsys, name: str, handles: int | None = None) -> dict:
+    """The cache's row of ``ls --json``; with ``handles``, the first that shows that many handles open, within a
+    deadline: any process of the host may hold one for a moment (``shmcache ls`` and ``stats`` open every cache they
+    list), so a count that differs once is read again, and one that stays wrong fails with the row."""
+    deadline = time.monotonic() + 20
+    while True:
+        rc, out, _ = run(capsys, "ls", name, "--json")
+        rows = [r for r in json.loads(out) if r["name"] == name]
+        assert rc == 0 and len(rows) == 1
+        if handles is None or rows[0]["attached_handles"] == handles or time.monotonic() > deadline:
+            return rows[0]
+        time.sleep(0.05)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
     with SharedCache(name, capacity_bytes=64 * 1024, max_entries=64, create=True) as c:
-        row = _ls_row(capsys, name)
+        row = _ls_row(capsys, name, handles=1)
         assert row["last_write_s"] is None and 0 <= row["age_s"] < 60  # never stored to
         assert row["attached_handles"] == 1 and row["attached_pids"] == [os.getpid()]  # ls's own handle not counted
         child = subprocess.Popen([sys.executable, "-c", _ATTACH, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  text=True, cwd=ROOT)
         try:
             assert child.stdout.readline() == "attached\n"
-            row = _ls_row(capsys, name)
+            row = _ls_row(capsys, name, handles=2)
             assert row["attached_handles"] == 2 and row["attached_pids"] == sorted([os.getpid(), child.pid])
             assert 0 <= row["last_write_s"] < 10 and row["last_write_s"] <= row["age_s"]
             rc, out, _ = run(capsys, "ls", name)
@@ -1132,13 +1139,13 @@ def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
             child.stdin.write("\n")
             child.stdin.flush()
             assert child.stdout.readline() == "closed\n"  # the child lives on, its handle closed
-            row = _ls_row(capsys, name)
+            row = _ls_row(capsys, name, handles=1)
             assert row["attached_handles"] == 1 and row["attached_pids"] == [os.getpid()]
             assert c.get("from-child") == 1
         finally:
             child.stdin.close()
             assert child.wait(timeout=60) == 0
-    row = _ls_row(capsys, name)  # nobody has it open: what `sweep` would remove
+    row = _ls_row(capsys, name, handles=0)  # nobody has it open: what `sweep` would remove
     assert row["attached_handles"] == 0 and row["attached_pids"] == []
     rc, out, _ = run(capsys, "ls", name)
     assert re.search(r"\d+s ago\s+none$", next(x for x in out.splitlines() if x.startswith(name)))
