@@ -136,48 +136,67 @@ class Workers:
     queues a job; ``ensure`` starts a thread where the queued jobs outnumber the idle threads (one start at a time;
     a start whose thread has not begun within START_S is taken for lost, cut short by a signal); a thread that
     takes a job starts another on the same terms, so that jobs queued meanwhile run side by side; a thread with no
-    job for IDLE_S ends, unless a job came in the meantime (decided under the lock the queueing holds, so that no
-    job is ever left without a thread that will take it, but one whose start was cut short: ``ensure``)."""
+    job for IDLE_S ends, unless a job came in the meantime (decided under the threads' lock after it stopped
+    counting as idle, so that no job queued before an ``ensure`` is ever left without a thread that will take it,
+    but one whose start was cut short: ``ensure``).
+
+    Why the caller's thread takes no blocking lock here: it is the one signal handlers run in, and an exception
+    raised by one may land between a lock's acquisition and the ``try`` that would release it (CPython 3.14 delivers
+    one right after ``with``'s ``__enter__`` returns); a lock left held so would stop every refresh of the process
+    for good. ``_lock`` is taken by the refresh threads alone (no handler runs there), and the one start at a time
+    is a lock the caller only tries, whose hold a lost start leaves is taken over once it is START_S old."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the refresh threads' counts: taken in refresh threads only
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._idle = 0  # threads waiting for a job
         self._running = 0  # threads that began their loop and have not ended it
-        self._starting = 0.0  # monotonic time of the start not yet begun; 0.0: none
+        self._start = threading.Lock()  # held from a start's decision until its thread begins (or the start fails)
+        self._starting = 0.0  # monotonic time of the start that holds _start; 0.0: none recorded
 
     def put(self, job: Callable[[], None]) -> None:
-        """Queue ``job`` (it reports its own failures); ``ensure`` then sees that a thread will run it."""
-        with self._lock:
-            self._jobs.put(job)
+        """Queue ``job`` (it reports its own failures); ``ensure`` then sees that a thread will run it. (No lock: a
+        thread that ends stops counting as idle before it looks at the queue, so ``ensure`` after this either sees
+        it idle and it then finds the job, or sees it gone and starts another.)"""
+        self._jobs.put(job)
 
     def ensure(self) -> None:
         """Start a thread if the queued jobs outnumber the idle threads, fewer than WORKERS_MAX run, and no start is
-        under way (or the one under way is lost): a look without the lock first, since most calls find nothing to
-        do."""
-        if self._jobs.qsize() <= self._idle:
+        under way (or the one under way is lost). Reads the counts without a lock (each a single word, and a
+        count read a moment late only starts a thread the next call would have); most calls find nothing to do."""
+        if self._jobs.qsize() <= self._idle or self._running >= WORKERS_MAX:
             return
-        with self._lock:
-            now = time.monotonic()
-            if (self._jobs.qsize() <= self._idle or self._running >= WORKERS_MAX
-                    or (self._starting and now - self._starting < START_S)):
+        now = time.monotonic()
+        if not self._start.acquire(blocking=False):
+            # A start under way, or one cut short (between the acquire and the record, or before its thread began)
+            # that left the lock held: taken over once its record is START_S old. Two callers that take it over at
+            # once start a thread each: one more than needed, which ends idle.
+            if now - self._starting < START_S:
                 return
-            self._starting = now
+        self._starting = now
         try:
             threading.Thread(target=self._work, name="shmcache-refresh", daemon=True).start()
         except RuntimeError as exc:
             # No thread to be had now ("can't start new thread"): the next call tries again. Or a signal handler's
             # exception landed inside threading's own wait for the thread's start, which then fails to release a
             # lock it no longer holds: that exception is the caller's, raised as it would have been.
-            with self._lock:
-                self._starting = 0.0
+            self._started()
             if isinstance(exc.__context__, BaseException) and not isinstance(exc.__context__, Exception):
                 raise exc.__context__ from None
+
+    def _started(self) -> None:
+        """The start under way is over: its record cleared and its lock released (already released where a start
+        taken over and the one that took it over both began)."""
+        self._starting = 0.0
+        try:
+            self._start.release()
+        except RuntimeError:
+            pass
 
     def _work(self) -> None:
         with self._lock:
             self._running += 1
-            self._starting = 0.0
+        self._started()
         while True:
             with self._lock:
                 self._idle += 1
@@ -205,9 +224,8 @@ class Workers:
 
     @property
     def busy(self) -> int:
-        """Threads running a job now."""
-        with self._lock:
-            return self._running - self._idle
+        """Threads running a job now (read without a lock: a moment's figure)."""
+        return self._running - self._idle
 
 
 _workers = Workers()

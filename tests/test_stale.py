@@ -428,3 +428,50 @@ def test_stale_an_interrupt_between_the_record_and_the_queue_holds_the_key_back_
         check_value("k", c.get_or_compute("k", lambda: make_value("k", 4, 64), ttl=0.05, stale_ttl=30))
         assert _until(lambda: c.get("k")["seq"] == 4)
         c.unlink()
+
+
+def _no_refresh_thread() -> bool:
+    from shmcache import refresh
+
+    return refresh.workers().busy == 0 and not any(t.name == "shmcache-refresh" for t in threading.enumerate())
+
+
+@pytest.mark.timeout(60)
+def test_stale_a_caller_never_waits_for_the_refresh_threads_lock(name):
+    """The thread that calls (the one signal handlers run in) never blocks on the refresh threads' lock: with it
+    held, as an interrupt right after a ``with``'s acquisition would leave it (CPython 3.14 delivers one there),
+    a stale call still returns the stale value at once, and the refresh runs once the lock is free."""
+    from shmcache import refresh
+
+    assert _until(_no_refresh_thread, refresh.IDLE_S + 10)  # (no idle thread of an earlier test to take the job)
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+        with refresh.workers()._lock:  # (this thread's: a call that took it would never return)
+            old = c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30)
+            check_value("k", old)
+            assert old["seq"] == 1 and c._refreshes.running == 1
+        assert _until(lambda: c._refreshes.running == 0)
+        v = c.get("k")
+        check_value("k", v)
+        assert v["seq"] == 2 and c.stats().refreshes == 1
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_stale_a_start_cut_short_before_its_record_is_taken_over(name):
+    """An interrupt between the start lock's acquisition and the start's record leaves the lock held with no
+    start recorded: the next call that needs a thread takes the start over and the refresh runs."""
+    from shmcache import refresh
+
+    assert _until(_no_refresh_thread, refresh.IDLE_S + 10)
+    w = refresh.workers()
+    assert w._start.acquire(blocking=False)  # (the cut-short start: the lock held, nothing recorded)
+    w._starting = 0.0
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+        check_value("k", c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30))
+        assert _until(lambda: c._refreshes.running == 0) and c.get("k")["seq"] == 2
+        assert _until(lambda: not w._start.locked())  # (released by the thread that began)
+        c.unlink()
