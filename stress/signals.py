@@ -78,13 +78,12 @@ MEMO_NAME = "stress.signals.f"
 HANG_SECONDS = 10.0
 JOIN_SECONDS = 20.0
 COMPUTE_TIMEOUT = 2.0
-# (stale=0: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
-# short leaves its job queued, for the next thread: refresh.Workers. With the op in, it found a claim registry left
-# held by an interrupt, which each refresh then waited a second for under the cache lock: flight._take_registry. On
-# CPython 3.14 the 1-second run still hung with it (2 workers of 3, s3fifo, once), not yet traced: the first
-# suspect is refresh.Workers' lock, taken with ``with`` in the main thread, where 3.14 can deliver an interrupt at
-# the block's start and leave it held. Run it with SIGNAL_MIX["stale"] = 1.)
-SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=0)
+# (stale: its refreshes are queued for the process's refresh threads, and an interrupt that cuts a thread's start
+# short leaves its job queued for the next start: refresh.Workers. The op found a claim registry left held by an
+# interrupt, which each refresh then waited a second for under the cache lock (flight._take_registry), and, on
+# CPython 3.14, the refresh threads' lock left held by an interrupt landing right after a ``with`` took it in the
+# calling thread, which then hung the next call (refresh.Workers takes no blocking lock there now).)
+SIGNAL_MIX = dict(MIX, get_or_compute=4, memoize=3, incr=1, pop=1, stale=1)
 # Extra per-worker counters after the common FIELDS.
 INTERRUPTS, LEAKED, CLOSED = NF, NF + 1, NF + 2
 NW = NF + 3
@@ -162,6 +161,7 @@ def _fd_count() -> int:
 def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts: dict) -> None:
     """Random operations under a storm of interrupts until the parent says PAUSE; then idle until FINISH."""
     faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks where a worker that did not pause is
     parent, rng, base = os.getppid(), random.Random(seed), row * NW
     files, own = _own_files()
     start_fds = _fd_count()
@@ -198,6 +198,7 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
         gc.collect()
         check_files()
         if _fd_count() > start_fds + FD_SLACK + _refreshing():  # (a refresh holds its claim's)
+            print(f"[pid {os.getpid()}] descriptors above the slack: {_fd_targets()}", file=sys.stderr, flush=True)
             counts[base + LEAKED] += 1
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
@@ -220,9 +221,24 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
     del w, cache
     gc.collect()  # the lock's page (and its descriptor) goes with the handle
     check_files()
-    counts[base + LEAKED] += max(0, _fd_count() - start_fds)
+    leaked = max(0, _fd_count() - start_fds)
+    if leaked:  # what they are, for the log
+        print(f"[pid {os.getpid()}] {leaked} descriptors more than at the start: {_fd_targets()}; threads: "
+              f"{[t.name for t in threading.enumerate()]}", file=sys.stderr, flush=True)
+    counts[base + LEAKED] += leaked
     for f in files:
         f.close()
+
+
+def _fd_targets() -> list[str]:
+    """Where this process's descriptors lead."""
+    out = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            out.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass
+    return out
 
 
 def _refreshing() -> int:
@@ -320,6 +336,11 @@ def _run(args) -> tuple[dict, bool]:
         while paused.value < sum(p.is_alive() for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
         hangs += max(0, sum(p.is_alive() for p in procs) - paused.value)
+        if hangs:  # every thread's stack of every worker, on its stderr, before they are killed
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(1.0)
         if not hangs:
             held = _held(cache, args.keys)  # the workers are alive and idle: whatever is locked now stays locked
             refused, put_wrong, not_admitted = _write_everything(cache, args.keys)
