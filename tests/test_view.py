@@ -585,10 +585,22 @@ def test_view_a_fork_inside_a_view_leaves_no_pin_once_its_slice_goes(name, op):
 
 
 def _fork_a_sleeper() -> int:
+    """Fork a child that sleeps, once its fork hooks have run. Why wait for them: until then the child holds a copy of
+    every description of its parent's, the parent's reader slot's too (readers.py), and a view the parent pins by
+    the slot's word would outlive the parent for as long as the child had not closed that copy."""
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(r)
+        os.write(w, b"x")
+        os.close(w)
         time.sleep(JOIN_S)
         os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"x"
+    finally:
+        os.close(r)
     return pid
 
 
