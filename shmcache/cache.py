@@ -968,7 +968,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         return self._guard.run(self._verify_locked, deep, repair_damage)
 
     def _verify_locked(self, deep: bool, repair_damage: bool) -> VerifyReport:
-        report = check(self._seg, deep=deep)
+        report = check(self._seg, deep=deep, now=self._table.clock())
         if not report.ok and repair_damage:
             self._guard.repair(deep=deep)
         return report

@@ -247,8 +247,9 @@ class Guard:
                 self.stripes[S_OPEN] = -1
             h[H_DIRTY] = _REPAIRING  # Crash window: dying in here leaves the repair to the next locker.
             try:
-                if not check(self.seg, deep=deep).ok:
-                    repair(self.seg)
+                now = self.table.clock()
+                if not check(self.seg, deep=deep, now=now).ok:
+                    repair(self.seg, now)
                     h[H_RECOVERIES] += 1
             except Exception:  # repair itself failed on garbage: start over with an empty cache
                 self.table.reset()

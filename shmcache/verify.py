@@ -220,10 +220,10 @@ def header_problems(seg) -> list[str]:
             if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(seg.idle_words)
 
 
-def check(seg, deep: bool = True) -> VerifyReport:
+def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
     """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
     value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
-    blocks)."""
+    blocks). ``now``: the cache's clock, for the bounds that depend on the time (None: those are not checked)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
     problems = _Problems()
     slots, mask = g.entry_slots, seg.mask
@@ -278,7 +278,7 @@ def check(seg, deep: bool = True) -> VerifyReport:
     _check_index(seg, live, problems)
     _check_ring(seg, live | set(held), problems)
     _check_free_list(seg, live | set(held), problems)
-    _check_columns(seg, order, good, problems)
+    _check_columns(seg, order, good, problems, now)
     return VerifyReport(not problems, tuple(problems), len(order), retained, used)
 
 
@@ -376,7 +376,7 @@ def _kind_counts(seg, entries: list[int]) -> tuple[list[int], list[int]]:
     return counts, nbytes
 
 
-def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) -> None:
+def _check_columns(seg, order: list[int], good: list[int], problems: _Problems, now: int | None) -> None:
     """The per-entry columns and what is derived from them: kinds, per-kind counts, the expiry bound. ``order``:
     the entries on the LRU list; ``good``: those whose block checked out (only their keys are read)."""
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
@@ -395,7 +395,7 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
         x = exp[e]
         if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
             problems.add(f"entry {e} expires at {x}, before next_expiry={h[H_NEXT_EXPIRY]}")
-        if seg.ttis_words is not None and _idle_wrong(seg, e):
+        if seg.ttis_words is not None and _idle_wrong(seg, e, now):
             problems.add(f"entry {e}: its time to idle ({seg.ttis_words[e]} ns), deadline "
                          f"({seg.deadlines_words[e]}) and expiry ({x}) disagree")
     counts, nbytes = _kind_counts(seg, order)
@@ -413,17 +413,19 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems) 
         problems.add(f"{int(stale.sum())} free entry slots keep an expiry time (first: {int(np.argmax(stale))})")
 
 
-def _idle_wrong(seg, e: int) -> bool:
+def _idle_wrong(seg, e: int, now: int | None) -> bool:
     """Whether resident entry ``e``'s idle words (version 14) are out of range or disagree with its expiry: a time
-    to idle needs an expiry, and the expiry never passes the deadline."""
+    to idle needs an expiry, the expiry never passes the deadline, nor (``now``: the clock's time, None: not asked)
+    the time to idle from now (it is set from a read or a store, none of which is in the future)."""
     t, dl, x = seg.ttis_words[e], seg.deadlines_words[e], seg.expires_words[e]
-    return not 0 <= t <= MAX_TTL_NS or dl < 0 or bool(t and (x <= 0 or (dl and x > dl)))
+    return not 0 <= t <= MAX_TTL_NS or dl < 0 or bool(t and (x <= 0 or (dl and x > dl) or (
+        now is not None and x > now + t)))
 
 
-def _mend_idle(seg, e: int) -> None:
+def _mend_idle(seg, e: int, now: int | None) -> None:
     """Make kept entry ``e``'s idle words agree (``_idle_wrong``) with what can do no harm: a time to idle out of
     range or without an expiry goes (the entry keeps its expiry: the deadline, if it has one), a negative deadline
-    goes, and an expiry past the deadline is brought back to it."""
+    goes, and an expiry past the deadline or the time to idle from now is brought back to the earlier of them."""
     t, dl, x = seg.ttis_words[e], seg.deadlines_words[e], seg.expires_words[e]
     if dl < 0:
         dl = seg.deadlines_words[e] = 0
@@ -431,8 +433,11 @@ def _mend_idle(seg, e: int) -> None:
         seg.ttis_words[e] = 0
         if dl:
             seg.expires_words[e] = dl
-    elif t and dl and x > dl:
-        seg.expires_words[e] = dl
+        return
+    if t and dl and x > dl:
+        x = seg.expires_words[e] = dl
+    if t and now is not None and x > now + t:
+        seg.expires_words[e] = now + t
 
 
 def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
@@ -455,8 +460,9 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
                      "out")
 
 
-def repair(seg) -> int:
-    """Rebuild the segment from the entries that still check out; returns how many entries were dropped."""
+def repair(seg, now: int | None = None) -> int:
+    """Rebuild the segment from the entries that still check out; returns how many entries were dropped. ``now``:
+    as ``check``'s."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
     if seg.version >= 10 and (config.problems(h, g) or h[H_INDEX_SLOTS] != index_for(h[H_MAX_ENTRIES])
                               or (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) != (seg.mask + 1, seg.limit)):
@@ -512,7 +518,7 @@ def repair(seg) -> int:
             retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
             h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
-    _rebuild(seg, kept_ids, unused, held_ids)
+    _rebuild(seg, kept_ids, unused, held_ids, now)
     h[H_WRITING] = 0
     return max(dropped, 0)
 
@@ -588,7 +594,7 @@ def _pin_held(seg, e: int) -> bool:
     return slot_pinned(seg.reader_words, seg.live_fd, e) or ofd.held_elsewhere(seg.live_fd, ofd.PIN_BASE + e)
 
 
-def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None = None) -> None:
+def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int | None) -> None:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
     held = held or []
     mask = seg.mask
@@ -619,7 +625,7 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None = None) -
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept + held)
-    _rebuild_columns(seg, kept)
+    _rebuild_columns(seg, kept, now)
     config.set_limits(h, *_sane_limits(h, g))
 
 
@@ -629,7 +635,7 @@ def _rebuild_queues(seg, kept: list[int]) -> None:
     policies.of(seg.geometry.policy).rebuild(seg, kept)
 
 
-def _rebuild_columns(seg, kept: list[int]) -> None:
+def _rebuild_columns(seg, kept: list[int], now: int | None) -> None:
     """Kinds from the kept keys themselves, per-kind counts from those, expiry only for kept entries and the expiry
     bound from theirs. (Pin flags are left as they are: a stale one is cleared by whoever tests it.)"""
     h, kw, exp = seg.header_words, seg.kind_words, seg.expires_words
@@ -649,8 +655,8 @@ def _rebuild_columns(seg, kept: list[int]) -> None:
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= top else 0] + valid)
     for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
-        if seg.ttis_words is not None and _idle_wrong(seg, e):
-            _mend_idle(seg, e)
+        if seg.ttis_words is not None and _idle_wrong(seg, e, now):
+            _mend_idle(seg, e, now)
         if not 0 < seg.versions_words[e] <= top:
             clock += 1
             seg.versions_words[e] = clock

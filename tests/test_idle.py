@@ -160,7 +160,8 @@ def test_idle_tti_is_checked_before_the_lock(name):
 @pytest.mark.parametrize("path", PATHS)
 def test_idle_damaged_words_are_found_and_mended(name, clock, path):
     """A time to idle out of range, an expiry past its deadline, and a default whose checksum fails are reported
-    by verify and mended by the repair to what can do no harm: no time to idle, the deadline, no default."""
+    by verify and mended by the repair to what can do no harm: no time to idle, the earlier of the deadline and
+    the time to idle from now, no default."""
     from shmcache import config
 
     with _open(name, clock, "auto", path, default_tti=3) as c:
@@ -175,13 +176,41 @@ def test_idle_damaged_words_are_found_and_mended(name, clock, path):
             report = c.verify()
             assert not report.ok and len(report.problems) >= 3, report.problems
             assert not c.verify(repair_damage=True).ok and c.verify().ok
-            assert seg.ttis_words[a] == 0 and seg.expires_words[b] == seg.deadlines_words[b]
+            # (b's expiry back to the earlier of its deadline and its tti from now: no read sets it further)
+            assert seg.ttis_words[a] == 0 and seg.expires_words[b] == clock() + 2 * S
             assert config.default_tti(seg.idle_words) == 0 and seg.idle_words[d.D_DEFAULT_TTI] == 0
             assert c.get("a") == b"v" and c.get("b") == b"v"  # (a keeps the expiry it had, and no tti moves it)
             clock.advance(1.5)
-            assert c.get("a") == b"v"
+            assert c.get("a") == b"v" and c.get("b") == b"v"
             clock.advance(0.5)
             assert c.get("a") is None and c.get("b") == b"v"
+        finally:
+            c.unlink()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_idle_an_expiry_pushed_past_the_time_to_idle_is_brought_back(name, clock, path):
+    """A stray write that moves an idle entry's expiry into the future (no read sets it further than its tti from
+    now) would keep it for good, since only a read moves it: verify reports it, and the repair brings it back to
+    the tti from now, or the deadline where that comes first. An entry without a tti may expire whenever."""
+    with _open(name, clock, "lru", path) as c:
+        try:
+            c.put("a", b"v", tti=2)
+            c.put("b", b"v", ttl=3, tti=2)
+            c.put("c", b"v", ttl=100)
+            a, b, x = entry_of(c, "a"), entry_of(c, "b"), entry_of(c, "c")
+            seg = c._seg
+            now = clock()
+            seg.expires_words[a] = now + 50 * S
+            seg.deadlines_words[b] = now + S  # (its deadline made earlier: then the expiry passes it too)
+            assert c.verify().ok is False
+            assert not c.verify(repair_damage=True).ok and c.verify().ok
+            assert seg.expires_words[a] == now + 2 * S and seg.expires_words[b] == now + S
+            assert seg.expires_words[x] == now + 100 * S
+            clock.advance(1.5)
+            assert c.get("a") == b"v" and c.get("b") is None
+            clock.advance(2.5)
+            assert c.get("a") is None and c.get("c") == b"v"
         finally:
             c.unlink()
 
