@@ -101,6 +101,17 @@ class Refreshes:
         task.add_done_callback(self._tasks.discard)
         return True
 
+    async def acancel(self) -> None:
+        """Cancel this handle's refreshes that run as tasks of the running loop and wait for them to end (each
+        releases its claim as it ends); those of other loops are left to theirs. For an ``aclose()``: nothing of the
+        handle runs on the loop after it."""
+        loop = asyncio.get_running_loop()
+        mine = [t for t in list(self._tasks) if t.get_loop() is loop and not t.done()]
+        for task in mine:
+            task.cancel()
+        if mine:
+            await asyncio.gather(*mine, return_exceptions=True)
+
     @property
     def running(self) -> int:
         """How many refreshes this handle has queued or under way now (records taken for lost aside)."""

@@ -203,6 +203,51 @@ def test_tiered_stale_async_refreshes_in_a_task_of_the_loop(redis_url, fleet):
     asyncio.run(main())
 
 
+def test_tiered_stale_aclose_cancels_the_refresh_in_flight_and_frees_its_locks(redis_url, fleet):
+    """aclose() with an async refresh still computing cancels it and returns once it ended: no task of the handle
+    is left on the loop, and the host's claim and the fleet's compute lock are free at once (a lease of 30 s that a
+    cancelled refresh kept would hold the other host's refresh back for all of it)."""
+    import asyncio
+
+    names, namespace = fleet
+
+    async def main():
+        never = asyncio.Event()
+        started = asyncio.Event()
+
+        async def stuck():
+            started.set()
+            await never.wait()
+
+        async def compute(seq: int):
+            return make_value("k", seq, 64)
+
+        a = _open(redis_url, names[0], namespace, lock_lease=30)
+        first = await a.aget_or_compute("k", lambda: compute(1), ttl=0.2, stale_ttl=30)
+        await asyncio.sleep(0.25)  # (past the fresh window: a bound the value's ttl sets)
+        assert await a.aget_or_compute("k", stuck, ttl=0.2, stale_ttl=30) == first
+        await asyncio.wait_for(started.wait(), JOIN_S)
+        tasks = list(a._refreshes._tasks)
+        assert len(tasks) == 1 and a._refreshes.running == 1
+        await asyncio.wait_for(a.aclose(), JOIN_S)
+        assert tasks[0].cancelled() and not a._refreshes._tasks and a._refreshes.running == 0
+        with _open(redis_url, names[0], namespace) as same, _open(redis_url, names[1], namespace) as other:
+            for tier, seq in ((same, 2), (other, 3)):
+                got = None
+                for _ in range(2000):  # (a bound on the wait for the refresh's task: 10 s)
+                    got = await tier.aget_or_compute("k", lambda seq=seq: compute(seq), ttl=0.2, stale_ttl=30)
+                    check_value("k", got)
+                    if got["seq"] == seq:
+                        break
+                    await asyncio.sleep(0.005)
+                assert got["seq"] == seq, got  # (refreshed: neither the claim nor the fleet's lock was held)
+                await asyncio.sleep(0.25)  # (stale again, for the other host)
+            await same.aclose()
+            await other.aclose()
+
+    asyncio.run(main())
+
+
 def test_tiered_stale_ttl_is_checked(redis_url, fleet):
     names, namespace = fleet
     with _open(redis_url, names[0], namespace) as a:

@@ -837,8 +837,11 @@ class TieredCache(TierMapping):
                             stale_ttl=stale_ttl)
 
     async def aclose(self) -> None:
-        """Close the running loop's asyncio client of Redis, then ``close()``. (A loop's client is also dropped
-        when the loop is; closing it here spares its connections the wait for the garbage collector.)"""
+        """Cancel this handle's stale refreshes running as tasks of the running loop (``aget_or_compute``'s
+        ``stale_ttl``) and wait for them, close the loop's asyncio client of Redis, then ``close()``. (A loop's
+        client is also dropped when the loop is; closing it here spares its connections the wait for the garbage
+        collector.) A refresh cancelled so releases its claims; the next stale call on any host refreshes."""
+        await self._refreshes.acancel()
         await self._remote.aclose()
         self.close()
 
