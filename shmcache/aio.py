@@ -169,10 +169,12 @@ class _AsyncMemo:
 
 
 async def take(claim: flight.Claim, fp: int, timeout: float | None,
-               describe: Callable[[], Awaitable[Any]], stored: Callable[[], bool] | None) -> bool:
+               describe: Callable[[], Awaitable[Any]],
+               stored: Callable[[], bool] | Callable[[], Awaitable[bool]] | None) -> bool:
     """``Claim.take`` with its waits awaited (``asyncio.sleep``, never a blocking call on the loop): the key of
-    fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()``, asked at
-    ``flight.Wait``'s interval, ends the wait (without the claim) when it says the value is there. Whether another
+    fingerprint ``fp`` claimed through the description ``describe()`` opens; ``stored()`` (awaited where it is a
+    coroutine function's), asked at ``flight.Wait``'s interval, ends the wait (without the claim) when it says the
+    value is there. Whether another
     held it first. The claim is recorded as the task's, as ``Claim.take`` records it (flight.py ``_held``): a
     computation asking for its key again, with either API, is refused (ReentrantCallError)."""
     if not claim.opened:
@@ -182,7 +184,11 @@ async def take(claim: flight.Claim, fp: int, timeout: float | None,
     wait = flight.Wait(timeout)
     while not claim.lock_nowait(fp):
         waited = True
-        if stored is not None and wait.recheck_due() and stored():
-            return True
+        if stored is not None and wait.recheck_due():
+            there = stored()
+            if not isinstance(there, bool):
+                there = await there
+            if there:
+                return True
         await asyncio.sleep(wait.next_pause())
     return waited

@@ -248,6 +248,56 @@ def test_tiered_stale_aclose_cancels_the_refresh_in_flight_and_frees_its_locks(r
     asyncio.run(main())
 
 
+def _compute_then_stop(url, local_name, namespace, computing) -> None:
+    """Host A's process whose computation of "k" is stopped (the parent SIGSTOPs it once ``computing`` is set)."""
+    tier = _open(url, local_name, namespace, lock_lease=1)
+
+    def compute():
+        computing.set()
+        time.sleep(JOIN_S)
+        return make_value("k", 1, 64)
+
+    tier.get_or_compute("k", compute)
+
+
+def _compute_on_host_b(url, local_name, namespace, queue) -> None:
+    with _open(url, local_name, namespace, lock_lease=1) as tier:
+        value = tier.get_or_compute("k", lambda: make_value("k", 2, 64), timeout=JOIN_S)
+        queue.put(value)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_tiered_a_stopped_computing_process_stalls_its_host_for_a_lease_at_most(redis_url, fleet, api):
+    """A process of host A stopped in the middle of a computation (SIGSTOP) holds its host's claim on the key for as
+    long as it is stopped; its fleet lock expires after the lease and host B computes. Host A's other callers, which
+    wait for the claim, look in Redis once a lease and take B's value: no caller waits for the stopped one."""
+    import asyncio
+
+    names, namespace = fleet
+    computing, queue = ctx.Event(), ctx.Queue()
+    stopped = ctx.Process(target=_compute_then_stop, args=(redis_url, names[0], namespace, computing), daemon=True)
+    b = ctx.Process(target=_compute_on_host_b, args=(redis_url, names[1], namespace, queue), daemon=True)
+    stopped.start()
+    try:
+        assert computing.wait(JOIN_S)
+        os.kill(stopped.pid, signal.SIGSTOP)
+        b.start()
+        with _open(redis_url, names[0], namespace, lock_lease=1) as a:
+            never = lambda: pytest.fail("host A computed while its claim was held")  # noqa: E731
+            if api == "sync":
+                got = a.get_or_compute("k", never, timeout=JOIN_S)
+            else:
+                got = asyncio.run(a.aget_or_compute("k", never, timeout=JOIN_S))
+            check_value("k", got)
+            assert got["seq"] == 2 and a.stats().remote_hits >= 1  # (host B's, from Redis)
+        from_b = queue.get(timeout=JOIN_S)
+        check_value("k", from_b)
+        assert from_b["seq"] == 2
+    finally:
+        os.kill(stopped.pid, signal.SIGKILL)
+        reap([stopped, b], JOIN_S)
+
+
 def test_tiered_stale_ttl_is_checked(redis_url, fleet):
     names, namespace = fleet
     with _open(redis_url, names[0], namespace) as a:

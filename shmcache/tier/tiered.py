@@ -65,6 +65,44 @@ MAX_NAMESPACE = 32  # so that "mark:" + namespace fits a kind name
 _READY, _CLOSED, _FORKED = "ready", "closed", "forked"
 
 
+class _RedisLook:
+    """A wait for the host's claim on a key looks in Redis every ``lock_lease``: a value there (another host's)
+    ends it. Why: the claim's holder may be stopped (SIGSTOP, a debugger, a frozen container) mid-computation, and
+    holds the claim while it is; its fleet lock expires after the lease and another host computes the value, which
+    this host's waiters would otherwise never see. One look per lease and waiter: the host's single flight keeps
+    Redis's load what it was."""
+
+    __slots__ = ("_every", "_next", "value")
+
+    def __init__(self, lease_ms: int) -> None:
+        self._every = lease_ms / 1000
+        self._next = time.monotonic() + self._every
+        self.value: Any = MISSING
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self._every
+        return True
+
+    def found(self, run: Callable[[Any], Any], fetch) -> bool:
+        """Whether ``fetch`` (``_fetch``'s steps, which copy the value here) found one; a Redis that fails is a
+        look that found nothing."""
+        try:
+            self.value = run(fetch)
+        except RemoteError:
+            self.value = MISSING
+        return self.value is not MISSING
+
+    async def afound(self, arun: Callable[[Any], Awaitable[Any]], fetch) -> bool:
+        try:
+            self.value = await arun(fetch)
+        except RemoteError:
+            self.value = MISSING
+        return self.value is not MISSING
+
+
 class TieredCache(TierMapping):
     """A ``SharedCache`` per host in front of one Redis (or Redis Cluster) shared by every host, with the same API.
 
@@ -544,9 +582,16 @@ class TieredCache(TierMapping):
         deadline = None if timeout is None else time.monotonic() + timeout
         fp = fingerprint(self._kprefix + kb)
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
+        look = _RedisLook(self._lease_ms)
+
+        def stored() -> bool:
+            return lkey in self.local or (look.due() and look.found(self._run, self._fetch(kb, False)))
+
         try:
             describe = partial(self._local.guard.run, flight.open_description, self._local.seg.fd)
-            waited = claim.take(describe, fp, timeout, lambda: lkey in self.local)
+            waited = claim.take(describe, fp, timeout, stored)
+            if look.value is not MISSING:  # Redis had it (another host's): counted as a remote hit
+                return look.value
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, MISSING)
                 if value is not MISSING:
@@ -811,12 +856,18 @@ class TieredCache(TierMapping):
         async def describe():
             return await local.acall(self._local.guard.run, flight.open_description, self._local.seg.fd)
 
-        def stored() -> bool:  # looked for only when looking cannot wait for the lock
-            return local.lock_free() and lkey in local
+        look = _RedisLook(self._lease_ms)
+
+        async def stored() -> bool:  # (the cache looked at only when looking cannot wait for the lock)
+            if local.lock_free() and lkey in local:
+                return True
+            return look.due() and await look.afound(self._arun, self._fetch(kb, False))
 
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
         try:
             waited = await aio.take(claim, fp, timeout, describe, stored)
+            if look.value is not MISSING:  # Redis had it (another host's): counted as a remote hit
+                return look.value
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = await local.aget(lkey, MISSING)
                 if value is not MISSING:
