@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -186,7 +187,7 @@ async def take(claim: flight.Claim, fp: int, timeout: float | None,
         waited = True
         if stored is not None and wait.recheck_due():
             there = stored()
-            if not isinstance(there, bool):
+            if inspect.isawaitable(there):
                 there = await there
             if there:
                 return True
