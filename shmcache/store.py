@@ -385,6 +385,8 @@ class Store:
         ttis = self.table.ttis
         if ttis is not None and 0 < ttis[e] <= MAX_TTL_NS:  # an idle entry: a touch is a read, and a new deadline
             soon = self.clock() + ttis[e]
+            # (the expiry first, the deadline after: a read without the lock that sees one and not the other only
+            # decides from them whether to take the lock, lapsed_unlocked, and the locked path judges again)
             self.set_expiry(e, soon if not deadline or soon < deadline else deadline)
             self.table.deadlines[e] = deadline
         else:
