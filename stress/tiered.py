@@ -16,7 +16,10 @@ stops one node (--victims any), or one of those the hosts' listeners are not sub
 the listeners see no gap, so nothing tells the hosts that the keys the node held are gone). With --kills N, the
 parent SIGKILLs N workers at random instants and starts a replacement in the same slot; a kill is aimed at a
 host's listener (listener takeover), at a worker computing in get_or_compute while it holds the fleet's compute lock
-(lock lease takeover, with a short --lock-lease), or at a random worker.
+(lock lease takeover, with a short --lock-lease), or at a random worker. With --stops N, the parent SIGSTOPs N
+workers computing in get_or_compute (a random one if none is) for STOP_LEASES leases each, then SIGCONTs them: the
+stopped worker keeps its host's claim and its fleet lock lapses, so another host computes and the stopped host's
+waiters take that value from Redis.
 
 At the end the workers stop operating but keep listening, and the parent checks, for up to CONVERGE_SECONDS, that
 every host's local copy of every key is absent or equal to what Redis holds (read by an observer TieredCache on a
@@ -29,7 +32,7 @@ it and those plus the uncertain ones (with chaos, a restarted Redis lost them: o
 Reading the summary line:
 
     tiered: ops=N ops_s=R wrong=0 divergent=0 excused=X errors=0 refused=F counters=ok hangs=0 crashes=0 kills=K
-            outages=O remote_errors=.. local_only_puts=.. invalidations=.. stale_fills=.. listener_starts=..
+            stops=T outages=O remote_errors=.. local_only_puts=.. invalidations=.. stale_fills=.. listener_starts=..
             lock_waits=.. takeovers=.. computations=.. settling=.. converged_s=.. seconds=S hosts=H procs=P
             redis=server
 
@@ -43,6 +46,7 @@ counters        ok, FAILED (a counter outside its bounds; must not be), or skipp
 hangs           stalls of HANG_SECONDS without progress, workers that did not stop when told; must be 0
 crashes         workers that died without being killed; must be 0
 kills           workers SIGKILLed (listener/compute/random: on stderr); outages: Redis stops and restarts
+stops           workers SIGSTOPped and continued later (compute/random: on stderr)
 remote_errors .. computations: the hosts' TierStats summed (takeovers: lock_takeovers)
 settling        copies that differed from Redis at the first look after the stop (invalidations still in flight,
                 copies expiring a moment after Redis's key); converged_s: seconds until none differed (or gave up)
@@ -62,6 +66,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any
 import uuid
 
 import numpy as np
@@ -86,6 +91,8 @@ DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 MIN_VALUE_BYTES = 16
 DEFAULT_OUTAGES = 3
 DEFAULT_KILLS = 0
+DEFAULT_STOPS = 0
+STOP_LEASES = 3  # a stop lasts this many --lock-lease: one for the lock to lapse, then room for another host
 DEFAULT_MAX_AGE = 60.0  # longer than a run: a copy that is stale at the end was not merely old
 DEFAULT_TIMEOUT = 0.25
 DEFAULT_RETRY_INTERVAL = 0.25
@@ -345,6 +352,8 @@ class Fleet:
         self.born = [0] * len(self.procs)  # the slot's op count when its worker started
         self.dead: list = []
         self.kills = {aim: 0 for aim in KILL_AIMS}
+        self.stops = {"compute": 0, "random": 0}
+        self.stopped: dict[int, tuple[Any, float]] = {}  # row -> (its process, when to continue it)
         self.crashes = 0
         self.last_ops, self.since = -1, time.monotonic()
 
@@ -377,6 +386,7 @@ class Fleet:
 
     def kill(self, row: int) -> None:
         p = self.procs[row]
+        self.stopped.pop(row, None)  # (SIGKILL ends a stopped process too)
         os.kill(p.pid, signal.SIGKILL)
         p.join(5)
         self.dead.append(p)
@@ -412,6 +422,35 @@ class Fleet:
             self.kill(row)
             self.kills[aim] += 1
             self.spawn(row)
+
+    def stop_one(self, seconds: float) -> None:
+        """SIGSTOP a worker computing in get_or_compute (waiting AIM_WAIT for one; else a random one), to be
+        continued ``seconds`` later (``continue_due``)."""
+        aim, until = "compute", time.monotonic() + AIM_WAIT
+        rows: list[int] = []
+        while not rows and time.monotonic() < until:
+            rows = [r for r in self.running() if self.counts[r * NF + COMPUTING] and r not in self.stopped]
+            if not rows:
+                time.sleep(0.001)
+        if not rows:
+            aim, rows = "random", [r for r in self.running() if r not in self.stopped]
+        if rows:
+            row = self.rng.choice(rows)
+            p = self.procs[row]
+            os.kill(p.pid, signal.SIGSTOP)
+            self.stopped[row] = (p, time.monotonic() + seconds)
+            self.stops[aim] += 1
+
+    def continue_due(self, every: bool = False) -> None:
+        """SIGCONT the stopped workers whose stop is over (``every``: all of them)."""
+        now = time.monotonic()
+        for row, (p, until) in list(self.stopped.items()):
+            if every or now >= until:
+                del self.stopped[row]
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
 
     def total(self, field: int) -> int:
         return sum(self.counts[r * NF + field] for r in range(len(self.procs)))
@@ -606,6 +645,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "they cannot notice (default %(default)s)")
     p.add_argument("--kills", type=int, default=DEFAULT_KILLS, help="workers to SIGKILL and replace during the run "
                    "(default %(default)s)")
+    p.add_argument("--stops", type=int, default=DEFAULT_STOPS, help="workers to SIGSTOP for STOP_LEASES leases "
+                   "during the run, aimed at computing ones (default %(default)s)")
     p.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE, help="TieredCache max_age (default "
                    "%(default)s)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="TieredCache timeout (default "
@@ -669,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         for s, e in outage_schedule(rng, args.seconds, args.outages if chaos else 0):
             events += [(s, "down"), (e, "up")]
         events += [(rng.uniform(*KILL_SPAN) * args.seconds, "kill") for _ in range(args.kills)]
+        events += [(rng.uniform(*KILL_SPAN) * args.seconds, "stop") for _ in range(args.stops)]
         events.sort()
         fleet = Fleet(ctx, cfg, rng, counts, local_only, phase, chaos)
         for row in range(len(fleet.procs)):
@@ -676,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         t0, wall0 = time.monotonic(), time.time()
         while time.monotonic() - t0 < args.seconds:
             time.sleep(POLL_SECONDS)
+            fleet.continue_due()
             fleet.replace_crashed()
             if fleet.stalled():
                 hangs += 1
@@ -697,8 +740,11 @@ def main(argv: list[str] | None = None) -> int:
                         node.start()
                         print(f"outage {outages}: Redis :{node.port} started again at +{time.monotonic() - t0:.2f} s",
                               file=sys.stderr, flush=True)
+                elif what == "stop":
+                    fleet.stop_one(STOP_LEASES * args.lock_lease)
                 else:
                     fleet.kill_one()
+        fleet.continue_due(every=True)
         elapsed = time.monotonic() - t0
         while down:
             down.pop().start()
@@ -764,10 +810,13 @@ def main(argv: list[str] | None = None) -> int:
     errors = fleet.total(ERRORS)
     if any(fleet.kills.values()):
         print("kills: " + " ".join(f"{aim}={n}" for aim, n in fleet.kills.items()), file=sys.stderr)
+    if any(fleet.stops.values()):
+        print("stops: " + " ".join(f"{aim}={n}" for aim, n in fleet.stops.items()), file=sys.stderr)
     return finish("tiered", {
         "ops": ops, "ops_s": round(ops / elapsed) if elapsed else 0, "wrong": wrong, "divergent": divergent,
         "excused": excused, "errors": errors, "refused": fleet.total(REFUSED), "counters": counters,
-        "hangs": hangs, "crashes": fleet.crashes, "kills": sum(fleet.kills.values()), "outages": outages,
+        "hangs": hangs, "crashes": fleet.crashes, "kills": sum(fleet.kills.values()),
+        "stops": sum(fleet.stops.values()), "outages": outages,
         "remote_errors": stats.get("remote_errors", 0), "local_only_puts": stats.get("local_only_puts", 0),
         "invalidations": stats.get("invalidations", 0), "stale_fills": stats.get("stale_fills", 0),
         "listener_starts": stats.get("listener_starts", 0), "lock_waits": stats.get("lock_waits", 0),
