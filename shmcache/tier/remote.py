@@ -583,6 +583,11 @@ class Remote:
         key = self.lock_prefix + kb
         return bool((yield REDIS, "lock", lambda c, s: c.set(key, token, nx=True, px=lease_ms)))
 
+    def locked(self, kb: bytes):
+        """Whether some host holds ``kb``'s compute lock now."""
+        key = self.lock_prefix + kb
+        return bool((yield REDIS, "lock", lambda c, s: c.exists(key)))
+
     def renew(self, kb: bytes, token: bytes, lease_ms: int):
         keys, args = [self.lock_prefix + kb], [token, lease_ms]
         return bool((yield REDIS, "lock", lambda c, s: s[S_RENEW](keys=keys, args=args)))

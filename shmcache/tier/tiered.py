@@ -67,17 +67,20 @@ _READY, _CLOSED, _FORKED = "ready", "closed", "forked"
 
 class _RedisLook:
     """A wait for the host's claim on a key looks in Redis every ``lock_lease``: a value there (another host's)
-    ends it. Why: the claim's holder may be stopped (SIGSTOP, a debugger, a frozen container) mid-computation, and
-    holds the claim while it is; its fleet lock expires after the lease and another host computes the value, which
-    this host's waiters would otherwise never see. One look per lease and waiter: the host's single flight keeps
-    Redis's load what it was."""
+    ends it, and so does a key whose fleet compute lock nobody holds (``lapsed``: the claim's holder computes
+    nothing the fleet can see, and the caller goes on to the fleet's lock, which decides from there). Why: the
+    claim's holder may be stopped (SIGSTOP, a debugger, a frozen container) mid-computation, and holds the claim
+    while it is stopped; its fleet lock expires after the lease, and another host, or this host's waiter, computes
+    in its place. A holder that lives renews its lock, and is waited for. One look per lease and waiter (two reads):
+    the host's single flight keeps Redis's load what it was. A Redis that fails tells nothing: the wait goes on."""
 
-    __slots__ = ("_every", "_next", "value")
+    __slots__ = ("_every", "_next", "value", "lapsed")
 
     def __init__(self, lease_ms: int) -> None:
         self._every = lease_ms / 1000
         self._next = time.monotonic() + self._every
         self.value: Any = MISSING
+        self.lapsed = False
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -86,21 +89,26 @@ class _RedisLook:
         self._next = now + self._every
         return True
 
-    def found(self, run: Callable[[Any], Any], fetch) -> bool:
-        """Whether ``fetch`` (``_fetch``'s steps, which copy the value here) found one; a Redis that fails is a
-        look that found nothing."""
+    def ends_wait(self, run: Callable[[Any], Any], fetch: Callable[[], Any], locked: Callable[[], Any]) -> bool:
+        """Whether the wait ends: ``fetch()``'s steps (``_fetch``'s, which copy the value here) found the value
+        (``value``), or ``locked()``'s found no host holding the key's compute lock (``lapsed``)."""
         try:
-            self.value = run(fetch)
+            self.value = run(fetch())
+            if self.value is MISSING:
+                self.lapsed = not run(locked())
         except RemoteError:
-            self.value = MISSING
-        return self.value is not MISSING
+            self.value, self.lapsed = MISSING, False
+        return self.value is not MISSING or self.lapsed
 
-    async def afound(self, arun: Callable[[Any], Awaitable[Any]], fetch) -> bool:
+    async def aends_wait(self, arun: Callable[[Any], Awaitable[Any]], fetch: Callable[[], Any],
+                         locked: Callable[[], Any]) -> bool:
         try:
-            self.value = await arun(fetch)
+            self.value = await arun(fetch())
+            if self.value is MISSING:
+                self.lapsed = not await arun(locked())
         except RemoteError:
-            self.value = MISSING
-        return self.value is not MISSING
+            self.value, self.lapsed = MISSING, False
+        return self.value is not MISSING or self.lapsed
 
 
 class TieredCache(TierMapping):
@@ -585,13 +593,16 @@ class TieredCache(TierMapping):
         look = _RedisLook(self._lease_ms)
 
         def stored() -> bool:
-            return lkey in self.local or (look.due() and look.found(self._run, self._fetch(kb, False)))
+            return lkey in self.local or (look.due() and look.ends_wait(
+                self._run, partial(self._fetch, kb, False), partial(self._remote.locked, kb)))
 
         try:
             describe = partial(self._local.guard.run, flight.open_description, self._local.seg.fd)
             waited = claim.take(describe, fp, timeout, stored)
             if look.value is not MISSING:  # Redis had it (another host's): counted as a remote hit
                 return look.value
+            if look.lapsed:  # the claim's holder computes nothing the fleet can see: its lock decides from here
+                return self._run(self._compute(key, kb, fn, deadline, ttl, True))
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = self.local.get(lkey, MISSING)
                 if value is not MISSING:
@@ -861,13 +872,16 @@ class TieredCache(TierMapping):
         async def stored() -> bool:  # (the cache looked at only when looking cannot wait for the lock)
             if local.lock_free() and lkey in local:
                 return True
-            return look.due() and await look.afound(self._arun, self._fetch(kb, False))
+            return look.due() and await look.aends_wait(self._arun, partial(self._fetch, kb, False),
+                                                         partial(self._remote.locked, kb))
 
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
         try:
             waited = await aio.take(claim, fp, timeout, describe, stored)
             if look.value is not MISSING:  # Redis had it (another host's): counted as a remote hit
                 return look.value
+            if look.lapsed:  # the claim's holder computes nothing the fleet can see: its lock decides from here
+                return await self._arun(self._compute(key, kb, fn, deadline, ttl, False))
             if waited:  # another process of this host fetched or computed it meanwhile
                 value = await local.aget(lkey, MISSING)
                 if value is not MISSING:
