@@ -89,27 +89,6 @@ class _RedisLook:
         self._next = now + self._every
         return True
 
-    def ends_wait(self, run: Callable[[Any], Any], fetch: Callable[[], Any], locked: Callable[[], Any]) -> bool:
-        """Whether the wait ends: ``fetch()``'s steps (``_fetch``'s, which copy the value here) found the value
-        (``value``), or ``locked()``'s found no host holding the key's compute lock (``lapsed``)."""
-        try:
-            self.value = run(fetch())
-            if self.value is MISSING:
-                self.lapsed = not run(locked())
-        except RemoteError:
-            self.value, self.lapsed = MISSING, False
-        return self.value is not MISSING or self.lapsed
-
-    async def aends_wait(self, arun: Callable[[Any], Awaitable[Any]], fetch: Callable[[], Any],
-                         locked: Callable[[], Any]) -> bool:
-        try:
-            self.value = await arun(fetch())
-            if self.value is MISSING:
-                self.lapsed = not await arun(locked())
-        except RemoteError:
-            self.value, self.lapsed = MISSING, False
-        return self.value is not MISSING or self.lapsed
-
 
 class TieredCache(TierMapping):
     """A ``SharedCache`` per host in front of one Redis (or Redis Cluster) shared by every host, with the same API.
@@ -264,6 +243,17 @@ class TieredCache(TierMapping):
         if ttl > 0:
             yield from self._keep(kb, tag, body, version, ttl, t0 + self._fill_s, generation)
         return value
+
+    def _look(self, kb: bytes, look: _RedisLook):
+        """Steps of a look in Redis by a caller waiting for its host's claim (``_RedisLook``, whose ``value`` and
+        ``lapsed`` it sets): whether the wait ends. A Redis that fails tells nothing."""
+        try:
+            value = yield from self._fetch(kb, False)
+            lapsed = value is MISSING and not (yield from self._remote.locked(kb))
+        except RemoteError:
+            value, lapsed = MISSING, False
+        look.value, look.lapsed = value, lapsed
+        return value is not MISSING or lapsed
 
     def _begin(self, kb: bytes):
         """Register a fill of ``kb`` (``copies.begin_fill_locked``); its mark's generation, or None when the host
@@ -593,8 +583,7 @@ class TieredCache(TierMapping):
         look = _RedisLook(self._lease_ms)
 
         def stored() -> bool:
-            return lkey in self.local or (look.due() and look.ends_wait(
-                self._run, partial(self._fetch, kb, False), partial(self._remote.locked, kb)))
+            return lkey in self.local or (look.due() and self._run(self._look(kb, look)))
 
         try:
             describe = partial(self._local.guard.run, flight.open_description, self._local.seg.fd)
@@ -872,8 +861,7 @@ class TieredCache(TierMapping):
         async def stored() -> bool:  # (the cache looked at only when looking cannot wait for the lock)
             if local.lock_free() and lkey in local:
                 return True
-            return look.due() and await look.aends_wait(self._arun, partial(self._fetch, kb, False),
-                                                         partial(self._remote.locked, kb))
+            return look.due() and await self._arun(self._look(kb, look))
 
         claim = flight.Claim()  # before anything is taken: ``finally`` always releases it (see flight.py)
         try:
