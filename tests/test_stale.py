@@ -37,6 +37,13 @@ def _until(cond, seconds: float = 10.0) -> bool:
     return cond()
 
 
+def _no_refresh_thread() -> bool:
+    """No refresh thread of this process is alive (an idle one of an earlier test would take a test's job)."""
+    from shmcache import refresh
+
+    return refresh.workers().busy == 0 and not any(t.name == "shmcache-refresh" for t in threading.enumerate())
+
+
 def _caller(name, key, go, until, ttl, stale, count, runs, out) -> None:
     """A worker of the four-process test: calls get_or_compute until ``until`` (monotonic) and checks every value;
     reports (calls, wrong values). Its function counts itself in ``count`` and records in ``runs`` when it began
@@ -319,8 +326,7 @@ def test_stale_refreshes_of_several_keys_run_side_by_side(name):
             v = c.get(k)
             check_value(k, v)
             assert v["seq"] == 2
-        assert _until(lambda: refresh.workers().busy == 0 and not any(
-            t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+        assert _until(_no_refresh_thread, refresh.IDLE_S + 10)
         c.unlink()
 
 
@@ -331,8 +337,7 @@ def _first_refresh_start_fails(monkeypatch, fail) -> list:
     from shmcache import refresh
 
     monkeypatch.setattr(refresh, "START_S", 0.05)
-    assert _until(lambda: refresh.workers().busy == 0 and not any(
-        t.name == "shmcache-refresh" for t in threading.enumerate()), refresh.IDLE_S + 10)
+    assert _until(_no_refresh_thread, refresh.IDLE_S + 10)
     real_start = threading.Thread.start
     cut: list = []
 
@@ -429,11 +434,6 @@ def test_stale_an_interrupt_between_the_record_and_the_queue_holds_the_key_back_
         assert _until(lambda: c.get("k")["seq"] == 4)
         c.unlink()
 
-
-def _no_refresh_thread() -> bool:
-    from shmcache import refresh
-
-    return refresh.workers().busy == 0 and not any(t.name == "shmcache-refresh" for t in threading.enumerate())
 
 
 @pytest.mark.timeout(60)
