@@ -144,6 +144,7 @@ typedef struct {
     Py_ssize_t ew, iw, kww;
     Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
+    int ixpack; /* version 15: an index slot is one word, (entry << IX_SHIFT) | the fingerprint's low bits (ix_*) */
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
@@ -156,8 +157,56 @@ typedef struct {
 
 #define HW(f) (c->h[c->h_##f])
 #define EN(e, f) (c->ent[(e) * c->ew + c->e_##f])
+/* The index's slots (index.py Wide, Packed; layout/dtypes.py INDEX_SLOT, INDEX_SLOT_PACKED): two words, the fingerprint
+ * and the entry (IXF, IXE), before layout version 15; one word from it, (entry << IX_SHIFT) | the fingerprint's low 32
+ * bits, its tag and its home slot's bits (every index is at most 2**32 slots). A slot is empty when its entry is EMPTY,
+ * whatever its other bits. Every access goes through ix_*, which ask which. */
 #define IXF(s) (c->ix[(s) * c->iw + c->i_fp])
 #define IXE(s) (c->ix[(s) * c->iw + c->i_entry])
+#define IX_SHIFT 32
+#define IX_TAG 0xFFFFFFFFull
+/* The entry slot ``s`` holds (EMPTY: none). (twin: index.py Wide.entry, Packed.entry) */
+static inline int64_t ix_entry(const Core *c, int64_t s)
+{
+    return c->ixpack ? (int64_t)((uint64_t)c->ix[s] >> IX_SHIFT) : IXE(s);
+}
+/* Bits of slot ``s`` whose low ones are its key's home slot (under any mask of the index): the fingerprint, or the
+ * word itself (its tag is the low bits). */
+static inline int64_t ix_home(const Core *c, int64_t s) { return c->ixpack ? c->ix[s] : IXF(s); }
+/* Whether slot ``s`` may hold the key of fingerprint ``fp``: its fingerprint is, or its tag is the low bits of, ``fp``
+ * (the caller then compares the entry's fingerprint, for a tag, and its key). */
+static inline int ix_tagged(const Core *c, int64_t s, int64_t fp)
+{
+    return c->ixpack ? (((uint64_t)c->ix[s] ^ (uint64_t)fp) & IX_TAG) == 0 : IXF(s) == fp;
+}
+/* Slot ``s`` made to hold entry ``e`` of fingerprint ``fp`` (0 <= e < 2**31). (twin: index.py Wide.put, Packed.put) */
+static inline void ix_put(Core *c, int64_t s, int64_t fp, int64_t e)
+{
+    if (c->ixpack) {
+        c->ix[s] = (int64_t)(((uint64_t)e << IX_SHIFT) | ((uint64_t)fp & IX_TAG));
+    } else {
+        IXF(s) = fp;
+        IXE(s) = e;
+    }
+}
+/* Slot ``s`` emptied: its entry EMPTY (a one-word slot is cleared whole). */
+static inline void ix_clear(Core *c, int64_t s)
+{
+    if (c->ixpack)
+        c->ix[s] = 0;
+    else
+        IXE(s) = c->empty;
+}
+/* Slot ``to`` made to hold what slot ``from`` holds (a backward shift). */
+static inline void ix_copy(Core *c, int64_t to, int64_t from)
+{
+    if (c->ixpack) {
+        c->ix[to] = c->ix[from];
+    } else {
+        IXF(to) = IXF(from);
+        IXE(to) = IXE(from);
+    }
+}
 #define AW(off) (c->aw[(off) >> 3])
 /* The index in force's slots less one, and the ghost's words in force (s3fifo), from the tables this mapping took. */
 #define IXMASK(c) ((c)->tables[0] - 1)

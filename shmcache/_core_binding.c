@@ -98,7 +98,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         c->unviewable = unviewable;
     }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
-        holder_off, wakes_off, word;
+        holder_off, wakes_off, word, index_packed;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
         || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
         || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
@@ -115,7 +115,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take(d, "PIN_BASE", &c->pin_base) || take(d, "CHECK_MASK", &c->check_mask)
         || take(d, "TAG_BYTES", &c->tag_bytes) || take(d, "TAG_MSGPACK", &c->tag_msgpack)
         || take(d, "TAG_ARRAY", &c->tag_array) || take(d, "TAG_TENSOR", &c->tag_tensor)
-        || take(d, "TAG_PICKLE", &c->tag_pickle))
+        || take(d, "TAG_PICKLE", &c->tag_pickle) || take(d, "INDEX_PACKED", &index_packed))
         return -1;
     if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
         || entry_slots >= ((int64_t)1 << 31) || c->arena_nbytes <= 0 || c->arena_nbytes % 8
@@ -123,7 +123,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || entry_bytes % 8 || index_bytes % 8 || kind_bytes % 8 || kind_rows < 256 || c->owner_shift <= 0
         || c->owner_shift > 32 || c->len_mask != ((int64_t)1 << c->owner_shift) - 1 || c->sentinel != 0
         || holder_off != 4 || wakes_off != 8 || lock_nbytes < 12 || c->holder_base <= 0 || c->holder_slots <= 0
-        || c->holder_slots > ((int64_t)1 << 30) || c->kind_prefix < 0 || c->kind_prefix > 255) {
+        || c->holder_slots > ((int64_t)1 << 30) || c->kind_prefix < 0 || c->kind_prefix > 255
+        || (index_packed ? index_bytes != 8 || index_slots > ((int64_t)1 << 32) : index_bytes < 16)) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the offsets describe a layout this build cannot "
                                           "address (word size, slot counts, block header or lock words)");
         return -1;
@@ -137,6 +138,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->tables = c->own_tables;
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
+    c->ixpack = index_packed != 0; /* (then i_fp and i_entry are not taken: ix_* read the one word) */
     c->kww = (Py_ssize_t)(kind_bytes / 8);
     int64_t ring_follows, ring_by_limit, hw_limit, ghost_slots, policy, l_policies[4], l_marks[2], l_ghost[2];
     /* auto's state words and tuning, as layout/dtypes.py and policies/auto.py have them (_core.h's enums) */
@@ -196,7 +198,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
         || take_word(d, "E_KEY_NBYTES", &c->e_klen, ewl) || take_word(d, "E_VAL_NBYTES", &c->e_vlen, ewl)
         || take_word(d, "E_SLOT", &c->e_slot, ewl) || take_word(d, "E_CHECK", &c->e_check, ewl)
-        || take_word(d, "I_FP", &c->i_fp, iwl) || take_word(d, "I_ENTRY", &c->i_entry, iwl)
+        || (!c->ixpack && (take_word(d, "I_FP", &c->i_fp, iwl) || take_word(d, "I_ENTRY", &c->i_entry, iwl)))
         || take_word(d, "K_ENTRIES", &c->k_entries, kwl) || take_word(d, "K_RETAINED", &c->k_retained, kwl)
         || take_word(d, "H_HITS", &c->h_hits, hw_limit) || take_word(d, "H_MISSES", &c->h_misses, hw_limit)
         || take_word(d, "H_PUTS", &c->h_puts, hw_limit) || take_word(d, "H_UPDATES", &c->h_updates, hw_limit)

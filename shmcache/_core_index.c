@@ -9,14 +9,15 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
     const int64_t mask = IXMASK(c); /* (read once: the index's stores below may alias the cell, for the compiler) */
     int64_t s = fp & mask;
     for (int64_t i = 0; i <= mask; i++) {
-        int64_t e = IXE(s);
+        int64_t e = ix_entry(c, s);
         if (e == c->empty) {
             *out = c->empty;
             return ST_OK;
         }
         if (!SLOT_OK(e))
             return bounds(c);
-        if (IXF(s) == fp && EN(e, klen) == klen) {
+        /* (a one-word slot has the fingerprint's low bits: the entry's own says whether it is the key's) */
+        if (ix_tagged(c, s, fp) && (!c->ixpack || EN(e, fp) == fp) && EN(e, klen) == klen) {
             int64_t off = EN(e, off), vlen = EN(e, vlen);
             if (!block_in_arena(c, off, vlen, klen))
                 return bounds(c);
@@ -35,22 +36,21 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
 static int index_remove(Core *c, int64_t s)
 {
     const int64_t mask = IXMASK(c);
-    IXE(s) = c->empty;
+    ix_clear(c, s);
     int64_t j = s;
     for (int64_t i = 0; i <= mask; i++) {
         j = (j + 1) & mask;
-        int64_t e = IXE(j);
+        int64_t e = ix_entry(c, j);
         if (e == c->empty)
             return ST_OK;
         /* The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j]. */
-        if ((((uint64_t)j - (uint64_t)IXF(j)) & (uint64_t)mask) >= ((uint64_t)(j - s) & (uint64_t)mask)) {
+        if ((((uint64_t)j - (uint64_t)ix_home(c, j)) & (uint64_t)mask) >= ((uint64_t)(j - s) & (uint64_t)mask)) {
             if (!SLOT_OK(e))
                 return bounds(c);
             stripe_open(c, j);
-            IXF(s) = IXF(j);
-            IXE(s) = e;
+            ix_copy(c, s, j);
             EN(e, slot) = s;
-            IXE(j) = c->empty;
+            ix_clear(c, j);
             s = j;
         }
     }

@@ -49,7 +49,7 @@ static int pin_held(Core *c, int64_t e)
 static inline void entry_open(Core *c, int64_t e)
 {
     int64_t s = EN(e, slot);
-    if (s >= 0 && s <= IXMASK(c) && IXE(s) == e)
+    if (s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e)
         stripe_open(c, s);
     else
         seq_open(c);
@@ -121,7 +121,7 @@ static int table_remove(Core *c, int64_t e)
         return bounds(c);
     int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
             s = EN(e, slot);
-    if (!(s >= 0 && s <= IXMASK(c) && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+    if (!(s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
         return bounds(c);
     int64_t nb = block_nbytes(c, klen + vlen);
     /* arena free: the block must be this entry's own */
@@ -164,7 +164,7 @@ static int detach(Core *c, int64_t e)
         return bounds(c);
     int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
             s = EN(e, slot), held, held_bytes;
-    if (!(s >= 0 && s <= IXMASK(c) && IXE(s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
+    if (!(s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
         return bounds(c);
     int64_t nb = block_nbytes(c, klen + vlen);
     if (!(off >= 0 && off <= c->arena_nbytes - nb && off % 8 == 0 && AW(off) == (nb | (e << c->owner_shift))))
@@ -479,7 +479,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     memcpy(v0 + vlen, st->kb, (size_t)st->klen);
     const int64_t mask = IXMASK(c);
     int64_t s = st->fp & mask, i;
-    for (i = 0; i <= mask && IXE(s) != c->empty; i++)
+    for (i = 0; i <= mask && ix_entry(c, s) != c->empty; i++)
         s = (s + 1) & mask;
     if (i > mask)
         return bounds(c);
@@ -498,8 +498,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     EN(e, vlen) = vlen;
     EN(e, slot) = s;
     EN(e, check) = st->check;
-    IXF(s) = st->fp;
-    IXE(s) = e;
+    ix_put(c, s, st->fp, e);
     EN(n, prev) = e;
     EN(p, next) = e;
     ADD(HW(entries), 1);

@@ -122,12 +122,16 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
     for (int64_t i = 0; i <= mask; i++) {
         if (!window_enter(c, w, s))
             return -2;
-        int64_t e = RD(IXE(s));
+        /* (a one-word slot is read once: its tag and entry together) */
+        int64_t word = RD(c->ix[c->ixpack ? s : s * c->iw + c->i_entry]);
+        int64_t e = c->ixpack ? (int64_t)((uint64_t)word >> IX_SHIFT) : word;
         if (e == c->empty)
             return 0;
         if (!SLOT_OK(e))
             return -1;
-        if (RD(IXF(s)) == fp && RD(EN(e, klen)) == klen) {
+        int tagged = c->ixpack ? (((uint64_t)word ^ (uint64_t)fp) & IX_TAG) == 0 && RD(EN(e, fp)) == fp
+                               : RD(IXF(s)) == fp;
+        if (tagged && RD(EN(e, klen)) == klen) {
             int64_t off = RD(EN(e, off)), vlen = RD(EN(e, vlen));
             if (!block_in_arena(c, off, vlen, klen))
                 return -1;

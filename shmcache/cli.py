@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Any
 
-from . import __version__, block, core, entries, index, tensors
+from . import __version__, block, core, entries, tensors
 from .cache import DEFAULT_POLICY, SharedCache, parts
 from .codec import KIND_PREFIXES, TAG_TENSOR, array_layout, body_checksum, decode_body, encode_key, fingerprint
 from .errors import OwnershipError, SerializerMismatch, ShmCacheError
@@ -515,7 +515,7 @@ def _other_kinds(args, c: SharedCache) -> str:
 
 def _peek_locked(store, kb: bytes, fp: int):
     """(tag, body, checksum, ns left to live or 0) of the live entry of key bytes ``kb``, or None; writes nothing."""
-    e = index.find(store.ix, store.ent, store.mm, store.base, store.mask, fp, kb)
+    e = store.table.index.find(store.ix, store.ent, store.mm, store.base, store.mask, fp, kb)
     if e == EMPTY:
         return None
     x, now = store.exp[e], store.clock()

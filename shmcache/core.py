@@ -24,7 +24,7 @@ from .compiled import HANDOVER, PATH, PINNED, TIMEOUT, Core, Raw, last_wait, wor
 from .compiled import extension as _core
 from .errors import ClosedError
 from .layout import (
-    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LOCK_NBYTES,
+    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout import dtypes as d
@@ -87,7 +87,8 @@ def offsets(geometry) -> dict[str, int]:
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
         index_slots=g.index_slots, ring_follows=int(g.version >= 10), ring_by_limit=int(10 <= g.version < 13),
-        HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=INDEX_SLOT.itemsize,
+        HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=g.index_slot_nbytes,
+        INDEX_PACKED=int(g.packed_index),
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,
         BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,

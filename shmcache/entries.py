@@ -13,13 +13,13 @@ their reference, and finish a batch the C section hands over part-way.
 
 from __future__ import annotations
 
-from . import block, index, lru
+from . import block, lru
 from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY,
-    H_HITS, H_MAX_RETAINED, H_MISSES, I_ENTRY, I_FP, INDEX_SHIFT,
+    H_HITS, H_MAX_RETAINED, H_MISSES,
 )
 
 _W = ENTRY_WORDS
@@ -109,7 +109,7 @@ def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int
     ``slots``. The caller checks each copy's key against its fingerprint and its body against its checksum, after
     the unlock."""
     ix, ent, mm, base, exp, mask = store.ix, store.ent, store.mm, store.base, store.exp, store.mask
-    marks = store.table.marks
+    marks, names = store.table.marks, store.table.index.names
     arena_nbytes = len(store.arena)
     now = store.clock()
     out = []
@@ -121,8 +121,7 @@ def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int
         b = e * _W
         s = ent[b + E_SLOT]
         # Invariant: an entry is live while the index slot it names names it back with its fingerprint.
-        if ent[b + E_FP] != fp or not 0 <= s <= mask or ix[(s << INDEX_SHIFT) + I_ENTRY] != e \
-                or ix[(s << INDEX_SHIFT) + I_FP] != fp:
+        if ent[b + E_FP] != fp or not 0 <= s <= mask or not names(ix, s, e, fp):
             continue
         x = exp[e]
         if x and x <= now:
@@ -185,8 +184,8 @@ def setdefault_locked(store, ttl, encoded):
 def get_many_locked(store, kbs: list, fps: list) -> list:
     """A lookup of each key (bytes ``kbs[i]``, fingerprint ``fps[i]``), as get does: a hit becomes the most recent.
     For each, None or (tag, body, checksum, slot), the checksum for the caller to check after the unlock."""
-    # The batch's reason to be is its cost per key: the index's first probe and the move to the front are inlined,
-    # as in SharedCache.get (block.value_at, inlined), and everything the loop reads is bound once.
+    # The batch's reason to be is its cost per key: the move to the front is inlined, as in SharedCache.get
+    # (block.value_at, inlined), and everything the loop reads is bound once.
     ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
     pol, table = store.table.pol, store.table
@@ -194,21 +193,13 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     out: list[tuple | None] = []
     append = out.append
     hits = misses = 0
+    find = table.index.find
     for kb, fp in zip(kbs, fps):
-        w = (fp & mask) << INDEX_SHIFT
-        e = ix[w + I_ENTRY]
+        e = find(ix, ent, mm, base, mask, fp, kb)
         if e != EMPTY:
             b = e * _W
             v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
             vlen = ent[b + E_VAL_NBYTES]
-            klen = len(kb)
-            k0 = v0 + vlen
-            if ix[w + I_FP] != fp or ent[b + E_KEY_NBYTES] != klen or mm[k0 : k0 + klen] != kb:
-                e = index.find_rest(ix, ent, mm, base, mask, fp, kb)
-                if e != EMPTY:
-                    b = e * _W
-                    v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
-                    vlen = ent[b + E_VAL_NBYTES]
         if e != EMPTY:
             x = exp[e]
             if x and x <= now:

@@ -4,6 +4,11 @@ Linear probing; the table has at least twice as many slots as there are entries,
 shifts the rest of the cluster back instead of leaving tombstones, which keeps every lookup's probe sequence ending
 at an empty slot and lets each entry record the slot that points at it (``E_SLOT``) for O(1) removal.
 
+A slot is two words, ``(fp, entry)``, before layout version 15, and one word after, ``(entry << 32) | tag``, the tag
+the fingerprint's low 32 bits (layout/dtypes.py INDEX_SLOT_PACKED). The module-level functions are the two-word
+index's; ``Packed`` has the one-word index's, and ``Wide`` names the two-word ones the same way, so that a caller
+takes its segment's (``of``) and calls it without asking which.
+
 All functions assume the cache lock is held. Probe loops are bounded by the table size, so a corrupted table (no
 empty slot anywhere) raises CorruptionError instead of looping forever.
 """
@@ -12,7 +17,10 @@ from __future__ import annotations
 
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, I_ENTRY, I_FP, INDEX_SHIFT
+from .layout.dtypes import (
+    E_FP, E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, I_ENTRY, I_FP, INDEX_SHIFT, PACKED_ENTRY_SHIFT,
+    PACKED_TAG_MASK,
+)
 
 
 def _full() -> CorruptionError:
@@ -96,3 +104,146 @@ def remove(ix, ent, mask: int, s: int, opening=None) -> None:
             ix[w + I_ENTRY] = EMPTY
             s = j
     raise _full()
+
+
+def _entry(ix, s: int) -> int:
+    return ix[(s << INDEX_SHIFT) + I_ENTRY]
+
+
+def _names(ix, s: int, e: int, fp: int) -> bool:
+    w = s << INDEX_SHIFT
+    return ix[w + I_ENTRY] == e and ix[w + I_FP] == fp
+
+
+def _put(ix, s: int, fp: int, e: int) -> None:
+    w = s << INDEX_SHIFT
+    ix[w + I_FP] = fp
+    ix[w + I_ENTRY] = e
+
+
+def _repoint(ix, s: int, e: int) -> None:
+    ix[(s << INDEX_SHIFT) + I_ENTRY] = e
+
+
+class Wide:
+    """The index of two words a slot, ``(fp, entry)`` (layout versions 7 to 14): this module's functions."""
+
+    packed = False
+    find = staticmethod(find)
+    find_rest = staticmethod(find_rest)
+    free_slot = staticmethod(free_slot)
+    insert = staticmethod(insert)
+    remove = staticmethod(remove)
+    entry = staticmethod(_entry)  # the entry slot ``s`` holds (EMPTY: none)
+    names = staticmethod(_names)  # whether slot ``s`` holds entry ``e`` under fingerprint ``fp``
+    put = staticmethod(_put)  # slot ``s`` made to hold entry ``e`` of fingerprint ``fp``
+    repoint = staticmethod(_repoint)  # slot ``s`` made to hold entry ``e`` (the same key, moved: Table.pack)
+
+
+_SHIFT, _TAG = PACKED_ENTRY_SHIFT, PACKED_TAG_MASK
+
+
+def _p_match(ent, mm, base: int, e: int, fp: int, kb: bytes) -> bool:
+    b = e * ENTRY_WORDS
+    klen = len(kb)
+    if ent[b + E_FP] != fp or ent[b + E_KEY_NBYTES] != klen:
+        return False
+    k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
+    return mm[k0 : k0 + klen] == kb
+
+
+def _p_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    """``find`` over one-word slots: a slot whose tag is the fingerprint's low bits is the key's when its entry has
+    the whole fingerprint and the key. (twin: _core_index.c find)"""
+    word = ix[fp & mask]
+    e = (word >> _SHIFT) & _TAG
+    if e == EMPTY:
+        return EMPTY
+    if word & _TAG == fp & _TAG and _p_match(ent, mm, base, e, fp, kb):
+        return e
+    return _p_find_rest(ix, ent, mm, base, mask, fp, kb)
+
+
+def _p_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    s, tag = fp & mask, fp & _TAG
+    for _ in range(mask):
+        s = (s + 1) & mask
+        word = ix[s]
+        e = (word >> _SHIFT) & _TAG
+        if e == EMPTY:
+            return EMPTY
+        if word & _TAG == tag and _p_match(ent, mm, base, e, fp, kb):
+            return e
+    raise _full()
+
+
+def _p_free_slot(ix, mask: int, fp: int) -> int:
+    s = fp & mask
+    for _ in range(mask + 1):
+        if not (ix[s] >> _SHIFT) & _TAG:
+            return s
+        s = (s + 1) & mask
+    raise _full()
+
+
+def _p_put(ix, s: int, fp: int, e: int) -> None:
+    ix[s] = (e << _SHIFT) | (fp & _TAG)
+
+
+def _p_insert(ix, ent, mask: int, fp: int, e: int) -> None:
+    s = _p_free_slot(ix, mask, fp)
+    ix[s] = (e << _SHIFT) | (fp & _TAG)
+    ent[e * ENTRY_WORDS + E_SLOT] = s
+
+
+def _p_remove(ix, ent, mask: int, s: int, opening=None) -> None:
+    """``remove`` over one-word slots: a slot's home is its word's low bits (the tag). (twin: _core_index.c
+    index_remove)"""
+    ix[s] = 0
+    j = s
+    for _ in range(mask + 1):
+        j = (j + 1) & mask
+        word = ix[j]
+        e = (word >> _SHIFT) & _TAG
+        if e == EMPTY:
+            return
+        if (j - word) & mask >= (j - s) & mask:  # (the word's bits above the mask do not change the low bits)
+            if opening is not None:
+                opening(j)
+            ix[s] = word
+            ent[e * ENTRY_WORDS + E_SLOT] = s
+            ix[j] = 0
+            s = j
+    raise _full()
+
+
+def _p_entry(ix, s: int) -> int:
+    return (ix[s] >> _SHIFT) & _TAG
+
+
+def _p_names(ix, s: int, e: int, fp: int) -> bool:
+    return ix[s] == (e << _SHIFT) | (fp & _TAG)
+
+
+def _p_repoint(ix, s: int, e: int) -> None:
+    ix[s] = (e << _SHIFT) | (ix[s] & _TAG)
+
+
+class Packed:
+    """The index of one word a slot, ``(entry << 32) | tag`` (layout version 15)."""
+
+    packed = True
+    find = staticmethod(_p_find)
+    find_rest = staticmethod(_p_find_rest)
+    free_slot = staticmethod(_p_free_slot)
+    insert = staticmethod(_p_insert)
+    remove = staticmethod(_p_remove)
+    entry = staticmethod(_p_entry)
+    names = staticmethod(_p_names)
+    put = staticmethod(_p_put)
+    repoint = staticmethod(_p_repoint)
+
+
+def of(geometry) -> type[Wide] | type[Packed]:
+    """The index functions of a segment of ``geometry`` (its layout version's slots)."""
+    return Packed if geometry.packed_index else Wide

@@ -340,7 +340,7 @@ class Segment:
         mv = memoryview(self.mm)
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
         self.header_words = mv[: d.HEADER_NBYTES].cast("q")
-        self.index_words = mv[g.index_off : g.index_off + g.index_slots * d.INDEX_SLOT.itemsize].cast("q")
+        self.index_words = mv[g.index_off : g.index_off + g.index_slots * g.index_slot_nbytes].cast("q")
         self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * d.ENTRY.itemsize].cast("q")
         self.arena = mv[g.arena_off : g.arena_off + g.arena_nbytes]
         self.arena_words = self.arena.cast("q")
@@ -634,7 +634,7 @@ class Segment:
         g = self.geometry
         header = np.ndarray((), layout.HEADER, buffer=self.mm, offset=0)
         # (the index in force, and the entry slots shown: past them are zero pages of this process's own)
-        index = np.ndarray((self.mask + 1,), layout.INDEX_SLOT, buffer=self.mm, offset=g.index_off)
+        index = np.ndarray((self.mask + 1,), g.index_dtype, buffer=self.mm, offset=g.index_off)
         entries = np.ndarray((self.shown[2],), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
         return header, index, entries
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import block, config, index, kinds, lru, ofd, readers
+from . import block, config, kinds, lru, ofd, readers
 from .codec import (
     MASK63, TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, copy_array, decode_body, encode_key, xxh3,
 )
@@ -155,7 +155,7 @@ class Store:
     def find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
         """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY, an expired entry being dropped and
         reported absent; ``to_insert``: see ``lapse``."""
-        e = index.find(self.ix, self.ent, self.mm, self.base, self.mask, fp, kb)
+        e = self.table.index.find(self.ix, self.ent, self.mm, self.base, self.mask, fp, kb)
         if e != EMPTY and self.exp[e] and self.table.expired(e):
             self.lapse(e, to_insert)
             return EMPTY

@@ -24,7 +24,7 @@ from .layout.dtypes import (
     EXTENT_STEP, IDLE_SHARE,
     E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES,
     H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
-    H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, INDEX_WORDS, K_ENTRIES, K_RETAINED,
+    H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, K_ENTRIES, K_RETAINED,
     KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ,
     MARK_SMALL, MARKS_VALID, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
 )
@@ -53,6 +53,7 @@ class Table:
         self.seg = seg
         self.clock = clock  # CLOCK_MONOTONIC ns (see cache.py); expiry compares it with the expires column
         self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self.index = index.of(g)  # the index's functions for this segment's slots (two words, or one: version 15)
         self.exp, self.ver, self.kinds, self.pins = (seg.expires_words, seg.versions_words, seg.kinds_bytes,
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
@@ -103,7 +104,7 @@ class Table:
         ``seq``, which every reader validates. (twin: _core_table.c entry_open)"""
         if self.seqlocked:
             s, mask = self.ent[e * _W + E_SLOT], self.mask
-            if 0 <= s <= mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e:
+            if 0 <= s <= mask and self.index.entry(self.ix, s) == e:
                 open_stripe(self.h, self.stripes, s, mask)
             else:
                 open_seq(self.h)
@@ -169,7 +170,7 @@ class Table:
         if not 0 < e < slots:
             raise CorruptionError(f"entry slot {e} is out of range", what="remove")
         p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)
-        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
+        if not (0 <= s <= self.mask and self.index.entry(self.ix, s) == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
         nb = block.nbytes(klen + vlen)
@@ -181,7 +182,7 @@ class Table:
         # view pins it, else given back), never for a resident one: its key's new entry may be stored beside it.
         ent[e * _W + E_SLOT] = HELD_SLOT
         # Then remove's steps (inlined there, on every eviction's path), but for the slot and the block.
-        index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
+        self.index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
         if self._unlinked is not None:
@@ -321,9 +322,9 @@ class Table:
         mm[v0] = tag
         mm[v0 + 1 : k0] = body
         mm[k0 : k0 + klen] = kb
-        s = fp & self.mask
-        if ix[(s << INDEX_SHIFT) + I_ENTRY] != EMPTY:
-            s = index.free_slot(ix, self.mask, fp)
+        s, xo = fp & self.mask, self.index
+        if xo.entry(ix, s) != EMPTY:
+            s = xo.free_slot(ix, self.mask, fp)
         self.open_slot(s)  # (the entry and its block are no reader's until the slot names them)
         # Where it is linked: at the front (lru, keep, and main under s3fifo: Policy.link_new, inlined), or where
         # the policy puts a new key on probation (s3fifo: small's front).
@@ -335,8 +336,7 @@ class Table:
             p, n = SENTINEL, ent[E_NEXT]  # after the sentinel, before the list's most recent entry
             self.marks[e] = 0
         _pack_entry(self.entb, e * _ENTRY_NBYTES, p, n, fp, off, klen, vlen, s, check)
-        ix[(s << INDEX_SHIFT) + I_FP] = fp
-        ix[(s << INDEX_SHIFT) + I_ENTRY] = e
+        xo.put(ix, s, fp, e)
         ent[n * _W + E_PREV] = e
         ent[p * _W + E_NEXT] = e
         h[H_ENTRIES] += 1
@@ -448,12 +448,12 @@ class Table:
         if not 0 < e < slots:
             raise CorruptionError(f"entry slot {e} is out of range", what="remove")
         p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)  # one call, not six reads
-        if not (0 <= s <= self.mask and self.ix[s * INDEX_WORDS + I_ENTRY] == e and 0 <= p < slots
+        if not (0 <= s <= self.mask and self.index.entry(self.ix, s) == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
         self.open_slot(s)
         self.ring.free(off, block.nbytes(klen + vlen), e)
-        index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
+        self.index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
         ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
         ent[n * _W + E_PREV] = p
         if self._unlinked is not None:
@@ -628,8 +628,8 @@ class Table:
         seg.show_tables(live, h[H_MAX_ENTRIES], handed_out)
         h[H_INDEX_SLOTS] = live
         top = max(old, live)
-        words = np.ndarray((top * INDEX_WORDS,), np.int64, buffer=seg.mm, offset=g.index_off)
-        words[:] = EMPTY
+        slots_all = np.ndarray((top,), g.index_dtype, buffer=seg.mm, offset=g.index_off)
+        slots_all.view(np.uint8)[:] = 0
         if len(self.ghost):
             np.frombuffer(self.ghost, dtype=np.int64)[:] = 0  # (advisory: forgetting costs hit ratio, never values)
         progressed(h)
@@ -649,14 +649,15 @@ class Table:
         place = np.maximum.accumulate(homes - steps) + steps if len(resident) else steps
         fits = place < live
         at = place[fits]
-        words[at * INDEX_WORDS + I_FP] = fps[fits]
-        words[at * INDEX_WORDS + I_ENTRY] = resident[fits]
+        # (the one-word slot's fp is the fingerprint's low 32 bits: the cast keeps them, as index.Packed.put does)
+        slots_all["fp"][at] = fps[fits].astype(slots_all.dtype["fp"], casting="unsafe")
+        slots_all["entry"][at] = resident[fits]
         entries["slot"][resident[fits]] = at
-        del words, entries
+        del slots_all, entries
         progressed(h)
         ix, ent, mask = self.ix, self.ent, live - 1
         for e in resident[~fits].tolist():  # (past the end: round to the start, as a probe goes)
-            index.insert(ix, ent, mask, ent[e * _W + E_FP], e)
+            self.index.insert(ix, ent, mask, ent[e * _W + E_FP], e)
 
     def pack(self, bound: int) -> int:
         """Move every resident entry at or past entry slot ``bound`` that no view pins into a free slot below it,
@@ -707,7 +708,7 @@ class Table:
         b, fb = m * _W, f * _W
         p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, m * _ENTRY_NBYTES)
         nb = block.nbytes(klen + vlen)
-        if not (0 <= s <= mask and ix[s * INDEX_WORDS + I_ENTRY] == m and 0 <= p < slots and 0 <= n < slots
+        if not (0 <= s <= mask and self.index.entry(ix, s) == m and 0 <= p < slots and 0 <= n < slots
                 and klen >= 0 and vlen >= 1 and 0 <= off and off % BLOCK_ALIGN == 0 and off + nb <= self.ring.nbytes
                 and words[off >> 3] == block.header(nb, m)):
             raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
@@ -721,7 +722,7 @@ class Table:
         ent[n * _W + E_PREV] = f
         if h[H_SMALL_FIRST] == m:
             h[H_SMALL_FIRST] = f
-        ix[s * INDEX_WORDS + I_ENTRY] = f
+        self.index.repoint(ix, s, f)
         ent[b + E_CHECK] = 0
         self.exp[m] = 0
         self.marks[m] = 0

@@ -31,7 +31,7 @@ from .layout.dtypes import (
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
     H_INDEX_SLOTS, H_KINDS_USED, H_MAGIC, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_RECOVERIES, H_RETAINED, H_TAIL, H_TAKEOVERS, H_TOTAL_NBYTES, H_UNUSED_NEXT, H_UPDATES, H_VERSION,
-    H_LAST_PUT, H_VERSION_CLOCK, H_WAITS, H_WRITING, I_ENTRY, I_FP, INDEX_SHIFT, GHOST_STAMP_MASK,
+    H_LAST_PUT, H_VERSION_CLOCK, H_WAITS, H_WRITING, GHOST_STAMP_MASK,
     H_GHOST_CLOCK, H_GHOST_HITS, H_GHOST_SLOTS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL, H_SMALL_FIRST,
     H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
     READER_SLOTS, H_CAPACITY, H_RESIZES, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
@@ -225,6 +225,7 @@ def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
     value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
     blocks). ``now``: the cache's clock, for the bounds that depend on the time (None: those are not checked)."""
     h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
+    xo = index.of(g)
     problems = _Problems()
     slots, mask = g.entry_slots, seg.mask
     for msg in header_problems(seg):
@@ -254,8 +255,7 @@ def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
         used += nb
         blocks.append((off, nb))
         s = ent[b + E_SLOT]
-        w = s << INDEX_SHIFT
-        if not 0 <= s <= mask or ix[w + I_ENTRY] != e or ix[w + I_FP] != ent[b + E_FP]:
+        if not 0 <= s <= mask or not xo.names(ix, s, e, ent[b + E_FP]):
             problems.add(f"entry {e}: its index slot {s} does not point back at it")
     held = _walk_held(seg, live, deep, problems)
     for e in held:
@@ -597,8 +597,8 @@ def _pin_held(seg, e: int) -> bool:
 def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int | None) -> None:
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
     held = held or []
-    mask = seg.mask
-    seg.arrays()[1]["entry"] = EMPTY
+    mask, xo = seg.mask, index.of(g)
+    seg.arrays()[1].view(np.uint8)[:] = 0  # (every slot empty: EMPTY, 0, in every word)
     keep = set(kept) | set(held)
     free = NIL
     for e in _ticking(h, range(unused - 1, 0, -1)):
@@ -621,7 +621,7 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int
     retained = 0
     for e in _ticking(h, kept):
         b = e * _W
-        index.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
+        xo.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
         retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept + held)

@@ -133,7 +133,7 @@ def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
 
 
 def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
-    return {"header": (128, 424), "index": (g.index_off, g.index_off + g.index_slots * 16),
+    return {"header": (128, 424), "index": (g.index_off, g.index_off + g.index_slots * g.index_slot_nbytes),
             "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
             "arena": (g.arena_off, g.arena_off + g.arena_nbytes),
             "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins, marks

@@ -895,13 +895,13 @@ def test_cli_dump_writes_one_json_line_per_entry(capsys, assorted, name):
 
 
 def test_cli_dump_and_get_report_a_damaged_entry_and_leave_it(capsys, assorted, name):
-    from shmcache import block, index
+    from shmcache import block
     from shmcache.cache import parts
     from shmcache.codec import fingerprint
 
     p = parts(assorted)
     s = p.store
-    e = index.find(s.ix, s.ent, s.mm, s.base, s.mask, fingerprint(b"doc"), b"doc")
+    e = s.table.index.find(s.ix, s.ent, s.mm, s.base, s.mask, fingerprint(b"doc"), b"doc")
     s.mm[block.value_at(s.ent, s.base, e) + 3] ^= 0xFF  # a byte of the value: its checksum no longer holds
     rc, out, err = run(capsys, "dump", name)
     assert rc == 1 and len(out.splitlines()) == 8 and "doc" not in {json.loads(x)["key"] for x in out.splitlines()}

@@ -577,8 +577,8 @@ def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
         damaged = []
         for c in (t.a, t.b):
             seg = c._seg
-            e = index.find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
-                           seg.mask, fingerprint(kb), kb)
+            e = index.of(seg.geometry).find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
+                                            seg.mask, fingerprint(kb), kb)
             seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1
             damaged.append((seg, e))
         before = t.b.stats()
@@ -744,8 +744,8 @@ def test_core_get_many_reports_its_own_hand_over_reason(name, monkeypatch):
         c.put("b", "y" * 300)
         kbs = [encode_key("a"), encode_key("b")]
         seg = c._seg
-        e = index.find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
-                       seg.mask, fingerprint(kbs[1]), kbs[1])
+        e = index.of(seg.geometry).find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
+                                        seg.mask, fingerprint(kbs[1]), kbs[1])
         seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1  # b's lookup hands over ("bounds"), after a's hit
         meddled = []
         made = uuid.UUID.__init__

@@ -260,7 +260,7 @@ def test_a_held_entry_of_a_killed_viewer_comes_back(name):
 def _cut_hold(c, other, cut: str, monkeypatch) -> None:
     """``c``'s put of "a" while it views "a", cut short in ``Table.detach``: after the index slot's word (``cut``
     "slot word") or after the index (``cut`` "index"). The old value is never indexed again; the view reads it."""
-    real = table_module.index.remove
+    real = c._table.index.remove
 
     def index_remove(*args, **kw):
         if cut == "index":
@@ -268,7 +268,7 @@ def _cut_hold(c, other, cut: str, monkeypatch) -> None:
         raise RuntimeError("cut short")
 
     with c.view("a") as arr:
-        monkeypatch.setattr(table_module.index, "remove", index_remove)
+        monkeypatch.setattr(c._table.index, "remove", index_remove)
         try:
             with pytest.raises(RuntimeError):
                 c.put("a", _value("a", 2))

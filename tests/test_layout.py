@@ -17,7 +17,7 @@ from shmcache.layout import dtypes as d
 
 def test_layout_golden_itemsizes():
     assert layout.HEADER.itemsize == 576
-    assert layout.INDEX_SLOT.itemsize == 16
+    assert layout.INDEX_SLOT.itemsize == 16 and layout.INDEX_SLOT_PACKED.itemsize == 8
     assert layout.ENTRY.itemsize == 64
 
 
@@ -186,7 +186,7 @@ def test_layout_geometry_regions_aligned_and_disjoint(cap, n):
     g = Geometry.for_capacity(cap, n)
     assert g.index_off % 64 == 0 and g.entries_off % 64 == 0 and g.arena_off % 4096 == 0
     assert g.index_off >= layout.HEADER_NBYTES
-    assert g.entries_off >= g.index_off + g.index_slots * 16
+    assert g.entries_off >= g.index_off + g.index_slots * 8 and g.index_slot_nbytes == 8
     assert g.arena_off >= g.entries_off + g.entry_slots * 64
     assert g.total_nbytes >= g.arena_off + g.arena_nbytes and g.total_nbytes % 4096 == 0
     assert g.index_slots & (g.index_slots - 1) == 0 and g.index_slots >= 2 * g.entry_slots
@@ -317,7 +317,7 @@ def test_layout_golden_version_10_tables(name):
         assert (h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_RESIZES]) == (32768, 10000, 1)
         grown = os.fstat(c._seg.fd).st_blocks * 512
         # (page rounding aside: what the first 1000 slots' pages already held)
-        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 30720 * d.INDEX_SLOT.itemsize)
+        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 30720 * g.index_slot_nbytes)
         assert all(c[f"k{i}"] == i.to_bytes(4, "little") for i in range(1000)) and c.verify().ok
         for i in range(1000, 10000):
             c[f"k{i}"] = i.to_bytes(4, "little")
@@ -419,7 +419,7 @@ def test_layout_golden_version_14_idle_region(name):
     from shmcache import config
     from .workers import entry_of
 
-    assert d.LAYOUT_VERSION == 14 and d.READ_VERSIONS == (7, 8, 9, 10, 11, 12, 13, 14)
+    assert d.LAYOUT_VERSION >= 14 and d.READ_VERSIONS[:8] == (7, 8, 9, 10, 11, 12, 13, 14)
     assert (d.D_DEFAULT_TTI, d.D_TTI_CHECK, d.IDLE_HEAD_NBYTES, d.IDLE_SHARE) == (0, 1, 64, 8)
     g13, g14 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (13, 14))
     end = g14.stripes_off + g14.stripes_nbytes
@@ -472,6 +472,69 @@ def test_layout_version_13_segment_has_no_idle_expiry(name, monkeypatch):
                 assert c._seg.header_words[d.H_VERSION] == 13
         with pytest.raises(ValueError, match="default_tti"):
             SharedCache(name, default_tti=5)
+    finally:
+        SharedCache.unlink_name(name)
+
+
+def test_layout_golden_version_15_index_slots(name):
+    """Version 15: an index slot is one little-endian word, the entry slot in its high 32 bits and the key's
+    fingerprint's low 32 bits below (its tag and its home slot's bits), 0 when empty; 8 bytes a slot where 14 has 16.
+    Written so on both paths, and a delete empties the slot."""
+    from shmcache.codec import fingerprint
+    from .workers import entry_of, python_path
+
+    assert d.LAYOUT_VERSION >= 15 and d.READ_VERSIONS[:9] == (7, 8, 9, 10, 11, 12, 13, 14, 15)
+    assert layout.INDEX_SLOT_PACKED.fields["fp"][1:] == (0,) and layout.INDEX_SLOT_PACKED.fields["entry"][1:] == (4,)
+    assert (d.PACKED_ENTRY_SHIFT, d.PACKED_TAG_MASK) == (32, 2**32 - 1)
+    g14, g15 = (Geometry.for_capacity(2**20, 1000, version=v) for v in (14, 15))
+    assert (g14.index_slot_nbytes, g15.index_slot_nbytes) == (16, 8) and g15.index_slots == g14.index_slots
+    assert g15.entries_off == -(-(g15.index_off + 8 * g15.index_slots) // 64) * 64
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
+        try:
+            for path in ("compiled", "python"):
+                if path == "python":
+                    python_path(c)
+                c.put(path, b"x")
+                kb = encode_key(path)
+                fp, e, mask = fingerprint(kb), entry_of(c, path), c._seg.mask
+                s = c._ent[e * d.ENTRY_WORDS + d.E_SLOT]
+                assert s == fp & mask and c._ix[s] == (e << 32) | (fp & 0xFFFFFFFF)  # (no other key: at home)
+                del c[path]
+                assert c._ix[s] == 0
+            assert c.verify().ok
+        finally:
+            c.unlink()
+
+
+@pytest.mark.parametrize("policy", ["lru", "auto"])
+def test_layout_version_14_segment_keeps_its_two_word_index(name, monkeypatch, policy):
+    """A segment of layout version 14 (index slots of two words) is attached and used on both paths as it is, the
+    reads without the lock included: what it holds is found, stores, deletes and a resize that rebuilds its index
+    write two-word slots, verify finds nothing wrong, and it is never rewritten to version 15."""
+    from .workers import laid_out_as, python_path
+
+    laid_out_as(monkeypatch, 14)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True, policy=policy) as c:
+        for i in range(100):
+            c[f"old{i}"] = i
+    monkeypatch.undo()
+    try:
+        for path in ("compiled", "python"):
+            with SharedCache(name, create=False) as c:
+                if path == "python":
+                    python_path(c)
+                assert c._seg.version == 14 and c._seg.geometry.index_slot_nbytes == 16
+                assert all(c.get(f"old{i}") == (i if path == "compiled" else None) for i in range(50))
+                assert all(c[f"old{i}"] == i for i in range(50, 100))
+                for i in range(50):
+                    c[f"{path}{i}"] = i
+                    c.pop(f"old{i}", None)
+                c.resize(max_entries=2000 if path == "compiled" else 256)  # (the index rebuilt at another size)
+                assert all(c.get(f"old{i}") is None for i in range(50))
+                assert all(c[f"old{i}"] == i for i in range(50, 100)) and all(c[f"{path}{i}"] == i for i in range(50))
+                assert c.verify().ok and c._seg.header_words[d.H_VERSION] == 14
+                _, index_arr, _ = c._seg.arrays()
+                assert index_arr.dtype == layout.INDEX_SLOT and (index_arr["entry"] != 0).sum() == len(c)
     finally:
         SharedCache.unlink_name(name)
 

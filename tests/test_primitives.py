@@ -12,7 +12,7 @@ from shmcache.arena import Arena, block_nbytes
 from shmcache.errors import CorruptionError
 from shmcache.layout import EMPTY, SENTINEL
 from shmcache.layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED, H_FILL,
+    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_USED, H_FILL,
     HEADER_WORDS,
 )
 
@@ -52,44 +52,69 @@ def test_lru_push_move_unlink():
     assert lru_order(ent) == [] and lru.tail(ent) == SENTINEL
 
 
-def _index_setup(slots: int, entries: int):
-    ix, ent = words(2 * slots), words(entries * W)
+def _index_setup(slots: int, entries: int, xo=index.Wide):
+    ix, ent = words((1 if xo.packed else 2) * slots), words(entries * W)
     return ix, ent, slots - 1
 
 
-def test_index_insert_remove_with_collisions_keeps_every_key_reachable():
+def _slot(xo, ix, s: int) -> tuple[int, int]:
+    """(the fingerprint's bits slot ``s`` keeps, its entry), read from the raw words as the layout lays them out."""
+    if xo.packed:
+        return ix[s] & 0xFFFFFFFF, ix[s] >> 32
+    return ix[2 * s], ix[2 * s + 1]
+
+
+@pytest.mark.parametrize("xo", [index.Wide, index.Packed], ids=["wide", "packed"])
+def test_index_insert_remove_with_collisions_keeps_every_key_reachable(xo):
     rng = random.Random(3)
-    ix, ent, mask = _index_setup(64, 40)
+    ix, ent, mask = _index_setup(64, 40, xo)
     live: dict[int, int] = {}
-    # Few distinct home slots: long clusters, wrap-around, and backward shifts across them.
-    fps = {e: rng.choice([5, 6, 62, 63]) + 64 * rng.randrange(1000) for e in range(1, 32)}
+    # Few distinct home slots: long clusters, wrap-around, and backward shifts across them. (Fingerprints above 2**32
+    # too: a one-word slot keeps their low 32 bits, which must still say the home slot.)
+    fps = {e: rng.choice([5, 6, 62, 63]) + 64 * rng.randrange(2**30) for e in range(1, 32)}
     for _ in range(2000):
         e = rng.randrange(1, 32)
         if e in live:
-            index.remove(ix, ent, mask, ent[e * W + E_SLOT])
+            xo.remove(ix, ent, mask, ent[e * W + E_SLOT])
             del live[e]
         else:
-            index.insert(ix, ent, mask, fps[e], e)
+            xo.insert(ix, ent, mask, fps[e], e)
             live[e] = fps[e]
         for le, fp in live.items():
             s = ent[le * W + E_SLOT]
-            assert ix[2 * s] == fp and ix[2 * s + 1] == le
+            assert _slot(xo, ix, s) == ((fp & 0xFFFFFFFF) if xo.packed else fp, le)
+            assert xo.entry(ix, s) == le and xo.names(ix, s, le, fp) and not xo.names(ix, s, le, fp + 1)
             # Reachable: the probe from the home slot meets it before any empty slot.
             p = fp & mask
             while p != s:
-                assert ix[2 * p + 1] != EMPTY
+                assert _slot(xo, ix, p)[1] != EMPTY
                 p = (p + 1) & mask
-        assert sum(ix[2 * s + 1] != EMPTY for s in range(64)) == len(live)
+        assert sum(_slot(xo, ix, s)[1] != EMPTY for s in range(64)) == len(live)
 
 
-def test_index_full_table_raises_instead_of_looping():
-    ix, ent, mask = _index_setup(8, 16)
+def test_index_packed_slot_tells_keys_apart_by_the_entry_fingerprint():
+    """A one-word slot keeps 32 bits of the fingerprint: a key whose fingerprint has the same low bits is told apart
+    by its entry's whole fingerprint, before its bytes are compared."""
+    mm = bytearray(4096)
+    ix, ent, mask = _index_setup(16, 4, index.Packed)
+    fp = 7 + (1 << 40)
+    ent[1 * W + E_FP], ent[1 * W + E_KEY_NBYTES], ent[1 * W + E_VAL_NBYTES], ent[1 * W + E_OFF] = fp, 1, 1, 0
+    mm[8 + 1] = ord("k")  # (the key after the block's header and its 1-byte value)
+    index.Packed.insert(ix, ent, mask, fp, 1)
+    assert index.Packed.find(ix, ent, mm, 0, mask, fp, b"k") == 1
+    assert index.Packed.find(ix, ent, mm, 0, mask, 7 + (2 << 40), b"k") == EMPTY  # same tag, another fingerprint
+    assert index.Packed.find(ix, ent, mm, 0, mask, fp, b"j") == EMPTY
+
+
+@pytest.mark.parametrize("xo", [index.Wide, index.Packed], ids=["wide", "packed"])
+def test_index_full_table_raises_instead_of_looping(xo):
+    ix, ent, mask = _index_setup(8, 16, xo)
     for e in range(1, 9):
-        index.insert(ix, ent, mask, e, e)
+        xo.insert(ix, ent, mask, e, e)
     with pytest.raises(CorruptionError):
-        index.insert(ix, ent, mask, 99, 9)
+        xo.insert(ix, ent, mask, 99, 9)
     with pytest.raises(CorruptionError):
-        index.find(ix, ent, b"", 0, mask, 12345, b"k")
+        xo.find(ix, ent, b"", 0, mask, 12345, b"k")
 
 
 def _arena(nbytes: int, slots: int):

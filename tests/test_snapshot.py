@@ -395,7 +395,7 @@ def _slot(c: SharedCache, key) -> int:
     from shmcache.codec import encode_key, fingerprint
 
     kb = encode_key(key)
-    return index.find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
+    return index.of(c._seg.geometry).find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
 
 
 def test_restore_keep_keeps_the_newest(name, other, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from shmcache import CorruptionError, SharedCache, ShmCacheError
 from shmcache.codec import fingerprint
-from shmcache.index import find
+from shmcache import index
 from shmcache.layout import dtypes as d
 from tests.workers import check_value, entry_of, make_value
 
@@ -506,7 +506,7 @@ def test_verify_reading_paths_hand_out_only_stored_keys_and_values(name, damage,
         try:
             for m, key in ((c, "k6"), (kind, "kd2")):
                 kb = m._encode_key(key)
-                e = find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
+                e = index.of(c._seg.geometry).find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
                 ENTRY_DAMAGE[damage](c, raw, e)
         finally:
             raw.close()

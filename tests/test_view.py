@@ -27,7 +27,7 @@ from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
 from shmcache.core import _core
 from shmcache.layout.dtypes import H_DIRTY
-from shmcache.index import find
+from shmcache import index
 from tests.workers import pinned, reap
 
 JOIN_S = 60
@@ -681,7 +681,8 @@ def _flip_value_byte(cache: SharedCache, key, at: int) -> None:
     """Damage one byte of ``key``'s stored value through a mapping of the segment of its own, as another program
     could (the entry's value starts ``at`` bytes before the byte flipped)."""
     kb = encode_key(key)
-    e = find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    xo = index.of(cache._seg.geometry)
+    e = xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
     voff = value_at(cache._ent, cache._base, e)
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:
@@ -721,7 +722,8 @@ def test_view_checks_each_stored_value_once_per_handle(cache, name):
 def _set_value_byte(cache: SharedCache, key, at: int, byte: int) -> None:
     """Write ``byte`` at ``at`` bytes into ``key``'s stored value (0: its tag), as _flip_value_byte writes."""
     kb = encode_key(key)
-    e = find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    xo = index.of(cache._seg.geometry)
+    e = xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
     voff = value_at(cache._ent, cache._base, e)
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:

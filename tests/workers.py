@@ -74,7 +74,8 @@ def entry_of(cache: SharedCache, key) -> int:
     """The entry slot that holds ``key`` in ``cache``'s segment (layout.EMPTY if none): found by the index, as a
     lookup finds it, so that a test can reach one key's entry whatever order the policy keeps."""
     kb = encode_key(key)
-    return index.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    xo = index.of(cache._seg.geometry)
+    return xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
 
 
 def pinned(cache: SharedCache, key) -> bool:
@@ -300,7 +301,7 @@ def half_put_then_die(name: str, ready) -> None:
     cache._ent[b + E_KEY_NBYTES] = len(kb)
     cache._ent[b + E_VAL_NBYTES] = len(vb)
     cache._ent[b + E_CHECK] = checksum(vb)
-    index.insert(cache._ix, cache._ent, cache._mask, fingerprint(kb), e)
+    index.of(cache._seg.geometry).insert(cache._ix, cache._ent, cache._mask, fingerprint(kb), e)
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -6,7 +6,8 @@ blocks reach it (``arena_extent``, below). It holds these regions, each starting
 so that no two regions share a cache line::
 
     offset 0                  header        HEADER_NBYTES bytes, dtype HEADER
-    geometry.index_off        index table   index_slots records of dtype INDEX_SLOT (16 bytes)
+    geometry.index_off        index table   index_slots records of dtype INDEX_SLOT_PACKED (8 bytes; before
+                                            version 15, INDEX_SLOT: 16 bytes)
     geometry.entries_off      entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
     geometry.expires_off      expires       entry_slots words (EXPIRES): when each entry expires
     geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token
@@ -93,9 +94,12 @@ writing (``writing``) until it is done: a store cut short may have left that ent
 expiry out of step in ways no check can see (a new value with its old version, say), so the repair drops it.
 
 Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
-limit and one, so the load factor stays at or below one half). A slot is ``(fp, entry)``; ``entry == EMPTY`` (0)
-marks an empty slot, which is also what a fresh, zero-filled page reads as. ``fp`` is the 63-bit xxh3 fingerprint of
-the encoded key. Deletion shifts the following cluster back, so there are no tombstones.
+limit and one, so the load factor stays at or below one half). A slot is one word, ``(entry << 32) | tag``
+(``INDEX_SLOT_PACKED``), ``tag`` the low 32 bits of the 63-bit xxh3 fingerprint of the encoded key: the key's home
+slot (``fp & mask``) and what a probe compares before it compares the entry's own ``fp`` and key. Before version 15 a
+slot is two words, ``(fp, entry)`` (``INDEX_SLOT``), the whole fingerprint. ``entry == EMPTY`` (0) marks an empty
+slot, whatever its other bits, which is also what a fresh, zero-filled page reads as. Deletion shifts the following
+cluster back, so there are no tombstones.
 
 Entry table. Slot 0 is the sentinel of a circular doubly linked list (``SENTINEL``) of every resident entry. Under
 lru ``sentinel.next`` is the most recently used entry and ``sentinel.prev`` the least; under keep they are the newest
@@ -280,18 +284,23 @@ Layout versions.
     14 -- idle expiry: the idle region after the stripes (the arena after it, page aligned). A segment of version
          13 is version 14 without the region: attached and used as it is, its entries without a time to idle (a
          store that asks for one is refused with a ValueError naming the version), never rewritten to version 14.
+    15 -- index slots of one word (``INDEX_SLOT_PACKED``: the entry and a 32-bit tag of the fingerprint) instead of
+         two: half the index's bytes, 8 a slot. A segment of version 14 is version 15 with the slots of two words,
+         attached and used as it is.
 """
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_HEADER_NBYTES, BLOCK_OVERHEAD, EMPTY, ENTRY, FEATURE_PICKLE, FEATURES, HEADER,
-    HEADER_NBYTES, INDEX_SLOT, KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC, MAX_BLOCK_NBYTES, MAX_COUNTER,
-    MAX_KINDS, MAX_PID, MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SEGMENT_PREFIX, SENTINEL,
+    HEADER_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KIND_PREFIX, LAYOUT_VERSION, LOCK_NBYTES, MAGIC,
+    MAX_BLOCK_NBYTES, MAX_COUNTER, MAX_KINDS, MAX_PID, MAX_REMOTE_VERSION, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE,
+    SEGMENT_PREFIX, SENTINEL,
 )
 from .geometry import Geometry, index_for
 
 __all__ = [
     "ALIGN", "BLOCK_ALIGN", "BLOCK_HEADER_NBYTES", "BLOCK_OVERHEAD", "EMPTY", "ENTRY", "FEATURE_PICKLE", "FEATURES",
-    "Geometry", "index_for", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "KIND", "KIND_PREFIX", "LAYOUT_VERSION",
+    "Geometry", "index_for", "HEADER", "HEADER_NBYTES", "INDEX_SLOT", "INDEX_SLOT_PACKED", "KIND", "KIND_PREFIX",
+    "LAYOUT_VERSION",
     "LOCK_NBYTES", "MAGIC", "MAX_BLOCK_NBYTES", "MAX_COUNTER", "MAX_KINDS", "MAX_PID", "MAX_REMOTE_VERSION",
     "MAX_TTL_NS", "MAX_VERSION", "NEVER", "NIL", "PAGE", "SEGMENT_PREFIX", "SENTINEL",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 14
+LAYOUT_VERSION = 15
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -25,8 +25,9 @@ LAYOUT_VERSION = 14
 # 13 with a ring that follows the entry limit in force (room for a block header for each entry it allows), so that a
 # new limit moves every block and refuses a block a view pins past the new ring's end; 13's ring has that room for
 # every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity. 13 is 14 without
-# idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused).
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14)
+# idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused). 14 is 15 with
+# index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -256,6 +257,17 @@ INDEX_SLOT = _record([(0, [
     ("fp", _W),     # 63-bit xxh3 fingerprint of the encoded key
     ("entry", _W),  # entry slot holding the key, or EMPTY
 ])], 16)
+# The index slot of version 15: one word, (entry << PACKED_ENTRY_SHIFT) | the fingerprint's low 32 bits, 0 when
+# empty (an empty slot is one whose entry is EMPTY, whatever its low bits). The low bits are the key's home slot for
+# every index a segment can have (index_for(MAX_ENTRIES_LIMIT) is 2**32 slots) and a tag that a probe compares before
+# the entry's own ``fp``; an entry slot is below 2**31, so a slot's word is never negative. Read as one word, a slot's
+# tag and entry can never be torn apart.
+INDEX_SLOT_PACKED = _record([(0, [
+    ("fp", "<u4"),     # the fingerprint's low 32 bits
+    ("entry", "<u4"),  # entry slot holding the key, or EMPTY
+])], 8)
+PACKED_ENTRY_SHIFT = 32
+PACKED_TAG_MASK = 2**32 - 1
 
 ENTRY = _record([(0, [
     ("prev", _W),        # LRU neighbour towards the most recent end (slot number)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES,
-    IDLE_HEAD_NBYTES, INDEX_SLOT, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES,
-    POLICY_S3FIFO, READER, READER_SLOTS, STRIPES_NBYTES, TTIS, VERSIONS,
+    IDLE_HEAD_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS,
+    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, STRIPES_NBYTES, TTIS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -65,7 +65,7 @@ class Geometry:
     version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
     #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces;
     #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
-    #                                region (idle_off)
+    #                                region (idle_off); 15's index slots are one word (packed_index)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -137,7 +137,7 @@ class Geometry:
             (self.deadlines_off, slots * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
         ]
         return idle + [
-            (self.index_off, index_live * INDEX_SLOT.itemsize, self.index_slots * INDEX_SLOT.itemsize),
+            (self.index_off, index_live * self.index_slot_nbytes, self.index_slots * self.index_slot_nbytes),
             (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
             (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
             (self.versions_off, slots * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
@@ -196,8 +196,22 @@ class Geometry:
         return _round_up(HEADER_NBYTES, ALIGN)
 
     @property
+    def packed_index(self) -> bool:
+        """Whether an index slot is one word (version 15: INDEX_SLOT_PACKED) rather than two (INDEX_SLOT)."""
+        return self.version >= 15
+
+    @property
+    def index_dtype(self):
+        """The dtype of an index slot of this segment."""
+        return INDEX_SLOT_PACKED if self.packed_index else INDEX_SLOT
+
+    @property
+    def index_slot_nbytes(self) -> int:
+        return self.index_dtype.itemsize
+
+    @property
     def entries_off(self) -> int:
-        return _round_up(self.index_off + self.index_slots * INDEX_SLOT.itemsize, ALIGN)
+        return _round_up(self.index_off + self.index_slots * self.index_slot_nbytes, ALIGN)
 
     @property
     def expires_off(self) -> int:
