@@ -483,6 +483,18 @@ def test_core_batches_differential_long_sequences(seed):
 def test_core_differential_long_sequences(seed):
     """Long seeded runs, where the arena's ring wraps and compacts many times, with views pinning entries (odd
     seeds) and the byte limit lowered and raised back; each policy in turn."""
+    _long_sequence(seed)
+
+
+@pytest.mark.parametrize("seed", seeds(8))
+def test_core_differential_long_sequences_on_layout_14(seed, monkeypatch):
+    """The long runs on segments of layout version 14, whose index slots are two words (a cache made by the release
+    before is used as it is): the compiled section writes them as the Python path does."""
+    laid_out_as(monkeypatch, 14)
+    _long_sequence(10_000 + seed)
+
+
+def _long_sequence(seed: int) -> None:
     rng = random.Random(seed)
     capacity = rng.choice([2048, 8192, 32768])
     ops = _ops(rng, 3000, keys=rng.choice([6, 12, 40]), max_value=capacity // 3, with_views=seed % 2 == 1)
