@@ -98,8 +98,14 @@ class Refreshes:
             self._ended(fp, since)
             raise
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._task_done, fp, since))
         return True
+
+    def _task_done(self, fp: int, since: float, task: asyncio.Task[None]) -> None:
+        """A refresh task ended, whether its job ran or not: a task cancelled before its first step (an ``aclose()``
+        right after the call that started it) never runs the ``finally`` of ``_arun``, and its record must go too."""
+        self._tasks.discard(task)
+        self._ended(fp, since)
 
     async def acancel(self) -> None:
         """Cancel this handle's refreshes that run as tasks of the running loop and wait for them to end (each

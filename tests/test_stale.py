@@ -475,3 +475,27 @@ def test_stale_a_start_cut_short_before_its_record_is_taken_over(name):
         assert _until(lambda: c._refreshes.running == 0) and c.get("k")["seq"] == 2
         assert _until(lambda: not w._start.locked())  # (released by the thread that began)
         c.unlink()
+
+
+def test_stale_a_refresh_task_cancelled_before_it_ran_leaves_no_record():
+    """A refresh started as a task and cancelled before its first step (an ``aclose()`` right after the stale call)
+    never runs its job's ``finally``: the task's end clears its record all the same, so the key is not held back
+    from the next refresh for ``refresh.PENDING_S``."""
+    from shmcache import refresh
+
+    ran: list[int] = []
+
+    async def job() -> None:
+        ran.append(1)
+
+    async def main() -> None:
+        r = refresh.Refreshes()
+        assert r.start_task(7, job) and r.running == 1
+        await r.acancel()  # (before the loop ran the task's first step)
+        assert r.running == 0 and not ran
+        assert r.start_task(7, job)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert ran == [1] and r.running == 0
+
+    asyncio.run(main())
