@@ -8,8 +8,8 @@ cases, each in a cache of its own, on the path this process runs:
 - ``fill``: ``--entries`` entries of ``--value-bytes`` bytes (bytes values, keys ``k<i>``) stored once into a cache
   with room for them (``max_entries`` = ``--entries``, a capacity of twice their bytes): the bytes per entry beyond
   its key and value, split into the tables' share (the index, the entry records and their columns: backed for the
-  entry limit in force, ``max_entries``) and the arena's (block headers, padding, and the slack the ring keeps for
-  compaction).
+  entry limit in force, ``max_entries``; each table's bytes per entry printed below) and the arena's (block headers,
+  padding, and the slack the ring keeps for compaction).
 - ``churn``: the same keys rewritten ``--rounds`` times at sizes from half to one and a half ``--value-bytes``
   (dead blocks all through the ring): the arena's bytes over the live ones.
 - ``default``: the default cache filled to its byte limit with 2 KiB values: the whole segment, against the 64 MiB
@@ -48,6 +48,16 @@ def _tables(cache: SharedCache) -> int:
     return sum(stop - start for start, stop in seg.geometry.backed(seg.mask + 1, seg.shown[2], 0))
 
 
+def _tables_by_region(cache: SharedCache, resident: int) -> dict[str, float]:
+    """The bytes each table shows per resident entry (``Geometry.tables``, in its order): where the tables' share
+    goes."""
+    seg = parts(cache).seg
+    g = seg.geometry
+    names = (["ttis", "deadlines"] if g.version >= 14 else []) + [
+        "index", "entry records", "expires", "versions", "kinds", "pins", "marks", "ghost"]
+    return {n: shown / resident for n, (_, shown, _) in zip(names, g.tables(seg.mask + 1, seg.shown[2]))}
+
+
 def _case(tag: str, **kwargs) -> SharedCache:
     return SharedCache(_name(tag), create=True, **kwargs)
 
@@ -77,6 +87,7 @@ def measure(entries: int, value_bytes: int, rounds: int, policy: str) -> dict:
             "tables_per_entry": tables / s.entries,
             "arena_per_entry": (occupied - tables - s.retained_bytes) / s.entries,
             "arena_over_retained": (occupied - tables) / s.retained_bytes,
+            "tables_by_region": _tables_by_region(c, s.entries),
         }
 
         c = _case("churn", capacity_bytes=4 * entries * (value_bytes + 16), max_entries=entries, policy=policy)
@@ -126,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{f['retained_mib']:.1f} MiB of keys and values: {f['beyond_key_value_per_entry']:.0f} B per entry beyond "
           f"them ({f['tables_per_entry']:.0f} B the tables', {f['arena_per_entry']:.0f} B the arena's); arena / "
           f"retained {f['arena_over_retained']:.2f}")
+    print("  the tables' bytes per entry: " + ", ".join(f"{n} {b:.1f}" for n, b in f["tables_by_region"].items() if b))
     print(f"churn: {ch['rounds']} rewrites of every key at other sizes: arena / retained "
           f"{ch['arena_over_retained']:.2f}")
     print(f"default cache filled to its byte limit: {d['occupied_mib']:.1f} MiB occupied for "
