@@ -103,7 +103,9 @@ class Refreshes:
 
     def _task_done(self, fp: int, since: float, task: asyncio.Task[None]) -> None:
         """A refresh task ended, whether its job ran or not: a task cancelled before its first step (an ``aclose()``
-        right after the call that started it) never runs the ``finally`` of ``_arun``, and its record must go too."""
+        right after the call that started it) never runs the ``finally`` of ``_arun``, and its record must go too.
+        (Both end it, and the second finds it gone: ``_arun``'s ``finally`` covers the task an interrupt left
+        without this callback, landing between ``create_task`` and ``add_done_callback``.)"""
         self._tasks.discard(task)
         self._ended(fp, since)
 

@@ -1119,15 +1119,15 @@ def _ls_row(capsys, name: str, handles: int | None = None) -> dict:
         time.sleep(0.05)
 
 
-def _ls_line_shows(capsys, name: str, pattern: str) -> bool:
-    """Whether the cache's line of ``ls`` ends with ``pattern``, read again within a deadline as ``_ls_row`` does
-    (the line it failed on, if not)."""
+def _ls_line_ends(capsys, name: str, pattern: str) -> None:
+    """Assert that the cache's line of ``ls`` ends with ``pattern``, read again within a deadline as ``_ls_row``
+    does (the line it failed on, if not)."""
     deadline = time.monotonic() + 20
     while True:
         rc, out, _ = run(capsys, "ls", name)
         line = next(x for x in out.splitlines() if x.startswith(name))
         if re.search(pattern + "$", line):
-            return True
+            return
         assert time.monotonic() < deadline, line
         time.sleep(0.05)
 
@@ -1146,7 +1146,7 @@ def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
             row = _ls_row(capsys, name, handles=2)
             assert row["attached_handles"] == 2 and row["attached_pids"] == sorted([os.getpid(), child.pid])
             assert 0 <= row["last_write_s"] < 10 and row["last_write_s"] <= row["age_s"]
-            assert _ls_line_shows(capsys, name, r"\d+s ago\s+" + ",".join(map(str, sorted([os.getpid(), child.pid]))))
+            _ls_line_ends(capsys, name, r"\d+s ago\s+" + ",".join(map(str, sorted([os.getpid(), child.pid]))))
             child.stdin.write("\n")
             child.stdin.flush()
             assert child.stdout.readline() == "closed\n"  # the child lives on, its handle closed
@@ -1158,7 +1158,7 @@ def test_cli_ls_shows_age_last_write_and_the_processes_attached(capsys, name):
             assert child.wait(timeout=60) == 0
     row = _ls_row(capsys, name, handles=0)  # nobody has it open: what `sweep` would remove
     assert row["attached_handles"] == 0 and row["attached_pids"] == []
-    assert _ls_line_shows(capsys, name, r"\d+s ago\s+none")
+    _ls_line_ends(capsys, name, r"\d+s ago\s+none")
 
 
 def test_cli_ls_durations_read_as_people_write_them():

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmcache import POLICIES, PinnedError, SharedCache, TooLargeError, core, index
+from shmcache import POLICIES, PinnedError, SharedCache, TooLargeError, core
 from shmcache.arena import block_nbytes
 from shmcache.cache import ttl_ns
 from shmcache.codec import (
@@ -36,7 +36,7 @@ from shmcache.layout.dtypes import (
 )
 
 from .conftest import unique_name
-from .workers import check_value, laid_out_as, make_value, python_path, reap, stripes_at_rest
+from .workers import check_value, entry_of, laid_out_as, make_value, python_path, reap, stripes_at_rest
 from .profiles import examples, seeds
 
 if core.Core is None:
@@ -585,12 +585,10 @@ def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
         keys = [f"key{i}" for i in range(6)]
         for i, k in enumerate(keys):
             t.apply(("put", k, b"v%d" % i, None))
-        kb = encode_key("key3")
         damaged = []
         for c in (t.a, t.b):
             seg = c._seg
-            e = index.of(seg.geometry).find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
-                                            seg.mask, fingerprint(kb), kb)
+            e = entry_of(c, "key3")
             seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1
             damaged.append((seg, e))
         before = t.b.stats()
@@ -756,8 +754,7 @@ def test_core_get_many_reports_its_own_hand_over_reason(name, monkeypatch):
         c.put("b", "y" * 300)
         kbs = [encode_key("a"), encode_key("b")]
         seg = c._seg
-        e = index.of(seg.geometry).find(seg.index_words, seg.entry_words, seg.mm, seg.geometry.arena_off,
-                                        seg.mask, fingerprint(kbs[1]), kbs[1])
+        e = entry_of(c, "b")
         seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1  # b's lookup hands over ("bounds"), after a's hit
         meddled = []
         made = uuid.UUID.__init__

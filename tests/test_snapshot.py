@@ -30,7 +30,7 @@ from shmcache import snapshot as snapfile
 from shmcache.cli import main
 from shmcache.layout.dtypes import MARK_SMALL
 from tests.conftest import unique_name
-from tests.workers import check_value, make_value, reap
+from tests.workers import check_value, entry_of, make_value, reap
 
 CTX = mp.get_context("fork")
 MIB = 1 << 20
@@ -331,7 +331,7 @@ def test_restore_s3fifo_keeps_main_then_the_most_hit(name, other, tmp_path):
             c.put(k, b"new")
         c.get(25)
         marks = c._seg.marks_bytes
-        main = {k for k in c if not marks[_slot(c, k)] & MARK_SMALL}
+        main = {k for k in c if not marks[entry_of(c, k)] & MARK_SMALL}
         assert main and len(main) < len(c)
         c.snapshot(path)
     with SharedCache(other, capacity_bytes=MIB, max_entries=len(main), create=True, policy="s3fifo") as d:
@@ -360,7 +360,7 @@ def test_restore_gives_each_entry_the_queue_and_counter_it_had(name, other, tmp_
             c.put(f"k{i}", make_value(f"k{i}", i, 40))
             for _ in range(rng.randrange(3) if i % 2 else 0):
                 c.get(f"k{rng.randrange(i + 1)}")
-        before = {k: c._seg.marks_bytes[_slot(c, k)] for k in c}
+        before = {k: c._seg.marks_bytes[entry_of(c, k)] for k in c}
         assert {m & MARK_SMALL for m in before.values()} == {0, MARK_SMALL} and any(m & 3 for m in before.values())
         c.snapshot(path)
     for target in ("s3fifo", "auto"):
@@ -368,7 +368,7 @@ def test_restore_gives_each_entry_the_queue_and_counter_it_had(name, other, tmp_
                          policy=target) as d:
             try:
                 assert d.restore(path).restored == len(before)
-                after = {k: d._seg.marks_bytes[_slot(d, k)] for k in d}
+                after = {k: d._seg.marks_bytes[entry_of(d, k)] for k in d}
                 assert after.keys() == before.keys()
                 main = [k for k, m in before.items() if not m & MARK_SMALL]
                 assert all(after[k] == before[k] for k in main)  # main's, with their counters
@@ -384,18 +384,10 @@ def test_restore_gives_each_entry_the_queue_and_counter_it_had(name, other, tmp_
     with SharedCache(unique_name("marks"), capacity_bytes=4 * MIB, max_entries=1000, create=True,
                      policy="lru") as e:  # another policy takes them as it takes any new key
         try:
-            assert e.restore(path).restored == len(before) and not any(e._seg.marks_bytes[_slot(e, k)] for k in e)
+            assert e.restore(path).restored == len(before) and not any(e._seg.marks_bytes[entry_of(e, k)] for k in e)
             assert e.verify().ok
         finally:
             e.unlink()
-
-
-def _slot(c: SharedCache, key) -> int:
-    from shmcache import index
-    from shmcache.codec import encode_key, fingerprint
-
-    kb = encode_key(key)
-    return index.of(c._seg.geometry).find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
 
 
 def test_restore_keep_keeps_the_newest(name, other, tmp_path):
@@ -508,7 +500,7 @@ def _restored(name: str, path, python: bool, capacity: int, entries: int, policy
             st = d.stats()
             counts = (st.entries, st.retained_bytes, st.puts, st.evictions, st.too_large, st.kinds)
             items = list(d.items())  # in the policy's order
-            marks = [d._seg.marks_bytes[_slot(d, k)] for k, _ in items]  # (s3fifo, auto: each one's queue and counter)
+            marks = [d._seg.marks_bytes[entry_of(d, k)] for k, _ in items]  # (s3fifo, auto: queue and counter)
             return r._replace(seconds=0), dict(items), counts, [k for k, _ in items], d.verify().ok, marks
         finally:
             d.unlink()

@@ -435,7 +435,6 @@ def test_stale_an_interrupt_between_the_record_and_the_queue_holds_the_key_back_
         c.unlink()
 
 
-
 @pytest.mark.timeout(60)
 def test_stale_a_caller_never_waits_for_the_refresh_threads_lock(name):
     """The thread that calls (the one signal handlers run in) never blocks on the refresh threads' lock: with it

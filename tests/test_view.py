@@ -27,8 +27,7 @@ from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
 from shmcache.core import _core
 from shmcache.layout.dtypes import H_DIRTY
-from shmcache import index
-from tests.workers import pinned, reap
+from tests.workers import entry_of, pinned, reap
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -680,10 +679,7 @@ def test_view_a_pin_dies_with_its_process_even_after_a_fork(name, when):
 def _flip_value_byte(cache: SharedCache, key, at: int) -> None:
     """Damage one byte of ``key``'s stored value through a mapping of the segment of its own, as another program
     could (the entry's value starts ``at`` bytes before the byte flipped)."""
-    kb = encode_key(key)
-    xo = index.of(cache._seg.geometry)
-    e = xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
-    voff = value_at(cache._ent, cache._base, e)
+    voff = value_at(cache._ent, cache._base, entry_of(cache, key))
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:
         with mmap.mmap(fd, len(cache._mm)) as mm:
@@ -721,9 +717,7 @@ def test_view_checks_each_stored_value_once_per_handle(cache, name):
 
 def _set_value_byte(cache: SharedCache, key, at: int, byte: int) -> None:
     """Write ``byte`` at ``at`` bytes into ``key``'s stored value (0: its tag), as _flip_value_byte writes."""
-    kb = encode_key(key)
-    xo = index.of(cache._seg.geometry)
-    e = xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    e = entry_of(cache, key)
     voff = value_at(cache._ent, cache._base, e)
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:
