@@ -260,7 +260,7 @@ class Auto:
         self.size = size
         self._fp = lambda key: fingerprint(encode_key(str(key)))
         self.fps: dict = {}
-        self.blocks = max(index_for(size), 16) // 8
+        self.blocks = max(index_for(size) // 2, 512) // 8  # (Geometry.ghost_for under auto: half the index, a page)
         self.sketch = [0] * (self.blocks * 8)
         self.window: OrderedDict = OrderedDict()  # key -> counter, oldest first
         self.main: OrderedDict = OrderedDict()

@@ -86,9 +86,13 @@ typedef struct {
     unsigned char *mem;
     int64_t *h, *ix, *ent, *exp, *ver, *kw, *aw;
     unsigned char *kinds, *pins, *marks, *arena;
-    int64_t *ghost;     /* the ghost's words (s3fifo), ghost_slots reserved (a power of two, at least GHOST_WAYS); in
-                         * force: as many as the index's, GHOST_WAYS at least (GHOST_LIVE) */
+    int64_t *ghost;     /* the ghost's words (s3fifo, auto's sketch), ghost_slots reserved (a power of two, at least
+                         * GHOST_WAYS); in force: GHOST_LIVE */
     int64_t ghost_slots;
+    int ghost_shift;    /* the ghost's words in force are the index's slots shifted down by this, ghost_floor at
+                         * least: 1 and SKETCH_MIN_WORDS for auto's sketch from version 16, else 0 and GHOST_WAYS
+                         * (layout/geometry.py Geometry.ghost_for) */
+    int64_t ghost_floor;
     const struct PolicyOps *pol; /* the segment's policy (_core_policy.c), chosen at bind: asked, never its number */
     /* reads without the lock (_core_unlocked.c) */
     int64_t *readers;   /* the reader slots' words, reader_slots records of reader_words */
@@ -233,7 +237,10 @@ static inline int stripe_shift(const Core *c)
     return shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift;
 }
 static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_shift(c); }
-#define GHOST_LIVE(c) ((c)->tables[0] < GHOST_WAYS ? GHOST_WAYS : (c)->tables[0])
+/* The ghost's words in force (twin: layout/geometry.py Geometry.ghost_for); at most ghost_slots, since tables[0] is
+ * at most the index's reserved slots. */
+#define GHOST_LIVE(c) \
+    (((c)->tables[0] >> (c)->ghost_shift) < (c)->ghost_floor ? (c)->ghost_floor : ((c)->tables[0] >> (c)->ghost_shift))
 /* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
  * it) would be read as this process's own zero pages, and written there unseen by the others. */
 #define SLOT_OK(e) ((e) > 0 && (e) < c->tables[1])       /* a real entry slot (not the sentinel) */

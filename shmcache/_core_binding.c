@@ -140,7 +140,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->ixpack = index_packed != 0; /* (then i_fp and i_entry are not taken: ix_* read the one word) */
     c->kww = (Py_ssize_t)(kind_bytes / 8);
-    int64_t ring_follows, ring_by_limit, hw_limit, ghost_slots, policy, l_policies[4], l_marks[2], l_ghost[2];
+    int64_t ring_follows, ring_by_limit, hw_limit, ghost_slots, ghost_shift, policy, l_policies[4], l_marks[2];
+    int64_t l_ghost[2], ghost_floor;
     /* auto's state words and tuning, as layout/dtypes.py and policies/auto.py have them (_core.h's enums) */
     static const char *const auto_names[] = {
         "A_TARGET", "A_STEP", "A_LAST_PPM", "A_REQUESTS", "A_HITS", "A_PERIODS", "A_PREFERRED", "A_REFUSED",
@@ -160,7 +161,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
             return -1;
         auto_same &= v == auto_values[i];
     }
-    if (take(d, "ghost_slots", &ghost_slots) || take(d, "policy", &policy)
+    if (take(d, "ghost_slots", &ghost_slots) || take(d, "ghost_shift", &ghost_shift)
+        || take(d, "ghost_floor", &ghost_floor) || take(d, "policy", &policy)
         || take(d, "POLICY_LRU", &l_policies[0]) || take(d, "POLICY_S3FIFO", &l_policies[1])
         || take(d, "POLICY_KEEP", &l_policies[2]) || take(d, "POLICY_AUTO", &l_policies[3])
         || take(d, "MARK_FREQ", &l_marks[0]) || take(d, "MARK_SMALL", &l_marks[1])
@@ -170,13 +172,18 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     if (!auto_same || l_policies[0] != POLICY_LRU || l_policies[1] != POLICY_S3FIFO || l_policies[2] != POLICY_KEEP
         || l_policies[3] != POLICY_AUTO || l_marks[0] != MARK_FREQ || l_marks[1] != MARK_SMALL
         || l_ghost[0] != GHOST_WAYS || l_ghost[1] != GHOST_STAMP_BITS || policy < 0 || policy >= POLICY_COUNT
-        || (ghostly ? ghost_slots < GHOST_WAYS || (ghost_slots & (ghost_slots - 1)) : ghost_slots != 0)) {
+        || (ghostly ? ghost_slots < GHOST_WAYS || (ghost_slots & (ghost_slots - 1)) : ghost_slots != 0)
+        || ghost_shift < 0 || ghost_shift > (policy == POLICY_AUTO)
+        || (ghostly
+            && (ghost_floor < GHOST_WAYS || ghost_floor > ghost_slots || (ghost_floor & (ghost_floor - 1))))) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the layout's policies, marks or ghost are not the ones "
                                           "this build knows");
         return -1;
     }
     c->pol = &policy_ops[policy]; /* (the number was checked above) */
     c->ghost_slots = ghost_slots;
+    c->ghost_shift = (int)ghost_shift;
+    c->ghost_floor = ghost_floor;
     if (take(d, "HEADER_WORDS", &hw_limit) || region(c, d, "header_off", hw_limit * 8, 8, (void **)&c->h)
         || region(c, d, "index_off", index_slots * index_bytes, 8, (void **)&c->ix)
         || region(c, d, "entries_off", entry_slots * entry_bytes, 8, (void **)&c->ent)

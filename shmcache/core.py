@@ -75,7 +75,8 @@ def offsets(geometry) -> dict[str, int]:
     out.update(
         header_off=0, index_off=g.index_off, entries_off=g.entries_off, expires_off=g.expires_off,
         versions_off=g.versions_off, kinds_off=g.kinds_off, pins_off=g.pins_off, kind_table_off=g.kind_table_off,
-        marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, policy=g.policy,
+        marks_off=g.marks_off, ghost_off=g.ghost_off, ghost_slots=g.ghost_slots, ghost_shift=g.ghost_shift,
+        ghost_floor=g.ghost_floor, policy=g.policy,
         readers_off=g.readers_off, READER_SLOTS=d.READER_SLOTS, READER_WORDS=d.READER_WORDS,
         stripes_off=g.stripes_off, stripes_nbytes=g.stripes_nbytes, STRIPE_BITS=d.STRIPE_BITS,
         STRIPE_MIN_SHIFT=d.STRIPE_MIN_SHIFT, STRIPE_WORDS=d.STRIPE_WORDS, S_HELD=d.S_HELD,

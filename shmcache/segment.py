@@ -455,7 +455,7 @@ class Segment:
             return
         self.shown[1], self.shown[4] = live, limit
         self.mask, self.limit = live - 1, limit
-        ghost = min(max(live, d.GHOST_WAYS), g.ghost_slots) if g.ghost_slots else 0
+        ghost = min(g.ghost_for(live), g.ghost_slots)
         self.ghost_words = self._ghost_all[:ghost]
         self._sizes_of = (None, (0, 0))
 

@@ -486,11 +486,13 @@ def test_core_differential_long_sequences(seed):
     _long_sequence(seed)
 
 
-@pytest.mark.parametrize("seed", range(len(POLICIES)))
-def test_core_differential_long_sequences_on_layout_14(seed, monkeypatch):
-    """Shorter runs on segments of layout version 14, whose index slots are two words (a cache made by the release
-    before is used as it is), a policy each: the compiled section writes them as the Python path does."""
-    laid_out_as(monkeypatch, 14)
+@pytest.mark.parametrize("version, seed", [(14, seed) for seed in range(len(POLICIES))]
+                         + [(15, POLICIES.index("auto"))])
+def test_core_differential_long_sequences_on_older_layouts(version, seed, monkeypatch):
+    """Shorter runs on segments of older layouts, as a cache made by an earlier release is used as it is: version
+    14's index slots are two words (a policy each), version 15's auto sketch is as large as the index. The compiled
+    section writes them as the Python path does."""
+    laid_out_as(monkeypatch, version)
     _long_sequence(10_000 + seed, 1000)
 
 

@@ -54,8 +54,8 @@ def test_layout_golden_version_5_additions():
     lru, s3 = layout.Geometry.for_capacity(1 << 20, 1000), layout.Geometry.for_capacity(1 << 20, 1000, 1)
     assert lru.ghost_slots == 0 and s3.ghost_slots == s3.index_slots == 2048
     assert s3.arena_off >= s3.ghost_off + 2048 * 8 and lru.ghost_off == s3.ghost_off
-    auto = layout.Geometry.for_capacity(1 << 20, 1000, d.POLICY_AUTO)  # its sketch where s3fifo's ghost is
-    assert (auto.ghost_off, auto.ghost_slots, auto.arena_off) == (s3.ghost_off, 2048, s3.arena_off)
+    auto15 = layout.Geometry.for_capacity(1 << 20, 1000, d.POLICY_AUTO, 15)  # its sketch where s3fifo's ghost is
+    assert (auto15.ghost_off, auto15.ghost_slots, auto15.arena_off) == (s3.ghost_off, 2048, s3.arena_off)
     assert layout.Geometry.for_capacity(4096, 1, 1).ghost_slots == d.GHOST_WAYS  # a group at least
 
 
@@ -700,3 +700,37 @@ def test_layout_version_7_segment_is_used_as_it_is(name, monkeypatch):
             c._seg.header_words[d.H_DIRTY] = 1  # a repair too
             assert c.verify(repair_damage=True) is not None
             assert c._seg.header_words[d.H_VERSION] == 7 and c._seg.header_words[d.H_ARENA_EXTENT] == 0
+
+
+@pytest.mark.parametrize("version", [15, 16])
+def test_layout_version_16_halves_autos_sketch(name, monkeypatch, version):
+    """Version 16: auto's sketch (the ghost region) has half as many words as the index has slots, one word (16
+    counters) an entry of the limit at least, as Caffeine sizes its sketch, and a page at least; version 15's has
+    as many, and a segment of 15 keeps it. Both paths count lookups in the sketch in force, and in no word past it."""
+    from .workers import laid_out_as, python_path
+
+    g15, g16 = (Geometry.for_capacity(2**20, 1000, d.POLICY_AUTO, v) for v in (15, 16))
+    assert (g15.ghost_slots, g16.ghost_slots, g16.index_slots) == (2048, 1024, 2048)
+    assert g16.ghost_for(4096) == 2048 and g15.ghost_for(4096) == 4096 and g15.ghost_for(8) == d.GHOST_WAYS
+    assert g16.ghost_for(8) == g16.ghost_for(1024) == d.SKETCH_MIN_WORDS == 512  # (a small cache's: a page)
+    s3 = Geometry.for_capacity(2**20, 1000, d.POLICY_S3FIFO)
+    assert s3.ghost_slots == s3.index_slots == 2048  # (s3fifo's ghost is as large as it was)
+    if version == 15:
+        laid_out_as(monkeypatch, 15)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True, policy="auto") as c:
+        monkeypatch.undo()
+        try:
+            words = np.frombuffer(c._seg._ghost_all, dtype=np.int64)
+            live = 2048 if version == 15 else 1024
+            assert c._seg.version == version and len(c._seg.ghost_words) == live < len(words)  # (for resizes)
+            for path in ("compiled", "python"):
+                if path == "python":
+                    python_path(c)
+                before = words.copy()
+                for i in range(3000):
+                    if c.get(f"{path}{i % 1500}") is None:
+                        c[f"{path}{i % 1500}"] = i
+                touched = np.flatnonzero(words != before)
+                assert len(touched) and touched.max() < live and touched.max() >= live // 2, path
+        finally:
+            c.unlink()

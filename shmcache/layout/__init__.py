@@ -65,7 +65,7 @@ since a reader that found an offset there before the resize would back a page ag
 Tables (version 10). The index, the entry table, its columns and the ghost are reserved for the most entries a
 resize reaches (``entry_slots``), as the arena is: address space and a sparse file. What the entry limit in force
 needs is backed with memory and shown: the index's first ``index_slots`` (line 0: ``index_for(max_entries)``), the
-ghost's as many, and of the entry table and each column the slots up to the limit, and any handed out before under a
+ghost's words for them (``Geometry.ghost_for``), and of the entry table and each column the slots up to the limit, and any handed out before under a
 larger limit (``unused_next``; ``Geometry.slots_for``). Each process's mapping shows private zero pages past them
 (``Segment.show_tables``), so a slot number only damage can aim there reads zeros, never a hole of the file (which a
 full /dev/shm answers with SIGBUS). A resize that changes the limit (``Store.resize``; ``set_limits`` of another
@@ -130,8 +130,9 @@ a single word the readers without the lock may read either side of (both are dea
 more often than every ``(1 - 1/IDLE_SHARE)`` tti lives and one left alone for its tti is gone. A read without the
 lock that finds such a move due hands the hit to the locked path (``_core_unlocked.c``).
 
-The ghost region (``ghost_slots`` words, as many as the index's slots, under s3fifo and auto; none under lru and
-keep): under s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit
+The ghost region (``ghost_slots`` words under s3fifo and auto, none under lru and keep; ``Geometry.ghost_for``: as
+many as the index's slots under s3fifo, half as many under auto from version 16, so that its sketch has 16 counters
+an entry of the limit at least, as Caffeine's does): under s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit
 counters in blocks of 8 words, a key's 4 counters in one block, whose block 0 holds the policy's state instead
 (``A_*`` of dtypes.py: the window's target, the climber's step, the last period's hit ratio, the lookups and hits
 when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 15
+LAYOUT_VERSION = 16
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -26,8 +26,9 @@ LAYOUT_VERSION = 15
 # new limit moves every block and refuses a block a view pins past the new ring's end; 13's ring has that room for
 # every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity. 13 is 14 without
 # idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused). 14 is 15 with
-# index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED).
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15)
+# index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED). 15 is
+# 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -86,6 +87,7 @@ A_PERIODS = 5     # periods the climber closed (a counter)
 A_PREFERRED = 6   # candidates from the window the sketch found more frequent than main's victim, which they replaced
 A_REFUSED = 7     # candidates it did not: they left the cache
 SKETCH_BLOCK_WORDS = 8  # a key's 4 counters are in one block (a cache line) of the sketch
+SKETCH_MIN_WORDS = 512  # (version 16) auto's sketch in force is a page at least (Geometry.ghost_floor)
 # Reader slots: one per handle that reads without the lock, its counts written by that handle alone (see READER).
 READER_SLOTS = 256
 # Stripes (version 11): the index in force cut into STRIPES runs of slots, each with a sequence word of its own that

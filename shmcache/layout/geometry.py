@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES,
     IDLE_HEAD_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS,
-    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, STRIPES_NBYTES, TTIS, VERSIONS,
+    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, SKETCH_MIN_WORDS, STRIPES_NBYTES, TTIS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -131,7 +131,7 @@ class Geometry:
         ``Segment.show_tables``). Before version 10 every region is shown whole."""
         if self.version < 10:
             index_live, slots = self.index_slots, self.entry_slots
-        ghost = max(index_live, GHOST_WAYS) if self.ghost_slots else 0
+        ghost = self.ghost_for(index_live)
         idle = [] if self.version < 14 else [
             (self.ttis_off, slots * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
             (self.deadlines_off, slots * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
@@ -187,9 +187,29 @@ class Geometry:
 
     @property
     def ghost_slots(self) -> int:
-        """Words of the ghost region: as many as the index's slots under s3fifo (a load of at most 0.45) and auto (its
-        sketch: 32 counters an entry at least), else none."""
-        return max(self.index_slots, GHOST_WAYS) if self.policy in (POLICY_S3FIFO, POLICY_AUTO) else 0
+        """Words of the ghost region: those of the ghost in force with the whole index (``ghost_for``)."""
+        return self.ghost_for(self.index_slots)
+
+    @property
+    def ghost_shift(self) -> int:
+        """How far the ghost's words in force are shifted down from the index's slots: 1 for auto's sketch from
+        version 16 (half as many words as index slots), else 0."""
+        return 1 if self.policy == POLICY_AUTO and self.version >= 16 else 0
+
+    def ghost_for(self, index_live: int) -> int:
+        """The ghost's words in force with an index of ``index_live`` slots, ``GHOST_WAYS`` at least: as many as the
+        slots under s3fifo (its ghost remembers at most 0.45 keys a slot), half as many under auto from version 16
+        (its sketch: one word, 16 counters, an entry of the limit at least, as Caffeine sizes its sketch; before 16,
+        as many as the slots), none under lru and keep; ``ghost_floor`` at least. (twin: _core.h GHOST_LIVE)"""
+        if self.policy not in (POLICY_S3FIFO, POLICY_AUTO):
+            return 0
+        return max(index_live >> self.ghost_shift, self.ghost_floor)
+
+    @property
+    def ghost_floor(self) -> int:
+        """The fewest words of the ghost in force: ``SKETCH_MIN_WORDS`` under auto from version 16 (a small cache's
+        sketch stays a page, where its keys' counters seldom share a word), else ``GHOST_WAYS`` (a group)."""
+        return SKETCH_MIN_WORDS if self.ghost_shift else GHOST_WAYS
 
     @property
     def index_off(self) -> int:
