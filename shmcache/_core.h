@@ -120,14 +120,15 @@ typedef struct {
     int64_t holder_base, holder_slots; /* the OFD byte of holder slot 0 (lock.HOLDER_BASE), and their count */
     /* geometry: slots and index_slots are what the tables are reserved for */
     int64_t slots, index_slots, arena_nbytes;
-    /* the tables in force (layout version 10 moves them: Segment.show_tables), words 1-4 of the mapping's cell
+    /* the tables in force (layout version 10 moves them: Segment.show_tables), words 1-5 of the mapping's cell
      * (watch_extent; own_tables until it is bound): the index's slots in force (IXMASK), the entry slots this mapping
      * shows (a slot past them is private zero pages: never handed out), the header's ``resizes`` when the Python
-     * path last took them from the header, and the entry limit then. A call that finds ``resizes`` moved is handed
-     * over (WHY_GROW) before anything is read or written, and the Python path takes the new tables
+     * path last took them from the header, the entry limit then, and whether the mapping shows the idle columns
+     * (IDLE_SHOWN; version 16 shows them once they are in use). A call that finds ``resizes`` moved is handed over
+     * (WHY_GROW) before anything is read or written, and the Python path takes the new tables
      * (Segment.refresh_tables). */
     int64_t *tables;
-    int64_t own_tables[4];
+    int64_t own_tables[5];
     /* the ring (arena.py): its size follows the header's capacity word (ring_nbytes), at most capacity_most (the
      * geometry's capacity_bytes), with room for ring_entries block headers of block_overhead bytes (ring_by_limit,
      * versions 10 to 12: the entry limit taken with the tables instead). ring_follows: version 10 or later (tables
@@ -243,6 +244,10 @@ static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_s
     (((c)->tables[0] >> (c)->ghost_shift) < (c)->ghost_floor ? (c)->ghost_floor : ((c)->tables[0] >> (c)->ghost_shift))
 /* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
  * it) would be read as this process's own zero pages, and written there unseen by the others. */
+/* Whether this mapping shows the idle columns (version 14): until it does (version 16: until they are in use, which
+ * counts a resize, so that a call made after the switch is handed over and the Python path shows them) they are its
+ * own zero pages, read as "no time to idle" and never written. (twin: segment.py Segment.ttis_live) */
+#define IDLE_SHOWN(c) ((c)->ttis != NULL && (c)->tables[4])
 #define SLOT_OK(e) ((e) > 0 && (e) < c->tables[1])       /* a real entry slot (not the sentinel) */
 #define LINK_OK(e) ((e) >= 0 && (e) < c->tables[1])      /* an entry slot or the sentinel */
 #define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)

@@ -301,7 +301,7 @@ static int alloc(Core *c, int64_t nb, int64_t e, int64_t *out)
     return ST_OK;
 }
 
-/* Bind the mapping's cell saying how far it shows the arena and which tables it took (segment.py Segment.shown: five
+/* Bind the mapping's cell saying how far it shows the arena and which tables it took (segment.py Segment.shown: six
  * int64, written by the Python path as it shows more); the export is held until release. */
 static PyObject *Core_watch_extent(Core *c, PyObject *cell)
 {
@@ -312,12 +312,13 @@ static PyObject *Core_watch_extent(Core *c, PyObject *cell)
     if (PyObject_GetBuffer(cell, &c->shown_buf, PyBUF_WRITABLE) < 0)
         return NULL;
     int64_t *w = (int64_t *)c->shown_buf.buf;
-    if (c->shown_buf.len != 5 * (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))
+    if (c->shown_buf.len != 6 * (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))
         || w[1] < 8 || w[1] > c->index_slots || (w[1] & (w[1] - 1)) || w[2] < 1 || w[2] > c->slots || w[4] < 1
-        || w[4] >= c->slots) {
+        || w[4] >= c->slots || (w[5] != 0 && w[5] != 1)) {
         PyBuffer_Release(&c->shown_buf);
-        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be five aligned 8-byte words, the index, "
-                                          "entry slots and limit in force within the tables");
+        PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be six aligned 8-byte words, the index, "
+                                          "entry slots and limit in force within the tables, and the idle columns "
+                                          "shown or not");
         return NULL;
     }
     c->have_shown = 1;

@@ -135,6 +135,8 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->own_tables[1] = entry_slots;
     c->own_tables[2] = 0;
     c->own_tables[3] = entry_slots - 1;
+    c->own_tables[4] = 0; /* (the idle columns: not shown until the cell says, below for the versions that back them
+                           * with the tables) */
     c->tables = c->own_tables;
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
@@ -292,9 +294,10 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         return -1;
     c->stripes = stripes_nbytes ? (int64_t *)stripes : NULL;
     c->holds = holds != 0;
-    int64_t idle, idle_share, d_words[2];
+    int64_t idle, lazy_idle, idle_share, d_words[2];
     void *idle_words, *ttis, *deadlines;
-    if (take(d, "idle", &idle) || take(d, "IDLE_SHARE", &idle_share) || take(d, "D_DEFAULT_TTI", &d_words[0])
+    if (take(d, "idle", &idle) || take(d, "lazy_idle", &lazy_idle) || take(d, "IDLE_SHARE", &idle_share)
+        || take(d, "D_DEFAULT_TTI", &d_words[0])
         || take(d, "D_TTI_CHECK", &d_words[1]) || take(d, "TTI_NONE_CHECK", &c->tti_none_check))
         return -1;
     if (idle_share != IDLE_SHARE || d_words[0] != D_DEFAULT_TTI || d_words[1] != D_TTI_CHECK) {
@@ -308,6 +311,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->idle = idle ? (int64_t *)idle_words : NULL;
     c->ttis = idle ? (int64_t *)ttis : NULL;
     c->deadlines = idle ? (int64_t *)deadlines : NULL;
+    c->own_tables[4] = idle && !lazy_idle; /* (versions 14 and 15: shown with the tables) */
     c->stuck = -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the lock's words are not within the header");

@@ -102,7 +102,7 @@ STEP int hit(Core *c, int64_t e, int64_t *now)
             return r;
         HW(dirty) = 0;
     }
-    if (c->ttis != NULL && c->exp[e] && c->ttis[e]) /* (an idle entry has an expiry: find_live read its word) */
+    if (IDLE_SHOWN(c) && c->exp[e] && c->ttis[e]) /* (an idle entry has an expiry: find_live read its word) */
         idle_touch(c, e, now);
     ADD(HW(hits), 1);
     return ST_OK;
@@ -170,7 +170,8 @@ static int64_t tti_checksum(Core *c, int64_t tti)
 }
 
 /* A store's time to idle in ns: ``tti``, or the cache's default for -1, 0 where the segment has none (before version
- * 14); ST_HANDOVER if the default's word fails its checksum (the Python path repairs it). (twin: store.py
+ * 14); ST_HANDOVER if the default's word fails its checksum (the Python path repairs it), or if there is one and this
+ * mapping does not show the idle columns (version 16: the Python path switches them on). (twin: store.py
  * Store.expiry, config.py default_tti) */
 static int tti_of(Core *c, int64_t *tti)
 {
@@ -185,6 +186,11 @@ static int tti_of(Core *c, int64_t *tti)
             return ST_HANDOVER;
         }
         *tti = w;
+    }
+    if (*tti > 0 && !IDLE_SHOWN(c)) { /* (version 16: the first store with one switches the columns on: the Python
+                                       * path's Store.show_idle) */
+        c->reason = WHY_GROW;
+        return ST_HANDOVER;
     }
     return ST_OK;
 }

@@ -391,7 +391,7 @@ static inline void stamp(Core *c, int64_t e, const Encoded *st)
     HW(version_clock) = v;
     c->ver[e] = v;
     c->exp[e] = expires;
-    if (c->ttis != NULL) {
+    if (IDLE_SHOWN(c)) { /* (else no store has a time to idle: tti_of) */
         c->ttis[e] = st->tti;
         c->deadlines[e] = st->deadline;
     }

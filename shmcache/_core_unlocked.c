@@ -242,7 +242,7 @@ static inline int lapsed_unlocked(Core *c, int64_t e, int64_t *now)
         *now = mono_ns();
     if (x <= *now)
         return 1;
-    if (c->ttis == NULL)
+    if (!IDLE_SHOWN(c))
         return 0;
     int64_t t = RD(c->ttis[e]);
     if (t == 0)

@@ -23,7 +23,7 @@ import struct
 from .codec import MASK63, xxh3
 from .layout import MAX_TTL_NS
 from .layout.dtypes import (
-    D_DEFAULT_TTI, D_TTI_CHECK, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED,
+    D_DEFAULT_TTI, D_IDLE_ON, D_TTI_CHECK, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED,
     H_SAVED_CHECK, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED, H_SAVED_TTL,
 )
 
@@ -131,20 +131,29 @@ def default_tti(idle) -> int:
     return tti if 0 <= tti <= MAX_TTL_NS and idle[D_TTI_CHECK] == tti_checksum(tti) else 0
 
 
-def tti_problems(idle) -> list[str]:
-    """What is wrong with the default time to idle (``idle`` None: nothing, a segment before version 14)."""
+def tti_problems(idle, lazy: bool = False) -> list[str]:
+    """What is wrong with the default time to idle (``idle`` None: nothing, a segment before version 14), and
+    where ``lazy`` (version 16) with the word that says the idle columns are in use (D_IDLE_ON: 0 or 1)."""
     if idle is None:
         return []
+    out = []
     tti, check = idle[D_DEFAULT_TTI], idle[D_TTI_CHECK]
     if not 0 <= tti <= MAX_TTL_NS or check != tti_checksum(tti):
-        return [f"the default time to idle ({tti} ns) fails its checksum or is out of range"]
-    return []
+        out.append(f"the default time to idle ({tti} ns) fails its checksum or is out of range")
+    if lazy and idle[D_IDLE_ON] not in (0, 1):
+        out.append(f"the idle columns' word D_IDLE_ON is {idle[D_IDLE_ON]}, not 0 or 1")
+    return out
 
 
-def restore_tti(idle) -> bool:
+def restore_tti(idle, lazy: bool = False) -> bool:
     """Put the default time to idle right (the lock held): a pair that fails is set to none, the value that can do
-    no harm (entries then live until their time to live or eviction). Whether anything was wrong."""
-    if not tti_problems(idle):
+    no harm (entries then live until their time to live or eviction); and (``lazy``) a D_IDLE_ON other than 0 and 1
+    to 1, the columns in use, which only costs memory where the other value could lose what they hold. Whether
+    anything was wrong."""
+    if not tti_problems(idle, lazy):
         return False
-    write_tti(idle, 0)
+    if tti_problems(idle):
+        write_tti(idle, 0)
+    if lazy and idle[D_IDLE_ON] not in (0, 1):
+        idle[D_IDLE_ON] = 1
     return True

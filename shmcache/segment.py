@@ -138,7 +138,7 @@ class Segment:
             cap = geometry.capacity_bytes if capacity is None else capacity
             limit = self._limit(geometry)
             backed = geometry.backed(self._index_live(geometry), geometry.slots_for(limit, 0),
-                                     geometry.initial_extent(cap, limit))
+                                     geometry.initial_extent(cap, limit), self._idle_at_creation(geometry))
             space.check(sum(stop - start for start, stop in backed), *_space_args(name))
             space.check_whole(geometry.occupied_at_most(cap, self._max_entries), *_space_args(name))
         deadline = time.monotonic() + init_wait
@@ -271,6 +271,11 @@ class Segment:
             return geometry.index_slots
         return min(geometry.index_slots, layout.index_for(self._limit(geometry)))
 
+    def _idle_at_creation(self, geometry: Geometry) -> bool:
+        """Whether creation backs the idle columns: before version 16 always, from it with a default time to idle
+        (else the first store that gives one backs them: Store.show_idle)."""
+        return not geometry.lazy_idle or bool(self._default_tti_ns)
+
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
         total = geometry.total_nbytes
@@ -282,7 +287,8 @@ class Segment:
         # (arena.py, Segment.back), the rest of the tables by a resize that raises the limit (show_tables). The file
         # is sized for the most a resize may reach: holes, backed by nothing until used.
         space.reserve(fd, total, *_space_args(self.name), backed=0)
-        for start, stop in geometry.backed(live, geometry.slots_for(limit, 0), initial):
+        for start, stop in geometry.backed(live, geometry.slots_for(limit, 0), initial,
+                                           self._idle_at_creation(geometry)):
             problem = space.back(fd, start, stop)
             if problem is not None:
                 raise OSError(errno.ENOSPC, f"cache {self.name!r} could not be created: {problem}")
@@ -300,6 +306,8 @@ class Segment:
         config.write(h, self._default_ttl_ns, limit, cap, cap)
         if self.idle_words is not None:
             config.write_tti(self.idle_words, self._default_tti_ns)
+            if geometry.lazy_idle and self.idle_shown:
+                self.idle_words[d.D_IDLE_ON] = 1  # (a default time to idle: its columns backed above)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
@@ -380,7 +388,16 @@ class Segment:
         # (read first: a resize counts itself before its first write, and holds dirty until its last, which
         # attaching checks below: one begun after this read is seen as one, one under way as unsettled words)
         resizes = self.header_words[d.H_RESIZES]
-        self.shown = (ctypes.c_int64 * 5)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries)
+        # Whether this mapping shows the idle columns (version 16: once they are in use, D_IDLE_ON; creation: with a
+        # default time to idle; before 16, with the tables). Until then they are its own zero pages: no entry has a
+        # time to idle, and nothing writes them (``ttis_live`` and ``deadlines_live`` are None). (read after
+        # ``resizes``: the switch writes D_IDLE_ON before it counts its resize, so a switch this read misses is
+        # one the first call sees counted, and takes: refresh_tables)
+        self.idle_shown = not g.lazy_idle or (
+            bool(self._default_tti_ns) if tables is not None else self.idle_words[d.D_IDLE_ON] != 0)
+        # (word 5: whether this mapping shows the idle columns, idle_shown)
+        self.shown = (ctypes.c_int64 * 6)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries,
+                                          int(self.idle_shown))
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
         self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
@@ -435,8 +452,10 @@ class Segment:
         g = self.geometry
         was_index, was_slots = self._tables_shown
         to_index, to_slots = max(live, was_index), max(g.slots_for(limit, unused_next), was_slots)
-        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots),
-                                                                        g.tables(to_index, to_slots)) if now > was]
+        idle = self.idle_shown
+        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots, idle),
+                                                                        g.tables(to_index, to_slots, idle))
+                 if now > was]
         if not backed:
             for off, was, now in grown:
                 problem = space.back(self.fd, off + was, off + now)
@@ -459,6 +478,41 @@ class Segment:
         self.ghost_words = self._ghost_all[:ghost]
         self._sizes_of = (None, (0, 0))
 
+    @property
+    def ttis_live(self) -> memoryview | None:
+        """The ttis column where this mapping shows it (``idle_shown``), else None: no entry has a time to idle."""
+        return self.ttis_words if self.idle_shown else None
+
+    @property
+    def deadlines_live(self) -> memoryview | None:
+        """The deadlines column where this mapping shows it, else None (as ``ttis_live``)."""
+        return self.deadlines_words if self.idle_shown else None
+
+    def show_idle(self) -> None:
+        """Show the idle columns (version 16) for the entry slots this mapping shows, backed with memory first, and
+        mark them shown in the cell (word 5, which the compiled section reads): the caller holds the lock, and
+        either switches them on for every process (Store.show_idle) or takes the switch another process made
+        (refresh_tables). What the mapping shows more later, show_tables shows of them too.
+
+        :raises NoSpaceError: /dev/shm is full (nothing was shown).
+        """
+        if self.idle_shown:
+            return
+        g = self.geometry
+        spans = [(off, off + self._tables_shown[1] * 8) for off in (g.ttis_off, g.deadlines_off)]
+        for start, stop in spans:
+            problem = space.back(self.fd, start, stop)
+            if problem is not None:
+                raise NoSpaceError(f"cache {self.name!r} could not back the columns of its entries' times to idle: "
+                                   f"{problem}", what="put", hint="delete entries, remove unused caches "
+                                   "(`shmcache ls`, `shmcache sweep`), or give the host or container more shared "
+                                   "memory (docker run --shm-size, a Kubernetes emptyDir with medium: Memory)")
+        for start, stop in spans:
+            first, end = start // _PAGE * _PAGE, -(-stop // _PAGE) * _PAGE
+            _remap(self._base + first, min(end, g.total_nbytes) - first, self.fd, first)
+        self.idle_shown = True
+        self.shown[5] = 1
+
     def shrink_tables(self, live: int, limit: int, unused_next: int, give_back: bool) -> None:
         """Show private zero pages past what the index of ``live`` slots, the entry limit ``limit`` and the slots
         in use (``unused_next``) need of each table (``Geometry.slots_for``), where this mapping showed more: a
@@ -472,7 +526,7 @@ class Segment:
         to_index, to_slots = min(live, was_index), min(g.slots_for(limit, unused_next), was_slots)
         if (to_index, to_slots) == (was_index, was_slots) and not give_back:
             return
-        for off, now, reserved in g.tables(to_index, to_slots):
+        for off, now, reserved in g.tables(to_index, to_slots, self.idle_shown):
             self._veil_range(off + now, off + reserved)
             first, end = -(-(off + now) // _PAGE) * _PAGE, (off + reserved) // _PAGE * _PAGE
             if give_back and first < end:
@@ -510,6 +564,8 @@ class Segment:
                 self.shrink_tables(live, limit, unused, give_back=False)
         else:  # (the tables never move: the words the test of every call compares, as they are)
             self.shown[4] = self.limit = h[d.H_MAX_ENTRIES]
+        if not self.idle_shown and self.idle_words[d.D_IDLE_ON]:
+            self.show_idle()  # (another process switched the idle columns on: version 16)
         self.shown[3] = resizes
         return True
 

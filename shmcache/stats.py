@@ -9,7 +9,7 @@ from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
-    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO,
+    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO, D_IDLE_BUMPS,
     STALE_COUNTERS,
 )
 
@@ -142,14 +142,19 @@ class CacheStats:
 
 
 def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tuple[int, int] = (0, 0),
-               stripes=None) -> CacheStats:
+               stripes=None, idle=None) -> CacheStats:
     """Snapshot the counters from header words ``h``; ``kinds``: the per-kind counts, by name; ``readers``: the
     segment's reader slots (``Segment.reader_words``), whose counts are added (``readers.totals``); ``ghost``: the
     ghost region in force, whose state words auto's fields come from; ``held``: the held entries' count and bytes
     (``Table.held``); ``stripes``: the stripes region (``Segment.stripe_words``; None before version 11), whose
-    stale-serving counters are read, each clamped to a counter's range."""
+    stale-serving counters are read, each clamped to a counter's range; ``idle``: the idle region's words
+    (``Segment.idle_words``; version 16), whose count of the resizes the idle columns' switch made is left out of
+    ``resizes``."""
     stale = (0, 0, 0) if stripes is None else tuple(min(max(stripes[w], 0), MAX_COUNTER) for w in STALE_COUNTERS)
     hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
+    resizes = h[H_RESIZES]
+    if idle is not None:
+        resizes -= min(max(idle[D_IDLE_BUMPS], 0), max(resizes, 0))
     window = preferred = refused = 0
     if ghost is not None and h[H_POLICY] == POLICY_AUTO and len(ghost):
         window = window_target(h[H_MAX_ENTRIES], ghost)
@@ -163,7 +168,7 @@ def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tup
         retained_bytes=h[H_RETAINED], max_entries=h[H_MAX_ENTRIES], max_retained_bytes=h[H_MAX_RETAINED],
         capacity_entries=h[H_ENTRY_SLOTS] - 1,
         capacity_bytes=h[H_CAPACITY] if 0 < h[H_CAPACITY] <= h[H_CAPACITY_BYTES] else h[H_CAPACITY_BYTES],
-        max_capacity_bytes=h[H_CAPACITY_BYTES], resizes=h[H_RESIZES], arena_bytes=h[H_ARENA_NBYTES],
+        max_capacity_bytes=h[H_CAPACITY_BYTES], resizes=resizes, arena_bytes=h[H_ARENA_NBYTES],
         arena_used_bytes=h[H_ARENA_USED], admitted=h[H_ADMITTED],
         policy=POLICY_NAMES[h[H_POLICY]] if 0 <= h[H_POLICY] < len(POLICY_NAMES) else "?",
         not_admitted=h[H_NOT_ADMITTED], small_entries=h[H_SMALL], promoted=h[H_PROMOTED], ghost_hits=h[H_GHOST_HITS],

@@ -24,7 +24,7 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
-    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER,
+    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_IDLE_BUMPS, D_IDLE_ON,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -192,10 +192,32 @@ class Store:
         deadline = self.expires_at(ttl, now)
         if tti is None:
             tti = config.default_tti(self.seg.idle_words)
-        if not tti or self.table.ttis is None:
+        if not tti or self.seg.idle_words is None:
             return deadline, NO_IDLE
+        if not self.seg.idle_shown:
+            self.show_idle()
         soon = now + tti
         return (soon if not deadline or soon < deadline else deadline), (tti, deadline)
+
+    def show_idle(self) -> None:
+        """Switch the idle columns on (version 16), under the lock, before the first store with a time to idle that
+        this mapping makes: backed and shown here (Segment.show_idle), then D_IDLE_ON set, then a resize counted
+        (and in D_IDLE_BUMPS, which stats() leaves out), so that every process takes the tables again, the columns
+        with them, before its next call (refresh_tables; a read without the lock hands over: ``resizes`` moved).
+        Crash windows: killed before D_IDLE_ON, the pages are backed and unused (the next switch backs them again);
+        killed before the count, D_IDLE_ON is set and the other mappings show no columns yet, so a mapping without
+        them switches again whatever D_IDLE_ON says. Nothing of an entry is written before the count.
+
+        :raises NoSpaceError: /dev/shm cannot back the columns (the store is refused; the cache is as it was).
+        """
+        seg = self.seg
+        seg.show_idle()
+        words = seg.idle_words
+        words[D_IDLE_ON] = 1
+        bumps = words[D_IDLE_BUMPS]
+        words[D_IDLE_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
+        count_resize(self.h)
+        seg.shown[3] = self.h[H_RESIZES]  # (this mapping has the tables as they are now)
 
     def set_expiry(self, e: int, expires: int) -> None:
         """Give resident entry ``e`` a new expiry time (0: never)."""
@@ -362,7 +384,7 @@ class Store:
         (ns; None: the default, likewise); whether it was stored."""
         if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
             self.repair()
-        if tti is None and config.tti_problems(self.seg.idle_words):
+        if tti is None and config.tti_problems(self.seg.idle_words, self.seg.geometry.lazy_idle):
             self.repair()
         expires, idle = self.expiry(ttl, tti)
         return self.store(self.find_live(encoded[0], encoded[3], True), encoded, expires, 0, idle)
@@ -526,8 +548,9 @@ class Store:
         except CorruptionError:
             self.repair()
             held = self.table.held()
-        return read_stats(self.h, kinds.stats_locked(self.seg), self.seg.reader_words, self.table.ghost, held,
-                          self.seg.stripe_words)
+        seg = self.seg
+        return read_stats(self.h, kinds.stats_locked(seg), seg.reader_words, self.table.ghost, held, seg.stripe_words,
+                          seg.idle_words if seg.geometry.lazy_idle else None)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in

@@ -58,8 +58,6 @@ class Table:
                                                       seg.pins_bytes)
         self.kw = seg.kind_words
         self.marks = seg.marks_bytes
-        # (version 14: each entry's time to idle and the deadline its time to live set; None before it)
-        self.ttis, self.deadlines = seg.ttis_words, seg.deadlines_words
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
         self.seqlocked = pol.reads_unlocked  # gets and views read without the lock: see seqlock.py
         self.stripes = seg.stripe_words  # (None before version 11: seq alone)
@@ -82,6 +80,17 @@ class Table:
         names it) is refused as out of range, never read or written as this process's own zero pages. (twin:
         _core.h SLOT_OK)"""
         return self.seg.slots_shown
+
+    @property
+    def ttis(self) -> memoryview | None:
+        """Each entry's time to idle (version 14), where this mapping shows the column (version 16: once in use,
+        Segment.show_idle); None: no entry has one."""
+        return self.seg.ttis_live
+
+    @property
+    def deadlines(self) -> memoryview | None:
+        """The deadline each idle entry's time to live set, shown as ``ttis`` is."""
+        return self.seg.deadlines_live
 
     @property
     def ghost(self) -> memoryview:

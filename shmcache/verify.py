@@ -36,7 +36,7 @@ from .layout.dtypes import (
     H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
     READER_SLOTS, H_CAPACITY, H_RESIZES, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
-    KIND_WORDS,
+    KIND_WORDS, D_IDLE_ON,
 )
 from .readers import slot_pinned
 from .serializers import TAG_PICKLE, check_pickle
@@ -217,7 +217,8 @@ def header_problems(seg) -> list[str]:
     h = seg.header_words
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
             for w, (lo, hi) in header_ranges(seg.geometry, seg.features, seg.version).items()
-            if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(seg.idle_words)
+            if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(
+                seg.idle_words, seg.geometry.lazy_idle)
 
 
 def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
@@ -395,7 +396,7 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems, 
         x = exp[e]
         if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
             problems.add(f"entry {e} expires at {x}, before next_expiry={h[H_NEXT_EXPIRY]}")
-        if seg.ttis_words is not None and _idle_wrong(seg, e, now):
+        if seg.ttis_live is not None and _idle_wrong(seg, e, now):
             problems.add(f"entry {e}: its time to idle ({seg.ttis_words[e]} ns), deadline "
                          f"({seg.deadlines_words[e]}) and expiry ({x}) disagree")
     counts, nbytes = _kind_counts(seg, order)
@@ -534,7 +535,15 @@ def _repair_words(seg) -> None:
     # The default time to live and the limits: from whichever copy checks; else the capacity as the byte limit and
     # the entry limit this mapping holds (version 10: not the most its tables reach, which would back all of them).
     config.restore(h, seg.geometry, seg.limit if seg.version >= 10 else None)
-    config.restore_tti(seg.idle_words)  # (version 14: the default time to idle, else none)
+    lazy = seg.geometry.lazy_idle
+    switched = lazy and seg.idle_words[D_IDLE_ON] not in (0, 1)
+    config.restore_tti(seg.idle_words, lazy)  # (version 14: the default time to idle, else none; 16: D_IDLE_ON)
+    if switched:  # (version 16: a damaged D_IDLE_ON is now 1, the columns in use: every process takes them)
+        count_resize(h)
+        try:
+            seg.show_idle()
+        except NoSpaceError:
+            pass  # (a store with a time to idle here asks again; a hit here moves no idle expiry until then)
     ranges = header_ranges(seg.geometry, seg.features, seg.version)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
@@ -655,7 +664,7 @@ def _rebuild_columns(seg, kept: list[int], now: int | None) -> None:
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= top else 0] + valid)
     for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
-        if seg.ttis_words is not None and _idle_wrong(seg, e, now):
+        if seg.ttis_live is not None and _idle_wrong(seg, e, now):
             _mend_idle(seg, e, now)
         if not 0 < seg.versions_words[e] <= top:
             clock += 1

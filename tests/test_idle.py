@@ -246,3 +246,143 @@ def test_idle_a_read_in_one_process_keeps_the_entry_for_all(name):
             assert p.exitcode == 0
         finally:
             c.unlink()
+
+
+def _blocks(c: SharedCache) -> int:
+    """The bytes of /dev/shm the cache's file occupies (its backed pages: fallocate counts, as a write does)."""
+    import os
+
+    return os.fstat(c._seg.fd).st_blocks * 512
+
+
+def _columns(c: SharedCache) -> int:
+    """The bytes of the two idle columns for the entry slots the handle shows, less the pages either may share with
+    a neighbour (at most one at each end of each)."""
+    return 2 * (c._seg.slots_shown * 8 - 2 * 4096)
+
+
+@pytest.mark.parametrize("switcher", PATHS)
+@pytest.mark.parametrize("reader", PATHS)
+def test_idle_columns_are_backed_once_an_entry_has_a_time_to_idle(name, clock, switcher, reader):
+    """Version 16: a cache that has never stored a time to idle backs no idle columns (16 bytes an entry slot
+    saved). The first store with one backs them and switches them on; another handle attached before it (its own
+    mapping) takes them before its next call and moves the entry's expiry when it reads it. The switch counts no
+    resize in stats()."""
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=4096, create=True, clock=clock)
+    b = SharedCache(name, create=False, clock=clock)
+    try:
+        a, b = (python_path(a) if switcher == "python" else a), (python_path(b) if reader == "python" else b)
+        assert b.get("none") is None  # (b has taken the tables: the switch must reach a handle that has)
+        assert not a._seg.idle_shown and not b._seg.idle_shown
+        a.put("plain", b"p", ttl=100)
+        assert b.get("plain") == b"p" and a._seg.idle_words[d.D_IDLE_ON] == 0
+        before = _blocks(a)
+        a.put("idle", b"i", tti=8)
+        assert a._seg.idle_shown and a._seg.idle_words[d.D_IDLE_ON] == 1
+        assert _blocks(a) - before >= _columns(a) > 0  # (the switch backed them)
+        stored = clock.now
+        clock.advance(2)
+        assert b.get("idle") == b"i" and b._seg.idle_shown
+        e = entry_of(b, "idle")
+        assert b._seg.expires_words[e] == stored + 10 * S  # (b's read moved it: a tti from then)
+        assert b._seg.ttis_words[e] == 8 * S and a._seg.ttis_words[e] == 8 * S
+        clock.advance(7)
+        assert a.get("idle") == b"i" and a.get("plain") == b"p"
+        assert a.stats().resizes == b.stats().resizes == 0
+        b.put("more", b"m", tti=1)  # (no second switch)
+        assert a._seg.idle_words[d.D_IDLE_BUMPS] == 1 and a.verify(deep=True).ok
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)
+
+
+@pytest.mark.parametrize("version", [15, 16])
+def test_idle_columns_at_creation(name, monkeypatch, version):
+    """A default time to idle backs the columns at creation (every store will use them); without one, version 16
+    backs none, and version 15 backs them with the tables, as it did, and never reads D_IDLE_ON."""
+    from .workers import laid_out_as
+
+    laid_out_as(monkeypatch, version)
+    with SharedCache(name, capacity_bytes=2**20, max_entries=4096, create=True, default_tti=5) as c:
+        try:
+            assert c._seg.idle_shown and c._seg.idle_words[d.D_IDLE_ON] == (1 if version == 16 else 0)
+            with_default, columns = _blocks(c), _columns(c)
+        finally:
+            c.unlink()
+    with SharedCache(name, capacity_bytes=2**20, max_entries=4096, create=True) as c:
+        try:
+            assert c._seg.idle_shown == (version == 15)
+            if version == 16:
+                assert with_default - _blocks(c) >= columns > 0
+            else:
+                assert _blocks(c) == with_default
+            c.put("k", b"v", tti=1)
+            assert c._seg.idle_shown and c.verify().ok and c.stats().resizes == 0
+        finally:
+            c.unlink()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_idle_columns_that_cannot_be_backed_refuse_the_store(name, monkeypatch, path):
+    """A full /dev/shm when the first store with a time to idle must back the columns: that store raises
+    NoSpaceError, nothing is switched, the cache serves on, and a store without a time to idle still succeeds."""
+    from shmcache import NoSpaceError, space
+
+    with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
+        try:
+            if path == "python":
+                python_path(c)
+            c["before"] = b"b"
+            g, real = c._seg.geometry, space.back
+
+            def full(fd, start, stop):
+                if g.ttis_off <= start < g.arena_off:
+                    return "No space left on device (ENOSPC)"
+                return real(fd, start, stop)
+
+            monkeypatch.setattr(space, "back", full)
+            with pytest.raises(NoSpaceError, match="times to idle"):
+                c.put("k", b"v", tti=1)
+            assert not c._seg.idle_shown and c._seg.idle_words[d.D_IDLE_ON] == 0 and "k" not in c
+            c["after"] = b"a"
+            assert (c["before"], c["after"]) == (b"b", b"a") and c.verify().ok
+            monkeypatch.undo()
+            c.put("k", b"v", tti=1)
+            assert c["k"] == b"v" and c._seg.idle_shown
+        finally:
+            c.unlink()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_idle_switch_cut_short_is_made_again(name, clock, path):
+    """A switch killed after it set D_IDLE_ON but before it counted its resize leaves the other mappings without
+    the columns: a mapping that does not show them switches again whatever D_IDLE_ON says, and every handle then
+    reads the idle entries right. A D_IDLE_ON other than 0 and 1 is damage: verify reports it, and the repair sets
+    it to 1 (the columns in use) and has every process take them."""
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True, clock=clock)
+    b = SharedCache(name, create=False, clock=clock)
+    try:
+        if path == "python":
+            python_path(b)
+        assert a.get("x") is None and b.get("x") is None
+        a._seg.idle_words[d.D_IDLE_ON] = 1  # (as a switch killed before its count left it)
+        b.put("k", b"v", tti=4)
+        assert b._seg.idle_shown and a._seg.idle_words[d.D_IDLE_BUMPS] == 1
+        clock.advance(3)
+        assert a.get("k") == b"v" and a._seg.idle_shown  # (a took the columns: the read moved the expiry)
+        clock.advance(3)
+        assert b.get("k") == b"v"
+        c = SharedCache(name, create=False, clock=clock)
+        try:
+            c._seg.idle_words[d.D_IDLE_ON] = 7
+            report = c.verify()
+            assert not report.ok and any("D_IDLE_ON" in p for p in report.problems)
+            c.verify(repair_damage=True)
+            assert c._seg.idle_words[d.D_IDLE_ON] == 1 and c.verify().ok and c["k"] == b"v"
+        finally:
+            c.close()
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)

@@ -19,8 +19,9 @@ so that no two regions share a cache line::
     geometry.readers_off      reader slots  READER_SLOTS records of dtype READER (64 bytes): reads without the lock
     geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line (and, version 12, the
                                             held entries' words), then a word a line
-    geometry.idle_off         idle          (version 14) a line (the default time to idle and its checksum), then
-                                            the ttis and deadlines columns, entry_slots words each: idle expiry
+    geometry.idle_off         idle          (version 14) a line (the default time to idle and its checksum, and
+                                            from 16 D_IDLE_ON and D_IDLE_BUMPS), then the ttis and deadlines
+                                            columns, entry_slots words each: idle expiry (16: backed once in use)
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -65,8 +66,9 @@ since a reader that found an offset there before the resize would back a page ag
 Tables (version 10). The index, the entry table, its columns and the ghost are reserved for the most entries a
 resize reaches (``entry_slots``), as the arena is: address space and a sparse file. What the entry limit in force
 needs is backed with memory and shown: the index's first ``index_slots`` (line 0: ``index_for(max_entries)``), the
-ghost's words for them (``Geometry.ghost_for``), and of the entry table and each column the slots up to the limit, and any handed out before under a
-larger limit (``unused_next``; ``Geometry.slots_for``). Each process's mapping shows private zero pages past them
+ghost's words for them (``Geometry.ghost_for``), and of the entry table and each column the slots up to the limit,
+and any handed out before under a larger limit (``unused_next``; ``Geometry.slots_for``). Each process's mapping
+shows private zero pages past them
 (``Segment.show_tables``), so a slot number only damage can aim there reads zeros, never a hole of the file (which a
 full /dev/shm answers with SIGBUS). A resize that changes the limit (``Store.resize``; ``set_limits`` of another
 ``max_entries`` is one) backs the larger tables first, evicts to the new limit and slides the ring where it must,
@@ -128,12 +130,20 @@ expiry its time to live set (0: none). An idle entry's ``expires`` is the earlie
 that moved it plus its tti; a hit under the lock moves it forward once it has gained ``1/IDLE_SHARE`` of the tti,
 a single word the readers without the lock may read either side of (both are deadlines it had), so an entry read
 more often than every ``(1 - 1/IDLE_SHARE)`` tti lives and one left alone for its tti is gone. A read without the
-lock that finds such a move due hands the hit to the locked path (``_core_unlocked.c``).
+lock that finds such a move due hands the hit to the locked path (``_core_unlocked.c``). Version 16 backs the two
+columns only once they are in use: until the first store with a time to idle (or creation with a default one) each
+mapping shows them as its own zero pages, read as "no time to idle" and never written. That store backs and shows
+them, sets ``D_IDLE_ON`` (word 2 of the line) and counts a resize (also in ``D_IDLE_BUMPS``, word 3, which
+``stats()`` leaves out of ``resizes``), so that every other process takes them with the tables before its next call
+(``Segment.refresh_tables``; the compiled section reads the mapping's cell, ``IDLE_SHOWN``, and hands such a store
+over). A mapping that does not show them switches again whatever ``D_IDLE_ON`` says, so a switch killed before its
+count is made whole by the next one.
 
 The ghost region (``ghost_slots`` words under s3fifo and auto, none under lru and keep; ``Geometry.ghost_for``: as
 many as the index's slots under s3fifo, half as many under auto from version 16, so that its sketch has 16 counters
-an entry of the limit at least, as Caffeine's does): under s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit
-counters in blocks of 8 words, a key's 4 counters in one block, whose block 0 holds the policy's state instead
+an entry of the limit at least, as Caffeine's does): under s3fifo, the ghost's tagged fingerprints
+(policies/s3fifo.py); under auto, a count-min sketch of 4-bit counters in blocks of 8 words, a key's 4 counters in
+one block, whose block 0 holds the policy's state instead
 (``A_*`` of dtypes.py: the window's target, the climber's step, the last period's hit ratio, the lookups and hits
 when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any
 word of the region is valid under both policies, so it is outside the crash protocol.
@@ -287,6 +297,10 @@ Layout versions.
          store that asks for one is refused with a ValueError naming the version), never rewritten to version 14.
     15 -- index slots of one word (``INDEX_SLOT_PACKED``: the entry and a 32-bit tag of the fingerprint) instead of
          two: half the index's bytes, 8 a slot. A segment of version 14 is version 15 with the slots of two words,
+         attached and used as it is.
+    16 -- auto's sketch has half as many words as the index has slots (a page at least: ``Geometry.ghost_for``), and
+         the idle columns are backed only once an entry has a time to idle (``D_IDLE_ON``). A segment of version 15
+         is version 16 with auto's sketch as large as the index and the idle columns backed with the tables,
          attached and used as it is.
 """
 

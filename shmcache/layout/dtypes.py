@@ -27,7 +27,8 @@ LAYOUT_VERSION = 16
 # every entry the tables reach (Geometry.ring_entries), and changes size only with the capacity. 13 is 14 without
 # idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused). 14 is 15 with
 # index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED). 15 is
-# 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for).
+# 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for), and with the idle columns
+# backed with the tables (16 backs them once an entry has a time to idle: D_IDLE_ON).
 READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
@@ -127,6 +128,13 @@ STRIPES_NBYTES = (1 + STRIPES) * ALIGN
 # time to live set (0: none; the expires word never passes it).
 D_DEFAULT_TTI = 0  # the region's word 0: the time to idle of a store that gives none (ns; 0: none), creation only
 D_TTI_CHECK = 1    # word 1: config.tti_checksum of word 0 (a damaged pair reads as none: verify repairs it)
+# Version 16 backs the two columns only once an entry has a time to idle (a cache that never gives one saves 16 bytes
+# an entry slot): until then no process writes them, and each mapping shows them as its own zero pages (no entry
+# has a time to idle). The first store with one (or creation, with a default) backs and shows them, sets D_IDLE_ON
+# and counts a resize, so that every process takes the tables again, the columns with them, before its next call
+# (Store.show_idle). Before 16 the columns are backed with the tables and D_IDLE_ON is not read.
+D_IDLE_ON = 2      # word 2 (version 16): non-zero once the columns are in use (the switch, or a repair, writes 1)
+D_IDLE_BUMPS = 3   # word 3 (version 16): the resizes the switches counted, which stats() leaves out (any value valid)
 IDLE_HEAD_NBYTES = ALIGN
 IDLE_SHARE = 8     # a hit moves an idle entry's expiry once it has gained 1/IDLE_SHARE of its tti
 

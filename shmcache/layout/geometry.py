@@ -65,7 +65,9 @@ class Geometry:
     version: int = LAYOUT_VERSION  # the segment's layout version: 10 grows its tables, 9 and before do not; 11 has
     #                                the stripes' words; 12 holds aside a pinned entry its key's put replaces;
     #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
-    #                                region (idle_off); 15's index slots are one word (packed_index)
+    #                                region (idle_off); 15's index slots are one word (packed_index); 16's sketch
+    #                                is half the index (ghost_for) and its idle columns are backed lazily
+    #                                (lazy_idle)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -124,19 +126,21 @@ class Geometry:
         top, least = self.extent_top(capacity, limit), _round_up(end + BLOCK_ALIGN, PAGE)
         return min(self.ring_nbytes(capacity, limit), max(least, min(top, least + extent_step(top))))
 
-    def tables(self, index_live: int, slots: int) -> list[tuple[int, int, int]]:
+    def tables(self, index_live: int, slots: int, idle: bool = True) -> list[tuple[int, int, int]]:
         """The regions that grow with the entry limit, as ``(offset, shown bytes, reserved bytes)``: the index's
         first ``index_live`` slots, the ghost's in force, and the first ``slots`` of the entry table and each
-        column. The rest of each region is neither backed nor shown until a resize needs it (segment.py,
-        ``Segment.show_tables``). Before version 10 every region is shown whole."""
+        column, the idle columns' only where ``idle`` (version 16: once in use, D_IDLE_ON). The rest of each region
+        is neither backed nor shown until a resize needs it (segment.py, ``Segment.show_tables``). Before version
+        10 every region is shown whole."""
         if self.version < 10:
             index_live, slots = self.index_slots, self.entry_slots
         ghost = self.ghost_for(index_live)
-        idle = [] if self.version < 14 else [
-            (self.ttis_off, slots * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
-            (self.deadlines_off, slots * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
+        shown = slots if idle or not self.lazy_idle else 0
+        idle_columns = [] if self.version < 14 else [
+            (self.ttis_off, shown * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
+            (self.deadlines_off, shown * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
         ]
-        return idle + [
+        return idle_columns + [
             (self.index_off, index_live * self.index_slot_nbytes, self.index_slots * self.index_slot_nbytes),
             (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
             (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
@@ -147,13 +151,14 @@ class Geometry:
             (self.ghost_off, min(ghost, self.ghost_slots) * GHOST.itemsize, self.ghost_slots * GHOST.itemsize),
         ]
 
-    def backed(self, index_live: int, slots: int, extent: int) -> list[tuple[int, int]]:
+    def backed(self, index_live: int, slots: int, extent: int, idle: bool = True) -> list[tuple[int, int]]:
         """The byte ranges of the file a segment backs with memory when its index in force has ``index_live`` slots,
         ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table, the reader
-        slots and the stripes whole, the tables' shown parts (``tables``), the arena's first ``extent`` bytes. Ranges
+        slots and the stripes whole, the tables' shown parts (``tables``; the idle columns' where ``idle``), the
+        arena's first ``extent`` bytes. Ranges
         are page aligned outwards (a page holding any of a range is backed whole) and merged."""
         parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.ttis_off)]
-        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots) if shown]
+        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots, idle) if shown]
         parts.append((self.arena_off, self.arena_off + extent))
         out: list[tuple[int, int]] = []
         for start, stop in sorted((start // PAGE * PAGE, _round_up(stop, PAGE)) for start, stop in parts):
@@ -184,6 +189,12 @@ class Geometry:
         backs with memory: the rest is backed as blocks need it."""
         top = self.extent_top(capacity, limit)
         return min(top, extent_step(top))
+
+    @property
+    def lazy_idle(self) -> bool:
+        """Whether the idle columns are backed only once an entry has a time to idle (version 16: D_IDLE_ON)
+        rather than with the tables (14 and 15)."""
+        return self.version >= 16
 
     @property
     def ghost_slots(self) -> int:
