@@ -386,3 +386,69 @@ def test_idle_switch_cut_short_is_made_again(name, clock, path):
         b.close()
         a.close()
         SharedCache.unlink_name(name)
+
+
+def _switch_worker(name: str, idx: int, path: str, go, out) -> None:
+    """Attached before the switch: reads and writes values that carry their key and checksum, without a time to
+    idle until ``go`` is set (another process has switched the columns on), then with one; reports its counts and
+    whether its mapping shows the columns."""
+    from .workers import check_value, make_value
+
+    try:
+        with SharedCache(name) as c:
+            if path == "python":
+                python_path(c)
+            reads = wrong = after = 0
+            out.put(("started", idx))
+            i = 0
+            while after < 1500:  # (until the switch, however long that takes, and 1,500 operations after it)
+                i += 1
+                if go.is_set():
+                    after += 1
+                key = f"k{(i * 7 + idx) % 64}"
+                if i % 3 == 0:
+                    if after:
+                        c.put(key, make_value(key, i, 40 + i % 50), tti=30)
+                    else:
+                        c[key] = make_value(key, i, 40 + i % 50)
+                else:
+                    v = c.get(key)
+                    if v is not None:
+                        reads += 1
+                        try:
+                            check_value(key, v)
+                        except AssertionError:
+                            wrong += 1
+            out.put((idx, reads, wrong, c._seg.idle_shown, c.verify().ok))
+    except BaseException as exc:  # (reported, so that the test fails with it rather than a timeout)
+        out.put((idx, repr(exc)))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_idle_switch_while_processes_read_and_write(name, path):
+    """Three processes attached before the idle columns are in use read and write values that carry their key and
+    checksum; the test's process switches the columns on in the middle, and the children go on with times to idle.
+    Every value read is its key's, every child ends showing the columns, and the segment verifies."""
+    from .workers import make_value
+
+    with SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True) as c:
+        try:
+            go, out = ctx.Event(), ctx.Queue()
+            procs = [ctx.Process(target=_switch_worker, args=(name, i, path, go, out)) for i in range(3)]
+            for p in procs:
+                p.start()
+            try:
+                assert sorted(out.get(timeout=60) for _ in procs) == [("started", i) for i in range(3)]
+                for i in range(200):
+                    c[f"p{i % 16}"] = make_value(f"p{i % 16}", i, 64)
+                c.put("switch", make_value("switch", 0, 8), tti=30)
+                go.set()
+                results = sorted(out.get(timeout=120) for _ in procs)
+            finally:
+                reap(procs)
+            assert all(len(r) == 5 for r in results), results
+            assert all(wrong == 0 and shown and ok for _, _, wrong, shown, ok in results), results
+            assert sum(r[1] for r in results) > 0 and c._seg.idle_shown and c.verify(deep=True).ok
+            assert c.stats().resizes == 0 and c._seg.idle_words[d.D_IDLE_BUMPS] >= 1
+        finally:
+            c.unlink()
