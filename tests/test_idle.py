@@ -345,6 +345,7 @@ def test_idle_columns_that_cannot_be_backed_refuse_the_store(name, monkeypatch, 
             with pytest.raises(NoSpaceError, match="times to idle"):
                 c.put("k", b"v", tti=1)
             assert not c._seg.idle_shown and c._seg.idle_words[d.D_IDLE_ON] == 0 and "k" not in c
+            assert c.stats().recoveries == 0  # (a refusal, not damage: nothing repaired)
             c["after"] = b"a"
             assert (c["before"], c["after"]) == (b"b", b"a") and c.verify().ok
             monkeypatch.undo()
