@@ -231,6 +231,7 @@ static inline void ix_copy(Core *c, int64_t to, int64_t from)
  * (layout/dtypes.py D_*, IDLE_SHARE; table.py Table.idle_touch) */
 #define D_DEFAULT_TTI 0
 #define D_TTI_CHECK 1
+#define D_IDLE_ON 2
 #define IDLE_SHARE 8
 static inline int stripe_shift(const Core *c)
 {

@@ -294,17 +294,18 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         return -1;
     c->stripes = stripes_nbytes ? (int64_t *)stripes : NULL;
     c->holds = holds != 0;
-    int64_t idle, lazy_idle, idle_share, d_words[2];
+    int64_t idle, lazy_idle, idle_share, d_words[3];
     void *idle_words, *ttis, *deadlines;
     if (take(d, "idle", &idle) || take(d, "lazy_idle", &lazy_idle) || take(d, "IDLE_SHARE", &idle_share)
-        || take(d, "D_DEFAULT_TTI", &d_words[0])
+        || take(d, "D_DEFAULT_TTI", &d_words[0]) || take(d, "D_IDLE_ON", &d_words[2])
         || take(d, "D_TTI_CHECK", &d_words[1]) || take(d, "TTI_NONE_CHECK", &c->tti_none_check))
         return -1;
-    if (idle_share != IDLE_SHARE || d_words[0] != D_DEFAULT_TTI || d_words[1] != D_TTI_CHECK) {
+    if (idle_share != IDLE_SHARE || d_words[0] != D_DEFAULT_TTI || d_words[1] != D_TTI_CHECK
+        || d_words[2] != D_IDLE_ON) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the idle region is not a layout this build knows");
         return -1;
     }
-    if (region(c, d, "idle_off", idle ? 16 : 0, 8, &idle_words)
+    if (region(c, d, "idle_off", idle ? 32 : 0, 8, &idle_words)
         || region(c, d, "ttis_off", idle ? entry_slots * 8 : 0, 8, &ttis)
         || region(c, d, "deadlines_off", idle ? entry_slots * 8 : 0, 8, &deadlines))
         return -1;

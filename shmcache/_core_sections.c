@@ -170,9 +170,9 @@ static int64_t tti_checksum(Core *c, int64_t tti)
 }
 
 /* A store's time to idle in ns: ``tti``, or the cache's default for -1, 0 where the segment has none (before version
- * 14); ST_HANDOVER if the default's word fails its checksum (the Python path repairs it), or if there is one and this
- * mapping does not show the idle columns (version 16: the Python path switches them on). (twin: store.py
- * Store.expiry, config.py default_tti) */
+ * 14); ST_HANDOVER if the default's word fails its checksum (the Python path repairs it), or if this mapping does not
+ * show the idle columns and the store has a time to idle or they are in use (version 16: the Python path switches
+ * them on). (twin: store.py Store.expiry, config.py default_tti) */
 static int tti_of(Core *c, int64_t *tti)
 {
     if (c->idle == NULL) {
@@ -187,8 +187,10 @@ static int tti_of(Core *c, int64_t *tti)
         }
         *tti = w;
     }
-    if (*tti > 0 && !IDLE_SHOWN(c)) { /* (version 16: the first store with one switches the columns on: the Python
-                                       * path's Store.show_idle) */
+    /* Version 16: a store where this mapping does not show the idle columns is the Python path's (Store.show_idle)
+     * if it has a time to idle (the first one switches them on) or if D_IDLE_ON says they are in use (a switch killed
+     * before its count): a store that wrote no idle words into a column in use would leave the slot's last entry's. */
+    if (!IDLE_SHOWN(c) && (*tti > 0 || c->idle[D_IDLE_ON])) {
         c->reason = WHY_GROW;
         return ST_HANDOVER;
     }

@@ -83,7 +83,7 @@ def offsets(geometry) -> dict[str, int]:
         S_HELD_FIRST=d.S_HELD_FIRST, S_HELD_BYTES=d.S_HELD_BYTES, HELD_SLOT=d.HELD_SLOT, holds=int(g.version >= 12),
         idle=int(g.version >= 14), lazy_idle=int(g.lazy_idle), idle_off=g.idle_off, ttis_off=g.ttis_off,
         deadlines_off=g.deadlines_off,
-        IDLE_SHARE=d.IDLE_SHARE, D_DEFAULT_TTI=d.D_DEFAULT_TTI, D_TTI_CHECK=d.D_TTI_CHECK,
+        IDLE_SHARE=d.IDLE_SHARE, D_DEFAULT_TTI=d.D_DEFAULT_TTI, D_TTI_CHECK=d.D_TTI_CHECK, D_IDLE_ON=d.D_IDLE_ON,
         TTI_NONE_CHECK=config.tti_checksum(0),
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,

@@ -190,12 +190,16 @@ class Store:
         before it). An idle entry expires at the earlier of its deadline and a tti from now."""
         now = self.clock()
         deadline = self.expires_at(ttl, now)
+        seg = self.seg
         if tti is None:
-            tti = config.default_tti(self.seg.idle_words)
-        if not tti or self.seg.idle_words is None:
-            return deadline, NO_IDLE
-        if not self.seg.idle_shown:
+            tti = config.default_tti(seg.idle_words)
+        # A store where this mapping does not show the idle columns switches them on if it has a time to idle, or if
+        # D_IDLE_ON says they are in use (a switch killed before its count left the other mappings without them):
+        # a store that wrote no idle words into a column in use would leave the slot's last entry's there.
+        if seg.idle_words is not None and not seg.idle_shown and (tti or seg.idle_words[D_IDLE_ON]):
             self.show_idle()
+        if not tti or seg.idle_words is None:
+            return deadline, NO_IDLE
         soon = now + tti
         return (soon if not deadline or soon < deadline else deadline), (tti, deadline)
 
@@ -205,8 +209,8 @@ class Store:
         (and in D_IDLE_BUMPS, which stats() leaves out), so that every process takes the tables again, the columns
         with them, before its next call (refresh_tables; a read without the lock hands over: ``resizes`` moved).
         Crash windows: killed before D_IDLE_ON, the pages are backed and unused (the next switch backs them again);
-        killed before the count, D_IDLE_ON is set and the other mappings show no columns yet, so a mapping without
-        them switches again whatever D_IDLE_ON says. Nothing of an entry is written before the count.
+        killed before the count, D_IDLE_ON is set and the other mappings show no columns yet, so the next store in a
+        mapping without them switches again (``expiry``). Nothing of an entry is written before the count.
 
         :raises NoSpaceError: /dev/shm cannot back the columns (the store is refused; the cache is as it was).
         """

@@ -358,8 +358,9 @@ def test_idle_columns_that_cannot_be_backed_refuse_the_store(name, monkeypatch, 
 @pytest.mark.parametrize("path", PATHS)
 def test_idle_switch_cut_short_is_made_again(name, clock, path):
     """A switch killed after it set D_IDLE_ON but before it counted its resize leaves the other mappings without
-    the columns: a mapping that does not show them switches again whatever D_IDLE_ON says, and every handle then
-    reads the idle entries right. A D_IDLE_ON other than 0 and 1 is damage: verify reports it, and the repair sets
+    the columns: the next store in a mapping that does not show them, with a time to idle or not, switches again
+    (one that wrote no idle words would leave the slot's last entry's), and every handle then reads the idle
+    entries right. A D_IDLE_ON other than 0 and 1 is damage: verify reports it, and the repair sets
     it to 1 (the columns in use) and has every process take them."""
     a = SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True, clock=clock)
     b = SharedCache(name, create=False, clock=clock)
@@ -368,8 +369,9 @@ def test_idle_switch_cut_short_is_made_again(name, clock, path):
             python_path(b)
         assert a.get("x") is None and b.get("x") is None
         a._seg.idle_words[d.D_IDLE_ON] = 1  # (as a switch killed before its count left it)
-        b.put("k", b"v", tti=4)
+        b.put("plain", b"p")  # (a store without a time to idle writes the idle words too once they are in use)
         assert b._seg.idle_shown and a._seg.idle_words[d.D_IDLE_BUMPS] == 1
+        b.put("k", b"v", tti=4)
         clock.advance(3)
         assert a.get("k") == b"v" and a._seg.idle_shown  # (a took the columns: the read moved the expiry)
         clock.advance(3)

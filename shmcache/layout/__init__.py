@@ -136,8 +136,9 @@ mapping shows them as its own zero pages, read as "no time to idle" and never wr
 them, sets ``D_IDLE_ON`` (word 2 of the line) and counts a resize (also in ``D_IDLE_BUMPS``, word 3, which
 ``stats()`` leaves out of ``resizes``), so that every other process takes them with the tables before its next call
 (``Segment.refresh_tables``; the compiled section reads the mapping's cell, ``IDLE_SHOWN``, and hands such a store
-over). A mapping that does not show them switches again whatever ``D_IDLE_ON`` says, so a switch killed before its
-count is made whole by the next one.
+over). A store in a mapping that does not show them switches again if it has a time to idle or ``D_IDLE_ON`` is
+set, so a switch killed before its count is made whole by the next store, and no store leaves a slot's previous
+idle words in a column in use.
 
 The ghost region (``ghost_slots`` words under s3fifo and auto, none under lru and keep; ``Geometry.ghost_for``: as
 many as the index's slots under s3fifo, half as many under auto from version 16, so that its sketch has 16 counters
