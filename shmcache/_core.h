@@ -123,8 +123,8 @@ typedef struct {
     /* the tables in force (layout version 10 moves them: Segment.show_tables), words 1-5 of the mapping's cell
      * (watch_extent; own_tables until it is bound): the index's slots in force (IXMASK), the entry slots this mapping
      * shows (a slot past them is private zero pages: never handed out), the header's ``resizes`` when the Python
-     * path last took them from the header, the entry limit then, and whether the mapping shows the idle columns
-     * (IDLE_SHOWN; version 16 shows them once they are in use). A call that finds ``resizes`` moved is handed over
+     * path last took them from the header, the entry limit then, and the lazy columns the mapping shows (IDLE_SHOWN,
+     * VERSIONS_SHOWN; version 16 shows each once it is in use). A call that finds ``resizes`` moved is handed over
      * (WHY_GROW) before anything is read or written, and the Python path takes the new tables
      * (Segment.refresh_tables). */
     int64_t *tables;
@@ -232,6 +232,7 @@ static inline void ix_copy(Core *c, int64_t to, int64_t from)
 #define D_DEFAULT_TTI 0
 #define D_TTI_CHECK 1
 #define D_IDLE_ON 2
+#define D_VERSIONS_ON 4
 #define IDLE_SHARE 8
 static inline int stripe_shift(const Core *c)
 {
@@ -248,7 +249,13 @@ static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_s
 /* Whether this mapping shows the idle columns (version 14): until it does (version 16: until they are in use, which
  * counts a resize, so that a call made after the switch is handed over and the Python path shows them) they are its
  * own zero pages, read as "no time to idle" and never written. (twin: segment.py Segment.ttis_live) */
-#define IDLE_SHOWN(c) ((c)->ttis != NULL && (c)->tables[4])
+#define SHOWN_IDLE 1     /* bits of the cell's word 5 (tables[4]): segment.py SHOWN_IDLE, SHOWN_VERSIONS */
+#define SHOWN_VERSIONS 2
+#define IDLE_SHOWN(c) ((c)->ttis != NULL && ((c)->tables[4] & SHOWN_IDLE))
+/* Whether this mapping shows the versions column: until it does (version 16: until a caller asks for a version) no
+ * store writes it, and a call that reads a version (a view) is handed over, so that the Python path switches it on
+ * (Store.show_versions). (twin: segment.py Segment.versions_live) */
+#define VERSIONS_SHOWN(c) (((c)->tables[4] & SHOWN_VERSIONS) != 0)
 #define SLOT_OK(e) ((e) > 0 && (e) < c->tables[1])       /* a real entry slot (not the sentinel) */
 #define LINK_OK(e) ((e) >= 0 && (e) < c->tables[1])      /* an entry slot or the sentinel */
 #define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)

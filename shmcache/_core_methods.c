@@ -428,8 +428,8 @@ static PyObject *view_key_found(Core *c, const KeyCall *k, Pins *p)
     const char *kb = k->kb;
     int64_t klen = k->klen, fp = k->fp, now = k->now;
     PyObject *pins = (PyObject *)p;
-    if (p->closed) {
-        c->reason = WHY_RELEASED;
+    if (p->closed || !VERSIONS_SHOWN(c)) { /* (a view carries its version: the Python path shows the column) */
+        c->reason = p->closed ? WHY_RELEASED : WHY_GROW;
         return hand_over_key(c, ST_HANDOVER, N_VIEW, k, pins);
     }
     int fd;

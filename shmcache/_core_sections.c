@@ -189,8 +189,9 @@ static int tti_of(Core *c, int64_t *tti)
     }
     /* Version 16: a store where this mapping does not show the idle columns is the Python path's (Store.show_idle)
      * if it has a time to idle (the first one switches them on) or if D_IDLE_ON says they are in use (a switch killed
-     * before its count): a store that wrote no idle words into a column in use would leave the slot's last entry's. */
-    if (!IDLE_SHOWN(c) && (*tti > 0 || c->idle[D_IDLE_ON])) {
+     * before its count): a store that wrote no idle words into a column in use would leave the slot's last entry's.
+     * Likewise a store where the versions column is in use and not shown here (Store.show_versions). */
+    if ((!IDLE_SHOWN(c) && (*tti > 0 || c->idle[D_IDLE_ON])) || (!VERSIONS_SHOWN(c) && c->idle[D_VERSIONS_ON])) {
         c->reason = WHY_GROW;
         return ST_HANDOVER;
     }

@@ -389,7 +389,8 @@ static inline void stamp(Core *c, int64_t e, const Encoded *st)
 {
     int64_t v = (int64_t)((uint64_t)HW(version_clock) + 1), expires = st->expires;
     HW(version_clock) = v;
-    c->ver[e] = v;
+    if (VERSIONS_SHOWN(c)) /* (else no caller has asked for a version: version 16) */
+        c->ver[e] = v;
     c->exp[e] = expires;
     if (IDLE_SHOWN(c)) { /* (else no store has a time to idle: tti_of) */
         c->ttis[e] = st->tti;

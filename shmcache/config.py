@@ -23,8 +23,8 @@ import struct
 from .codec import MASK63, xxh3
 from .layout import MAX_TTL_NS
 from .layout.dtypes import (
-    D_DEFAULT_TTI, D_IDLE_ON, D_TTI_CHECK, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED,
-    H_SAVED_CHECK, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED, H_SAVED_TTL,
+    D_DEFAULT_TTI, D_IDLE_ON, D_TTI_CHECK, D_VERSIONS_ON, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES,
+    H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED, H_SAVED_TTL,
 )
 
 _WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED)
@@ -133,27 +133,32 @@ def default_tti(idle) -> int:
 
 def tti_problems(idle, lazy: bool = False) -> list[str]:
     """What is wrong with the default time to idle (``idle`` None: nothing, a segment before version 14), and
-    where ``lazy`` (version 16) with the word that says the idle columns are in use (D_IDLE_ON: 0 or 1)."""
+    where ``lazy`` (version 16) with the words that say the lazy columns are in use (D_IDLE_ON, D_VERSIONS_ON: 0
+    or 1)."""
     if idle is None:
         return []
     out = []
     tti, check = idle[D_DEFAULT_TTI], idle[D_TTI_CHECK]
     if not 0 <= tti <= MAX_TTL_NS or check != tti_checksum(tti):
         out.append(f"the default time to idle ({tti} ns) fails its checksum or is out of range")
-    if lazy and idle[D_IDLE_ON] not in (0, 1):
-        out.append(f"the idle columns' word D_IDLE_ON is {idle[D_IDLE_ON]}, not 0 or 1")
+    if lazy:
+        for w, name in ((D_IDLE_ON, "D_IDLE_ON"), (D_VERSIONS_ON, "D_VERSIONS_ON")):
+            if idle[w] not in (0, 1):
+                out.append(f"the lazy columns' word {name} is {idle[w]}, not 0 or 1")
     return out
 
 
 def restore_tti(idle, lazy: bool = False) -> bool:
     """Put the default time to idle right (the lock held): a pair that fails is set to none, the value that can do
-    no harm (entries then live until their time to live or eviction); and (``lazy``) a D_IDLE_ON other than 0 and 1
-    to 1, the columns in use, which only costs memory where the other value could lose what they hold. Whether
+    no harm (entries then live until their time to live or eviction); and (``lazy``) a D_IDLE_ON or D_VERSIONS_ON
+    other than 0 and 1 to 1, the columns in use, which only costs memory where the other value could lose what
+    they hold. Whether
     anything was wrong."""
     if not tti_problems(idle, lazy):
         return False
     if tti_problems(idle):
         write_tti(idle, 0)
-    if lazy and idle[D_IDLE_ON] not in (0, 1):
-        idle[D_IDLE_ON] = 1
+    for w in (D_IDLE_ON, D_VERSIONS_ON) if lazy else ():
+        if idle[w] not in (0, 1):
+            idle[w] = 1
     return True

@@ -42,6 +42,9 @@ _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
 _SHM_DIR = space.SHM_DIR
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # (Linux's value)
 _PAGE = mmap.PAGESIZE  # the system's page: what MAP_FIXED swaps (see Segment._veil)
+# The bits of a mapping's cell word 5 (Segment.shown): the lazy columns it shows (version 16; before it, both).
+SHOWN_IDLE = 1  # the idle columns (ttis, deadlines)
+SHOWN_VERSIONS = 2  # the versions column
 _INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
 
 
@@ -138,7 +141,8 @@ class Segment:
             cap = geometry.capacity_bytes if capacity is None else capacity
             limit = self._limit(geometry)
             backed = geometry.backed(self._index_live(geometry), geometry.slots_for(limit, 0),
-                                     geometry.initial_extent(cap, limit), self._idle_at_creation(geometry))
+                                     geometry.initial_extent(cap, limit), self._idle_at_creation(geometry),
+                                     not geometry.lazy_columns)
             space.check(sum(stop - start for start, stop in backed), *_space_args(name))
             space.check_whole(geometry.occupied_at_most(cap, self._max_entries), *_space_args(name))
         deadline = time.monotonic() + init_wait
@@ -274,7 +278,7 @@ class Segment:
     def _idle_at_creation(self, geometry: Geometry) -> bool:
         """Whether creation backs the idle columns: before version 16 always, from it with a default time to idle
         (else the first store that gives one backs them: Store.show_idle)."""
-        return not geometry.lazy_idle or bool(self._default_tti_ns)
+        return not geometry.lazy_columns or bool(self._default_tti_ns)
 
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
@@ -288,7 +292,7 @@ class Segment:
         # is sized for the most a resize may reach: holes, backed by nothing until used.
         space.reserve(fd, total, *_space_args(self.name), backed=0)
         for start, stop in geometry.backed(live, geometry.slots_for(limit, 0), initial,
-                                           self._idle_at_creation(geometry)):
+                                           self._idle_at_creation(geometry), not geometry.lazy_columns):
             problem = space.back(fd, start, stop)
             if problem is not None:
                 raise OSError(errno.ENOSPC, f"cache {self.name!r} could not be created: {problem}")
@@ -306,7 +310,7 @@ class Segment:
         config.write(h, self._default_ttl_ns, limit, cap, cap)
         if self.idle_words is not None:
             config.write_tti(self.idle_words, self._default_tti_ns)
-            if geometry.lazy_idle and self.idle_shown:
+            if geometry.lazy_columns and self.idle_shown:
                 self.idle_words[d.D_IDLE_ON] = 1  # (a default time to idle: its columns backed above)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
@@ -393,11 +397,15 @@ class Segment:
         # time to idle, and nothing writes them (``ttis_live`` and ``deadlines_live`` are None). (read after
         # ``resizes``: the switch writes D_IDLE_ON before it counts its resize, so a switch this read misses is
         # one the first call sees counted, and takes: refresh_tables)
-        self.idle_shown = not g.lazy_idle or (
-            bool(self._default_tti_ns) if tables is not None else self.idle_words[d.D_IDLE_ON] != 0)
-        # (word 5: whether this mapping shows the idle columns, idle_shown)
+        lazy = self.idle_words if g.lazy_columns else None
+        self.idle_shown = lazy is None or (
+            bool(self._default_tti_ns) if tables is not None else lazy[d.D_IDLE_ON] != 0)
+        # Likewise the versions column (version 16: once a caller asks for a version, D_VERSIONS_ON; never at
+        # creation; before 16, with the tables).
+        self.versions_shown = lazy is None or (tables is None and lazy[d.D_VERSIONS_ON] != 0)
+        # (word 5: the lazy columns this mapping shows, SHOWN_IDLE | SHOWN_VERSIONS)
         self.shown = (ctypes.c_int64 * 6)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries,
-                                          int(self.idle_shown))
+                                          self._shown_columns())
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
         self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
@@ -452,9 +460,9 @@ class Segment:
         g = self.geometry
         was_index, was_slots = self._tables_shown
         to_index, to_slots = max(live, was_index), max(g.slots_for(limit, unused_next), was_slots)
-        idle = self.idle_shown
-        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots, idle),
-                                                                        g.tables(to_index, to_slots, idle))
+        idle, versions = self.idle_shown, self.versions_shown
+        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots, idle, versions),
+                                                                        g.tables(to_index, to_slots, idle, versions))
                  if now > was]
         if not backed:
             for off, was, now in grown:
@@ -488,6 +496,15 @@ class Segment:
         """The deadlines column where this mapping shows it, else None (as ``ttis_live``)."""
         return self.deadlines_words if self.idle_shown else None
 
+    @property
+    def versions_live(self) -> memoryview | None:
+        """The versions column where this mapping shows it (``versions_shown``), else None: no caller has asked for a
+        version yet (version 16), and stores write none."""
+        return self.versions_words if self.versions_shown else None
+
+    def _shown_columns(self) -> int:
+        return (SHOWN_IDLE if self.idle_shown else 0) | (SHOWN_VERSIONS if self.versions_shown else 0)
+
     def show_idle(self) -> None:
         """Show the idle columns (version 16) for the entry slots this mapping shows, backed with memory first, and
         mark them shown in the cell (word 5, which the compiled section reads): the caller holds the lock, and
@@ -496,22 +513,35 @@ class Segment:
 
         :raises NoSpaceError: /dev/shm is full (nothing was shown).
         """
-        if self.idle_shown:
-            return
+        if not self.idle_shown:
+            g = self.geometry
+            self._show_columns((g.ttis_off, g.deadlines_off), "the columns of its entries' times to idle", "put")
+            self.idle_shown = True
+            self.shown[5] = self._shown_columns()
+
+    def show_versions(self) -> None:
+        """Show the versions column (version 16) as ``show_idle`` shows the idle columns (Store.show_versions).
+
+        :raises NoSpaceError: /dev/shm is full (nothing was shown).
+        """
+        if not self.versions_shown:
+            self._show_columns((self.geometry.versions_off,), "the column of its entries' versions", "version")
+            self.versions_shown = True
+            self.shown[5] = self._shown_columns()
+
+    def _show_columns(self, offs: tuple[int, ...], what: str, op: str) -> None:
         g = self.geometry
-        spans = [(off, off + self._tables_shown[1] * 8) for off in (g.ttis_off, g.deadlines_off)]
+        spans = [(off, off + self._tables_shown[1] * 8) for off in offs]
         for start, stop in spans:
             problem = space.back(self.fd, start, stop)
             if problem is not None:
-                raise NoSpaceError(f"cache {self.name!r} could not back the columns of its entries' times to idle: "
-                                   f"{problem}", what="put", hint="delete entries, remove unused caches "
-                                   "(`shmcache ls`, `shmcache sweep`), or give the host or container more shared "
-                                   "memory (docker run --shm-size, a Kubernetes emptyDir with medium: Memory)")
+                raise NoSpaceError(f"cache {self.name!r} could not back {what}: {problem}", what=op,
+                                   hint="delete entries, remove unused caches (`shmcache ls`, `shmcache sweep`), or "
+                                   "give the host or container more shared memory (docker run --shm-size, a "
+                                   "Kubernetes emptyDir with medium: Memory)")
         for start, stop in spans:
             first, end = start // _PAGE * _PAGE, -(-stop // _PAGE) * _PAGE
             _remap(self._base + first, min(end, g.total_nbytes) - first, self.fd, first)
-        self.idle_shown = True
-        self.shown[5] = 1
 
     def shrink_tables(self, live: int, limit: int, unused_next: int, give_back: bool) -> None:
         """Show private zero pages past what the index of ``live`` slots, the entry limit ``limit`` and the slots
@@ -526,7 +556,7 @@ class Segment:
         to_index, to_slots = min(live, was_index), min(g.slots_for(limit, unused_next), was_slots)
         if (to_index, to_slots) == (was_index, was_slots) and not give_back:
             return
-        for off, now, reserved in g.tables(to_index, to_slots, self.idle_shown):
+        for off, now, reserved in g.tables(to_index, to_slots, self.idle_shown, self.versions_shown):
             self._veil_range(off + now, off + reserved)
             first, end = -(-(off + now) // _PAGE) * _PAGE, (off + reserved) // _PAGE * _PAGE
             if give_back and first < end:
@@ -564,8 +594,11 @@ class Segment:
                 self.shrink_tables(live, limit, unused, give_back=False)
         else:  # (the tables never move: the words the test of every call compares, as they are)
             self.shown[4] = self.limit = h[d.H_MAX_ENTRIES]
-        if not self.idle_shown and self.idle_words[d.D_IDLE_ON]:
+        lazy = self.idle_words
+        if lazy is not None and not self.idle_shown and lazy[d.D_IDLE_ON]:
             self.show_idle()  # (another process switched the idle columns on: version 16)
+        if lazy is not None and not self.versions_shown and lazy[d.D_VERSIONS_ON]:
+            self.show_versions()  # (and the versions column)
         self.shown[3] = resizes
         return True
 

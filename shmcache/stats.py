@@ -9,7 +9,7 @@ from .layout.dtypes import (
     H_ARENA_NBYTES, H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_DELETES, H_ENTRIES, H_ENTRY_SLOTS,
     H_EVICTIONS, H_EXPIRED, H_HITS, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_PUTS, H_RECOVERIES, H_RETAINED,
     H_TAKEOVERS, H_UPDATES, H_WAITS, H_ADMITTED, H_GHOST_HITS, H_NOT_ADMITTED, H_POLICY, H_PROMOTED, H_SMALL,
-    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO, D_IDLE_BUMPS,
+    H_TOO_LARGE, POLICY_NAMES, H_CAPACITY, H_RESIZES, A_PREFERRED, A_REFUSED, MAX_COUNTER, POLICY_AUTO, D_SWITCH_BUMPS,
     STALE_COUNTERS,
 )
 
@@ -154,7 +154,7 @@ def read_stats(h, kinds: dict | None = None, readers=None, ghost=None, held: tup
     hits, misses, retries, fallbacks = (0, 0, 0, 0) if readers is None else reader_totals(h, readers)
     resizes = h[H_RESIZES]
     if idle is not None:
-        resizes -= min(max(idle[D_IDLE_BUMPS], 0), max(resizes, 0))
+        resizes -= min(max(idle[D_SWITCH_BUMPS], 0), max(resizes, 0))
     window = preferred = refused = 0
     if ghost is not None and h[H_POLICY] == POLICY_AUTO and len(ghost):
         window = window_target(h[H_MAX_ENTRIES], ghost)

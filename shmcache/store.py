@@ -24,7 +24,8 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
-    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_IDLE_BUMPS, D_IDLE_ON,
+    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_SWITCH_BUMPS, D_IDLE_ON, D_VERSIONS_ON, H_VERSION_CLOCK,
+    MAX_VERSION,
 )
 from .serializers import TAG_PICKLE
 from .stats import CacheStats, read_stats, reset_counters
@@ -172,8 +173,13 @@ class Store:
         return tag, body
 
     def version(self, e: int) -> int:
-        """Resident entry ``e``'s version (changed by every store of its key)."""
-        return int(self.table.ver[e])
+        """Resident entry ``e``'s version (changed by every store of its key); the first one asked for switches the
+        versions column on (version 16: ``show_versions``)."""
+        ver = self.table.ver
+        if ver is None:
+            self.show_versions()
+            ver = self.table.ver
+        return int(ver[e])
 
     def expires_at(self, ttl, now: int | None = None) -> int:
         """The expiry time of an entry stored ``now`` (None: the clock's) with ``ttl`` (ns, already checked; None:
@@ -198,6 +204,8 @@ class Store:
         # a store that wrote no idle words into a column in use would leave the slot's last entry's there.
         if seg.idle_words is not None and not seg.idle_shown and (tti or seg.idle_words[D_IDLE_ON]):
             self.show_idle()
+        if not seg.versions_shown and seg.idle_words[D_VERSIONS_ON]:
+            self.show_versions()  # (likewise: a store must write its version into a column in use)
         if not tti or seg.idle_words is None:
             return deadline, NO_IDLE
         soon = now + tti
@@ -206,7 +214,7 @@ class Store:
     def show_idle(self) -> None:
         """Switch the idle columns on (version 16), under the lock, before the first store with a time to idle that
         this mapping makes: backed and shown here (Segment.show_idle), then D_IDLE_ON set, then a resize counted
-        (and in D_IDLE_BUMPS, which stats() leaves out), so that every process takes the tables again, the columns
+        (and in D_SWITCH_BUMPS, which stats() leaves out), so that every process takes the tables again, the columns
         with them, before its next call (refresh_tables; a read without the lock hands over: ``resizes`` moved).
         Crash windows: killed before D_IDLE_ON, the pages are backed and unused (the next switch backs them again);
         killed before the count, D_IDLE_ON is set and the other mappings show no columns yet, so the next store in a
@@ -215,11 +223,46 @@ class Store:
         :raises NoSpaceError: /dev/shm cannot back the columns (the store is refused; the cache is as it was).
         """
         seg = self.seg
+        if seg.idle_shown:
+            return
         seg.show_idle()
         words = seg.idle_words
         words[D_IDLE_ON] = 1
-        bumps = words[D_IDLE_BUMPS]
-        words[D_IDLE_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
+        bumps = words[D_SWITCH_BUMPS]
+        words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
+        count_resize(self.h)
+        seg.shown[3] = self.h[H_RESIZES]  # (this mapping has the tables as they are now)
+
+    def show_versions(self) -> None:
+        """Switch the versions column on (version 16), under the lock, before the first version this mapping reads or
+        stores: backed and shown here, and, unless D_VERSIONS_ON says another process did this already (a switch
+        killed before its count), every entry in a slot (resident or held) given a version of its own, the clock's
+        next ones, since no store wrote any; then D_VERSIONS_ON set and a resize counted, as ``show_idle`` does.
+        Crash windows: killed before D_VERSIONS_ON, the next switch gives the versions again (none was handed out);
+        killed before the count, the next store in a mapping without the column switches again (``expiry``) and
+        keeps the versions.
+
+        :raises NoSpaceError: /dev/shm cannot back the column (the call is refused; the cache is as it was).
+        """
+        seg, h = self.seg, self.h
+        if seg.versions_shown:
+            return
+        seg.show_versions()
+        words = seg.idle_words
+        if not words[D_VERSIONS_ON]:
+            handed = block.handed_out(h, seg.slots_shown)  # (slot 0, the sentinel, has no checksum: never given one)
+            checks = np.frombuffer(seg.entry_words, dtype=np.int64)[E_CHECK : handed * _W : _W]
+            slots = np.flatnonzero(checks)
+            slots = slots[slots > 0]
+            clock = h[H_VERSION_CLOCK]
+            if not 0 <= clock < MAX_VERSION - len(slots) - 1:
+                raise CorruptionError(f"the version clock is {clock}, out of range", what="version")
+            ver = np.frombuffer(seg.versions_words, dtype=np.int64)
+            ver[slots] = np.arange(clock + 1, clock + 1 + len(slots), dtype=np.int64)
+            h[H_VERSION_CLOCK] = clock + len(slots)
+            words[D_VERSIONS_ON] = 1
+        bumps = words[D_SWITCH_BUMPS]
+        words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
         count_resize(self.h)
         seg.shown[3] = self.h[H_RESIZES]  # (this mapping has the tables as they are now)
 
@@ -302,6 +345,8 @@ class Store:
         size = encoded[5]
         if size > h[H_MAX_RETAINED]:
             raise self.refuse_locked(size)
+        if version and table.ver is None:  # (a version given, a Redis tier's copy: the column first, version 16)
+            self.show_versions()
         if table.holds:
             table.reclaim_held()  # (what the views no longer pin: before the limits are judged)
         if old != EMPTY and table.pinned(old):
@@ -355,7 +400,7 @@ class Store:
     def store_if(self, present: bool, version: int | None, ttl, encoded: Encoded, tti=None) -> bool:
         """Store only if the key is ``present`` (and, with ``version``, still has that version); whether it was."""
         old = self.find_live(encoded.kb, encoded.fp, not present)
-        if (old != EMPTY) != present or (version is not None and self.table.ver[old] != version):
+        if (old != EMPTY) != present or (version is not None and self.version(old) != version):
             if encoded.size > self.h[H_MAX_RETAINED]:  # refused as a put would be, whether or not the key is present
                 raise self.refuse_locked(encoded.size)
             return False
@@ -388,7 +433,7 @@ class Store:
         (ns; None: the default, likewise); whether it was stored."""
         if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
             self.repair()
-        if tti is None and config.tti_problems(self.seg.idle_words, self.seg.geometry.lazy_idle):
+        if tti is None and config.tti_problems(self.seg.idle_words, self.seg.geometry.lazy_columns):
             self.repair()
         expires, idle = self.expiry(ttl, tti)
         return self.store(self.find_live(encoded[0], encoded[3], True), encoded, expires, 0, idle)
@@ -554,7 +599,7 @@ class Store:
             held = self.table.held()
         seg = self.seg
         return read_stats(self.h, kinds.stats_locked(seg), seg.reader_words, self.table.ghost, held, seg.stripe_words,
-                          seg.idle_words if seg.geometry.lazy_idle else None)
+                          seg.idle_words if seg.geometry.lazy_columns else None)
 
     def pin(self, kb: bytes, fp: int, fd: int) -> Any:
         """Pin the key's entry through description ``fd`` for a view, counted as a lookup: (slot, value offset in
@@ -580,7 +625,7 @@ class Store:
         self.table.pins[e] = 1
         ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
         self.hit(e)
-        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.table.ver[e]
+        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.version(e)
 
     @updating
     def resize(self, capacity: int, max_entries: int | None, max_retained: int | None = None) -> bool:

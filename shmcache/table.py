@@ -54,8 +54,7 @@ class Table:
         self.clock = clock  # CLOCK_MONOTONIC ns (see cache.py); expiry compares it with the expires column
         self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
         self.index = index.of(g)  # the index's functions for this segment's slots (two words, or one: version 15)
-        self.exp, self.ver, self.kinds, self.pins = (seg.expires_words, seg.versions_words, seg.kinds_bytes,
-                                                      seg.pins_bytes)
+        self.exp, self.kinds, self.pins = seg.expires_words, seg.kinds_bytes, seg.pins_bytes
         self.kw = seg.kind_words
         self.marks = seg.marks_bytes
         self.pol = pol = policies.of(g.policy)  # what a hit, an insert and an eviction do (policies/)
@@ -80,6 +79,12 @@ class Table:
         names it) is refused as out of range, never read or written as this process's own zero pages. (twin:
         _core.h SLOT_OK)"""
         return self.seg.slots_shown
+
+    @property
+    def ver(self) -> memoryview | None:
+        """Each entry's version, where this mapping shows the column (version 16: once a caller asked for a
+        version, Store.show_versions); None: nobody has, and stores write none."""
+        return self.seg.versions_live
 
     @property
     def ttis(self) -> memoryview | None:
@@ -359,10 +364,13 @@ class Table:
         else:
             v = h[H_VERSION_CLOCK] + 1
             h[H_VERSION_CLOCK] = v
-        self.ver[e] = v
+        ver = self.ver
+        if ver is not None:
+            ver[e] = v
         self.exp[e] = expires
-        if self.ttis is not None:
-            self.ttis[e], self.deadlines[e] = idle
+        ttis, deadlines = self.ttis, self.deadlines
+        if ttis is not None and deadlines is not None:
+            ttis[e], deadlines[e] = idle
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
         self.pins[e] = 0
@@ -425,10 +433,13 @@ class Table:
         else:
             v = h[H_VERSION_CLOCK] + 1
             h[H_VERSION_CLOCK] = v
-        self.ver[e] = v
+        ver = self.ver
+        if ver is not None:
+            ver[e] = v
         self.exp[e] = expires
-        if self.ttis is not None:
-            self.ttis[e], self.deadlines[e] = idle
+        ttis, deadlines = self.ttis, self.deadlines
+        if ttis is not None and deadlines is not None:
+            ttis[e], deadlines[e] = idle
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
         return True
@@ -440,11 +451,14 @@ class Table:
         deadlines the entry had; the stripe is opened all the same, as for any write to a resident entry. A time to
         idle or expiry out of range (damage, which verify reports) moves nothing. (twin: _core_sections.c
         idle_touch)"""
-        t, x = self.ttis[e], self.exp[e]
+        ttis, deadlines = self.ttis, self.deadlines
+        if ttis is None or deadlines is None:
+            return
+        t, x = ttis[e], self.exp[e]
         if not 0 < t <= MAX_TTL_NS or x <= 0:
             return
         fresh = self.clock() + t
-        d = self.deadlines[e]
+        d = deadlines[e]
         if 0 < d < fresh:
             fresh = d
         if fresh - x >= t // IDLE_SHARE:
@@ -722,10 +736,12 @@ class Table:
                 and words[off >> 3] == block.header(nb, m)):
             raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
         ent[fb : fb + _W] = ent[b : b + _W]
-        self.exp[f], self.ver[f], self.kinds[f], self.marks[f], self.pins[f] = (
-            self.exp[m], self.ver[m], self.kinds[m], self.marks[m], 0)
-        if self.ttis is not None:
-            self.ttis[f], self.deadlines[f] = self.ttis[m], self.deadlines[m]
+        self.exp[f], self.kinds[f], self.marks[f], self.pins[f] = self.exp[m], self.kinds[m], self.marks[m], 0
+        ver, ttis, deadlines = self.ver, self.ttis, self.deadlines
+        if ver is not None:
+            ver[f] = ver[m]
+        if ttis is not None and deadlines is not None:
+            ttis[f], deadlines[f] = ttis[m], deadlines[m]
         words[off >> 3] = block.header(nb, f)  # the commit: the block is the new slot's
         ent[p * _W + E_NEXT] = f
         ent[n * _W + E_PREV] = f

@@ -36,7 +36,7 @@ from .layout.dtypes import (
     H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
     READER_SLOTS, H_CAPACITY, H_RESIZES, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
-    KIND_WORDS, D_IDLE_ON,
+    KIND_WORDS, D_IDLE_ON, D_VERSIONS_ON,
 )
 from .readers import slot_pinned
 from .serializers import TAG_PICKLE, check_pickle
@@ -218,7 +218,7 @@ def header_problems(seg) -> list[str]:
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
             for w, (lo, hi) in header_ranges(seg.geometry, seg.features, seg.version).items()
             if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(
-                seg.idle_words, seg.geometry.lazy_idle)
+                seg.idle_words, seg.geometry.lazy_columns)
 
 
 def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
@@ -391,7 +391,7 @@ def _check_columns(seg, order: list[int], good: list[int], problems: _Problems, 
             problems.add(f"entry {e}: kind {seg.kinds_bytes[e]} disagrees with its key's")
         elif seg.kinds_bytes[e] > h[H_KINDS_USED]:
             problems.add(f"entry {e} has kind {seg.kinds_bytes[e]}, beyond kinds_used={h[H_KINDS_USED]}")
-        if not 0 < seg.versions_words[e] <= clock:
+        if seg.versions_live is not None and not 0 < seg.versions_words[e] <= clock:
             problems.add(f"entry {e}: version {seg.versions_words[e]} is not between 1 and version_clock={clock}")
         x = exp[e]
         if x < 0 or (x and x < h[H_NEXT_EXPIRY]):
@@ -535,21 +535,34 @@ def _repair_words(seg) -> None:
     # The default time to live and the limits: from whichever copy checks; else the capacity as the byte limit and
     # the entry limit this mapping holds (version 10: not the most its tables reach, which would back all of them).
     config.restore(h, seg.geometry, seg.limit if seg.version >= 10 else None)
-    lazy = seg.geometry.lazy_idle
-    switched = lazy and seg.idle_words[D_IDLE_ON] not in (0, 1)
-    config.restore_tti(seg.idle_words, lazy)  # (version 14: the default time to idle, else none; 16: D_IDLE_ON)
-    if switched:  # (version 16: a damaged D_IDLE_ON is now 1, the columns in use: every process takes them)
+    lazy = seg.geometry.lazy_columns
+    switched = lazy and (seg.idle_words[D_IDLE_ON] not in (0, 1) or seg.idle_words[D_VERSIONS_ON] not in (0, 1))
+    config.restore_tti(seg.idle_words, lazy)  # (version 14: the default time to idle, else none; 16: the switches)
+    if switched:  # (version 16: a damaged D_IDLE_ON or D_VERSIONS_ON is now 1, in use: every process takes them)
         count_resize(h)
         try:
             seg.show_idle()
+            if not seg.versions_shown:
+                seg.show_versions()
+                _version_all(seg)
         except NoSpaceError:
-            pass  # (a store with a time to idle here asks again; a hit here moves no idle expiry until then)
+            pass  # (the next store here asks again: Store.expiry; a hit here moves no idle expiry until then)
     ranges = header_ranges(seg.geometry, seg.features, seg.version)
     for w in _COUNTERS + (H_CREATED_NS, H_CREATOR_PID, H_LAST_PUT, H_GHOST_CLOCK):
         lo, hi = ranges[w]
         # A counter at its very top goes too: the repair itself counts (recoveries, evictions) once it is done.
         if not lo <= h[w] <= hi or (w in _COUNTERS and h[w] == hi):
             h[w] = 0
+
+
+def _version_all(seg) -> None:
+    """Give every entry in a slot whose version is out of range one of its own (a versions column just shown by a
+    repair: what no store wrote is zeros, or another entry's)."""
+    h = seg.header_words
+    for e in range(1, block.handed_out(h, seg.slots_shown)):
+        if seg.entry_words[e * ENTRY_WORDS + E_CHECK] and not 0 < seg.versions_words[e] <= h[H_VERSION_CLOCK]:
+            h[H_VERSION_CLOCK] += 1
+            seg.versions_words[e] = h[H_VERSION_CLOCK]
 
 
 def count_resize(h) -> None:
@@ -660,15 +673,16 @@ def _rebuild_columns(seg, kept: list[int], now: int | None) -> None:
     # "In range" leaves room below MAX_VERSION for a fresh version for every entry slot and 2**32 stores after it:
     # a clock (or a version) damaged to just below the top would otherwise take the fresh ones past it.
     top = MAX_VERSION - 2**33
-    valid = [v for v in (seg.versions_words[e] for e in kept) if 0 < v <= top]
+    versions = seg.versions_live  # (version 16: None until a caller asked for a version; no entry has one)
+    valid = [v for v in (versions[e] for e in kept) if 0 < v <= top] if versions is not None else []
     clock = max([h[H_VERSION_CLOCK] if 0 <= h[H_VERSION_CLOCK] <= top else 0] + valid)
     for e in _ticking(h, kept):
         seg.kinds_bytes[e] = _key_kind(seg, e)
         if seg.ttis_live is not None and _idle_wrong(seg, e, now):
             _mend_idle(seg, e, now)
-        if not 0 < seg.versions_words[e] <= top:
+        if versions is not None and not 0 < versions[e] <= top:
             clock += 1
-            seg.versions_words[e] = clock
+            versions[e] = clock
     h[H_VERSION_CLOCK] = clock
     counts, nbytes = _kind_counts(seg, kept)
     for k in range(1, MAX_KINDS + 1):

@@ -163,9 +163,9 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         return rng.choice(used) if used else None
     if region == "stripes":  # the open mask, the held list's head and its two counts
         return g.stripes_off + 8 * rng.randrange(4)
-    if region == "idle":  # the default's two words (and 16's D_IDLE_ON, D_IDLE_BUMPS), or the entry's tti, deadline
+    if region == "idle":  # the default's two words (and 16's D_IDLE_ON, D_SWITCH_BUMPS), or the entry's tti, deadline
         #                   or expiry (16: a column not yet in use is damaged in the file, unseen by the mappings)
-        words = 4 if g.lazy_idle else 2
+        words = 4 if g.lazy_columns else 2
         return rng.choice((g.idle_off + 8 * rng.randrange(words), g.ttis_off + 8 * e, g.deadlines_off + 8 * e,
                            g.expires_off + 8 * e))
     if region == "index":

@@ -225,3 +225,96 @@ def test_atomic_an_update_cut_short_never_shows_its_new_value_with_the_old_versi
     value, version = cache.get_with_version("doc")
     assert (value, version) == (None, None)  # the entry being written when its writer died is dropped
     assert cache.cas("doc", b"v3", v1) is False and cache.stats().recoveries == 1 and cache.verify().ok
+
+
+def _occupied(c: SharedCache) -> int:
+    return os.fstat(c._seg.fd).st_blocks * 512
+
+
+@pytest.mark.parametrize("asker", ["compiled", "python"])
+@pytest.mark.parametrize("other", ["compiled", "python"])
+def test_atomic_versions_column_backed_once_a_version_is_asked_for(name, asker, other):
+    """Layout 16: a cache whose callers never ask for a version backs no versions column (8 bytes an entry slot).
+    The first get_with_version backs it and gives every entry a version of its own; another handle attached before
+    (its own mapping) takes the column before its next call, reads the same versions, and its stores and a cas
+    move them as before. The switch counts no resize in stats()."""
+    from shmcache.layout import dtypes as d
+    from tests.workers import python_path
+
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=4096, create=True)
+    b = SharedCache(name, create=False)
+    try:
+        a, b = (python_path(a) if asker == "python" else a), (python_path(b) if other == "python" else b)
+        for i in range(50):
+            (a if i % 2 else b)[f"k{i}"] = i
+        assert b.get("k1") == 1 and not a._seg.versions_shown and not b._seg.versions_shown
+        before = _occupied(a)
+        value, version = a.get_with_version("k7")
+        assert value == 7 and a._seg.versions_shown and a._seg.idle_words[d.D_VERSIONS_ON] == 1
+        assert _occupied(a) - before >= a._seg.slots_shown * 8 - 2 * 4096 > 0
+        versions = [b.get_with_version(f"k{i}")[1] for i in range(50)]
+        assert b._seg.versions_shown and versions[7] == version
+        assert len(set(versions)) == 50 and all(0 < v <= a._seg.header_words[d.H_VERSION_CLOCK] for v in versions)
+        b["k7"] = 70
+        _, moved = a.get_with_version("k7")
+        assert moved > version and a.cas("k7", 71, version) is False and b.cas("k7", 71, moved) is True
+        assert a["k7"] == 71 and a.stats().resizes == 0 and a.verify(deep=True).ok
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_atomic_a_view_switches_the_versions_column_on(name, path):
+    """A view carries its entry's version: the first one switches the column on (the compiled section hands it to
+    the Python path), and the next views are built as before."""
+    from tests.workers import python_path
+
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c:
+        try:
+            if path == "python":
+                python_path(c)
+            c.put("a", np.arange(10))
+            assert not c._seg.versions_shown
+            for _ in range(3):
+                with c.view("a") as arr:
+                    assert int(arr.sum()) == 45
+            assert c._seg.versions_shown and c.verify().ok
+        finally:
+            c.unlink()
+
+
+def test_atomic_versions_switch_cut_short_keeps_the_versions_given(name, monkeypatch):
+    """A switch killed after it gave the versions and set D_VERSIONS_ON but before it counted its resize leaves the
+    other mappings without the column: the next store in one of them takes it (a store must write its version)
+    without giving the versions again, so a version read before stays good for a cas. A D_VERSIONS_ON other than 0
+    and 1 is damage: verify reports it, the repair sets it to 1, and every entry keeps a valid version."""
+    import shmcache.store
+    from shmcache.layout import dtypes as d
+
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True)
+    b = SharedCache(name, create=False)
+    try:
+        a["k"], a["j"] = 1, 2
+        assert b.get("k") == 1
+        monkeypatch.setattr(shmcache.store, "count_resize", lambda h: None)  # (as if killed before the count)
+        _, version = a.get_with_version("k")
+        monkeypatch.undo()
+        assert not b._seg.versions_shown
+        b["other"] = 3  # (b takes the column: its store writes a version)
+        assert b._seg.versions_shown and b.get_with_version("k")[1] == version
+        assert b.cas("k", 10, version) is True and a["k"] == 10
+        c = SharedCache(name, create=False)
+        try:
+            c._seg.idle_words[d.D_VERSIONS_ON] = 5
+            report = c.verify()
+            assert not report.ok and any("D_VERSIONS_ON" in p for p in report.problems)
+            c.verify(repair_damage=True)
+            assert c._seg.idle_words[d.D_VERSIONS_ON] == 1 and c.verify().ok and c["j"] == 2
+        finally:
+            c.close()
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)

@@ -23,7 +23,7 @@ from shmcache.layout.dtypes import (
     E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_LOCK_OFF, H_PROGRESS,
 )
 from tests.conftest import unique_name
-from tests.workers import python_path
+from tests.workers import python_path, versioned
 from tests.profiles import examples
 
 KEYS = [f"k{i}" for i in range(6)] + [("t", i) for i in range(3)]  # few: most gets hit, many entries move
@@ -74,6 +74,8 @@ def test_hot_paths_equal_the_composed_operations(script):
     hot, composed = (SharedCache(n, capacity_bytes=8192, max_entries=16, create=True, clock=clock, default_ttl=2,
                                  policy="lru") for n in names)
     python_path(composed)  # the reference: the Python path's composed operations
+    for c in (hot, composed):  # (get_with_version would switch the versions column on in one of them alone)
+        versioned(c)
     try:
         for step, op in enumerate(script):
             if op[0] == "get":

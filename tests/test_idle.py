@@ -290,7 +290,7 @@ def test_idle_columns_are_backed_once_an_entry_has_a_time_to_idle(name, clock, s
         assert a.get("idle") == b"i" and a.get("plain") == b"p"
         assert a.stats().resizes == b.stats().resizes == 0
         b.put("more", b"m", tti=1)  # (no second switch)
-        assert a._seg.idle_words[d.D_IDLE_BUMPS] == 1 and a.verify(deep=True).ok
+        assert a._seg.idle_words[d.D_SWITCH_BUMPS] == 1 and a.verify(deep=True).ok
     finally:
         b.close()
         a.close()
@@ -370,7 +370,7 @@ def test_idle_switch_cut_short_is_made_again(name, clock, path):
         assert a.get("x") is None and b.get("x") is None
         a._seg.idle_words[d.D_IDLE_ON] = 1  # (as a switch killed before its count left it)
         b.put("plain", b"p")  # (a store without a time to idle writes the idle words too once they are in use)
-        assert b._seg.idle_shown and a._seg.idle_words[d.D_IDLE_BUMPS] == 1
+        assert b._seg.idle_shown and a._seg.idle_words[d.D_SWITCH_BUMPS] == 1
         b.put("k", b"v", tti=4)
         clock.advance(3)
         assert a.get("k") == b"v" and a._seg.idle_shown  # (a took the columns: the read moved the expiry)
@@ -452,6 +452,6 @@ def test_idle_switch_while_processes_read_and_write(name, path):
             assert all(len(r) == 5 for r in results), results
             assert all(wrong == 0 and shown and ok for _, _, wrong, shown, ok in results), results
             assert sum(r[1] for r in results) > 0 and c._seg.idle_shown and c.verify(deep=True).ok
-            assert c.stats().resizes == 0 and c._seg.idle_words[d.D_IDLE_BUMPS] >= 1
+            assert c.stats().resizes == 0 and c._seg.idle_words[d.D_SWITCH_BUMPS] >= 1
         finally:
             c.unlink()

@@ -23,6 +23,7 @@ from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_PREV, E_VAL_NBYTES, EN
 from tests.conftest import unique_name
 from tests.reference import COUNTERS, MISSING, ReferenceLRU, TooLarge, key_bytes
 from tests.test_codec import same_value
+from tests.workers import versioned
 from tests.profiles import examples
 
 # The machine stores values too large on purpose, and holds their count (too_large) to the model; the warning they
@@ -276,6 +277,9 @@ class SharedCacheMachine(RuleBasedStateMachine):
         self.handles.append(SharedCache(self.name, capacity_bytes=CAPACITY, max_capacity_bytes=CAPACITY,
                                         max_entries=MAX_ENTRIES, create=True, default_ttl=default_ttl,
                                         clock=self.clock, policy="lru"))  # the model's policy
+        # (the versions column in use from the start, as the model keeps a version for every entry: layout 16 gives
+        # versions afresh when the first is asked for, tests/test_atomic.py)
+        versioned(self.handles[0])
         self.handles.append(SharedCache(self.name, create=False, clock=self.clock))
         self.set_limits(max_entries, max_bytes, other=False)
 

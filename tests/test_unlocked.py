@@ -29,7 +29,7 @@ from shmcache.layout import LOCK_NBYTES
 from shmcache.readers import READER_BASE
 
 from .workers import (
-    check_value, entry_of, hold_lock, make_value, pinned, python_path, reap, stop_mid_put, stripes_at_rest,
+    check_value, entry_of, hold_lock, make_value, pinned, python_path, reap, stop_mid_put, stripes_at_rest, versioned,
 )
 
 UNLOCKED_TRIES = 64  # _core_unlocked.c
@@ -46,7 +46,7 @@ def _unlocked(c: SharedCache) -> SharedCache:
 def _cache(name: str, policy: str = "s3fifo", **kw) -> SharedCache:
     kw.setdefault("capacity_bytes", 1 << 20)
     kw.setdefault("max_entries", 256)
-    return _unlocked(SharedCache(name, create=True, policy=policy, **kw))
+    return _unlocked(versioned(SharedCache(name, create=True, policy=policy, **kw)))  # (views in C from the first)
 
 
 def _stopped_holder(name: str):

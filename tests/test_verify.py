@@ -14,7 +14,7 @@ from shmcache import CorruptionError, SharedCache, ShmCacheError
 from shmcache.codec import fingerprint
 from shmcache import index
 from shmcache.layout import dtypes as d
-from tests.workers import check_value, entry_of, make_value
+from tests.workers import check_value, entry_of, make_value, versioned
 
 SMALL = dict(capacity_bytes=16_000, max_entries=32)
 
@@ -401,6 +401,7 @@ def test_verify_repair_keeps_the_clock_in_range_with_fresh_versions(name, clock)
     fresh versions never take the clock past the range (the fuzzer's garbage met it), and every version stays
     unique, below the clock."""
     with _filled(name) as c:
+        versioned(c)  # (the column in use: version 16 backs it once a caller asks for a version)
         h, ver = c._seg.header_words, c._seg.versions_words
         h[d.H_VERSION_CLOCK] = clock
         live = [e for e in range(1, c._seg.geometry.entry_slots) if c._seg.entry_words[e * d.ENTRY_WORDS + d.E_CHECK]]

@@ -27,7 +27,7 @@ from shmcache.block import value_at
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, encode_key, fingerprint
 from shmcache.core import _core
 from shmcache.layout.dtypes import H_DIRTY
-from tests.workers import entry_of, pinned, reap
+from tests.workers import entry_of, pinned, reap, versioned
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -775,7 +775,9 @@ def _segment_fds(name: str) -> set[int]:
 
 def _core_view(c, key):
     """Core.view's own answer for ``key`` (a Lease, a View, None, -1 or HANDOVER, as a Core bound without a fallback
-    gives them), through ``c``'s pins."""
+    gives them), through ``c``'s pins; ``c``'s versions column switched on first (a view carries its version)."""
+    if not c._seg.versions_shown:
+        versioned(c)
     kb = encode_key(key)
     bare = core.bind(c._seg, 1.0)
     try:

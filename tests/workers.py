@@ -70,6 +70,13 @@ def stripes_at_rest(cache: SharedCache) -> tuple[int, int]:
     return g.stripes_off, g.stripes_off + g.stripes_nbytes
 
 
+def versioned(cache: SharedCache) -> SharedCache:
+    """``cache`` with its versions column switched on now (layout 16 backs it once a caller asks for a version),
+    so that its views run the compiled path from the first, and twins that compare byte for byte both have it."""
+    cache._guard.run(cache._store.show_versions)
+    return cache
+
+
 def entry_of(cache: SharedCache, key) -> int:
     """The entry slot that holds ``key`` in ``cache``'s segment (layout.EMPTY if none): found by the index, as a
     lookup finds it, so that a test can reach one key's entry whatever order the policy keeps."""

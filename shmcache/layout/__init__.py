@@ -10,7 +10,8 @@ so that no two regions share a cache line::
                                             version 15, INDEX_SLOT: 16 bytes)
     geometry.entries_off      entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
     geometry.expires_off      expires       entry_slots words (EXPIRES): when each entry expires
-    geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token
+    geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token (16:
+                                            backed once a caller asks for a version)
     geometry.kinds_off        kinds         entry_slots bytes (KINDS): each entry's key kind
     geometry.pins_off         pins          entry_slots bytes (PINS): entries a view may hold pinned
     geometry.marks_off        marks         entry_slots bytes (MARKS): the policy's bits of each entry
@@ -20,8 +21,9 @@ so that no two regions share a cache line::
     geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line (and, version 12, the
                                             held entries' words), then a word a line
     geometry.idle_off         idle          (version 14) a line (the default time to idle and its checksum, and
-                                            from 16 D_IDLE_ON and D_IDLE_BUMPS), then the ttis and deadlines
-                                            columns, entry_slots words each: idle expiry (16: backed once in use)
+                                            from 16 D_IDLE_ON, D_SWITCH_BUMPS and D_VERSIONS_ON), then the ttis and
+                                            deadlines columns, entry_slots words each: idle expiry (16: backed once
+                                            in use)
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
 All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
@@ -117,7 +119,12 @@ record and expiry and kind walks are vectorised scans. ``expires`` is a CLOCK_MO
 is 0 for every slot not resident; the header's ``next_expiry`` is a lower bound of the non-zero ones, so expired
 entries are looked for only once one can exist. ``versions`` takes the next value of the header's
 ``version_clock`` at every store, so a version is never reused (every version is from 1 to ``MAX_VERSION``, and
-one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). ``kinds`` repeats the kind
+one a Redis tier's copy carries at most ``MAX_REMOTE_VERSION``: see dtypes.py for why). Version 16 backs the
+column only once a caller asks for a version (``get_with_version``, ``cas``, a view, a Redis tier's copy): until
+then each mapping shows it as its own zero pages and stores only move the clock; the first such call backs and
+shows it, gives every entry in a slot the clock's next versions, sets ``D_VERSIONS_ON`` and counts a resize, as the
+idle columns' switch does (``Store.show_versions``; the compiled section hands a view over until its mapping shows
+the column, ``VERSIONS_SHOWN``). ``kinds`` repeats the kind
 byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
 pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
 without a word written. ``marks`` is 0 under lru and keep; under s3fifo (and auto) bits 0-1 count the entry's hits
@@ -133,7 +140,7 @@ more often than every ``(1 - 1/IDLE_SHARE)`` tti lives and one left alone for it
 lock that finds such a move due hands the hit to the locked path (``_core_unlocked.c``). Version 16 backs the two
 columns only once they are in use: until the first store with a time to idle (or creation with a default one) each
 mapping shows them as its own zero pages, read as "no time to idle" and never written. That store backs and shows
-them, sets ``D_IDLE_ON`` (word 2 of the line) and counts a resize (also in ``D_IDLE_BUMPS``, word 3, which
+them, sets ``D_IDLE_ON`` (word 2 of the line) and counts a resize (also in ``D_SWITCH_BUMPS``, word 3, which
 ``stats()`` leaves out of ``resizes``), so that every other process takes them with the tables before its next call
 (``Segment.refresh_tables``; the compiled section reads the mapping's cell, ``IDLE_SHOWN``, and hands such a store
 over). A store in a mapping that does not show them switches again if it has a time to idle or ``D_IDLE_ON`` is
@@ -299,10 +306,10 @@ Layout versions.
     15 -- index slots of one word (``INDEX_SLOT_PACKED``: the entry and a 32-bit tag of the fingerprint) instead of
          two: half the index's bytes, 8 a slot. A segment of version 14 is version 15 with the slots of two words,
          attached and used as it is.
-    16 -- auto's sketch has half as many words as the index has slots (a page at least: ``Geometry.ghost_for``), and
-         the idle columns are backed only once an entry has a time to idle (``D_IDLE_ON``). A segment of version 15
-         is version 16 with auto's sketch as large as the index and the idle columns backed with the tables,
-         attached and used as it is.
+    16 -- auto's sketch has half as many words as the index has slots (a page at least: ``Geometry.ghost_for``), the
+         idle columns are backed only once an entry has a time to idle (``D_IDLE_ON``), and the versions column
+         once a caller asks for a version (``D_VERSIONS_ON``). A segment of version 15 is version 16 with auto's
+         sketch as large as the index and every column backed with the tables, attached and used as it is.
 """
 
 from .dtypes import (

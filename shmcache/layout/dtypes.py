@@ -28,7 +28,7 @@ LAYOUT_VERSION = 16
 # idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused). 14 is 15 with
 # index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED). 15 is
 # 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for), and with the idle columns
-# backed with the tables (16 backs them once an entry has a time to idle: D_IDLE_ON).
+# and the versions column backed with the tables (16 backs each once in use: D_IDLE_ON, D_VERSIONS_ON).
 READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
@@ -132,9 +132,13 @@ D_TTI_CHECK = 1    # word 1: config.tti_checksum of word 0 (a damaged pair reads
 # an entry slot): until then no process writes them, and each mapping shows them as its own zero pages (no entry
 # has a time to idle). The first store with one (or creation, with a default) backs and shows them, sets D_IDLE_ON
 # and counts a resize, so that every process takes the tables again, the columns with them, before its next call
-# (Store.show_idle). Before 16 the columns are backed with the tables and D_IDLE_ON is not read.
-D_IDLE_ON = 2      # word 2 (version 16): non-zero once the columns are in use (the switch, or a repair, writes 1)
-D_IDLE_BUMPS = 3   # word 3 (version 16): the resizes the switches counted, which stats() leaves out (any value valid)
+# (Store.show_idle). Version 16 does the same with the versions column, which only a caller that asks for a version
+# needs (get_with_version, cas, a view, a Redis tier's copy): the first such call backs it, gives every entry a
+# version and sets D_VERSIONS_ON (Store.show_versions). Before 16 the columns are backed with the tables and these
+# words are not read.
+D_IDLE_ON = 2       # word 2 (version 16): non-zero once the idle columns are in use (the switch, or a repair, writes 1)
+D_SWITCH_BUMPS = 3  # word 3 (version 16): the resizes the switches counted, which stats() leaves out (any value valid)
+D_VERSIONS_ON = 4   # word 4 (version 16): non-zero once the versions column is in use (as D_IDLE_ON)
 IDLE_HEAD_NBYTES = ALIGN
 IDLE_SHARE = 8     # a hit moves an idle entry's expiry once it has gained 1/IDLE_SHARE of its tti
 

@@ -67,7 +67,7 @@ class Geometry:
     #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
     #                                region (idle_off); 15's index slots are one word (packed_index); 16's sketch
     #                                is half the index (ghost_for) and its idle columns are backed lazily
-    #                                (lazy_idle)
+    #                                (lazy_columns)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -126,16 +126,18 @@ class Geometry:
         top, least = self.extent_top(capacity, limit), _round_up(end + BLOCK_ALIGN, PAGE)
         return min(self.ring_nbytes(capacity, limit), max(least, min(top, least + extent_step(top))))
 
-    def tables(self, index_live: int, slots: int, idle: bool = True) -> list[tuple[int, int, int]]:
+    def tables(self, index_live: int, slots: int, idle: bool = True, versions: bool = True
+               ) -> list[tuple[int, int, int]]:
         """The regions that grow with the entry limit, as ``(offset, shown bytes, reserved bytes)``: the index's
         first ``index_live`` slots, the ghost's in force, and the first ``slots`` of the entry table and each
-        column, the idle columns' only where ``idle`` (version 16: once in use, D_IDLE_ON). The rest of each region
-        is neither backed nor shown until a resize needs it (segment.py, ``Segment.show_tables``). Before version
-        10 every region is shown whole."""
+        column, the idle columns' only where ``idle`` and the versions column only where ``versions`` (version 16:
+        each once in use, D_IDLE_ON, D_VERSIONS_ON). The rest of each region is neither backed nor shown until a
+        resize needs it (segment.py, ``Segment.show_tables``). Before version 10 every region is shown whole."""
         if self.version < 10:
             index_live, slots = self.index_slots, self.entry_slots
         ghost = self.ghost_for(index_live)
-        shown = slots if idle or not self.lazy_idle else 0
+        shown = slots if idle or not self.lazy_columns else 0
+        versioned = slots if versions or not self.lazy_columns else 0
         idle_columns = [] if self.version < 14 else [
             (self.ttis_off, shown * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
             (self.deadlines_off, shown * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
@@ -144,21 +146,23 @@ class Geometry:
             (self.index_off, index_live * self.index_slot_nbytes, self.index_slots * self.index_slot_nbytes),
             (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
             (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
-            (self.versions_off, slots * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
+            (self.versions_off, versioned * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
             (self.kinds_off, slots * KINDS.itemsize, self.entry_slots * KINDS.itemsize),
             (self.pins_off, slots * PINS.itemsize, self.entry_slots * PINS.itemsize),
             (self.marks_off, slots * MARKS.itemsize, self.entry_slots * MARKS.itemsize),
             (self.ghost_off, min(ghost, self.ghost_slots) * GHOST.itemsize, self.ghost_slots * GHOST.itemsize),
         ]
 
-    def backed(self, index_live: int, slots: int, extent: int, idle: bool = True) -> list[tuple[int, int]]:
+    def backed(self, index_live: int, slots: int, extent: int, idle: bool = True, versions: bool = True
+               ) -> list[tuple[int, int]]:
         """The byte ranges of the file a segment backs with memory when its index in force has ``index_live`` slots,
         ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table, the reader
-        slots and the stripes whole, the tables' shown parts (``tables``; the idle columns' where ``idle``), the
+        slots and the stripes whole, the tables' shown parts (``tables``; the idle columns' where ``idle``, the
+        versions column where ``versions``), the
         arena's first ``extent`` bytes. Ranges
         are page aligned outwards (a page holding any of a range is backed whole) and merged."""
         parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.ttis_off)]
-        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots, idle) if shown]
+        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots, idle, versions) if shown]
         parts.append((self.arena_off, self.arena_off + extent))
         out: list[tuple[int, int]] = []
         for start, stop in sorted((start // PAGE * PAGE, _round_up(stop, PAGE)) for start, stop in parts):
@@ -191,9 +195,9 @@ class Geometry:
         return min(top, extent_step(top))
 
     @property
-    def lazy_idle(self) -> bool:
-        """Whether the idle columns are backed only once an entry has a time to idle (version 16: D_IDLE_ON)
-        rather than with the tables (14 and 15)."""
+    def lazy_columns(self) -> bool:
+        """Whether the idle columns are backed only once an entry has a time to idle (version 16: D_IDLE_ON), and
+        the versions column once a caller asks for a version (D_VERSIONS_ON), rather than with the tables."""
         return self.version >= 16
 
     @property
