@@ -398,14 +398,13 @@ class Segment:
         # ``resizes``: the switch writes D_IDLE_ON before it counts its resize, so a switch this read misses is
         # one the first call sees counted, and takes: refresh_tables)
         lazy = self.idle_words if g.lazy_columns else None
-        self.idle_shown = lazy is None or (
-            bool(self._default_tti_ns) if tables is not None else lazy[d.D_IDLE_ON] != 0)
+        idle = lazy is None or (bool(self._default_tti_ns) if tables is not None else lazy[d.D_IDLE_ON] != 0)
         # Likewise the versions column (version 16: once a caller asks for a version, D_VERSIONS_ON; never at
         # creation; before 16, with the tables).
-        self.versions_shown = lazy is None or (tables is None and lazy[d.D_VERSIONS_ON] != 0)
+        versions = lazy is None or (tables is None and lazy[d.D_VERSIONS_ON] != 0)
         # (word 5: the lazy columns this mapping shows, SHOWN_IDLE | SHOWN_VERSIONS)
         self.shown = (ctypes.c_int64 * 6)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries,
-                                          self._shown_columns())
+                                          (SHOWN_IDLE if idle else 0) | (SHOWN_VERSIONS if versions else 0))
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
         self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
@@ -502,8 +501,16 @@ class Segment:
         version yet (version 16), and stores write none."""
         return self.versions_words if self.versions_shown else None
 
-    def _shown_columns(self) -> int:
-        return (SHOWN_IDLE if self.idle_shown else 0) | (SHOWN_VERSIONS if self.versions_shown else 0)
+    @property
+    def idle_shown(self) -> bool:
+        """Whether this mapping shows the idle columns: the cell's bit, one word that the compiled section reads
+        too, so that the two paths can never disagree (a signal between two writes could make them)."""
+        return bool(self.shown[5] & SHOWN_IDLE)
+
+    @property
+    def versions_shown(self) -> bool:
+        """Whether this mapping shows the versions column (the cell's bit, as ``idle_shown``)."""
+        return bool(self.shown[5] & SHOWN_VERSIONS)
 
     def show_idle(self) -> None:
         """Show the idle columns (version 16) for the entry slots this mapping shows, backed with memory first, and
@@ -513,21 +520,30 @@ class Segment:
 
         :raises NoSpaceError: /dev/shm is full (nothing was shown).
         """
+        self.map_idle()
+        self.shown[5] |= SHOWN_IDLE
+
+    def map_idle(self) -> None:
+        """``show_idle``'s backing and mapping, the columns not yet marked shown (so that nothing here reads or
+        writes them): a switch marks them once D_IDLE_ON is set, so that a switch cut short anywhere never leaves a
+        mapping that writes columns the others do not know are in use. A mapping already made is made again, the
+        same pages: one the tables' veil hid since is never taken for shown."""
         if not self.idle_shown:
             g = self.geometry
             self._show_columns((g.ttis_off, g.deadlines_off), "the columns of its entries' times to idle", "put")
-            self.idle_shown = True
-            self.shown[5] = self._shown_columns()
 
     def show_versions(self) -> None:
         """Show the versions column (version 16) as ``show_idle`` shows the idle columns (Store.show_versions).
 
         :raises NoSpaceError: /dev/shm is full (nothing was shown).
         """
+        self.map_versions()
+        self.shown[5] |= SHOWN_VERSIONS
+
+    def map_versions(self) -> None:
+        """``show_versions``'s backing and mapping, the column not yet marked shown (as ``map_idle``)."""
         if not self.versions_shown:
             self._show_columns((self.geometry.versions_off,), "the column of its entries' versions", "version")
-            self.versions_shown = True
-            self.shown[5] = self._shown_columns()
 
     def _show_columns(self, offs: tuple[int, ...], what: str, op: str) -> None:
         g = self.geometry

@@ -216,8 +216,9 @@ class Store:
         this mapping makes: backed and shown here (Segment.show_idle), then D_IDLE_ON set, then a resize counted
         (and in D_SWITCH_BUMPS, which stats() leaves out), so that every process takes the tables again, the columns
         with them, before its next call (refresh_tables; a read without the lock hands over: ``resizes`` moved).
-        Crash windows: killed before D_IDLE_ON, the pages are backed and unused (the next switch backs them again);
-        killed before the count, D_IDLE_ON is set and the other mappings show no columns yet, so the next store in a
+        Crash windows (a SIGKILL, or an exception a signal raises at any bytecode): cut before D_IDLE_ON, the pages
+        are backed and unused, and this mapping does not mark them shown, so the next switch does it all again; cut
+        before the count, D_IDLE_ON is set and the other mappings show no columns yet, so the next store in a
         mapping without them switches again (``expiry``). Nothing of an entry is written before the count.
 
         :raises NoSpaceError: /dev/shm cannot back the columns (the store is refused; the cache is as it was).
@@ -225,9 +226,10 @@ class Store:
         seg = self.seg
         if seg.idle_shown:
             return
-        seg.show_idle()
+        seg.map_idle()  # (backed and mapped; marked shown only once D_IDLE_ON says they are in use)
         words = seg.idle_words
         words[D_IDLE_ON] = 1
+        seg.show_idle()
         bumps = words[D_SWITCH_BUMPS]
         words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
         count_resize(self.h)
@@ -238,8 +240,9 @@ class Store:
         stores: backed and shown here, and, unless D_VERSIONS_ON says another process did this already (a switch
         killed before its count), every entry in a slot (resident or held) given a version of its own, the clock's
         next ones, since no store wrote any; then D_VERSIONS_ON set and a resize counted, as ``show_idle`` does.
-        Crash windows: killed before D_VERSIONS_ON, the next switch gives the versions again (none was handed out);
-        killed before the count, the next store in a mapping without the column switches again (``expiry``) and
+        Crash windows (a SIGKILL, or an exception a signal raises at any bytecode): cut before D_VERSIONS_ON, the
+        column is not marked shown here, and the next switch gives the versions again (none was handed out); cut
+        before the count, the next store or version asked for in a mapping without the column switches again and
         keeps the versions.
 
         :raises NoSpaceError: /dev/shm cannot back the column (the call is refused; the cache is as it was).
@@ -247,7 +250,7 @@ class Store:
         seg, h = self.seg, self.h
         if seg.versions_shown:
             return
-        seg.show_versions()
+        seg.map_versions()  # (backed and mapped; marked shown only once every entry has a version, D_VERSIONS_ON)
         words = seg.idle_words
         if not words[D_VERSIONS_ON]:
             handed = block.handed_out(h, seg.slots_shown)  # (slot 0, the sentinel, has no checksum: never given one)
@@ -261,6 +264,7 @@ class Store:
             ver[slots] = np.arange(clock + 1, clock + 1 + len(slots), dtype=np.int64)
             h[H_VERSION_CLOCK] = clock + len(slots)
             words[D_VERSIONS_ON] = 1
+        seg.show_versions()
         bumps = words[D_SWITCH_BUMPS]
         words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
         count_resize(self.h)

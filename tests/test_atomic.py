@@ -10,7 +10,7 @@ import pytest
 
 from shmcache import SharedCache, TooLargeError
 from shmcache.codec import fingerprint
-from tests.workers import put_and_die_at, start_and_collect
+from tests.workers import put_and_die_at, start_and_collect, switch_word_damage_is_repaired
 
 JOIN_S = 60
 ctx = mp.get_context("fork")
@@ -305,15 +305,7 @@ def test_atomic_versions_switch_cut_short_keeps_the_versions_given(name, monkeyp
         b["other"] = 3  # (b takes the column: its store writes a version)
         assert b._seg.versions_shown and b.get_with_version("k")[1] == version
         assert b.cas("k", 10, version) is True and a["k"] == 10
-        c = SharedCache(name, create=False)
-        try:
-            c._seg.idle_words[d.D_VERSIONS_ON] = 5
-            report = c.verify()
-            assert not report.ok and any("D_VERSIONS_ON" in p for p in report.problems)
-            c.verify(repair_damage=True)
-            assert c._seg.idle_words[d.D_VERSIONS_ON] == 1 and c.verify().ok and c["j"] == 2
-        finally:
-            c.close()
+        switch_word_damage_is_repaired(name, d.D_VERSIONS_ON, "j", 2)
     finally:
         b.close()
         a.close()

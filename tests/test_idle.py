@@ -11,7 +11,7 @@ import pytest
 from shmcache import POLICIES, SharedCache
 from shmcache.layout import dtypes as d
 
-from .workers import entry_of, python_path, reap
+from .workers import entry_of, python_path, reap, switch_word_damage_is_repaired
 
 S = 10**9  # ns per second
 ctx = mp.get_context("fork")
@@ -376,15 +376,7 @@ def test_idle_switch_cut_short_is_made_again(name, clock, path):
         assert a.get("k") == b"v" and a._seg.idle_shown  # (a took the columns: the read moved the expiry)
         clock.advance(3)
         assert b.get("k") == b"v"
-        c = SharedCache(name, create=False, clock=clock)
-        try:
-            c._seg.idle_words[d.D_IDLE_ON] = 7
-            report = c.verify()
-            assert not report.ok and any("D_IDLE_ON" in p for p in report.problems)
-            c.verify(repair_damage=True)
-            assert c._seg.idle_words[d.D_IDLE_ON] == 1 and c.verify().ok and c["k"] == b"v"
-        finally:
-            c.close()
+        switch_word_damage_is_repaired(name, d.D_IDLE_ON, "k", b"v", clock=clock)
     finally:
         b.close()
         a.close()

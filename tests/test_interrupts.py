@@ -4,7 +4,8 @@ memoize, put or a TieredCache fill leaks no pin, no claim and no descriptor, and
 Each storm runs in a child process (so the storm never reaches pytest): a timer raises KeyboardInterrupt every
 ~100 us while the child loops over one kind of operation; afterwards, while the child is still alive, this process
 checks that no byte of the child's is still locked (claims, pins) and that every key can be written, then the child
-closes its handle and compares its descriptors (count, and its own files by (st_dev, st_ino)) with before.
+closes its handle and compares its descriptors (count, and its own files by (st_dev, st_ino)) with before. A lazy
+column's switch (layout 16) is cut at each of its lines in turn instead, in this process, by a trace function.
 """
 
 from __future__ import annotations
@@ -340,3 +341,64 @@ def _or_timeout(fn):
         return fn()
     except ComputeTimeout:
         return "timeout"
+
+
+class _Cut(Exception):
+    """What the test raises where a signal's handler could."""
+
+
+@pytest.mark.parametrize("column", ["idle", "versions"])
+def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
+    """Layout 16's switch of a lazy column (Store.show_idle, Store.show_versions) cut by an exception at each of its
+    lines in turn: the call that switched fails or completes, and the next calls of this handle and of another one
+    attached before it end with both mapping the column and every entry's words in agreement (verify), every
+    version asked for valid and the same from both handles."""
+    from shmcache import store
+
+    code = (store.Store.show_idle if column == "idle" else store.Store.show_versions).__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
+    cuts = 0
+    for target in lines:
+        with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c, \
+                SharedCache(name, create=False) as other:
+            try:
+                for i in range(10):
+                    c[f"k{i}"] = i
+                fired = []
+
+                def trace(frame, event, arg):
+                    if frame.f_code is not code:
+                        return None
+
+                    def line(f, ev, a):
+                        if ev == "line" and f.f_lineno == target and not fired:
+                            fired.append(target)
+                            raise _Cut()
+                        return line
+                    return line
+
+                sys.settrace(trace)
+                try:
+                    if column == "idle":
+                        c.put("t", 1, tti=100)
+                    else:
+                        c.get_with_version("k1")
+                except _Cut:
+                    pass
+                finally:
+                    sys.settrace(None)
+                cuts += bool(fired)
+                other["k2"], c["k3"] = 22, 33
+                c.put("t2", 2, tti=100)
+                other.put("t3", 3, tti=50)
+                if column == "idle":
+                    assert c._seg.idle_shown and other._seg.idle_shown, target
+                else:
+                    mine = [c.get_with_version(f"k{i}")[1] for i in range(10)]
+                    theirs = [other.get_with_version(f"k{i}")[1] for i in range(10)]
+                    assert mine == theirs and len(set(mine)) == 10 and all(mine), (target, mine, theirs)
+                report = c.verify(deep=True)
+                assert report.ok, (target, report.problems)
+            finally:
+                c.unlink()
+    assert cuts >= 8  # (every line that runs was cut once)

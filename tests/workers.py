@@ -77,6 +77,18 @@ def versioned(cache: SharedCache) -> SharedCache:
     return cache
 
 
+def switch_word_damage_is_repaired(name: str, word: int, key, value, **kw) -> None:
+    """A handle of its own on cache ``name`` damages word ``word`` of the idle region (layout 16's D_IDLE_ON or
+    D_VERSIONS_ON, a lazy column's switch) to a value other than 0 and 1: verify reports it, the repair sets it to 1
+    (the column in use), and ``key`` still reads ``value``."""
+    with SharedCache(name, create=False, **kw) as c:
+        c._seg.idle_words[word] = 7
+        report = c.verify()
+        assert not report.ok and any("is 7, not 0 or 1" in p for p in report.problems), report.problems
+        c.verify(repair_damage=True)
+        assert c._seg.idle_words[word] == 1 and c.verify().ok and c[key] == value
+
+
 def entry_of(cache: SharedCache, key) -> int:
     """The entry slot that holds ``key`` in ``cache``'s segment (layout.EMPTY if none): found by the index, as a
     lookup finds it, so that a test can reach one key's entry whatever order the policy keeps."""
