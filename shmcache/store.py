@@ -230,10 +230,7 @@ class Store:
         words = seg.idle_words
         words[D_IDLE_ON] = 1
         seg.show_idle()
-        bumps = words[D_SWITCH_BUMPS]
-        words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
-        count_resize(self.h)
-        seg.shown[3] = self.h[H_RESIZES]  # (this mapping has the tables as they are now)
+        self._count_switch()
 
     def show_versions(self) -> None:
         """Switch the versions column on (version 16), under the lock, before the first version this mapping reads or
@@ -265,10 +262,16 @@ class Store:
             h[H_VERSION_CLOCK] = clock + len(slots)
             words[D_VERSIONS_ON] = 1
         seg.show_versions()
+        self._count_switch()
+
+    def _count_switch(self) -> None:
+        """A lazy column switched on: counted as a resize, so that every process takes the tables again (the column
+        with them) before its next call, and in D_SWITCH_BUMPS, which stats() leaves out of ``resizes``."""
+        words, h = self.seg.idle_words, self.h
         bumps = words[D_SWITCH_BUMPS]
         words[D_SWITCH_BUMPS] = bumps + 1 if 0 <= bumps < MAX_COUNTER else 1
-        count_resize(self.h)
-        seg.shown[3] = self.h[H_RESIZES]  # (this mapping has the tables as they are now)
+        count_resize(h)
+        self.seg.shown[3] = h[H_RESIZES]  # (this mapping has the tables as they are now)
 
     def set_expiry(self, e: int, expires: int) -> None:
         """Give resident entry ``e`` a new expiry time (0: never)."""

@@ -357,7 +357,7 @@ def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
 
     code = (store.Store.show_idle if column == "idle" else store.Store.show_versions).__code__
     lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
-    cuts = 0
+    cuts: list[int] = []
     for target in lines:
         with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True) as c, \
                 SharedCache(name, create=False) as other:
@@ -387,7 +387,7 @@ def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
                     pass
                 finally:
                     sys.settrace(None)
-                cuts += bool(fired)
+                cuts += fired
                 other["k2"], c["k3"] = 22, 33
                 c.put("t2", 2, tti=100)
                 other.put("t3", 3, tti=50)
@@ -401,4 +401,4 @@ def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
                 assert report.ok, (target, report.problems)
             finally:
                 c.unlink()
-    assert cuts >= 8  # (every line that runs was cut once)
+    assert len(cuts) >= 5 and cuts[-1] == lines[-1]  # (each line that runs was cut once, the last one too)
