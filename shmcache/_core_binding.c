@@ -135,8 +135,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->own_tables[1] = entry_slots;
     c->own_tables[2] = 0;
     c->own_tables[3] = entry_slots - 1;
-    c->own_tables[4] = 0; /* (the idle columns: not shown until the cell says, below for the versions that back them
-                           * with the tables) */
+    c->own_tables[4] = 0; /* (the lazy columns shown: set below, once the layout's version is known) */
     c->tables = c->own_tables;
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);

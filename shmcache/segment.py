@@ -398,7 +398,7 @@ class Segment:
         # ``resizes``: the switch writes D_IDLE_ON before it counts its resize, so a switch this read misses is
         # one the first call sees counted, and takes: refresh_tables)
         lazy = self.idle_words if g.lazy_columns else None
-        idle = lazy is None or (bool(self._default_tti_ns) if tables is not None else lazy[d.D_IDLE_ON] != 0)
+        idle = self._idle_at_creation(g) if tables is not None else lazy is None or lazy[d.D_IDLE_ON] != 0
         # Likewise the versions column (version 16: once a caller asks for a version, D_VERSIONS_ON; never at
         # creation; before 16, with the tables).
         versions = lazy is None or (tables is None and lazy[d.D_VERSIONS_ON] != 0)
