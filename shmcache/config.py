@@ -152,8 +152,7 @@ def restore_tti(idle, lazy: bool = False) -> bool:
     """Put the default time to idle right (the lock held): a pair that fails is set to none, the value that can do
     no harm (entries then live until their time to live or eviction); and (``lazy``) a D_IDLE_ON or D_VERSIONS_ON
     other than 0 and 1 to 1, the columns in use, which only costs memory where the other value could lose what
-    they hold. Whether
-    anything was wrong."""
+    they hold. Whether anything was wrong."""
     if not tti_problems(idle, lazy):
         return False
     if tti_problems(idle):

@@ -540,9 +540,10 @@ def _repair_words(seg) -> None:
     config.restore_tti(seg.idle_words, lazy)  # (version 14: the default time to idle, else none; 16: the switches)
     if switched:  # (version 16: a damaged D_IDLE_ON or D_VERSIONS_ON is now 1, in use: every process takes them)
         count_resize(h)
-        try:
-            seg.show_idle()
-            if not seg.versions_shown:
+        try:  # (each only where its word says so: an idle column shown here alone would hold words nobody clears)
+            if seg.idle_words[D_IDLE_ON]:
+                seg.show_idle()
+            if seg.idle_words[D_VERSIONS_ON] and not seg.versions_shown:
                 seg.show_versions()
                 _version_all(seg)
         except NoSpaceError:

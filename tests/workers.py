@@ -15,7 +15,7 @@ import xxhash
 from shmcache import SharedCache, core, index
 from shmcache.codec import encode_key, fingerprint
 from shmcache.guard import Guard
-from shmcache.layout.dtypes import S_OPEN, STRIPE_WORDS
+from shmcache.layout.dtypes import D_IDLE_ON, S_OPEN, STRIPE_WORDS
 from shmcache.view import PinDescriptions
 
 
@@ -87,6 +87,8 @@ def switch_word_damage_is_repaired(name: str, word: int, key, value, **kw) -> No
         assert not report.ok and any("is 7, not 0 or 1" in p for p in report.problems), report.problems
         c.verify(repair_damage=True)
         assert c._seg.idle_words[word] == 1 and c.verify().ok and c[key] == value
+        # (and the repair shows each lazy column only where its own word says it is in use)
+        assert c._seg.idle_shown == bool(c._seg.idle_words[D_IDLE_ON])
 
 
 def entry_of(cache: SharedCache, key) -> int:
