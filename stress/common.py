@@ -201,9 +201,17 @@ class Workload:
             pass  # documented refusals: a big entry above a lowered limit; a shrink past a block a view reads
         except ShmCacheError as exc:
             self.report(ERRORS, f"{op}: {exc!r}")
-        except Exception:
+        except Exception as exc:
+            interrupt = self.interrupt_of(exc)
+            if interrupt is not None:
+                raise interrupt from None
             self.report(FOREIGN, f"{op}: {traceback.format_exc()}")
         self.c[self.base + OPS] += 1
+
+    def interrupt_of(self, exc: Exception) -> BaseException | None:
+        """The interrupt of the worker's own that ``exc`` stands for, if any (none here: the signal storm's
+        workload knows one), to be raised as itself rather than counted as a foreign error."""
+        return None
 
     def _get(self) -> None:
         key = self.key()
