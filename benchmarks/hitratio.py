@@ -255,12 +255,14 @@ class Auto:
 
     def __init__(self, size: int) -> None:
         from shmcache.codec import encode_key, fingerprint
-        from shmcache.layout.geometry import index_for
+        from shmcache.layout import Geometry
+        from shmcache.layout.dtypes import POLICY_AUTO
 
         self.size = size
         self._fp = lambda key: fingerprint(encode_key(str(key)))
         self.fps: dict = {}
-        self.blocks = max(index_for(size) // 2, 512) // 8  # (Geometry.ghost_for under auto: half the index, a page)
+        g = Geometry.for_capacity(1 << 20, size, POLICY_AUTO)  # (the sketch in force for the limit: ghost_for)
+        self.blocks = g.ghost_for(g.index_for(size)) // 8
         self.sketch = [0] * (self.blocks * 8)
         self.window: OrderedDict = OrderedDict()  # key -> counter, oldest first
         self.main: OrderedDict = OrderedDict()

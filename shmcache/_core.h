@@ -150,6 +150,7 @@ typedef struct {
     Py_ssize_t e_prev, e_next, e_fp, e_off, e_klen, e_vlen, e_slot, e_check;
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
     int ixpack; /* version 15: an index slot is one word, (entry << IX_SHIFT) | the fingerprint's low bits (ix_*) */
+    int ixrange; /* version 17: the index has any number of slots, a key's home its tag scaled to them (ix_home_of) */
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
@@ -213,8 +214,26 @@ static inline void ix_copy(Core *c, int64_t to, int64_t from)
     }
 }
 #define AW(off) (c->aw[(off) >> 3])
-/* The index in force's slots less one, and the ghost's words in force (s3fifo), from the tables this mapping took. */
+/* The index in force's last slot (its slots less one: the mask under a power of two), from the tables this mapping
+ * took. */
 #define IXMASK(c) ((c)->tables[0] - 1)
+/* The home slot of fingerprint ``fp`` in an index whose last slot is ``mask``: its low bits before version 17; from
+ * it, the tag scaled to the slots (tag * slots < 2**64: at most 2**32 slots). (twin: index.py _home, _r_home) */
+static inline int64_t ix_home_of(const Core *c, int64_t fp, int64_t mask)
+{
+    if (c->ixrange)
+        return (int64_t)((((uint64_t)fp & IX_TAG) * (uint64_t)(mask + 1)) >> 32);
+    return fp & mask;
+}
+/* The slot after ``s``, round to the first past the last. */
+static inline int64_t ix_next(int64_t s, int64_t mask) { return s < mask ? s + 1 : 0; }
+/* How far slot ``j`` is past slot ``from``, cyclically (both within the index). */
+static inline uint64_t ix_dist(const Core *c, int64_t j, int64_t from, int64_t mask)
+{
+    if (c->ixrange)
+        return (uint64_t)(j >= from ? j - from : j - from + mask + 1);
+    return ((uint64_t)j - (uint64_t)from) & (uint64_t)mask;
+}
 /* Stripes (layout/dtypes.py): the stripe of index slot s in the index in force, a run of 2**STRIPE_MIN_SHIFT slots at
  * least; its word's place in the region (after the open mask's line). (twin: seqlock.py stripe_of) */
 #define STRIPE_BITS 6
@@ -236,14 +255,24 @@ static inline void ix_copy(Core *c, int64_t to, int64_t from)
 #define IDLE_SHARE 8
 static inline int stripe_shift(const Core *c)
 {
-    int shift = __builtin_ctzll((unsigned long long)c->tables[0]) - STRIPE_BITS; /* (tables[0]: a power of two) */
+    /* (the bits of the last slot: log2 of the slots under a power of two; tables[0] is 8 at least) */
+    int shift = 64 - __builtin_clzll((unsigned long long)(c->tables[0] - 1)) - STRIPE_BITS;
     return shift < STRIPE_MIN_SHIFT ? STRIPE_MIN_SHIFT : shift;
 }
 static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_shift(c); }
 /* The ghost's words in force (twin: layout/geometry.py Geometry.ghost_for); at most ghost_slots, since tables[0] is
  * at most the index's reserved slots. */
-#define GHOST_LIVE(c) \
-    (((c)->tables[0] >> (c)->ghost_shift) < (c)->ghost_floor ? (c)->ghost_floor : ((c)->tables[0] >> (c)->ghost_shift))
+#define GHOST_LIVE(c) ghost_live(c)
+static inline int64_t ghost_live(const Core *c)
+{
+    int64_t n = c->tables[0];
+    if (c->ixrange) { /* (the least power of two at or above 1.4 times the slots: Geometry.ghost_for) */
+        uint64_t need = ((uint64_t)n * 7 + 4) / 5;
+        n = (int64_t)1 << (64 - __builtin_clzll(need - 1));
+    }
+    n >>= c->ghost_shift;
+    return n < c->ghost_floor ? c->ghost_floor : n;
+}
 /* Within the entry slots this mapping shows (tables[1]): every slot handed out is; one past them (only damage names
  * it) would be read as this process's own zero pages, and written there unseen by the others. */
 /* Whether this mapping shows the idle columns (version 14): until it does (version 16: until they are in use, which

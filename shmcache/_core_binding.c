@@ -98,7 +98,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         c->unviewable = unviewable;
     }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
-        holder_off, wakes_off, word, index_packed;
+        holder_off, wakes_off, word, index_packed, index_ranged;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
         || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
         || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
@@ -115,9 +115,11 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take(d, "PIN_BASE", &c->pin_base) || take(d, "CHECK_MASK", &c->check_mask)
         || take(d, "TAG_BYTES", &c->tag_bytes) || take(d, "TAG_MSGPACK", &c->tag_msgpack)
         || take(d, "TAG_ARRAY", &c->tag_array) || take(d, "TAG_TENSOR", &c->tag_tensor)
-        || take(d, "TAG_PICKLE", &c->tag_pickle) || take(d, "INDEX_PACKED", &index_packed))
+        || take(d, "TAG_PICKLE", &c->tag_pickle) || take(d, "INDEX_PACKED", &index_packed)
+        || take(d, "INDEX_RANGED", &index_ranged))
         return -1;
-    if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2 || (index_slots & (index_slots - 1))
+    if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2
+        || (!index_ranged && (index_slots & (index_slots - 1))) || (index_ranged && !index_packed)
         || entry_slots >= ((int64_t)1 << 31) || c->arena_nbytes <= 0 || c->arena_nbytes % 8
         || c->block_header != (int64_t)sizeof(int64_t) || c->block_align <= 0 || c->block_align % 8
         || entry_bytes % 8 || index_bytes % 8 || kind_bytes % 8 || kind_rows < 256 || c->owner_shift <= 0
@@ -140,6 +142,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->ew = (Py_ssize_t)(entry_bytes / 8);
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->ixpack = index_packed != 0; /* (then i_fp and i_entry are not taken: ix_* read the one word) */
+    c->ixrange = index_ranged != 0;
     c->kww = (Py_ssize_t)(kind_bytes / 8);
     int64_t ring_follows, ring_by_limit, hw_limit, ghost_slots, ghost_shift, policy, l_policies[4], l_marks[2];
     int64_t l_ghost[2], ghost_floor;

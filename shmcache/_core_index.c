@@ -7,7 +7,7 @@
 static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
 {
     const int64_t mask = IXMASK(c); /* (read once: the index's stores below may alias the cell, for the compiler) */
-    int64_t s = fp & mask;
+    int64_t s = ix_home_of(c, fp, mask);
     for (int64_t i = 0; i <= mask; i++) {
         int64_t e = ix_entry(c, s);
         if (e == c->empty) {
@@ -26,7 +26,7 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
                 return ST_OK;
             }
         }
-        s = (s + 1) & mask;
+        s = ix_next(s, mask);
     }
     return bounds(c); /* no empty slot anywhere */
 }
@@ -39,12 +39,12 @@ static int index_remove(Core *c, int64_t s)
     ix_clear(c, s);
     int64_t j = s;
     for (int64_t i = 0; i <= mask; i++) {
-        j = (j + 1) & mask;
+        j = ix_next(j, mask);
         int64_t e = ix_entry(c, j);
         if (e == c->empty)
             return ST_OK;
         /* The entry at j may fill the hole at s only if its home slot is not cyclically within (s, j]. */
-        if ((((uint64_t)j - (uint64_t)ix_home(c, j)) & (uint64_t)mask) >= ((uint64_t)(j - s) & (uint64_t)mask)) {
+        if (ix_dist(c, j, ix_home_of(c, ix_home(c, j), mask), mask) >= ix_dist(c, j, s, mask)) {
             if (!SLOT_OK(e))
                 return bounds(c);
             stripe_open(c, j);

@@ -479,9 +479,9 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     memcpy(v0 + 1, st->body, (size_t)st->blen);
     memcpy(v0 + vlen, st->kb, (size_t)st->klen);
     const int64_t mask = IXMASK(c);
-    int64_t s = st->fp & mask, i;
+    int64_t s = ix_home_of(c, st->fp, mask), i;
     for (i = 0; i <= mask && ix_entry(c, s) != c->empty; i++)
-        s = (s + 1) & mask;
+        s = ix_next(s, mask);
     if (i > mask)
         return bounds(c);
     stripe_open(c, s); /* (the entry and its block are no reader's until the slot names them) */

@@ -117,7 +117,7 @@ static inline int window_same_probe(Core *c, const Window *w)
 static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out, Found *f, Window *w)
 {
     const int64_t mask = IXMASK(c);
-    int64_t s = fp & mask;
+    int64_t s = ix_home_of(c, fp, mask);
     w->probe = 0;
     for (int64_t i = 0; i <= mask; i++) {
         if (!window_enter(c, w, s))
@@ -150,7 +150,7 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
                 return 1;
             }
         }
-        s = (s + 1) & mask;
+        s = ix_next(s, mask);
     }
     return -1;
 }

@@ -92,7 +92,7 @@ def offsets(geometry) -> dict[str, int]:
         capacity_bytes=g.capacity_bytes, max_entries=g.max_entries,
         index_slots=g.index_slots, ring_follows=int(g.version >= 10), ring_by_limit=int(10 <= g.version < 13),
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=g.index_slot_nbytes,
-        INDEX_PACKED=int(g.packed_index),
+        INDEX_PACKED=int(g.packed_index), INDEX_RANGED=int(g.ranged_index),
         ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,
         BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,

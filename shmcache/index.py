@@ -9,11 +9,19 @@ the fingerprint's low 32 bits (layout/dtypes.py INDEX_SLOT_PACKED). The module-l
 index's; ``Packed`` has the one-word index's, and ``Wide`` names the two-word ones the same way, so that a caller
 takes its segment's (``of``) and calls it without asking which.
 
+Until layout version 17 the index has a power of two of slots, and a key's home slot is ``fp & mask``. From 17
+(``Ranged``) it has any number of slots (layout/geometry.py index_for: load 0.7 at most, not 0.25 to 0.5), and the
+home slot is the tag scaled to them, ``(tag * slots) >> 32`` (Lemire's multiply-shift range reduction). Every
+function takes ``mask``, the index's last slot (``slots - 1``, the mask itself under a power of two), and ``home``
+gives a key's home slot under its layout.
+
 All functions assume the cache lock is held. Probe loops are bounded by the table size, so a corrupted table (no
 empty slot anywhere) raises CorruptionError instead of looping forever.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
@@ -125,10 +133,21 @@ def _repoint(ix, s: int, e: int) -> None:
     ix[(s << INDEX_SHIFT) + I_ENTRY] = e
 
 
+def _home(fp: int, mask: int) -> int:
+    return fp & mask
+
+
+def _homes(fps, slots: int):
+    """The home slots of the fingerprints (or tags) ``fps``, a numpy array, in an index of ``slots`` slots."""
+    return fps & (slots - 1)
+
+
 class Wide:
     """The index of two words a slot, ``(fp, entry)`` (layout versions 7 to 14): this module's functions."""
 
     packed = False
+    home = staticmethod(_home)  # the home slot of fingerprint ``fp`` in an index whose last slot is ``mask``
+    homes = staticmethod(_homes)  # the same of an array of them, in an index of ``slots`` slots (vectorised)
     find = staticmethod(find)
     find_rest = staticmethod(find_rest)
     free_slot = staticmethod(free_slot)
@@ -230,9 +249,11 @@ def _p_repoint(ix, s: int, e: int) -> None:
 
 
 class Packed:
-    """The index of one word a slot, ``(entry << 32) | tag`` (layout version 15)."""
+    """The index of one word a slot, ``(entry << 32) | tag`` (layout versions 15 and 16)."""
 
     packed = True
+    home = staticmethod(_home)
+    homes = staticmethod(_homes)
     find = staticmethod(_p_find)
     find_rest = staticmethod(_p_find_rest)
     free_slot = staticmethod(_p_free_slot)
@@ -244,6 +265,98 @@ class Packed:
     repoint = staticmethod(_p_repoint)
 
 
-def of(geometry) -> type[Wide] | type[Packed]:
+def _r_home(fp: int, mask: int) -> int:
+    return ((fp & _TAG) * (mask + 1)) >> 32
+
+
+def _r_homes(fps, slots: int):
+    tags = np.asarray(fps).astype(np.uint64) & np.uint64(_TAG)  # (tag * slots < 2**64: slots are at most 2**32)
+    return ((tags * np.uint64(slots)) >> np.uint64(32)).astype(np.int64)
+
+
+def _r_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    """``find`` over one-word slots in an index of any size: the tag scaled to the slots is the home slot.
+    (twin: _core_index.c find)"""
+    word = ix[((fp & _TAG) * (mask + 1)) >> 32]
+    e = (word >> _SHIFT) & _TAG
+    if e == EMPTY:
+        return EMPTY
+    if word & _TAG == fp & _TAG and _p_match(ent, mm, base, e, fp, kb):
+        return e
+    return _r_find_rest(ix, ent, mm, base, mask, fp, kb)
+
+
+def _r_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    tag = fp & _TAG
+    s = (tag * (mask + 1)) >> 32
+    for _ in range(mask):
+        s = s + 1 if s < mask else 0
+        word = ix[s]
+        e = (word >> _SHIFT) & _TAG
+        if e == EMPTY:
+            return EMPTY
+        if word & _TAG == tag and _p_match(ent, mm, base, e, fp, kb):
+            return e
+    raise _full()
+
+
+def _r_free_slot(ix, mask: int, fp: int) -> int:
+    s = ((fp & _TAG) * (mask + 1)) >> 32
+    for _ in range(mask + 1):
+        if not (ix[s] >> _SHIFT) & _TAG:
+            return s
+        s = s + 1 if s < mask else 0
+    raise _full()
+
+
+def _r_insert(ix, ent, mask: int, fp: int, e: int) -> None:
+    s = _r_free_slot(ix, mask, fp)
+    ix[s] = (e << _SHIFT) | (fp & _TAG)
+    ent[e * ENTRY_WORDS + E_SLOT] = s
+
+
+def _r_remove(ix, ent, mask: int, s: int, opening=None) -> None:
+    """``remove`` over one-word slots in an index of any size: a slot's home is its tag scaled to the slots, and
+    distances are taken modulo the slots. (twin: _core_index.c index_remove)"""
+    n = mask + 1
+    ix[s] = 0
+    j = s
+    for _ in range(n):
+        j = j + 1 if j < mask else 0
+        word = ix[j]
+        e = (word >> _SHIFT) & _TAG
+        if e == EMPTY:
+            return
+        if (j - (((word & _TAG) * n) >> 32)) % n >= (j - s) % n:
+            if opening is not None:
+                opening(j)
+            ix[s] = word
+            ent[e * ENTRY_WORDS + E_SLOT] = s
+            ix[j] = 0
+            s = j
+    raise _full()
+
+
+class Ranged:
+    """The index of one word a slot in any number of slots, the home slot the tag scaled to them (layout version
+    17)."""
+
+    packed = True
+    home = staticmethod(_r_home)
+    homes = staticmethod(_r_homes)
+    find = staticmethod(_r_find)
+    find_rest = staticmethod(_r_find_rest)
+    free_slot = staticmethod(_r_free_slot)
+    insert = staticmethod(_r_insert)
+    remove = staticmethod(_r_remove)
+    entry = staticmethod(_p_entry)
+    names = staticmethod(_p_names)
+    put = staticmethod(_p_put)
+    repoint = staticmethod(_p_repoint)
+
+
+def of(geometry) -> type[Wide] | type[Packed] | type[Ranged]:
     """The index functions of a segment of ``geometry`` (its layout version's slots)."""
+    if geometry.ranged_index:
+        return Ranged
     return Packed if geometry.packed_index else Wide

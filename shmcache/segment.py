@@ -273,7 +273,7 @@ class Segment:
         """The index a new segment starts with: the one its entry limit needs (version 10), else the whole."""
         if geometry.version < 10:
             return geometry.index_slots
-        return min(geometry.index_slots, layout.index_for(self._limit(geometry)))
+        return min(geometry.index_slots, geometry.index_for(self._limit(geometry)))
 
     def _idle_at_creation(self, geometry: Geometry) -> bool:
         """Whether creation backs the idle columns: before version 16 always, from it with a default time to idle
@@ -418,7 +418,7 @@ class Segment:
             if tables is None:  # attaching (without the lock): the header's limit and the index it needs
                 h = self.header_words
                 limit = h[d.H_MAX_ENTRIES]
-                live = min(layout.index_for(limit), g.index_slots) if 0 < limit <= g.max_entries else 8
+                live = min(g.index_for(limit), g.index_slots) if 0 < limit <= g.max_entries else 8
                 # Words that do not agree (damage, a resize under way, a holder that died in one) are not backed
                 # for: the least, which creation backed, taken again and checked by the first call, under the lock
                 # (refresh_tables; damage is repaired there).
@@ -598,7 +598,7 @@ class Segment:
             if ((live, limit) != (self.mask + 1, self.limit) or unused > self.shown[2]
                     or g.slots_for(limit, unused) < self.slots_shown or live < self._tables_shown[0]):
                 # (what this mapping has already is used as it is: verify judges it, as it judges any word)
-                if h[d.H_DIRTY] or config.problems(h, g) or live != layout.index_for(limit) or live > g.index_slots:
+                if h[d.H_DIRTY] or config.problems(h, g) or live != g.index_for(limit) or live > g.index_slots:
                     return False
                 if self.slots_in_use() < unused:
                     return False  # slots handed out that nobody wrote: a damaged word, which the repair puts back

@@ -88,8 +88,9 @@ def open_seq(h) -> None:
 
 
 def stripe_of(s: int, mask: int) -> int:
-    """The stripe of index slot ``s`` in an index of ``mask + 1`` slots (a power of two): the slots cut into
-    ``STRIPES`` runs of 2**STRIPE_MIN_SHIFT slots at least. (twin: _core.h stripe_of)"""
+    """The stripe of index slot ``s`` in an index of ``mask + 1`` slots: the slots cut into at most ``STRIPES`` runs
+    of a power of two, 2**STRIPE_MIN_SHIFT slots at least (the last run shorter where the slots are not a power of
+    two: version 17). (twin: _core.h stripe_of)"""
     return s >> max(STRIPE_MIN_SHIFT, mask.bit_length() - STRIPE_BITS)
 
 

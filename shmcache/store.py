@@ -19,7 +19,7 @@ from .codec import (
 from .errors import CorruptionError, NoSpaceError, PinnedError, ShmCacheError, TooLargeError
 from .block import PAD
 from .guard import updating, updating_entries
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL, index_for
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
@@ -663,7 +663,7 @@ class Store:
         retained = capacity if max_retained is None else min(max_retained, capacity)
         if (capacity, entries) == (old, h[H_MAX_ENTRIES]) and h[H_MAX_RETAINED] == retained:
             return False
-        live = index_for(entries) if seg.version >= 10 else self.mask + 1
+        live = seg.geometry.index_for(entries) if seg.version >= 10 else self.mask + 1
         old_live = self.mask + 1
         if seg.version >= 10:  # the larger tables backed before anything is written (NoSpaceError)
             seg.show_tables(max(live, self.mask + 1), entries, h[H_UNUSED_NEXT], adopt=False)

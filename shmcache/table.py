@@ -336,7 +336,8 @@ class Table:
         mm[v0] = tag
         mm[v0 + 1 : k0] = body
         mm[k0 : k0 + klen] = kb
-        s, xo = fp & self.mask, self.index
+        xo = self.index
+        s = xo.home(fp, self.mask)
         if xo.entry(ix, s) != EMPTY:
             s = xo.free_slot(ix, self.mask, fp)
         self.open_slot(s)  # (the entry and its block are no reader's until the slot names them)
@@ -634,7 +635,7 @@ class Table:
         return removed
 
     def reindex(self, live: int) -> None:
-        """Make the index of ``live`` slots (a power of two) the one in force, every resident entry in it, and empty
+        """Make the index of ``live`` slots (``index_for``) the one in force, every resident entry in it, and empty
         the ghost (version 10: a resize changed the entry limit, already written, to one that needs another index).
         Backed and shown first (NoSpaceError before any write); the rest under the caller's dirty bracket and the
         readers' odd seq.
@@ -665,7 +666,7 @@ class Table:
             raise CorruptionError(f"{len(resident)} resident entries do not fit an index of {live} slots",
                                   what="resize")
         fps = entries["fp"][resident]
-        homes = fps & (live - 1)
+        homes = self.index.homes(fps, live)
         order = np.argsort(homes, kind="stable")
         resident, fps, homes = resident[order], fps[order], homes[order]
         steps = np.arange(len(resident), dtype=np.int64)

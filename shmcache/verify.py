@@ -18,7 +18,7 @@ from . import block, config, index, lru, ofd, policies
 from .arena import write_dead
 from .lock import TICK_EVERY, progressed
 from .errors import NoSpaceError
-from .layout.geometry import extent_step, index_for
+from .layout.geometry import extent_step
 from .codec import TAG_BYTES, check_body, checksum, fingerprint
 from .layout import (
     BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, FEATURE_PICKLE, HEADER, KIND_PREFIX, LAYOUT_VERSION, MAGIC, MAX_COUNTER,
@@ -231,9 +231,9 @@ def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
     slots, mask = g.entry_slots, seg.mask
     for msg in header_problems(seg):
         problems.add(msg)
-    if seg.version >= 10 and not h[H_INDEX_SLOTS] == mask + 1 == index_for(h[H_MAX_ENTRIES]):
+    if seg.version >= 10 and not h[H_INDEX_SLOTS] == mask + 1 == g.index_for(h[H_MAX_ENTRIES]):
         problems.add(f"the index in force has {h[H_INDEX_SLOTS]} slots (this mapping's: {mask + 1}); the limit of "
-                     f"{h[H_MAX_ENTRIES]} entries needs {index_for(h[H_MAX_ENTRIES])}")
+                     f"{h[H_MAX_ENTRIES]} entries needs {g.index_for(h[H_MAX_ENTRIES])}")
     if h[H_WRITING]:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
@@ -292,9 +292,9 @@ def _check_queues(seg, order: list[int], problems: _Problems) -> None:
 
 def _check_index(seg, live: set[int], problems: _Problems) -> None:
     h = seg.header_words
-    _, index, entries = seg.arrays()
-    mask = len(index) - 1
-    targets = index["entry"]
+    homes = index.of(seg.geometry).homes
+    _, table, entries = seg.arrays()
+    targets = table["entry"]
     empty = targets == EMPTY
     occupied = np.flatnonzero(~empty)
     if len(occupied) != len(live):
@@ -307,8 +307,8 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
     _tick(h)
     empty_before = np.concatenate(([0], empty_before))
     _tick(h)
-    home = index["fp"][occupied] & mask
-    pos = np.where(occupied >= home, occupied, occupied + len(index))
+    home = homes(table["fp"][occupied], len(table))
+    pos = np.where(occupied >= home, occupied, occupied + len(table))
     _tick(h)
     for s in occupied[(empty_before[pos] - empty_before[home]) != 0][:5].tolist():
         problems.add(f"index slot {s} is cut off from its home slot by an empty slot")
@@ -465,7 +465,7 @@ def repair(seg, now: int | None = None) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped. ``now``:
     as ``check``'s."""
     h, ent, g = seg.header_words, seg.entry_words, seg.geometry
-    if seg.version >= 10 and (config.problems(h, g) or h[H_INDEX_SLOTS] != index_for(h[H_MAX_ENTRIES])
+    if seg.version >= 10 and (config.problems(h, g) or h[H_INDEX_SLOTS] != g.index_for(h[H_MAX_ENTRIES])
                               or (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) != (seg.mask + 1, seg.limit)):
         # The limit or the index may move: counted first, so that a holder killed from here on leaves every process
         # to take the tables again once a repair has settled them.
@@ -582,7 +582,7 @@ def _settle_index(seg) -> None:
     if seg.version < 10:
         return
     limit = h[H_MAX_ENTRIES]  # (config.restore made it one to trust)
-    live = min(index_for(limit), g.index_slots)
+    live = min(g.index_for(limit), g.index_slots)
     unused = seg.slots_in_use()  # (a damaged unused_next backs nothing: the repair puts it back from the entries)
     try:
         seg.show_tables(live, limit, unused)

@@ -170,7 +170,8 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
                            g.expires_off + 8 * e))
     if region == "index":
         s = _word(mm, rec + 8 * E_SLOT)
-        return g.index_off + 16 * s + 8 * rng.randrange(2) if 0 <= s < g.index_slots else None
+        n = g.index_slot_nbytes  # (a slot of one word from layout 15, of two before)
+        return g.index_off + n * s + 8 * rng.randrange(n // 8) if 0 <= s < g.index_slots else None
     off = _word(mm, rec + 8 * E_OFF)  # the block header, or the start of the value
     return g.arena_off + off + rng.choice((0, 8)) if 0 <= off < g.arena_nbytes - 16 else None
 

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from shmcache import LayoutError, LayoutVersionError, SharedCache, layout
+from shmcache import LayoutError, LayoutVersionError, SharedCache, index, layout
 from shmcache.codec import encode_key
 from shmcache.layout import Geometry
 from shmcache.layout import dtypes as d
@@ -51,8 +51,11 @@ def test_layout_golden_version_5_additions():
                               "promoted", "ghost_hits")] == list(range(448, 512, 8))
     assert d.POLICY_NAMES == ("lru", "s3fifo", "keep", "auto")
     assert (d.MARK_FREQ, d.MARK_SMALL, d.GHOST_WAYS, d.GHOST_STAMP_BITS) == (3, 4, 16, 32)
-    lru, s3 = layout.Geometry.for_capacity(1 << 20, 1000), layout.Geometry.for_capacity(1 << 20, 1000, 1)
+    lru, s3 = (layout.Geometry.for_capacity(1 << 20, 1000, p, 16) for p in (0, 1))
     assert lru.ghost_slots == 0 and s3.ghost_slots == s3.index_slots == 2048
+    # (version 17's index is 1430 slots, its ghost the power of two of the index before it: Geometry.ghost_for)
+    s3_17 = layout.Geometry.for_capacity(1 << 20, 1000, 1)
+    assert (s3_17.version, s3_17.index_slots, s3_17.ghost_slots) == (17, 1430, 2048)
     assert s3.arena_off >= s3.ghost_off + 2048 * 8 and lru.ghost_off == s3.ghost_off
     auto15 = layout.Geometry.for_capacity(1 << 20, 1000, d.POLICY_AUTO, 15)  # its sketch where s3fifo's ghost is
     assert (auto15.ghost_off, auto15.ghost_slots, auto15.arena_off) == (s3.ghost_off, 2048, s3.arena_off)
@@ -131,9 +134,10 @@ def test_layout_policy_words_as_created(name, policy):
     with open(f"/dev/shm/shmcache.{name}", "rb") as f:
         head = f.read(512)
     assert int.from_bytes(head[448:456], "little") == policy
-    # the ghost reserved as the index is: for 16 times the 8 entries (the index in force, word 5, for 8: 32 slots)
+    # the ghost reserved for 16 times the 8 entries (a power of two: 512 words for an index of 185 slots), and the
+    # index in force, word 5, for 8 (and the sentinel) at a load of 0.7 at most: 13 slots
     assert int.from_bytes(head[456:464], "little") == (512 if policy == 1 else 0)
-    assert int.from_bytes(head[40:48], "little") == 32
+    assert int.from_bytes(head[40:48], "little") == 13
 
 
 def test_layout_an_unknown_policy_word_is_refused_on_attach(name):
@@ -189,7 +193,7 @@ def test_layout_geometry_regions_aligned_and_disjoint(cap, n):
     assert g.entries_off >= g.index_off + g.index_slots * 8 and g.index_slot_nbytes == 8
     assert g.arena_off >= g.entries_off + g.entry_slots * 64
     assert g.total_nbytes >= g.arena_off + g.arena_nbytes and g.total_nbytes % 4096 == 0
-    assert g.index_slots & (g.index_slots - 1) == 0 and g.index_slots >= 2 * g.entry_slots
+    assert g.index_slots == layout.index_for(n) and 7 * g.index_slots >= 10 * g.entry_slots  # (a load of 0.7 at most)
     # Any set of entries within the limits fits physically (header + padding per entry).
     assert g.arena_nbytes >= cap + n * layout.BLOCK_OVERHEAD
 
@@ -305,25 +309,26 @@ def test_layout_golden_version_10_tables(name):
     more of them and moves ``index_slots``, every entry kept."""
     assert d.LAYOUT_VERSION >= 10 and 10 in d.READ_VERSIONS
     assert (d.H_ENTRY_SLOTS * 8, d.H_INDEX_SLOTS * 8) == (32, 40)
-    assert [layout.index_for(n) for n in (1, 3, 4, 1000, 10000)] == [8, 8, 16, 2048, 32768]
+    assert [layout.index_for(n, 16) for n in (1, 3, 4, 1000, 10000)] == [8, 8, 16, 2048, 32768]
+    assert [layout.index_for(n) for n in (1, 3, 4, 1000, 10000)] == [8, 8, 8, 1430, 14288]  # (version 17)
     with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True) as c:
         h, g = c._seg.header_words, c._seg.geometry
-        assert (h[d.H_ENTRY_SLOTS], h[d.H_INDEX_SLOTS], g.index_slots) == (16001, 2048, 32768)
+        assert (h[d.H_ENTRY_SLOTS], h[d.H_INDEX_SLOTS], g.index_slots) == (16001, 1430, 22859)
         for i in range(1000):
             c[f"k{i}"] = i.to_bytes(4, "little")
         before = os.fstat(c._seg.fd).st_blocks * 512
         assert before < g.entries_off + 16001 * (d.ENTRY.itemsize + 19)  # (not the reserved tables)
         c.resize(max_entries=10000)
-        assert (h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_RESIZES]) == (32768, 10000, 1)
+        assert (h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_RESIZES]) == (14288, 10000, 1)
         grown = os.fstat(c._seg.fd).st_blocks * 512
         # (page rounding aside: what the first 1000 slots' pages already held)
-        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 30720 * g.index_slot_nbytes)
+        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 12858 * g.index_slot_nbytes)
         assert all(c[f"k{i}"] == i.to_bytes(4, "little") for i in range(1000)) and c.verify().ok
         for i in range(1000, 10000):
             c[f"k{i}"] = i.to_bytes(4, "little")
         assert len(c) == 10000 and c.verify().ok
         c.resize(max_entries=1000)
-        assert (h[d.H_INDEX_SLOTS], len(c)) == (2048, 1000) and c.verify().ok
+        assert (h[d.H_INDEX_SLOTS], len(c)) == (1430, 1000) and c.verify().ok
 
 
 def test_layout_golden_version_11_stripes(name):
@@ -476,6 +481,48 @@ def test_layout_version_13_segment_has_no_idle_expiry(name, monkeypatch):
         SharedCache.unlink_name(name)
 
 
+def test_layout_golden_version_17_index_of_any_size(name):
+    """Version 17: the index has the fewest slots that keep it at most 0.7 full (the limit and the sentinel counted),
+    not a power of two, and a key's home slot is its tag scaled to them, ``(tag * slots) >> 32``; a probe goes round
+    from the last slot to the first, and a delete shifts a cluster back across that end. Both paths lay out the same
+    words, each key at its place, and every key is found again (version 16: a power of two, the tag's low bits)."""
+    from shmcache.codec import fingerprint
+    from .workers import python_path
+
+    assert d.LAYOUT_VERSION >= 17 and d.READ_VERSIONS[:11] == tuple(range(7, 18))
+    assert [layout.index_for(n) for n in (1, 5, 100, 10**6)] == [8, 9, 145, 1428573]
+    assert [layout.index_for(n, 16) for n in (1, 5, 100, 10**6)] == [8, 16, 256, 2097152]
+    assert Geometry.for_capacity(2**20, 100).index_slots == 145
+    assert Geometry.for_capacity(2**20, 100, 0, 16).index_slots == 256
+    n, keys = 145, []
+    for i in range(200000):  # keys whose home is one of the index's last two slots or its first: clusters that wrap
+        if (fingerprint(encode_key(f"w{i}")) & 0xFFFFFFFF) * n >> 32 in (n - 2, n - 1, 0):
+            keys.append(f"w{i}")
+            if len(keys) == 12:
+                break
+    caches = [SharedCache(f"{name}{p}", capacity_bytes=2**20, max_entries=100, create=True) for p in "cp"]
+    try:
+        python_path(caches[1])
+        for c in caches:
+            assert c._seg.version == 17 and c._seg.mask + 1 == n
+            for i, k in enumerate(keys):
+                c[k] = i
+            for k in keys[::3]:
+                del c[k]
+            for i, k in enumerate(keys):
+                assert c.get(k) == (None if i % 3 == 0 else i)
+            assert c.verify().ok
+            ix = np.asarray(c._ix[:n])
+            held = ix[ix != 0]
+            assert len(held) == 8 and {int(w & 0xFFFFFFFF) * n >> 32 for w in held} <= {n - 2, n - 1, 0}
+            assert ix[0] != 0 and ix[n - 1] != 0  # (the cluster crosses the end)
+        assert np.array_equal(np.asarray(caches[0]._ix[:n]), np.asarray(caches[1]._ix[:n]))
+    finally:
+        for c in caches:
+            c.unlink()
+            c.close()
+
+
 def test_layout_golden_version_15_index_slots(name):
     """Version 15: an index slot is one little-endian word, the entry slot in its high 32 bits and the key's
     fingerprint's low 32 bits below (its tag and its home slot's bits), 0 when empty; 8 bytes a slot where 14 has 16.
@@ -498,7 +545,8 @@ def test_layout_golden_version_15_index_slots(name):
                 kb = encode_key(path)
                 fp, e, mask = fingerprint(kb), entry_of(c, path), c._seg.mask
                 s = c._ent[e * d.ENTRY_WORDS + d.E_SLOT]
-                assert s == fp & mask and c._ix[s] == (e << 32) | (fp & 0xFFFFFFFF)  # (no other key: at home)
+                home = index.of(c._seg.geometry).home(fp, mask)
+                assert s == home and c._ix[s] == (e << 32) | (fp & 0xFFFFFFFF)  # (no other key: at home)
                 del c[path]
                 assert c._ix[s] == 0
             assert c.verify().ok
@@ -702,7 +750,7 @@ def test_layout_version_7_segment_is_used_as_it_is(name, monkeypatch):
             assert c._seg.header_words[d.H_VERSION] == 7 and c._seg.header_words[d.H_ARENA_EXTENT] == 0
 
 
-@pytest.mark.parametrize("version", [15, 16])
+@pytest.mark.parametrize("version", [15, 16, 17])
 def test_layout_version_16_halves_autos_sketch(name, monkeypatch, version):
     """Version 16: auto's sketch (the ghost region) has half as many words as the index has slots, one word (16
     counters) an entry of the limit at least, as Caffeine sizes its sketch, and a page at least; version 15's has
@@ -713,10 +761,12 @@ def test_layout_version_16_halves_autos_sketch(name, monkeypatch, version):
     assert (g15.ghost_slots, g16.ghost_slots, g16.index_slots) == (2048, 1024, 2048)
     assert g16.ghost_for(4096) == 2048 and g15.ghost_for(4096) == 4096 and g15.ghost_for(8) == d.GHOST_WAYS
     assert g16.ghost_for(8) == g16.ghost_for(1024) == d.SKETCH_MIN_WORDS == 512  # (a small cache's: a page)
-    s3 = Geometry.for_capacity(2**20, 1000, d.POLICY_S3FIFO)
+    s3 = Geometry.for_capacity(2**20, 1000, d.POLICY_S3FIFO, 16)
     assert s3.ghost_slots == s3.index_slots == 2048  # (s3fifo's ghost is as large as it was)
-    if version == 15:
-        laid_out_as(monkeypatch, 15)
+    g17 = Geometry.for_capacity(2**20, 1000, d.POLICY_AUTO, 17)  # (the power of two of version 16's index, halved)
+    assert (g17.index_slots, g17.ghost_slots, g17.ghost_for(8)) == (1430, 1024, 512)
+    if version < d.LAYOUT_VERSION:
+        laid_out_as(monkeypatch, version)
     with SharedCache(name, capacity_bytes=2**20, max_entries=1000, create=True, policy="auto") as c:
         monkeypatch.undo()
         try:

@@ -97,11 +97,13 @@ before using it; a holder that dies while it is 0 left nothing half-done. A stor
 writing (``writing``) until it is done: a store cut short may have left that entry's value, checksum, version and
 expiry out of step in ways no check can see (a new value with its old version, say), so the repair drops it.
 
-Index table. Open addressing with linear probing over ``index_slots`` (a power of two, at least twice the entry
-limit and one, so the load factor stays at or below one half). A slot is one word, ``(entry << 32) | tag``
-(``INDEX_SLOT_PACKED``), ``tag`` the low 32 bits of the 63-bit xxh3 fingerprint of the encoded key: the key's home
-slot (``fp & mask``) and what a probe compares before it compares the entry's own ``fp`` and key. Before version 15 a
-slot is two words, ``(fp, entry)`` (``INDEX_SLOT``), the whole fingerprint. ``entry == EMPTY`` (0) marks an empty
+Index table. Open addressing with linear probing over ``index_slots`` (``index_for``: the fewest that keep the load
+at or below 0.7 with the entry limit and one counted; before version 17, the least power of two that keeps it at or
+below one half). A slot is one word, ``(entry << 32) | tag`` (``INDEX_SLOT_PACKED``), ``tag`` the low 32 bits of the
+63-bit xxh3 fingerprint of the encoded key: it gives the key's home slot, ``(tag * index_slots) >> 32`` (before
+version 17: ``fp & mask``), and is what a probe compares before it compares the entry's own ``fp`` and key. A probe
+goes round from the last slot to the first. Before version 15 a slot is two words, ``(fp, entry)`` (``INDEX_SLOT``),
+the whole fingerprint. ``entry == EMPTY`` (0) marks an empty
 slot, whatever its other bits, which is also what a fresh, zero-filled page reads as. Deletion shifts the following
 cluster back, so there are no tombstones.
 
@@ -149,9 +151,10 @@ idle words in a column in use.
 
 The ghost region (``ghost_slots`` words under s3fifo and auto, none under lru and keep; ``Geometry.ghost_for``: as
 many as the index's slots under s3fifo, half as many under auto from version 16, so that its sketch has 16 counters
-an entry of the limit at least, as Caffeine's does): under s3fifo, the ghost's tagged fingerprints
-(policies/s3fifo.py); under auto, a count-min sketch of 4-bit counters in blocks of 8 words, a key's 4 counters in
-one block, whose block 0 holds the policy's state instead
+an entry of the limit at least, as Caffeine's does; a power of two, so from version 17 those of the power-of-two
+index version 16 would have, the least power of two at or above 1.4 times the slots): under s3fifo, the ghost's
+tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit counters in blocks of 8 words, a
+key's 4 counters in one block, whose block 0 holds the policy's state instead
 (``A_*`` of dtypes.py: the window's target, the climber's step, the last period's hit ratio, the lookups and hits
 when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any
 word of the region is valid under both policies, so it is outside the crash protocol.
@@ -310,6 +313,10 @@ Layout versions.
          idle columns are backed only once an entry has a time to idle (``D_IDLE_ON``), and the versions column
          once a caller asks for a version (``D_VERSIONS_ON``). A segment of version 15 is version 16 with auto's
          sketch as large as the index and every column backed with the tables, attached and used as it is.
+    17 -- an index of any number of slots, at most 0.7 full (``index_for``), a key's home slot its tag scaled to
+         them (index.py ``Ranged``): 11 to 12 bytes of index an entry of the limit, where a power of two at most
+         half full costs 16 to 32. A segment of version 16 is version 17 with a power-of-two index, the home slot the
+         tag's low bits, attached and used as it is.
 """
 
 from .dtypes import (

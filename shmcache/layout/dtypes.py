@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 16
+LAYOUT_VERSION = 17
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -28,8 +28,10 @@ LAYOUT_VERSION = 16
 # idle expiry: no idle region (its entries have no time to idle, and a put that gives one is refused). 14 is 15 with
 # index slots of two words (INDEX_SLOT: the fingerprint and the entry) where 15's are one (INDEX_SLOT_PACKED). 15 is
 # 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for), and with the idle columns
-# and the versions column backed with the tables (16 backs each once in use: D_IDLE_ON, D_VERSIONS_ON).
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+# and the versions column backed with the tables (16 backs each once in use: D_IDLE_ON, D_VERSIONS_ON). 16 is 17 with
+# an index of a power of two of slots, at most half full, a key's home slot its fingerprint's low bits; 17's index
+# has any number of slots, at most 0.7 full, the home its tag scaled to them (index_for; index.py Ranged).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -165,8 +167,9 @@ HEADER = _record(
             ("total_nbytes", _W),    # size of the whole segment in bytes; checked against the object's real size
             ("entry_slots", _W),     # records in the entry table, slot 0 being the LRU sentinel: the most a resize
             #                          reaches, of which the limit's are backed (version 10)
-            ("index_slots", _W),     # records of the index table in force, a power of two: index_for(max_entries),
-            #                          rewritten by a resize that changes it (version 10; before: the whole index)
+            ("index_slots", _W),     # records of the index table in force, index_for(max_entries) (a power of
+            #                          two before version 17), rewritten by a resize that changes it (version 10;
+            #                          before: the whole index)
             ("arena_nbytes", _W),    # bytes in the arena
             ("capacity_bytes", _W),  # the largest capacity the arena is sized for (max_capacity_bytes): the most
             #                          a resize reaches (before version 9: the capacity, fixed)
@@ -272,10 +275,11 @@ INDEX_SLOT = _record([(0, [
     ("entry", _W),  # entry slot holding the key, or EMPTY
 ])], 16)
 # The index slot of version 15: one word, (entry << PACKED_ENTRY_SHIFT) | the fingerprint's low 32 bits, 0 when
-# empty (an empty slot is one whose entry is EMPTY, whatever its low bits). The low bits are the key's home slot for
-# every index a segment can have (index_for(MAX_ENTRIES_LIMIT) is 2**32 slots) and a tag that a probe compares before
-# the entry's own ``fp``; an entry slot is below 2**31, so a slot's word is never negative. Read as one word, a slot's
-# tag and entry can never be torn apart.
+# empty (an empty slot is one whose entry is EMPTY, whatever its low bits). The low bits give the key's home slot in
+# every index a segment can have (index_for(MAX_ENTRIES_LIMIT) is at most 2**32 slots: the bits under the mask, or
+# from version 17 the tag scaled to the slots) and are a tag that a probe compares before the entry's own ``fp``; an
+# entry slot is below 2**31, so a slot's word is never negative. Read as one word, a slot's tag and entry can never be
+# torn apart.
 INDEX_SLOT_PACKED = _record([(0, [
     ("fp", "<u4"),     # the fingerprint's low 32 bits
     ("entry", "<u4"),  # entry slot holding the key, or EMPTY

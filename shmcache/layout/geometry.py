@@ -20,14 +20,22 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def index_for(max_entries: int) -> int:
-    """The index slots for an entry limit of ``max_entries``: the least power of two, 8 at least, that keeps the load
-    at or below one half with every entry slot of the limit and the sentinel counted. (The compiled section takes the
-    index in force from the mapping's cell: Segment.show_tables.)"""
+def index_for(max_entries: int, version: int = LAYOUT_VERSION) -> int:
+    """The index slots for an entry limit of ``max_entries``, with every entry slot of the limit and the sentinel
+    counted, 8 at least: from layout version 17, the fewest that keep the load at or below 0.7 (any number of slots:
+    index.py Ranged); before it, the least power of two that keeps it at or below one half (so 0.25 to 0.5: twice
+    to four times the bytes a slot costs at 0.7). (The compiled section takes the index in force from the mapping's
+    cell: Segment.show_tables.)"""
+    if version >= 17:
+        return max(8, -(-(max_entries + 1) * 10 // 7))
     n = 8
     while n < 2 * (max_entries + 1):
         n *= 2
     return n
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def extent_step(ring_nbytes: int, most: int = EXTENT_STEP) -> int:
@@ -67,7 +75,7 @@ class Geometry:
     #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
     #                                region (idle_off); 15's index slots are one word (packed_index); 16's sketch
     #                                is half the index (ghost_for) and its idle columns are backed lazily
-    #                                (lazy_columns)
+    #                                (lazy_columns); 17's index has any number of slots (ranged_index)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -83,7 +91,7 @@ class Geometry:
             raise ValueError(f"policy must be a number below {len(POLICY_NAMES)}, got {policy!r}")
         if max_entries > MAX_ENTRIES_LIMIT:
             raise ValueError(f"max_entries must be at most {MAX_ENTRIES_LIMIT}, got {max_entries}")
-        index_slots = index_for(max_entries)
+        index_slots = index_for(max_entries, version)
         # Room for every entry's block header and padding plus 1/16 slack for compaction, so that a put within the
         # limits always fits physically (see layout/__init__.py, "Arena").
         arena = capacity_bytes + capacity_bytes // 16 + BLOCK_OVERHEAD * max_entries
@@ -184,7 +192,7 @@ class Geometry:
         """The most memory a segment holds under ``capacity`` and an entry limit of ``limit`` (None: the most):
         its tables' shown parts and the ring's arena."""
         limit = self.max_entries if limit is None or self.version < 10 else min(limit, self.max_entries)
-        live = min(index_for(limit), self.index_slots)
+        live = min(index_for(limit, self.version), self.index_slots)
         ring = _round_up(self.extent_top(capacity, limit), PAGE)
         return sum(stop - start for start, stop in self.backed(live, self.slots_for(limit, 0), ring))
 
@@ -215,10 +223,19 @@ class Geometry:
         """The ghost's words in force with an index of ``index_live`` slots, ``GHOST_WAYS`` at least: as many as the
         slots under s3fifo (its ghost remembers at most 0.45 keys a slot), half as many under auto from version 16
         (its sketch: one word, 16 counters, an entry of the limit at least, as Caffeine sizes its sketch; before 16,
-        as many as the slots), none under lru and keep; ``ghost_floor`` at least. (twin: _core.h GHOST_LIVE)"""
+        as many as the slots), none under lru and keep; ``ghost_floor`` at least. The ghost is a power of two of
+        words: from version 17, whose index is not, the slots counted are those of a power-of-two index for the same
+        limit, the least power of two at or above 1.4 times the slots (twice the limit's entries, as before 17).
+        (twin: _core.h ghost_live)"""
         if self.policy not in (POLICY_S3FIFO, POLICY_AUTO):
             return 0
+        if self.ranged_index:
+            index_live = _pow2_at_least(-(-index_live * 7 // 5))
         return max(index_live >> self.ghost_shift, self.ghost_floor)
+
+    def index_for(self, limit: int) -> int:
+        """The index slots for an entry limit of ``limit`` under this segment's layout (``index_for``)."""
+        return index_for(limit, self.version)
 
     @property
     def ghost_floor(self) -> int:
@@ -234,6 +251,12 @@ class Geometry:
     def packed_index(self) -> bool:
         """Whether an index slot is one word (version 15: INDEX_SLOT_PACKED) rather than two (INDEX_SLOT)."""
         return self.version >= 15
+
+    @property
+    def ranged_index(self) -> bool:
+        """Whether the index has any number of slots, a key's home slot its tag scaled to them (version 17: index.py
+        Ranged), rather than a power of two, the home the fingerprint's low bits."""
+        return self.version >= 17
 
     @property
     def index_dtype(self):
