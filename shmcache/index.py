@@ -184,9 +184,15 @@ def _p_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
 
 
 def _p_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
-    s, tag = fp & mask, fp & _TAG
+    return _p_probe(ix, ent, mm, base, mask, fp & mask, fp, kb)
+
+
+def _p_probe(ix, ent, mm, base: int, mask: int, s: int, fp: int, kb: bytes) -> int:
+    """``find`` past home slot ``s`` over one-word slots (the caller probed that one), round from the last slot to
+    the first: the same under either home rule."""
+    tag = fp & _TAG
     for _ in range(mask):
-        s = (s + 1) & mask
+        s = s + 1 if s < mask else 0
         word = ix[s]
         e = (word >> _SHIFT) & _TAG
         if e == EMPTY:
@@ -197,11 +203,14 @@ def _p_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
 
 
 def _p_free_slot(ix, mask: int, fp: int) -> int:
-    s = fp & mask
+    return _p_free_from(ix, mask, fp & mask)
+
+
+def _p_free_from(ix, mask: int, s: int) -> int:
     for _ in range(mask + 1):
         if not (ix[s] >> _SHIFT) & _TAG:
             return s
-        s = (s + 1) & mask
+        s = s + 1 if s < mask else 0
     raise _full()
 
 
@@ -210,7 +219,7 @@ def _p_put(ix, s: int, fp: int, e: int) -> None:
 
 
 def _p_insert(ix, ent, mask: int, fp: int, e: int) -> None:
-    s = _p_free_slot(ix, mask, fp)
+    s = _p_free_from(ix, mask, fp & mask)
     ix[s] = (e << _SHIFT) | (fp & _TAG)
     ent[e * ENTRY_WORDS + E_SLOT] = s
 
@@ -218,15 +227,22 @@ def _p_insert(ix, ent, mask: int, fp: int, e: int) -> None:
 def _p_remove(ix, ent, mask: int, s: int, opening=None) -> None:
     """``remove`` over one-word slots: a slot's home is its word's low bits (the tag). (twin: _core_index.c
     index_remove)"""
+    _p_shift_back(ix, ent, mask, s, opening, _home)
+
+
+def _p_shift_back(ix, ent, mask: int, s: int, opening, home) -> None:
+    """Empty slot ``s`` and shift back what follows it in its cluster, ``home(word, mask)`` a slot's home: an entry
+    may fill the hole only if its home is not cyclically within the hole and its own slot."""
+    n = mask + 1
     ix[s] = 0
     j = s
-    for _ in range(mask + 1):
-        j = (j + 1) & mask
+    for _ in range(n):
+        j = j + 1 if j < mask else 0
         word = ix[j]
         e = (word >> _SHIFT) & _TAG
         if e == EMPTY:
             return
-        if (j - word) & mask >= (j - s) & mask:  # (the word's bits above the mask do not change the low bits)
+        if (j - home(word, mask)) % n >= (j - s) % n:
             if opening is not None:
                 opening(j)
             ix[s] = word
@@ -287,54 +303,23 @@ def _r_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
 
 
 def _r_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
-    tag = fp & _TAG
-    s = (tag * (mask + 1)) >> 32
-    for _ in range(mask):
-        s = s + 1 if s < mask else 0
-        word = ix[s]
-        e = (word >> _SHIFT) & _TAG
-        if e == EMPTY:
-            return EMPTY
-        if word & _TAG == tag and _p_match(ent, mm, base, e, fp, kb):
-            return e
-    raise _full()
+    return _p_probe(ix, ent, mm, base, mask, ((fp & _TAG) * (mask + 1)) >> 32, fp, kb)
 
 
 def _r_free_slot(ix, mask: int, fp: int) -> int:
-    s = ((fp & _TAG) * (mask + 1)) >> 32
-    for _ in range(mask + 1):
-        if not (ix[s] >> _SHIFT) & _TAG:
-            return s
-        s = s + 1 if s < mask else 0
-    raise _full()
+    return _p_free_from(ix, mask, ((fp & _TAG) * (mask + 1)) >> 32)
 
 
 def _r_insert(ix, ent, mask: int, fp: int, e: int) -> None:
-    s = _r_free_slot(ix, mask, fp)
+    s = _p_free_from(ix, mask, ((fp & _TAG) * (mask + 1)) >> 32)
     ix[s] = (e << _SHIFT) | (fp & _TAG)
     ent[e * ENTRY_WORDS + E_SLOT] = s
 
 
 def _r_remove(ix, ent, mask: int, s: int, opening=None) -> None:
-    """``remove`` over one-word slots in an index of any size: a slot's home is its tag scaled to the slots, and
-    distances are taken modulo the slots. (twin: _core_index.c index_remove)"""
-    n = mask + 1
-    ix[s] = 0
-    j = s
-    for _ in range(n):
-        j = j + 1 if j < mask else 0
-        word = ix[j]
-        e = (word >> _SHIFT) & _TAG
-        if e == EMPTY:
-            return
-        if (j - (((word & _TAG) * n) >> 32)) % n >= (j - s) % n:
-            if opening is not None:
-                opening(j)
-            ix[s] = word
-            ent[e * ENTRY_WORDS + E_SLOT] = s
-            ix[j] = 0
-            s = j
-    raise _full()
+    """``remove`` over one-word slots in an index of any size: a slot's home is its tag scaled to the slots.
+    (twin: _core_index.c index_remove)"""
+    _p_shift_back(ix, ent, mask, s, opening, _r_home)
 
 
 class Ranged:
