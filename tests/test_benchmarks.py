@@ -139,6 +139,20 @@ def test_benchmarks_footprint_measures_what_it_made():
     assert not [n for n in os.listdir("/dev/shm") if "bench-footprint-" in n and f"-{os.getpid()}" in n]
 
 
+def test_benchmarks_probes_measures_what_it_made():
+    """benchmarks/probes.py's figures on a small run: each version's index as full as its rule lets it be, the
+    probes those loads give linear probing (a miss probes more than a hit, both more at 0.7 than under one half),
+    every lookup timed; its caches gone."""
+    from benchmarks import probes
+
+    v16, v17 = probes.measure(3000, 500, 1)["rows"]
+    assert (v16["version"], v16["index_slots"], v17["version"], v17["index_slots"]) == (16, 8192, 17, 4288)
+    assert v16["load"] <= 0.5 and 0.69 < v17["load"] <= 0.7
+    assert 1 <= v16["hit_probes"] < v17["hit_probes"] < v17["miss_probes"] and v16["miss_probes"] < v17["miss_probes"]
+    assert all(r["get_hit_us"] > 0 and r["get_miss_us"] > 0 for r in (v16, v17))
+    assert not [n for n in os.listdir("/dev/shm") if "bench-probes-" in n and f"-{os.getpid()}" in n]
+
+
 def test_benchmarks_retries_measures_what_it_made():
     """benchmarks/retries.py on a short run: the reader read, every value right, the writer wrote; its cache gone."""
     from benchmarks import retries
