@@ -33,7 +33,7 @@ import time
 
 from .measure import make_key, small_value
 
-RESIDENT = 3000  # keys put before the measured loop; gets draw from them (index about 37 % full, as in most sizes)
+RESIDENT = 3000  # keys put before the measured loop; gets draw from them
 CASES = {
     "get": "get hit, ~100-byte dict, random resident key",
     "get-miss": "get miss",

@@ -266,8 +266,10 @@ static inline int64_t stripe_of(const Core *c, int64_t s) { return s >> stripe_s
 static inline int64_t ghost_live(const Core *c)
 {
     int64_t n = c->tables[0];
-    if (c->ixrange) { /* (the least power of two at or above 1.4 times the slots: Geometry.ghost_for) */
-        uint64_t need = ((uint64_t)n * 7 + 4) / 5;
+    if (c->ixrange) { /* (the power-of-two index of version 16 for the limit these slots hold: Geometry.ghost_for) */
+        uint64_t need = 2 * (((uint64_t)n * 7) / 10);
+        if (need < 8)
+            need = 8;
         n = (int64_t)1 << (64 - __builtin_clzll(need - 1));
     }
     n >>= c->ghost_shift;

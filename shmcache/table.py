@@ -636,7 +636,8 @@ class Table:
 
     def reindex(self, live: int) -> None:
         """Make the index of ``live`` slots (``index_for``) the one in force, every resident entry in it, and empty
-        the ghost (version 10: a resize changed the entry limit, already written, to one that needs another index).
+        the ghost if its size changes (version 10: a resize changed the entry limit, already written, to one that
+        needs another index).
         Backed and shown first (NoSpaceError before any write); the rest under the caller's dirty bracket and the
         readers' odd seq.
 
@@ -654,7 +655,10 @@ class Table:
         top = max(old, live)
         slots_all = np.ndarray((top,), g.index_dtype, buffer=seg.mm, offset=g.index_off)
         slots_all.view(np.uint8)[:] = 0
-        if len(self.ghost):
+        # The ghost is emptied where its size in force changes (its slots are the fingerprint's bits under its own
+        # size, not the index's): under version 17 most new limits change the index but not the ghost, whose
+        # size is a power of two, and keep what it remembers (auto: the climber's state in block 0 too).
+        if len(self.ghost) and g.ghost_for(old) != g.ghost_for(live):
             np.frombuffer(self.ghost, dtype=np.int64)[:] = 0  # (advisory: forgetting costs hit ratio, never values)
         progressed(h)
         _, _, entries = seg.arrays()

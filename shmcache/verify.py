@@ -588,8 +588,9 @@ def _settle_index(seg) -> None:
         seg.show_tables(live, limit, unused)
     except NoSpaceError:
         # What this mapping shows is backed: the index and the limit it holds, nothing more shown.
-        live = seg.shown_index()
-        limit = min(limit, live // 2 - 1, seg.slots_shown - 1)
+        shown = seg.shown_index()
+        limit = max(1, min(limit, g.limit_for(shown), seg.slots_shown - 1))
+        live = min(g.index_for(limit), shown)  # (the index the lowered limit needs: within what is shown)
         count_resize(h)  # (first: the limit moves)
         config.set_limits(h, limit, h[H_MAX_RETAINED])
         seg.show_tables(live, limit, min(unused, seg.slots_shown), backed=True)

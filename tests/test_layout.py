@@ -493,6 +493,13 @@ def test_layout_golden_version_17_index_of_any_size(name):
     assert [layout.index_for(n) for n in (1, 5, 100, 10**6)] == [8, 9, 145, 1428573]
     assert [layout.index_for(n, 16) for n in (1, 5, 100, 10**6)] == [8, 16, 256, 2097152]
     assert Geometry.for_capacity(2**20, 100).index_slots == 145
+    # The ghost and auto's sketch, powers of two, keep the sizes of version 16 for every limit (2**k - 1 included)
+    for policy in (d.POLICY_S3FIFO, d.POLICY_AUTO):
+        g16, g17 = (Geometry.for_capacity(2**20, 10, policy, v) for v in (16, 17))
+        limits = [*range(1, 3000), *(2**k + j for k in range(3, 31) for j in (-2, -1, 0, 1)), 2**31 - 2]
+        assert [g17.ghost_for(layout.index_for(m)) for m in limits] == [g16.ghost_for(layout.index_for(m, 16))
+                                                                         for m in limits]
+        assert all(g17.limit_for(layout.index_for(m)) >= m for m in limits)
     assert Geometry.for_capacity(2**20, 100, 0, 16).index_slots == 256
     n, keys = 145, []
     for i in range(200000):  # keys whose home is one of the index's last two slots or its first: clusters that wrap

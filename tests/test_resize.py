@@ -10,6 +10,7 @@ import random
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from shmcache import CorruptionError, PinnedError, SharedCache
@@ -610,6 +611,47 @@ def test_tables_that_cannot_be_backed_refuse_the_resize_and_change_nothing(name,
         c.resize(capacity_bytes=4 * MIB)
         _fill(c, [f"more{i}" for i in range(2000)], nbytes=64)
         assert len(c) == 2000 + before.entries and c.verify().ok
+
+
+def test_a_repair_that_cannot_back_a_raised_limit_lowers_it_to_the_index_shown(name, monkeypatch):
+    """A resize that raised the entry limit died before it backed the tables, and /dev/shm is full when the repair
+    runs: the repair keeps the index this mapping shows and lowers the limit to the most that index holds under
+    the layout's load (0.7 from version 17), the index in force the one that limit needs, so that the cache
+    checks out at once, and every value reads back."""
+    from shmcache import config, space
+    from shmcache.layout.dtypes import H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED
+
+    keys = [f"k{i}" for i in range(150)]
+    with SharedCache(name, capacity_bytes=1 * MIB, max_entries=200, create=True) as c:
+        _fill(c, keys)
+        g, h = c._seg.geometry, c._h
+        assert c._seg.shown_index() == g.index_for(200) == 288 and g.limit_for(288) == 200
+        config.set_limits(h, 3000, h[H_MAX_RETAINED])  # (the resize's words, its tables never backed)
+        h[H_DIRTY] = 1
+        monkeypatch.setattr(space, "back", lambda fd, start, stop: "1.0 MiB more shared memory were needed")
+        assert c.verify(repair_damage=True) is not None
+        assert (h[H_MAX_ENTRIES], h[H_INDEX_SLOTS], h[H_DIRTY]) == (200, 288, 0)
+        assert c.verify().ok and _read_back(c, keys) == 150
+        monkeypatch.undo()
+        c.resize(max_entries=3000)  # (once there is room)
+        assert h[H_INDEX_SLOTS] == g.index_for(3000) and c.verify().ok and _read_back(c, keys) == 150
+
+
+def test_a_new_limit_keeps_the_ghost_where_its_size_stays(name):
+    """Version 17: nearly every new entry limit needs another index (Table.reindex), but the ghost (s3fifo) is a
+    power of two and keeps its size, and then what it remembers; a limit that changes its size empties it."""
+    with SharedCache(name, capacity_bytes=4 * MIB, max_entries=1000, create=True, policy="s3fifo") as c:
+        _fill(c, [f"k{i}" for i in range(3000)], nbytes=32)  # (evictions: keys in the ghost)
+        ghost = np.frombuffer(c._seg.ghost_words, dtype=np.int64)
+        assert len(ghost) == 2048 and ghost.any()
+        before = ghost.copy()
+        c.set_limits(max_entries=1010)  # (no eviction: the ghost as it was, or emptied)
+        assert c._seg.mask + 1 == c._seg.geometry.index_for(1010) != c._seg.geometry.index_for(1000)
+        assert len(c._seg.ghost_words) == 2048
+        assert np.array_equal(np.frombuffer(c._seg.ghost_words, dtype=np.int64), before) and c.verify().ok
+        c.set_limits(max_entries=1100)  # (a ghost of 4096 words: emptied)
+        assert len(c._seg.ghost_words) == 4096 and not np.frombuffer(c._seg.ghost_words, dtype=np.int64).any()
+        assert c.verify().ok
 
 
 @pytest.mark.parametrize("word", ["unused_next", "free_head"])

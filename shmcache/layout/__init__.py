@@ -152,9 +152,9 @@ idle words in a column in use.
 The ghost region (``ghost_slots`` words under s3fifo and auto, none under lru and keep; ``Geometry.ghost_for``: as
 many as the index's slots under s3fifo, half as many under auto from version 16, so that its sketch has 16 counters
 an entry of the limit at least, as Caffeine's does; a power of two, so from version 17 those of the power-of-two
-index version 16 would have, the least power of two at or above 1.4 times the slots): under s3fifo, the ghost's
-tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit counters in blocks of 8 words, a
-key's 4 counters in one block, whose block 0 holds the policy's state instead
+index version 16 would have for the limit the slots hold, twice its entries rounded up to a power of two): under
+s3fifo, the ghost's tagged fingerprints (policies/s3fifo.py); under auto, a count-min sketch of 4-bit counters in
+blocks of 8 words, a key's 4 counters in one block, whose block 0 holds the policy's state instead
 (``A_*`` of dtypes.py: the window's target, the climber's step, the last period's hit ratio, the lookups and hits
 when the period began, and three counters; policies/auto.py). Only the part the index in force sizes is used. Any
 word of the region is valid under both policies, so it is outside the crash protocol.

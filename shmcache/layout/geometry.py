@@ -224,18 +224,26 @@ class Geometry:
         slots under s3fifo (its ghost remembers at most 0.45 keys a slot), half as many under auto from version 16
         (its sketch: one word, 16 counters, an entry of the limit at least, as Caffeine sizes its sketch; before 16,
         as many as the slots), none under lru and keep; ``ghost_floor`` at least. The ghost is a power of two of
-        words: from version 17, whose index is not, the slots counted are those of a power-of-two index for the same
-        limit, the least power of two at or above 1.4 times the slots (twice the limit's entries, as before 17).
+        words: from version 17, whose index is not, the slots counted are those of the power-of-two index version 16
+        has for the same limit: the least power of two at or above twice the entries the slots hold at 0.7 (the
+        limit and the sentinel), 8 at least.
         (twin: _core.h ghost_live)"""
         if self.policy not in (POLICY_S3FIFO, POLICY_AUTO):
             return 0
-        if self.ranged_index:
-            index_live = _pow2_at_least(-(-index_live * 7 // 5))
+        if self.ranged_index:  # (the limit the slots hold, and the sentinel: index_for's inverse)
+            index_live = _pow2_at_least(max(8, 2 * (index_live * 7 // 10)))
         return max(index_live >> self.ghost_shift, self.ghost_floor)
 
     def index_for(self, limit: int) -> int:
         """The index slots for an entry limit of ``limit`` under this segment's layout (``index_for``)."""
         return index_for(limit, self.version)
+
+    def limit_for(self, index_live: int) -> int:
+        """The largest entry limit whose index (``index_for``) has at most ``index_live`` slots (8 at least; a power
+        of two before version 17): a repair that can back no more than it shows lowers the limit to it."""
+        if self.ranged_index:
+            return max(1, index_live * 7 // 10 - 1)
+        return max(1, index_live // 2 - 1)
 
     @property
     def ghost_floor(self) -> int:
