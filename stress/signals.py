@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 from shmcache import ComputeTimeout, PinnedError, SharedCache, ofd, refresh
 from shmcache.cache import parts
@@ -229,13 +230,19 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
     while control.value != FINISH and os.getppid() == parent:
         time.sleep(0.05)
     cache.close()
+    handle = weakref.ref(cache)
     del w, cache
     gc.collect()  # the lock's page (and its descriptor) goes with the handle
     check_files()
     leaked = max(0, _fd_count() - start_fds)
-    if leaked:  # what they are, for the log
+    if leaked:  # what they are, for the log: and whether the handle (its lock page's descriptor) is still alive
+        alive, pool = handle(), refresh.workers()
         print(f"[pid {os.getpid()}] {leaked} descriptors more than at the start: {_fd_targets()}; threads: "
-              f"{[t.name for t in threading.enumerate()]}", file=sys.stderr, flush=True)
+              f"{[t.name for t in threading.enumerate()]}; handle alive: {alive is not None}"
+              f"{'' if alive is None else ', held by ' + str([type(r).__name__ for r in gc.get_referrers(alive)])}; "
+              f"refresh jobs queued {pool._jobs.qsize()}, threads idle {pool._idle}, running {pool._running}",
+              file=sys.stderr, flush=True)
+        del alive
     counts[base + LEAKED] += leaked
     for f in files:
         f.close()
