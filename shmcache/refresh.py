@@ -23,6 +23,7 @@ are closed by flight.py's; its own calls then refresh as any process's do. ``cac
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import functools
 import os
@@ -128,6 +129,7 @@ class Refreshes:
 
 
 PENDING_S = 10.0  # a refresh recorded this long ago with no end is taken for lost (see Refreshes)
+_start_thread = _thread.start_new_thread  # (a name of this module's: tests interrupt a start here)
 
 
 def _run(refreshes: Refreshes, fp: int, since: float, job: Callable[[], None]) -> None:
@@ -194,14 +196,22 @@ class Workers:
                 return
         self._starting = now
         try:
-            threading.Thread(target=self._work, name="shmcache-refresh", daemon=True).start()
-        except RuntimeError as exc:
-            # No thread to be had now ("can't start new thread"): the next call tries again. Or a signal handler's
-            # exception landed inside threading's own wait for the thread's start, which then fails to release a
-            # lock it no longer holds: that exception is the caller's, raised as it would have been.
+            # Why a thread of _thread's that starts the refresh thread, rather than Thread.start here: this is the
+            # thread signal handlers run in, and an exception of one landing inside threading's start can leave
+            # threading's own registry lock held by this thread (CPython 3.14: after a ``with``'s __enter__), so
+            # that every thread started after it blocks in its bootstrap for good, ours and the application's.
+            # start_new_thread is one call into C: cut short before it, nothing started (the start is taken over
+            # once START_S old); after it, the thread runs whatever the caller does.
+            _start_thread(self._spawn, ())
+        except RuntimeError:  # no thread to be had now ("can't start new thread"): the next call tries again
             self._started()
-            if isinstance(exc.__context__, BaseException) and not isinstance(exc.__context__, Exception):
-                raise exc.__context__ from None
+
+    def _spawn(self) -> None:
+        """Start a refresh thread, from a thread of its own where no signal handler runs (``ensure``)."""
+        try:
+            threading.Thread(target=self._work, name="shmcache-refresh", daemon=True).start()
+        except BaseException:  # (no thread to be had: the next ``ensure`` tries again)
+            self._started()
 
     def _started(self) -> None:
         """The start under way is over: its record cleared and its lock released (already released where a start

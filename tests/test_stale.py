@@ -330,36 +330,36 @@ def test_stale_refreshes_of_several_keys_run_side_by_side(name):
         c.unlink()
 
 
-def _first_refresh_start_fails(monkeypatch, fail) -> list:
-    """Make the next refresh thread's start call ``fail()`` (which raises) instead of starting the thread, once,
-    with no idle refresh thread of an earlier test left to take the job, and a lost start given up after 0.05 s;
-    the list the failed start's thread is put in."""
+def _first_refresh_start_interrupted(monkeypatch, after: bool) -> list:
+    """Make the next refresh thread's start (``refresh._start_thread``, the one call the caller's thread makes for
+    it) raise KeyboardInterrupt once, as a signal handler's exception would: before it starts anything (``after``
+    False) or once it has (True); with no idle refresh thread of an earlier test left to take the job, and a lost
+    start given up after 0.05 s. The list the interrupted start is put in."""
     from shmcache import refresh
 
     monkeypatch.setattr(refresh, "START_S", 0.05)
     assert _until(_no_refresh_thread, refresh.IDLE_S + 10)
-    real_start = threading.Thread.start
+    real = refresh._start_thread
     cut: list = []
 
-    def start(self):
-        if self.name == "shmcache-refresh" and not cut:
-            cut.append(self)
-            fail()
-        real_start(self)
+    def start(fn, args):
+        if not cut:
+            cut.append(fn)
+            if after:
+                real(fn, args)
+            raise KeyboardInterrupt
+        return real(fn, args)
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(refresh, "_start_thread", start)
     return cut
 
 
 @pytest.mark.timeout(60)
 def test_stale_a_refresh_whose_thread_start_was_cut_short_runs_later(name, monkeypatch):
-    """An exception from a signal handler inside the refresh thread's start (simulated: the start raises
-    KeyboardInterrupt and the thread never runs) reaches the caller, as it would from any line; the job stays
-    queued, and a later stale call of the key starts a thread for it, once the lost start is old enough."""
-    def interrupt():
-        raise KeyboardInterrupt
-
-    cut = _first_refresh_start_fails(monkeypatch, interrupt)
+    """An exception from a signal handler just before the refresh thread's start (simulated) reaches the caller,
+    as it would from any line; the job stays queued, and a later stale call of the key starts a thread for it,
+    once the lost start is old enough."""
+    cut = _first_refresh_start_interrupted(monkeypatch, after=False)
     with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
         c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
@@ -377,23 +377,48 @@ def test_stale_a_refresh_whose_thread_start_was_cut_short_runs_later(name, monke
 
 
 @pytest.mark.timeout(60)
-def test_stale_an_interrupt_inside_threadings_wait_reaches_the_caller_as_itself(name, monkeypatch):
-    """A signal handler's exception inside threading's wait for a new thread's start makes that wait fail to
-    release a lock it no longer holds (RuntimeError, the interrupt as its context): the caller gets the interrupt,
-    and the job waits for the next start."""
-    def interrupt_in_wait():
-        try:
-            raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            raise RuntimeError("release unlocked lock")  # noqa: B904 (as threading raises it)
-
-    cut = _first_refresh_start_fails(monkeypatch, interrupt_in_wait)
+def test_stale_an_interrupt_right_after_the_start_leaves_the_refresh_running(name, monkeypatch):
+    """An exception from a signal handler right after the refresh thread's start (simulated) reaches the caller;
+    the thread was started, from a thread where no handler runs, and runs the job with no further call. (Started
+    from the caller's thread, threading's start could be cut short inside, leaving its own registry lock held and
+    every later thread of the process stuck in its bootstrap: CPython 3.14.)"""
+    cut = _first_refresh_start_interrupted(monkeypatch, after=True)
     with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
         c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
         time.sleep(0.06)
         with pytest.raises(KeyboardInterrupt):
             c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30)
-        assert cut and c._refreshes.running == 1
+        assert cut and _until(lambda: c._refreshes.running == 0)
+        v = c.get("k")
+        check_value("k", v)
+        assert v["seq"] == 2 and c.stats().refreshes == 1
+        c.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_stale_a_thread_that_cannot_be_started_is_started_by_the_next_call(name, monkeypatch):
+    """No thread to be had when the refresh thread is started (threading's start raises RuntimeError, in the
+    thread that starts it): the caller is not disturbed, the job stays queued, and the next stale call starts a
+    thread for it at once (the failed start released its hold)."""
+    from shmcache import refresh
+
+    assert _until(_no_refresh_thread, refresh.IDLE_S + 10)
+    real_start = threading.Thread.start
+    cut: list = []
+
+    def start(self):
+        if self.name == "shmcache-refresh" and not cut:
+            cut.append(self)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with SharedCache(name, capacity_bytes=1 << 20, create=True) as c:
+        c.get_or_compute("k", lambda: make_value("k", 1, 64), ttl=0.05, stale_ttl=30)
+        time.sleep(0.06)
+        check_value("k", c.get_or_compute("k", lambda: make_value("k", 2, 64), ttl=0.05, stale_ttl=30))
+        assert _until(lambda: bool(cut) and not refresh.workers()._start.locked())
+        assert c._refreshes.running == 1 and c.get("k")["seq"] == 1
         check_value("k", c.get_or_compute("k", lambda: make_value("k", 3, 64), ttl=0.05, stale_ttl=30))
         assert _until(lambda: c._refreshes.running == 0) and c.get("k")["seq"] == 2
         c.unlink()
