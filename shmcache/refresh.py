@@ -256,6 +256,11 @@ class Workers:
         """Threads running a job now (read without a lock: a moment's figure)."""
         return self._running - self._idle
 
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a thread now (a moment's figure, as ``busy``)."""
+        return self._jobs.qsize()
+
 
 _workers = Workers()
 _ALL: weakref.WeakSet[Refreshes] = weakref.WeakSet()  # every handle's, for the fork hook

@@ -240,7 +240,7 @@ def signal_worker(name: str, row: int, seed: int, counts, control, paused, opts:
         print(f"[pid {os.getpid()}] {leaked} descriptors more than at the start: {_fd_targets()}; threads: "
               f"{[t.name for t in threading.enumerate()]}; handle alive: {alive is not None}"
               f"{'' if alive is None else ', held by ' + str([type(r).__name__ for r in gc.get_referrers(alive)])}; "
-              f"refresh jobs queued {pool._jobs.qsize()}, threads idle {pool._idle}, running {pool._running}",
+              f"refresh jobs queued {pool.queued}, threads running a job {pool.busy}",
               file=sys.stderr, flush=True)
         del alive
     counts[base + LEAKED] += leaked
