@@ -43,11 +43,10 @@ def _occupied(cache: SharedCache) -> int:
 
 def _tables(cache: SharedCache) -> int:
     """The bytes the tables back: header, the index in force, the entry records and columns the limit shows, kind
-    table, ghost, reader slots, and the idle and versions columns where they are in use (layout Geometry.backed, the
-    arena left out)."""
+    table, ghost, reader slots, and the lazy columns (idle, versions, expires) where they are in use (layout
+    Geometry.backed, the arena left out)."""
     seg = parts(cache).seg
-    return sum(stop - start for start, stop in seg.geometry.backed(seg.mask + 1, seg.shown[2], 0, seg.idle_shown,
-                                                                    seg.versions_shown))
+    return sum(stop - start for start, stop in seg.geometry.backed(seg.mask + 1, seg.shown[2], 0, seg.shown[5]))
 
 
 def _tables_by_region(cache: SharedCache, resident: int) -> dict[str, float]:
@@ -58,8 +57,7 @@ def _tables_by_region(cache: SharedCache, resident: int) -> dict[str, float]:
     names = (["ttis", "deadlines"] if g.version >= 14 else []) + [
         "index", "entry records", "expires", "versions", "kinds", "pins", "marks", "ghost"]
     return {n: shown / resident
-            for n, (_, shown, _) in zip(names, g.tables(seg.mask + 1, seg.shown[2], seg.idle_shown,
-                                                        seg.versions_shown))}
+            for n, (_, shown, _) in zip(names, g.tables(seg.mask + 1, seg.shown[2], seg.shown[5]))}
 
 
 def _case(tag: str, **kwargs) -> SharedCache:

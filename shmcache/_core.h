@@ -252,6 +252,8 @@ static inline uint64_t ix_dist(const Core *c, int64_t j, int64_t from, int64_t m
 #define D_TTI_CHECK 1
 #define D_IDLE_ON 2
 #define D_VERSIONS_ON 4
+#define D_EXPIRES_ON 5
+#define D_WORDS 6
 #define IDLE_SHARE 8
 static inline int stripe_shift(const Core *c)
 {
@@ -280,13 +282,20 @@ static inline int64_t ghost_live(const Core *c)
 /* Whether this mapping shows the idle columns (version 14): until it does (version 16: until they are in use, which
  * counts a resize, so that a call made after the switch is handed over and the Python path shows them) they are its
  * own zero pages, read as "no time to idle" and never written. (twin: segment.py Segment.ttis_live) */
-#define SHOWN_IDLE 1     /* bits of the cell's word 5 (tables[4]): segment.py SHOWN_IDLE, SHOWN_VERSIONS */
+#define SHOWN_IDLE 1     /* bits of the cell's word 5 (tables[4]): layout/dtypes.py SHOWN_* */
 #define SHOWN_VERSIONS 2
+#define SHOWN_EXPIRES 4
+#define SHOWN_ALL 7
 #define IDLE_SHOWN(c) ((c)->ttis != NULL && ((c)->tables[4] & SHOWN_IDLE))
 /* Whether this mapping shows the versions column: until it does (version 16: until a caller asks for a version) no
  * store writes it, and a call that reads a version (a view) is handed over, so that the Python path switches it on
  * (Store.show_versions). (twin: segment.py Segment.versions_live) */
 #define VERSIONS_SHOWN(c) (((c)->tables[4] & SHOWN_VERSIONS) != 0)
+/* Whether this mapping shows the expires column: until it does (version 18: until an entry has an expiry) it reads
+ * 0, never, for every slot, and no store writes a word of it (a 0 over 0 is skipped); a store that gives an expiry,
+ * or any store once D_EXPIRES_ON says the column is in use, is handed over, so that the Python path switches it on
+ * (Store.need_expires). (twin: segment.py Segment.expires_shown) */
+#define EXPIRES_SHOWN(c) (((c)->tables[4] & SHOWN_EXPIRES) != 0)
 #define SLOT_OK(e) ((e) > 0 && (e) < c->tables[1])       /* a real entry slot (not the sentinel) */
 #define LINK_OK(e) ((e) >= 0 && (e) < c->tables[1])      /* an entry slot or the sentinel */
 #define LEN_OK(n) ((n) >= 0 && (n) <= c->arena_nbytes)

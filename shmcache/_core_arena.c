@@ -314,7 +314,7 @@ static PyObject *Core_watch_extent(Core *c, PyObject *cell)
     int64_t *w = (int64_t *)c->shown_buf.buf;
     if (c->shown_buf.len != 6 * (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)c->shown_buf.buf % sizeof(int64_t))
         || w[1] < 8 || w[1] > c->index_slots || (!c->ixrange && (w[1] & (w[1] - 1))) || w[2] < 1 || w[2] > c->slots
-        || w[4] < 1 || w[4] >= c->slots || (w[5] & ~(int64_t)(SHOWN_IDLE | SHOWN_VERSIONS))) {
+        || w[4] < 1 || w[4] >= c->slots || (w[5] & ~(int64_t)SHOWN_ALL)) {
         PyBuffer_Release(&c->shown_buf);
         PyErr_SetString(PyExc_ValueError, "Core.watch_extent: the cell must be six aligned 8-byte words, the index, "
                                           "entry slots and limit in force within the tables, and the lazy columns "

@@ -296,28 +296,30 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         return -1;
     c->stripes = stripes_nbytes ? (int64_t *)stripes : NULL;
     c->holds = holds != 0;
-    int64_t idle, lazy_columns, idle_share, d_words[4], shown_bits[2];
+    int64_t idle, lazy, idle_share, d_words[6], shown_bits[3];
     void *idle_words, *ttis, *deadlines;
-    if (take(d, "idle", &idle) || take(d, "lazy_columns", &lazy_columns) || take(d, "IDLE_SHARE", &idle_share)
+    if (take(d, "idle", &idle) || take(d, "lazy", &lazy) || take(d, "IDLE_SHARE", &idle_share)
         || take(d, "D_DEFAULT_TTI", &d_words[0]) || take(d, "D_IDLE_ON", &d_words[2])
-        || take(d, "D_VERSIONS_ON", &d_words[3]) || take(d, "SHOWN_IDLE", &shown_bits[0])
-        || take(d, "SHOWN_VERSIONS", &shown_bits[1])
+        || take(d, "D_VERSIONS_ON", &d_words[3]) || take(d, "D_EXPIRES_ON", &d_words[4])
+        || take(d, "D_WORDS", &d_words[5]) || take(d, "SHOWN_IDLE", &shown_bits[0])
+        || take(d, "SHOWN_VERSIONS", &shown_bits[1]) || take(d, "SHOWN_EXPIRES", &shown_bits[2])
         || take(d, "D_TTI_CHECK", &d_words[1]) || take(d, "TTI_NONE_CHECK", &c->tti_none_check))
         return -1;
     if (idle_share != IDLE_SHARE || d_words[0] != D_DEFAULT_TTI || d_words[1] != D_TTI_CHECK
-        || d_words[2] != D_IDLE_ON || d_words[3] != D_VERSIONS_ON || shown_bits[0] != SHOWN_IDLE
-        || shown_bits[1] != SHOWN_VERSIONS) {
+        || d_words[2] != D_IDLE_ON || d_words[3] != D_VERSIONS_ON || d_words[4] != D_EXPIRES_ON
+        || d_words[5] != D_WORDS || shown_bits[0] != SHOWN_IDLE || shown_bits[1] != SHOWN_VERSIONS
+        || shown_bits[2] != SHOWN_EXPIRES || (lazy & ~(int64_t)SHOWN_ALL) || (lazy && !idle)) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the idle region is not a layout this build knows");
         return -1;
     }
-    if (region(c, d, "idle_off", idle ? 40 : 0, 8, &idle_words)
+    if (region(c, d, "idle_off", idle ? D_WORDS * 8 : 0, 8, &idle_words)
         || region(c, d, "ttis_off", idle ? entry_slots * 8 : 0, 8, &ttis)
         || region(c, d, "deadlines_off", idle ? entry_slots * 8 : 0, 8, &deadlines))
         return -1;
     c->idle = idle ? (int64_t *)idle_words : NULL;
     c->ttis = idle ? (int64_t *)ttis : NULL;
     c->deadlines = idle ? (int64_t *)deadlines : NULL;
-    c->own_tables[4] = lazy_columns ? 0 : SHOWN_IDLE | SHOWN_VERSIONS; /* (before version 16: with the tables) */
+    c->own_tables[4] = SHOWN_ALL & ~lazy; /* (the columns a layout backs with the tables: Geometry.lazy) */
     c->stuck = -1;
     if (lock_off % 8 || lock_off + lock_nbytes > hw_limit * 8) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the lock's words are not within the header");

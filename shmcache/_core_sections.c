@@ -206,6 +206,12 @@ static int expiry(Core *c, Encoded *st, int64_t now, int64_t ttl, int64_t tti)
     int r;
     if ((r = ttl_of(c, &ttl)) || (r = tti_of(c, &tti)))
         return r;
+    /* Version 18: the expires column is the Python path's to switch on (Store.need_expires) where this mapping does
+     * not show it, for an entry that expires, or once D_EXPIRES_ON says it is in use (a switch cut before its count) */
+    if (!EXPIRES_SHOWN(c) && (ttl || tti || (c->idle != NULL && c->idle[D_EXPIRES_ON]))) {
+        c->reason = WHY_GROW;
+        return ST_HANDOVER;
+    }
     st->expires = ttl ? now + ttl : 0;
     st->tti = tti;
     st->deadline = tti ? st->expires : 0; /* (kept for an idle entry alone: 0 beside no time to idle) */

@@ -105,7 +105,8 @@ static inline void uncount(Core *c, int64_t e, int64_t nbytes)
 {
     ADD(HW(entries), -1);
     ADD(HW(retained), -nbytes);
-    c->exp[e] = 0;
+    if (c->exp[e]) /* (never 0 over 0: the column may not be shown here, version 18) */
+        c->exp[e] = 0;
     int64_t k = c->kinds[e];
     if (k) {
         ADD(c->kw[k * c->kww + c->k_entries], -1);
@@ -391,7 +392,8 @@ static inline void stamp(Core *c, int64_t e, const Encoded *st)
     HW(version_clock) = v;
     if (VERSIONS_SHOWN(c)) /* (else no caller has asked for a version: version 16) */
         c->ver[e] = v;
-    c->exp[e] = expires;
+    if (expires != c->exp[e]) /* (never 0 over 0: the column may not be shown here, version 18: EXPIRES_SHOWN) */
+        c->exp[e] = expires;
     if (IDLE_SHOWN(c)) { /* (else no store has a time to idle: tti_of) */
         c->ttis[e] = st->tti;
         c->deadlines[e] = st->deadline;

@@ -23,8 +23,9 @@ import struct
 from .codec import MASK63, xxh3
 from .layout import MAX_TTL_NS
 from .layout.dtypes import (
-    D_DEFAULT_TTI, D_IDLE_ON, D_TTI_CHECK, D_VERSIONS_ON, H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES,
-    H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES, H_SAVED_MAX_RETAINED, H_SAVED_TTL,
+    D_DEFAULT_TTI, D_EXPIRES_ON, D_IDLE_ON, D_TTI_CHECK, D_VERSIONS_ON, SHOWN_EXPIRES, SHOWN_IDLE, SHOWN_VERSIONS,
+    H_CAPACITY, H_CONFIG_CHECK, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_CHECK, H_SAVED_MAX_ENTRIES,
+    H_SAVED_MAX_RETAINED, H_SAVED_TTL,
 )
 
 _WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED)
@@ -131,33 +132,42 @@ def default_tti(idle) -> int:
     return tti if 0 <= tti <= MAX_TTL_NS and idle[D_TTI_CHECK] == tti_checksum(tti) else 0
 
 
-def tti_problems(idle, lazy: bool = False) -> list[str]:
+_SWITCHES = ((SHOWN_IDLE, D_IDLE_ON, "D_IDLE_ON"), (SHOWN_VERSIONS, D_VERSIONS_ON, "D_VERSIONS_ON"),
+             (SHOWN_EXPIRES, D_EXPIRES_ON, "D_EXPIRES_ON"))
+
+
+def switch_words(lazy: int) -> list[tuple[int, str]]:
+    """The words (number, name) that say whether each of the lazy columns ``lazy`` (Geometry.lazy's SHOWN_* bits)
+    is in use."""
+    return [(w, name) for bit, w, name in _SWITCHES if lazy & bit]
+
+
+def tti_problems(idle, lazy: int = 0) -> list[str]:
     """What is wrong with the default time to idle (``idle`` None: nothing, a segment before version 14), and
-    where ``lazy`` (version 16) with the words that say the lazy columns are in use (D_IDLE_ON, D_VERSIONS_ON: 0
-    or 1)."""
+    with the words that say the lazy columns ``lazy`` are in use (Geometry.lazy: D_IDLE_ON and D_VERSIONS_ON from
+    version 16, D_EXPIRES_ON from 18: each 0 or 1)."""
     if idle is None:
         return []
     out = []
     tti, check = idle[D_DEFAULT_TTI], idle[D_TTI_CHECK]
     if not 0 <= tti <= MAX_TTL_NS or check != tti_checksum(tti):
         out.append(f"the default time to idle ({tti} ns) fails its checksum or is out of range")
-    if lazy:
-        for w, name in ((D_IDLE_ON, "D_IDLE_ON"), (D_VERSIONS_ON, "D_VERSIONS_ON")):
-            if idle[w] not in (0, 1):
-                out.append(f"the lazy columns' word {name} is {idle[w]}, not 0 or 1")
+    for w, name in switch_words(lazy):
+        if idle[w] not in (0, 1):
+            out.append(f"the lazy columns' word {name} is {idle[w]}, not 0 or 1")
     return out
 
 
-def restore_tti(idle, lazy: bool = False) -> bool:
+def restore_tti(idle, lazy: int = 0) -> bool:
     """Put the default time to idle right (the lock held): a pair that fails is set to none, the value that can do
-    no harm (entries then live until their time to live or eviction); and (``lazy``) a D_IDLE_ON or D_VERSIONS_ON
-    other than 0 and 1 to 1, the columns in use, which only costs memory where the other value could lose what
-    they hold. Whether anything was wrong."""
+    no harm (entries then live until their time to live or eviction); and a switch word of the lazy columns ``lazy``
+    (``tti_problems``) other than 0 and 1 to 1, the columns in use, which only costs memory where the other value
+    could lose what they hold. Whether anything was wrong."""
     if not tti_problems(idle, lazy):
         return False
     if tti_problems(idle):
         write_tti(idle, 0)
-    for w in (D_IDLE_ON, D_VERSIONS_ON) if lazy else ():
+    for w, _ in switch_words(lazy):
         if idle[w] not in (0, 1):
             idle[w] = 1
     return True

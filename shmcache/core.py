@@ -30,7 +30,7 @@ from .layout import (
 from .layout import dtypes as d
 from .lock import HOLDER_BASE, HOLDER_OFF, HOLDER_SLOTS, WAKES_OFF
 from .readers import READER_BASE, Reader
-from .segment import SHOWN_IDLE, SHOWN_VERSIONS
+from .segment import SHOWN_EXPIRES, SHOWN_IDLE, SHOWN_VERSIONS
 from .serializers import TAG_PICKLE
 from .store import UNVIEWABLE, Fields
 from .view import Pin, PinDescriptions, PyView, compiled_pins, first_look
@@ -82,10 +82,11 @@ def offsets(geometry) -> dict[str, int]:
         stripes_off=g.stripes_off, stripes_nbytes=g.stripes_nbytes, STRIPE_BITS=d.STRIPE_BITS,
         STRIPE_MIN_SHIFT=d.STRIPE_MIN_SHIFT, STRIPE_WORDS=d.STRIPE_WORDS, S_HELD=d.S_HELD,
         S_HELD_FIRST=d.S_HELD_FIRST, S_HELD_BYTES=d.S_HELD_BYTES, HELD_SLOT=d.HELD_SLOT, holds=int(g.version >= 12),
-        idle=int(g.version >= 14), lazy_columns=int(g.lazy_columns), idle_off=g.idle_off, ttis_off=g.ttis_off,
+        idle=int(g.version >= 14), lazy=g.lazy, idle_off=g.idle_off, ttis_off=g.ttis_off,
         deadlines_off=g.deadlines_off,
         IDLE_SHARE=d.IDLE_SHARE, D_DEFAULT_TTI=d.D_DEFAULT_TTI, D_TTI_CHECK=d.D_TTI_CHECK, D_IDLE_ON=d.D_IDLE_ON,
-        D_VERSIONS_ON=d.D_VERSIONS_ON, SHOWN_IDLE=SHOWN_IDLE, SHOWN_VERSIONS=SHOWN_VERSIONS,
+        D_VERSIONS_ON=d.D_VERSIONS_ON, D_EXPIRES_ON=d.D_EXPIRES_ON, D_WORDS=d.D_WORDS, SHOWN_IDLE=SHOWN_IDLE,
+        SHOWN_VERSIONS=SHOWN_VERSIONS, SHOWN_EXPIRES=SHOWN_EXPIRES,
         TTI_NONE_CHECK=config.tti_checksum(0),
         READER_PINS=d.READER_PINS, READER_BASE=READER_BASE, PIN_SLOT_MASK=d.PIN_SLOT_MASK,
         arena_off=g.arena_off, arena_nbytes=g.arena_nbytes, EXTENT_STEP=d.EXTENT_STEP, entry_slots=g.entry_slots,

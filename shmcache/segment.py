@@ -42,9 +42,8 @@ _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
 _SHM_DIR = space.SHM_DIR
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # (Linux's value)
 _PAGE = mmap.PAGESIZE  # the system's page: what MAP_FIXED swaps (see Segment._veil)
-# The bits of a mapping's cell word 5 (Segment.shown): the lazy columns it shows (version 16; before it, both).
-SHOWN_IDLE = 1  # the idle columns (ttis, deadlines)
-SHOWN_VERSIONS = 2  # the versions column
+# The bits of a mapping's cell word 5 (Segment.shown): the lazy columns it shows (Geometry.lazy).
+SHOWN_IDLE, SHOWN_VERSIONS, SHOWN_EXPIRES = d.SHOWN_IDLE, d.SHOWN_VERSIONS, d.SHOWN_EXPIRES
 _INIT_WAIT_S = 10.0  # how long an attacher waits for a segment that another process is still initialising
 
 
@@ -141,8 +140,7 @@ class Segment:
             cap = geometry.capacity_bytes if capacity is None else capacity
             limit = self._limit(geometry)
             backed = geometry.backed(self._index_live(geometry), geometry.slots_for(limit, 0),
-                                     geometry.initial_extent(cap, limit), self._idle_at_creation(geometry),
-                                     not geometry.lazy_columns)
+                                     geometry.initial_extent(cap, limit), self._shown_at_creation(geometry))
             space.check(sum(stop - start for start, stop in backed), *_space_args(name))
             space.check_whole(geometry.occupied_at_most(cap, self._max_entries), *_space_args(name))
         deadline = time.monotonic() + init_wait
@@ -275,10 +273,13 @@ class Segment:
             return geometry.index_slots
         return min(geometry.index_slots, geometry.index_for(self._limit(geometry)))
 
-    def _idle_at_creation(self, geometry: Geometry) -> bool:
-        """Whether creation backs the idle columns: before version 16 always, from it with a default time to idle
-        (else the first store that gives one backs them: Store.show_idle)."""
-        return not geometry.lazy_columns or bool(self._default_tti_ns)
+    def _shown_at_creation(self, geometry: Geometry) -> int:
+        """The lazy columns creation backs and shows (SHOWN_* bits; a layout's others always are, Geometry.lazy):
+        the idle columns with a default time to idle, the expires column with it or with a default time to live
+        (else the first store that gives one backs them: Store.show_idle, Store.show_expires); never the versions
+        column (Store.show_versions)."""
+        idle = SHOWN_IDLE | SHOWN_EXPIRES if self._default_tti_ns else 0
+        return (idle | (SHOWN_EXPIRES if self._default_ttl_ns else 0)) & geometry.lazy
 
     def _initialise(self, fd: int, geometry: Geometry) -> None:
         self.initialised_here = True
@@ -292,7 +293,7 @@ class Segment:
         # is sized for the most a resize may reach: holes, backed by nothing until used.
         space.reserve(fd, total, *_space_args(self.name), backed=0)
         for start, stop in geometry.backed(live, geometry.slots_for(limit, 0), initial,
-                                           self._idle_at_creation(geometry), not geometry.lazy_columns):
+                                           self._shown_at_creation(geometry)):
             problem = space.back(fd, start, stop)
             if problem is not None:
                 raise OSError(errno.ENOSPC, f"cache {self.name!r} could not be created: {problem}")
@@ -310,8 +311,11 @@ class Segment:
         config.write(h, self._default_ttl_ns, limit, cap, cap)
         if self.idle_words is not None:
             config.write_tti(self.idle_words, self._default_tti_ns)
-            if geometry.lazy_columns and self.idle_shown:
+            shown = self._shown_at_creation(geometry)
+            if shown & SHOWN_IDLE:
                 self.idle_words[d.D_IDLE_ON] = 1  # (a default time to idle: its columns backed above)
+            if shown & SHOWN_EXPIRES:
+                self.idle_words[d.D_EXPIRES_ON] = 1  # (a default time to live or idle: the column backed above)
         h[d.H_UNUSED_NEXT] = 1
         h[d.H_NEXT_EXPIRY] = layout.NEVER
         h[d.H_CREATED_NS] = time.time_ns()
@@ -397,14 +401,21 @@ class Segment:
         # time to idle, and nothing writes them (``ttis_live`` and ``deadlines_live`` are None). (read after
         # ``resizes``: the switch writes D_IDLE_ON before it counts its resize, so a switch this read misses is
         # one the first call sees counted, and takes: refresh_tables)
-        lazy = self.idle_words if g.lazy_columns else None
-        idle = self._idle_at_creation(g) if tables is not None else lazy is None or lazy[d.D_IDLE_ON] != 0
         # Likewise the versions column (version 16: once a caller asks for a version, D_VERSIONS_ON; never at
-        # creation; before 16, with the tables).
-        versions = lazy is None or (tables is None and lazy[d.D_VERSIONS_ON] != 0)
-        # (word 5: the lazy columns this mapping shows, SHOWN_IDLE | SHOWN_VERSIONS)
+        # creation) and the expires column (version 18: once an entry has an expiry, D_EXPIRES_ON). A column the
+        # layout backs with the tables is shown (Geometry.lazy).
+        if tables is not None:
+            shown = self._shown_at_creation(g)
+        else:
+            lazy = self.idle_words if g.lazy_columns else None
+            shown = 0 if lazy is None else ((SHOWN_IDLE if lazy[d.D_IDLE_ON] else 0)
+                                            | (SHOWN_VERSIONS if lazy[d.D_VERSIONS_ON] else 0)
+                                            | (SHOWN_EXPIRES if lazy[d.D_EXPIRES_ON] else 0))
+            if shown & SHOWN_IDLE:
+                shown |= SHOWN_EXPIRES  # (an idle entry has an expiry: the idle switch shows the column first)
+        # (word 5: the lazy columns this mapping shows, SHOWN_* bits)
         self.shown = (ctypes.c_int64 * 6)(g.arena_nbytes, g.index_slots, g.entry_slots, resizes, g.max_entries,
-                                          (SHOWN_IDLE if idle else 0) | (SHOWN_VERSIONS if versions else 0))
+                                          (shown & g.lazy) | (d.SHOWN_ALL & ~g.lazy))
         self._refused = -1  # an extent whose backing failed: not asked again (damage, or another version's writer)
         self._base = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self._tables_shown = (g.index_slots, g.entry_slots)  # (index slots, entry slots) this mapping shows
@@ -459,9 +470,9 @@ class Segment:
         g = self.geometry
         was_index, was_slots = self._tables_shown
         to_index, to_slots = max(live, was_index), max(g.slots_for(limit, unused_next), was_slots)
-        idle, versions = self.idle_shown, self.versions_shown
-        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots, idle, versions),
-                                                                        g.tables(to_index, to_slots, idle, versions))
+        shown = self.shown[5]
+        grown = [(off, was, now) for (off, was, _), (_, now, _) in zip(g.tables(was_index, was_slots, shown),
+                                                                        g.tables(to_index, to_slots, shown))
                  if now > was]
         if not backed:
             for off, was, now in grown:
@@ -512,6 +523,12 @@ class Segment:
         """Whether this mapping shows the versions column (the cell's bit, as ``idle_shown``)."""
         return bool(self.shown[5] & SHOWN_VERSIONS)
 
+    @property
+    def expires_shown(self) -> bool:
+        """Whether this mapping shows the expires column (the cell's bit, as ``idle_shown``; version 18: until
+        then it reads 0, never, for every slot, and no store writes a word of it but 0 over 0, which it skips)."""
+        return bool(self.shown[5] & SHOWN_EXPIRES)
+
     def show_idle(self) -> None:
         """Show the idle columns (version 16) for the entry slots this mapping shows, backed with memory first, and
         mark them shown in the cell (word 5, which the compiled section reads): the caller holds the lock, and
@@ -545,6 +562,19 @@ class Segment:
         if not self.versions_shown:
             self._show_columns((self.geometry.versions_off,), "the column of its entries' versions", "version")
 
+    def show_expires(self) -> None:
+        """Show the expires column (version 18) as ``show_idle`` shows the idle columns (Store.show_expires).
+
+        :raises NoSpaceError: /dev/shm is full (nothing was shown).
+        """
+        self.map_expires()
+        self.shown[5] |= SHOWN_EXPIRES
+
+    def map_expires(self) -> None:
+        """``show_expires``'s backing and mapping, the column not yet marked shown (as ``map_idle``)."""
+        if not self.expires_shown:
+            self._show_columns((self.geometry.expires_off,), "the column of its entries' expiry times", "put")
+
     def _show_columns(self, offs: tuple[int, ...], what: str, op: str) -> None:
         g = self.geometry
         spans = [(off, off + self._tables_shown[1] * 8) for off in offs]
@@ -572,7 +602,7 @@ class Segment:
         to_index, to_slots = min(live, was_index), min(g.slots_for(limit, unused_next), was_slots)
         if (to_index, to_slots) == (was_index, was_slots) and not give_back:
             return
-        for off, now, reserved in g.tables(to_index, to_slots, self.idle_shown, self.versions_shown):
+        for off, now, reserved in g.tables(to_index, to_slots, self.shown[5]):
             self._veil_range(off + now, off + reserved)
             first, end = -(-(off + now) // _PAGE) * _PAGE, (off + reserved) // _PAGE * _PAGE
             if give_back and first < end:
@@ -611,6 +641,8 @@ class Segment:
         else:  # (the tables never move: the words the test of every call compares, as they are)
             self.shown[4] = self.limit = h[d.H_MAX_ENTRIES]
         lazy = self.idle_words
+        if lazy is not None and not self.expires_shown and (lazy[d.D_EXPIRES_ON] or lazy[d.D_IDLE_ON]):
+            self.show_expires()  # (another process switched the expires column on: version 18; idle needs it)
         if lazy is not None and not self.idle_shown and lazy[d.D_IDLE_ON]:
             self.show_idle()  # (another process switched the idle columns on: version 16)
         if lazy is not None and not self.versions_shown and lazy[d.D_VERSIONS_ON]:

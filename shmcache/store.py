@@ -24,7 +24,8 @@ from .layout.dtypes import (
     E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
-    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_SWITCH_BUMPS, D_IDLE_ON, D_VERSIONS_ON, H_VERSION_CLOCK,
+    H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_SWITCH_BUMPS, D_IDLE_ON, D_VERSIONS_ON, D_EXPIRES_ON,
+    H_VERSION_CLOCK,
     MAX_VERSION,
 )
 from .serializers import TAG_PICKLE
@@ -183,12 +184,23 @@ class Store:
 
     def expires_at(self, ttl, now: int | None = None) -> int:
         """The expiry time of an entry stored ``now`` (None: the clock's) with ``ttl`` (ns, already checked; None:
-        the default)."""
+        the default), the expires column switched on first where this mapping does not show it and the entry
+        expires or the column is in use (``need_expires``)."""
         if ttl is None:
             ttl = self.h[H_DEFAULT_TTL]
             if not 0 <= ttl <= MAX_TTL_NS:
                 raise CorruptionError(f"the default time to live is {ttl} ns, out of range", what="put")
+        self.need_expires(ttl)
         return (self.clock() if now is None else now) + ttl if ttl else 0
+
+    def need_expires(self, expiring) -> None:
+        """Before a store writes an expiry: where this mapping does not show the expires column (version 18), switch
+        it on if the entry expires (``expiring`` true), or if D_EXPIRES_ON says it is in use (a switch cut before
+        its count left the other mappings without it): a store that wrote no expiry into a column in use would
+        leave the slot's last entry's there."""
+        seg = self.seg
+        if not seg.expires_shown and (expiring or seg.idle_words[D_EXPIRES_ON]):
+            self.show_expires()
 
     def expiry(self, ttl, tti) -> tuple[int, tuple[int, int]]:
         """The expiry time of an entry stored now with ``ttl`` and ``tti`` (ns, already checked; None: the cache's
@@ -204,6 +216,8 @@ class Store:
         # a store that wrote no idle words into a column in use would leave the slot's last entry's there.
         if seg.idle_words is not None and not seg.idle_shown and (tti or seg.idle_words[D_IDLE_ON]):
             self.show_idle()
+        if tti:
+            self.need_expires(tti)  # (an idle entry expires: the idle switch showed the column, or an earlier one)
         if not seg.versions_shown and seg.idle_words[D_VERSIONS_ON]:
             self.show_versions()  # (likewise: a store must write its version into a column in use)
         if not tti or seg.idle_words is None:
@@ -226,6 +240,7 @@ class Store:
         seg = self.seg
         if seg.idle_shown:
             return
+        self.show_expires(count=False)  # (first: an idle entry has an expiry; counted with the idle columns below)
         seg.map_idle()  # (backed and mapped; marked shown only once D_IDLE_ON says they are in use)
         words = seg.idle_words
         words[D_IDLE_ON] = 1
@@ -264,6 +279,31 @@ class Store:
         seg.show_versions()
         self._count_switch()
 
+    def show_expires(self, count: bool = True) -> None:
+        """Switch the expires column on (version 18), under the lock, before the first expiry this mapping stores:
+        backed and shown here, then, unless D_EXPIRES_ON says another process did this already (a switch cut before
+        its count, whose column may hold expiries since), every word of it that is not 0 set to 0 (no store wrote
+        one: only damage to the file did), then D_EXPIRES_ON set and a resize counted, as ``show_idle`` does (which
+        counts the two switches once: ``count`` False). Crash windows (a SIGKILL, or an exception a signal raises at
+        any bytecode): cut before D_EXPIRES_ON, the column is not marked shown here and holds no expiry; cut before
+        the count, the next store in a mapping without the column switches again (``need_expires``).
+
+        :raises NoSpaceError: /dev/shm cannot back the column (the store is refused; the cache is as it was).
+        """
+        seg = self.seg
+        if seg.expires_shown:
+            return
+        seg.map_expires()  # (backed and mapped; marked shown only once D_EXPIRES_ON says it is in use)
+        words = seg.idle_words
+        if not words[D_EXPIRES_ON]:
+            x = np.frombuffer(seg.expires_words, dtype=np.int64, count=seg.slots_shown)
+            x[x != 0] = 0
+            del x
+            words[D_EXPIRES_ON] = 1
+        seg.show_expires()
+        if count:
+            self._count_switch()
+
     def _count_switch(self) -> None:
         """A lazy column switched on: counted as a resize, so that every process takes the tables again (the column
         with them) before its next call, and in D_SWITCH_BUMPS, which stats() leaves out of ``resizes``."""
@@ -278,10 +318,12 @@ class Store:
         h = self.h
         # Ordering: next_expiry (a lower bound) is lowered before the entry's expiry is, so that dying between the
         # two writes leaves it a bound still; neither write needs the dirty word.
+        self.need_expires(expires)
         if expires and expires < h[H_NEXT_EXPIRY]:
             h[H_NEXT_EXPIRY] = expires
         self.table.open_entry(e)  # (readers without the lock judge expiry: see seqlock.py)
-        self.exp[e] = expires
+        if expires != self.exp[e]:  # (never 0 over 0: a column not shown here is this mapping's own zero pages)
+            self.exp[e] = expires
 
     # ------------------------------------------------------------------------------------------- writing
 
@@ -354,6 +396,7 @@ class Store:
             raise self.refuse_locked(size)
         if version and table.ver is None:  # (a version given, a Redis tier's copy: the column first, version 16)
             self.show_versions()
+        self.need_expires(expires)  # (likewise the expires column: version 18)
         if table.holds:
             table.reclaim_held()  # (what the views no longer pin: before the limits are judged)
         if old != EMPTY and table.pinned(old):
@@ -440,7 +483,7 @@ class Store:
         (ns; None: the default, likewise); whether it was stored."""
         if ttl is None and not 0 <= self.h[H_DEFAULT_TTL] <= MAX_TTL_NS:
             self.repair()
-        if tti is None and config.tti_problems(self.seg.idle_words, self.seg.geometry.lazy_columns):
+        if tti is None and config.tti_problems(self.seg.idle_words, self.seg.geometry.lazy):
             self.repair()
         expires, idle = self.expiry(ttl, tti)
         return self.store(self.find_live(encoded[0], encoded[3], True), encoded, expires, 0, idle)
@@ -504,6 +547,7 @@ class Store:
                 what = type(decoded).__name__ if tag == TAG_MSGPACK else "non-int"
                 return TypeError(f"incr on a {what} value: only int values can be incremented")
             current = decoded
+            self.need_expires(0)  # (the column in use, and not shown here: taken before its word is read)
             expires = self.exp[old]  # a counter keeps its expiry (memcached does the same)
             ttis = self.table.ttis
             idle = NO_IDLE if ttis is None else (ttis[old], self.table.deadlines[old])

@@ -208,7 +208,8 @@ class Table:
         st[S_HELD_BYTES] = held_bytes + klen + vlen
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
-        self.exp[e] = 0
+        if self.exp[e]:  # (never 0 over 0: a column not shown here is this mapping's own zero pages, version 18)
+            self.exp[e] = 0
         k = self.kinds[e]
         if k:
             self.kw[k * KIND_WORDS + K_ENTRIES] -= 1
@@ -368,7 +369,8 @@ class Table:
         ver = self.ver
         if ver is not None:
             ver[e] = v
-        self.exp[e] = expires
+        if expires != self.exp[e]:  # (never 0 over 0: the column may not be shown here, version 18; a store that
+            self.exp[e] = expires   # gives an expiry showed it first, Store.need_expires)
         ttis, deadlines = self.ttis, self.deadlines
         if ttis is not None and deadlines is not None:
             ttis[e], deadlines[e] = idle
@@ -437,7 +439,8 @@ class Table:
         ver = self.ver
         if ver is not None:
             ver[e] = v
-        self.exp[e] = expires
+        if expires != self.exp[e]:  # (never 0 over 0: the column may not be shown here, version 18; a store that
+            self.exp[e] = expires   # gives an expiry showed it first, Store.need_expires)
         ttis, deadlines = self.ttis, self.deadlines
         if ttis is not None and deadlines is not None:
             ttis[e], deadlines[e] = idle
@@ -489,7 +492,8 @@ class Table:
         h[H_FREE_HEAD] = e
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
-        self.exp[e] = 0  # the column holds resident entries' expiry only, so a scan needs no residency test
+        if self.exp[e]:  # the column holds resident entries' expiry only, so a scan needs no residency test
+            self.exp[e] = 0
         k = self.kinds[e]
         if k:
             self.kw[k * KIND_WORDS + K_ENTRIES] -= 1
@@ -741,7 +745,9 @@ class Table:
                 and words[off >> 3] == block.header(nb, m)):
             raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
         ent[fb : fb + _W] = ent[b : b + _W]
-        self.exp[f], self.kinds[f], self.marks[f], self.pins[f] = self.exp[m], self.kinds[m], self.marks[m], 0
+        self.kinds[f], self.marks[f], self.pins[f] = self.kinds[m], self.marks[m], 0
+        if self.exp[f] != self.exp[m]:  # (never 0 over 0: the column may not be shown here, version 18)
+            self.exp[f] = self.exp[m]
         ver, ttis, deadlines = self.ver, self.ttis, self.deadlines
         if ver is not None:
             ver[f] = ver[m]
@@ -754,7 +760,8 @@ class Table:
             h[H_SMALL_FIRST] = f
         self.index.repoint(ix, s, f)
         ent[b + E_CHECK] = 0
-        self.exp[m] = 0
+        if self.exp[m]:
+            self.exp[m] = 0
         self.marks[m] = 0
 
     def reset(self) -> None:
@@ -766,7 +773,8 @@ class Table:
         entries["check"][:handed_out] = 0
         index_arr["entry"] = EMPTY
         for column in self.seg.columns():
-            column[:handed_out] = 0
+            if column[:handed_out].any():  # (a lazy column not shown here reads 0: never written, version 16)
+                column[:handed_out] = 0
         kinds = self.seg.kind_table()
         kinds["entries"] = kinds["retained_bytes"] = 0
         h[H_NEXT_EXPIRY] = NEVER

@@ -36,7 +36,7 @@ from .layout.dtypes import (
     H_ADMITTED, H_BASE_FALLBACKS, H_BASE_HITS, H_BASE_MISSES, H_BASE_RETRIES, H_READER_SLOTS, H_TOO_LARGE,
     READER_SLOTS, H_CAPACITY, H_RESIZES, HELD_SLOT, S_HELD, S_HELD_BYTES, S_HELD_FIRST,
     K_ENTRIES, K_NAME_NBYTES, K_RETAINED, KIND_NAME_NBYTES,
-    KIND_WORDS, D_IDLE_ON, D_VERSIONS_ON,
+    KIND_WORDS, D_EXPIRES_ON, D_IDLE_ON, D_VERSIONS_ON, SHOWN_EXPIRES,
 )
 from .readers import slot_pinned
 from .serializers import TAG_PICKLE, check_pickle
@@ -218,7 +218,7 @@ def header_problems(seg) -> list[str]:
     return [f"header word {_WORD_NAMES[w]}={h[w]} is out of range (expected {lo} to {hi})"
             for w, (lo, hi) in header_ranges(seg.geometry, seg.features, seg.version).items()
             if not lo <= h[w] <= hi] + config.problems(h, seg.geometry) + config.tti_problems(
-                seg.idle_words, seg.geometry.lazy_columns)
+                seg.idle_words, seg.geometry.lazy)
 
 
 def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
@@ -535,15 +535,17 @@ def _repair_words(seg) -> None:
     # The default time to live and the limits: from whichever copy checks; else the capacity as the byte limit and
     # the entry limit this mapping holds (version 10: not the most its tables reach, which would back all of them).
     config.restore(h, seg.geometry, seg.limit if seg.version >= 10 else None)
-    lazy = seg.geometry.lazy_columns
-    switched = lazy and (seg.idle_words[D_IDLE_ON] not in (0, 1) or seg.idle_words[D_VERSIONS_ON] not in (0, 1))
-    config.restore_tti(seg.idle_words, lazy)  # (version 14: the default time to idle, else none; 16: the switches)
-    if switched:  # (version 16: a damaged D_IDLE_ON or D_VERSIONS_ON is now 1, in use: every process takes them)
-        count_resize(h)
-        try:  # (each only where its word says so: an idle column shown here alone would hold words nobody clears)
-            if seg.idle_words[D_IDLE_ON]:
+    lazy, words = seg.geometry.lazy, seg.idle_words
+    switched = any(words[w] not in (0, 1) for w, _ in config.switch_words(lazy))
+    config.restore_tti(words, lazy)  # (version 14: the default time to idle, else none; 16 and 18: the switches)
+    if switched:  # (version 16: a damaged D_IDLE_ON, D_VERSIONS_ON or D_EXPIRES_ON is now 1, in use: every process
+        count_resize(h)  # takes them)
+        try:  # (each only where its word says so: a column shown here alone would hold words nobody clears)
+            if (lazy & SHOWN_EXPIRES and (words[D_EXPIRES_ON] or words[D_IDLE_ON])) and not seg.expires_shown:
+                seg.show_expires()  # (first: an idle entry has an expiry)
+            if words[D_IDLE_ON]:
                 seg.show_idle()
-            if seg.idle_words[D_VERSIONS_ON] and not seg.versions_shown:
+            if words[D_VERSIONS_ON] and not seg.versions_shown:
                 seg.show_versions()
                 _version_all(seg)
         except NoSpaceError:
@@ -667,7 +669,7 @@ def _rebuild_columns(seg, kept: list[int], now: int | None) -> None:
     x = np.frombuffer(exp, dtype=np.int64, count=shown)
     dropped = np.ones(len(x), dtype=bool)
     dropped[[e for e in kept if e < shown]] = False
-    x[dropped | (x < 0)] = 0
+    x[(dropped & (x != 0)) | (x < 0)] = 0  # (never 0 over 0: the column may not be shown here, version 18)
     del x
     # Versions: the clock above every kept one; a damaged version (out of range) is replaced by a fresh one (a cas
     # holding the old one then fails, as it should: the entry cannot be shown unchanged). A clock out of range

@@ -71,9 +71,9 @@ import traceback
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
 from shmcache.layout.dtypes import (
-    E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS, H_LOCK_OFF,
-    H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT,
-    HEADER, KIND, POLICY_AUTO, SKETCH_BLOCK_WORDS,
+    D_WORDS, E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS,
+    H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST,
+    H_UNUSED_NEXT, HEADER, KIND, POLICY_AUTO, SKETCH_BLOCK_WORDS,
 )
 
 from .common import (
@@ -163,9 +163,10 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         return rng.choice(used) if used else None
     if region == "stripes":  # the open mask, the held list's head and its two counts
         return g.stripes_off + 8 * rng.randrange(4)
-    if region == "idle":  # the default's two words (and 16's D_IDLE_ON, D_SWITCH_BUMPS), or the entry's tti, deadline
-        #                   or expiry (16: a column not yet in use is damaged in the file, unseen by the mappings)
-        words = 4 if g.lazy_columns else 2
+    if region == "idle":  # the default's two words (and 16's switches and D_SWITCH_BUMPS), or the entry's tti,
+        #                   deadline or expiry (16, 18: a column not yet in use is damaged in the file, unseen by
+        #                   the mappings)
+        words = D_WORDS if g.lazy_columns else 2
         return rng.choice((g.idle_off + 8 * rng.randrange(words), g.ttis_off + 8 * e, g.deadlines_off + 8 * e,
                            g.expires_off + 8 * e))
     if region == "index":

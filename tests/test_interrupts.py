@@ -347,15 +347,16 @@ class _Cut(Exception):
     """What the test raises where a signal's handler could."""
 
 
-@pytest.mark.parametrize("column", ["idle", "versions"])
+@pytest.mark.parametrize("column", ["idle", "versions", "expires"])
 def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
-    """Layout 16's switch of a lazy column (Store.show_idle, Store.show_versions) cut by an exception at each of its
-    lines in turn: the call that switched fails or completes, and the next calls of this handle and of another one
-    attached before it end with both mapping the column and every entry's words in agreement (verify), every
-    version asked for valid and the same from both handles."""
+    """Layout 16's switch of a lazy column (Store.show_idle, Store.show_versions; 18's Store.show_expires) cut by an
+    exception at each of its lines in turn: the call that switched fails or completes, and the next calls of this
+    handle and of another one attached before it end with both mapping the column and every entry's words in
+    agreement (verify), every version asked for valid and the same from both handles, every value as stored."""
     from shmcache import store
 
-    code = (store.Store.show_idle if column == "idle" else store.Store.show_versions).__code__
+    code = {"idle": store.Store.show_idle, "versions": store.Store.show_versions,
+            "expires": store.Store.show_expires}[column].__code__
     lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
     cuts: list[int] = []
     for target in lines:
@@ -381,6 +382,8 @@ def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
                 try:
                     if column == "idle":
                         c.put("t", 1, tti=100)
+                    elif column == "expires":
+                        c.put("t", 1, ttl=100)
                     else:
                         c.get_with_version("k1")
                 except _Cut:
@@ -391,8 +394,10 @@ def test_interrupts_a_lazy_column_switch_cut_at_any_line_heals(name, column):
                 other["k2"], c["k3"] = 22, 33
                 c.put("t2", 2, tti=100)
                 other.put("t3", 3, tti=50)
-                if column == "idle":
+                if column != "versions":
                     assert c._seg.idle_shown and other._seg.idle_shown, target
+                    assert c._seg.expires_shown and other._seg.expires_shown, target
+                    assert c.get("t") in (None, 1) and other.get("t3") == 3 and c.get("k0") == 0, target
                 else:
                     mine = [c.get_with_version(f"k{i}")[1] for i in range(10)]
                     theirs = [other.get_with_version(f"k{i}")[1] for i in range(10)]

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import time
 
+import numpy as np
 import pytest
 
 from shmcache import POLICIES, SharedCache, prometheus_text
+from shmcache.layout import dtypes as d
 from shmcache.table import Table
 from tests.conftest import policy_of
-from tests.workers import put_and_die_at, start_and_collect
+from tests.workers import entry_of, put_and_die_at, python_path, start_and_collect, switch_word_damage_is_repaired
 
 S = 10**9  # ns per second
 JOIN_S = 60
@@ -335,3 +338,103 @@ def test_ttl_the_longest_is_decades(tcache, clock):
     assert tcache.get("k") == 1
     with pytest.raises(ValueError):
         SharedCache("unused", default_ttl=1e10)
+
+
+def _occupied(c: SharedCache) -> int:
+    return os.fstat(c._seg.fd).st_blocks * 512
+
+
+@pytest.mark.parametrize("switcher", ["compiled", "python"])
+@pytest.mark.parametrize("reader", ["compiled", "python"])
+def test_ttl_expires_column_backed_once_an_entry_expires(name, clock, switcher, reader):
+    """Layout 18: a cache that has never stored an expiry backs no expires column (8 bytes an entry slot), and its
+    stores, deletes and evictions write none of it. The first store with a time to live backs it and switches it on;
+    another handle attached before (its own mapping) takes it before its next call, so that it never serves the entry
+    past its expiry, and its own stores clear the words its entries' slots kept. The switch counts no resize in
+    stats()."""
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=4096, create=True, clock=clock)
+    b = SharedCache(name, create=False, clock=clock)
+    try:
+        a, b = (python_path(a) if switcher == "python" else a), (python_path(b) if reader == "python" else b)
+        for i in range(3000):
+            (a if i % 2 else b)[f"k{i}"] = i
+        for i in range(0, 3000, 3):
+            del (b if i % 2 else a)[f"k{i}"]
+        assert b.get("k1") == 1 and not a._seg.expires_shown and not b._seg.expires_shown
+        assert not np.frombuffer(a._seg.expires_words, dtype=np.int64).any()
+        g = a._seg.geometry
+        # (the column is a hole of the file: what the tables back without it, and at most the page it shares with
+        # each neighbour, which a read of the words of its first or last slots backs)
+        assert _occupied(a) <= 2 * 4096 + sum(stop - start for start, stop in g.backed(
+            a._seg.mask + 1, a._seg.shown[2], a._seg.header_words[d.H_ARENA_EXTENT], a._seg.shown[5]))
+        before = _occupied(a)
+        a.put("short", b"s", ttl=5)
+        assert a._seg.expires_shown and a._seg.idle_words[d.D_EXPIRES_ON] == 1
+        assert _occupied(a) - before >= a._seg.slots_shown * 8 - 2 * 4096 > 0  # (the switch backed it)
+        assert b.get("short") == b"s" and b._seg.expires_shown
+        clock.advance(5)
+        assert b.get("short") is None and a.get("short") is None
+        a.put("short", b"t", ttl=5)
+        b.delete("short")
+        b.put("plain", b"p")  # (in the slot "short" had: its expiry word cleared)
+        clock.advance(10)
+        assert a.get("plain") == b"p" and b.get("k1") == 1
+        assert a.stats().resizes == b.stats().resizes == 0 and a._seg.idle_words[d.D_SWITCH_BUMPS] == 1
+        assert a.verify(deep=True).ok
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)
+
+
+@pytest.mark.parametrize("how", ["default_ttl", "default_tti"])
+def test_ttl_a_default_expiry_shows_the_expires_column_at_creation(name, how):
+    """A cache created with a default time to live or idle backs the expires column at creation: every store will
+    write it."""
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True, **{how: 60}) as c:
+        assert c._seg.expires_shown and c._seg.idle_words[d.D_EXPIRES_ON] == 1
+        with SharedCache(name, create=False) as other:
+            assert other._seg.expires_shown
+        c["k"] = 1
+        assert c._seg.expires_words[entry_of(c, "k")] > 0 and c.stats().resizes == 0
+
+
+@pytest.mark.parametrize("op", ["touch", "incr"])
+def test_ttl_a_touch_switches_the_expires_column_on(name, clock, op):
+    """touch() gives a resident entry an expiry, and incr() keeps one: the column is switched on before either
+    writes."""
+    with SharedCache(name, capacity_bytes=2**20, max_entries=64, create=True, clock=clock) as c:
+        c["k"] = 1
+        assert not c._seg.expires_shown
+        assert c.touch("k", ttl=5) is True and c._seg.expires_shown
+        if op == "incr":
+            assert c.incr("k") == 2
+        clock.advance(5)
+        assert c.get("k") is None and c.verify(deep=True).ok
+
+
+def test_ttl_expires_switch_cut_short_is_taken_by_the_next_store(name, clock, monkeypatch):
+    """A switch killed after it set D_EXPIRES_ON but before it counted its resize leaves the other mappings without
+    the column: the next store in one of them takes it (a store must clear the word of the slot it takes), and its
+    reads then judge the expiries stored since. A D_EXPIRES_ON other than 0 and 1 is damage: verify reports it, the
+    repair sets it to 1."""
+    import shmcache.store
+
+    a = SharedCache(name, capacity_bytes=2**20, max_entries=256, create=True, clock=clock)
+    b = SharedCache(name, create=False, clock=clock)
+    try:
+        a["k"], a["j"] = 1, 2
+        assert b.get("k") == 1
+        monkeypatch.setattr(shmcache.store, "count_resize", lambda h: None)  # (as if killed before the count)
+        a.put("short", 3, ttl=5)
+        monkeypatch.undo()
+        assert a._seg.expires_shown and not b._seg.expires_shown
+        b["other"] = 4  # (b takes the column: its store clears the word of the slot it takes)
+        assert b._seg.expires_shown
+        clock.advance(5)
+        assert b.get("short") is None and b.verify(deep=True).ok
+        switch_word_damage_is_repaired(name, d.D_EXPIRES_ON, "j", 2, clock=clock)
+    finally:
+        b.close()
+        a.close()
+        SharedCache.unlink_name(name)

@@ -21,7 +21,8 @@ so that no two regions share a cache line::
     geometry.stripes_off      stripes       (version 11) STRIPES_NBYTES: the open mask's line (and, version 12, the
                                             held entries' words), then a word a line
     geometry.idle_off         idle          (version 14) a line (the default time to idle and its checksum, and
-                                            from 16 D_IDLE_ON, D_SWITCH_BUMPS and D_VERSIONS_ON), then the ttis and
+                                            from 16 D_IDLE_ON, D_SWITCH_BUMPS, D_VERSIONS_ON, from 18
+                                            D_EXPIRES_ON), then the ttis and
                                             deadlines columns, entry_slots words each: idle expiry (16: backed once
                                             in use)
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
@@ -126,7 +127,12 @@ column only once a caller asks for a version (``get_with_version``, ``cas``, a v
 then each mapping shows it as its own zero pages and stores only move the clock; the first such call backs and
 shows it, gives every entry in a slot the clock's next versions, sets ``D_VERSIONS_ON`` and counts a resize, as the
 idle columns' switch does (``Store.show_versions``; the compiled section hands a view over until its mapping shows
-the column, ``VERSIONS_SHOWN``). ``kinds`` repeats the kind
+the column, ``VERSIONS_SHOWN``). Version 18 does the same with ``expires``, which only an entry that expires needs:
+until a store gives an expiry (a time to live, its own or the default, or a time to idle) each mapping shows the
+column as its own zero pages (never, for every entry) and no store writes a word of it (a 0 over 0 is skipped); that
+store backs and shows it, sets ``D_EXPIRES_ON`` and counts a resize (``Store.show_expires``; a creation with a
+default time to live or idle backs it at once; the compiled section hands such a store over until its mapping shows
+the column, ``EXPIRES_SHOWN``). ``kinds`` repeats the kind
 byte of the key (below), and the kind table counts each kind's entries and bytes. ``pins`` is 1 once a view has
 pinned the entry; whether a pin is still held is asked of the kernel (below), since a pin ends with its process
 without a word written. ``marks`` is 0 under lru and keep; under s3fifo (and auto) bits 0-1 count the entry's hits
@@ -317,6 +323,9 @@ Layout versions.
          them (index.py ``Ranged``): 11 to 12 bytes of index an entry of the limit, where a power of two at most
          half full costs 16 to 32. A segment of version 16 is version 17 with a power-of-two index, the home slot the
          tag's low bits, attached and used as it is.
+    18 -- the expires column is backed only once an entry has an expiry (``D_EXPIRES_ON``): 8 bytes an entry slot
+         saved where nothing expires. A segment of version 17 is version 18 with the column backed with the tables,
+         attached and used as it is.
 """
 
 from .dtypes import (

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 17
+LAYOUT_VERSION = 18
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -30,8 +30,9 @@ LAYOUT_VERSION = 17
 # 16 with auto's sketch as large as the index (16's is half as large: Geometry.ghost_for), and with the idle columns
 # and the versions column backed with the tables (16 backs each once in use: D_IDLE_ON, D_VERSIONS_ON). 16 is 17 with
 # an index of a power of two of slots, at most half full, a key's home slot its fingerprint's low bits; 17's index
-# has any number of slots, at most 0.7 full, the home its tag scaled to them (index_for; index.py Ranged).
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+# has any number of slots, at most 0.7 full, the home its tag scaled to them (index_for; index.py Ranged). 17 is 18
+# with the expires column backed with the tables (18 backs it once an entry has an expiry: D_EXPIRES_ON).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -137,10 +138,21 @@ D_TTI_CHECK = 1    # word 1: config.tti_checksum of word 0 (a damaged pair reads
 # (Store.show_idle). Version 16 does the same with the versions column, which only a caller that asks for a version
 # needs (get_with_version, cas, a view, a Redis tier's copy): the first such call backs it, gives every entry a
 # version and sets D_VERSIONS_ON (Store.show_versions). Before 16 the columns are backed with the tables and these
-# words are not read.
+# words are not read. Version 18 does the same with the expires column, which only an entry with an expiry needs (a
+# time to live, its own or the cache's default, or a time to idle): the first store of one backs it and sets
+# D_EXPIRES_ON (Store.show_expires); no entry needs a word written before (a column never written reads 0: never).
+# Until then no process writes it, and every reader reads its own zero pages there: no entry expires.
 D_IDLE_ON = 2       # word 2 (version 16): non-zero once the idle columns are in use (the switch, or a repair, writes 1)
 D_SWITCH_BUMPS = 3  # word 3 (version 16): the resizes the switches counted, which stats() leaves out (any value valid)
 D_VERSIONS_ON = 4   # word 4 (version 16): non-zero once the versions column is in use (as D_IDLE_ON)
+D_EXPIRES_ON = 5    # word 5 (version 18): non-zero once the expires column is in use (as D_IDLE_ON)
+D_WORDS = 6         # the region's words before its columns that a build reads (the compiled section's span)
+# The bits of a mapping's cell word 5 (segment.py): the lazy columns it shows. A column of a layout that backs it with
+# the tables (Geometry.lazy) is shown whatever its bit.
+SHOWN_IDLE = 1      # the idle columns (ttis, deadlines)
+SHOWN_VERSIONS = 2  # the versions column
+SHOWN_EXPIRES = 4   # the expires column
+SHOWN_ALL = SHOWN_IDLE | SHOWN_VERSIONS | SHOWN_EXPIRES
 IDLE_HEAD_NBYTES = ALIGN
 IDLE_SHARE = 8     # a hit moves an idle entry's expiry once it has gained 1/IDLE_SHARE of its tti
 

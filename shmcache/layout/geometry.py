@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from .dtypes import (
     ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES,
     IDLE_HEAD_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS,
-    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, SKETCH_MIN_WORDS, STRIPES_NBYTES, TTIS, VERSIONS,
+    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, SHOWN_ALL, SHOWN_EXPIRES, SHOWN_IDLE,
+    SHOWN_VERSIONS, SKETCH_MIN_WORDS, STRIPES_NBYTES, TTIS, VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -75,7 +76,8 @@ class Geometry:
     #                                13's ring does not follow the entry limit (ring_entries); 14 has the idle
     #                                region (idle_off); 15's index slots are one word (packed_index); 16's sketch
     #                                is half the index (ghost_for) and its idle columns are backed lazily
-    #                                (lazy_columns); 17's index has any number of slots (ranged_index)
+    #                                (lazy_columns); 17's index has any number of slots (ranged_index); 18
+    #                                backs its expires column lazily too (lazy)
 
     @classmethod
     def for_capacity(cls, capacity_bytes: int, max_entries: int, policy: int = 0,
@@ -134,26 +136,27 @@ class Geometry:
         top, least = self.extent_top(capacity, limit), _round_up(end + BLOCK_ALIGN, PAGE)
         return min(self.ring_nbytes(capacity, limit), max(least, min(top, least + extent_step(top))))
 
-    def tables(self, index_live: int, slots: int, idle: bool = True, versions: bool = True
-               ) -> list[tuple[int, int, int]]:
+    def tables(self, index_live: int, slots: int, shown: int = SHOWN_ALL) -> list[tuple[int, int, int]]:
         """The regions that grow with the entry limit, as ``(offset, shown bytes, reserved bytes)``: the index's
         first ``index_live`` slots, the ghost's in force, and the first ``slots`` of the entry table and each
-        column, the idle columns' only where ``idle`` and the versions column only where ``versions`` (version 16:
-        each once in use, D_IDLE_ON, D_VERSIONS_ON). The rest of each region is neither backed nor shown until a
-        resize needs it (segment.py, ``Segment.show_tables``). Before version 10 every region is shown whole."""
+        column, a lazy column's (``lazy``: version 16's idle and versions columns, 18's expires column, each once in
+        use) only where its bit is in ``shown`` (SHOWN_*). The rest of each region is neither backed nor shown until
+        a resize needs it (segment.py, ``Segment.show_tables``). Before version 10 every region is shown whole."""
         if self.version < 10:
             index_live, slots = self.index_slots, self.entry_slots
         ghost = self.ghost_for(index_live)
-        shown = slots if idle or not self.lazy_columns else 0
-        versioned = slots if versions or not self.lazy_columns else 0
+        on = shown | (SHOWN_ALL & ~self.lazy)
+        idle = slots if on & SHOWN_IDLE else 0
+        versioned = slots if on & SHOWN_VERSIONS else 0
+        expiring = slots if on & SHOWN_EXPIRES else 0
         idle_columns = [] if self.version < 14 else [
-            (self.ttis_off, shown * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
-            (self.deadlines_off, shown * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
+            (self.ttis_off, idle * TTIS.itemsize, self.entry_slots * TTIS.itemsize),
+            (self.deadlines_off, idle * DEADLINES.itemsize, self.entry_slots * DEADLINES.itemsize),
         ]
         return idle_columns + [
             (self.index_off, index_live * self.index_slot_nbytes, self.index_slots * self.index_slot_nbytes),
             (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
-            (self.expires_off, slots * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
+            (self.expires_off, expiring * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
             (self.versions_off, versioned * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
             (self.kinds_off, slots * KINDS.itemsize, self.entry_slots * KINDS.itemsize),
             (self.pins_off, slots * PINS.itemsize, self.entry_slots * PINS.itemsize),
@@ -161,16 +164,14 @@ class Geometry:
             (self.ghost_off, min(ghost, self.ghost_slots) * GHOST.itemsize, self.ghost_slots * GHOST.itemsize),
         ]
 
-    def backed(self, index_live: int, slots: int, extent: int, idle: bool = True, versions: bool = True
-               ) -> list[tuple[int, int]]:
+    def backed(self, index_live: int, slots: int, extent: int, shown: int = SHOWN_ALL) -> list[tuple[int, int]]:
         """The byte ranges of the file a segment backs with memory when its index in force has ``index_live`` slots,
         ``slots`` entry slots are shown and the arena's extent is ``extent``: the header, the kind table, the reader
-        slots and the stripes whole, the tables' shown parts (``tables``; the idle columns' where ``idle``, the
-        versions column where ``versions``), the
-        arena's first ``extent`` bytes. Ranges
-        are page aligned outwards (a page holding any of a range is backed whole) and merged."""
+        slots and the stripes whole, the tables' shown parts (``tables``; a lazy column's where its bit is in
+        ``shown``), the arena's first ``extent`` bytes. Ranges are page aligned outwards (a page holding any of a
+        range is backed whole) and merged."""
         parts = [(0, self.index_off), (self.kind_table_off, self.ghost_off), (self.readers_off, self.ttis_off)]
-        parts += [(off, off + shown) for off, shown, _ in self.tables(index_live, slots, idle, versions) if shown]
+        parts += [(off, off + n) for off, n, _ in self.tables(index_live, slots, shown) if n]
         parts.append((self.arena_off, self.arena_off + extent))
         out: list[tuple[int, int]] = []
         for start, stop in sorted((start // PAGE * PAGE, _round_up(stop, PAGE)) for start, stop in parts):
@@ -201,6 +202,15 @@ class Geometry:
         backs with memory: the rest is backed as blocks need it."""
         top = self.extent_top(capacity, limit)
         return min(top, extent_step(top))
+
+    @property
+    def lazy(self) -> int:
+        """The SHOWN_* bits of the columns this layout backs only once in use, rather than with the tables: version
+        16's idle columns (D_IDLE_ON) and versions column (D_VERSIONS_ON), and from 18 the expires column
+        (D_EXPIRES_ON); none before 16."""
+        if self.version < 16:
+            return 0
+        return SHOWN_ALL if self.version >= 18 else SHOWN_IDLE | SHOWN_VERSIONS
 
     @property
     def lazy_columns(self) -> bool:
