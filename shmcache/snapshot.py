@@ -478,6 +478,10 @@ def restore(parts, hot, now, path) -> RestoreResult:
         plan = _plan(src, head, limits.max_entries, limits.max_retained_bytes, time.time_ns(),
                      hot.snapshot_plan if fast else None)
         kind_numbers = _kinds_of(parts, head, plan)
+        if fast and not seg.expires_shown and (plan.rows[:, ROW_EXPIRES] != 0).any():
+            # (layout 18: the expires column switched on first, where the compiled pass would hand over the first
+            # record that expires, and with it every record of that read, to this module's slower pass)
+            guard.run(store.show_expires)
         payloads = plan.rows[:, ROW_KLEN] + plan.rows[:, ROW_BLEN] + 1
         stop_backing = _back_ahead(seg, int(((payloads + PAD) & -8).sum()))  # their blocks (block.nbytes)
         try:

@@ -26,6 +26,7 @@ import xxhash
 from shmcache import (
     SharedCache, SnapshotError, SnapshotMismatch, SnapshotVersionError, SnapshotWarning,
 )
+from shmcache import core
 from shmcache import snapshot as snapfile
 from shmcache.cli import main
 from shmcache.layout.dtypes import MARK_SMALL
@@ -210,6 +211,29 @@ def test_snapshot_ttl_expired_skipped_live_keeps_its_remaining_lifetime(name, ot
         assert (r.restored, r.expired) == (2, 1)
         assert 98 < d.ttl("long") <= 99.3 and d.ttl("never") is None
         assert "soon" not in d and d["long"] == 3
+
+
+def test_restore_switches_the_expires_column_on_before_the_compiled_pass(name, other, tmp_path, monkeypatch):
+    """Layout 18: a file whose entries expire, restored into a cache that has stored no expiry yet, switches the
+    expires column on before the compiled pass begins, so that the pass stores every record itself: the first one
+    that expires would hand it over, and with it every record of that read to the Python path's slower pass."""
+    path = tmp_path / "e.snap"
+    with SharedCache(name, capacity_bytes=MIB, max_entries=512, create=True) as c:
+        for i in range(300):
+            c.put(f"k{i}", i, ttl=100 if i % 3 == 0 else None)
+        c.snapshot(path)
+    python_rows = []
+    real = snapfile._insert_rows
+    monkeypatch.setattr(snapfile, "_insert_rows", lambda chunk, first, rows, *a: python_rows.append(len(rows))
+                        or real(chunk, first, rows, *a))
+    with SharedCache(other, capacity_bytes=MIB, max_entries=512, create=True) as d:
+        assert not d._seg.expires_shown
+        assert d.restore(path).restored == 300
+        assert d._seg.expires_shown and d.verify(deep=True).ok
+        assert [d[f"k{i}"] for i in range(300)] == list(range(300))
+        assert 98 < d.ttl("k3") <= 100 and d.ttl("k4") is None
+    if core.PATH == "compiled":
+        assert python_rows == []
 
 
 def test_restore_expires_by_the_handles_own_clock(name, other, tmp_path):
