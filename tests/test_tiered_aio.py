@@ -15,6 +15,7 @@ import redis.asyncio
 
 from shmcache import ComputeTimeout, RemoteError, TieredCache
 from shmcache.codec import encode_key
+from shmcache.tier.layout import C_REMOTE_ERRORS
 from shmcache.tier.remote import Remote
 
 from .test_aio import TICKS, Ticker, _fd_count, run
@@ -294,3 +295,36 @@ def test_tiered_aio_over_a_cluster(redis_cluster_url, namespace, no_threads):
             await release(a, b)
 
         run(main())
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="Task.cancelling is Python 3.11's")
+def test_tiered_aio_a_cancelled_redis_call_is_a_cancellation_not_an_outage(hosts):
+    """A Redis client cut short by the task's cancellation may raise an error of its own (here, a connection
+    closed under it): the call raises the cancellation, so that the caller never takes it for Redis down and goes on
+    (computing alone) as if it had not been cancelled; nothing is counted as a Redis error."""
+    remote = hosts[0].tier._remote
+
+    async def cut_short(client, scripts):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise redis.ConnectionError("Connection closed by server.") from None
+
+    async def main():
+        errors = remote.rows.row[C_REMOTE_ERRORS]
+        task = asyncio.create_task(remote.acall("get", cut_short))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert remote.rows.row[C_REMOTE_ERRORS] == errors
+
+        async def fails(client, scripts):
+            raise redis.ConnectionError("refused")
+
+        with pytest.raises(RemoteError):  # (not cancelled: a failure, as before)
+            await remote.acall("get", fails)
+        assert remote.rows.row[C_REMOTE_ERRORS] == errors + 1
+        await release(*hosts)
+
+    run(main())

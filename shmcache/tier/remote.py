@@ -154,6 +154,13 @@ def check_url(url: str) -> None:
         raise ValueError(f"remote {shown}: the database after the host must be a number, got {db!r}")
 
 
+def _cancelling() -> bool:
+    """Whether the running task has a cancellation pending (Task.cancelling, Python 3.11; before it, never known)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() > 0
+
+
 def _outage_classes(redis) -> tuple:
     """Error replies redis-py raises as classes of their own that mean Redis cannot serve for now."""
     names = ("ReadOnlyError", "OutOfMemoryError", "ClusterDownError", "TryAgainError", "MasterDownError")
@@ -393,6 +400,11 @@ class Remote:
             self.rows.row[C_REMOTE_SKIPPED] += 1
             raise
         except Exception as exc:
+            # A client cut short by this task's cancellation may raise an error of its own instead (a connection
+            # closed under it, a timeout that took the cancellation for its own): the cancellation, never a Redis
+            # failure, else the caller would go on without Redis (a computation of its own) and return.
+            if _cancelling():
+                raise asyncio.CancelledError() from exc
             raise self._contained(what, exc) from exc
         self._done(t0)
         return result
