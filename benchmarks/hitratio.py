@@ -257,11 +257,14 @@ class Auto:
         from shmcache.codec import encode_key, fingerprint
         from shmcache.layout import Geometry
         from shmcache.layout.dtypes import POLICY_AUTO
+        from shmcache.records import narrow_pfp
 
         self.size = size
-        self._fp = lambda key: fingerprint(encode_key(str(key)))
-        self.fps: dict = {}
         g = Geometry.for_capacity(1 << 20, size, POLICY_AUTO)  # (the sketch in force for the limit: ghost_for)
+        # (a narrow segment's policy knows a key by its fingerprint's low 32 bits, spread: records.narrow_pfp)
+        spread = narrow_pfp if g.narrow else int
+        self._fp = lambda key: spread(fingerprint(encode_key(str(key))))
+        self.fps: dict = {}
         self.blocks = g.ghost_for(g.index_for(size)) // 8
         self.sketch = [0] * (self.blocks * 8)
         self.window: OrderedDict = OrderedDict()  # key -> counter, oldest first

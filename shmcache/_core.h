@@ -151,6 +151,7 @@ typedef struct {
     Py_ssize_t i_fp, i_entry, k_entries, k_retained;
     int ixpack; /* version 15: an index slot is one word, (entry << IX_SHIFT) | the fingerprint's low bits (ix_*) */
     int ixrange; /* version 17: the index has any number of slots, a key's home its tag scaled to them (ix_home_of) */
+    int narrow; /* version 19 (Geometry.narrow): the entry records are narrow, 32 bytes (ER, EW, ERD) */
     Py_ssize_t h_hits, h_misses, h_puts, h_updates, h_deletes, h_evictions, h_dirty, h_entries, h_retained,
         h_max_entries, h_max_retained, h_head, h_tail, h_fill, h_arena_used, h_free_head, h_unused_next,
         h_version_clock, h_next_expiry, h_expired, h_default_ttl, h_writing, h_progress, h_last_put, h_admitted,
@@ -162,7 +163,79 @@ typedef struct {
 } Core;
 
 #define HW(f) (c->h[c->h_##f])
-#define EN(e, f) (c->ent[(e) * c->ew + c->e_##f])
+/* An entry's record (layout/dtypes.py ENTRY, ENTRY_NARROW; records.py), field ``f`` of entry ``e``: ER reads it as
+ * an int64, EW writes it, ERD reads it with a relaxed atomic load (reads without the lock, _core_unlocked.c). A wide
+ * record is eight words, at the word numbers bind took (e_*). A narrow one (c->narrow) is 32 bytes at the fixed
+ * offsets NR_* (layout/dtypes.py ENTRY_NARROW): prev, next and slot int32 (read sign-extended), the lengths uint32,
+ * the block's offset uint32 in units of 8 (NR_OFF_SHIFT: read back in bytes), the check a word; no fingerprint (EFP:
+ * wide records only; entry_pfp stands for it in the policies). The field is a constant at each site: once inlined,
+ * the narrow switch folds to one load or store. */
+enum { NR_prev = 0, NR_next = 4, NR_slot = 8, NR_klen = 12, NR_vlen = 16, NR_off = 20, NR_check = 24, NR_BYTES = 32 };
+#define NR_OFF_SHIFT 3
+#define ENT_STEP static inline __attribute__((always_inline))
+ENT_STEP unsigned char *nr_field(const Core *c, int64_t e, int at)
+{
+    return (unsigned char *)c->ent + e * NR_BYTES + at;
+}
+ENT_STEP int64_t ent_read(const Core *c, int64_t e, Py_ssize_t w, int at)
+{
+    if (!c->narrow)
+        return c->ent[e * c->ew + w];
+    const unsigned char *p = nr_field(c, e, at);
+    switch (at) {
+    case NR_prev: case NR_next: case NR_slot:
+        return *(const int32_t *)p;
+    case NR_off:
+        return (int64_t)*(const uint32_t *)p << NR_OFF_SHIFT;
+    case NR_check:
+        return *(const int64_t *)p;
+    default: /* the lengths */
+        return *(const uint32_t *)p;
+    }
+}
+ENT_STEP int64_t ent_load(const Core *c, int64_t e, Py_ssize_t w, int at)
+{
+    if (!c->narrow)
+        return __atomic_load_n(&c->ent[e * c->ew + w], __ATOMIC_RELAXED);
+    const unsigned char *p = nr_field(c, e, at);
+    switch (at) {
+    case NR_prev: case NR_next: case NR_slot:
+        return __atomic_load_n((const int32_t *)p, __ATOMIC_RELAXED);
+    case NR_off:
+        return (int64_t)__atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED) << NR_OFF_SHIFT;
+    case NR_check:
+        return __atomic_load_n((const int64_t *)p, __ATOMIC_RELAXED);
+    default:
+        return __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED);
+    }
+}
+/* (every value written fits its narrow field: an entry slot, an index slot below 2**31 or HELD_SLOT, a length below
+ * 2**32, an offset below 2**35 and a multiple of 8; bind refuses a narrow layout where one would not) */
+ENT_STEP void ent_write(Core *c, int64_t e, Py_ssize_t w, int at, int64_t v)
+{
+    if (!c->narrow) {
+        c->ent[e * c->ew + w] = v;
+        return;
+    }
+    unsigned char *p = nr_field(c, e, at);
+    switch (at) {
+    case NR_prev: case NR_next: case NR_slot:
+        *(int32_t *)p = (int32_t)v;
+        break;
+    case NR_off:
+        *(uint32_t *)p = (uint32_t)((uint64_t)v >> NR_OFF_SHIFT);
+        break;
+    case NR_check:
+        *(int64_t *)p = v;
+        break;
+    default:
+        *(uint32_t *)p = (uint32_t)v;
+    }
+}
+#define ER(e, f) ent_read(c, (e), c->e_##f, NR_##f)
+#define ERD(e, f) ent_load(c, (e), c->e_##f, NR_##f)
+#define EW(e, f, v) ent_write(c, (e), c->e_##f, NR_##f, (v))
+#define EFP(e) (c->ent[(e) * c->ew + c->e_fp]) /* a wide record's fingerprint (a narrow one has none) */
 /* The index's slots (index.py Wide, Packed; layout/dtypes.py INDEX_SLOT, INDEX_SLOT_PACKED): two words, the fingerprint
  * and the entry (IXF, IXE), before layout version 15; one word from it, (entry << IX_SHIFT) | the fingerprint's low 32
  * bits, its tag and its home slot's bits (every index is at most 2**32 slots). A slot is empty when its entry is EMPTY,
@@ -217,6 +290,20 @@ static inline void ix_copy(Core *c, int64_t to, int64_t from)
 /* The index in force's last slot (its slots less one: the mask under a power of two), from the tables this mapping
  * took. */
 #define IXMASK(c) ((c)->tables[0] - 1)
+/* The fingerprint the policies know a key by (sketch, ghost, admission): in a wide segment its fingerprint; in a narrow
+ * one, whose records keep none, a mix of its low 32 bits alone, which are what a resident entry's index slot keeps
+ * (its tag), so that an entry's (entry_pfp) is its key's. (twin: table.py Table.pfp, Table.entry_pfp) */
+static inline int64_t narrow_pfp(uint64_t tag) { return (int64_t)(((tag & IX_TAG) * 0x9E3779B97F4A7C15ULL) >> 1); }
+static inline int64_t pfp(const Core *c, int64_t fp) { return c->narrow ? narrow_pfp((uint64_t)fp) : fp; }
+/* Entry ``e``'s: a narrow one's from the tag of the index slot its record names (0 for a slot out of the index in
+ * force: held, or damaged). */
+static inline int64_t entry_pfp(const Core *c, int64_t e)
+{
+    if (!c->narrow)
+        return EFP(e);
+    int64_t s = ER(e, slot);
+    return narrow_pfp(s >= 0 && s <= IXMASK(c) ? (uint64_t)c->ix[s] : 0);
+}
 /* The home slot of fingerprint ``fp`` in an index whose last slot is ``mask``: its low bits before version 17; from
  * it, the tag scaled to the slots (tag * slots < 2**64: at most 2**32 slots). (twin: index.py _home, _r_home) */
 static inline int64_t ix_home_of(const Core *c, int64_t fp, int64_t mask)
@@ -352,7 +439,8 @@ struct PolicyOps {
     int evicts_to_admit;  /* a new key evicts for its room; 0: admitted only while it fits (keep) */
     int evicts_from_tail; /* the next to go is the list's tail, pinned ones passed over; 0: evict_one chooses */
     int (*on_hit)(Core *c, int64_t e);        /* a hit on resident entry e (lock held) */
-    int (*admit)(Core *c, int64_t fp);        /* asked before a new key evicts: 1, it enters on probation */
+    int (*admit)(Core *c, int64_t fp);        /* asked before a new key evicts (fp: its pfp): 1, it enters on
+                                               * probation */
     int (*link_new)(Core *c, int64_t e, int probation, int64_t *p, int64_t *n); /* its neighbours; marks set */
     void (*unlinked)(Core *c, int64_t e, int64_t n); /* e (whose next was n) left the list */
     void (*leaving)(Core *c, int64_t e);      /* e is about to be evicted */

@@ -42,7 +42,7 @@ static int clean_one(Core *c, int64_t size, int64_t *head, int64_t *tail, int64_
     if (nb < c->block_header || nb % c->block_align || nb > size - tl || nb > fl)
         return bounds(c);
     int64_t e = hdr >> c->owner_shift;
-    if (SLOT_OK(e) && EN(e, off) == tl && EN(e, check)) {
+    if (SLOT_OK(e) && ER(e, off) == tl && ER(e, check)) {
         int pin = pinned(c, e);
         if (pin < 0)
             return bounds(c);
@@ -64,7 +64,7 @@ static int clean_one(Core *c, int64_t size, int64_t *head, int64_t *tail, int64_
         }
         if (hd != tl) {
             memmove(c->arena + hd, c->arena + tl, (size_t)nb); /* the ranges may overlap */
-            EN(e, off) = hd;
+            EW(e, off, hd);
         }
         hd += nb;
         fl += nb;

@@ -98,7 +98,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         c->unviewable = unviewable;
     }
     int64_t index_slots, entry_slots, index_bytes, entry_bytes, kind_rows, kind_bytes, lock_off, lock_nbytes,
-        holder_off, wakes_off, word, index_packed, index_ranged;
+        holder_off, wakes_off, word, index_packed, index_ranged, narrow;
     if (take(d, "entry_slots", &entry_slots) || take(d, "index_slots", &index_slots)
         || take(d, "arena_nbytes", &c->arena_nbytes) || take(d, "INDEX_SLOT_NBYTES", &index_bytes)
         || take(d, "ENTRY_NBYTES", &entry_bytes) || take(d, "KIND_ROWS", &kind_rows)
@@ -116,7 +116,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || take(d, "TAG_BYTES", &c->tag_bytes) || take(d, "TAG_MSGPACK", &c->tag_msgpack)
         || take(d, "TAG_ARRAY", &c->tag_array) || take(d, "TAG_TENSOR", &c->tag_tensor)
         || take(d, "TAG_PICKLE", &c->tag_pickle) || take(d, "INDEX_PACKED", &index_packed)
-        || take(d, "INDEX_RANGED", &index_ranged))
+        || take(d, "INDEX_RANGED", &index_ranged) || take(d, "ENTRY_NARROW", &narrow))
         return -1;
     if (word != (int64_t)sizeof(int64_t) || entry_slots < 2 || index_slots < 2
         || (!index_ranged && (index_slots & (index_slots - 1))) || (index_ranged && !index_packed)
@@ -126,7 +126,12 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
         || c->owner_shift > 32 || c->len_mask != ((int64_t)1 << c->owner_shift) - 1 || c->sentinel != 0
         || holder_off != 4 || wakes_off != 8 || lock_nbytes < 12 || c->holder_base <= 0 || c->holder_slots <= 0
         || c->holder_slots > ((int64_t)1 << 30) || c->kind_prefix < 0 || c->kind_prefix > 255
-        || (index_packed ? index_bytes != 8 || index_slots > ((int64_t)1 << 32) : index_bytes < 16)) {
+        || (index_packed ? index_bytes != 8 || index_slots > ((int64_t)1 << 32) : index_bytes < 16)
+        || (narrow != 0 && narrow != 1)
+        /* a narrow record (layout/dtypes.py ENTRY_NARROW: NARROW_INDEX_SLOTS, NARROW_ARENA_NBYTES) names an index slot
+         * in an int32 and the block's offset in units of 8 in a uint32; its fingerprint is the packed index's tag */
+        || (narrow && (entry_bytes != NR_BYTES || !index_packed || !index_ranged || index_slots >= ((int64_t)1 << 31)
+                       || c->arena_nbytes > ((int64_t)1 << 35)))) {
         PyErr_SetString(PyExc_ValueError, "shmcache._core.Core: the offsets describe a layout this build cannot "
                                           "address (word size, slot counts, block header or lock words)");
         return -1;
@@ -140,6 +145,7 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->own_tables[4] = 0; /* (the lazy columns shown: set below, once the layout's version is known) */
     c->tables = c->own_tables;
     c->ew = (Py_ssize_t)(entry_bytes / 8);
+    c->narrow = narrow != 0; /* (then the E_* words are not taken: a narrow record's fields are at NR_*) */
     c->iw = (Py_ssize_t)(index_bytes / 8);
     c->ixpack = index_packed != 0; /* (then i_fp and i_entry are not taken: ix_* read the one word) */
     c->ixrange = index_ranged != 0;
@@ -205,10 +211,11 @@ static int bind(Core *c, PyObject *args, PyObject *kwds)
     c->holderword = c->lockword + 1;
     c->wakesword = c->lockword + 2;
     int64_t ewl = c->ew, iwl = c->iw, kwl = c->kww;
-    if (take_word(d, "E_PREV", &c->e_prev, ewl) || take_word(d, "E_NEXT", &c->e_next, ewl)
-        || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
-        || take_word(d, "E_KEY_NBYTES", &c->e_klen, ewl) || take_word(d, "E_VAL_NBYTES", &c->e_vlen, ewl)
-        || take_word(d, "E_SLOT", &c->e_slot, ewl) || take_word(d, "E_CHECK", &c->e_check, ewl)
+    if ((!c->narrow
+         && (take_word(d, "E_PREV", &c->e_prev, ewl) || take_word(d, "E_NEXT", &c->e_next, ewl)
+             || take_word(d, "E_FP", &c->e_fp, ewl) || take_word(d, "E_OFF", &c->e_off, ewl)
+             || take_word(d, "E_KEY_NBYTES", &c->e_klen, ewl) || take_word(d, "E_VAL_NBYTES", &c->e_vlen, ewl)
+             || take_word(d, "E_SLOT", &c->e_slot, ewl) || take_word(d, "E_CHECK", &c->e_check, ewl)))
         || (!c->ixpack && (take_word(d, "I_FP", &c->i_fp, iwl) || take_word(d, "I_ENTRY", &c->i_entry, iwl)))
         || take_word(d, "K_ENTRIES", &c->k_entries, kwl) || take_word(d, "K_RETAINED", &c->k_retained, kwl)
         || take_word(d, "H_HITS", &c->h_hits, hw_limit) || take_word(d, "H_MISSES", &c->h_misses, hw_limit)

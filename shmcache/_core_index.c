@@ -16,9 +16,10 @@ static int find(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t *out)
         }
         if (!SLOT_OK(e))
             return bounds(c);
-        /* (a one-word slot has the fingerprint's low bits: the entry's own says whether it is the key's) */
-        if (ix_tagged(c, s, fp) && (!c->ixpack || EN(e, fp) == fp) && EN(e, klen) == klen) {
-            int64_t off = EN(e, off), vlen = EN(e, vlen);
+        /* (a one-word slot has the fingerprint's low bits: the entry's own says whether it is the key's; a narrow
+         * record keeps none, and its key's bytes decide) */
+        if (ix_tagged(c, s, fp) && (!c->ixpack || c->narrow || EFP(e) == fp) && ER(e, klen) == klen) {
+            int64_t off = ER(e, off), vlen = ER(e, vlen);
             if (!block_in_arena(c, off, vlen, klen))
                 return bounds(c);
             if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
@@ -49,7 +50,7 @@ static int index_remove(Core *c, int64_t s)
                 return bounds(c);
             stripe_open(c, j);
             ix_copy(c, s, j);
-            EN(e, slot) = s;
+            EW(e, slot, s);
             ix_clear(c, j);
             s = j;
         }

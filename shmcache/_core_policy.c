@@ -80,24 +80,24 @@ static int admit_to_main(Core *c, int64_t fp)
 /* Link entry ``e`` in at the front of the list (lru.py push_front; e's own links checked by the caller). */
 static int push_front(Core *c, int64_t e)
 {
-    int64_t first = EN(c->sentinel, next);
+    int64_t first = ER(c->sentinel, next);
     if (!LINK_OK(first))
         return bounds(c);
-    EN(e, prev) = c->sentinel;
-    EN(e, next) = first;
-    EN(first, prev) = e;
-    EN(c->sentinel, next) = e;
+    EW(e, prev, c->sentinel);
+    EW(e, next, first);
+    EW(first, prev, e);
+    EW(c->sentinel, next, e);
     return ST_OK;
 }
 
 /* Small's oldest entry ``t`` moved to main's front, its counter reset. (twin: policies/s3fifo.py to_main) */
 static int to_main(Core *c, int64_t t)
 {
-    int64_t p = EN(t, prev), n = EN(t, next);
+    int64_t p = ER(t, prev), n = ER(t, next);
     if (!LINK_OK(p) || !LINK_OK(n))
         return bounds(c);
-    EN(p, next) = n;
-    EN(n, prev) = p;
+    EW(p, next, n);
+    EW(n, prev, p);
     if (HW(small_first) == t)
         HW(small_first) = n;
     int r = push_front(c, t);
@@ -112,7 +112,7 @@ static int to_main(Core *c, int64_t t)
  * (twin: policies/s3fifo.py small_oldest) */
 static int64_t small_oldest(Core *c)
 {
-    int64_t t = EN(c->sentinel, prev);
+    int64_t t = ER(c->sentinel, prev);
     if (!SLOT_OK(t) || !(c->marks[t] & MARK_SMALL)) {
         bounds(c);
         return 0;
@@ -131,7 +131,7 @@ static int main_victim(Core *c, int64_t main, int64_t *v)
         int64_t first = HW(small_first);
         if (!LINK_OK(first))
             return bounds(c);
-        int64_t t = first != c->sentinel ? EN(first, prev) : EN(c->sentinel, prev); /* main's oldest */
+        int64_t t = first != c->sentinel ? ER(first, prev) : ER(c->sentinel, prev); /* main's oldest */
         if (!SLOT_OK(t) || (c->marks[t] & MARK_SMALL))
             return bounds(c);
         int pin = pinned_now(c, t);
@@ -204,7 +204,7 @@ static int s3fifo_evict_one(Core *c, int *done)
                     ADD(HW(promoted), 1);
                 continue;
             }
-            ghost_add(c, EN(t, fp));
+            ghost_add(c, entry_pfp(c, t));
             if ((r = table_remove(c, t)))
                 return r;
             ADD(HW(evictions), 1);
@@ -397,7 +397,7 @@ static int auto_evict_one(Core *c, int *done)
                 if ((r = main_victim(c, main, &v)))
                     return r;
                 if (v != c->sentinel) {
-                    if (frequency(c, EN(t, fp)) > frequency(c, EN(v, fp)) + ADMIT_MARGIN) {
+                    if (frequency(c, entry_pfp(c, t)) > frequency(c, entry_pfp(c, v)) + ADMIT_MARGIN) {
                         if ((r = table_remove(c, v)) || (r = to_main(c, t)))
                             return r;
                         count_word(&c->ghost[A_PREFERRED]);
@@ -426,7 +426,7 @@ static int list_link_new(Core *c, int64_t e, int probation, int64_t *p, int64_t 
 {
     (void)probation;
     *p = c->sentinel;
-    *n = EN(c->sentinel, next); /* after the sentinel, before the most recent entry */
+    *n = ER(c->sentinel, next); /* after the sentinel, before the most recent entry */
     if (!LINK_OK(*n))
         return bounds(c);
     c->marks[e] = 0;
@@ -469,7 +469,7 @@ static int s3fifo_link_new(Core *c, int64_t e, int probation, int64_t *p, int64_
     *n = HW(small_first);
     if (!LINK_OK(*n))
         return bounds(c);
-    *p = EN(*n, prev);
+    *p = ER(*n, prev);
     if (!LINK_OK(*p))
         return bounds(c);
     HW(small_first) = e;
@@ -492,14 +492,14 @@ static void s3fifo_unlinked(Core *c, int64_t e, int64_t n)
 static void s3fifo_leaving(Core *c, int64_t e)
 {
     if (c->marks[e] & MARK_SMALL)
-        ghost_add(c, EN(e, fp));
+        ghost_add(c, entry_pfp(c, e));
 }
 
 /* A hit under auto: its counter raised and its key counted in the sketch. (twin: policies/auto.py Auto.on_hit) */
 static int auto_on_hit(Core *c, int64_t e)
 {
     bump(c, e);
-    sketch_add(c, EN(e, fp));
+    sketch_add(c, entry_pfp(c, e));
     return ST_OK;
 }
 

@@ -54,9 +54,9 @@ STEP void found(Core *c, int64_t e, Found *f)
 {
     f->hit = 1;
     f->slot = e;
-    f->check = EN(e, check);
-    f->off = EN(e, off) + c->block_header;
-    f->vlen = EN(e, vlen);
+    f->check = ER(e, check);
+    f->off = ER(e, off) + c->block_header;
+    f->vlen = ER(e, vlen);
     f->tag = c->arena[f->off];
 }
 
@@ -91,9 +91,9 @@ STEP int hit(Core *c, int64_t e, int64_t *now)
         if (c->pol->marks_on_hit)
             bump(c, e);
         if (c->pol->sketches)
-            sketch_add(c, EN(e, fp));
-    } else if (EN(e, prev) != c->sentinel) {
-        int64_t p = EN(e, prev), n = EN(e, next), first = EN(c->sentinel, next);
+            sketch_add(c, entry_pfp(c, e));
+    } else if (ER(e, prev) != c->sentinel) {
+        int64_t p = ER(e, prev), n = ER(e, next), first = ER(c->sentinel, next);
         if (!LINK_OK(p) || !LINK_OK(n) || !LINK_OK(first))
             return bounds(c); /* nothing written yet */
         seq_open(c);

@@ -48,7 +48,7 @@ static int pin_held(Core *c, int64_t e)
  * validates. (twin: table.py Table.open_entry) */
 static inline void entry_open(Core *c, int64_t e)
 {
-    int64_t s = EN(e, slot);
+    int64_t s = ER(e, slot);
     if (s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e)
         stripe_open(c, s);
     else
@@ -61,7 +61,7 @@ static inline void entry_open(Core *c, int64_t e)
  * -1 the query failed. (twin: table.py Table.pinned_now) */
 static int pinned_now(Core *c, int64_t e)
 {
-    if (c->holds && EN(e, slot) == HELD_SLOT)
+    if (c->holds && ER(e, slot) == HELD_SLOT)
         return 1;
     if (!c->pins[e])
         return 0;
@@ -75,7 +75,7 @@ static int pinned_now(Core *c, int64_t e)
  * failed. (twin: table.py Table.pinned) */
 static int pinned(Core *c, int64_t e)
 {
-    if (c->holds && EN(e, slot) == HELD_SLOT)
+    if (c->holds && ER(e, slot) == HELD_SLOT)
         return 1;
     entry_open(c, e); /* before the flag is read: see seq_open */
     int p = pinned_now(c, e);
@@ -92,8 +92,8 @@ static inline int unindex(Core *c, int64_t e, int64_t p, int64_t n, int64_t s)
     int r = index_remove(c, s);
     if (r)
         return r;
-    EN(p, next) = n;
-    EN(n, prev) = p;
+    EW(p, next, n);
+    EW(n, prev, p);
     c->pol->unlinked(c, e, n);
     c->marks[e] = 0;
     return ST_OK;
@@ -120,8 +120,8 @@ static int table_remove(Core *c, int64_t e)
 {
     if (!SLOT_OK(e))
         return bounds(c);
-    int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
-            s = EN(e, slot);
+    int64_t p = ER(e, prev), n = ER(e, next), off = ER(e, off), klen = ER(e, klen), vlen = ER(e, vlen),
+            s = ER(e, slot);
     if (!(s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
         return bounds(c);
     int64_t nb = block_nbytes(c, klen + vlen);
@@ -134,8 +134,8 @@ static int table_remove(Core *c, int64_t e)
     int r = unindex(c, e, p, n, s);
     if (r)
         return r;
-    EN(e, check) = 0;
-    EN(e, next) = HW(free_head);
+    EW(e, check, 0);
+    EW(e, next, HW(free_head));
     HW(free_head) = e;
     uncount(c, e, klen + vlen);
     return ST_OK;
@@ -163,8 +163,8 @@ static int detach(Core *c, int64_t e)
 {
     if (!SLOT_OK(e))
         return bounds(c);
-    int64_t p = EN(e, prev), n = EN(e, next), off = EN(e, off), klen = EN(e, klen), vlen = EN(e, vlen),
-            s = EN(e, slot), held, held_bytes;
+    int64_t p = ER(e, prev), n = ER(e, next), off = ER(e, off), klen = ER(e, klen), vlen = ER(e, vlen),
+            s = ER(e, slot), held, held_bytes;
     if (!(s >= 0 && s <= IXMASK(c) && ix_entry(c, s) == e && LINK_OK(p) && LINK_OK(n) && LEN_OK(klen) && LEN_OK(vlen)))
         return bounds(c);
     int64_t nb = block_nbytes(c, klen + vlen);
@@ -176,10 +176,10 @@ static int detach(Core *c, int64_t e)
     stripe_open(c, s);
     /* Crash window: the slot word first. From here on a repair takes the entry for a held one, never for a resident
      * one: its key's new entry may be stored beside it. */
-    EN(e, slot) = HELD_SLOT;
+    EW(e, slot, HELD_SLOT);
     if ((r = unindex(c, e, p, n, s)))
         return r;
-    EN(e, next) = c->stripes[S_HELD_FIRST];
+    EW(e, next, c->stripes[S_HELD_FIRST]);
     c->stripes[S_HELD_FIRST] = e;
     c->stripes[S_HELD] = held + 1;
     c->stripes[S_HELD_BYTES] = held_bytes + klen + vlen;
@@ -197,16 +197,16 @@ static int reclaim_held(Core *c)
         return r;
     int64_t prev = c->nil, e = c->stripes[S_HELD_FIRST], count = held;
     for (int64_t i = 0; i < count; i++) {
-        if (!SLOT_OK(e) || EN(e, slot) != HELD_SLOT || !EN(e, check))
+        if (!SLOT_OK(e) || ER(e, slot) != HELD_SLOT || !ER(e, check))
             return bounds(c);
-        int64_t after = EN(e, next);
+        int64_t after = ER(e, next);
         int pin = pin_held(c, e);
         if (pin < 0)
             return bounds(c);
         if (pin) {
             prev = e;
         } else {
-            int64_t klen = EN(e, klen), vlen = EN(e, vlen), off = EN(e, off);
+            int64_t klen = ER(e, klen), vlen = ER(e, vlen), off = ER(e, off);
             if (!LEN_OK(klen) || !LEN_OK(vlen))
                 return bounds(c);
             int64_t nb = block_nbytes(c, klen + vlen);
@@ -218,11 +218,11 @@ static int reclaim_held(Core *c)
             if (prev == c->nil)
                 c->stripes[S_HELD_FIRST] = after;
             else
-                EN(prev, next) = after;
-            EN(e, check) = 0;
-            EN(e, slot) = 0;
+                EW(prev, next, after);
+            EW(e, check, 0);
+            EW(e, slot, 0);
             c->pins[e] = 0;
-            EN(e, next) = HW(free_head);
+            EW(e, next, HW(free_head));
             HW(free_head) = e;
             held--;
             held_bytes -= klen + vlen;
@@ -243,7 +243,7 @@ static int reclaim_expired(Core *c, int64_t now)
     int64_t un = HW(unused_next), handed_out = (un > 0 && un <= c->slots) ? un : c->slots, removed = 0;
     for (int64_t e = 0; e < handed_out; e++) {
         int64_t x = c->exp[e];
-        if (x != 0 && x <= now && EN(e, check)) {
+        if (x != 0 && x <= now && ER(e, check)) {
             int p = pinned(c, e);
             if (p < 0)
                 return bounds(c);
@@ -295,12 +295,12 @@ static int evict_until(Core *c, int64_t size, int64_t now)
             if (r)
                 return r;
             if (!done)
-                return EN(c->sentinel, next) != c->sentinel || held ? ST_PINNED : bounds(c);
+                return ER(c->sentinel, next) != c->sentinel || held ? ST_PINNED : bounds(c);
         }
         return bounds(c);
     }
     /* lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over. */
-    int64_t e = EN(c->sentinel, prev), passed = 0;
+    int64_t e = ER(c->sentinel, prev), passed = 0;
     for (int64_t i = 0; i < c->slots; i++) {
         if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
             return ST_OK;
@@ -308,7 +308,7 @@ static int evict_until(Core *c, int64_t size, int64_t now)
             break;
         if (!SLOT_OK(e))
             return bounds(c);
-        int64_t p = EN(e, prev);
+        int64_t p = ER(e, prev);
         int pin = pinned(c, e);
         if (pin < 0)
             return bounds(c);
@@ -329,7 +329,7 @@ static int evict_until(Core *c, int64_t size, int64_t now)
  * (twin: table.py Table.evict_oldest) */
 static int evict_oldest(Core *c, int *done)
 {
-    int64_t e = EN(c->sentinel, prev);
+    int64_t e = ER(c->sentinel, prev);
     for (int64_t i = 0; i < c->slots; i++) {
         if (e == c->sentinel) {
             *done = 0;
@@ -349,7 +349,7 @@ static int evict_oldest(Core *c, int *done)
             *done = 1;
             return ST_OK;
         }
-        e = EN(e, prev);
+        e = ER(e, prev);
     }
     return bounds(c);
 }
@@ -413,7 +413,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int64_t e, off = 0, vlen = st->blen + 1;
     int r, from_free, done;
     /* Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot). */
-    int probation = c->pol->admit(c, st->fp);
+    int probation = c->pol->admit(c, pfp(c, st->fp));
     /* A restored entry goes where its marks say, with its counter (asked all the same: what admit counts, as for any
      * new key). (twin: table.py Table.insert, placed) */
     int64_t placed = c->pol->marks_on_hit ? st->marks : -1;
@@ -450,7 +450,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
             e = HW(unused_next);
             if (!SLOT_OK(e) || e >= c->tables[1]) /* (past the slots shown: only damage puts it there) */
                 return bounds(c);
-        } else if (!SLOT_OK(e) || EN(e, check)) {
+        } else if (!SLOT_OK(e) || ER(e, check)) {
             return bounds(c);
         }
         HW(writing) = e;
@@ -473,7 +473,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     if (r)
         return r;
     if (from_free)
-        HW(free_head) = EN(e, next);
+        HW(free_head) = ER(e, next);
     else
         HW(unused_next) = e + 1;
     unsigned char *v0 = c->arena + off + c->block_header; /* a block is [header][value][key] */
@@ -493,17 +493,18 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         return r;
     if (placed > 0)
         c->marks[e] |= (uint8_t)(placed & MARK_FREQ);
-    EN(e, prev) = p;
-    EN(e, next) = n;
-    EN(e, fp) = st->fp;
-    EN(e, off) = off;
-    EN(e, klen) = st->klen;
-    EN(e, vlen) = vlen;
-    EN(e, slot) = s;
-    EN(e, check) = st->check;
+    EW(e, prev, p);
+    EW(e, next, n);
+    if (!c->narrow)
+        EFP(e) = st->fp;
+    EW(e, off, off);
+    EW(e, klen, st->klen);
+    EW(e, vlen, vlen);
+    EW(e, slot, s);
+    EW(e, check, st->check);
     ix_put(c, s, st->fp, e);
-    EN(n, prev) = e;
-    EN(p, next) = e;
+    EW(n, prev, e);
+    EW(p, next, e);
     ADD(HW(entries), 1);
     ADD(HW(admitted), 1);
     ADD(HW(retained), st->klen + vlen);
@@ -524,7 +525,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
  * limit allows; *done 0 (nothing written) otherwise.  (twin: table.py Table.overwrite) */
 static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
 {
-    int64_t klen = EN(e, klen), old_vlen = EN(e, vlen), off = EN(e, off), vlen = st->blen + 1;
+    int64_t klen = ER(e, klen), old_vlen = ER(e, vlen), off = ER(e, off), vlen = st->blen + 1;
     int64_t held, held_bytes;
     *done = 0;
     if (!LEN_OK(klen) || !LEN_OK(old_vlen) || held_counts(c, &held, &held_bytes))
@@ -541,13 +542,13 @@ static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
     memcpy(v0 + 1, st->body, (size_t)st->blen);
     if (vlen != old_vlen) {
         memcpy(v0 + vlen, st->kb, (size_t)klen);
-        EN(e, vlen) = vlen;
+        EW(e, vlen, vlen);
         ADD(HW(retained), vlen - old_vlen);
         int64_t k = c->kinds[e];
         if (k)
             ADD(c->kw[k * c->kww + c->k_retained], vlen - old_vlen);
     }
-    EN(e, check) = st->check;
+    EW(e, check, st->check);
     int r = touch(c, e);
     if (r)
         return r;

@@ -129,23 +129,23 @@ static int find_unlocked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
             return 0;
         if (!SLOT_OK(e))
             return -1;
-        int tagged = c->ixpack ? (((uint64_t)word ^ (uint64_t)fp) & IX_TAG) == 0 && RD(EN(e, fp)) == fp
-                               : RD(IXF(s)) == fp;
-        if (tagged && RD(EN(e, klen)) == klen) {
-            int64_t off = RD(EN(e, off)), vlen = RD(EN(e, vlen));
+        int tagged = c->ixpack ? (((uint64_t)word ^ (uint64_t)fp) & IX_TAG) == 0 && (c->narrow || RD(EFP(e)) == fp)
+                               : RD(IXF(s)) == fp; /* (a narrow record has no fingerprint: as find) */
+        if (tagged && ERD(e, klen) == klen) {
+            int64_t off = ERD(e, off), vlen = ERD(e, vlen);
             if (!block_in_arena(c, off, vlen, klen))
                 return -1;
             if (memcmp(c->arena + off + c->block_header + vlen, kb, (size_t)klen) == 0) {
                 /* The entry must name this slot as its own: a writer opens the stripe of the slot the entry names
                  * (entry_open) before it writes the entry or reads its pin flag, so an entry reached through another
                  * slot (damage: two slots naming it) would not be covered by this stripe's word. */
-                if (RD(EN(e, slot)) != s)
+                if (ERD(e, slot) != s)
                     return -1;
                 *out = e;
                 f->slot = e;
                 f->off = off + c->block_header;
                 f->vlen = vlen;
-                f->check = RD(EN(e, check));
+                f->check = ERD(e, check);
                 f->tag = RD(c->arena[f->off]);
                 return 1;
             }
@@ -166,13 +166,14 @@ static inline void bump_unlocked(Core *c, int64_t e)
 }
 
 /* A hit read without the lock, touched as the policy does: s3fifo's and auto's counter raised, and auto's sketch
- * counting the key (fingerprint ``fp``). (twin: the policy's on_hit, by the locked path's hit) */
+ * counting the key (fingerprint ``fp``; the sketch takes its pfp). (twin: the policy's on_hit, by the locked path's
+ * hit) */
 static inline void hit_unlocked(Core *c, int64_t e, int64_t fp)
 {
     if (c->pol->marks_on_hit)
         bump_unlocked(c, e);
     if (c->pol->sketches)
-        sketch_add(c, fp);
+        sketch_add(c, pfp(c, fp));
 }
 
 /* Before try ``t`` (from 1) of a read: counted as a retry, then 2**t pause instructions (at most 256). */

@@ -27,7 +27,7 @@ from .errors import CorruptionError, NoSpaceError, PinnedError
 from .lock import TICK_EVERY, progressed
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, MAX_BLOCK_NBYTES, PAGE
 from .layout.dtypes import (
-    BLOCK_OWNER_SHIFT, E_CHECK, E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT, H_ARENA_USED,
+    BLOCK_OWNER_SHIFT, H_ARENA_EXTENT, H_ARENA_USED,
     H_FILL, H_HEAD, H_TAIL, HELD_SLOT,
 )
 from .layout.geometry import grown_extent, least_extent
@@ -45,17 +45,18 @@ def write_dead(words, off: int, nbytes: int) -> None:
 
 
 class Arena:
-    """The ring's operations over one mapping: header words ``h``, entry words ``ent``, the mmap and its base.
+    """The ring's operations over one mapping: header words ``h``, the records ``rec`` (records.Records), the mmap
+    and its base.
 
     ``back(stop)`` backs the arena up to ``stop`` with memory and shows it in this mapping (segment.py
     ``Segment.back``: ``posix_fallocate``, ``NoSpaceError`` when /dev/shm is full); ``shown`` is the mapping's cell
     saying how far it shows the file (``Segment.shown``). None: the arena is memory already (a test's).
     """
 
-    def __init__(self, h, ent, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
+    def __init__(self, h, rec, mm, base: int, nbytes: int, entry_slots: int, pins=None, pinned=None,
                  back=None, step: int = PAGE, shown=None, ring=None, top=None) -> None:
         self.h = h
-        self.ent = ent
+        self.rec = rec
         # The pins column, and the test of whether a flagged entry is still pinned (none is, without them).
         self.pins = bytes(entry_slots) if pins is None else pins
         self.pinned = pinned
@@ -184,8 +185,8 @@ class Arena:
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > size - tail or nb > fill:
             raise CorruptionError(f"arena block at {tail} has an impossible length {nb}", what="arena alloc")
         if 0 < e < self.entry_slots:
-            b = e * ENTRY_WORDS
-            if self.ent[b + E_OFF] == tail and self.ent[b + E_CHECK]:
+            rec = self.rec
+            if rec.off[e] << rec.osh == tail and rec.check[e]:
                 # (Table.pinned opens the entry's stripe before its flag is read, and before the block moves)
                 if self.pinned is not None and self.pinned(e):
                     # A pinned block must not move: the gap before it becomes a dead block and the ring continues
@@ -199,7 +200,7 @@ class Arena:
                     return tail, tail, size
                 if head != tail:
                     self.move(self.base + head, self.base + tail, nb)  # memmove: the ranges may overlap
-                    self.ent[b + E_OFF] = head
+                    rec.off[e] = head >> rec.osh
                 head += nb
                 fill += nb  # the block stays in the ring; the fill loses it below
         fill -= nb
@@ -224,12 +225,13 @@ class Arena:
         :raises CorruptionError: a live entry's block is out of the arena, not its own, or overlaps another.
         """
         top = max(1, min(unused, self.entry_slots))
-        rows = np.frombuffer(self.ent, dtype=np.int64).reshape(-1, ENTRY_WORDS)[1:top]
-        live = np.flatnonzero(rows[:, E_CHECK] != 0)
+        rec = self.rec
+        rows = rec.rows(top)[1:]
+        live = np.flatnonzero(rows["check"] != 0)
         e = live + 1
-        ent_slot = dict(zip(e.tolist(), rows[live, E_SLOT].tolist()))
-        off = rows[live, E_OFF]
-        payload = rows[live, E_KEY_NBYTES] + rows[live, E_VAL_NBYTES]
+        ent_slot = dict(zip(e.tolist(), rows["slot"][live].tolist()))
+        off = rows["off"][live].astype(np.int64) << rec.osh
+        payload = rows["key_nbytes"][live].astype(np.int64) + rows["val_nbytes"][live].astype(np.int64)
         nb = (BLOCK_HEADER_NBYTES + payload + BLOCK_ALIGN - 1) & -BLOCK_ALIGN  # block.nbytes, vectorised
         order = np.argsort(off, kind="stable")
         e, off, nb = e[order], off[order], nb[order]
@@ -247,7 +249,7 @@ class Arena:
         if pos > size:
             raise PinnedError(f"blocks pinned by open views keep the arena's live blocks from fitting in {size} "
                               "bytes", what="resize", hint="close the views first, then resize")
-        ent, h = self.ent, self.h
+        h = self.h
         pos = moved = 0
         for x, o, n, pinned in zip(e.tolist(), off.tolist(), nb.tolist(), stays):
             moved += 1
@@ -260,7 +262,7 @@ class Arena:
                 continue
             if o != pos:
                 self.move(self.base + pos, self.base + o, n)  # memmove: the ranges may overlap
-                ent[x * ENTRY_WORDS + E_OFF] = pos
+                rec.off[x] = pos >> rec.osh
             pos += n
         # Ordering: the ring's words after every block is in place (see alloc).
         h[H_TAIL] = 0

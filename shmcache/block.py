@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES
 from .layout.dtypes import (
-    BLOCK_LEN_MASK, BLOCK_OWNER_SHIFT, E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_UNUSED_NEXT,
+    BLOCK_LEN_MASK, BLOCK_OWNER_SHIFT, H_UNUSED_NEXT,
 )
 
 VALUE_START = BLOCK_HEADER_NBYTES  # a block's value (tag byte first) starts after its header word
 PAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN - 1  # nbytes(n) is (n + PAD) & -BLOCK_ALIGN, for the inlined copies
-_W = ENTRY_WORDS
 
 
 def nbytes(payload_nbytes: int) -> int:
@@ -38,28 +37,26 @@ def split_header(word: int) -> tuple[int, int]:
     return word & BLOCK_LEN_MASK, word >> BLOCK_OWNER_SHIFT
 
 
-def value_at(ent, base: int, e: int) -> int:
+def value_at(rec, base: int, e: int) -> int:
     """Offset (from ``base``: the arena's offset in the mapping, or 0 for arena offsets) of entry ``e``'s value,
-    its tag byte first."""
-    return base + ent[e * _W + E_OFF] + VALUE_START
+    its tag byte first (``rec``: the segment's records.Records)."""
+    return base + (rec.off[e] << rec.osh) + VALUE_START
 
 
-def key_at(ent, base: int, e: int) -> int:
+def key_at(rec, base: int, e: int) -> int:
     """Offset (as ``value_at``) of entry ``e``'s key bytes: they follow the value."""
-    b = e * _W
-    return base + ent[b + E_OFF] + VALUE_START + ent[b + E_VAL_NBYTES]
+    return base + (rec.off[e] << rec.osh) + VALUE_START + rec.vlen[e]
 
 
-def key_of(mm, ent, base: int, e: int) -> bytes:
+def key_of(mm, rec, base: int, e: int) -> bytes:
     """Entry ``e``'s stored key bytes, copied (``base``: the arena's offset in ``mm``)."""
-    k0 = key_at(ent, base, e)
-    return mm[k0 : k0 + ent[e * _W + E_KEY_NBYTES]]
+    k0 = key_at(rec, base, e)
+    return mm[k0 : k0 + rec.klen[e]]
 
 
-def entry_nbytes(ent, e: int) -> int:
+def entry_nbytes(rec, e: int) -> int:
     """The block size of resident entry ``e``, from its key and value lengths."""
-    b = e * _W
-    return nbytes(ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES])
+    return nbytes(rec.klen[e] + rec.vlen[e])
 
 
 def handed_out(h, slots: int) -> int:

@@ -39,9 +39,9 @@ from .errors import (
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
-from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, Geometry
+from .layout import ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, Geometry
 from .layout.dtypes import (
-    ENTRY_WORDS, H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
+    H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, NARROW_ARENA_NBYTES, POLICY_NAMES,
     S_REFRESH_FAILED, S_REFRESHES, S_STALE_HITS,
 )
 from .layout.geometry import MAX_ENTRIES_LIMIT, RESERVE_FACTOR
@@ -80,7 +80,6 @@ EVICT_STEP_NBYTES = 64 << 20
 _DEFAULT_RESERVE_MOST = 2**40
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_ATTACH_TIMEOUT = 10.0  # seconds an attacher waits for a segment that another process is still creating
-_W = ENTRY_WORDS
 _log = logging.getLogger("shmcache")
 _MONOTONIC = (-1).__int__  # what the compiled section is given as the time: -1, read CLOCK_MONOTONIC itself
 _DEV = sys.flags.dev_mode  # python -X dev: views note what outlives their blocks (view.DevView)
@@ -216,7 +215,10 @@ class SharedCache(LocalMapping, AsyncMethods):
             if reserve < capacity:
                 raise ValueError(f"max_capacity_bytes ({reserve}) must be at least capacity_bytes ({capacity})")
         limit = wanted.max_entries
-        wanted = Geometry.for_capacity(reserve, min(RESERVE_FACTOR * limit, MAX_ENTRIES_LIMIT), policy_number)
+        entries = min(RESERVE_FACTOR * limit, MAX_ENTRIES_LIMIT)
+        if max_capacity_bytes is None:
+            reserve = narrow_reserve(capacity, reserve, entries, policy_number)
+        wanted = Geometry.for_capacity(reserve, entries, policy_number)
         default_ttl_ns = 0 if default_ttl is None else ttl_ns(default_ttl)
         default_tti_ns = 0 if default_tti is None else ttl_ns(default_tti, "default_tti")
         seg = Segment(name, None if create is False else wanted, create, trust, default_ttl_ns, attach_timeout,
@@ -279,7 +281,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         self._told = Told()  # the key families warned about a value too large to keep (oversize.py)
         self._seg, self._guard, self._store = seg, guard, store
         # The segment's tables at hand (one attribute read each instead of two; views and tests use them).
-        self._h, self._ix, self._ent, self._mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self._h, self._ix, self._mm = seg.header_words, seg.index_words, seg.mm
         self._clock = clock
         self._decode = ser.decode  # the serializer's: every value read
         self._encode_value = ser.encode  # and every value stored
@@ -1027,6 +1029,21 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     def _hot(self) -> tuple:
         return self._path, self._now  # what the batches call (mapping.LocalMapping)
+
+
+def narrow_reserve(capacity: int, reserve: int, entries: int, policy: int) -> int:
+    """The arena's default reserve, ``reserve``, lowered as far as ``capacity`` allows so that the segment's entry
+    records are narrow (32 bytes, not 64: Geometry.narrow, an arena below 32 GiB): a cache whose capacity fits gives
+    up growth past about 30 GiB without max_capacity_bytes, and keeps half its per-entry tables."""
+    if (Geometry.for_capacity(reserve, entries, policy).narrow
+            or not Geometry.for_capacity(capacity, entries, policy).narrow):
+        return reserve
+    # arena = reserve + reserve // 16 + BLOCK_OVERHEAD * entries, aligned (Geometry.for_capacity): solved for the
+    # largest reserve within NARROW_ARENA_NBYTES, then stepped down past the rounding.
+    most = max(capacity, (NARROW_ARENA_NBYTES - BLOCK_OVERHEAD * entries - ALIGN) * 16 // 17)
+    while not Geometry.for_capacity(most, entries, policy).narrow:  # (a step or two: capacity itself is narrow)
+        most = max(capacity, most - ALIGN)
+    return most
 
 
 def _release(seg: Segment, pins, slot, *parts: weakref.ref) -> None:

@@ -30,7 +30,7 @@ from .segment import attached, segment_in_use, segment_names, sweep
 from .keys import decode_key
 from .layout import EMPTY
 from .layout.dtypes import (
-    E_CHECK, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL, H_LAST_PUT, POLICY_NAMES,
+    H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_FILL, H_LAST_PUT, POLICY_NAMES,
 )
 from .serializers import PICKLE, TAG_PICKLE
 from .stats import CacheLimits, prometheus_text
@@ -515,15 +515,15 @@ def _other_kinds(args, c: SharedCache) -> str:
 
 def _peek_locked(store, kb: bytes, fp: int):
     """(tag, body, checksum, ns left to live or 0) of the live entry of key bytes ``kb``, or None; writes nothing."""
-    e = store.table.index.find(store.ix, store.ent, store.mm, store.base, store.mask, fp, kb)
+    e = store.table.index.find(store.ix, store.rec, store.mm, store.base, store.mask, fp, kb)
     if e == EMPTY:
         return None
     x, now = store.exp[e], store.clock()
     if x and x <= now:
         return None  # expired: absent, as a lookup finds it (and left for a lookup or the sweep to drop)
-    v0 = block.value_at(store.ent, store.base, e)
-    vlen = store.ent[e * ENTRY_WORDS + E_VAL_NBYTES]
-    return store.mm[v0], store.mm[v0 + 1 : v0 + vlen], store.ent[e * ENTRY_WORDS + E_CHECK], max(x - now, 1) if x else 0
+    v0 = block.value_at(store.rec, store.base, e)
+    vlen = store.rec.vlen[e]
+    return store.mm[v0], store.mm[v0 + 1 : v0 + vlen], store.rec.check[e], max(x - now, 1) if x else 0
 
 
 def _snapshot_locked(store, space: int, with_values: bool):

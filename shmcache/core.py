@@ -24,7 +24,7 @@ from .compiled import HANDOVER, PATH, PINNED, TIMEOUT, Core, Raw, last_wait, wor
 from .compiled import extension as _core
 from .errors import ClosedError
 from .layout import (
-    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, ENTRY, HEADER_NBYTES, KIND, KIND_PREFIX, LOCK_NBYTES,
+    BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, HEADER_NBYTES, KIND, KIND_PREFIX, LOCK_NBYTES,
     MAX_BLOCK_NBYTES, MAX_KINDS, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, SENTINEL,
 )
 from .layout import dtypes as d
@@ -94,7 +94,8 @@ def offsets(geometry) -> dict[str, int]:
         index_slots=g.index_slots, ring_follows=int(g.version >= 10), ring_by_limit=int(10 <= g.version < 13),
         HEADER_WORDS=HEADER_NBYTES // 8, WORD_NBYTES=d.EXPIRES.itemsize, INDEX_SLOT_NBYTES=g.index_slot_nbytes,
         INDEX_PACKED=int(g.packed_index), INDEX_RANGED=int(g.ranged_index),
-        ENTRY_NBYTES=ENTRY.itemsize, KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize, LOCK_NBYTES=LOCK_NBYTES,
+        ENTRY_NBYTES=g.entry_nbytes, ENTRY_NARROW=int(g.narrow), KIND_ROWS=MAX_KINDS + 1, KIND_NBYTES=KIND.itemsize,
+        LOCK_NBYTES=LOCK_NBYTES,
         LOCK_HOLDER_OFF=HOLDER_OFF, LOCK_WAKES_OFF=WAKES_OFF, HOLDER_BASE=HOLDER_BASE, HOLDER_SLOTS=HOLDER_SLOTS,
         BLOCK_HEADER_NBYTES=BLOCK_HEADER_NBYTES,
         BLOCK_ALIGN=BLOCK_ALIGN, MAX_BLOCK_NBYTES=MAX_BLOCK_NBYTES, BLOCK_LEN_MASK=d.BLOCK_LEN_MASK,

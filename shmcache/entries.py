@@ -13,16 +13,17 @@ their reference, and finish a batch the C section hands over part-way.
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import block, lru
 from .codec import fingerprint
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_DELETES, H_DIRTY,
+    H_DELETES, H_DIRTY,
     H_HITS, H_MAX_RETAINED, H_MISSES,
 )
 
-_W = ENTRY_WORDS
 
 
 def _key_start(mm, k0: int, klen: int, space: int) -> int:
@@ -40,39 +41,46 @@ def snapshot_locked(store, space: int, with_values: bool) -> tuple[list, int]:
     caller to check; and how many entries were passed over as damaged (their key bytes do not hash to their
     fingerprint: a damaged length, offset or key, whose bytes are no key that was stored). The caller repairs when
     that is not 0."""
-    ent, mm, base, exp = store.ent, store.mm, store.base, store.exp
+    rec, mm, base, exp = store.rec, store.mm, store.base, store.exp
     now = store.clock()
     out = []
     damaged = 0
-    e = ent[SENTINEL * _W + E_NEXT]
+    e = rec.next[SENTINEL]
     for _ in range(store.table.slots):
         if e == SENTINEL:
             break
-        b = e * _W
-        v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES  # block.value_at, inlined (a walk of every entry)
-        vlen, klen = ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
+        v0 = base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES  # block.value_at, inlined (a walk of every entry)
+        vlen, klen = rec.vlen[e], rec.klen[e]
         k0 = v0 + vlen
         skip = _key_start(mm, k0, klen, space)
         x = exp[e]
         if skip >= 0 and not (x and x <= now):
             stored = mm[k0 : k0 + klen]
             # Invariant: a key handed out hashes to its entry's fingerprint, as a lookup's probe compares it.
-            if fingerprint(stored) != ent[b + E_FP]:
+            if not store.table.fingerprint_is(e, fingerprint(stored)):
                 damaged += 1
             else:
                 kb = stored[skip:]
-                out.append((kb, mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], e) if with_values else kb)
-        e = ent[b + E_NEXT]
+                out.append((kb, mm[v0], mm[v0 + 1 : k0], rec.check[e], e) if with_values else kb)
+        e = rec.next[e]
     return out, damaged
 
 
 def order_locked(store) -> tuple:
     """The list's links and what orders it, copied whole in one short hold (numpy copies of four columns: no walk,
     so the hold lasts a copy of a few bytes an entry, whatever the entries): (next, fp, expires, marks, the clock's
-    reading). ``hottest_first`` walks them after the unlock."""
-    _, _, ents = store.seg.arrays()
+    reading). ``hottest_first`` walks them after the unlock. A narrow record keeps no fingerprint: the tag of the
+    index slot it names stands for it (0 for one out of the index: it names no live entry)."""
+    _, index_arr, ents = store.seg.arrays()
     expires, _, _, _, marks = store.seg.columns()
-    return ents["next"].copy(), ents["fp"].copy(), expires.copy(), marks.copy(), store.clock()
+    if store.rec.fp is not None:
+        fps = ents["fp"].copy()
+    else:
+        at = ents["slot"].astype(np.int64)
+        inside = (at >= 0) & (at < len(index_arr))
+        fps = np.zeros(len(at), dtype=np.int64)
+        fps[inside] = index_arr["fp"][at[inside]]
+    return ents["next"].copy(), fps, expires.copy(), marks.copy(), store.clock()
 
 
 def hottest_first(copied: tuple, pol) -> tuple[list, list]:
@@ -108,7 +116,7 @@ def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int
     An entry gone or replaced by another key since is passed over; its key stored again elsewhere was not in
     ``slots``. The caller checks each copy's key against its fingerprint and its body against its checksum, after
     the unlock."""
-    ix, ent, mm, base, exp, mask = store.ix, store.ent, store.mm, store.base, store.exp, store.mask
+    ix, rec, mm, base, exp, mask = store.ix, store.rec, store.mm, store.base, store.exp, store.mask
     marks, names = store.table.marks, store.table.index.names
     arena_nbytes = len(store.arena)
     now = store.clock()
@@ -118,21 +126,20 @@ def copy_locked(store, slots: list, fps: list, start: int, end: int, budget: int
     while i < n and copied < budget:
         e, fp = slots[i], fps[i]
         i += 1
-        b = e * _W
-        s = ent[b + E_SLOT]
+        s = rec.slot[e]
         # Invariant: an entry is live while the index slot it names names it back with its fingerprint.
-        if ent[b + E_FP] != fp or not 0 <= s <= mask or not names(ix, s, e, fp):
+        if (rec.fp is not None and rec.fp[e] != fp) or not 0 <= s <= mask or not names(ix, s, e, fp):
             continue
         x = exp[e]
         if x and x <= now:
             continue
-        off, vlen, klen = ent[b + E_OFF], ent[b + E_VAL_NBYTES], ent[b + E_KEY_NBYTES]
+        off, vlen, klen = rec.off[e] << rec.osh, rec.vlen[e], rec.klen[e]
         if off < 0 or vlen < 1 or klen < 0 or off + BLOCK_HEADER_NBYTES + vlen + klen > arena_nbytes:
             damaged += 1
             continue
         v0 = base + off + BLOCK_HEADER_NBYTES  # block.value_at, inlined
         k0 = v0 + vlen
-        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], ent[b + E_CHECK], x, fp, marks[e]))
+        out.append((mm[k0 : k0 + klen], mm[v0], mm[v0 + 1 : k0], rec.check[e], x, fp, marks[e]))
         copied += vlen + klen
     return out, i, now, damaged
 
@@ -141,22 +148,21 @@ def popitem_locked(store, space: int):
     """Remove the live entry of ``space`` at the back of the list (lru: the least recently used) that no view pins,
     counted as a delete; its (key bytes, tag, body), or None if there is none. Expired entries met on the way are
     dropped (counted as expired)."""
-    ent, mm, base, table = store.ent, store.mm, store.base, store.table
-    e = ent[SENTINEL * _W + E_PREV]
+    rec, mm, base, table = store.rec, store.mm, store.base, store.table
+    e = rec.prev[SENTINEL]
     for _ in range(table.slots):
         if e == SENTINEL:
             return None
-        b = e * _W
-        before = ent[b + E_PREV]
-        k0 = block.key_at(ent, base, e)
-        klen = ent[b + E_KEY_NBYTES]
+        before = rec.prev[e]
+        k0 = block.key_at(rec, base, e)
+        klen = rec.klen[e]
         skip = _key_start(mm, k0, klen, space)
         if skip >= 0:
             if store.exp[e] and table.expired(e):
                 store.lapse(e)
             elif not table.pinned(e):
                 stored = mm[k0 : k0 + klen]
-                if fingerprint(stored) != ent[b + E_FP]:  # see snapshot_locked; raised so, the guard repairs
+                if not table.fingerprint_is(e, fingerprint(stored)):  # see snapshot_locked; raised: the guard repairs
                     raise CorruptionError(f"entry {e}: its key does not hash to its fingerprint", what="popitem")
                 kb = stored[skip:]
                 tag, body = store.body(e)
@@ -186,7 +192,7 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     For each, None or (tag, body, checksum, slot), the checksum for the caller to check after the unlock."""
     # The batch's reason to be is its cost per key: the move to the front is inlined, as in SharedCache.get
     # (block.value_at, inlined), and everything the loop reads is bound once.
-    ix, ent, mm, base, mask, exp, h = store.ix, store.ent, store.mm, store.base, store.mask, store.exp, store.h
+    ix, rec, mm, base, mask, exp, h = store.ix, store.rec, store.mm, store.base, store.mask, store.exp, store.h
     now = store.clock()
     pol, table = store.table.pol, store.table
     relinks, counts, ttis = pol.relinks_on_hit, pol.marks_on_hit, table.ttis
@@ -195,11 +201,10 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
     hits = misses = 0
     find = table.index.find
     for kb, fp in zip(kbs, fps):
-        e = find(ix, ent, mm, base, mask, fp, kb)
+        e = find(ix, rec, mm, base, mask, fp, kb)
         if e != EMPTY:
-            b = e * _W
-            v0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES
-            vlen = ent[b + E_VAL_NBYTES]
+            v0 = base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES
+            vlen = rec.vlen[e]
         if e != EMPTY:
             x = exp[e]
             if x and x <= now:
@@ -210,16 +215,16 @@ def get_many_locked(store, kbs: list, fps: list) -> list:
             append(None)
             continue
         if relinks:  # Store.hit, inlined (its count below)
-            if ent[b + E_PREV] != SENTINEL:  # not already the most recent
+            if rec.prev[e] != SENTINEL:  # not already the most recent
                 h[H_DIRTY] = 1  # Crash window: a half-moved entry is relinked by the repair (guard.updating, inlined)
-                lru.move_to_front(ent, e)
+                lru.move_to_front(rec, e)
                 h[H_DIRTY] = 0
         elif counts:
             pol.on_hit(table, e)
         if ttis is not None and ttis[e]:
             table.idle_touch(e)
         hits += 1
-        append((mm[v0], mm[v0 + 1 : v0 + vlen], ent[b + E_CHECK], e))
+        append((mm[v0], mm[v0 + 1 : v0 + vlen], rec.check[e], e))
     h[H_HITS] += hits
     h[H_MISSES] += misses
     return out
@@ -243,18 +248,17 @@ def put_many_locked(store, ttl, encoded: list) -> int:
 
 def count_prefix_locked(store, prefix: bytes) -> int:
     """How many live entries have a key whose stored bytes start with ``prefix`` (kind bytes included)."""
-    ent, mm, base, exp, n = store.ent, store.mm, store.base, store.exp, len(prefix)
+    rec, mm, base, exp, n = store.rec, store.mm, store.base, store.exp, len(prefix)
     now = store.clock()
     count = 0
-    e = ent[SENTINEL * _W + E_NEXT]
+    e = rec.next[SENTINEL]
     for _ in range(store.table.slots):
         if e == SENTINEL:
             break
-        b = e * _W
-        if ent[b + E_KEY_NBYTES] >= n:
-            k0 = block.key_at(ent, base, e)
+        if rec.klen[e] >= n:
+            k0 = block.key_at(rec, base, e)
             x = exp[e]
             if mm[k0 : k0 + n] == prefix and not (x and x <= now):
                 count += 1
-        e = ent[b + E_NEXT]
+        e = rec.next[e]
     return count

@@ -2,7 +2,7 @@
 
 Linear probing; the table has at least twice as many slots as there are entries, so probes stay short. ``remove``
 shifts the rest of the cluster back instead of leaving tombstones, which keeps every lookup's probe sequence ending
-at an empty slot and lets each entry record the slot that points at it (``E_SLOT``) for O(1) removal.
+at an empty slot and lets each entry record the slot that points at it (its record's ``slot``) for O(1) removal.
 
 A slot is two words, ``(fp, entry)``, before layout version 15, and one word after, ``(entry << 32) | tag``, the tag
 the fingerprint's low 32 bits (layout/dtypes.py INDEX_SLOT_PACKED). The module-level functions are the two-word
@@ -25,35 +25,32 @@ import numpy as np
 
 from .errors import CorruptionError
 from .layout import BLOCK_HEADER_NBYTES, EMPTY
-from .layout.dtypes import (
-    E_FP, E_KEY_NBYTES, E_OFF, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, I_ENTRY, I_FP, INDEX_SHIFT, PACKED_ENTRY_SHIFT,
-    PACKED_TAG_MASK,
-)
+from .layout.dtypes import I_ENTRY, I_FP, INDEX_SHIFT, PACKED_ENTRY_SHIFT, PACKED_TAG_MASK
 
 
 def _full() -> CorruptionError:
     return CorruptionError("the index table has no empty slot", what="index")
 
 
-def find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
-    """Entry slot holding key bytes ``kb`` (fingerprint ``fp``), or EMPTY. ``mm`` is the mapping and ``base`` the
-    arena's offset in it: keys are compared as bytes copied out of the mapping, which beats a memoryview compare."""
+def find(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    """Entry slot holding key bytes ``kb`` (fingerprint ``fp``), or EMPTY. ``rec`` is the segment's records
+    (records.py), ``mm`` the mapping and ``base`` the arena's offset in it: keys are compared as bytes copied out of
+    the mapping, which beats a memoryview compare."""
     # Why: the first probe is unrolled because it is almost always the last; a loop costs more to set up than it.
     w = (fp & mask) << INDEX_SHIFT
     e = ix[w + I_ENTRY]
     if e == EMPTY:
         return EMPTY
     if ix[w + I_FP] == fp:
-        b = e * ENTRY_WORDS
         klen = len(kb)
-        if ent[b + E_KEY_NBYTES] == klen:
-            k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
+        if rec.klen[e] == klen:
+            k0 = base + rec.off[e] + BLOCK_HEADER_NBYTES + rec.vlen[e]  # block.key_at, inlined (wide: osh 0)
             if mm[k0 : k0 + klen] == kb:
                 return e
-    return find_rest(ix, ent, mm, base, mask, fp, kb)
+    return find_rest(ix, rec, mm, base, mask, fp, kb)
 
 
-def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+def find_rest(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     """``find`` past the key's home slot (the caller probed that one)."""
     s = fp & mask
     klen = len(kb)
@@ -64,9 +61,8 @@ def find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
         if e == EMPTY:
             return EMPTY
         if ix[w + I_FP] == fp:
-            b = e * ENTRY_WORDS
-            if ent[b + E_KEY_NBYTES] == klen:
-                k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
+            if rec.klen[e] == klen:
+                k0 = base + rec.off[e] + BLOCK_HEADER_NBYTES + rec.vlen[e]  # block.key_at, inlined (wide: osh 0)
                 if mm[k0 : k0 + klen] == kb:
                     return e
     raise _full()
@@ -82,15 +78,15 @@ def free_slot(ix, mask: int, fp: int) -> int:
     raise _full()
 
 
-def insert(ix, ent, mask: int, fp: int, e: int) -> None:
+def insert(ix, rec, mask: int, fp: int, e: int) -> None:
     """Point the first free slot of ``fp``'s probe sequence at entry ``e`` (the key must not be present)."""
     s = free_slot(ix, mask, fp)
     ix[(s << INDEX_SHIFT) + I_FP] = fp
     ix[(s << INDEX_SHIFT) + I_ENTRY] = e
-    ent[e * ENTRY_WORDS + E_SLOT] = s
+    rec.slot[e] = s
 
 
-def remove(ix, ent, mask: int, s: int, opening=None) -> None:
+def remove(ix, rec, mask: int, s: int, opening=None) -> None:
     """Empty slot ``s`` and shift back the entries after it that would otherwise become unreachable. ``opening``:
     called with each slot before an entry is moved out of it (its stripe opened; the caller opened ``s``'s)."""
     ix[(s << INDEX_SHIFT) + I_ENTRY] = EMPTY
@@ -108,7 +104,7 @@ def remove(ix, ent, mask: int, s: int, opening=None) -> None:
             ws = s << INDEX_SHIFT
             ix[ws + I_FP] = ix[w + I_FP]
             ix[ws + I_ENTRY] = e
-            ent[e * ENTRY_WORDS + E_SLOT] = s
+            rec.slot[e] = s
             ix[w + I_ENTRY] = EMPTY
             s = j
     raise _full()
@@ -162,32 +158,34 @@ class Wide:
 _SHIFT, _TAG = PACKED_ENTRY_SHIFT, PACKED_TAG_MASK
 
 
-def _p_match(ent, mm, base: int, e: int, fp: int, kb: bytes) -> bool:
-    b = e * ENTRY_WORDS
+def _p_match(rec, mm, base: int, e: int, fp: int, kb: bytes) -> bool:
+    """Whether entry ``e`` holds key ``kb``: its whole fingerprint (a wide record's; a narrow one keeps none, the tag
+    compared is all of it there), its key's length and bytes. (twin: _core_index.c find)"""
     klen = len(kb)
-    if ent[b + E_FP] != fp or ent[b + E_KEY_NBYTES] != klen:
+    fps = rec.fp
+    if (fps is not None and fps[e] != fp) or rec.klen[e] != klen:
         return False
-    k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]  # block.key_at, inlined
+    k0 = base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES + rec.vlen[e]  # block.key_at, inlined
     return mm[k0 : k0 + klen] == kb
 
 
-def _p_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+def _p_find(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     """``find`` over one-word slots: a slot whose tag is the fingerprint's low bits is the key's when its entry has
     the whole fingerprint and the key. (twin: _core_index.c find)"""
     word = ix[fp & mask]
     e = (word >> _SHIFT) & _TAG
     if e == EMPTY:
         return EMPTY
-    if word & _TAG == fp & _TAG and _p_match(ent, mm, base, e, fp, kb):
+    if word & _TAG == fp & _TAG and _p_match(rec, mm, base, e, fp, kb):
         return e
-    return _p_find_rest(ix, ent, mm, base, mask, fp, kb)
+    return _p_find_rest(ix, rec, mm, base, mask, fp, kb)
 
 
-def _p_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
-    return _p_probe(ix, ent, mm, base, mask, fp & mask, fp, kb)
+def _p_find_rest(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    return _p_probe(ix, rec, mm, base, mask, fp & mask, fp, kb)
 
 
-def _p_probe(ix, ent, mm, base: int, mask: int, s: int, fp: int, kb: bytes) -> int:
+def _p_probe(ix, rec, mm, base: int, mask: int, s: int, fp: int, kb: bytes) -> int:
     """``find`` past home slot ``s`` over one-word slots (the caller probed that one), round from the last slot to
     the first: the same under either home rule."""
     tag = fp & _TAG
@@ -197,7 +195,7 @@ def _p_probe(ix, ent, mm, base: int, mask: int, s: int, fp: int, kb: bytes) -> i
         e = (word >> _SHIFT) & _TAG
         if e == EMPTY:
             return EMPTY
-        if word & _TAG == tag and _p_match(ent, mm, base, e, fp, kb):
+        if word & _TAG == tag and _p_match(rec, mm, base, e, fp, kb):
             return e
     raise _full()
 
@@ -218,19 +216,19 @@ def _p_put(ix, s: int, fp: int, e: int) -> None:
     ix[s] = (e << _SHIFT) | (fp & _TAG)
 
 
-def _p_insert(ix, ent, mask: int, fp: int, e: int) -> None:
+def _p_insert(ix, rec, mask: int, fp: int, e: int) -> None:
     s = _p_free_from(ix, mask, fp & mask)
     ix[s] = (e << _SHIFT) | (fp & _TAG)
-    ent[e * ENTRY_WORDS + E_SLOT] = s
+    rec.slot[e] = s
 
 
-def _p_remove(ix, ent, mask: int, s: int, opening=None) -> None:
+def _p_remove(ix, rec, mask: int, s: int, opening=None) -> None:
     """``remove`` over one-word slots: a slot's home is its word's low bits (the tag). (twin: _core_index.c
     index_remove)"""
-    _p_shift_back(ix, ent, mask, s, opening, _home)
+    _p_shift_back(ix, rec, mask, s, opening, _home)
 
 
-def _p_shift_back(ix, ent, mask: int, s: int, opening, home) -> None:
+def _p_shift_back(ix, rec, mask: int, s: int, opening, home) -> None:
     """Empty slot ``s`` and shift back what follows it in its cluster, ``home(word, mask)`` a slot's home: an entry
     may fill the hole only if its home is not cyclically within the hole and its own slot."""
     n = mask + 1
@@ -246,7 +244,7 @@ def _p_shift_back(ix, ent, mask: int, s: int, opening, home) -> None:
             if opening is not None:
                 opening(j)
             ix[s] = word
-            ent[e * ENTRY_WORDS + E_SLOT] = s
+            rec.slot[e] = s
             ix[j] = 0
             s = j
     raise _full()
@@ -290,36 +288,36 @@ def _r_homes(fps, slots: int):
     return ((tags * np.uint64(slots)) >> np.uint64(32)).astype(np.int64)
 
 
-def _r_find(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+def _r_find(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
     """``find`` over one-word slots in an index of any size: the tag scaled to the slots is the home slot.
     (twin: _core_index.c find)"""
     word = ix[((fp & _TAG) * (mask + 1)) >> 32]
     e = (word >> _SHIFT) & _TAG
     if e == EMPTY:
         return EMPTY
-    if word & _TAG == fp & _TAG and _p_match(ent, mm, base, e, fp, kb):
+    if word & _TAG == fp & _TAG and _p_match(rec, mm, base, e, fp, kb):
         return e
-    return _r_find_rest(ix, ent, mm, base, mask, fp, kb)
+    return _r_find_rest(ix, rec, mm, base, mask, fp, kb)
 
 
-def _r_find_rest(ix, ent, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
-    return _p_probe(ix, ent, mm, base, mask, ((fp & _TAG) * (mask + 1)) >> 32, fp, kb)
+def _r_find_rest(ix, rec, mm, base: int, mask: int, fp: int, kb: bytes) -> int:
+    return _p_probe(ix, rec, mm, base, mask, ((fp & _TAG) * (mask + 1)) >> 32, fp, kb)
 
 
 def _r_free_slot(ix, mask: int, fp: int) -> int:
     return _p_free_from(ix, mask, ((fp & _TAG) * (mask + 1)) >> 32)
 
 
-def _r_insert(ix, ent, mask: int, fp: int, e: int) -> None:
+def _r_insert(ix, rec, mask: int, fp: int, e: int) -> None:
     s = _p_free_from(ix, mask, ((fp & _TAG) * (mask + 1)) >> 32)
     ix[s] = (e << _SHIFT) | (fp & _TAG)
-    ent[e * ENTRY_WORDS + E_SLOT] = s
+    rec.slot[e] = s
 
 
-def _r_remove(ix, ent, mask: int, s: int, opening=None) -> None:
+def _r_remove(ix, rec, mask: int, s: int, opening=None) -> None:
     """``remove`` over one-word slots in an index of any size: a slot's home is its tag scaled to the slots.
     (twin: _core_index.c index_remove)"""
-    _p_shift_back(ix, ent, mask, s, opening, _r_home)
+    _p_shift_back(ix, rec, mask, s, opening, _r_home)
 
 
 class Ranged:

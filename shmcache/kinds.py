@@ -22,7 +22,7 @@ from .codec import KindKey
 from .errors import CorruptionError
 from .layout import MAX_KINDS
 from .layout.dtypes import (
-    E_CHECK, E_SLOT, ENTRY_WORDS, H_DELETES, H_ENTRIES, H_KINDS_USED, HELD_SLOT, K_ENTRIES, K_NAME_NBYTES,
+    H_DELETES, H_ENTRIES, H_KINDS_USED, HELD_SLOT, K_ENTRIES, K_NAME_NBYTES,
     K_NAME_OFF, K_RETAINED, KIND, KIND_NAME_NBYTES, KIND_WORDS,
 )
 from .aio import AsyncMethods
@@ -136,11 +136,11 @@ def slots_locked(table, *numbers: int) -> list[int]:
     """The resident entry slots of the kinds ``numbers``: one vectorised scan of the kinds column."""
     handed_out = block.handed_out(table.h, table.slots)
     kinds = np.frombuffer(table.kinds, dtype=np.uint8, count=handed_out)
-    ent = table.ent
+    rec = table.rec
     # A free slot may keep the kind byte of its last entry: resident ones have a checksum (never 0), and a held
     # one (version 12) is in no index slot.
     return [e for e in np.flatnonzero(np.isin(kinds, numbers)).tolist()
-            if ent[e * ENTRY_WORDS + E_CHECK] and ent[e * ENTRY_WORDS + E_SLOT] != HELD_SLOT]
+            if rec.check[e] and rec.slot[e] != HELD_SLOT]
 
 
 def clear_locked(store, k: int) -> int:

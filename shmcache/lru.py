@@ -10,64 +10,62 @@ All functions assume the cache lock is held.
 from __future__ import annotations
 
 from .layout import SENTINEL
-from .layout.dtypes import E_NEXT, E_PREV, ENTRY_WORDS
-
-_W = ENTRY_WORDS
 
 
-def push_front(ent, e: int) -> None:
-    """Link entry ``e`` in as the most recently used."""
-    first = ent[E_NEXT]  # sentinel.next (the sentinel is slot 0, so its words are the first ENTRY_WORDS)
-    b = e * _W
-    ent[b + E_PREV] = SENTINEL
-    ent[b + E_NEXT] = first
-    ent[first * _W + E_PREV] = e
-    ent[E_NEXT] = e
+def push_front(rec, e: int) -> None:
+    """Link entry ``e`` in as the most recently used (``rec``: the segment's records.Records)."""
+    pv, nx = rec.prev, rec.next
+    first = nx[SENTINEL]
+    pv[e] = SENTINEL
+    nx[e] = first
+    pv[first] = e
+    nx[SENTINEL] = e
 
 
-def unlink(ent, e: int) -> None:
+def unlink(rec, e: int) -> None:
     """Take entry ``e`` out of the list (its own links are left stale)."""
-    b = e * _W
-    p = ent[b + E_PREV]
-    n = ent[b + E_NEXT]
-    ent[p * _W + E_NEXT] = n
-    ent[n * _W + E_PREV] = p
+    pv, nx = rec.prev, rec.next
+    p = pv[e]
+    n = nx[e]
+    nx[p] = n
+    pv[n] = p
 
 
-def move_to_front(ent, e: int) -> None:
+def move_to_front(rec, e: int) -> None:
     """Make entry ``e`` the most recently used."""
-    b = e * _W
-    p = ent[b + E_PREV]
+    pv, nx = rec.prev, rec.next
+    p = pv[e]
     if p == SENTINEL:
         return
-    n = ent[b + E_NEXT]
-    ent[p * _W + E_NEXT] = n
-    ent[n * _W + E_PREV] = p
-    first = ent[E_NEXT]
-    ent[b + E_PREV] = SENTINEL
-    ent[b + E_NEXT] = first
-    ent[first * _W + E_PREV] = e
-    ent[E_NEXT] = e
+    n = nx[e]
+    nx[p] = n
+    pv[n] = p
+    first = nx[SENTINEL]
+    pv[e] = SENTINEL
+    nx[e] = first
+    pv[first] = e
+    nx[SENTINEL] = e
 
 
-def tail(ent) -> int:
+def tail(rec) -> int:
     """The least recently used entry, or SENTINEL when the list is empty."""
-    return ent[E_PREV]
+    return rec.prev[SENTINEL]
 
 
-def reset(ent) -> None:
+def reset(rec) -> None:
     """Make the list empty."""
-    ent[E_PREV] = SENTINEL
-    ent[E_NEXT] = SENTINEL
+    rec.prev[SENTINEL] = SENTINEL
+    rec.next[SENTINEL] = SENTINEL
 
 
-def relink(ent, order) -> None:
-    """Make the list exactly the entries of ``order``, most recent first (a repair's rebuild); their other words
+def relink(rec, order) -> None:
+    """Make the list exactly the entries of ``order``, most recent first (a repair's rebuild); their other fields
     are left as they are."""
+    pv, nx = rec.prev, rec.next
     prev = SENTINEL
     for e in order:
-        ent[prev * _W + E_NEXT] = e
-        ent[e * _W + E_PREV] = prev
+        nx[prev] = e
+        pv[e] = prev
         prev = e
-    ent[prev * _W + E_NEXT] = SENTINEL
-    ent[E_PREV] = prev
+    nx[prev] = SENTINEL
+    pv[SENTINEL] = prev

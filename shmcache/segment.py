@@ -36,6 +36,7 @@ from . import config, layout, ofd, space
 from .errors import AttachTimeout, LayoutError, LayoutVersionError, NoSpaceError, remove_hint
 from .layout import Geometry
 from .layout import dtypes as d
+from .records import Records
 from .trust import Trust
 
 _NAME_MAX = 255  # NAME_MAX of the filesystem behind /dev/shm
@@ -357,7 +358,10 @@ class Segment:
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
         self.header_words = mv[: d.HEADER_NBYTES].cast("q")
         self.index_words = mv[g.index_off : g.index_off + g.index_slots * g.index_slot_nbytes].cast("q")
-        self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * d.ENTRY.itemsize].cast("q")
+        self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * g.entry_nbytes].cast("q")
+        # The records, one view per field (records.py: wide or narrow, Geometry.narrow); every record access of the
+        # Python path goes through it.
+        self.records = Records(mv[g.entries_off : g.entries_off + g.entry_slots * g.entry_nbytes], g.narrow)
         self.arena = mv[g.arena_off : g.arena_off + g.arena_nbytes]
         self.arena_words = self.arena.cast("q")
         self.expires_words = mv[g.expires_off : g.expires_off + g.entry_slots * 8].cast("q")
@@ -661,9 +665,9 @@ class Segment:
             return self.slots_shown
         if unused <= self.slots_shown:
             return unused
-        stop = g.entries_off + unused * d.ENTRY.itemsize
+        stop = g.entries_off + unused * g.entry_nbytes
         hole = space.first_hole(self.fd, g.entries_off, stop)
-        return unused if hole >= stop else max(self.slots_shown, (hole - g.entries_off) // d.ENTRY.itemsize)
+        return unused if hole >= stop else max(self.slots_shown, (hole - g.entries_off) // g.entry_nbytes)
 
     # ((capacity word, entry limit in force), (ring bytes, its top)) last computed: every allocation asks, a resize
     # changes them. None: none yet (any int is a value the word may hold, damaged: -1 would pass for one computed)
@@ -772,7 +776,7 @@ class Segment:
         header = np.ndarray((), layout.HEADER, buffer=self.mm, offset=0)
         # (the index in force, and the entry slots shown: past them are zero pages of this process's own)
         index = np.ndarray((self.mask + 1,), g.index_dtype, buffer=self.mm, offset=g.index_off)
-        entries = np.ndarray((self.shown[2],), layout.ENTRY, buffer=self.mm, offset=g.entries_off)
+        entries = np.ndarray((self.shown[2],), g.entry_dtype, buffer=self.mm, offset=g.entries_off)
         return header, index, entries
 
     def columns(self) -> tuple[np.ndarray, ...]:
@@ -800,6 +804,9 @@ class Segment:
             os.close(fd)
         if self.mm is None:
             return
+        records = self.__dict__.pop("records", None)
+        if records is not None:
+            records.release()
         for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
                      "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "_ghost_all",
                      "kind_words",

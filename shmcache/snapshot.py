@@ -40,7 +40,7 @@ from . import block, entries, kinds
 from .codec import TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, TAG_TENSOR, body_checksum, fingerprint
 from .errors import PinnedError, SnapshotError, SnapshotMismatch, SnapshotVersionError, TooLargeError
 from .layout import KIND_PREFIX, MAX_BLOCK_NBYTES, MAX_TTL_NS
-from .layout.dtypes import H_FILL, POLICY_NAMES
+from .layout.dtypes import H_FILL, PACKED_TAG_MASK, POLICY_NAMES
 from .serializers import TAG_PICKLE
 from .block import PAD
 from .codec import MASK63
@@ -198,6 +198,8 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
     marked = FLAG_MARKED if store.table.pol.marks_on_hit else 0  # (the list policies' entries have no marks)
     write = f.write
     count = nbytes = damaged = 0
+    # (narrow records keep no fingerprint: ``fps`` are the index slots' tags, the low 32 bits of each key's)
+    fp_bits = PACKED_TAG_MASK if store.rec.fp is None else -1
     i = 0
     while i < len(slots):
         copies, i, now, bad = guard.run(entries.copy_locked, store, slots, fps, i, i + COPY_ENTRIES,
@@ -205,7 +207,7 @@ def _write_records(f, parts, seed: int, named: dict) -> tuple[int, int]:
         real = time.time_ns()  # Why here: the wall clock read next to the monotonic one copy_locked read
         damaged += bad
         for kb, tag, body, check, expires, fp, marks in copies:
-            if fingerprint(kb) != fp or body_checksum(tag, body) != check:
+            if fingerprint(kb) & fp_bits != fp or body_checksum(tag, body) != check:
                 damaged += 1
                 continue
             if kb[:1] == _KIND_MARK and (len(kb) < 2 or kb[1] not in named):

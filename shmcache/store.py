@@ -21,7 +21,7 @@ from .block import PAD
 from .guard import updating, updating_entries
 from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, SENTINEL
 from .layout.dtypes import (
-    E_CHECK, E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CLEARS, H_DEFAULT_TTL, H_DELETES,
+    H_CLEARS, H_DEFAULT_TTL, H_DELETES,
     H_ENTRIES, H_EXPIRED, H_HITS, H_LAST_PUT, H_MAX_ENTRIES, H_MAX_RETAINED, H_MISSES, H_NEXT_EXPIRY, H_PUTS,
     H_TOO_LARGE, H_UPDATES, H_WRITING, H_ARENA_EXTENT, H_CAPACITY, H_FILL, H_HEAD, H_RESIZES,
     H_RETAINED, H_TAIL, H_UNUSED_NEXT, MAX_COUNTER, D_SWITCH_BUMPS, D_IDLE_ON, D_VERSIONS_ON, D_EXPIRES_ON,
@@ -33,7 +33,6 @@ from .stats import CacheStats, read_stats, reset_counters
 from .table import NO_IDLE, pinned_error
 from .verify import count_resize, header_problems
 
-_W = ENTRY_WORDS
 _SECOND_NS = 10**9  # the resolution of the time of the last store (H_LAST_PUT)
 _VIEWABLE = (TAG_ARRAY, TAG_BYTES, TAG_TENSOR)  # the value tags view() serves
 _WRITTEN = (*_VIEWABLE, TAG_MSGPACK, TAG_PICKLE)  # every value tag an encoder writes: any other byte is damage
@@ -99,7 +98,7 @@ class Store:
         self.bump = bump
         self.serializer = serializer  # encodes every value stored, decodes every value read
         self._encode_value = serializer.encode
-        self.h, self.ix, self.ent, self.exp, self.mm = (seg.header_words, seg.index_words, seg.entry_words,
+        self.h, self.ix, self.rec, self.exp, self.mm = (seg.header_words, seg.index_words, seg.records,
                                                         seg.expires_words, seg.mm)
         self.arena = seg.arena
         self.base = g.arena_off
@@ -157,7 +156,7 @@ class Store:
     def find_live(self, kb: bytes, fp: int, to_insert: bool = False) -> int:
         """The entry slot of key bytes ``kb`` (fingerprint ``fp``), or EMPTY, an expired entry being dropped and
         reported absent; ``to_insert``: see ``lapse``."""
-        e = self.table.index.find(self.ix, self.ent, self.mm, self.base, self.mask, fp, kb)
+        e = self.table.index.find(self.ix, self.rec, self.mm, self.base, self.mask, fp, kb)
         if e != EMPTY and self.exp[e] and self.table.expired(e):
             self.lapse(e, to_insert)
             return EMPTY
@@ -165,11 +164,11 @@ class Store:
 
     def body(self, e: int) -> tuple[int, bytes]:
         """Tag and body bytes of resident entry ``e``, copied and checked against its checksum."""
-        v0 = block.value_at(self.ent, self.base, e)
-        vlen = self.ent[e * _W + E_VAL_NBYTES]
+        v0 = block.value_at(self.rec, self.base, e)
+        vlen = self.rec.vlen[e]
         tag = self.mm[v0]
         body = self.mm[v0 + 1 : v0 + vlen]
-        if body_checksum(tag, body) != self.ent[e * _W + E_CHECK]:
+        if body_checksum(tag, body) != self.rec.check[e]:
             raise CorruptionError(f"entry {e} failed its checksum", what="read")
         return tag, body
 
@@ -266,7 +265,7 @@ class Store:
         words = seg.idle_words
         if not words[D_VERSIONS_ON]:
             handed = block.handed_out(h, seg.slots_shown)  # (slot 0, the sentinel, has no checksum: never given one)
-            checks = np.frombuffer(seg.entry_words, dtype=np.int64)[E_CHECK : handed * _W : _W]
+            checks = seg.records.column("check", handed)
             slots = np.flatnonzero(checks)
             slots = slots[slots > 0]
             clock = h[H_VERSION_CLOCK]
@@ -359,7 +358,7 @@ class Store:
     @updating
     def _hit_relinking(self, e: int) -> None:
         """lru: the entry becomes the most recent, in a dirty bracket (the move writes links)."""
-        lru.move_to_front(self.ent, e)
+        lru.move_to_front(self.rec, e)
         self.h[H_HITS] += 1
         ttis = self.table.ttis
         if ttis is not None and ttis[e]:
@@ -467,15 +466,15 @@ class Store:
             self.h[H_MISSES] += 1
             return None
         self.hit(e)
-        v0 = block.value_at(self.ent, 0, e)
-        vlen = self.ent[e * _W + E_VAL_NBYTES]
+        v0 = block.value_at(self.rec, 0, e)
+        vlen = self.rec.vlen[e]
         tag = self.arena[v0]
         if tag == TAG_ARRAY:
             body, head = copy_array(self.arena[v0 : v0 + vlen])
         else:
             v0 += self.base
             body, head = self.mm[v0 + 1 : v0 + vlen], None
-        return tag, body, self.ent[e * _W + E_CHECK], e, head
+        return tag, body, self.rec.check[e], e, head
 
     def put(self, ttl, encoded: Fields, tti=None) -> bool:
         """put's locked part (the Python path): ``encoded`` stored where the policy puts it, expiring after ``ttl``
@@ -562,17 +561,17 @@ class Store:
     def delete_prefix(self, prefix: bytes) -> int:
         """Remove every entry whose stored key starts with ``prefix`` (no view pins); how many. Walks the whole LRU
         list (bounded by the table size), like clear(): for rare maintenance, not the hot path."""
-        ent, mm, base, table, n = self.ent, self.mm, self.base, self.table, len(prefix)
+        rec, mm, base, table, n = self.rec, self.mm, self.base, self.table, len(prefix)
         doomed = []
-        e = ent[E_NEXT]
+        e = rec.next[SENTINEL]
         for _ in range(table.slots):
             if e == SENTINEL:
                 break
-            if ent[e * _W + E_KEY_NBYTES] >= n:
-                k0 = block.key_at(ent, base, e)
+            if rec.klen[e] >= n:
+                k0 = block.key_at(rec, base, e)
                 if mm[k0 : k0 + n] == prefix and not table.pinned(e):
                     doomed.append(e)
-            e = ent[e * _W + E_NEXT]
+            e = rec.next[e]
         for e in doomed:
             table.remove(e)
         self.h[H_DELETES] += len(doomed)
@@ -615,21 +614,21 @@ class Store:
     def clear(self) -> int:
         """Drop every entry of every kind, and reset the counters; how many went. Those open views pin are held
         aside for them (version 12), or stay (before it)."""
-        h, table, ent = self.h, self.table, self.ent
+        h, table, rec = self.h, self.table, self.rec
         before = h[H_ENTRIES]
         if table.holds:
             table.reclaim_held()
         flagged = np.flatnonzero(np.frombuffer(table.pins, dtype=np.uint8,
                                                count=block.handed_out(h, table.slots))).tolist()
-        keep = {e for e in flagged if ent[e * _W + E_CHECK] and table.pinned(e)}
+        keep = {e for e in flagged if rec.check[e] and table.pinned(e)}
         if not keep:
             table.reset()
         else:  # entries pinned by open views are held aside (or stay); the rest go one by one
-            e = ent[E_NEXT]
+            e = rec.next[SENTINEL]
             for _ in range(table.slots):
                 if e == SENTINEL:
                     break
-                n = ent[e * _W + E_NEXT]
+                n = rec.next[e]
                 if e not in keep:
                     table.remove(e)
                 elif table.holds:
@@ -662,7 +661,7 @@ class Store:
         if e == EMPTY:
             self.h[H_MISSES] += 1
             return None
-        voff = block.value_at(self.ent, 0, e)
+        voff = block.value_at(self.rec, 0, e)
         tag = self.arena[voff]
         if tag not in _VIEWABLE:
             if tag not in _WRITTEN:
@@ -676,7 +675,7 @@ class Store:
         self.table.pins[e] = 1
         ofd.lock(fd, ofd.PIN_BASE + e, ofd.READ, wait=False)  # never refused: pin bytes are only ever read-locked
         self.hit(e)
-        return e, voff, self.ent[e * _W + E_VAL_NBYTES], self.ent[e * _W + E_CHECK], self.version(e)
+        return e, voff, self.rec.vlen[e], self.rec.check[e], self.version(e)
 
     @updating
     def resize(self, capacity: int, max_entries: int | None, max_retained: int | None = None) -> bool:

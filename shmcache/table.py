@@ -18,11 +18,12 @@ from .arena import Arena
 from .errors import CorruptionError, PinnedError
 from .lock import TICK_EVERY, progressed
 from .readers import slot_pinned
+from .records import narrow_pfp
 from .seqlock import open_seq, open_stripe
 from .layout import BLOCK_ALIGN, BLOCK_HEADER_NBYTES, EMPTY, KIND_PREFIX, MAX_TTL_NS, NEVER, NIL, SENTINEL
 from .layout.dtypes import (
     EXTENT_STEP, IDLE_SHARE,
-    E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_STRUCT, ENTRY_WORDS, H_ENTRIES,
+    H_ENTRIES,
     H_EVICTIONS, H_EXPIRED, H_FREE_HEAD, H_INDEX_SLOTS, H_MAX_ENTRIES, H_MAX_RETAINED, H_NEXT_EXPIRY, H_RETAINED,
     H_UNUSED_NEXT, H_VERSION_CLOCK, H_WRITING, K_ENTRIES, K_RETAINED,
     KIND_WORDS, BLOCK_OWNER_SHIFT, H_ADMITTED, H_GHOST_CLOCK, H_NOT_ADMITTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ,
@@ -32,10 +33,6 @@ from .layout.dtypes import (
 if TYPE_CHECKING:
     from .store import Fields
 
-_W = ENTRY_WORDS
-_ENTRY_NBYTES = ENTRY_STRUCT.size
-_pack_entry = ENTRY_STRUCT.pack_into
-_unpack_entry = ENTRY_STRUCT.unpack_from  # (prev, next, fp, off, key_nbytes, val_nbytes, slot, check)
 NO_IDLE = (0, 0)  # a store's (time to idle, deadline) without a time to idle (Store.expiry)
 
 
@@ -52,7 +49,7 @@ class Table:
         g = seg.geometry
         self.seg = seg
         self.clock = clock  # CLOCK_MONOTONIC ns (see cache.py); expiry compares it with the expires column
-        self.h, self.ix, self.ent, self.mm = seg.header_words, seg.index_words, seg.entry_words, seg.mm
+        self.h, self.ix, self.rec, self.mm = seg.header_words, seg.index_words, seg.records, seg.mm
         self.index = index.of(g)  # the index's functions for this segment's slots (two words, or one: version 15)
         self.exp, self.kinds, self.pins = seg.expires_words, seg.kinds_bytes, seg.pins_bytes
         self.kw = seg.kind_words
@@ -63,9 +60,8 @@ class Table:
         self.holds = seg.holds  # version 12: a pinned entry its key's put replaces is held aside (``detach``)
         # The steps a policy adds to the list's (None: the base's, skipped): bound once, for the hot paths.
         self._admit, self._unlinked, self._on_hit = pol.step("admit"), pol.step("unlinked"), pol.step("on_hit")
-        self.entb = seg.entry_words.cast("B")  # the same memory as bytes, for struct
         self.base = g.arena_off
-        self.ring = Arena(seg.header_words, seg.entry_words, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
+        self.ring = Arena(seg.header_words, seg.records, seg.mm, g.arena_off, g.arena_nbytes, g.entry_slots,
                           self.pins, self.pinned, seg.back, EXTENT_STEP, seg.shown, seg.ring, seg.extent_top)
 
     @property
@@ -103,7 +99,6 @@ class Table:
         return self.seg.ghost_words
 
     def close(self) -> None:
-        self.entb.release()
         self.ring.close()
         self.ring.pinned = None  # (the ring's reference to self: a cycle would keep the segment to the collector)
 
@@ -117,11 +112,35 @@ class Table:
         pins asked (not under lru): where a reader found it. A slot word that does not point back (damage) opens
         ``seq``, which every reader validates. (twin: _core_table.c entry_open)"""
         if self.seqlocked:
-            s, mask = self.ent[e * _W + E_SLOT], self.mask
+            s, mask = self.rec.slot[e], self.mask
             if 0 <= s <= mask and self.index.entry(self.ix, s) == e:
                 open_stripe(self.h, self.stripes, s, mask)
             else:
                 open_seq(self.h)
+
+    def pfp(self, fp: int) -> int:
+        """The fingerprint the policy's sketch or ghost takes for key fingerprint ``fp``: ``fp`` in wide records; in
+        narrow ones its low 32 bits (all an entry's index slot keeps) spread over 63 (``_pfp``). (twin: _core.h
+        pfp)"""
+        return narrow_pfp(fp) if self.rec.fp is None else fp
+
+    def entry_pfp(self, e: int) -> int:
+        """``pfp`` of resident entry ``e``'s fingerprint: its record's, or (narrow) its index slot's tag, 0 where
+        the record names no slot of the index (damage, or a held entry). (twin: _core.h entry_pfp)"""
+        rec = self.rec
+        if rec.fp is not None:
+            return rec.fp[e]
+        s = rec.slot[e]
+        return narrow_pfp(self.ix[s] if 0 <= s <= self.mask else 0)
+
+    def fingerprint_is(self, e: int, fp: int) -> bool:
+        """Whether resident entry ``e``'s fingerprint is ``fp``: its record's (wide), or, a narrow record keeping
+        none, the tag of the index slot its record names, which must name it back."""
+        rec = self.rec
+        if rec.fp is not None:
+            return rec.fp[e] == fp
+        s = rec.slot[e]
+        return 0 <= s <= self.mask and self.index.names(self.ix, s, e, fp)
 
     def pinned(self, e: int) -> bool:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says
@@ -129,7 +148,7 @@ class Table:
         a flag found without one is cleared. The entry's stripe is opened first (under s3fifo, keep and auto): see
         seqlock.open_stripe. A held entry counts as pinned until ``reclaim_held`` gives it back: its block never
         moves, and nothing but that reclaim frees it."""
-        if self.holds and self.ent[e * _W + E_SLOT] == HELD_SLOT:
+        if self.holds and self.rec.slot[e] == HELD_SLOT:
             return True
         self.open_entry(e)
         if self.pinned_now(e):
@@ -144,7 +163,7 @@ class Table:
         queues writes nothing a reader reads), so that it opens only the stripes it writes; the one it removes is
         asked again by ``pinned``. A held entry counts as pinned, as for ``pinned``. (twin: _core_table.c
         pinned_now)"""
-        if self.holds and self.ent[e * _W + E_SLOT] == HELD_SLOT:
+        if self.holds and self.rec.slot[e] == HELD_SLOT:
             return True
         return bool(self.pins[e]) and self._pin_held(e)
 
@@ -180,10 +199,10 @@ class Table:
         queues and the occupancy counts, so that its key is free for a new entry at once, while its slot and
         block stay as they are for the views that read them, until ``reclaim_held`` finds its pins all ended.
         (twin: _core_table.c detach)"""
-        h, ent, slots, st = self.h, self.ent, self.slots, self.stripes
+        h, rec, slots, st = self.h, self.rec, self.slots, self.stripes
         if not 0 < e < slots:
             raise CorruptionError(f"entry slot {e} is out of range", what="remove")
-        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)
+        p, n, off, klen, vlen, s = rec.links(e)
         if not (0 <= s <= self.mask and self.index.entry(self.ix, s) == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
@@ -194,15 +213,15 @@ class Table:
         self.open_slot(s)
         # Crash window: the slot word first. From here on a repair takes the entry for a held one (kept while a
         # view pins it, else given back), never for a resident one: its key's new entry may be stored beside it.
-        ent[e * _W + E_SLOT] = HELD_SLOT
+        rec.slot[e] = HELD_SLOT
         # Then remove's steps (inlined there, on every eviction's path), but for the slot and the block.
-        self.index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
-        ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
-        ent[n * _W + E_PREV] = p
+        self.index.remove(self.ix, rec, self.mask, s, self.open_slot if self.seqlocked else None)
+        rec.next[p] = n  # lru.unlink, inlined
+        rec.prev[n] = p
         if self._unlinked is not None:
             self._unlinked(self, e, n)
         self.marks[e] = 0
-        ent[e * _W + E_NEXT] = st[S_HELD_FIRST]
+        rec.next[e] = rec.link(st[S_HELD_FIRST])  # (a header word, damaged or not: as the record keeps it)
         st[S_HELD_FIRST] = e
         st[S_HELD] = held + 1
         st[S_HELD_BYTES] = held_bytes + klen + vlen
@@ -222,28 +241,27 @@ class Table:
         held, held_bytes = self.held()
         if not held:
             return 0
-        h, ent, st = self.h, self.ent, self.stripes
+        h, rec, st = self.h, self.rec, self.stripes
         prev, e, freed = NIL, st[S_HELD_FIRST], 0
         for _ in range(held):
-            b = e * _W
-            if not 0 < e < self.slots or ent[b + E_SLOT] != HELD_SLOT or not ent[b + E_CHECK]:
+            if not 0 < e < self.slots or rec.slot[e] != HELD_SLOT or not rec.check[e]:
                 raise CorruptionError(f"the held list names entry slot {e}, which is not held", what="put")
-            after = ent[b + E_NEXT]
+            after = rec.next[e]
             if self._pin_held(e):
                 prev = e
             else:
-                klen, vlen = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
+                klen, vlen = rec.klen[e], rec.vlen[e]
                 # Crash window: the block first (a repair then finds a held entry whose block is not its own, and
                 # gives the slot back), then the slot off the held list and onto the free list.
-                self.ring.free(ent[b + E_OFF], block.nbytes(klen + vlen), e)
+                self.ring.free(rec.off[e] << rec.osh, block.nbytes(klen + vlen), e)
                 if prev == NIL:
                     st[S_HELD_FIRST] = after
                 else:
-                    ent[prev * _W + E_NEXT] = after
-                ent[b + E_CHECK] = 0
-                ent[b + E_SLOT] = 0
+                    rec.next[prev] = after
+                rec.check[e] = 0
+                rec.slot[e] = 0
                 self.pins[e] = 0
-                ent[b + E_NEXT] = h[H_FREE_HEAD]
+                rec.next[e] = rec.link(h[H_FREE_HEAD])
                 h[H_FREE_HEAD] = e
                 held -= 1
                 held_bytes -= klen + vlen
@@ -285,7 +303,7 @@ class Table:
         else:  # a store.Placed: restored with the marks its entry had (-1: none, or a policy that keeps none)
             kb, tag, body, fp, check, size, nb, placed = encoded
             placed = placed & MARKS_VALID if self.pol.marks_on_hit else -1
-        h, ent, ix, mm, pol = self.h, self.ent, self.ix, self.mm, self.pol
+        h, rec, ix, mm, pol = self.h, self.rec, self.ix, self.mm, self.pol
         # Asked before evicting (s3fifo's ghost, whose keys may take this one's ghost slot).
         admit = self._admit
         probation = admit is not None and admit(self, fp)
@@ -313,7 +331,7 @@ class Table:
                 e = h[H_UNUSED_NEXT]
                 if not 0 < e < self.slots:
                     raise CorruptionError(f"no free entry slot (unused_next={e})", what="put")
-            elif not 0 < e < self.slots or ent[e * _W + E_CHECK]:
+            elif not 0 < e < self.slots or rec.check[e]:
                 raise CorruptionError(f"free list names slot {e}, which is out of range or resident", what="put")
             h[H_WRITING] = e
             try:
@@ -329,7 +347,7 @@ class Table:
                     h[H_NOT_ADMITTED] += 1
                     return False
         if e == h[H_FREE_HEAD]:
-            h[H_FREE_HEAD] = ent[e * _W + E_NEXT]
+            h[H_FREE_HEAD] = rec.next[e]
         else:
             h[H_UNUSED_NEXT] = e + 1
         v0 = self.base + off + BLOCK_HEADER_NBYTES  # a block is [header][value][key]
@@ -349,12 +367,12 @@ class Table:
             if placed > 0:
                 self.marks[e] |= placed & MARK_FREQ
         else:
-            p, n = SENTINEL, ent[E_NEXT]  # after the sentinel, before the list's most recent entry
+            p, n = SENTINEL, rec.next[SENTINEL]  # after the sentinel, before the list's most recent entry
             self.marks[e] = 0
-        _pack_entry(self.entb, e * _ENTRY_NBYTES, p, n, fp, off, klen, vlen, s, check)
+        rec.write(e, p, n, fp, off, klen, vlen, s, check)
         xo.put(ix, s, fp, e)
-        ent[n * _W + E_PREV] = e
-        ent[p * _W + E_NEXT] = e
+        rec.prev[n] = e
+        rec.next[p] = e
         h[H_ENTRIES] += 1
         h[H_ADMITTED] += 1
         h[H_RETAINED] += klen + vlen
@@ -400,9 +418,8 @@ class Table:
         hit is (``touch``), when the new block is as large as the old and the byte limit allows; False (nothing written)
         otherwise. Saves the free, the allocation and the index and list updates of a remove and insert."""
         kb, tag, body, _, check, _, nb = encoded[:7]  # (a store.Placed: its marks are a new entry's only)
-        h, ent = self.h, self.ent
-        b = e * _W
-        klen, old_vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
+        h, rec = self.h, self.rec
+        klen, old_vlen, off = rec.klen[e], rec.vlen[e], rec.off[e] << rec.osh
         vlen = len(body) + 1
         # block.nbytes and block.header, inlined: every update's path.
         held_bytes = self.held()[1] if self.holds else 0
@@ -422,12 +439,12 @@ class Table:
         mm[v0 + 1 : k0] = body
         if vlen != old_vlen:
             mm[k0 : k0 + klen] = kb
-            ent[b + E_VAL_NBYTES] = vlen
+            rec.vlen[e] = vlen
             h[H_RETAINED] += vlen - old_vlen
             k = self.kinds[e]
             if k:
                 self.kw[k * KIND_WORDS + K_RETAINED] += vlen - old_vlen
-        ent[b + E_CHECK] = check
+        rec.check[e] = check
         self.touch(e)
         if version:  # a version given (a Redis tier's copy): the clock never falls behind a version stamped
             v = version
@@ -471,24 +488,23 @@ class Table:
 
     def remove(self, e: int) -> None:
         """Drop entry ``e`` from every structure and give its slot and block back."""
-        h, ent, slots = self.h, self.ent, self.slots
+        h, rec, slots = self.h, self.rec, self.slots
         if not 0 < e < slots:
             raise CorruptionError(f"entry slot {e} is out of range", what="remove")
-        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, e * _ENTRY_NBYTES)  # one call, not six reads
+        p, n, off, klen, vlen, s = rec.links(e)  # one call, not six reads
         if not (0 <= s <= self.mask and self.index.entry(self.ix, s) == e and 0 <= p < slots
                 and 0 <= n < slots):
             raise CorruptionError(f"entry {e} has links that do not point back at it", what="remove")
         self.open_slot(s)
         self.ring.free(off, block.nbytes(klen + vlen), e)
-        self.index.remove(self.ix, ent, self.mask, s, self.open_slot if self.seqlocked else None)
-        ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
-        ent[n * _W + E_PREV] = p
+        self.index.remove(self.ix, rec, self.mask, s, self.open_slot if self.seqlocked else None)
+        rec.next[p] = n  # lru.unlink, inlined
+        rec.prev[n] = p
         if self._unlinked is not None:
             self._unlinked(self, e, n)
         self.marks[e] = 0
-        b = e * _W
-        ent[b + E_CHECK] = 0
-        ent[b + E_NEXT] = h[H_FREE_HEAD]  # a free slot's next word links the free list, not the LRU list
+        rec.check[e] = 0
+        rec.next[e] = rec.link(h[H_FREE_HEAD])  # a free slot's next links the free list, not the LRU list
         h[H_FREE_HEAD] = e
         h[H_ENTRIES] -= 1
         h[H_RETAINED] -= klen + vlen
@@ -508,7 +524,7 @@ class Table:
 
         :raises PinnedError: if what is left to evict is all pinned or held (the limits still hold; room is short).
         """
-        h, ent = self.h, self.ent
+        h, rec = self.h, self.rec
         held, held_bytes = self.held()
         if held:
             self.reclaim_held()
@@ -530,12 +546,12 @@ class Table:
                     break
             else:
                 raise CorruptionError("evicting never met the limits", what="evict")
-            if ent[E_NEXT] != SENTINEL or held:
+            if rec.next[SENTINEL] != SENTINEL or held:
                 raise PinnedError("no room: the entries left to evict are pinned by open views", what="put",
                                   hint="close views sooner, or raise the limits")
             raise CorruptionError("the header's counters disagree with the entries on the list", what="evict")
         # lru and keep: from the back of the list (the least recently used; keep's oldest), pinned ones passed over.
-        e = ent[E_PREV]
+        e = rec.prev[SENTINEL]
         pinned = 0
         for i in range(self.slots):
             if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
@@ -544,7 +560,7 @@ class Table:
                 break
             if i and not i & TICK_EVERY:
                 progressed(h)
-            p = ent[e * _W + E_PREV]
+            p = rec.prev[e]
             if self.pinned(e):
                 pinned += 1
             else:
@@ -562,8 +578,8 @@ class Table:
         entry they could evict has gone (``Store.set_limits``, ``Store.resize``; version 12): the index keeps within
         the limits at once, and what open views still read is given back as they end. Held entries count against
         the limits, so until then no new entry is admitted (``insert``)."""
-        h, ent = self.h, self.ent
-        e, held = ent[E_PREV], 0
+        h, rec = self.h, self.rec
+        e, held = rec.prev[SENTINEL], 0
         for i in range(self.slots):
             if h[H_ENTRIES] <= most_entries and h[H_RETAINED] <= most_bytes:
                 return held
@@ -571,7 +587,7 @@ class Table:
                 break
             if i and not i & TICK_EVERY:
                 progressed(h)
-            p = ent[e * _W + E_PREV]
+            p = rec.prev[e]
             if self.pinned(e):
                 self.detach(e)
                 held += 1
@@ -585,8 +601,8 @@ class Table:
     def evict_oldest(self) -> bool:
         """Evict the entry nearest the back of the list that no view pins (lru's least recently used, keep's oldest,
         s3fifo's oldest of small, then of main); False if there is none."""
-        ent = self.ent
-        e = ent[E_PREV]
+        rec = self.rec
+        e = rec.prev[SENTINEL]
         for _ in range(self.slots):
             if e == SENTINEL:
                 return False
@@ -595,7 +611,7 @@ class Table:
                 self.remove(e)
                 self.h[H_EVICTIONS] += 1
                 return True
-            e = ent[e * _W + E_PREV]
+            e = rec.prev[e]
         raise CorruptionError("the LRU list does not end", what="evict")
 
     def expired(self, e: int) -> bool:
@@ -615,7 +631,7 @@ class Table:
         x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
         k = np.frombuffer(self.kinds, dtype=np.uint8, count=handed_out)
         # A free slot may keep the expiry and kind byte of its last entry: resident ones have a checksum (never 0).
-        check = np.frombuffer(self.ent, dtype=np.int64, count=handed_out * _W)[E_CHECK::_W]
+        check = self.rec.column("check", handed_out)
         return int(np.count_nonzero((x != 0) & (x <= now) & (k == kind) & (check != 0)))
 
     def reclaim_expired(self) -> int:
@@ -628,7 +644,7 @@ class Table:
         x = np.frombuffer(self.exp, dtype=np.int64, count=handed_out)
         removed = 0
         for e in np.flatnonzero((x != 0) & (x <= now)).tolist():
-            if self.ent[e * _W + E_CHECK] and not self.pinned(e):
+            if self.rec.check[e] and not self.pinned(e):
                 self.remove(e)
                 removed += 1
         # The bound covers what stays: entries not yet expired, and expired ones a view pins (the next scan
@@ -645,12 +661,13 @@ class Table:
         Backed and shown first (NoSpaceError before any write); the rest under the caller's dirty bracket and the
         readers' odd seq.
 
-        Crash window: a holder killed part-way leaves the index half filled and its size word either one; the
-        repair rebuilds the index the checked limit needs (verify._settle_index), from the entries.
+        Crash window: a holder killed part-way leaves the index whole (old or new: it is built aside and copied
+        in) or part-copied, and its size word either one; the repair rebuilds the index the checked limit needs
+        (verify._settle_index), from the entries.
 
         The entries are placed as linear probing places them, in one vectorised pass: sorted by home slot, each
         goes to its home or just past the one before it, whichever is later (a running maximum); the few that run
-        past the end wrap round, inserted one by one."""
+        past the end wrap round."""
         seg, h, g = self.seg, self.h, self.seg.geometry
         old = self.mask + 1
         handed_out = block.handed_out(h, self.slots)
@@ -658,13 +675,6 @@ class Table:
         h[H_INDEX_SLOTS] = live
         top = max(old, live)
         slots_all = np.ndarray((top,), g.index_dtype, buffer=seg.mm, offset=g.index_off)
-        slots_all.view(np.uint8)[:] = 0
-        # The ghost is emptied where its size in force changes (its slots are the fingerprint's bits under its own
-        # size, not the index's): under version 17 most new limits change the index but not the ghost, whose
-        # size is a power of two, and keep what it remembers (auto: the climber's state in block 0 too).
-        if len(self.ghost) and g.ghost_for(old) != g.ghost_for(live):
-            np.frombuffer(self.ghost, dtype=np.int64)[:] = 0  # (advisory: forgetting costs hit ratio, never values)
-        progressed(h)
         _, _, entries = seg.arrays()
         resident = np.flatnonzero(entries["check"][:handed_out])
         resident = resident[resident > 0]
@@ -673,23 +683,44 @@ class Table:
         if len(resident) >= live:
             raise CorruptionError(f"{len(resident)} resident entries do not fit an index of {live} slots",
                                   what="resize")
-        fps = entries["fp"][resident]
+        if g.narrow:  # no fingerprint in the record: the tag of the slot that names it now (all the home needs)
+            at = entries["slot"][resident].astype(np.int64)
+            if len(at) and (at.min() < 0 or at.max() >= old):
+                raise CorruptionError("a resident entry names an index slot out of range", what="resize")
+            words = slots_all["entry"][at].astype(np.int64), slots_all["fp"][at].astype(np.int64)
+            if not np.array_equal(words[0], resident):
+                raise CorruptionError("a resident entry names an index slot that does not name it", what="resize")
+            fps = words[1]
+        else:
+            fps = entries["fp"][resident]
+        # The ghost is emptied where its size in force changes (its slots are the fingerprint's bits under its own
+        # size, not the index's): under version 17 most new limits change the index but not the ghost, whose
+        # size is a power of two, and keep what it remembers (auto: the climber's state in block 0 too).
+        if len(self.ghost) and g.ghost_for(old) != g.ghost_for(live):
+            np.frombuffer(self.ghost, dtype=np.int64)[:] = 0  # (advisory: forgetting costs hit ratio, never values)
+        progressed(h)
         homes = self.index.homes(fps, live)
         order = np.argsort(homes, kind="stable")
         resident, fps, homes = resident[order], fps[order], homes[order]
         steps = np.arange(len(resident), dtype=np.int64)
         place = np.maximum.accumulate(homes - steps) + steps if len(resident) else steps
         fits = place < live
-        at = place[fits]
+        # The few past the end round to the start, as a probe goes: into the first empty slots, in order (every slot
+        # from such an entry's home to the end is taken: the running maximum leaves no gap).
+        new = np.zeros(top, g.index_dtype)
+        new["entry"][place[fits]] = resident[fits]
+        free = np.flatnonzero(new["entry"][:live] == EMPTY)[: int((~fits).sum())]
+        at = np.concatenate((place[fits], free))
         # (the one-word slot's fp is the fingerprint's low 32 bits: the cast keeps them, as index.Packed.put does)
-        slots_all["fp"][at] = fps[fits].astype(slots_all.dtype["fp"], casting="unsafe")
-        slots_all["entry"][at] = resident[fits]
-        entries["slot"][resident[fits]] = at
-        del slots_all, entries
+        new["fp"][at] = fps.astype(new.dtype["fp"], casting="unsafe")
+        new["entry"][at] = resident
         progressed(h)
-        ix, ent, mask = self.ix, self.ent, live - 1
-        for e in resident[~fits].tolist():  # (past the end: round to the start, as a probe goes)
-            self.index.insert(ix, ent, mask, ent[e * _W + E_FP], e)
+        # The writes, last and in two copies: the index whole, then each entry's slot. A holder killed between them
+        # leaves entries that name their old slots (a wide record's fingerprint rebuilds the index; a narrow one's
+        # repair finds its tag wherever the index names it: verify._named_tags).
+        slots_all[:] = new
+        entries["slot"][resident] = at
+        del slots_all, entries
 
     def pack(self, bound: int) -> int:
         """Move every resident entry at or past entry slot ``bound`` that no view pins into a free slot below it,
@@ -702,12 +733,12 @@ class Table:
         repair drops the copy); the block's header naming the new slot is the commit; then its neighbours, the
         index and the policy's words point at it, and the old slot is cleared. A holder killed after the commit
         leaves the copy the one whose block checks out, kept by the repair whether or not it was linked yet."""
-        h, ent, slots = self.h, self.ent, self.slots
+        h, rec, slots = self.h, self.rec, self.slots
         handed_out = block.handed_out(h, slots)
         bound = max(1, bound)
         if handed_out <= bound:
             return handed_out
-        check = np.frombuffer(self.ent, dtype=np.int64, count=handed_out * _W)[E_CHECK::_W]
+        check = rec.column("check", handed_out)
         resident = np.flatnonzero(check)
         resident = resident[resident > 0]
         free = np.flatnonzero(check[:bound] == 0)
@@ -724,11 +755,11 @@ class Table:
         top = max(stays) + 1 if stays else bound
         top = max(top, int(resident[resident < bound].max()) + 1 if (resident < bound).any() else 1)
         # The free list: the slots below the new top that hold no entry, lowest first.
-        cleared = np.frombuffer(self.ent, dtype=np.int64, count=top * _W)[E_CHECK::_W]
+        cleared = rec.column("check", top)
         link = NIL
         for e in np.flatnonzero(cleared == 0)[::-1].tolist():
             if e:
-                ent[e * _W + E_NEXT] = link
+                rec.next[e] = link
                 link = e
         h[H_FREE_HEAD], h[H_UNUSED_NEXT] = link, top
         return top
@@ -736,15 +767,14 @@ class Table:
     def _move_entry(self, m: int, f: int, words, mask: int, slots: int) -> None:
         """Move resident entry ``m`` to free slot ``f`` (``pack``): the record and its columns, then every word
         that names it. Each word is checked before the first write (CorruptionError: the caller repairs)."""
-        h, ent, ix = self.h, self.ent, self.ix
-        b, fb = m * _W, f * _W
-        p, n, _, off, klen, vlen, s, _ = _unpack_entry(self.entb, m * _ENTRY_NBYTES)
+        h, rec, ix = self.h, self.rec, self.ix
+        p, n, off, klen, vlen, s = rec.links(m)
         nb = block.nbytes(klen + vlen)
         if not (0 <= s <= mask and self.index.entry(ix, s) == m and 0 <= p < slots and 0 <= n < slots
                 and klen >= 0 and vlen >= 1 and 0 <= off and off % BLOCK_ALIGN == 0 and off + nb <= self.ring.nbytes
                 and words[off >> 3] == block.header(nb, m)):
             raise CorruptionError(f"entry {m} has words that do not point back at it", what="resize")
-        ent[fb : fb + _W] = ent[b : b + _W]
+        rec.copy(m, f)
         self.kinds[f], self.marks[f], self.pins[f] = self.kinds[m], self.marks[m], 0
         if self.exp[f] != self.exp[m]:  # (never 0 over 0: the column may not be shown here, version 18)
             self.exp[f] = self.exp[m]
@@ -754,12 +784,12 @@ class Table:
         if ttis is not None and deadlines is not None:
             ttis[f], deadlines[f] = ttis[m], deadlines[m]
         words[off >> 3] = block.header(nb, f)  # the commit: the block is the new slot's
-        ent[p * _W + E_NEXT] = f
-        ent[n * _W + E_PREV] = f
+        rec.next[p] = f
+        rec.prev[n] = f
         if h[H_SMALL_FIRST] == m:
             h[H_SMALL_FIRST] = f
         self.index.repoint(ix, s, f)
-        ent[b + E_CHECK] = 0
+        rec.check[m] = 0
         if self.exp[m]:
             self.exp[m] = 0
         self.marks[m] = 0
@@ -778,7 +808,7 @@ class Table:
         kinds = self.seg.kind_table()
         kinds["entries"] = kinds["retained_bytes"] = 0
         h[H_NEXT_EXPIRY] = NEVER
-        lru.reset(self.ent)
+        lru.reset(self.rec)
         h[H_SMALL_FIRST] = SENTINEL
         h[H_SMALL] = 0
         if len(self.ghost):  # s3fifo: the ghost forgets too (clear() starts afresh)

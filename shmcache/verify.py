@@ -25,7 +25,7 @@ from .layout import (
     MAX_KINDS, MAX_PID, MAX_TTL_NS, MAX_VERSION, NEVER, NIL, PAGE, SENTINEL,
 )
 from .layout.dtypes import (
-    field_off, E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_PREV, E_SLOT, E_VAL_NBYTES, ENTRY_WORDS, H_ARENA_EXTENT,
+    field_off, H_ARENA_EXTENT, PACKED_ENTRY_SHIFT, PACKED_TAG_MASK,
     H_ARENA_NBYTES,
     H_ARENA_USED, H_CAPACITY_BYTES, H_CLEARS, H_COMPUTATIONS, H_CREATED_NS, H_CREATOR_PID, H_DEFAULT_TTL, H_DELETES,
     H_DIRTY, H_ENTRIES, H_ENTRY_SLOTS, H_EVICTIONS, H_EXPIRED, H_FEATURES, H_FILL, H_FREE_HEAD, H_HEAD, H_HITS,
@@ -41,7 +41,6 @@ from .layout.dtypes import (
 from .readers import slot_pinned
 from .serializers import TAG_PICKLE, check_pickle
 
-_W = ENTRY_WORDS
 _MAX_PROBLEMS = 50  # a report lists this many problems at most; garbage would otherwise produce millions
 
 
@@ -76,30 +75,33 @@ def _ticking(h, items):
         yield item
 
 
-def _block_ok(seg, e: int, deep: bool) -> bool:
+def _block_ok(seg, e: int, deep: bool, tags: dict | None = None) -> bool:
     """Entry ``e``'s block is in bounds, names ``e``, and (deep) its key and value hash to what the entry says and
     its value decodes."""
-    return _block_problem(seg, e, deep) is None
+    return _block_problem(seg, e, deep, tags) is None
 
 
-def _block_problem(seg, e: int, deep: bool) -> str | None:
-    """What is wrong with entry ``e``'s block (see ``_block_ok``), or None."""
+def _block_problem(seg, e: int, deep: bool, tags: dict | None = None) -> str | None:
+    """What is wrong with entry ``e``'s block (see ``_block_ok``), or None. ``tags``: a repair's ``_named_tags``
+    (narrow records: the key's tag is looked for wherever the index names the entry, not only at its slot)."""
     _tick(seg.header_words)  # one an entry: the deep walk hashes every value
-    ent, size = seg.entry_words, seg.ring()
-    b = e * _W
-    off, klen, vlen = ent[b + E_OFF], ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES]
+    rec, size = seg.records, seg.ring()
+    off, klen, vlen = rec.off[e] << rec.osh, rec.klen[e], rec.vlen[e]
     if off < 0 or off % BLOCK_ALIGN or klen < 0 or vlen < 1 or klen + vlen > size:  # b"" is the key ""
         return "its block is out of bounds"
     nb = block.nbytes(klen + vlen)
-    if off + nb > size or seg.arena_words[off >> 3] != block.header(nb, e) or ent[b + E_CHECK] == 0:
+    if off + nb > size or seg.arena_words[off >> 3] != block.header(nb, e) or rec.check[e] == 0:
         return "its block is out of bounds, not its own, or it has no checksum"
     if not deep:
         return None
-    v0 = block.value_at(ent, 0, e)
+    v0 = block.value_at(rec, 0, e)
     arena = seg.arena
-    if fingerprint(arena[v0 + vlen : v0 + vlen + klen]) != ent[b + E_FP]:
+    # (a held entry of a narrow record is in no index slot: no fingerprint is kept for its key, which no lookup
+    # finds; its value's checksum is what its views rely on)
+    if not (rec.fp is None and rec.slot[e] == HELD_SLOT) and not _keyed(seg, e, fingerprint(
+            arena[v0 + vlen : v0 + vlen + klen]), tags):
         return "its key does not hash to its fingerprint"
-    if checksum(arena[v0 : v0 + vlen]) != ent[b + E_CHECK]:
+    if checksum(arena[v0 : v0 + vlen]) != rec.check[e]:
         return "its value fails its checksum"
     # A value stored with a valid checksum may still not decode (written so by a bug, or by hand): a get would
     # fail on it for ever, so it counts as damage too. A pickled value of a pickle segment is never unpickled here
@@ -114,10 +116,35 @@ def _block_problem(seg, e: int, deep: bool) -> str | None:
     return None
 
 
-def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
+def _keyed(seg, e: int, fp: int, tags: dict | None = None) -> bool:
+    """Whether entry ``e``'s fingerprint is ``fp``: its record's (wide); a narrow record keeps none, so the index
+    slot it names must name it back with ``fp``'s tag (as a lookup finds it; Table.fingerprint_is), or with
+    ``tags`` (``_named_tags``) any slot that names it."""
+    rec = seg.records
+    if rec.fp is not None:
+        return rec.fp[e] == fp
+    if tags is not None:
+        return tags.get(e) == fp & PACKED_TAG_MASK
+    s = rec.slot[e]
+    return 0 <= s <= seg.mask and index.of(seg.geometry).names(seg.index_words, s, e, fp)
+
+
+def _named_tags(seg) -> dict | None:
+    """Entry slot -> the tag of an index slot that names it, over every index slot this mapping shows (a repair's,
+    of narrow records: a reindex or a shift cut short may leave an entry named by a slot other than the one its
+    record names, or past the index in force); None for wide records, which keep their fingerprint."""
+    if seg.records.fp is not None:
+        return None
+    words = np.frombuffer(seg.index_words, dtype=np.int64, count=min(seg.shown_index(), len(seg.index_words)))
+    named = words >> PACKED_ENTRY_SHIFT
+    occupied = np.flatnonzero(named != EMPTY)
+    return dict(zip(named[occupied].tolist(), (words[occupied] & PACKED_TAG_MASK).tolist()))
+
+
+def _walk_lru(h, rec, slots: int, problems: _Problems) -> list[int]:
     order: list[int] = []
     seen = bytearray(slots)
-    prev, cur = SENTINEL, ent[E_NEXT]
+    prev, cur = SENTINEL, rec.next[SENTINEL]
     for _ in _ticking(h, range(slots)):
         if cur == SENTINEL:
             break
@@ -127,13 +154,13 @@ def _walk_lru(h, ent, slots: int, problems: _Problems) -> list[int]:
         if seen[cur]:
             problems.add(f"LRU list has a cycle at slot {cur}")
             return order
-        if ent[cur * _W + E_PREV] != prev:
-            problems.add(f"LRU slot {cur}: prev is {ent[cur * _W + E_PREV]}, expected {prev}")
+        if rec.prev[cur] != prev:
+            problems.add(f"LRU slot {cur}: prev is {rec.prev[cur]}, expected {prev}")
         seen[cur] = 1
         order.append(cur)
-        prev, cur = cur, ent[cur * _W + E_NEXT]
-    if ent[E_PREV] != prev:
-        problems.add(f"LRU sentinel's prev is {ent[E_PREV]}, expected {prev}")
+        prev, cur = cur, rec.next[cur]
+    if rec.prev[SENTINEL] != prev:
+        problems.add(f"LRU sentinel's prev is {rec.prev[SENTINEL]}, expected {prev}")
     return order
 
 
@@ -143,13 +170,13 @@ def _walk_held(seg, live: set[int], deep: bool, problems: _Problems) -> list[int
     as ``S_HELD`` and ``S_HELD_BYTES`` say."""
     if not seg.holds:
         return []
-    h, ent, st, slots = seg.header_words, seg.entry_words, seg.stripe_words, seg.geometry.entry_slots
+    h, rec, st, slots = seg.header_words, seg.records, seg.stripe_words, seg.geometry.entry_slots
     held: list[int] = []
     seen, cur, nbytes = set(), st[S_HELD_FIRST], 0
     for _ in _ticking(h, range(slots)):
         if cur == NIL:
             break
-        if not 0 < cur < slots or cur in seen or cur in live or ent[cur * _W + E_SLOT] != HELD_SLOT:
+        if not 0 < cur < slots or cur in seen or cur in live or rec.slot[cur] != HELD_SLOT:
             problems.add(f"held list reaches slot {cur}, which is out of range, repeated, resident or not held")
             return held
         seen.add(cur)
@@ -157,8 +184,8 @@ def _walk_held(seg, live: set[int], deep: bool, problems: _Problems) -> list[int
         if bad:
             problems.add(f"held entry {cur}: {bad}")
         held.append(cur)
-        nbytes += ent[cur * _W + E_KEY_NBYTES] + ent[cur * _W + E_VAL_NBYTES]
-        cur = ent[cur * _W + E_NEXT]
+        nbytes += rec.klen[cur] + rec.vlen[cur]
+        cur = rec.next[cur]
     if (len(held), nbytes) != (st[S_HELD], st[S_HELD_BYTES]):
         problems.add(f"held list has {len(held)} entries of {nbytes} bytes, its words say {st[S_HELD]} of "
                      f"{st[S_HELD_BYTES]}")
@@ -225,7 +252,7 @@ def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
     """Walk every structure of the segment and report which invariants fail. ``deep`` also re-hashes every key and
     value and decodes every value (O(bytes stored)); without it the walk is O(entries + index slots + ring
     blocks). ``now``: the cache's clock, for the bounds that depend on the time (None: those are not checked)."""
-    h, ent, ix, g = seg.header_words, seg.entry_words, seg.index_words, seg.geometry
+    h, rec, ix, g = seg.header_words, seg.records, seg.index_words, seg.geometry
     xo = index.of(g)
     problems = _Problems()
     slots, mask = g.entry_slots, seg.mask
@@ -238,31 +265,31 @@ def check(seg, deep: bool = True, now: int | None = None) -> VerifyReport:
         problems.add(f"a store into entry {h[H_WRITING]} was cut short")
     if not 0 < h[H_MAX_ENTRIES] <= slots - 1 or not 0 < h[H_MAX_RETAINED] <= h[H_CAPACITY_BYTES]:
         problems.add(f"limits out of range: max_entries={h[H_MAX_ENTRIES]}, max_retained={h[H_MAX_RETAINED]}")
-    order = _walk_lru(h, ent, slots, problems)
+    order = _walk_lru(h, rec, slots, problems)
     _check_queues(seg, order, problems)
     live = set(order)
     retained = used = 0
     blocks, good = [], []
     for e in order:
-        b = e * _W
         bad = _block_problem(seg, e, deep)
         if bad:
             problems.add(f"entry {e}: {bad}")
             continue
         good.append(e)
-        klen, vlen, off = ent[b + E_KEY_NBYTES], ent[b + E_VAL_NBYTES], ent[b + E_OFF]
+        klen, vlen, off = rec.klen[e], rec.vlen[e], rec.off[e] << rec.osh
         retained += klen + vlen
         nb = block.nbytes(klen + vlen)
         used += nb
         blocks.append((off, nb))
-        s = ent[b + E_SLOT]
-        if not 0 <= s <= mask or not xo.names(ix, s, e, ent[b + E_FP]):
+        s = rec.slot[e]
+        named = xo.names(ix, s, e, rec.fp[e]) if rec.fp is not None else xo.entry(ix, s) == e  # (narrow: deep's)
+        if not 0 <= s <= mask or not named:
             problems.add(f"entry {e}: its index slot {s} does not point back at it")
     held = _walk_held(seg, live, deep, problems)
     for e in held:
-        nb = block.nbytes(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES])
+        nb = block.nbytes(rec.klen[e] + rec.vlen[e])
         used += nb
-        blocks.append((ent[e * _W + E_OFF], nb))
+        blocks.append((rec.off[e] << rec.osh, nb))
     if len(order) != h[H_ENTRIES]:
         problems.add(f"LRU list has {len(order)} entries, the header says {h[H_ENTRIES]}")
     if len(order) > h[H_MAX_ENTRIES]:
@@ -328,7 +355,7 @@ def _check_index(seg, live: set[int], problems: _Problems) -> None:
 
 
 def _check_ring(seg, live: set[int], problems: _Problems) -> None:
-    h, aw, ent, size = seg.header_words, seg.arena_words, seg.entry_words, seg.ring()
+    h, aw, rec, size = seg.header_words, seg.arena_words, seg.records, seg.ring()
     head, tail, fill = h[H_HEAD], h[H_TAIL], h[H_FILL]
     if not (0 <= head < size and 0 <= tail < size and 0 <= fill <= size and head % 8 == 0 and tail % 8 == 0) or (
         (head - tail) % size != fill % size
@@ -343,7 +370,7 @@ def _check_ring(seg, live: set[int], problems: _Problems) -> None:
         if nb < BLOCK_HEADER_NBYTES or nb % BLOCK_ALIGN or nb > left or pos + nb > size:
             problems.add(f"arena block at {pos} has an impossible length {nb}")
             return
-        if e in live and ent[e * _W + E_OFF] == pos:
+        if e in live and rec.off[e] << rec.osh == pos:
             found += 1
         pos, left = (pos + nb) % size, left - nb
     if found != len(live):
@@ -361,19 +388,19 @@ def _named_kinds(seg) -> int:
 
 def _key_kind(seg, e: int) -> int:
     """The kind number in entry ``e``'s key (0: a key of no kind)."""
-    k0 = block.key_at(seg.entry_words, 0, e)
-    if seg.entry_words[e * _W + E_KEY_NBYTES] >= 2 and seg.arena[k0] == KIND_PREFIX:
+    k0 = block.key_at(seg.records, 0, e)
+    if seg.records.klen[e] >= 2 and seg.arena[k0] == KIND_PREFIX:
         return seg.arena[k0 + 1]
     return 0
 
 
 def _kind_counts(seg, entries: list[int]) -> tuple[list[int], list[int]]:
-    ent = seg.entry_words
+    rec = seg.records
     counts, nbytes = [0] * (MAX_KINDS + 1), [0] * (MAX_KINDS + 1)
     for e in _ticking(seg.header_words, entries):
         k = seg.kinds_bytes[e]
         counts[k] += 1
-        nbytes[k] += ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+        nbytes[k] += rec.klen[e] + rec.vlen[e]
     return counts, nbytes
 
 
@@ -442,7 +469,7 @@ def _mend_idle(seg, e: int, now: int | None) -> None:
 
 
 def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
-    h, ent, slots = seg.header_words, seg.entry_words, seg.geometry.entry_slots
+    h, rec, slots = seg.header_words, seg.records, seg.geometry.entry_slots
     unused = h[H_UNUSED_NEXT]
     if not 1 <= unused <= slots:
         problems.add(f"unused_next={unused} is out of range")
@@ -451,11 +478,11 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
     for _ in _ticking(h, range(slots)):
         if cur == NIL:
             break
-        if not 0 < cur < unused or cur in seen or cur in live or ent[cur * _W + E_CHECK]:
+        if not 0 < cur < unused or cur in seen or cur in live or rec.check[cur]:
             problems.add(f"free list reaches slot {cur}, which is out of range, repeated, resident or not cleared")
             return
         seen.add(cur)
-        cur = ent[cur * _W + E_NEXT]
+        cur = rec.next[cur]
     if len(seen) + len(live) != unused - 1:
         problems.add(f"{len(seen)} free and {len(live)} resident or held slots, but {unused - 1} slots were handed "
                      "out")
@@ -464,7 +491,7 @@ def _check_free_list(seg, live: set[int], problems: _Problems) -> None:
 def repair(seg, now: int | None = None) -> int:
     """Rebuild the segment from the entries that still check out; returns how many entries were dropped. ``now``:
     as ``check``'s."""
-    h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    h, rec, g = seg.header_words, seg.records, seg.geometry
     if seg.version >= 10 and (config.problems(h, g) or h[H_INDEX_SLOTS] != g.index_for(h[H_MAX_ENTRIES])
                               or (h[H_INDEX_SLOTS], h[H_MAX_ENTRIES]) != (seg.mask + 1, seg.limit)):
         # The limit or the index may move: counted first, so that a holder killed from here on leaves every process
@@ -474,7 +501,7 @@ def repair(seg, now: int | None = None) -> int:
     _settle_index(seg)  # then the index the restored limit needs: the rebuild fills it
     slots = g.entry_slots
     unused = min(block.handed_out(h, slots), seg.slots_shown)  # (past the slots shown: none handed out)
-    listed = _walk_lru(h, ent, slots, _Problems())
+    listed = _walk_lru(h, rec, slots, _Problems())
     rank = {e: i for i, e in enumerate(listed)}
     candidates = []
     cut_short = h[H_WRITING]  # its words may be out of step in ways no check sees: it goes
@@ -482,13 +509,14 @@ def repair(seg, now: int | None = None) -> int:
     # a view pins them, as the last to survive an overlap, else given back.
     holds = seg.holds
     held: set[int] = set()
+    tags = _named_tags(seg)
     for e in range(1, unused):
-        if holds and ent[e * _W + E_SLOT] == HELD_SLOT:
+        if holds and rec.slot[e] == HELD_SLOT:
             if _pin_held(seg, e) and _block_ok(seg, e, deep=True):
                 held.add(e)
-                candidates.append((ent[e * _W + E_OFF], block.entry_nbytes(ent, e), e))
-        elif (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True):
-            candidates.append((ent[e * _W + E_OFF], block.entry_nbytes(ent, e), e))
+                candidates.append((rec.off[e] << rec.osh, block.entry_nbytes(rec, e), e))
+        elif (e != cut_short or _pinned(seg, e)) and _block_ok(seg, e, deep=True, tags=tags):
+            candidates.append((rec.off[e] << rec.osh, block.entry_nbytes(rec, e), e))
     # Of blocks that overlap, the more recently used survives; strays (off the list) rank last.
     candidates.sort()
     kept: list[tuple[int, int, int]] = []
@@ -507,8 +535,8 @@ def repair(seg, now: int | None = None) -> int:
     kept_ids = policies.of(g.policy).repair_order(seg, kept_ids)
     # The limits hold again: the least recently used entries go first (a holder may have died mid-set_limits).
     max_entries, max_retained = _sane_limits(h, g)
-    retained = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in kept_ids)
-    held_bytes = sum(ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES] for e in held_ids)
+    retained = sum(rec.klen[e] + rec.vlen[e] for e in kept_ids)
+    held_bytes = sum(rec.klen[e] + rec.vlen[e] for e in held_ids)
     # Entries pinned by open views are kept whatever the limits say: their bytes must not be reused under them.
     for i in range(len(kept_ids) - 1, -1, -1):
         if not (len(kept_ids) + len(held_ids) > max_entries or retained + held_bytes > max_retained):
@@ -516,7 +544,7 @@ def repair(seg, now: int | None = None) -> int:
         e = kept_ids[i]
         if not _pinned(seg, e):
             del kept_ids[i]
-            retained -= ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+            retained -= rec.klen[e] + rec.vlen[e]
             h[H_EVICTIONS] += 1
     dropped = max(h[H_ENTRIES], len(listed)) - len(kept_ids) if 0 <= h[H_ENTRIES] < slots else 0
     _rebuild(seg, kept_ids, unused, held_ids, now)
@@ -563,7 +591,7 @@ def _version_all(seg) -> None:
     repair: what no store wrote is zeros, or another entry's)."""
     h = seg.header_words
     for e in range(1, block.handed_out(h, seg.slots_shown)):
-        if seg.entry_words[e * ENTRY_WORDS + E_CHECK] and not 0 < seg.versions_words[e] <= h[H_VERSION_CLOCK]:
+        if seg.records.check[e] and not 0 < seg.versions_words[e] <= h[H_VERSION_CLOCK]:
             h[H_VERSION_CLOCK] += 1
             seg.versions_words[e] = h[H_VERSION_CLOCK]
 
@@ -621,7 +649,7 @@ def _pin_held(seg, e: int) -> bool:
 
 
 def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int | None) -> None:
-    h, ent, g = seg.header_words, seg.entry_words, seg.geometry
+    h, rec, g = seg.header_words, seg.records, seg.geometry
     held = held or []
     mask, xo = seg.mask, index.of(g)
     seg.arrays()[1].view(np.uint8)[:] = 0  # (every slot empty: EMPTY, 0, in every word)
@@ -629,26 +657,28 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int
     free = NIL
     for e in _ticking(h, range(unused - 1, 0, -1)):
         if e not in keep:
-            ent[e * _W + E_CHECK] = 0
-            if ent[e * _W + E_SLOT] == HELD_SLOT:
-                ent[e * _W + E_SLOT] = 0
-            ent[e * _W + E_NEXT] = free
+            rec.check[e] = 0
+            if rec.slot[e] == HELD_SLOT:
+                rec.slot[e] = 0
+            rec.next[e] = free
             free = e
     h[H_FREE_HEAD], h[H_UNUSED_NEXT] = free, unused
     if seg.holds:  # the held list, from the held entries kept
         st, first, nbytes = seg.stripe_words, NIL, 0
         for e in held:
-            ent[e * _W + E_NEXT] = first
+            rec.next[e] = first
             first = e
-            nbytes += ent[e * _W + E_KEY_NBYTES] + ent[e * _W + E_VAL_NBYTES]
+            nbytes += rec.klen[e] + rec.vlen[e]
         st[S_HELD_FIRST], st[S_HELD], st[S_HELD_BYTES] = first, len(held), nbytes
-    lru.relink(ent, kept)  # most recent first (s3fifo: main's entries, then small's)
+    # A narrow record keeps no fingerprint: its key's, hashed before the index is emptied (_block_ok checked it
+    # against the index slot that named the entry).
+    fps = [rec.fp[e] if rec.fp is not None else fingerprint(block.key_of(seg.arena, rec, 0, e)) for e in kept]
+    lru.relink(rec, kept)  # most recent first (s3fifo: main's entries, then small's)
     _rebuild_queues(seg, kept)
     retained = 0
-    for e in _ticking(h, kept):
-        b = e * _W
-        xo.insert(seg.index_words, ent, mask, ent[b + E_FP], e)
-        retained += ent[b + E_KEY_NBYTES] + ent[b + E_VAL_NBYTES]
+    for e, fp in zip(_ticking(h, kept), fps):
+        xo.insert(seg.index_words, rec, mask, fp, e)
+        retained += rec.klen[e] + rec.vlen[e]
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept + held)
     _rebuild_columns(seg, kept, now)
@@ -708,8 +738,8 @@ def _sane_limits(h, g) -> tuple[int, int]:
 
 def _rebuild_ring(seg, kept: list[int]) -> None:
     """Lay the ring over the kept blocks in address order, with dead blocks filling the gaps between them."""
-    h, ent, aw, size = seg.header_words, seg.entry_words, seg.arena_words, seg.ring()
-    blocks = sorted((ent[e * _W + E_OFF], block.entry_nbytes(ent, e)) for e in kept)
+    h, rec, aw, size = seg.header_words, seg.records, seg.arena_words, seg.ring()
+    blocks = sorted((rec.off[e] << rec.osh, block.entry_nbytes(rec, e)) for e in kept)
     # The extent (a hint, arena.py) past the last kept block by a word at least, where the next dead block may go;
     # one out of range, or short of that, becomes just that (pages backed beyond it are backed again, at no cost).
     end = blocks[-1][0] + blocks[-1][1] if blocks else 0

@@ -18,6 +18,9 @@ each round also damages one of those identity words, checks that attaching then 
 restores the word. Every REPAIR_EVERY rounds and at the end, a child calls verify(repair_damage=True), then verify()
 must be ok, the stats within the limits, and every key must read back.
 
+In the entry table a word is one field of a record, at its own width: a wide record's fields are words, a narrow
+one's 4 bytes (its checksum a word, its block offset in 8-byte units, damaged half the time as a byte offset).
+
 Every operation must work or raise a ShmCacheError; none may run past ROUND_SECONDS (children dump their stacks
 first, then are SIGKILLed), die, or return a wrong value (a put that returns False is one, but under keep).
 
@@ -71,9 +74,9 @@ import traceback
 from shmcache import LayoutError, SharedCache, ShmCacheError
 from shmcache.layout import Geometry
 from shmcache.layout.dtypes import (
-    D_WORDS, E_KEY_NBYTES, E_OFF, E_SLOT, ENTRY, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS,
-    H_LOCK_OFF, H_MAX_ENTRIES, H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST,
-    H_UNUSED_NEXT, HEADER, KIND, POLICY_AUTO, SKETCH_BLOCK_WORDS,
+    D_WORDS, GHOST_WAYS, H_DEFAULT_TTL, H_DIRTY, H_GHOST_SLOTS, H_INDEX_SLOTS, H_LOCK_OFF, H_MAX_ENTRIES,
+    H_MAX_RETAINED, H_POLICY, H_SAVED_MAX_ENTRIES, H_SAVED_TTL, H_SMALL, H_SMALL_FIRST, H_UNUSED_NEXT, HEADER, KIND,
+    POLICY_AUTO, SKETCH_BLOCK_WORDS,
 )
 
 from .common import (
@@ -126,8 +129,39 @@ def _put_word(mm, off: int, v: int) -> None:
     mm[off : off + 8] = (v & (2**64 - 1)).to_bytes(8, "little")
 
 
-def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
-    return rng.choice((0, -1, 1, old + 1, old - 1, old ^ (1 << rng.randrange(64)), rng.randrange(g.entry_slots + 2),
+# An entry record's fields are read and damaged by name, at their own width, through the segment's record dtype
+# (g.entry_dtype): a wide record's are words; a narrow one's (ENTRY_NARROW) are 4 bytes (the checksum a word), its
+# block offset in 8-byte units, and it keeps no fingerprint.
+def _field_at(g: Geometry, e: int, name: str) -> tuple[int, int, bool]:
+    """(offset, width, signed) of entry ``e``'s record field ``name``."""
+    dt, start = g.entry_dtype.fields[name][:2]
+    return g.entries_off + e * g.entry_nbytes + start, dt.itemsize, dt.kind == "i"
+
+
+def _field_of(g: Geometry, off: int) -> tuple[str, int]:
+    """(name, entry slot) of the record field that holds byte ``off`` of the entry table."""
+    e, rel = divmod(off - g.entries_off, g.entry_nbytes)
+    for name in g.entry_dtype.names:
+        dt, start = g.entry_dtype.fields[name][:2]
+        if start <= rel < start + dt.itemsize:
+            return name, e
+    raise AssertionError(f"no record field at {off}")
+
+
+def _field(mm, spot: tuple[int, int, bool]) -> int:
+    off, n, signed = spot
+    return int.from_bytes(mm[off : off + n], "little", signed=signed)
+
+
+def _put_field(mm, spot: tuple[int, int, bool], v: int) -> None:
+    """Write the low bytes of ``v`` (two's complement) to the field: any bit pattern its width holds."""
+    off, n, _ = spot
+    mm[off : off + n] = (v & ((1 << 8 * n) - 1)).to_bytes(n, "little")
+
+
+def _mutate(old: int, rng: random.Random, g: Geometry, bits: int = 64) -> int:
+    """A damaged value for a field of ``bits`` bits holding ``old`` (a bit flipped within them, among others)."""
+    return rng.choice((0, -1, 1, old + 1, old - 1, old ^ (1 << rng.randrange(bits)), rng.randrange(g.entry_slots + 2),
                        rng.randrange(g.index_slots), rng.randrange(0, g.arena_nbytes, 8),
                        -rng.randrange(8, g.arena_off, 8), rng.randrange(-g.arena_off, 512 - g.arena_off, 8),
                        rng.getrandbits(64)))
@@ -135,7 +169,7 @@ def _mutate(old: int, rng: random.Random, g: Geometry) -> int:
 
 def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
     return {"header": (128, 424), "index": (g.index_off, g.index_off + g.index_slots * g.index_slot_nbytes),
-            "entries": (g.entries_off, g.entries_off + g.entry_slots * ENTRY.itemsize),
+            "entries": (g.entries_off, g.entries_off + g.entry_slots * g.entry_nbytes),
             "arena": (g.arena_off, g.arena_off + g.arena_nbytes),
             "columns": (g.expires_off, g.kind_table_off),  # expires, versions, kinds, pins, marks
             "marks": (g.marks_off, g.marks_off + g.entry_slots),
@@ -148,9 +182,8 @@ def _bounds(g: Geometry) -> dict[str, tuple[int, int]]:
 def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
     """An offset in ``region`` that a structure in use points at, or None."""
     e = rng.randrange(min(max(_word(mm, H_UNUSED_NEXT * 8), 1), g.entry_slots))
-    rec = g.entries_off + e * ENTRY.itemsize
-    if region == "entries":
-        return rec + 8 * rng.randrange(ENTRY.itemsize // 8)
+    if region == "entries":  # one of the record's fields (its first byte)
+        return _field_at(g, e, rng.choice(g.entry_dtype.names))[0]
     if region == "header":
         return rng.choice(AIMED_HEADER_OFFS)
     if region == "marks":  # the entry's marks byte (s3fifo: its counter and queue bit; else 0)
@@ -170,10 +203,10 @@ def _aim(mm, g: Geometry, region: str, rng: random.Random) -> int | None:
         return rng.choice((g.idle_off + 8 * rng.randrange(words), g.ttis_off + 8 * e, g.deadlines_off + 8 * e,
                            g.expires_off + 8 * e))
     if region == "index":
-        s = _word(mm, rec + 8 * E_SLOT)
+        s = _field(mm, _field_at(g, e, "slot"))
         n = g.index_slot_nbytes  # (a slot of one word from layout 15, of two before)
         return g.index_off + n * s + 8 * rng.randrange(n // 8) if 0 <= s < g.index_slots else None
-    off = _word(mm, rec + 8 * E_OFF)  # the block header, or the start of the value
+    off = _field(mm, _field_at(g, e, "off")) << (3 if g.narrow else 0)  # the block header, or the start of the value
     return g.arena_off + off + rng.choice((0, 8)) if 0 <= off < g.arena_nbytes - 16 else None
 
 
@@ -189,6 +222,16 @@ def corrupt(mm, g: Geometry, rng: random.Random) -> str:
         old = mm[off]
         mm[off] = old ^ (1 << rng.randrange(8)) if rng.random() < 0.5 else rng.randrange(256)
         return f"{region} byte at {off}: {old} -> {mm[off]}"
+    if region == "entries":  # the whole field, at its width; a narrow offset half the time mutated in bytes
+        name, e = _field_of(g, off)
+        spot = _field_at(g, e, name)
+        old = _field(mm, spot)
+        if name == "off" and g.narrow and rng.random() < 0.5:
+            new = _mutate(old << 3, rng, g, 35) >> 3  # (plausible byte offsets in the arena, as a wide record gets)
+        else:
+            new = _mutate(old, rng, g, 8 * spot[1])
+        _put_field(mm, spot, new)
+        return f"entry {e} {name} at {spot[0]}: {old} -> {_field(mm, spot)}"
     off &= ~7
     old, new = _word(mm, off), _mutate(_word(mm, off), rng, g)
     _put_word(mm, off, new)
@@ -304,10 +347,10 @@ def damage_key_length(mm, g: Geometry, rng: random.Random) -> str:
     """Set the key length of an entry in use to 0 or one off: the key then read from the arena is a prefix, or runs
     one byte into the next block (the listings must never hand it out); returns what was done."""
     e = rng.randrange(1, min(max(_word(mm, H_UNUSED_NEXT * 8), 2), g.entry_slots))
-    off = g.entries_off + e * ENTRY.itemsize + 8 * E_KEY_NBYTES
-    old = _word(mm, off)
-    _put_word(mm, off, rng.choice((0, old + 1, old - 1)))
-    return f"entry {e} key length: {old} -> {_word(mm, off)}"
+    spot = _field_at(g, e, "key_nbytes")
+    old = _field(mm, spot)
+    _put_field(mm, spot, rng.choice((0, old + 1, old - 1)))
+    return f"entry {e} key length: {old} -> {_field(mm, spot)}"
 
 
 CONFIG_WORDS = (H_DEFAULT_TTL, H_MAX_ENTRIES, H_MAX_RETAINED, H_SAVED_TTL, H_SAVED_MAX_ENTRIES)

@@ -901,8 +901,8 @@ def test_cli_dump_and_get_report_a_damaged_entry_and_leave_it(capsys, assorted, 
 
     p = parts(assorted)
     s = p.store
-    e = s.table.index.find(s.ix, s.ent, s.mm, s.base, s.mask, fingerprint(b"doc"), b"doc")
-    s.mm[block.value_at(s.ent, s.base, e) + 3] ^= 0xFF  # a byte of the value: its checksum no longer holds
+    e = s.table.index.find(s.ix, s.rec, s.mm, s.base, s.mask, fingerprint(b"doc"), b"doc")
+    s.mm[block.value_at(s.rec, s.base, e) + 3] ^= 0xFF  # a byte of the value: its checksum no longer holds
     rc, out, err = run(capsys, "dump", name)
     assert rc == 1 and len(out.splitlines()) == 8 and "doc" not in {json.loads(x)["key"] for x in out.splitlines()}
     assert "1 damaged entry" in err and "shmcache inspect" in err

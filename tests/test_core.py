@@ -31,8 +31,7 @@ from shmcache.codec import (
 )
 from shmcache.layout import LOCK_NBYTES
 from shmcache.layout.dtypes import (
-    E_OFF, ENTRY_WORDS, H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF, H_PROGRESS, H_SEQ, R_HOLDER,
-    READER_SLOTS, READER_WORDS,
+    H_CREATED_NS, H_CREATOR_PID, H_DIRTY, H_LOCK_OFF, H_PROGRESS, H_SEQ, R_HOLDER, READER_SLOTS, READER_WORDS,
 )
 
 from .conftest import unique_name
@@ -486,12 +485,13 @@ def test_core_differential_long_sequences(seed):
     _long_sequence(seed)
 
 
-@pytest.mark.parametrize("version, seed", [(14, seed) for seed in range(len(POLICIES))]
+@pytest.mark.parametrize("version, seed", [(v, seed) for v in (14, 18) for seed in range(len(POLICIES))]
                          + [(15, POLICIES.index("auto"))])
 def test_core_differential_long_sequences_on_older_layouts(version, seed, monkeypatch):
     """Shorter runs on segments of older layouts, as a cache made by an earlier release is used as it is: version
-    14's index slots are two words (a policy each), version 15's auto sketch is as large as the index. The compiled
-    section writes them as the Python path does."""
+    14's index slots are two words (a policy each), version 15's auto sketch is as large as the index, version 18's
+    entry records are wide (64 bytes, a fingerprint each: the policies' sketch and ghost take it whole). The
+    compiled section writes them as the Python path does."""
     laid_out_as(monkeypatch, version)
     _long_sequence(10_000 + seed, 1000)
 
@@ -579,10 +579,21 @@ def test_core_put_many_passes_an_entry_whose_room_is_pinned():
         t.close()
 
 
+def _off_out_of_bounds(seg, e: int) -> int:
+    """Damage entry ``e``'s block offset so that Core's bounds refuse it, and return the field's value to put back.
+    The damage differs by format: a wide record's offset is made odd; a narrow one's counts 8-byte units (it can
+    never be odd), so it is set to the arena's end instead (a block there lies past the arena)."""
+    rec = seg.records
+    was = rec.off[e]
+    rec.off[e] = seg.geometry.arena_nbytes >> rec.osh if rec.narrow else was + 1
+    return was
+
+
 def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
-    """A bound fails on the fourth key's entry (its block offset made odd, in both twins): Core hands the batch over
-    there with the first three looked up, counted and moved; the Python path looks up the rest only (the damaged
-    entry's key bytes do not match: a miss), so every key is counted once, as on the Python path alone."""
+    """A bound fails on the fourth key's entry (its block offset made odd, or past the arena in a narrow record, in
+    both twins: ``_off_out_of_bounds``): Core hands the batch over there with the first three looked up, counted and
+    moved; the Python path looks up the rest only (the damaged entry's key bytes do not match: a miss), so every key
+    is counted once, as on the Python path alone."""
 
     t = Twins(16384, 16, None)
     try:
@@ -593,8 +604,7 @@ def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
         for c in (t.a, t.b):
             seg = c._seg
             e = entry_of(c, "key3")
-            seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1
-            damaged.append((seg, e))
+            damaged.append((seg, e, _off_out_of_bounds(seg, e)))
         before = t.b.stats()
         want, got = t.get_many(keys)
         assert t.handovers == ["bounds"]
@@ -602,8 +612,8 @@ def test_core_get_many_hands_over_mid_batch_and_counts_each_key_once():
         after = t.b.stats()
         assert (after.hits - before.hits, after.misses - before.misses) == (5, 1)
         assert not _differs(t.a, t.b)
-        for seg, e in damaged:
-            seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
+        for seg, e, was in damaged:
+            seg.records.off[e] = was
         t.check_end()
     finally:
         t.close()
@@ -729,11 +739,14 @@ def test_core_bind_refuses_a_missing_offset(name):
     c = SharedCache(name, capacity_bytes=4096, max_entries=8, create=True)
     try:
         offsets = core.offsets(c._seg.geometry)
-        del offsets["E_CHECK"]
-        with pytest.raises(KeyError, match="E_CHECK"):
+        # (an offset taken after the regions are mapped: a wide record's checksum word; a narrow segment's Core takes
+        # no record word numbers, so a header word number there)
+        missing = "H_HITS" if c._seg.records.narrow else "E_CHECK"
+        del offsets[missing]
+        with pytest.raises(KeyError, match=missing):
             core.Core(c._seg.mm, offsets, c._seg.live_fd, 10**9)
         half = core.Core.__new__(core.Core)
-        with pytest.raises(KeyError, match="E_CHECK"):
+        with pytest.raises(KeyError, match=missing):
             half.__init__(c._seg.mm, offsets, c._seg.live_fd, 10**9)
         unbound = core.Core.__new__(core.Core)  # never initialised: no table to read, no mutex to take
         for k in (half, unbound):
@@ -759,7 +772,7 @@ def test_core_get_many_reports_its_own_hand_over_reason(name, monkeypatch):
         kbs = [encode_key("a"), encode_key("b")]
         seg = c._seg
         e = entry_of(c, "b")
-        seg.entry_words[e * ENTRY_WORDS + E_OFF] += 1  # b's lookup hands over ("bounds"), after a's hit
+        was = _off_out_of_bounds(seg, e)  # b's lookup hands over ("bounds"), after a's hit
         meddled = []
         made = uuid.UUID.__init__
 
@@ -779,7 +792,7 @@ def test_core_get_many_reports_its_own_hand_over_reason(name, monkeypatch):
             assert found == [uuid.UUID(int=7)] and stop is core.HANDOVER and k.reason == "bounds"
         finally:
             k.release()
-            seg.entry_words[e * ENTRY_WORDS + E_OFF] -= 1
+            seg.records.off[e] = was
         assert c.verify().ok
 
 

@@ -348,15 +348,14 @@ def test_damaged_held_words_are_found_and_repaired(name):
 def _view_at_the_ring_end(c: SharedCache, ring12: int):
     """Put values until one's block ends past ``ring12`` (where a ring that followed the entry limit would end):
     that key, viewed, pins a block in the ring's last bytes."""
-    from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_VAL_NBYTES, ENTRY_WORDS
     from tests.workers import entry_of
 
-    ent = c._seg.entry_words
+    rec = c._seg.records
     for i in range(20_000):
         k = f"k{i}"
         c.put(k, _value(k, 0, 120))
-        e = entry_of(c, k) * ENTRY_WORDS
-        if ent[e + E_OFF] + ent[e + E_KEY_NBYTES] + ent[e + E_VAL_NBYTES] > ring12:
+        e = entry_of(c, k)
+        if (rec.off[e] << rec.osh) + rec.klen[e] + rec.vlen[e] > ring12:
             return k
     raise AssertionError("no block reached the ring's end")
 

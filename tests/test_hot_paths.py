@@ -19,9 +19,7 @@ from shmcache import SharedCache, TooLargeError
 from shmcache import block
 from shmcache.codec import encode_key
 from shmcache.layout import LOCK_NBYTES, SENTINEL
-from shmcache.layout.dtypes import (
-    E_KEY_NBYTES, E_NEXT, E_VAL_NBYTES, ENTRY_WORDS, H_CREATED_NS, H_LOCK_OFF, H_PROGRESS,
-)
+from shmcache.layout.dtypes import H_CREATED_NS, H_LOCK_OFF, H_PROGRESS
 from tests.conftest import unique_name
 from tests.workers import python_path, versioned
 from tests.profiles import examples
@@ -120,17 +118,17 @@ def test_hot_paths_block_helpers_find_every_resident_key(cache):
     for i, k in enumerate(KEYS):
         cache.put(k, _value(i, 40 + i))
     seg = cache._seg
-    ent, mm, base = seg.entry_words, seg.mm, seg.geometry.arena_off
+    rec, mm, base = seg.records, seg.mm, seg.geometry.arena_off
     seen = []
-    e = ent[E_NEXT]
+    e = rec.next[SENTINEL]
     while e != SENTINEL:
-        kb = block.key_of(mm, ent, base, e)
-        assert len(kb) == ent[e * ENTRY_WORDS + E_KEY_NBYTES]
-        assert block.key_at(ent, base, e) == block.value_at(ent, base, e) + ent[e * ENTRY_WORDS + E_VAL_NBYTES]
-        nb, owner = block.split_header(seg.arena_words[(block.value_at(ent, 0, e) - block.VALUE_START) >> 3])
-        assert (nb, owner) == (block.entry_nbytes(ent, e), e)
-        assert block.header(nb, owner) == seg.arena_words[(block.value_at(ent, 0, e) - block.VALUE_START) >> 3]
+        kb = block.key_of(mm, rec, base, e)
+        assert len(kb) == rec.klen[e]
+        assert block.key_at(rec, base, e) == block.value_at(rec, base, e) + rec.vlen[e]
+        nb, owner = block.split_header(seg.arena_words[(block.value_at(rec, 0, e) - block.VALUE_START) >> 3])
+        assert (nb, owner) == (block.entry_nbytes(rec, e), e)
+        assert block.header(nb, owner) == seg.arena_words[(block.value_at(rec, 0, e) - block.VALUE_START) >> 3]
         seen.append(kb)
-        e = ent[e * ENTRY_WORDS + E_NEXT]
+        e = rec.next[e]
     assert sorted(seen) == sorted(encode_key(k) for k in cache)
     assert block.handed_out(seg.header_words, seg.geometry.entry_slots) > len(seen)

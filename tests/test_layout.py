@@ -166,7 +166,8 @@ def test_layout_columns_follow_the_entry_table_in_order_and_aligned():
     offs = [g.entries_off, g.expires_off, g.versions_off, g.kinds_off, g.pins_off, g.marks_off, g.kind_table_off,
             g.ghost_off, g.arena_off]
     assert offs == sorted(offs) and all(o % layout.ALIGN == 0 for o in offs)
-    assert g.expires_off >= g.entries_off + g.entry_slots * 64 and g.versions_off >= g.expires_off + g.entry_slots * 8
+    assert g.expires_off >= g.entries_off + g.entry_slots * g.entry_nbytes
+    assert g.versions_off >= g.expires_off + g.entry_slots * 8
     assert g.pins_off >= g.kinds_off + g.entry_slots and g.marks_off >= g.pins_off + g.entry_slots
     assert g.kind_table_off >= g.marks_off + g.entry_slots
     assert g.arena_off >= g.kind_table_off + 256 * 64 and g.arena_off % layout.PAGE == 0
@@ -180,9 +181,22 @@ def test_layout_all_words_little_endian():
 
 
 def test_layout_word_constants_match_dtypes():
+    from shmcache.records import Records
+
     assert d.H_HITS * 8 == layout.HEADER.fields["hits"][1]
-    assert d.E_CHECK * 8 == layout.ENTRY.fields["check"][1]
     assert d.I_ENTRY * 8 == layout.INDEX_SLOT.fields["entry"][1]
+    # The entry records: each view of Records (records.py) is its dtype's field, in both formats.
+    for narrow, dt in ((False, layout.ENTRY), (True, d.ENTRY_NARROW)):
+        rec = Records(memoryview(bytearray(3 * dt.itemsize)), narrow)
+        views = {"prev": rec.prev, "next": rec.next, "fp": rec.fp, "off": rec.off, "key_nbytes": rec.klen,
+                 "val_nbytes": rec.vlen, "slot": rec.slot, "check": rec.check}
+        assert (rec.narrow, rec.nbytes, rec.dtype) == (narrow, dt.itemsize, dt)
+        assert sorted(n for n, v in views.items() if v is not None) == sorted(dt.names)
+        for i, n in enumerate(dt.names):
+            views[n][1] = 11 + i
+        rows = rec.rows(3)
+        assert [int(rows[1][n]) for n in dt.names] == [11 + i for i in range(len(dt.names))]
+        assert not rows[0].tobytes().strip(b"\0") and not rows[2].tobytes().strip(b"\0")
 
 
 @pytest.mark.parametrize("cap,n", [(1, 1), (4096, 10), (64 << 20, 65536), (10**9, 10**6)])
@@ -191,7 +205,7 @@ def test_layout_geometry_regions_aligned_and_disjoint(cap, n):
     assert g.index_off % 64 == 0 and g.entries_off % 64 == 0 and g.arena_off % 4096 == 0
     assert g.index_off >= layout.HEADER_NBYTES
     assert g.entries_off >= g.index_off + g.index_slots * 8 and g.index_slot_nbytes == 8
-    assert g.arena_off >= g.entries_off + g.entry_slots * 64
+    assert g.arena_off >= g.entries_off + g.entry_slots * g.entry_nbytes
     assert g.total_nbytes >= g.arena_off + g.arena_nbytes and g.total_nbytes % 4096 == 0
     assert g.index_slots == layout.index_for(n) and 7 * g.index_slots >= 10 * g.entry_slots  # (a load of 0.7 at most)
     # Any set of entries within the limits fits physically (header + padding per entry).
@@ -317,12 +331,12 @@ def test_layout_golden_version_10_tables(name):
         for i in range(1000):
             c[f"k{i}"] = i.to_bytes(4, "little")
         before = os.fstat(c._seg.fd).st_blocks * 512
-        assert before < g.entries_off + 16001 * (d.ENTRY.itemsize + 19)  # (not the reserved tables)
+        assert before < g.entries_off + 16001 * (g.entry_nbytes + 19)  # (not the reserved tables)
         c.resize(max_entries=10000)
         assert (h[d.H_INDEX_SLOTS], h[d.H_MAX_ENTRIES], h[d.H_RESIZES]) == (14288, 10000, 1)
         grown = os.fstat(c._seg.fd).st_blocks * 512
         # (page rounding aside: what the first 1000 slots' pages already held)
-        assert grown - before >= 0.95 * (9000 * (d.ENTRY.itemsize + 8 + 8 + 3) + 12858 * g.index_slot_nbytes)
+        assert grown - before >= 0.95 * (9000 * (g.entry_nbytes + 8 + 8 + 3) + 12858 * g.index_slot_nbytes)
         assert all(c[f"k{i}"] == i.to_bytes(4, "little") for i in range(1000)) and c.verify().ok
         for i in range(1000, 10000):
             c[f"k{i}"] = i.to_bytes(4, "little")
@@ -354,7 +368,7 @@ def test_layout_golden_version_11_stripes(name):
                 w = np.frombuffer(c._seg.stripe_words, dtype=np.int64)
                 assert len(w) == 65 * 8 and not w.any()
                 c["a"] = b"x"
-                k = stripe_of(c._seg.entry_words[entry_of(c, "a") * d.ENTRY_WORDS + d.E_SLOT], c._seg.mask)
+                k = stripe_of(c._seg.records.slot[entry_of(c, "a")], c._seg.mask)
                 if policy == "lru":  # nobody reads without the lock: nothing is opened
                     assert not w.any()
                 else:  # one hold opened the key's stripe and closed it: nothing else moved
@@ -380,7 +394,7 @@ def test_layout_golden_version_12_held_entries(name):
             with c.view("a"):
                 c["a"] = b"new"
                 assert (w[1], w[2], w[3]) == (e, 1, len(encode_key("a")) + 1 + 3)  # (the key, the tagged value)
-                assert c._seg.entry_words[e * d.ENTRY_WORDS + d.E_SLOT] == -1
+                assert c._seg.records.slot[e] == -1
         finally:
             c.unlink()
 
@@ -551,7 +565,7 @@ def test_layout_golden_version_15_index_slots(name):
                 c.put(path, b"x")
                 kb = encode_key(path)
                 fp, e, mask = fingerprint(kb), entry_of(c, path), c._seg.mask
-                s = c._ent[e * d.ENTRY_WORDS + d.E_SLOT]
+                s = c._seg.records.slot[e]
                 home = index.of(c._seg.geometry).home(fp, mask)
                 assert s == home and c._ix[s] == (e << 32) | (fp & 0xFFFFFFFF)  # (no other key: at home)
                 del c[path]

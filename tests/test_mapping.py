@@ -16,7 +16,6 @@ import pytest
 from shmcache import CacheLimits, KindView, SharedCache, TieredCache, TooLargeError
 from shmcache.codec import encode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES
-from shmcache.layout.dtypes import E_OFF, E_VAL_NBYTES, ENTRY_WORDS
 
 from .conftest import policy_of
 from .workers import CountingCore, check_value, entry_of, make_value, python_path, reap
@@ -460,10 +459,9 @@ def test_mapping_update_and_clear_count(impl):
 def test_mapping_damaged_key_is_left_out_and_repaired(cache):
     cache["ab"] = 1
     cache["cd"] = 2
-    ent, mm, base = cache._ent, cache._mm, cache._base
+    rec, mm, base = cache._seg.records, cache._mm, cache._base
     e = entry_of(cache, "cd")
-    b = e * ENTRY_WORDS
-    k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
+    k0 = base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES + rec.vlen[e]
     mm[k0 : k0 + 2] = b"\xff\xfe"  # no UTF-8: no key's encoding (nor does it hash to the entry's fingerprint)
     assert list(cache) == ["ab"] and cache.stats().recoveries == 1
     assert list(cache) == ["ab"] and cache.stats().recoveries == 1 and cache.verify().ok

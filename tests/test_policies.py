@@ -16,7 +16,7 @@ import shmcache
 from shmcache import POLICIES, SharedCache, prometheus_text
 from shmcache.codec import fingerprint
 from shmcache.layout.dtypes import (
-    A_HITS, A_LAST_PPM, A_PERIODS, A_REQUESTS, A_STEP, A_TARGET, E_NEXT, H_SMALL, H_SMALL_FIRST, MARK_SMALL,
+    A_HITS, A_LAST_PPM, A_PERIODS, A_REQUESTS, A_STEP, A_TARGET, H_SMALL, H_SMALL_FIRST, MARK_SMALL, SENTINEL,
 )
 from shmcache.policies import auto
 from tests.conftest import unique_name
@@ -109,9 +109,9 @@ def test_policies_s3fifo_readmits_a_key_the_ghost_remembers_to_main(make):
     assert s.ghost_hits == 1 and c.get("k0") == 0
     e = c._store.find_live(b"k0", fingerprint(b"k0"))
     assert not c._seg.marks_bytes[e] & MARK_SMALL  # in main
-    assert c._ent[E_NEXT] == e  # main's newest: the sentinel's next
+    assert c._seg.records.next[SENTINEL] == e  # main's newest: the sentinel's next
     c.put("k0", 1)  # replaced: stays where it is
-    assert c._ent[E_NEXT] == e and c.stats().ghost_hits == 1
+    assert c._seg.records.next[SENTINEL] == e and c.stats().ghost_hits == 1
     assert c.verify().ok
 
 

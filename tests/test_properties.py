@@ -19,7 +19,6 @@ from shmcache import CacheLimits, SharedCache, TooLargeError
 from shmcache.codec import NON_STR_KEY, decode_value, encode_key, encode_value, fingerprint
 from shmcache.keys import decode_key
 from shmcache.layout import BLOCK_HEADER_NBYTES, SENTINEL
-from shmcache.layout.dtypes import E_KEY_NBYTES, E_OFF, E_PREV, E_VAL_NBYTES, ENTRY_WORDS
 from tests.conftest import unique_name
 from tests.reference import COUNTERS, MISSING, ReferenceLRU, TooLarge, key_bytes
 from tests.test_codec import same_value
@@ -227,15 +226,14 @@ def resident_entries(cache: SharedCache) -> list[tuple[bytes, int, int]]:
     """(encoded key, version, expiry) of every resident entry, least recently used first, read from the segment
     with no side effect (no lookup, no expiry): what the public API can only show by changing it."""
     seg = cache._seg
-    ent, mm, base = seg.entry_words, seg.mm, seg.geometry.arena_off
-    found, e = [], ent[E_PREV]
+    rec, mm, base = seg.records, seg.mm, seg.geometry.arena_off
+    found, e = [], rec.prev[SENTINEL]
     for _ in range(seg.geometry.entry_slots):
         if e == SENTINEL:
             break
-        b = e * ENTRY_WORDS
-        k0 = base + ent[b + E_OFF] + BLOCK_HEADER_NBYTES + ent[b + E_VAL_NBYTES]
-        found.append((bytes(mm[k0 : k0 + ent[b + E_KEY_NBYTES]]), seg.versions_words[e], seg.expires_words[e]))
-        e = ent[b + E_PREV]
+        k0 = base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES + rec.vlen[e]
+        found.append((bytes(mm[k0 : k0 + rec.klen[e]]), seg.versions_words[e], seg.expires_words[e]))
+        e = rec.prev[e]
     return found
 
 

@@ -17,7 +17,7 @@ import pytest
 from shmcache import CorruptionError, SerializerMismatch, SharedCache, ShmCacheError
 from shmcache.codec import TAG_ARRAY, TAG_BYTES, TAG_MSGPACK, checksum, fingerprint
 from shmcache.layout import BLOCK_HEADER_NBYTES, FEATURE_PICKLE
-from shmcache.layout.dtypes import E_CHECK, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_FEATURES
+from shmcache.layout.dtypes import H_FEATURES
 from shmcache.serializers import MSGPACK, PICKLE, TAG_PICKLE, named
 
 Point = collections.namedtuple("Point", "x y")
@@ -69,12 +69,11 @@ def _entry(c: SharedCache, key: str) -> int:
 def _plant(c: SharedCache, key: str, data: bytes) -> None:
     """Overwrite the value bytes of ``key``'s entry (same length) with ``data`` (tag first) and give the entry the
     checksum of ``data``: only the tag stands between ``data`` and a decoder."""
-    e = _entry(c, key)
-    b = e * ENTRY_WORDS
-    v0 = c._base + c._ent[b + E_OFF] + BLOCK_HEADER_NBYTES
-    assert c._ent[b + E_VAL_NBYTES] == len(data)
+    e, rec = _entry(c, key), c._seg.records
+    v0 = c._base + (rec.off[e] << rec.osh) + BLOCK_HEADER_NBYTES
+    assert rec.vlen[e] == len(data)
     c._mm[v0 : v0 + len(data)] = data
-    c._ent[b + E_CHECK] = checksum(data)
+    rec.check[e] = checksum(data)
 
 
 def test_serializers_pickle_round_trips_values_msgpack_cannot(pcache):
@@ -252,7 +251,7 @@ def test_serializers_verify_never_unpickles(pcache, tmp_path):
 
 def test_serializers_verify_drops_a_pickled_value_without_a_pickle_frame(pcache):
     pcache.put("k", Point(1, 2))
-    n = pcache._ent[_entry(pcache, "k") * ENTRY_WORDS + E_VAL_NBYTES]
+    n = pcache._seg.records.vlen[_entry(pcache, "k")]
     _plant(pcache, "k", bytes((TAG_PICKLE,)) + b"\0" * (n - 1))  # checksum right, not a pickle stream
     report = pcache.verify()
     assert not report.ok and any("does not decode" in p for p in report.problems)

@@ -175,14 +175,14 @@ CONTAINER = FILL_SHM + textwrap.dedent("""
     # Damage aimed past what the arena has backed, /dev/shm full: every entry's offset moved there. A read finds
     # zeros (its checksum fails: a miss, or CorruptionError, and a repair), never a page that faults with SIGBUS.
     from shmcache import CorruptionError
-    from shmcache.layout.dtypes import E_CHECK, E_OFF, ENTRY_WORDS
     for c, n in ((cache, i), (reads, 32)):
         seg = c._seg
         hidden = (seg.shown[0] + 65536) & ~7
         assert hidden < seg.geometry.arena_nbytes - 65536
+        rec = seg.records
         for e in range(1, seg.geometry.entry_slots):
-            if seg.entry_words[e * ENTRY_WORDS + E_CHECK]:
-                seg.entry_words[e * ENTRY_WORDS + E_OFF] = hidden
+            if rec.check[e]:
+                rec.off[e] = hidden >> rec.osh
         for j in range(0, n, 7):
             try:
                 assert c.get(f"k{j}") is None

@@ -20,8 +20,7 @@ import pytest
 from shmcache import CorruptionError, LockTimeout, SharedCache, index, ofd
 from shmcache.layout.dtypes import (
     H_CREATED_NS, H_CREATOR_PID, H_HITS, H_LOCK_OFF, H_MISSES, H_PROGRESS, H_SEQ, R_PINS, READER, READER_PINS,
-    READER_SLOTS, S_OPEN, STRIPE_WORDS, STRIPES, E_SLOT, ENTRY_WORDS, H_DIRTY, R_FALLBACKS, R_HITS, R_MISSES,
-    READER_WORDS,
+    READER_SLOTS, S_OPEN, STRIPE_WORDS, STRIPES, H_DIRTY, R_FALLBACKS, R_HITS, R_MISSES, READER_WORDS,
 )
 from shmcache.codec import encode_key, fingerprint
 from shmcache.seqlock import stripe_of
@@ -140,7 +139,7 @@ def test_unlocked_a_writer_stopped_mid_put_stalls_only_its_stripe(name, policy):
             n = mask + 1
             home = index.of(seg.geometry).home(fingerprint(encode_key(key)), mask)
             e = entry_of(c, key)
-            last = seg.entry_words[e * ENTRY_WORDS + E_SLOT] if e else home
+            last = seg.records.slot[e] if e else home
             return {stripe_of(s % n, mask) for s in range(home, home + (last - home) % n + 1)}
 
         free = [k for k in keys + ["arr"] if stopped[0] not in stripes(k)]
@@ -229,7 +228,7 @@ def test_unlocked_a_stripe_left_odd_by_a_stray_write_is_healed(name, policy):
         c.put("a", b"v")
         seg = c._seg
         words = seg.stripe_words
-        k = stripe_of(seg.entry_words[entry_of(c, "a") * ENTRY_WORDS + E_SLOT], seg.mask)
+        k = stripe_of(seg.records.slot[entry_of(c, "a")], seg.mask)
         w = STRIPE_WORDS * (1 + k)
         words[w] += 1  # odd, nobody writing
         before = c.stats()
@@ -515,7 +514,7 @@ def test_unlocked_hostile_bytes_never_crash_a_reader_nor_pass_as_a_value(name, s
     try:
         mm = np.frombuffer(c._seg.mm, dtype=np.uint8)
         g = c._seg.geometry
-        regions = [(g.index_off, g.entries_off + g.entry_slots * 64), (g.arena_off, g.arena_off + 4096)]
+        regions = [(g.index_off, g.entries_off + g.entry_slots * g.entry_nbytes), (g.arena_off, g.arena_off + 4096)]
         for round_ in range(60):
             for i in range(30):
                 try:

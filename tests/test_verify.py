@@ -34,16 +34,28 @@ class Raw:
         self.mm = mmap.mmap(fd, cache._seg.geometry.total_nbytes)
         os.close(fd)
         self.g = cache._seg.geometry
+        self.osh = cache._seg.records.osh
 
     def word(self, off: int, value: int) -> None:
         self.mm[off : off + 8] = int(value).to_bytes(8, "little", signed=True)
 
+    def plant(self, off: int, nbytes: int, value: int) -> None:
+        """Write the low ``nbytes`` bytes of ``value`` (two's complement) at ``off``: any bit pattern."""
+        self.mm[off : off + nbytes] = (int(value) & ((1 << 8 * nbytes) - 1)).to_bytes(nbytes, "little")
+
+    def field(self, e: int, name: str, value: int) -> None:
+        """Plant ``value`` in entry ``e``'s record field ``name`` (a field of the segment's record dtype, wide or
+        narrow; ``off`` given in bytes, written as the format keeps it), as raw bytes of the field's width."""
+        dt, at = self.g.entry_dtype.fields[name][:2]
+        self.plant(self.g.entries_off + e * self.g.entry_nbytes + at, dt.itemsize,
+                   value >> self.osh if name == "off" else value)
+
+    def most(self, name: str, value: int) -> int:
+        """``value``, or the largest that record field ``name`` holds if it is larger (a narrow field is 32 bits)."""
+        return min(value, int(np.iinfo(self.g.entry_dtype.fields[name][0]).max))
+
     def close(self) -> None:
         self.mm.close()
-
-
-def _entry_word(raw: Raw, e: int, field: int) -> int:
-    return raw.g.entries_off + (e * d.ENTRY_WORDS + field) * 8
 
 
 def _all_ops_sound(c: SharedCache, keys) -> None:
@@ -64,12 +76,12 @@ def test_verify_clean_cache_is_ok(name):
 
 
 DAMAGE = {
-    "lru prev": lambda raw: raw.word(_entry_word(raw, 3, d.E_PREV), 7),
-    "lru next cycle": lambda raw: raw.word(_entry_word(raw, 5, d.E_NEXT), 5),
-    "lru next out of range": lambda raw: raw.word(_entry_word(raw, 2, d.E_NEXT), 10**9),
-    "entry offset": lambda raw: raw.word(_entry_word(raw, 4, d.E_OFF), 8),
-    "entry value length": lambda raw: raw.word(_entry_word(raw, 6, d.E_VAL_NBYTES), 3),
-    "entry key length": lambda raw: raw.word(_entry_word(raw, 6, d.E_KEY_NBYTES), 10**12),
+    "lru prev": lambda raw: raw.field(3, "prev", 7),
+    "lru next cycle": lambda raw: raw.field(5, "next", 5),
+    "lru next out of range": lambda raw: raw.field(2, "next", 10**9),
+    "entry offset": lambda raw: raw.field(4, "off", 8),
+    "entry value length": lambda raw: raw.field(6, "val_nbytes", 3),
+    "entry key length": lambda raw: raw.field(6, "key_nbytes", raw.most("key_nbytes", 10**12)),
     "index slot emptied": lambda raw: raw.word(raw.g.index_off + (int(raw.mm_index_slot(1)) * 2 + 1) * 8, 0),
     "header entries": lambda raw: raw.word(d.H_ENTRIES * 8, 5),
     "header retained": lambda raw: raw.word(d.H_RETAINED * 8, -1),
@@ -83,7 +95,7 @@ DAMAGE = {
 def test_verify_damage_is_reported_and_repaired(name, what):
     with _filled(name) as c:
         raw = Raw(name, c)
-        raw.mm_index_slot = lambda e: c._ent[e * d.ENTRY_WORDS + d.E_SLOT]
+        raw.mm_index_slot = lambda e: c._seg.records.slot[e]
         try:
             DAMAGE[what](raw)
         finally:
@@ -109,7 +121,7 @@ def test_verify_damaged_value_is_never_returned(name, value, at):
         if value is not None:
             c.put("k19", value)
         e = entry_of(c, "k19")
-        off = c._ent[e * d.ENTRY_WORDS + d.E_OFF]
+        off = c._seg.records.off[e] << c._seg.records.osh
         raw = Raw(name, c)
         try:
             raw.mm[raw.g.arena_off + off + at] ^= 0x01  # flip a bit inside k19's value
@@ -404,7 +416,7 @@ def test_verify_repair_keeps_the_clock_in_range_with_fresh_versions(name, clock)
         versioned(c)  # (the column in use: version 16 backs it once a caller asks for a version)
         h, ver = c._seg.header_words, c._seg.versions_words
         h[d.H_VERSION_CLOCK] = clock
-        live = [e for e in range(1, c._seg.geometry.entry_slots) if c._seg.entry_words[e * d.ENTRY_WORDS + d.E_CHECK]]
+        live = [e for e in range(1, c._seg.geometry.entry_slots) if c._seg.records.check[e]]
         for e in live[:5]:
             ver[e] = -1  # damaged
         c.verify(repair_damage=True)
@@ -412,8 +424,7 @@ def test_verify_repair_keeps_the_clock_in_range_with_fresh_versions(name, clock)
         for i in range(20):
             c.put(f"after{i}", i)
         assert c.verify().ok
-        versions = [ver[e] for e in range(1, c._seg.geometry.entry_slots)
-                    if c._seg.entry_words[e * d.ENTRY_WORDS + d.E_CHECK]]
+        versions = [ver[e] for e in range(1, c._seg.geometry.entry_slots) if c._seg.records.check[e]]
         assert len(set(versions)) == len(versions) and max(versions) <= h[d.H_VERSION_CLOCK] <= d.MAX_VERSION
 
 
@@ -440,31 +451,43 @@ def test_verify_kinds_used_damaged_never_fills_the_kind_table(name, bad):
 # key bytes against the entry's fingerprint and the value against its checksum: a damaged entry is left out (and
 # repaired), never returned as a key that was never stored, or under another key.
 
-def _entry_damage(field: int, how):
+def _entry_damage(field: str, how):
+    """Set entry ``e``'s record field ``field`` to ``how`` of its value (``off`` in bytes, in both formats)."""
     def damage(c: SharedCache, raw: Raw, e: int) -> None:
-        raw.word(_entry_word(raw, e, field), how(c._ent[e * d.ENTRY_WORDS + field]))
+        raw.field(e, field, how(c._seg.records.column(field, e + 1)[e]))
     return damage
+
+
+def _fingerprint_damage(c: SharedCache, raw: Raw, e: int) -> None:
+    """Flip a bit of the fingerprint the entry's key bytes are checked against: the record's ``fp`` in a wide record;
+    a narrow one keeps none, so the index tag (the low 32 bits of the packed index word at its ``slot``) instead."""
+    rec = c._seg.records
+    if rec.fp is not None:
+        raw.field(e, "fp", rec.fp[e] ^ 1)
+    else:
+        s = rec.slot[e]
+        raw.plant(raw.g.index_off + s * raw.g.index_slot_nbytes, 4, (c._seg.index_words[s] & 0xFFFFFFFF) ^ 1)
 
 
 def _arena_flip(at):
     def damage(c: SharedCache, raw: Raw, e: int) -> None:
-        b = e * d.ENTRY_WORDS
-        v0 = c._ent[b + d.E_OFF] + 8 + (c._ent[b + d.E_VAL_NBYTES] if at == "key" else 1)
+        rec = c._seg.records
+        v0 = (rec.off[e] << rec.osh) + 8 + (rec.vlen[e] if at == "key" else 1)
         raw.mm[raw.g.arena_off + v0] ^= 0x01
     return damage
 
 
 ENTRY_DAMAGE = {
-    "key length 0": _entry_damage(d.E_KEY_NBYTES, lambda v: 0),
-    "key length +1": _entry_damage(d.E_KEY_NBYTES, lambda v: v + 1),
-    "key length -1": _entry_damage(d.E_KEY_NBYTES, lambda v: v - 1),
-    "key length huge": _entry_damage(d.E_KEY_NBYTES, lambda v: 10**12),
-    "value length +1": _entry_damage(d.E_VAL_NBYTES, lambda v: v + 1),
-    "value length -1": _entry_damage(d.E_VAL_NBYTES, lambda v: v - 1),
-    "offset +64": _entry_damage(d.E_OFF, lambda v: v + 64),
-    "offset 0": _entry_damage(d.E_OFF, lambda v: 0),
-    "fingerprint": _entry_damage(d.E_FP, lambda v: v ^ 1),
-    "checksum": _entry_damage(d.E_CHECK, lambda v: v ^ 2),
+    "key length 0": _entry_damage("key_nbytes", lambda v: 0),
+    "key length +1": _entry_damage("key_nbytes", lambda v: v + 1),
+    "key length -1": _entry_damage("key_nbytes", lambda v: v - 1),
+    "key length huge": lambda c, raw, e: raw.field(e, "key_nbytes", raw.most("key_nbytes", 10**12)),
+    "value length +1": _entry_damage("val_nbytes", lambda v: v + 1),
+    "value length -1": _entry_damage("val_nbytes", lambda v: v - 1),
+    "offset +64": _entry_damage("off", lambda v: v + 64),
+    "offset 0": _entry_damage("off", lambda v: 0),
+    "fingerprint": _fingerprint_damage,
+    "checksum": _entry_damage("check", lambda v: v ^ 2),
     "key byte": _arena_flip("key"),
     "value byte": _arena_flip("value"),
 }
@@ -507,7 +530,7 @@ def test_verify_reading_paths_hand_out_only_stored_keys_and_values(name, damage,
         try:
             for m, key in ((c, "k6"), (kind, "kd2")):
                 kb = m._encode_key(key)
-                e = index.of(c._seg.geometry).find(c._ix, c._ent, c._mm, c._base, c._mask, fingerprint(kb), kb)
+                e = index.of(c._seg.geometry).find(c._ix, c._seg.records, c._mm, c._base, c._mask, fingerprint(kb), kb)
                 ENTRY_DAMAGE[damage](c, raw, e)
         finally:
             raw.close()

@@ -679,7 +679,7 @@ def test_view_a_pin_dies_with_its_process_even_after_a_fork(name, when):
 def _flip_value_byte(cache: SharedCache, key, at: int) -> None:
     """Damage one byte of ``key``'s stored value through a mapping of the segment of its own, as another program
     could (the entry's value starts ``at`` bytes before the byte flipped)."""
-    voff = value_at(cache._ent, cache._base, entry_of(cache, key))
+    voff = value_at(cache._seg.records, cache._base, entry_of(cache, key))
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:
         with mmap.mmap(fd, len(cache._mm)) as mm:
@@ -718,7 +718,7 @@ def test_view_checks_each_stored_value_once_per_handle(cache, name):
 def _set_value_byte(cache: SharedCache, key, at: int, byte: int) -> None:
     """Write ``byte`` at ``at`` bytes into ``key``'s stored value (0: its tag), as _flip_value_byte writes."""
     e = entry_of(cache, key)
-    voff = value_at(cache._ent, cache._base, e)
+    voff = value_at(cache._seg.records, cache._base, e)
     fd = os.open(f"/dev/shm/shmcache.{cache.name}", os.O_RDWR)
     try:
         with mmap.mmap(fd, len(cache._mm)) as mm:

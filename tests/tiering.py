@@ -22,8 +22,8 @@ LOCKED = frozenset({
     "test_interrupts", "test_keylock", "test_kinds", "test_lifecycle", "test_lock", "test_lock_damage", "test_mapping",
     "test_memoize",
     "test_multiprocess", "test_policies", "test_properties", "test_security", "test_single_flight", "test_snapshot",
-    "test_resize", "test_space", "test_stale", "test_stress", "test_sweep", "test_too_large", "test_ttl",
-    "test_unlocked",
+    "test_records", "test_resize", "test_space", "test_stale", "test_stress", "test_sweep", "test_too_large",
+    "test_ttl", "test_unlocked",
     "test_unpack", "test_verify", "test_view",
 })
 UNIT = frozenset({

@@ -96,7 +96,7 @@ def entry_of(cache: SharedCache, key) -> int:
     lookup finds it, so that a test can reach one key's entry whatever order the policy keeps."""
     kb = encode_key(key)
     xo = index.of(cache._seg.geometry)
-    return xo.find(cache._ix, cache._ent, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
+    return xo.find(cache._ix, cache._seg.records, cache._mm, cache._base, cache._mask, fingerprint(kb), kb)
 
 
 def pinned(cache: SharedCache, key) -> bool:
@@ -302,27 +302,26 @@ def half_put_then_die(name: str, ready) -> None:
     from shmcache import index
     from shmcache.codec import checksum, encode_key, encode_value, fingerprint
     from shmcache.arena import block_nbytes
-    from shmcache.layout.dtypes import (
-        E_CHECK, E_FP, E_KEY_NBYTES, E_NEXT, E_OFF, E_VAL_NBYTES, ENTRY_WORDS, H_DIRTY, H_FREE_HEAD, H_UNUSED_NEXT,
-    )
+    from shmcache.layout.dtypes import H_DIRTY, H_FREE_HEAD, H_UNUSED_NEXT
 
     cache = SharedCache(name, create=False)
+    rec = cache._seg.records
     cache._guard.hold()
     cache._h[H_DIRTY] = 1  # as put() does before its first write
     kb, vb = encode_key("torn"), encode_value("half-written")
     e = cache._h[H_FREE_HEAD] or cache._h[H_UNUSED_NEXT]  # the slot Table.insert would take
     if e == cache._h[H_FREE_HEAD]:
-        cache._h[H_FREE_HEAD] = cache._ent[e * ENTRY_WORDS + E_NEXT]
+        cache._h[H_FREE_HEAD] = rec.next[e]
     else:
         cache._h[H_UNUSED_NEXT] = e + 1
     off = cache._table.ring.alloc(block_nbytes(len(kb) + len(vb)), e)
-    b = e * ENTRY_WORDS
-    cache._ent[b + E_FP] = fingerprint(kb)
-    cache._ent[b + E_OFF] = off
-    cache._ent[b + E_KEY_NBYTES] = len(kb)
-    cache._ent[b + E_VAL_NBYTES] = len(vb)
-    cache._ent[b + E_CHECK] = checksum(vb)
-    index.of(cache._seg.geometry).insert(cache._ix, cache._ent, cache._mask, fingerprint(kb), e)
+    if rec.fp is not None:  # (a narrow record keeps no fingerprint: the index slot's tag, written below, holds it)
+        rec.fp[e] = fingerprint(kb)
+    rec.off[e] = off >> rec.osh
+    rec.klen[e] = len(kb)
+    rec.vlen[e] = len(vb)
+    rec.check[e] = checksum(vb)
+    index.of(cache._seg.geometry).insert(cache._ix, rec, cache._mask, fingerprint(kb), e)
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 _W = "<i8"
 MAGIC = int.from_bytes(b"SHMCACHE", "little")
-LAYOUT_VERSION = 18
+LAYOUT_VERSION = 19
 # The layout versions this one attaches to: 7 is 8 with every page of the arena reserved at creation and no
 # ``arena_extent`` (its word is 0, read as the whole arena); 8 is 9 with a capacity fixed at creation (``capacity``
 # 0: the arena's whole, under a configuration checksum of three words); 9 is 10 with tables fixed at creation: its
@@ -31,8 +31,10 @@ LAYOUT_VERSION = 18
 # and the versions column backed with the tables (16 backs each once in use: D_IDLE_ON, D_VERSIONS_ON). 16 is 17 with
 # an index of a power of two of slots, at most half full, a key's home slot its fingerprint's low bits; 17's index
 # has any number of slots, at most 0.7 full, the home its tag scaled to them (index_for; index.py Ranged). 17 is 18
-# with the expires column backed with the tables (18 backs it once an entry has an expiry: D_EXPIRES_ON).
-READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+# with the expires column backed with the tables (18 backs it once an entry has an expiry: D_EXPIRES_ON). 18 is 19
+# with entry records of 64 bytes (ENTRY) where 19's are 32 (ENTRY_NARROW) whenever the arena is below 32 GiB and
+# the index below 2**31 slots (Geometry.narrow; records.py).
+READ_VERSIONS = (7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 FEATURE_PICKLE = 1  # bit 0 of ``features``: values may be pickled (tag ``P``); set by serializer="pickle"
 FEATURES = FEATURE_PICKLE  # every bit this version knows: a segment with any other is refused (LayoutVersionError)
 ALIGN = 64  # cache line: regions never share one
@@ -309,6 +311,22 @@ ENTRY = _record([(0, [
     ("slot", _W),        # index slot that points here (kept current by backward-shift deletion)
     ("check", _W),       # xxh3 checksum of the block's payload, 0 when the slot is free
 ])], 64)
+# The narrow entry record (version 19, where the arena and the index are small enough: Geometry.narrow): the same
+# fields in 32 bytes. Links, index slot and lengths are 32-bit (an entry slot is below 2**31, an index slot too in
+# a narrow segment, a length below 2**32); the block offset is in units of BLOCK_ALIGN (an arena below 32 GiB); the
+# fingerprint is not kept: the index slot the record names holds its low 32 bits, and a lookup compares the key's
+# bytes after the tag (records.py).
+ENTRY_NARROW = _record([(0, [
+    ("prev", "<i4"),
+    ("next", "<i4"),
+    ("slot", "<i4"),         # HELD_SLOT (-1) for a held entry, as in a wide record
+    ("key_nbytes", "<u4"),
+    ("val_nbytes", "<u4"),
+    ("off", "<u4"),          # the block's arena offset >> 3
+    ("check", _W),
+])], 32)
+NARROW_ARENA_NBYTES = 2**35  # the largest arena a narrow record's offset reaches
+NARROW_INDEX_SLOTS = 2**31   # the most index slots a narrow record's slot names (and a signed 32-bit word holds)
 
 # The kind table: one record per key kind (``SharedCache.kind``), record 0 standing for keys of no kind.
 MAX_KINDS = 255  # a kind number is one byte of the encoded key and of the kinds column

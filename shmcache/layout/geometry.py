@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dtypes import (
-    ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS, HEADER_NBYTES,
-    IDLE_HEAD_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS, PAGE, PINS,
-    POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER, READER_SLOTS, SHOWN_ALL, SHOWN_EXPIRES, SHOWN_IDLE,
-    SHOWN_VERSIONS, SKETCH_MIN_WORDS, STRIPES_NBYTES, TTIS, VERSIONS,
+    ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, DEADLINES, ENTRY, ENTRY_NARROW, EXPIRES, EXTENT_STEP, GHOST, GHOST_WAYS,
+    HEADER_NBYTES, IDLE_HEAD_NBYTES, INDEX_SLOT, INDEX_SLOT_PACKED, KIND, KINDS, LAYOUT_VERSION, MARKS, MAX_KINDS,
+    NARROW_ARENA_NBYTES, NARROW_INDEX_SLOTS, PAGE, PINS, POLICY_AUTO, POLICY_NAMES, POLICY_S3FIFO, READER,
+    READER_SLOTS, SHOWN_ALL, SHOWN_EXPIRES, SHOWN_IDLE, SHOWN_VERSIONS, SKETCH_MIN_WORDS, STRIPES_NBYTES, TTIS,
+    VERSIONS,
 )
 
 MAX_ENTRIES_LIMIT = 2**31 - 2  # entry slots are stored in the 32 high bits of a block header
@@ -155,7 +156,7 @@ class Geometry:
         ]
         return idle_columns + [
             (self.index_off, index_live * self.index_slot_nbytes, self.index_slots * self.index_slot_nbytes),
-            (self.entries_off, slots * ENTRY.itemsize, self.entry_slots * ENTRY.itemsize),
+            (self.entries_off, slots * self.entry_nbytes, self.entry_slots * self.entry_nbytes),
             (self.expires_off, expiring * EXPIRES.itemsize, self.entry_slots * EXPIRES.itemsize),
             (self.versions_off, versioned * VERSIONS.itemsize, self.entry_slots * VERSIONS.itemsize),
             (self.kinds_off, slots * KINDS.itemsize, self.entry_slots * KINDS.itemsize),
@@ -277,6 +278,23 @@ class Geometry:
         return self.version >= 17
 
     @property
+    def narrow(self) -> bool:
+        """Whether the entry records are narrow (32 bytes: ENTRY_NARROW; records.py) rather than wide (64: ENTRY):
+        from version 19, where the arena is below NARROW_ARENA_NBYTES (32 GiB) and the index has fewer than
+        NARROW_INDEX_SLOTS slots (both reserves, so that no resize leaves the format's reach)."""
+        return (self.version >= 19 and self.arena_nbytes <= NARROW_ARENA_NBYTES
+                and self.index_slots < NARROW_INDEX_SLOTS)
+
+    @property
+    def entry_dtype(self):
+        """The dtype of an entry record of this segment."""
+        return ENTRY_NARROW if self.narrow else ENTRY
+
+    @property
+    def entry_nbytes(self) -> int:
+        return self.entry_dtype.itemsize
+
+    @property
     def index_dtype(self):
         """The dtype of an index slot of this segment."""
         return INDEX_SLOT_PACKED if self.packed_index else INDEX_SLOT
@@ -291,7 +309,7 @@ class Geometry:
 
     @property
     def expires_off(self) -> int:
-        return _round_up(self.entries_off + self.entry_slots * ENTRY.itemsize, ALIGN)
+        return _round_up(self.entries_off + self.entry_slots * self.entry_nbytes, ALIGN)
 
     @property
     def versions_off(self) -> int:

@@ -47,14 +47,13 @@ from .. import readers
 from ..errors import CorruptionError
 from ..layout import SENTINEL
 from ..layout.dtypes import (
-    A_HITS, A_LAST_PPM, A_PERIODS, A_PREFERRED, A_REFUSED, A_REQUESTS, A_STEP, A_TARGET, E_FP, ENTRY_WORDS, H_ADMITTED,
+    A_HITS, A_LAST_PPM, A_PERIODS, A_PREFERRED, A_REFUSED, A_REQUESTS, A_STEP, A_TARGET, H_ADMITTED,
     H_ENTRIES, H_EVICTIONS, H_HITS, H_MAX_ENTRIES, H_MISSES, H_PROMOTED, H_SMALL, MARK_FREQ, MAX_COUNTER, POLICY_AUTO,
     SKETCH_BLOCK_WORDS,
 )
 from .base import Policy
 from .s3fifo import S3fifo, bump, evict_main, main_victim, small_oldest, to_main
 
-_W = ENTRY_WORDS
 WINDOW_PERCENT = 1  # the window's first target: 1 % of the entries (Caffeine's), one at least
 ADMIT_MARGIN = 1  # how much more frequent than main's victim a candidate must be to replace it
 PERIOD_PER_ENTRY = 10  # a period: this many lookups per entry of the limit (Caffeine's sample)
@@ -196,8 +195,7 @@ def auto_evict_one(table) -> bool:
             if main > 0:
                 v = main_victim(table, main)
                 if v != SENTINEL:
-                    ent = table.ent
-                    if frequency(s, ent[t * _W + E_FP]) > frequency(s, ent[v * _W + E_FP]) + ADMIT_MARGIN:
+                    if frequency(s, table.entry_pfp(t)) > frequency(s, table.entry_pfp(v)) + ADMIT_MARGIN:
                         table.remove(v)
                         to_main(table, t)
                         _count(s, A_PREFERRED)
@@ -217,10 +215,10 @@ class Auto(S3fifo):
 
     def on_hit(self, table, e: int) -> None:
         bump(table.marks, e)
-        sketch_add(table.ghost, table.ent[e * _W + E_FP])
+        sketch_add(table.ghost, table.entry_pfp(e))
 
     def admit(self, table, fp: int) -> bool:
-        sketch_add(table.ghost, fp)
+        sketch_add(table.ghost, table.pfp(fp))
         if not table.h[H_ADMITTED] % CHECK_EVERY:
             climb(table)
         return True

@@ -7,7 +7,7 @@ bind as ``policies.of`` chooses here, once per handle."""
 from __future__ import annotations
 
 from ..layout import SENTINEL
-from ..layout.dtypes import E_NEXT, H_SMALL, H_SMALL_FIRST
+from ..layout.dtypes import H_SMALL, H_SMALL_FIRST
 
 
 class Policy:
@@ -46,7 +46,7 @@ class Policy:
     def link_new(self, table, e: int, probation: bool) -> tuple[int, int]:
         """Where new entry ``e`` is linked: its (prev, next); its marks and the policy's words set."""
         table.marks[e] = 0
-        return SENTINEL, table.ent[E_NEXT]  # after the sentinel, before the most recent entry
+        return SENTINEL, table.rec.next[SENTINEL]  # after the sentinel, before the most recent entry
 
     def unlinked(self, table, e: int, n: int) -> None:
         """Entry ``e``, whose next was ``n``, has left the list (removed or evicted): the policy's words follow."""

@@ -15,4 +15,4 @@ class Lru(Policy):
     relinks_on_hit = True
 
     def on_hit(self, table, e: int) -> None:
-        lru.move_to_front(table.ent, e)
+        lru.move_to_front(table.rec, e)

@@ -21,13 +21,12 @@ from .. import lru
 from ..errors import CorruptionError
 from ..layout import SENTINEL
 from ..layout.dtypes import (
-    E_FP, E_NEXT, E_PREV, ENTRY_WORDS, GHOST_STAMP_BITS, GHOST_STAMP_MASK, GHOST_WAYS, H_ENTRIES, H_EVICTIONS,
+    GHOST_STAMP_BITS, GHOST_STAMP_MASK, GHOST_WAYS, H_ENTRIES, H_EVICTIONS,
     H_GHOST_CLOCK, H_GHOST_HITS, H_MAX_ENTRIES, H_PROMOTED, H_SMALL, H_SMALL_FIRST, MARK_FREQ, MARK_SMALL, MARKS_VALID,
     POLICY_S3FIFO,
 )
 from .base import Policy
 
-_W = ENTRY_WORDS
 _TAG_BIT = 1 << 30  # set in every tag, so that a used ghost slot is never 0
 PROMOTE_AT = 2  # hits in small that earn an entry its place in main (S3-FIFO's threshold)
 
@@ -50,22 +49,22 @@ def bump(marks, e: int) -> None:
         marks[e] = m + 1
 
 
-def small_end(h, ent, slots: int) -> tuple[int, int]:
+def small_end(h, rec, slots: int) -> tuple[int, int]:
     """Where a new entry of small is linked: between (prev, next), the newest of main (or the sentinel) and the
     newest of small (or the sentinel)."""
     n = h[H_SMALL_FIRST]
-    p = ent[n * _W + E_PREV] if 0 <= n < slots else -1
+    p = rec.prev[n] if 0 <= n < slots else -1
     if not 0 <= p < slots:
         raise CorruptionError(f"small queue's links ({p}, {n}) are out of range", what="put")
     return p, n
 
 
-def main_tail(h, ent, slots: int) -> int:
+def main_tail(h, rec, slots: int) -> int:
     """Main's oldest entry, or SENTINEL if main is empty."""
     first = h[H_SMALL_FIRST]
     if not 0 <= first < slots:
         raise CorruptionError(f"small_first={first} is out of range", what="evict")
-    return ent[first * _W + E_PREV] if first != SENTINEL else ent[E_PREV]
+    return rec.prev[first] if first != SENTINEL else rec.prev[SENTINEL]
 
 
 # ------------------------------------------------------------------------------------------------- the ghost
@@ -125,21 +124,20 @@ def admit_to_main(h, ghost, fp: int) -> bool:
 
 def to_main(table, t: int) -> None:
     """Move small's oldest entry ``t`` to main's front, its counter reset."""
-    h, ent = table.h, table.ent
-    b = t * _W
-    p, n = ent[b + E_PREV], ent[b + E_NEXT]
-    ent[p * _W + E_NEXT] = n  # lru.unlink, inlined
-    ent[n * _W + E_PREV] = p
+    h, rec = table.h, table.rec
+    p, n = rec.prev[t], rec.next[t]
+    rec.next[p] = n  # lru.unlink, inlined
+    rec.prev[n] = p
     if h[H_SMALL_FIRST] == t:
         h[H_SMALL_FIRST] = n
-    lru.push_front(ent, t)
+    lru.push_front(rec, t)
     table.marks[t] = 0
     h[H_SMALL] -= 1
 
 
 def small_oldest(table) -> int:
     """Small's oldest entry (the sentinel's prev), checked to be one of small."""
-    t = table.ent[E_PREV]
+    t = table.rec.prev[SENTINEL]
     if not 0 < t < table.slots or not table.marks[t] & MARK_SMALL:
         raise CorruptionError(f"small queue's oldest is slot {t}, not an entry of small", what="evict")
     return t
@@ -149,11 +147,11 @@ def main_victim(table, main: int) -> int:
     """Main's next victim, as its CLOCK chooses: its oldest entry no view pins with its counter at 0, those before
     it reinserted at main's front with one hit fewer (pinned ones count as used, and are passed over); SENTINEL if
     every one of the ``main`` entries of main is pinned. Nothing is removed."""
-    h, ent, marks = table.h, table.ent, table.marks
+    h, rec, marks = table.h, table.rec, table.marks
     slots = table.slots
     passed = 0  # pinned entries of main passed over since the last change: past main's size, no unpinned one is left
     for _ in range(4 * slots + 4):
-        t = main_tail(h, ent, slots)
+        t = main_tail(h, rec, slots)
         if not 0 < t < slots or marks[t] & MARK_SMALL:
             raise CorruptionError(f"main queue's oldest is slot {t}, not an entry of main", what="evict")
         m = marks[t]
@@ -164,12 +162,12 @@ def main_victim(table, main: int) -> int:
             passed += 1
             if passed > main:
                 return SENTINEL
-            lru.move_to_front(ent, t)
+            lru.move_to_front(rec, t)
             continue
         if m & MARK_FREQ:
             marks[t] = m - 1
             passed = 0
-            lru.move_to_front(ent, t)
+            lru.move_to_front(rec, t)
             continue
         return t
     raise CorruptionError("main's queue does not hold the entries the header counts", what="evict")
@@ -205,7 +203,7 @@ def s3fifo_evict_one(table) -> bool:
                 if not pinned:
                     h[H_PROMOTED] += 1
                 continue
-            ghost_add(h, table.ghost, table.ent[t * _W + E_FP])
+            ghost_add(h, table.ghost, table.entry_pfp(t))
             table.remove(t)
             h[H_EVICTIONS] += 1
             return True
@@ -224,13 +222,13 @@ class S3fifo(Policy):
         bump(table.marks, e)
 
     def admit(self, table, fp: int) -> bool:
-        return not admit_to_main(table.h, table.ghost, fp)
+        return not admit_to_main(table.h, table.ghost, table.pfp(fp))
 
     def link_new(self, table, e: int, probation: bool) -> tuple[int, int]:
         if not probation:
             return super().link_new(table, e, probation)
         h = table.h
-        p, n = small_end(h, table.ent, table.slots)
+        p, n = small_end(h, table.rec, table.slots)
         h[H_SMALL_FIRST] = e
         h[H_SMALL] += 1
         table.marks[e] = MARK_SMALL
@@ -245,7 +243,7 @@ class S3fifo(Policy):
 
     def leaving(self, table, e: int) -> None:
         if table.marks[e] & MARK_SMALL:  # it leaves small unhit: the ghost remembers it
-            ghost_add(table.h, table.ghost, table.ent[e * _W + E_FP])
+            ghost_add(table.h, table.ghost, table.entry_pfp(e))
 
     evict_one = staticmethod(s3fifo_evict_one)  # (the function itself: one call fewer an eviction)
 

@@ -111,7 +111,7 @@ def clear_locked(store, copies_kind: int, marks_kind: int, prefix: bytes = b"") 
     dropped = 0
     for e in kinds.slots_locked(table, copies_kind, marks_kind):
         is_copy = table.kinds[e] == copies_kind
-        if prefix and is_copy and not block.key_of(store.mm, store.ent, store.base, e).startswith(prefix):
+        if prefix and is_copy and not block.key_of(store.mm, store.rec, store.base, e).startswith(prefix):
             continue
         _drop(store, e)
         dropped += is_copy
