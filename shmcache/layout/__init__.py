@@ -8,7 +8,9 @@ so that no two regions share a cache line::
     offset 0                  header        HEADER_NBYTES bytes, dtype HEADER
     geometry.index_off        index table   index_slots records of dtype INDEX_SLOT_PACKED (8 bytes; before
                                             version 15, INDEX_SLOT: 16 bytes)
-    geometry.entries_off      entry table   entry_slots records of dtype ENTRY (64 bytes, one cache line each)
+    geometry.entries_off      entry table   entry_slots records of dtype ENTRY_NARROW (32 bytes, two a cache
+                                            line; Geometry.narrow) or ENTRY (64 bytes: before version 19, and an
+                                            arena of 32 GiB or more)
     geometry.expires_off      expires       entry_slots words (EXPIRES): when each entry expires
     geometry.versions_off     versions      entry_slots words (VERSIONS): each entry's compare-and-swap token (16:
                                             backed once a caller asks for a version)
@@ -27,7 +29,8 @@ so that no two regions share a cache line::
                                             in use)
     geometry.arena_off        arena         arena_nbytes bytes of entry blocks
 
-All integers are little-endian 8-byte words. Nothing stored is an address: entries name each other by slot number and
+All integers are little-endian, 8-byte words but where a dtype says otherwise (a packed index slot's halves, a narrow
+record's 4-byte fields, the byte columns). Nothing stored is an address: entries name each other by slot number and
 blocks by byte offset from the start of the arena, so any process may map the segment anywhere.
 
 Header. Line 0 is identity: ``magic`` (``MAGIC``), ``version`` (``LAYOUT_VERSION``), ``features`` (bits of
@@ -102,7 +105,8 @@ Index table. Open addressing with linear probing over ``index_slots`` (``index_f
 at or below 0.7 with the entry limit and one counted; before version 17, the least power of two that keeps it at or
 below one half). A slot is one word, ``(entry << 32) | tag`` (``INDEX_SLOT_PACKED``), ``tag`` the low 32 bits of the
 63-bit xxh3 fingerprint of the encoded key: it gives the key's home slot, ``(tag * index_slots) >> 32`` (before
-version 17: ``fp & mask``), and is what a probe compares before it compares the entry's own ``fp`` and key. A probe
+version 17: ``fp & mask``), and is what a probe compares before it compares the entry's own ``fp`` (a wide record's)
+and key. A probe
 goes round from the last slot to the first. Before version 15 a slot is two words, ``(fp, entry)`` (``INDEX_SLOT``),
 the whole fingerprint. ``entry == EMPTY`` (0) marks an empty
 slot, whatever its other bits, which is also what a fresh, zero-filled page reads as. Deletion shifts the following
@@ -111,9 +115,14 @@ cluster back, so there are no tombstones.
 Entry table. Slot 0 is the sentinel of a circular doubly linked list (``SENTINEL``) of every resident entry. Under
 lru ``sentinel.next`` is the most recently used entry and ``sentinel.prev`` the least; under keep they are the newest
 and the oldest admitted; under s3fifo the list is main's entries, newest first, then from ``header.small_first``
-small's, newest first (``small_first`` is the sentinel when small is empty). A resident entry records its key
-fingerprint, the arena offset of its block, the lengths of its encoded key and value, the index slot that points at
-it, and a checksum of its value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0). Free
+small's, newest first (``small_first`` is the sentinel when small is empty). A resident entry records the arena
+offset of its block, the lengths of its encoded key and value, the index slot that points at it, and a checksum of
+its value (xxh3 of the value's bytes after its tag byte, seeded with the tag; never 0); a wide record (``ENTRY``)
+also its key's fingerprint. A narrow record (``ENTRY_NARROW``, version 19 wherever the arena is below 32 GiB and
+the index below 2**31 slots: ``Geometry.narrow``) keeps the links, the index slot and the lengths as 32-bit fields
+(``HELD_SLOT`` is -1 in both) and the block's offset in units of 8: 32 bytes where a wide one is 64. It keeps no
+fingerprint: the index slot it names holds the fingerprint's low 32 bits, which a probe compares, and the policies'
+sketch and ghost know its key by those bits alone, spread over 63 (``records.narrow_pfp``). Free
 slots are chained through ``next`` from ``header.free_head``; slots at or above ``header.unused_next`` have never
 been used and are free without being chained, so creation touches none of them.
 
@@ -326,6 +335,9 @@ Layout versions.
     18 -- the expires column is backed only once an entry has an expiry (``D_EXPIRES_ON``): 8 bytes an entry slot
          saved where nothing expires. A segment of version 17 is version 18 with the column backed with the tables,
          attached and used as it is.
+    19 -- narrow entry records (``ENTRY_NARROW``, 32 bytes) where the arena is below 32 GiB and the index below
+         2**31 slots (``Geometry.narrow``); wide ones (``ENTRY``) otherwise. A segment of version 18 is version 19
+         with wide records whatever its size, attached and used as it is.
 """
 
 from .dtypes import (

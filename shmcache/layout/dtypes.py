@@ -338,7 +338,8 @@ KIND = _record([(0, [
     ("name", f"S{KIND_NAME_NBYTES}"),
 ])], 64)
 # Per-entry columns beside the entry table (one element per entry slot, valid while the slot is resident). Kept out
-# of the 64-byte record so that a get reads one line of it, and so that expiry and kind walks are vectorised scans.
+# of the record (64 bytes, or 32 narrow) so that a get reads one line of it, and so that expiry and kind walks are
+# vectorised scans.
 EXPIRES = np.dtype(_W)   # CLOCK_MONOTONIC ns after which the entry is expired; 0: never
 VERSIONS = np.dtype(_W)  # version_clock when the entry was last stored: the compare-and-swap token
 KINDS = np.dtype("u1")   # kind record number (0: no kind); the same as the key's kind byte
