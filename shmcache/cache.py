@@ -39,12 +39,12 @@ from .errors import (
 from . import kinds
 from .guard import Guard
 from .kinds import KindView
-from .layout import ALIGN, BLOCK_ALIGN, BLOCK_OVERHEAD, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, Geometry
+from .layout import BLOCK_ALIGN, EMPTY, MAX_BLOCK_NBYTES, MAX_TTL_NS, Geometry
 from .layout.dtypes import (
-    H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, NARROW_ARENA_NBYTES, POLICY_NAMES,
+    H_COMPUTATIONS, H_DEFAULT_TTL, H_MAX_ENTRIES, H_MISSES, H_TAKEOVERS, H_WAITS, POLICY_NAMES,
     S_REFRESH_FAILED, S_REFRESHES, S_STALE_HITS,
 )
-from .layout.geometry import MAX_ENTRIES_LIMIT, RESERVE_FACTOR
+from .layout.geometry import MAX_ENTRIES_LIMIT, RESERVE_FACTOR, narrow_reserve
 from . import aio
 from .aio import AsyncMethods
 from .keylock import KeyLock
@@ -1029,21 +1029,6 @@ class SharedCache(LocalMapping, AsyncMethods):
 
     def _hot(self) -> tuple:
         return self._path, self._now  # what the batches call (mapping.LocalMapping)
-
-
-def narrow_reserve(capacity: int, reserve: int, entries: int, policy: int) -> int:
-    """The arena's default reserve, ``reserve``, lowered as far as ``capacity`` allows so that the segment's entry
-    records are narrow (32 bytes, not 64: Geometry.narrow, an arena below 32 GiB): a cache whose capacity fits gives
-    up growth past about 30 GiB without max_capacity_bytes, and keeps half its per-entry tables."""
-    if (Geometry.for_capacity(reserve, entries, policy).narrow
-            or not Geometry.for_capacity(capacity, entries, policy).narrow):
-        return reserve
-    # arena = reserve + reserve // 16 + BLOCK_OVERHEAD * entries, aligned (Geometry.for_capacity): solved for the
-    # largest reserve within NARROW_ARENA_NBYTES, then stepped down past the rounding.
-    most = max(capacity, (NARROW_ARENA_NBYTES - BLOCK_OVERHEAD * entries - ALIGN) * 16 // 17)
-    while not Geometry.for_capacity(most, entries, policy).narrow:  # (a step or two: capacity itself is narrow)
-        most = max(capacity, most - ALIGN)
-    return most
 
 
 def _release(seg: Segment, pins, slot, *parts: weakref.ref) -> None:

@@ -338,6 +338,16 @@ class Ranged:
     repoint = staticmethod(_p_repoint)
 
 
+def keyed(xo, ix, rec, mask: int, e: int, fp: int) -> bool:
+    """Whether resident entry ``e``'s fingerprint is ``fp``: its record's (wide); a narrow record keeps none, so the
+    index slot it names must name it back with ``fp``'s tag, as a lookup finds it (``xo``: the segment's index
+    functions, ``of``)."""
+    if rec.fp is not None:
+        return rec.fp[e] == fp
+    s = rec.slot[e]
+    return 0 <= s <= mask and xo.names(ix, s, e, fp)
+
+
 def of(geometry) -> type[Wide] | type[Packed] | type[Ranged]:
     """The index functions of a segment of ``geometry`` (its layout version's slots)."""
     if geometry.ranged_index:

@@ -23,6 +23,8 @@ from .layout.dtypes import ENTRY, ENTRY_NARROW
 
 _WIDE = struct.Struct("<8q")          # prev, next, fp, off, key_nbytes, val_nbytes, slot, check
 _NARROW = struct.Struct("<iiiIIIq")   # prev, next, slot, key_nbytes, val_nbytes, off >> 3, check
+if (_WIDE.size, _NARROW.size) != (ENTRY.itemsize, ENTRY_NARROW.itemsize):
+    raise ImportError("shmcache.records: the record structs disagree with the ENTRY dtypes")
 
 
 _PFP_MUL = 0x9E3779B97F4A7C15  # 2**64 / the golden ratio: a multiply that spreads 32 bits over 64 (Fibonacci hashing)
@@ -74,16 +76,16 @@ class Records:
               check: int) -> None:
         """Write entry ``e``'s whole record in one call (``fp`` is not kept in a narrow record)."""
         if self.narrow:
-            _NARROW.pack_into(self._raw, e * 32, prev, nxt, slot, klen, vlen, off >> 3, check)
+            _NARROW.pack_into(self._raw, e * _NARROW.size, prev, nxt, slot, klen, vlen, off >> 3, check)
         else:
-            _WIDE.pack_into(self._raw, e * 64, prev, nxt, fp, off, klen, vlen, slot, check)
+            _WIDE.pack_into(self._raw, e * _WIDE.size, prev, nxt, fp, off, klen, vlen, slot, check)
 
     def links(self, e: int) -> tuple[int, int, int, int, int, int]:
         """Entry ``e``'s ``(prev, next, off, klen, vlen, slot)`` in one call (the block offset in bytes)."""
         if self.narrow:
-            p, n, s, klen, vlen, off, _ = _NARROW.unpack_from(self._raw, e * 32)
+            p, n, s, klen, vlen, off, _ = _NARROW.unpack_from(self._raw, e * _NARROW.size)
             return p, n, off << 3, klen, vlen, s
-        p, n, _, off, klen, vlen, s, _ = _WIDE.unpack_from(self._raw, e * 64)
+        p, n, _, off, klen, vlen, s, _ = _WIDE.unpack_from(self._raw, e * _WIDE.size)
         return p, n, off, klen, vlen, s
 
     def copy(self, src: int, dst: int) -> None:
@@ -107,8 +109,12 @@ class Records:
         return out
 
     def release(self) -> None:
-        """Release every view (before the mapping closes)."""
+        """Release every view (before the mapping closes). One that an array of ``rows`` or ``column`` still
+        exports (a traceback's frame may hold one) stays until that array goes, as the mapping does then."""
         for v in (self.prev, self.next, self.fp, self.off, self.klen, self.vlen, self.slot, self.check,
-                  *self._views, self._raw):
+                  *self._views, self._raw, self._mv):
             if v is not None:
-                v.release()
+                try:
+                    v.release()
+                except BufferError:
+                    pass

@@ -358,7 +358,6 @@ class Segment:
         # Flat int64 views: the hot path reads fields as words (see layout/dtypes.py) through these.
         self.header_words = mv[: d.HEADER_NBYTES].cast("q")
         self.index_words = mv[g.index_off : g.index_off + g.index_slots * g.index_slot_nbytes].cast("q")
-        self.entry_words = mv[g.entries_off : g.entries_off + g.entry_slots * g.entry_nbytes].cast("q")
         # The records, one view per field (records.py: wide or narrow, Geometry.narrow); every record access of the
         # Python path goes through it.
         self.records = Records(mv[g.entries_off : g.entries_off + g.entry_slots * g.entry_nbytes], g.narrow)
@@ -807,7 +806,7 @@ class Segment:
         records = self.__dict__.pop("records", None)
         if records is not None:
             records.release()
-        for attr in ("arena_words", "arena", "entry_words", "index_words", "header_words", "expires_words",
+        for attr in ("arena_words", "arena", "index_words", "header_words", "expires_words",
                      "versions_words", "kinds_bytes", "pins_bytes", "marks_bytes", "ghost_words", "_ghost_all",
                      "kind_words",
                      "reader_words", "stripe_words", "idle_words", "ttis_words", "deadlines_words", "_mv"):

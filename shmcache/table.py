@@ -120,8 +120,8 @@ class Table:
 
     def pfp(self, fp: int) -> int:
         """The fingerprint the policy's sketch or ghost takes for key fingerprint ``fp``: ``fp`` in wide records; in
-        narrow ones its low 32 bits (all an entry's index slot keeps) spread over 63 (``_pfp``). (twin: _core.h
-        pfp)"""
+        narrow ones its low 32 bits (all an entry's index slot keeps) spread over 63 (records.narrow_pfp).
+        (twin: _core.h pfp)"""
         return narrow_pfp(fp) if self.rec.fp is None else fp
 
     def entry_pfp(self, e: int) -> int:
@@ -136,11 +136,7 @@ class Table:
     def fingerprint_is(self, e: int, fp: int) -> bool:
         """Whether resident entry ``e``'s fingerprint is ``fp``: its record's (wide), or, a narrow record keeping
         none, the tag of the index slot its record names, which must name it back."""
-        rec = self.rec
-        if rec.fp is not None:
-            return rec.fp[e] == fp
-        s = rec.slot[e]
-        return 0 <= s <= self.mask and self.index.names(self.ix, s, e, fp)
+        return index.keyed(self.index, self.ix, self.rec, self.mask, e, fp)
 
     def pinned(self, e: int) -> bool:
         """Whether a view (of any process, this one included) still pins entry ``e``. The pins column only says

@@ -121,12 +121,9 @@ def _keyed(seg, e: int, fp: int, tags: dict | None = None) -> bool:
     slot it names must name it back with ``fp``'s tag (as a lookup finds it; Table.fingerprint_is), or with
     ``tags`` (``_named_tags``) any slot that names it."""
     rec = seg.records
-    if rec.fp is not None:
-        return rec.fp[e] == fp
-    if tags is not None:
+    if tags is not None and rec.fp is None:
         return tags.get(e) == fp & PACKED_TAG_MASK
-    s = rec.slot[e]
-    return 0 <= s <= seg.mask and index.of(seg.geometry).names(seg.index_words, s, e, fp)
+    return index.keyed(index.of(seg.geometry), seg.index_words, rec, seg.mask, e, fp)
 
 
 def _named_tags(seg) -> dict | None:

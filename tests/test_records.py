@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shmcache import SharedCache
-from shmcache.cache import narrow_reserve
+from shmcache.layout.geometry import narrow_reserve
 from shmcache.codec import encode_key, fingerprint
 from shmcache.layout import Geometry
 from shmcache.layout import dtypes as d
@@ -148,3 +148,16 @@ def test_records_a_narrow_policy_fingerprint_is_its_tags():
     spread = [narrow_pfp(fp) for fp in fps]
     assert all(narrow_pfp(fp & d.PACKED_TAG_MASK) == p for fp, p in zip(fps, spread))
     assert all(0 <= p < 2**63 for p in spread) and len({p >> 32 for p in spread}) > 990
+
+
+def test_records_release_leaves_a_view_an_array_still_exports():
+    """Closing a segment releases the records' views; one an array of ``rows`` still exports is left to that array
+    (the mapping goes with it), never an error from close()."""
+    mem = bytearray(4 * d.ENTRY_NARROW.itemsize)
+    rec = Records(memoryview(mem), True)
+    rows = rec.rows(4)
+    rec.release()
+    rows["check"][1] = 5  # (the array still reads and writes its memory)
+    assert int.from_bytes(mem[32 + 24 : 32 + 32], "little") == 5
+    with pytest.raises(ValueError):
+        rec.check[1]  # (the field's view is released)

@@ -378,3 +378,18 @@ class Geometry:
     @property
     def max_entries(self) -> int:
         return self.entry_slots - 1
+
+
+def narrow_reserve(capacity: int, reserve: int, entries: int, policy: int) -> int:
+    """The arena's default reserve, ``reserve``, lowered as far as ``capacity`` allows so that the segment's entry
+    records are narrow (32 bytes, not 64: Geometry.narrow, an arena below 32 GiB): a cache whose capacity fits gives
+    up growth past about 30 GiB without max_capacity_bytes, and keeps half its per-entry tables."""
+    if (Geometry.for_capacity(reserve, entries, policy).narrow
+            or not Geometry.for_capacity(capacity, entries, policy).narrow):
+        return reserve
+    # arena = reserve + reserve // 16 + BLOCK_OVERHEAD * entries, aligned (Geometry.for_capacity): solved for the
+    # largest reserve within NARROW_ARENA_NBYTES, then stepped down past the rounding.
+    most = max(capacity, (NARROW_ARENA_NBYTES - BLOCK_OVERHEAD * entries - ALIGN) * 16 // 17)
+    while not Geometry.for_capacity(most, entries, policy).narrow:  # (a step or two: capacity itself is narrow)
+        most = max(capacity, most - ALIGN)
+    return most
