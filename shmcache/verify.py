@@ -649,7 +649,6 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int
     h, rec, g = seg.header_words, seg.records, seg.geometry
     held = held or []
     mask, xo = seg.mask, index.of(g)
-    seg.arrays()[1].view(np.uint8)[:] = 0  # (every slot empty: EMPTY, 0, in every word)
     keep = set(kept) | set(held)
     free = NIL
     for e in _ticking(h, range(unused - 1, 0, -1)):
@@ -673,9 +672,15 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int
     lru.relink(rec, kept)  # most recent first (s3fifo: main's entries, then small's)
     _rebuild_queues(seg, kept)
     retained = 0
+    # The index is built aside and copied in whole: a repair killed while it builds leaves the index it judged by
+    # (a narrow record's key is judged by the tag of a slot that names it: _named_tags), never an emptied one.
+    aside = np.zeros((mask + 1) * g.index_slot_nbytes // 8, dtype=np.int64)
+    words = memoryview(aside).cast("B").cast("q")
     for e, fp in zip(_ticking(h, kept), fps):
-        xo.insert(seg.index_words, rec, mask, fp, e)
+        xo.insert(words, rec, mask, fp, e)
         retained += rec.klen[e] + rec.vlen[e]
+    words.release()
+    np.frombuffer(seg.index_words, dtype=np.int64, count=len(aside))[:] = aside
     h[H_ENTRIES], h[H_RETAINED] = len(kept), retained
     _rebuild_ring(seg, kept + held)
     _rebuild_columns(seg, kept, now)

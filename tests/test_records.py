@@ -161,3 +161,36 @@ def test_records_release_leaves_a_view_an_array_still_exports():
     assert int.from_bytes(mem[32 + 24 : 32 + 32], "little") == 5
     with pytest.raises(ValueError):
         rec.check[1]  # (the field's view is released)
+
+
+@pytest.mark.parametrize("narrow", [True, False])
+def test_records_a_repair_cut_short_leaves_the_index_it_judged_by(name, narrow, monkeypatch):
+    """A repair killed while it rebuilds the index (here: an exception after a third of the entries) leaves the
+    index it judged the entries by, so that the next repair keeps every entry: a narrow record's key is judged by
+    the tag of a slot that names it, which an emptied index would have lost."""
+    from shmcache import index, verify
+
+    keys = [f"k{i}" for i in range(300)]
+    reserve = {} if narrow else {"max_capacity_bytes": 40 * GIB}
+    with SharedCache(name, capacity_bytes=MIB, max_entries=400, create=True, **reserve) as c:
+        assert c._seg.records.narrow is narrow
+        for k in keys:
+            c.put(k, make_value(k, 0, 50))
+        xo = index.of(c._seg.geometry)
+        real, calls = xo.insert, [0]
+
+        def cut(*args):
+            calls[0] += 1
+            if calls[0] > 100:
+                raise RuntimeError("cut short")
+            real(*args)
+
+        monkeypatch.setattr(xo, "insert", staticmethod(cut))
+        with pytest.raises(RuntimeError):
+            c._guard.run(verify.repair, c._seg)
+        monkeypatch.undo()
+        assert calls[0] == 101
+        c._h[d.H_DIRTY] = 1  # (as a holder killed there leaves it: the next call repairs)
+        assert c.verify(deep=True).ok and len(c) == len(keys)
+        for k in keys:
+            check_value(k, c.get(k))
