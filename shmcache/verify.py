@@ -675,7 +675,7 @@ def _rebuild(seg, kept: list[int], unused: int, held: list[int] | None, now: int
     # The index is built aside and copied in whole: a repair killed while it builds leaves the index it judged by
     # (a narrow record's key is judged by the tag of a slot that names it: _named_tags), never an emptied one.
     aside = np.zeros((mask + 1) * g.index_slot_nbytes // 8, dtype=np.int64)
-    words = memoryview(aside).cast("B").cast("q")
+    words = aside.data.cast("B").cast("q")
     for e, fp in zip(_ticking(h, kept), fps):
         xo.insert(words, rec, mask, fp, e)
         retained += rec.klen[e] + rec.vlen[e]

@@ -704,3 +704,52 @@ def test_a_process_whose_resize_count_comes_back_still_takes_the_new_tables(name
         assert _read_back(other, keys) == 1500
         _fill(other, keys, seq=1, nbytes=64)
         assert len(c) == 1500 and c.verify().ok and other.verify().ok
+
+
+@pytest.mark.parametrize("version", [14, 16, 18, 19])
+def test_a_reindex_places_every_entry_as_linear_probing_would(name, monkeypatch, version):
+    """A reindex (the entry limit lowered, then raised) lays the index out as inserting the resident entries one by
+    one in order of home slot, ties in entry order, would: each entry at the first free slot from its home, those
+    whose cluster runs past the last slot round to the first ones. Checked word for word against that insertion, in
+    layouts whose index is two words a slot (14), one word of a power-of-two index (16), any size (18) and narrow
+    records (19), with keys picked so that a cluster crosses the end; every key reads back."""
+    from shmcache import index
+    from shmcache.codec import encode_key, fingerprint
+    from shmcache.layout import Geometry
+    from .workers import entry_of, laid_out_as
+
+    laid_out_as(monkeypatch, version)
+    limit = 300
+    slots = Geometry.for_capacity(MIB, limit, 0, version).index_for(limit)
+    home = index.of(Geometry.for_capacity(MIB, limit, 0, version)).home
+    edge = [k for k in (f"w{i}" for i in range(20000))
+            if home(fingerprint(encode_key(k)), slots - 1) >= slots - 3][:40]
+    keys = edge + [f"k{i}" for i in range(limit - len(edge))]
+    with SharedCache(name, capacity_bytes=MIB, max_entries=4 * limit, create=True) as c:
+        monkeypatch.undo()
+        try:
+            assert c._seg.version == version
+            for k in keys:
+                c[k] = k
+            for target in (limit, 3 * limit):
+                c.set_limits(max_entries=target)
+                n = c._seg.mask + 1
+                assert n == c._seg.geometry.index_for(target) and len(c) == len(keys)
+                g, rec = c._seg.geometry, c._seg.records
+                fps = {entry_of(c, k): fingerprint(encode_key(k)) for k in keys}
+                expected = [0] * n
+                for h, e in sorted((home(fp, n - 1), e) for e, fp in fps.items()):
+                    s = h
+                    while expected[s]:
+                        s = (s + 1) % n
+                    expected[s] = e
+                _, ix, _ = c._seg.arrays()
+                assert [int(x) for x in ix["entry"][:n]] == expected
+                assert all(rec.slot[e] == expected.index(e) for e in fps)
+                tags = ix["fp"][:n] if g.packed_index else ix["fp"][:n] & 0xFFFFFFFF
+                assert all(int(tags[expected.index(e)]) == fp & 0xFFFFFFFF for e, fp in fps.items())
+                if target == limit:
+                    assert expected[0] != 0 and expected[n - 1] != 0  # (a cluster crosses the end)
+                assert all(c[k] == k for k in keys) and c.verify().ok
+        finally:
+            c.unlink()
