@@ -9,7 +9,10 @@ cases, each in a cache of its own, on the path this process runs:
   with room for them (``max_entries`` = ``--entries``, a capacity of twice their bytes): the bytes per entry beyond
   its key and value, split into the tables' share (the index, the entry records and their columns: backed for the
   entry limit in force, ``max_entries``; each table's bytes per entry printed below) and the arena's (block headers,
-  padding, and the slack the ring keeps for compaction).
+  padding, and the slack the ring keeps for compaction). The same bytes split the other way: what each entry costs
+  (the tables' share, its block header and padding: the header's ``arena_used`` less the keys and values) and the
+  ring's free space, the arena backed beyond the live blocks (``arena_extent`` less ``arena_used``: the last
+  growth's quarter not yet filled, and the eighth the ring keeps for compaction).
 - ``churn``: the same keys rewritten ``--rounds`` times at sizes from half to one and a half ``--value-bytes``
   (dead blocks all through the ring): the arena's bytes over the live ones.
 - ``default``: the default cache filled to its byte limit with 2 KiB values: the whole segment, against the 64 MiB
@@ -29,6 +32,7 @@ import os
 
 from shmcache import SharedCache, core
 from shmcache.cache import parts
+from shmcache.layout.dtypes import H_ARENA_USED
 
 MIB = 1 << 20
 
@@ -83,12 +87,15 @@ def measure(entries: int, value_bytes: int, rounds: int, policy: str) -> dict:
             c.put_many({f"k{j}": value for j in range(i, min(entries, i + batch))})
         s = c.stats()
         occupied, tables = _occupied(c), _tables(c)
+        used = parts(c).seg.header_words[H_ARENA_USED]  # the live blocks' bytes, headers and padding included
         out["fill"] = {
             "resident": s.entries, "retained_mib": s.retained_bytes / MIB, "occupied_mib": occupied / MIB,
             "beyond_key_value_per_entry": (occupied - s.retained_bytes) / s.entries,
             "tables_per_entry": tables / s.entries,
             "arena_per_entry": (occupied - tables - s.retained_bytes) / s.entries,
             "arena_over_retained": (occupied - tables) / s.retained_bytes,
+            "entry_per_entry": (tables + used - s.retained_bytes) / s.entries,
+            "ring_free_per_entry": (occupied - tables - used) / s.entries,
             "tables_by_region": _tables_by_region(c, s.entries),
         }
 
@@ -139,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{f['retained_mib']:.1f} MiB of keys and values: {f['beyond_key_value_per_entry']:.0f} B per entry beyond "
           f"them ({f['tables_per_entry']:.0f} B the tables', {f['arena_per_entry']:.0f} B the arena's); arena / "
           f"retained {f['arena_over_retained']:.2f}")
+    print(f"  the same per entry: {f['entry_per_entry']:.1f} B each entry's own (the tables', its block header and "
+          f"padding), {f['ring_free_per_entry']:.1f} B the ring's free space")
     print("  the tables' bytes per entry: " + ", ".join(f"{n} {b:.1f}" for n, b in f["tables_by_region"].items() if b))
     print(f"churn: {ch['rounds']} rewrites of every key at other sizes: arena / retained "
           f"{ch['arena_over_retained']:.2f}")

@@ -134,6 +134,9 @@ def test_benchmarks_footprint_measures_what_it_made():
     fill = out["fill"]
     assert fill["resident"] == 2000
     assert 1.0 < fill["arena_over_retained"] < 1.5, fill
+    # the two splits of the same bytes: an entry's own (tables, a header word at least) and the ring's free space
+    assert fill["entry_per_entry"] >= fill["tables_per_entry"] + 8 and fill["ring_free_per_entry"] >= 0, fill
+    assert abs(fill["entry_per_entry"] + fill["ring_free_per_entry"] - fill["beyond_key_value_per_entry"]) < 1e-6
     assert 1.0 < out["churn"]["arena_over_retained"] < 1.6, out["churn"]
     assert out["empty_default_mib"] <= 8 and out["default_full"]["occupied_mib"] < 64, out
     assert not [n for n in os.listdir("/dev/shm") if "bench-footprint-" in n and f"-{os.getpid()}" in n]
