@@ -171,7 +171,7 @@ PyMODINIT_FUNC PyInit__core(void)
     } names[] = {
         {&N_GET_VALUE, "get_value"}, {&N_PUT, "put"}, {&N_DELETE, "delete"}, {&N_VIEW, "view"},
         {&N_GET_MANY, "get_many"}, {&N_PUT_MANY, "put_many"}, {&N_FINISH, "finish"},
-        {&N_FIRST_LOOK, "first_look"},
+        {&N_FIRST_LOOK, "first_look"}, {&N_EVICT_TOWARD, "evict_toward"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].name == NULL && !(*names[i].name = PyUnicode_InternFromString(names[i].text))) {

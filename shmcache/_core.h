@@ -394,7 +394,8 @@ static PyObject *HANDOVER; /* returned, without a fallback, when the Python path
 static PyObject *PINNED;   /* returned, without a fallback, when a view pins what the call must change (version 11
                             * and before: the Python side raises) */
 /* The fallback's methods, interned at import (_core.c). */
-static PyObject *N_GET_VALUE, *N_PUT, *N_DELETE, *N_VIEW, *N_GET_MANY, *N_PUT_MANY, *N_FINISH, *N_FIRST_LOOK;
+static PyObject *N_GET_VALUE, *N_PUT, *N_DELETE, *N_VIEW, *N_GET_MANY, *N_PUT_MANY, *N_FINISH, *N_FIRST_LOOK,
+    *N_EVICT_TOWARD;
 
 /* A hand-over for a failed bound; the caller leaves the dirty word as it is (set, if a write was made). */
 static inline int bounds(Core *c)

@@ -338,3 +338,32 @@ static int lock(Core *c)
     }
     return ST_HANDOVER;
 }
+
+/* Core.holder_slot and Core.waits (the attributes of a handle's lock). */
+static PyObject *Core_get_holder_slot(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLong(c->holder_slot);
+}
+
+static int Core_set_holder_slot(Core *c, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "holder_slot cannot be deleted");
+        return -1;
+    }
+    unsigned long n = PyLong_AsUnsignedLong(value);
+    if (n == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if ((int64_t)n > c->holder_slots) {
+        PyErr_SetString(PyExc_ValueError, "holder_slot is a number from 0 to HOLDER_SLOTS");
+        return -1;
+    }
+    c->holder_slot = (uint32_t)n;
+    c->holder_slot_fork = fork_count;
+    return 0;
+}
+
+static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(c->waits);
+}

@@ -806,6 +806,30 @@ end:
     return out;
 }
 
+/* (twin: core.py Reference.evict_toward) */
+static PyObject *Core_evict_toward(Core *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t a[5];
+    if (nargs_ok(nargs, 5, "evict_toward"))
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        if (arg_int(args[i], "evict_toward's arguments", &a[i]))
+            return NULL;
+    if (a[0] < 0 || a[1] < 0 || a[2] < 0 || a[3] < 0) {
+        PyErr_SetString(PyExc_ValueError, "Core.evict_toward: the limits and the steps must be 0 or more");
+        return NULL;
+    }
+    int met, r = enter(c);
+    if (r)
+        return r < 0 ? NULL : hand_over(c, r, N_EVICT_TOWARD, args, 5);
+    r = evict_toward_locked(c, a[0], a[1], a[2], a[3], a[4], &met);
+    unlock(c);
+    leave(c);
+    if (r)
+        return hand_over(c, r, N_EVICT_TOWARD, args, 5);
+    return PyBool_FromLong(met);
+}
+
 static PyObject *Core_release(Core *c, PyObject *Py_UNUSED(ignored))
 {
     c->released = 1;
@@ -838,51 +862,10 @@ static PyObject *Core_use_reader(Core *c, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-static PyObject *Core_get_unlocked(Core *c, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(reader_slot(c) != NULL);
-}
-
-/* The readers.Reader whose slot this handle's reads without the lock count in, or None (they take the lock). */
-static PyObject *Core_get_reader(Core *c, void *Py_UNUSED(closure))
-{
-    PyObject *r = reader_slot(c) != NULL && c->reader != NULL ? c->reader : Py_None;
-    Py_INCREF(r);
-    return r;
-}
-
 static PyObject *Core_get_reason(Core *c, void *Py_UNUSED(closure))
 {
     (void)c;
     return PyUnicode_FromString(why_names[thread_reason]);
-}
-
-static PyObject *Core_get_holder_slot(Core *c, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLong(c->holder_slot);
-}
-
-static int Core_set_holder_slot(Core *c, PyObject *value, void *Py_UNUSED(closure))
-{
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "holder_slot cannot be deleted");
-        return -1;
-    }
-    unsigned long n = PyLong_AsUnsignedLong(value);
-    if (n == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    if ((int64_t)n > c->holder_slots) {
-        PyErr_SetString(PyExc_ValueError, "holder_slot is a number from 0 to HOLDER_SLOTS");
-        return -1;
-    }
-    c->holder_slot = (uint32_t)n;
-    c->holder_slot_fork = fork_count;
-    return 0;
-}
-
-static PyObject *Core_get_waits(Core *c, void *Py_UNUSED(closure))
-{
-    return PyLong_FromLongLong(c->waits);
 }
 
 static PyObject *Core_get_released(Core *c, void *Py_UNUSED(closure))
@@ -951,6 +934,10 @@ static PyMethodDef Core_methods[] = {
      "the whole batch first, and a view pinning items[done]'s key on a segment of version 11 or before hands it "
      "over with nothing of it written, reason \"pinned\") has the fallback's put_many store items[done:]. Without a "
      "fallback, done counts what was judged and stop is None or HANDOVER."},
+    {"evict_toward", (PyCFunction)(void (*)(void))Core_evict_toward, METH_FASTCALL,
+     "evict_toward(most_entries, most_bytes, entries_step, bytes_step, now_ns) -> bool (without a fallback: also "
+     "HANDOVER)\n\nOne short hold's share of the evictions lower limits will need, as Store.evict_toward makes it: "
+     "whether the cache holds at most most_entries entries of most_bytes bytes (or the rest is pinned)."},
     {"use_reader", (PyCFunction)(void (*)(void))Core_use_reader, METH_FASTCALL,
      "use_reader(owner, slot)\n\nCount reads without the lock in reader slot ``slot`` (held by ``owner``, a "
      "readers.Reader, kept while it is used); -1: read under the lock. Under lru every read takes the lock."},

@@ -376,6 +376,38 @@ static int delete_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int6
     return ST_OK;
 }
 
+/* ``a - b`` where ``a`` is above ``b``, else 0 (``b`` >= 0: no overflow, whatever a damaged word holds). */
+static inline int64_t above(int64_t a, int64_t b)
+{
+    return a > b ? a - b : 0;
+}
+
+/* One short hold's share of the evictions that lower limits will need, as the policy chooses: until at most
+ * ``most_entries`` entries of ``most_bytes`` bytes are resident, or ``entries_step`` entries or ``bytes_step`` bytes
+ * fewer than now, whichever comes first; into *met whether the cache is within the two (or nothing more can go: the
+ * rest is pinned). The limits stay as they are. (twin: store.py Store.evict_toward) */
+static int evict_toward_locked(Core *c, int64_t most_entries, int64_t most_bytes, int64_t entries_step,
+                               int64_t bytes_step, int64_t now, int *met)
+{
+    *met = 1;
+    if (HW(dirty) || hidden(c))
+        return unready(c);
+    int64_t entries = HW(entries), nbytes = HW(retained);
+    if (entries <= most_entries && nbytes <= most_bytes)
+        return ST_OK;
+    int64_t to_entries = above(entries, entries_step), to_bytes = above(nbytes, bytes_step);
+    to_entries = to_entries > most_entries ? to_entries : most_entries;
+    to_bytes = to_bytes > most_bytes ? to_bytes : most_bytes;
+    HW(dirty) = 1; /* (table_remove and the policies' evictions open the stripes they write) */
+    int r = evict_until(c, above(HW(max_entries), to_entries), above(HW(max_retained), to_bytes),
+                        now < 0 ? mono_ns() : now);
+    if (r && r != ST_PINNED)
+        return r;
+    HW(dirty) = 0; /* (ST_PINNED: the rest is pinned, every structure consistent) */
+    *met = r == ST_PINNED || (HW(entries) <= most_entries && HW(retained) <= most_bytes);
+    return ST_OK;
+}
+
 /* The key's live entry pinned through description ``fd`` for a view, counted as a lookup (*locked: whether
  * the pin byte was locked through fd, whatever is answered). (twin: store.py Store.pin) */
 static int pin_locked(Core *c, const char *kb, int64_t klen, int64_t fp, int64_t now, int fd, Found *f, int *viewable,

@@ -269,9 +269,9 @@ static int reclaim_expired(Core *c, int64_t now)
     return ST_OK;
 }
 
-/* Make room for one more entry of ``size`` bytes: expired entries first, then the least recently used, pinned ones
- * excepted. (twin: table.py Table.evict_until) */
-static int evict_until(Core *c, int64_t size, int64_t now)
+/* Make room for ``more`` more entries of ``size`` more bytes: expired entries first, then the least recently used,
+ * pinned ones excepted. (twin: table.py Table.evict_until) */
+static int evict_until(Core *c, int64_t more, int64_t size, int64_t now)
 {
     int64_t held, held_bytes;
     int r0 = held_counts(c, &held, &held_bytes);
@@ -279,7 +279,7 @@ static int evict_until(Core *c, int64_t size, int64_t now)
         r0 = reclaim_held(c) || held_counts(c, &held, &held_bytes);
     if (r0)
         return bounds(c);
-    int64_t most_entries = HW(max_entries) - 1 - held, most_bytes = HW(max_retained) - size - held_bytes;
+    int64_t most_entries = HW(max_entries) - more - held, most_bytes = HW(max_retained) - size - held_bytes;
     if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
         return ST_OK;
     if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
@@ -424,7 +424,7 @@ static int insert(Core *c, const Encoded *st, int64_t now)
         return r;
     if (HW(entries) + held >= HW(max_entries) || HW(retained) + held_bytes + st->size > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
-            if ((r = evict_until(c, st->size, now))) {
+            if ((r = evict_until(c, 1, st->size, now))) {
                 if (r != ST_PINNED)
                     return r;
                 ADD(HW(not_admitted), 1); /* the rest is pinned or held: not admitted */

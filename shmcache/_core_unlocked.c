@@ -444,3 +444,16 @@ static int get_many_unlocked(Core *c, int64_t *rd, Lookup *keys, Py_ssize_t n, i
     }
     return U_LOCK;
 }
+
+static PyObject *Core_get_unlocked(Core *c, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(reader_slot(c) != NULL);
+}
+
+/* The readers.Reader whose slot this handle's reads without the lock count in, or None (they take the lock). */
+static PyObject *Core_get_reader(Core *c, void *Py_UNUSED(closure))
+{
+    PyObject *r = reader_slot(c) != NULL && c->reader != NULL ? c->reader : Py_None;
+    Py_INCREF(r);
+    return r;
+}

@@ -961,7 +961,7 @@ class SharedCache(LocalMapping, AsyncMethods):
         over = (max(s.entries - most_entries, 0) // EVICT_STEP
                 + max(s.retained_bytes - most_bytes, 0) // EVICT_STEP_NBYTES)
         for _ in range(over + 4 if over else 0):
-            if self._guard.run(self._store.evict_toward, most_entries, most_bytes, EVICT_STEP, EVICT_STEP_NBYTES):
+            if self._path.evict_toward(most_entries, most_bytes, EVICT_STEP, EVICT_STEP_NBYTES, self._now()):
                 break
 
     def verify(self, *, deep: bool = True, repair_damage: bool = False) -> VerifyReport:

@@ -247,6 +247,13 @@ class Reference:
             self.guard.undecodable(exc)
         return out
 
+    def evict_toward(self, most_entries: int, most_bytes: int, entries_step: int, bytes_step: int, now: int,
+                     waited: bool = False) -> bool:
+        """One short hold's share of the evictions lower limits will need (``Store.evict_toward``): whether the
+        cache holds at most ``most_entries`` entries of ``most_bytes`` bytes, or nothing more can go."""
+        return self.guard.run(self.store.evict_toward, most_entries, most_bytes, entries_step, bytes_step,
+                              waited=waited)
+
     def put_many(self, encoded: list, now: int, ttl: int, done: int = 0, waited: bool = False) -> int:
         """Store ``encoded[done:]`` in order under one hold of the lock (the first ``done``, the compiled section
         judged already), all expiring after ``ttl`` ns (-1: the cache's default); how many of them were not

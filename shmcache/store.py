@@ -768,14 +768,14 @@ class Store:
             seg.shrink_tables(live, entries, unused, give_back())
         return True
 
-    @updating
+    @updating_entries  # (as a put's evictions: each removal opens the stripes it writes)
     def evict_toward(self, most_entries: int, most_bytes: int, entries_step: int, bytes_step: int) -> bool:
         """One short hold's share of the evictions that lower limits will need: evict as the policy chooses until
         at most ``most_entries`` entries of ``most_bytes`` bytes are resident, or ``entries_step`` entries or
         ``bytes_step`` bytes fewer than now, whichever comes first. The limits stay as they are. Whether the cache
         is within the two already (or nothing more can go: the rest is pinned, which the new limits will report).
         ``SharedCache.resize`` and ``set_limits`` call it before they lower the limits, so that the hold that
-        lowers them has little left to evict."""
+        lowers them has little left to evict. (twin: _core_sections.c evict_toward_locked)"""
         h = self.h
         entries, nbytes = h[H_ENTRIES], h[H_RETAINED]
         if entries <= most_entries and nbytes <= most_bytes:

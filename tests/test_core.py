@@ -231,6 +231,15 @@ class Twins:
                 out.append(PinnedError)
         return tuple(out)
 
+    def evict(self, share: float) -> tuple:
+        """One hold's share of the evictions toward ``share`` of what both hold (at most 2 entries or 1 KiB a hold):
+        a's through the Python path, b's through Core.evict_toward."""
+        s = self.a.stats()
+        args = (int(s.entries * share), int(s.retained_bytes * share), 2, 1024, self.clock())
+        want = self.a._path.evict_toward(*args)
+        r = self.core.evict_toward(*args)
+        return want, self.b._path.evict_toward(*args) if self._handover(r) else r
+
     def view(self, key):
         """Pin ``key`` in both (b's through Core.view), if both can; each view read, and the two compared."""
         try:
@@ -363,6 +372,8 @@ def _ops(rng: random.Random, n: int, keys: int, max_value: int, with_views: bool
             ops.append(("limits", rng.choice([0.3, 0.6, 1.0, 1.0])))
         elif r < 0.96:
             ops.append(("resize", rng.choice([0.25, 0.5, 1.0, 2.0, 6.0])))
+        elif r < 0.965:
+            ops.append(("evict", rng.choice([0.0, 0.3, 0.7])))
         elif not with_views:
             ops.append(("tick", 1))
         elif r < 0.98:
@@ -403,6 +414,7 @@ _op = st.one_of(
     st.tuples(st.just("tick"), st.sampled_from([1, 10**8, 10**9, 3 * 10**9])),
     st.tuples(st.just("limits"), st.sampled_from([0.3, 0.6, 1.0])),
     st.tuples(st.just("resize"), st.sampled_from([0.25, 0.5, 1.0, 3.0])),
+    st.tuples(st.just("evict"), st.sampled_from([0.0, 0.3, 0.7])),
     st.tuples(st.just("view"), st.integers(0, 11)),
     st.tuples(st.just("unview")),
 )
@@ -677,6 +689,12 @@ def test_core_batches_refuse_bad_arguments(name):
             found, stop = k.get_many((kb, kb, b"zz"), [fp, fp, fingerprint(b"zz")], 0, "d")
             assert stop is None and found == [b"xyz", b"xyz", "d"]
             assert k.get_many([], [], 0, None) == ([], None) and k.put_many([], 0, -1) == (0, None)
+            with pytest.raises(TypeError):
+                k.evict_toward(0, 0, 1, 1)
+            for args in ((-1, 0, 1, 1, 0), (0, 0, -1, 1, 0), (0, 0, 1, 2**64, 0), (0, 0, 1.5, 1, 0)):
+                with pytest.raises(ValueError):
+                    k.evict_toward(*args)
+            assert len(c) == 1  # (refused before the lock)
         finally:
             k.release()
 
@@ -690,8 +708,10 @@ def test_core_hands_over_when_dirty(name):
             c._seg.header_words[H_DIRTY] = 1
             kb = encode_key("a")
             assert core_get(k, kb, 0) is core.HANDOVER and k.reason == "dirty"
+            assert k.evict_toward(0, 0, 8, 4096, 0) is core.HANDOVER and k.reason == "dirty" and len(c) == 1
             assert c.get("a") == 1  # the Python path repairs, then serves
             assert core_get(k, kb, 0) == 1
+            assert k.evict_toward(0, 0, 8, 4096, 0) is True and len(c) == 0  # (and Core evicts)
         finally:
             k.release()
 

@@ -409,16 +409,19 @@ def test_lower_limits_evict_in_short_holds_and_long_walks_move_the_progress_word
         keys = [f"k{i}" for i in range(12_000)]
         c.put_many({k: make_value(k, 0, 40) for k in keys})
         assert len(c) == 12_000
-        steps, store, h = [], c._store, c._seg.header_words
-        real = store.evict_toward
+        steps, path, h = [], c._path, c._seg.header_words
 
-        def counted(*args):  # (called with the lock held, each in a hold of its own)
-            before = int(h[H_ENTRIES])
-            out = real(*args)
-            steps.append(before - int(h[H_ENTRIES]))
-            return out
+        class Counted:  # the handle's path (the Core, or the Python path), each evict_toward's evictions counted
+            def __getattr__(self, attr):
+                return getattr(path, attr)
 
-        monkeypatch.setattr(store, "evict_toward", counted)
+            def evict_toward(self, *args):  # (each a hold of its own)
+                before = int(h[H_ENTRIES])
+                out = path.evict_toward(*args)
+                steps.append(before - int(h[H_ENTRIES]))
+                return out
+
+        monkeypatch.setattr(c, "_path", Counted())
         c.set_limits(max_entries=2_000)
         assert len(steps) >= 10 and max(steps) <= 1000 and sum(steps) >= 9_000
         assert len(c) <= 2_000 and _read_back(c, keys) == len(c)
