@@ -12,7 +12,7 @@ cases, each in a cache of its own, on the path this process runs:
   padding, and the slack the ring keeps for compaction). The same bytes split the other way: what each entry costs
   (the tables' share, its block header and padding: the header's ``arena_used`` less the keys and values) and the
   ring's free space, the arena backed beyond the live blocks (``arena_extent`` less ``arena_used``: the last
-  growth's quarter not yet filled, and the eighth the ring keeps for compaction).
+  growth's eighth not yet filled, and the eighth the ring keeps for compaction).
 - ``churn``: the same keys rewritten ``--rounds`` times at sizes from half to one and a half ``--value-bytes``
   (dead blocks all through the ring): the arena's bytes over the live ones.
 - ``default``: the default cache filled to its byte limit with 2 KiB values: the whole segment, against the 64 MiB

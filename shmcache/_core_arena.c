@@ -171,11 +171,11 @@ static inline int64_t extent_step(Core *c, int64_t size)
     return step > 4096 ? step : 4096;
 }
 
-/* The extent after a growth that must reach ``need``: a quarter more, the step at least, not past ``top`` but for
+/* The extent after a growth that must reach ``need``: an eighth more, the step at least, not past ``top`` but for
  * ``need``. (twin: layout/geometry.py grown_extent) */
 static int64_t grown_extent(Core *c, int64_t ext, int64_t need, int64_t size, int64_t top)
 {
-    int64_t least = extent_step(c, top), step = ext >> 2 > least ? ext >> 2 : least;
+    int64_t least = extent_step(c, top), step = ext >> 3 > least ? ext >> 3 : least;
     int64_t target = (ext + step + 4095) & ~(int64_t)4095, needed = (need + c->block_align + 4095) & ~(int64_t)4095;
     target = target < top ? target : top;
     target = target > needed ? target : needed;
@@ -209,7 +209,7 @@ static int reach(Core *c, int64_t stop)
     return 0;
 }
 
-/* The extent grown to reach ``need``, backed, shown and published, into *ext: a quarter more, else (on a nearly full
+/* The extent grown to reach ``need``, backed, shown and published, into *ext: an eighth more, else (on a nearly full
  * /dev/shm) the least that serves, as the Python path does. ST_GROW: neither could be backed; the ring head, tail,
  * fill (as cleaned so far: consistent) are recorded first, and the store is handed over, where NoSpaceError is
  * raised. (twin: arena.py Arena._grow) */

@@ -213,7 +213,7 @@ def test_space_default_cache_fits_a_container_shm_and_a_full_one_refuses_stores(
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
     lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
     assert int(lines["empty"]) <= 8 * 2**20, lines
-    # 20 MiB of values, their keys, block headers, the tables, and at most a growth's quarter more
+    # 20 MiB of values, their keys, block headers, the tables, and at most a growth's eighth more
     assert int(lines["held"]) <= 32 * 2**20, lines
     assert "done" in lines, run.stdout
 

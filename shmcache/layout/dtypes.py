@@ -41,7 +41,7 @@ ALIGN = 64  # cache line: regions never share one
 PAGE = 4096  # the arena and the segment's end are page aligned, so arena pages are never shared with tables
 BLOCK_ALIGN = 8  # arena blocks start on 8-byte boundaries so their headers are whole words
 # The arena is reserved (fallocated) as it fills, not at creation: a new segment backs EXTENT_STEP bytes of it (or
-# all of a smaller arena), and each growth adds a quarter of what is backed, EXTENT_STEP at least (arena.py).
+# all of a smaller arena), and each growth adds an eighth of what is backed, EXTENT_STEP at least (arena.py).
 EXTENT_STEP = 256 * 1024
 BLOCK_HEADER_NBYTES = 8  # packed (entry << 32) | block length
 BLOCK_OVERHEAD = BLOCK_HEADER_NBYTES + BLOCK_ALIGN  # per-entry room reserved beyond the payload (header + padding)
