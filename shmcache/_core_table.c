@@ -279,7 +279,12 @@ static int evict_until(Core *c, int64_t more, int64_t size, int64_t now)
         r0 = reclaim_held(c) || held_counts(c, &held, &held_bytes);
     if (r0)
         return bounds(c);
-    int64_t most_entries = HW(max_entries) - more - held, most_bytes = HW(max_retained) - size - held_bytes;
+    int64_t most_entries, most_bytes; /* (words another process may have written: a result out of range is damage) */
+    if (__builtin_sub_overflow(HW(max_entries), more, &most_entries)
+        || __builtin_sub_overflow(most_entries, held, &most_entries)
+        || __builtin_sub_overflow(HW(max_retained), size, &most_bytes)
+        || __builtin_sub_overflow(most_bytes, held_bytes, &most_bytes))
+        return bounds(c);
     if (HW(entries) <= most_entries && HW(retained) <= most_bytes)
         return ST_OK;
     if (HW(next_expiry) != c->never && HW(next_expiry) <= now) {
@@ -422,7 +427,12 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int64_t held, held_bytes; /* (held entries count against the limits) */
     if ((r = held_counts(c, &held, &held_bytes)))
         return r;
-    if (HW(entries) + held >= HW(max_entries) || HW(retained) + held_bytes + st->size > HW(max_retained)) {
+    int64_t want_entries, want_bytes; /* (as evict_until: a sum out of range is damage) */
+    if (__builtin_add_overflow(HW(entries), held, &want_entries)
+        || __builtin_add_overflow(HW(retained), held_bytes, &want_bytes)
+        || __builtin_add_overflow(want_bytes, st->size, &want_bytes))
+        return bounds(c);
+    if (want_entries >= HW(max_entries) || want_bytes > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
             if ((r = evict_until(c, 1, st->size, now))) {
                 if (r != ST_PINNED)

@@ -251,6 +251,8 @@ class Reference:
                      waited: bool = False) -> bool:
         """One short hold's share of the evictions lower limits will need (``Store.evict_toward``): whether the
         cache holds at most ``most_entries`` entries of ``most_bytes`` bytes, or nothing more can go."""
+        if min(most_entries, most_bytes, entries_step, bytes_step) < 0:  # (as Core.evict_toward refuses them)
+            raise ValueError("evict_toward: the limits and the steps must be 0 or more")
         return self.guard.run(self.store.evict_toward, most_entries, most_bytes, entries_step, bytes_step,
                               waited=waited)
 

@@ -716,6 +716,28 @@ def test_core_hands_over_when_dirty(name):
             k.release()
 
 
+@pytest.mark.parametrize("word", ["retained", "max_retained"])
+def test_core_counters_damaged_to_a_word_s_end_hand_over_and_are_repaired(name, word):
+    """A byte count or limit written to the end of its word by another process: Core's sums and differences with it
+    never overflow (a sanitizer would say so); the store is handed over with the dirty word set ("bounds"), and the
+    Python path repairs and stores."""
+    from shmcache.layout import dtypes as d
+
+    w = getattr(d, "H_" + word.upper())
+    with SharedCache(name, capacity_bytes=4096, max_entries=8, create=True, policy="lru") as c:
+        k = core.bind(c._seg, 1.0)
+        try:
+            c.put("a", 1)
+            c._seg.header_words[w] = 2**63 - 1 if word == "retained" else -(2**63)
+            got = [k.put(_encode("b", 2), 0, -1, -1), k.evict_toward(0, 0, 8, 4096, 0)]
+            assert all(g is core.HANDOVER for g in got) and k.reason in ("bounds", "dirty"), (got, k.reason)
+            c.put("b", 2)  # the repair first: every counter rebuilt from the entries, the limit from its checksums
+            assert c.verify().ok and c.get("b") == 2 and c.limits().max_retained_bytes == 4096
+            assert k.put(_encode("c", 3), 0, -1, -1) is True and c.get("c") == 3
+        finally:
+            k.release()
+
+
 def test_core_a_pinned_refusal_records_its_reason(name, monkeypatch):
     """PINNED records "pinned" as the call's reason, as a hand-over records its own: the Python path that then raises
     PinnedError reads it (a "timeout" left by an earlier call would make it skip its wait for a busy lock). Here a
