@@ -1,11 +1,14 @@
 """``python -m benchmarks.resize``: a cache resized from 64 MiB to 1 GiB and back while 8 processes serve it.
 
-Three phases on one cache (``--capacity`` made, ``--grown`` reached; ``max_capacity_bytes`` the default, 16 times).
+Four phases on one cache (``--capacity`` made, ``--grown`` reached; ``max_capacity_bytes`` the default, 16 times).
 The entry limit follows the capacity: made for twice the values ``--capacity`` holds, grown in proportion (at most
 the 16 times its tables reach), so a resize also rebuilds the index at its new size:
 
 - ``up``: the cache filled to its capacity with nobody else on it, then grown: how many entries the growth lost
   (must be 0) and how long the resize held the lock.
+- ``down``: the grown cache filled to its capacity, with nobody else on it, then shrunk back: how many entries the
+  shrink evicted (ahead of its last hold, in holds of 2,048: ``Core.evict_toward`` on the compiled path), every
+  entry kept checked, and how long the whole call took (``SHMCACHE_PURE_PYTHON=1``: the Python path's time).
 - ``steady``: ``--workers`` processes get and put values that carry their key and a checksum (60 % gets) over
   ``--keys`` keys for ``--seconds``, with no resize: each get timed alone (``perf_counter_ns``).
 - ``resizing``: the same, while this process resizes the cache between ``--capacity`` and ``--grown`` every
@@ -139,7 +142,16 @@ def measure(args) -> dict:
             wrong = sum(1 for k in after if _wrong(k, c.get(k)))
             out["up"] = {"entries": len(before), "lost": len(before - after), "wrong": wrong,
                          "resize_ms": grew * 1e3}
+            n = args.grown // args.value_bytes  # (the grown cache filled: its capacity's worth of values)
+            for i in range(0, n, 1024):
+                c.put_many({f"f{j}": _value(f"f{j}", j, args.value_bytes) for j in range(i, min(n, i + 1024))})
+            full = len(c)
+            t0 = time.perf_counter()
             c.resize(capacity_bytes=args.capacity, max_entries=entries)
+            shrank = time.perf_counter() - t0
+            kept = list(c.keys())
+            out["down"] = {"entries": full, "evicted": full - len(kept),
+                           "wrong": sum(1 for k in kept if _wrong(k, c.get(k))), "resize_ms": shrank * 1e3}
         out["steady"] = _phase(name, args, None)
         out["resizing"] = _phase(name, args, ((args.capacity, entries), (args.grown, grown_entries)))
         with SharedCache(name, create=False) as c:
@@ -202,12 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        up, st, rz = out["up"], out["steady"], out["resizing"]
+        up, down, st, rz = out["up"], out["down"], out["steady"], out["resizing"]
         print(f"resize ({out['path']}, {out['policy']}, {out['workers']} workers, {out['seconds']:g} s a phase): "
               f"{out['capacity_mib']:g} MiB <-> {out['grown_mib']:g} MiB, max_entries {out['entries']} <-> "
               f"{out['grown_entries']}")
         print(f"  up, alone: {up['entries']} entries, {up['lost']} lost, {up['wrong']} wrong, "
               f"{up['resize_ms']:.1f} ms")
+        print(f"  down, alone: {down['entries']} entries, {down['evicted']} evicted, {down['wrong']} wrong, "
+              f"{down['resize_ms']:.1f} ms")
         for label, ph in (("steady", st), ("resizing", rz)):
             extra = (f", {ph['resizes']} resizes (median {ph['resize_median_ms']:.1f} ms, longest "
                      f"{ph['resize_max_ms']:.1f} ms)") if "resizes" in ph else ""
@@ -215,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ph['get_p50_us']:.2f} us, p99 {ph['get_p99_us']:.2f} us{extra}")
         print(f"  get p99 resizing / steady: {rz['get_p99_us'] / st['get_p99_us']:.2f}; verify "
               f"{'ok' if out['verify_ok'] else 'FAILED'}")
-    bad = out["up"]["lost"] or out["up"]["wrong"] or not out["verify_ok"] or any(
+    bad = out["up"]["lost"] or out["up"]["wrong"] or out["down"]["wrong"] or not out["verify_ok"] or any(
         out[ph]["wrong"] or out[ph]["errors"] for ph in ("steady", "resizing"))
     return 1 if bad else 0
 

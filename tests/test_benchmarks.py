@@ -122,6 +122,7 @@ def test_benchmarks_resize_measures_what_it_made():
     for phase in ("steady", "resizing"):
         assert out[phase]["gets"] > 0 and out[phase]["wrong"] == 0 and out[phase]["errors"] == 0, out
     assert out["resizing"]["resizes"] >= 2 and out["verify_ok"], out
+    assert out["down"]["evicted"] > 0 and out["down"]["wrong"] == 0, out["down"]
     assert not [n for n in os.listdir("/dev/shm") if f"bench-resize-{os.getpid()}" in n]
 
 
