@@ -249,21 +249,30 @@ class Arena:
         if pos > size:
             raise PinnedError(f"blocks pinned by open views keep the arena's live blocks from fitting in {size} "
                               "bytes", what="resize", hint="close the views first, then resize")
-        h = self.h
-        pos = moved = 0
-        for x, o, n, pinned in zip(e.tolist(), off.tolist(), nb.tolist(), stays):
-            moved += 1
-            if not moved & TICK_EVERY:  # a walk over every live block: the lock's waiters wait on (lock.py)
+        h, base, offs = self.h, self.base, rows["off"]
+        # Blocks that lie end to end move by the same distance: each such run is one memmove (the ranges may
+        # overlap), then its entries' offsets are written, before anything past it is written.
+        pos = start = at = to = 0  # where the next block lands; the pending run: its first block, source, target
+        for i, (o, n, pinned) in enumerate(zip(off.tolist(), nb.tolist(), stays)):
+            if not (i + 1) & TICK_EVERY:  # a walk over every live block: the lock's waiters wait on (lock.py)
                 progressed(h)
+            if not pinned and i > start and o == at + pos - to:
+                pos += n  # (the run goes on: this block follows the last one in the source)
+                continue
+            if at != to:  # the pending run [start, i), moved down by at - to
+                self.move(base + to, base + at, pos - to)
+                offs[e[start:i] - 1] = (off[start:i] - (at - to)) >> rec.osh
             if pinned:
                 if o > pos:
                     self._dead(pos, o - pos)
-                pos = o + n
+                pos = at = to = o + n  # (an empty run, from past the pinned block)
+                start = i + 1
                 continue
-            if o != pos:
-                self.move(self.base + pos, self.base + o, n)  # memmove: the ranges may overlap
-                rec.off[x] = pos >> rec.osh
+            start, at, to = i, o, pos
             pos += n
+        if at != to:
+            self.move(base + to, base + at, pos - to)
+            offs[e[start:] - 1] = (off[start:] - (at - to)) >> rec.osh
         # Ordering: the ring's words after every block is in place (see alloc).
         h[H_TAIL] = 0
         h[H_HEAD] = 0 if pos == size else pos

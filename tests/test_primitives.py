@@ -172,6 +172,57 @@ def test_arena_churn_compacts_and_preserves_live_blocks(narrow):
     mm.close()
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_arena_compact_slides_runs_down_around_pinned_blocks(narrow):
+    """Arena.compact after random churn, some blocks pinned: every live block keeps its bytes, in address order,
+    the unpinned ones slid down end to end (a run of adjacent blocks moved in one piece) and each pinned one where it
+    was, a dead block over the gap before it; the ring is [0, end), and every entry's offset names its block."""
+    from shmcache.layout.dtypes import H_HEAD, H_TAIL
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        size, slots = 8192, 96
+        pins = bytearray(slots)
+        h, rec, mm = words(HEADER_WORDS), table(slots, narrow), mmap.mmap(-1, size)
+        ar = Arena(h, rec, mm, 0, size, slots, pins=pins, pinned=lambda e: bool(pins[e]))
+        live: dict[int, bytes] = {}
+        free = list(range(slots - 1, 0, -1))
+        for _ in range(rng.randrange(20, 200)):
+            if live and rng.random() < 0.4:
+                e = rng.choice(list(live))
+                ar.free(rec.off[e] << rec.osh, block_nbytes(len(live[e])), e)
+                rec.check[e] = 0
+                del live[e]
+                free.append(e)
+                continue
+            payload = bytes([rng.randrange(1, 256)]) * rng.randrange(1, 120)
+            nb = block_nbytes(len(payload))
+            if not free or h[H_ARENA_USED] + nb > size // 2:
+                continue
+            e = free.pop()
+            off = ar.alloc(nb, e)
+            rec.off[e], rec.check[e], rec.klen[e], rec.vlen[e] = off >> rec.osh, 1, 0, len(payload)
+            mm[off + 8 : off + 8 + len(payload)] = payload
+            live[e] = payload
+        for e in live:
+            pins[e] = rng.random() < 0.15
+        was = {e: rec.off[e] << rec.osh for e in live}
+        # The reference: each block in address order lands where the one before it ended, a pinned one stays.
+        expected, pos = {}, 0
+        for e in sorted(live, key=was.get):
+            expected[e] = was[e] if pins[e] else pos
+            pos = expected[e] + block_nbytes(len(live[e]))
+        end = ar.compact(size, slots)
+        assert end == pos and (h[H_TAIL], h[H_FILL]) == (0, pos) and h[H_HEAD] == (0 if pos == size else pos)
+        for e, payload in live.items():
+            o = rec.off[e] << rec.osh
+            assert o == expected[e], (seed, e)
+            assert mm[o + 8 : o + 8 + len(payload)] == payload and ar.words[o >> 3] == block_nbytes(len(payload)) | (
+                e << 32)
+        ar.close()
+        mm.close()
+
+
 def test_arena_alloc_on_garbage_raises():
     h, rec, mm, ar = _arena(1024, 8)
     off = ar.alloc(512, 1)
