@@ -131,6 +131,14 @@ def _arena(nbytes: int, slots: int, narrow: bool = False):
     return h, rec, mm, Arena(h, rec, mm, 0, nbytes, slots)
 
 
+def _free(ar, rec, live: dict, free: list, e: int) -> None:
+    """Entry ``e``'s block freed in the arena ``ar`` and the entry dropped, as a remove does for the cache."""
+    ar.free(rec.off[e] << rec.osh, block_nbytes(len(live[e])), e)
+    rec.check[e] = 0
+    del live[e]
+    free.append(e)
+
+
 @pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
 def test_arena_churn_compacts_and_preserves_live_blocks(narrow):
     rng = random.Random(7)
@@ -140,20 +148,12 @@ def test_arena_churn_compacts_and_preserves_live_blocks(narrow):
     free = list(range(1, slots))
     for _ in range(5000):
         if live and (rng.random() < 0.5 or not free):
-            e = rng.choice(list(live))
-            ar.free(rec.off[e] << rec.osh, block_nbytes(len(live[e])), e)
-            rec.check[e] = 0
-            del live[e]
-            free.append(e)
+            _free(ar, rec, live, free, rng.choice(list(live)))
             continue
         payload = bytes([rng.randrange(256)]) * rng.randrange(1, 300)
         nb = block_nbytes(len(payload))
         while live and h[H_ARENA_USED] + nb > size:  # what eviction does for the cache
-            e = next(iter(live))
-            ar.free(rec.off[e] << rec.osh, block_nbytes(len(live[e])), e)
-            rec.check[e] = 0
-            del live[e]
-            free.append(e)
+            _free(ar, rec, live, free, next(iter(live)))
         e = free.pop()
         off = ar.alloc(nb, e)
         rec.off[e], rec.check[e] = off >> rec.osh, 1
@@ -189,11 +189,7 @@ def test_arena_compact_slides_runs_down_around_pinned_blocks(narrow):
         free = list(range(slots - 1, 0, -1))
         for _ in range(rng.randrange(20, 200)):
             if live and rng.random() < 0.4:
-                e = rng.choice(list(live))
-                ar.free(rec.off[e] << rec.osh, block_nbytes(len(live[e])), e)
-                rec.check[e] = 0
-                del live[e]
-                free.append(e)
+                _free(ar, rec, live, free, rng.choice(list(live)))
                 continue
             payload = bytes([rng.randrange(1, 256)]) * rng.randrange(1, 120)
             nb = block_nbytes(len(payload))
