@@ -404,6 +404,15 @@ static inline int bounds(Core *c)
     return ST_HANDOVER;
 }
 
+/* ``a + b + d`` into *out, where ``a`` is a header word (another process may have written any value there) and
+ * ``b``, ``d`` are bounded counts or sizes: 1 if the sum leaves int64's range, which only damage does (the caller
+ * hands over: bounds). Every sum or difference of a header word that decides an eviction or a store goes through
+ * it or through __builtin_sub_overflow: a wrapped comparison would store past a limit. */
+static inline int word_sum(int64_t a, int64_t b, int64_t d, int64_t *out)
+{
+    return __builtin_add_overflow(a, b, out) || __builtin_add_overflow(*out, d, out);
+}
+
 /* Whether value tag ``tag`` is one view() serves. */
 static inline int tag_viewable(const Core *c, int64_t tag)
 {

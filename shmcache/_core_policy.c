@@ -188,7 +188,9 @@ static int s3fifo_evict_one(Core *c, int *done)
     if (HW(max_entries) < 1 || HW(max_entries) >= c->slots)
         return bounds(c);
     for (int64_t step = 0; step < 4 * c->slots + 4; step++) {
-        int64_t small = HW(small), main = HW(entries) - small, t;
+        int64_t small = HW(small), main, t;
+        if (__builtin_sub_overflow(HW(entries), small, &main)) /* (as word_sum: damage) */
+            return bounds(c);
         if (small > 0 && main <= HW(max_entries) - small_share(HW(max_entries))) {
             if (!(t = small_oldest(c)))
                 return ST_HANDOVER; /* (small_oldest called bounds) */
@@ -377,7 +379,9 @@ static int auto_evict_one(Core *c, int *done)
         return bounds(c);
     int64_t target = window_target(c, cap);
     for (int64_t step = 0; step < c->slots + 1; step++) {
-        int64_t small = HW(small), main = HW(entries) - small, t, v;
+        int64_t small = HW(small), main, t, v;
+        if (__builtin_sub_overflow(HW(entries), small, &main)) /* (as word_sum: damage) */
+            return bounds(c);
         if (small > 0 && (small >= target || main <= 0)) {
             if (!(t = small_oldest(c)))
                 return ST_HANDOVER; /* (small_oldest called bounds) */

@@ -279,7 +279,7 @@ static int evict_until(Core *c, int64_t more, int64_t size, int64_t now)
         r0 = reclaim_held(c) || held_counts(c, &held, &held_bytes);
     if (r0)
         return bounds(c);
-    int64_t most_entries, most_bytes; /* (words another process may have written: a result out of range is damage) */
+    int64_t most_entries, most_bytes; /* (as word_sum: a result out of range is damage) */
     if (__builtin_sub_overflow(HW(max_entries), more, &most_entries)
         || __builtin_sub_overflow(most_entries, held, &most_entries)
         || __builtin_sub_overflow(HW(max_retained), size, &most_bytes)
@@ -377,7 +377,10 @@ static int room_without_evicting(Core *c, int64_t size, int64_t now, int *fits)
     int64_t held, held_bytes;
     if (held_counts(c, &held, &held_bytes))
         return bounds(c);
-    *fits = HW(entries) + held < HW(max_entries) && HW(retained) + held_bytes + size <= HW(max_retained);
+    int64_t want_entries, want_bytes;
+    if (word_sum(HW(entries), held, 0, &want_entries) || word_sum(HW(retained), held_bytes, size, &want_bytes))
+        return bounds(c);
+    *fits = want_entries < HW(max_entries) && want_bytes <= HW(max_retained);
     return ST_OK;
 }
 
@@ -427,10 +430,8 @@ static int insert(Core *c, const Encoded *st, int64_t now)
     int64_t held, held_bytes; /* (held entries count against the limits) */
     if ((r = held_counts(c, &held, &held_bytes)))
         return r;
-    int64_t want_entries, want_bytes; /* (as evict_until: a sum out of range is damage) */
-    if (__builtin_add_overflow(HW(entries), held, &want_entries)
-        || __builtin_add_overflow(HW(retained), held_bytes, &want_bytes)
-        || __builtin_add_overflow(want_bytes, st->size, &want_bytes))
+    int64_t want_entries, want_bytes;
+    if (word_sum(HW(entries), held, 0, &want_entries) || word_sum(HW(retained), held_bytes, st->size, &want_bytes))
         return bounds(c);
     if (want_entries >= HW(max_entries) || want_bytes > HW(max_retained)) {
         if (c->pol->evicts_to_admit) {
@@ -540,8 +541,10 @@ static int overwrite(Core *c, int64_t e, const Encoded *st, int *done)
     *done = 0;
     if (!LEN_OK(klen) || !LEN_OK(old_vlen) || held_counts(c, &held, &held_bytes))
         return bounds(c);
-    if (block_nbytes(c, klen + old_vlen) != st->nb || HW(retained) + held_bytes + vlen - old_vlen > HW(max_retained)
-        || !SLOT_OK(e))
+    int64_t want_bytes; /* (the lengths are checked: their difference is in range) */
+    if (word_sum(HW(retained), held_bytes, vlen - old_vlen, &want_bytes))
+        return bounds(c);
+    if (block_nbytes(c, klen + old_vlen) != st->nb || want_bytes > HW(max_retained) || !SLOT_OK(e))
         return ST_OK;
     if (!(off >= 0 && off <= c->arena_nbytes - st->nb && off % 8 == 0 && AW(off) == (st->nb | (e << c->owner_shift))))
         return bounds(c);
